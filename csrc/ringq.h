@@ -1,0 +1,152 @@
+/* ringq.h - the C helper of ringq: mechanisms, no policy.
+ *
+ * Everything here operates on memory that the caller mapped from a segment or control file
+ * (MAP_SHARED).  Every function that takes a mapping takes its base address *and* its length, and
+ * checks every offset and length -- including the ones it reads out of the file itself -- before it
+ * touches memory.  Nothing here allocates, and nothing here decides what a queue does; the Python
+ * engine (ringq/ring.py) and queue (ringq/queue.py) own the policy.
+ *
+ * Return convention (after LMDB): 0 or a positive count on success; a negative errno value (-EINTR,
+ * -ENOSPC, ...) for an OS error; or one of the RINGQ_E* codes below, all of which lie in a reserved
+ * range below -10000 so they can never be confused with an errno.  ringq/errors.py maps them, in one
+ * place, to the RingqError hierarchy.
+ *
+ * The on-disk layout these functions understand is specified in docs/format.md.
+ */
+#ifndef RINGQ_H
+#define RINGQ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- error codes ------------------------------------------------------------------------------ */
+#define RINGQ_E_FIRST    (-10001)
+#define RINGQ_EBOUNDS    (-10001) /* an offset or length falls outside the mapping */
+#define RINGQ_EALIGN     (-10002) /* an atomic word is not naturally aligned */
+#define RINGQ_EINVAL     (-10003) /* an argument is out of its documented range */
+#define RINGQ_ECORRUPT   (-10004) /* a value read from the file is impossible (bad magic, CRC, length) */
+#define RINGQ_ENOFUTEX   (-10005) /* futex(2) is not available; the caller falls back to polling */
+#define RINGQ_E_LAST     (-10005)
+
+/* ---- format constants (see docs/format.md) ---------------------------------------------------- */
+#define RINGQ_SEG_MAGIC     0x3147455351474e52ULL /* "RNGQSEG1" read as little-endian u64 */
+#define RINGQ_REC_MAGIC     0x31435251u           /* "QRC1" read as little-endian u32 */
+#define RINGQ_REC_HEADER    64u                   /* bytes of fixed record header before id+payload */
+#define RINGQ_STATE_ENTRY   16u                   /* bytes per slot in the state table: state + owner */
+
+/* State word (u64, one per slot, in the state table; see docs/format.md "state word"):
+ *   bits 0-2   state        RINGQ_ST_*
+ *   bits 3-4   reason       why the job last left LEASED (RINGQ_WHY_*)
+ *   bits 6-23  lease count  number of leases so far: the job's fencing token
+ *   bits 24-63 time         milliseconds since the segment's epoch_ms: available-at when READY,
+ *                           lease deadline when LEASED, finish time when DONE or DEAD            */
+#define RINGQ_ST_EMPTY    0u /* slot not published (a crash before publish leaves this) */
+#define RINGQ_ST_READY    1u
+#define RINGQ_ST_LEASED   2u
+#define RINGQ_ST_DONE     3u
+#define RINGQ_ST_DEAD     4u
+#define RINGQ_ST_GONE     5u /* purged, or superseded by a newer record of the same job */
+#define RINGQ_ST_CONT     6u /* continuation slot of a record that spans several slots */
+#define RINGQ_ST_BAD      7u /* published but failed validation: quarantined, never delivered */
+#define RINGQ_WHY_NONE    0u
+#define RINGQ_WHY_EXPIRED 1u /* the visibility timeout passed */
+#define RINGQ_WHY_DIED    2u /* the process holding the lease died */
+#define RINGQ_WHY_PURGED  3u
+
+/* Geometry of one mapped segment, filled by the caller from the (validated) segment header. */
+typedef struct {
+    uint64_t seg_seq;    /* segment sequence number (seeds every record CRC) */
+    uint64_t state_off;  /* byte offset of the state table in the mapping */
+    uint64_t data_off;   /* byte offset of slot 0 in the mapping */
+    uint32_t slot_size;  /* bytes per slot, a multiple of 64 */
+    uint32_t slot_count; /* slots in the segment */
+} ringq_geom;
+
+/* What ringq_rec_check / ringq_seg_scan learn about one record (static fields only). */
+typedef struct {
+    uint32_t slot;          /* head slot index */
+    uint32_t span;          /* slots the record occupies (>= 1) */
+    int32_t  status;        /* 0 valid; RINGQ_ECORRUPT if magic/length/CRC failed */
+    int32_t  priority;      /* higher leases first */
+    uint64_t seq;           /* queue-wide enqueue sequence number */
+    int64_t  enqueued_us;   /* microseconds since the Unix epoch */
+    int64_t  available_ms;  /* initial available-at, milliseconds since the Unix epoch */
+    uint64_t supersedes;    /* (seg_seq << 24) | slot of the record this one replaces, or 0 */
+    uint64_t state;         /* state word at the time of the scan (acquire load) */
+    uint32_t record_len;    /* bytes of the record, header included */
+    uint32_t payload_len;   /* bytes of payload */
+    uint16_t max_attempts;  /* leases allowed before the job is dead-lettered */
+    uint16_t attempts_before; /* attempts carried over from a superseded record */
+    uint16_t id_len;        /* bytes of explicit job id (0: id derived from seq) */
+    uint8_t  codec;         /* payload codec (ringq/codec.py) */
+    uint8_t  kind;          /* record kind, 1 = job */
+} ringq_rec_info;
+
+/* ---- CRC32C (Castagnoli, reflected polynomial 0x82F63B78) ------------------------------------- */
+/* crc is the running value (0 to start); returns the CRC of buf appended to what crc covered.
+ * Known answer: ringq_crc32c(0, "123456789", 9) == 0xE3069283. */
+uint32_t ringq_crc32c(uint32_t crc, const uint8_t *buf, size_t len);     /* best available */
+uint32_t ringq_crc32c_sw(uint32_t crc, const uint8_t *buf, size_t len);  /* table (slice-by-8) */
+uint32_t ringq_crc32c_hw(uint32_t crc, const uint8_t *buf, size_t len);  /* SSE4.2; falls back to
+                                                                          * the table if absent */
+int ringq_crc32c_hw_available(void);                                      /* 1 if SSE4.2 is used */
+
+/* ---- atomics on words inside a mapping -------------------------------------------------------- */
+/* off must be naturally aligned and off+size <= maplen.  Loads acquire, stores release, CAS and
+ * fetch-add are sequentially consistent.  ringq_cas*: returns 1 if swapped, 0 if not (then *actual
+ * holds the current value), or an error. */
+int ringq_load64(const uint8_t *base, size_t maplen, size_t off, uint64_t *out);
+int ringq_store64(uint8_t *base, size_t maplen, size_t off, uint64_t value);
+int ringq_cas64(uint8_t *base, size_t maplen, size_t off, uint64_t expected, uint64_t desired,
+                uint64_t *actual);
+int ringq_fetch_add64(uint8_t *base, size_t maplen, size_t off, uint64_t delta, uint64_t *prev);
+int ringq_load32(const uint8_t *base, size_t maplen, size_t off, uint32_t *out);
+int ringq_store32(uint8_t *base, size_t maplen, size_t off, uint32_t value);
+int ringq_cas32(uint8_t *base, size_t maplen, size_t off, uint32_t expected, uint32_t desired,
+                uint32_t *actual);
+int ringq_fetch_add32(uint8_t *base, size_t maplen, size_t off, uint32_t delta, uint32_t *prev);
+
+/* ---- futex on a 32-bit word of a MAP_SHARED file mapping -------------------------------------- */
+/* Wait while the word equals expected, at most timeout_ns nanoseconds (< 0: forever).  Returns 0
+ * when woken or when the word already differed, 1 on timeout, -EINTR on a signal, RINGQ_ENOFUTEX
+ * where futex is unavailable (the caller then polls).  Uses the shared (non-private) operations. */
+int ringq_futex_wait(uint8_t *base, size_t maplen, size_t off, uint32_t expected, int64_t timeout_ns);
+/* Wake up to n waiters; returns how many were woken, or an error. */
+int ringq_futex_wake(uint8_t *base, size_t maplen, size_t off, int n);
+int ringq_futex_available(void);
+
+/* ---- durability -------------------------------------------------------------------------------- */
+/* msync(MS_SYNC) the pages covering [off, off+len) of the mapping (rounded out to page bounds). */
+int ringq_msync(uint8_t *base, size_t maplen, size_t off, size_t len);
+
+/* ---- owner locks: open-file-description byte-range locks (F_OFD_SETLK) ------------------------ */
+/* One byte per owner index in a shared owners file; the kernel drops the lock when the last fd of
+ * the open file description closes, i.e. when the holding process dies.  trylock returns 1 if
+ * acquired, 0 if someone else holds it; probe returns 1 if held by another description, 0 if free. */
+int ringq_owner_trylock(int fd, uint32_t idx);
+int ringq_owner_unlock(int fd, uint32_t idx);
+int ringq_owner_probe(int fd, uint32_t idx);
+
+/* ---- records ----------------------------------------------------------------------------------- */
+/* Write one record (rec, len bytes: a RINGQ_REC_HEADER header followed by id and payload; the caller
+ * leaves the crc field zero) at head slot `slot`: copies the bytes, fills the CRC, marks continuation
+ * slots CONT, and publishes by release-storing `state` (a READY state word) into the head slot.
+ * Returns the number of slots used, or RINGQ_EBOUNDS if it does not fit before slot_count. */
+int ringq_rec_write(uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t slot,
+                    const uint8_t *rec, uint32_t len, uint64_t state);
+/* Validate the record whose head is at `slot` (published or not) and fill *out.  Returns 0 if it is
+ * valid, RINGQ_ECORRUPT if not (out->span is then 1 and out->status says so), or RINGQ_EBOUNDS. */
+int ringq_rec_check(const uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t slot,
+                    ringq_rec_info *out);
+/* Scan records with head slots in [from, to), at most cap of them, validating each.  A record that
+ * fails validation is reported with status RINGQ_ECORRUPT and span 1, and the scan resynchronises on
+ * the next slot.  Returns the number written to out; *next receives the slot after the last one
+ * reported. */
+int ringq_seg_scan(const uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t from, uint32_t to,
+                   ringq_rec_info *out, uint32_t cap, uint32_t *next);
+/* First index i in [start, n) such that the state word of slot order[i] is READY; returns n if none.
+ * The state word found is stored in *state.  order[] entries >= slot_count are skipped. */
+int ringq_next_ready(const uint8_t *base, size_t maplen, const ringq_geom *g, const uint32_t *order,
+                     uint32_t n, uint32_t start, uint64_t *state);
+
+#endif /* RINGQ_H */

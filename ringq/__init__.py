@@ -1,0 +1,55 @@
+"""ringq: a durable, crash-safe job queue for one host, with no broker.
+
+Producers and consumers are ordinary processes; the queue is a directory of memory-mapped segment
+files.  Writers append under flock with msync durability; readers lease lock-free by CAS on shared
+state words; a dead process's leases come back at once.  Delivery is at-least-once.
+
+    from ringq import Queue
+    q = Queue("./jobs")
+    q.enqueue({"greet": "world"})
+    job = q.lease_one()
+    q.ack(job)
+
+The API keeps the names of the ``nobroker`` package; ``ringq.aio`` offers an asyncio API.
+"""
+
+from .backoff import BackoffPolicy
+from .errors import (
+    CorruptionError,
+    FormatVersionError,
+    JobNotFoundError,
+    LockTimeoutError,
+    NotLeasedError,
+    QueueClosedError,
+    QueueFullError,
+    RecordTooLargeError,
+    RingqError,
+    SerializationError,
+    UnsupportedFilesystemError,
+)
+from .job import Job, JobState
+from .queue import Queue, QueueStats
+from .ring import RecoveryReport
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackoffPolicy",
+    "CorruptionError",
+    "FormatVersionError",
+    "Job",
+    "JobNotFoundError",
+    "JobState",
+    "LockTimeoutError",
+    "NotLeasedError",
+    "Queue",
+    "QueueClosedError",
+    "QueueFullError",
+    "QueueStats",
+    "RecordTooLargeError",
+    "RecoveryReport",
+    "RingqError",
+    "SerializationError",
+    "UnsupportedFilesystemError",
+    "__version__",
+]

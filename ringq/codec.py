@@ -1,0 +1,88 @@
+"""Payload codecs: how a payload becomes record bytes and back.
+
+A record stores its payload as bytes plus a one-byte codec id (``docs/format.md``):
+
+======  ===========  ===================================================================
+id      name         bytes on disk
+======  ===========  ===================================================================
+1       ``json``     UTF-8 JSON text (RFC 8259: no NaN or Infinity), any JSON value
+2       ``bytes``    the raw bytes of a ``bytes``/``bytearray``/``memoryview`` payload
+3       ``ndarray``  u32 header length, a JSON header ``{"dtype", "shape"}``, C-order data
+======  ===========  ===================================================================
+
+Arrays round-trip exactly -- dtype (including byte order) and shape -- and never through pickle.
+Object arrays are refused.  Decoding checks every length against the record's own length.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+import numpy as np
+
+from .errors import SerializationError
+
+__all__ = ["JSON", "BYTES", "NDARRAY", "encode", "decode"]
+
+JSON = 1
+BYTES = 2
+NDARRAY = 3
+
+_encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+_U32 = struct.Struct("<I")
+
+
+def encode(payload: Any) -> tuple[int, bytes]:
+    """Encode ``payload``; returns ``(codec id, bytes)``.
+
+    Raises:
+        SerializationError: the payload is not a JSON value, bytes, or a non-object numpy array
+            (the message names the offending type or value).
+    """
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        return BYTES, bytes(payload)
+    if isinstance(payload, np.ndarray):
+        if payload.dtype.hasobject:
+            raise SerializationError("numpy arrays of dtype object cannot be stored (no pickle)")
+        header = json.dumps({"dtype": payload.dtype.str, "shape": list(payload.shape)}).encode()
+        data = np.ascontiguousarray(payload).tobytes()
+        return NDARRAY, _U32.pack(len(header)) + header + data
+    try:
+        return JSON, _encoder.encode(payload).encode("utf-8")
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise SerializationError(f"payload is not JSON-serialisable: {exc}") from None
+    except UnicodeEncodeError as exc:
+        raise SerializationError(f"payload holds text that is not valid Unicode: {exc}") from None
+
+
+def decode(codec: int, data: bytes | bytearray) -> Any:
+    """Decode bytes written by :func:`encode`.
+
+    Raises:
+        SerializationError: unknown codec id, or bytes that do not decode (corrupt or foreign).
+    """
+    try:
+        if codec == JSON:
+            return json.loads(data)
+        if codec == BYTES:
+            return bytes(data)
+        if codec == NDARRAY:
+            (hlen,) = _U32.unpack_from(data, 0)
+            if hlen > len(data) - 4:
+                raise ValueError("array header longer than the record")
+            header = json.loads(bytes(data[4 : 4 + hlen]))
+            dtype = np.dtype(header["dtype"])
+            if dtype.hasobject:
+                raise ValueError("object dtype")
+            shape = tuple(int(n) for n in header["shape"])
+            buf = data if isinstance(data, bytearray) else bytearray(data)
+            body = memoryview(buf)[4 + hlen :]
+            count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+            if count * dtype.itemsize != len(body):
+                raise ValueError("array data length does not match dtype and shape")
+            return np.frombuffer(body, dtype=dtype, count=count).reshape(shape)
+    except (ValueError, KeyError, TypeError, struct.error, RecursionError) as exc:
+        raise SerializationError(f"stored payload (codec {codec}) does not decode: {exc}") from None
+    raise SerializationError(f"unknown payload codec {codec}")

@@ -1,0 +1,118 @@
+"""The ringq exception hierarchy, and the one place C return codes become exceptions.
+
+Every error ringq raises on purpose is a :class:`RingqError`, so ``except RingqError`` means "the
+queue went wrong" without swallowing bugs in a handler.  Messages name the job, file or limit
+involved.  :func:`check` turns the negative return codes of the C helper (``csrc/ringq.h``:
+``-errno`` or ``RINGQ_E*``) into these types; no other module interprets a return code.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import os
+
+__all__ = [
+    "RingqError",
+    "QueueClosedError",
+    "NotLeasedError",
+    "JobNotFoundError",
+    "SerializationError",
+    "RecordTooLargeError",
+    "LockTimeoutError",
+    "CorruptionError",
+    "FormatVersionError",
+    "QueueFullError",
+    "UnsupportedFilesystemError",
+    "check",
+]
+
+
+class RingqError(Exception):
+    """Base class of every error ringq raises on purpose."""
+
+
+class QueueClosedError(RingqError):
+    """An operation was attempted on a closed :class:`~ringq.Queue`."""
+
+
+class NotLeasedError(RingqError):
+    """ack/nack/extend on a job that is not leased, or with a stale fencing token.
+
+    The usual cause is a lease that outlived its visibility timeout (or whose holder was declared
+    dead) and was delivered again; under at-least-once delivery this is a normal event.
+    """
+
+
+class JobNotFoundError(RingqError, KeyError):
+    """No job with that id is retained in the queue."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class SerializationError(RingqError, ValueError):
+    """A payload cannot be encoded (or a stored payload decoded).  Nothing was written."""
+
+
+class RecordTooLargeError(SerializationError):
+    """A record is larger than the largest record a segment can hold; the message gives the limit in bytes."""
+
+
+class LockTimeoutError(RingqError):
+    """The queue's writer lock (flock on ``<name>.lock``) was not acquired within ``lock_timeout`` seconds."""
+
+
+class CorruptionError(RingqError):
+    """A file of the queue is damaged or foreign in a way that recovery cannot repair."""
+
+
+class FormatVersionError(CorruptionError):
+    """A file was written in a format version this ringq does not understand (probably a newer one)."""
+
+
+class QueueFullError(RingqError, OSError):
+    """A new segment could not be allocated (disk full, quota, RLIMIT_FSIZE).
+
+    Committed jobs are untouched; enqueue works again once space is freed.
+    """
+
+
+class UnsupportedFilesystemError(RingqError):
+    """The queue directory is on a network file system (NFS, SMB/CIFS) where flock and shared mappings do not work across hosts."""
+
+
+_CODES: dict[int, tuple[type[RingqError], str]] = {}
+
+
+def _register_codes() -> None:
+    from ._native import lib
+
+    _CODES.update(
+        {
+            lib.RINGQ_EBOUNDS: (CorruptionError, "offset or length outside the mapping"),
+            lib.RINGQ_EALIGN: (CorruptionError, "misaligned atomic word"),
+            lib.RINGQ_EINVAL: (RingqError, "invalid argument to the C helper"),
+            lib.RINGQ_ECORRUPT: (CorruptionError, "record failed validation"),
+            lib.RINGQ_ENOFUTEX: (RingqError, "futex is not available"),
+        }
+    )
+
+
+def check(rc: int, what: str) -> int:
+    """Return ``rc`` if it is >= 0; otherwise raise the matching error, naming ``what``.
+
+    Raises:
+        OSError (with errno) for ``-errno`` codes; :class:`QueueFullError` for ENOSPC/EFBIG/EDQUOT;
+        the mapped :class:`RingqError` subclass for ``RINGQ_E*`` codes.
+    """
+    if rc >= 0:
+        return rc
+    if not _CODES:
+        _register_codes()
+    if rc in _CODES:
+        cls, text = _CODES[rc]
+        raise cls(f"{what}: {text} (code {rc})")
+    err = -rc
+    if err in (_errno.ENOSPC, _errno.EFBIG, _errno.EDQUOT):
+        raise QueueFullError(err, f"{what}: {os.strerror(err)}")
+    raise OSError(err, f"{what}: {os.strerror(err)}")

@@ -1,0 +1,133 @@
+"""Jobs, their states, and the state word that holds a job's mutable state in shared memory.
+
+Theory of operation
+-------------------
+Each job's mutable state is one 8-byte *state word* in its segment's state table, changed only by
+compare-and-swap through the C helper.  It packs everything that must change together::
+
+    bits 0-2   state        EMPTY READY LEASED DONE DEAD GONE CONT BAD   (RINGQ_ST_* in ringq.h)
+    bits 3-4   reason       why the job last left LEASED: none, lease expired, holder died, purged
+    bits 6-23  lease count  leases so far; this is the job's fencing token
+    bits 24-63 time         ms since the segment's epoch: available-at (READY), lease deadline
+                            (LEASED), finish time (DONE, DEAD)
+
+A lease is ``READY(n, t<=now) -> LEASED(n+1, deadline)``; an ack is ``LEASED(n) -> DONE(n)`` and
+succeeds only for the holder of token n.  Because claim, deadline and token change in one CAS there
+is never a moment where a job is leased without a deadline, and a stale holder can never complete
+somebody else's lease.  The transitions allowed are the table :data:`TRANSITIONS`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Job", "JobState", "TRANSITIONS"]
+
+ST_EMPTY, ST_READY, ST_LEASED, ST_DONE, ST_DEAD, ST_GONE, ST_CONT, ST_BAD = range(8)
+WHY_NONE, WHY_EXPIRED, WHY_DIED, WHY_PURGED = range(4)
+LC_BITS = 18
+LC_MASK = (1 << LC_BITS) - 1
+TIME_SHIFT = 24
+TIME_MAX = (1 << 40) - 1  # ms: about 34.8 years after a segment's epoch
+TERMINAL = (ST_DONE, ST_GONE)  # states that let a segment retire
+
+# (from, to) -> operation.  Anything not listed is refused.
+TRANSITIONS: dict[tuple[int, int], str] = {
+    (ST_EMPTY, ST_READY): "publish",
+    (ST_READY, ST_LEASED): "lease",
+    (ST_LEASED, ST_LEASED): "extend",
+    (ST_LEASED, ST_DONE): "ack",
+    (ST_LEASED, ST_READY): "nack / expire / holder died",
+    (ST_LEASED, ST_DEAD): "nack or expire with attempts exhausted",
+    (ST_DEAD, ST_GONE): "requeue (superseded) / purge",
+    (ST_READY, ST_GONE): "purge",
+    (ST_LEASED, ST_GONE): "purge",
+    (ST_BAD, ST_GONE): "purge",
+}
+
+
+def pack(state: int, why: int, lc: int, time_rel: int) -> int:
+    """Build a state word; ``time_rel`` is clamped to [0, TIME_MAX] ms."""
+    if time_rel < 0:
+        time_rel = 0
+    elif time_rel > TIME_MAX:
+        time_rel = TIME_MAX
+    return state | (why << 3) | ((lc & LC_MASK) << 6) | (time_rel << TIME_SHIFT)
+
+
+def unpack(word: int) -> tuple[int, int, int, int]:
+    """Split a state word into ``(state, reason, lease count, time ms since epoch)``."""
+    return word & 7, (word >> 3) & 3, (word >> 6) & LC_MASK, word >> TIME_SHIFT
+
+
+class JobState(str, enum.Enum):
+    """Where a job is in its life.  A delayed job is READY with ``available_at`` in the future.
+
+    ``str``-valued so that it serialises to JSON as its name (as ``nobroker.JobState`` does).
+    """
+
+    READY = "ready"
+    LEASED = "leased"
+    DONE = "done"
+    DEAD = "dead"
+
+
+STATE_OF = {ST_READY: JobState.READY, ST_LEASED: JobState.LEASED, ST_DONE: JobState.DONE, ST_DEAD: JobState.DEAD}
+
+
+@dataclass(slots=True)
+class Job:
+    """A snapshot of one job.  Mutating it changes nothing in the queue.
+
+    Attributes:
+        id: the job id: the caller's ``job_id``, or 16 hex digits of ``seq`` when none was given.
+        payload: the decoded payload (JSON value, ``bytes`` or ``numpy.ndarray``).
+        priority: higher leases first; ties break by ``available_at``, then FIFO by ``seq``.
+        state: :class:`JobState` when the snapshot was taken.
+        attempts: number of times the job has been leased.
+        max_attempts: leases allowed before the job goes to the dead-letter queue.
+        available_at: seconds since the Unix epoch before which it may not be leased.
+        enqueued_at: seconds since the Unix epoch at which it was accepted.
+        lease_deadline: when the current lease expires (seconds since the epoch), or None.
+        lease_token: the fencing token of the current/last lease (the lease count), None if never leased.
+        last_error: text given to the last nack, or why the last lease was lost.
+        seq: queue-wide enqueue order, unique per queue.
+    """
+
+    id: str
+    payload: Any
+    priority: int = 0
+    state: JobState = JobState.READY
+    attempts: int = 0
+    max_attempts: int = 5
+    available_at: float = 0.0
+    enqueued_at: float = 0.0
+    lease_deadline: float | None = None
+    lease_token: int | None = None
+    last_error: str | None = None
+    seq: int = 0
+    _loc: tuple[int, int] = field(default=(0, 0), repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly view (bytes and arrays are described, not embedded)."""
+        payload = self.payload
+        if isinstance(payload, (bytes, bytearray)):
+            payload = {"$bytes": len(payload)}
+        elif hasattr(payload, "dtype") and hasattr(payload, "shape"):
+            payload = {"$ndarray": {"dtype": payload.dtype.str, "shape": list(payload.shape)}}
+        return {
+            "id": self.id,
+            "payload": payload,
+            "priority": self.priority,
+            "state": self.state.value,
+            "attempts": self.attempts,
+            "max_attempts": self.max_attempts,
+            "available_at": self.available_at,
+            "enqueued_at": self.enqueued_at,
+            "lease_deadline": self.lease_deadline,
+            "lease_token": self.lease_token,
+            "last_error": self.last_error,
+            "seq": self.seq,
+        }

@@ -1,0 +1,1031 @@
+"""The public queue: enqueue, lease, ack, nack, and what they stand on.
+
+Theory of operation
+-------------------
+Producers append records through the engine (ringq/ring.py) under its flock.  Everything else is
+lock-free: a job's mutable state is one 8-byte state word (ringq/job.py) and every change is a CAS
+on it, so any number of processes lease, ack and reclaim concurrently and a CAS that fails simply
+means another process got there first.
+
+Each process keeps a private, incremental index of what it has seen, built from validated scans of
+new records (never by iterating jobs in Python):
+
+* per segment and priority, a *lane*: the head slots of that priority in enqueue order, with a
+  cursor.  ``ringq_next_ready`` (C) skips slots that are not READY, so taking the next job costs one
+  C call however many other processes are leasing from the same lane.
+* a heap with one entry per non-empty lane, keyed ``(-priority, available_at, seq)`` of the lane's
+  current candidate, plus individual entries for delayed jobs that came due.
+* a scheduled heap of READY jobs whose available-at is in the future, so a delayed job never
+  blocks a due one.
+* when a job anywhere returns to READY (nack, expired lease, dead holder), the returner bumps its
+  segment's change counter; readers seeing it move rewind that segment's lane cursors.
+
+Leases carry a fencing token (the job's lease count); ack/nack/extend CAS on a word that includes
+it, so a stale holder is refused with NotLeasedError.  A lease also records its holder's owner index
+(ringq/owner.py); a lease whose owner process is gone is reclaimed at once by whoever notices,
+otherwise when its visibility timeout passes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import random
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from . import codec
+from ._native import ffi, lib
+from .backoff import BackoffPolicy
+from .errors import (
+    CorruptionError,
+    JobNotFoundError,
+    NotLeasedError,
+    QueueClosedError,
+    SerializationError,
+)
+from .job import (
+    LC_MASK,
+    ST_BAD,
+    ST_CONT,
+    ST_DEAD,
+    ST_DONE,
+    ST_EMPTY,
+    ST_GONE,
+    ST_LEASED,
+    ST_READY,
+    STATE_OF,
+    TIME_MAX,
+    TIME_SHIFT,
+    WHY_DIED,
+    WHY_EXPIRED,
+    WHY_NONE,
+    WHY_PURGED,
+    Job,
+    JobState,
+    pack,
+)
+from .owner import OwnerRegistry
+from .ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, NewRecord, RecoveryReport, Ring
+from .segment import OFF_CHANGE, OFF_SEALED, OFF_TAIL, Segment
+
+__all__ = ["Queue", "QueueStats", "DEFAULT_VISIBILITY_TIMEOUT", "DEFAULT_MAX_ATTEMPTS"]
+
+DEFAULT_VISIBILITY_TIMEOUT = 30.0
+DEFAULT_MAX_ATTEMPTS = 5
+MAX_ATTEMPTS_LIMIT = 0xFFFF
+REAP_INTERVAL = 0.25  # seconds between scans for expired leases and dead holders
+AUTO_ID = re.compile(r"^[0-9a-f]{16}$")
+_NONE = object()
+
+
+class _Retired(JobNotFoundError):
+    """The job's segment was retired: every job in it had finished."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """Counts of retained jobs by state at one instant (plain loads of the state tables).
+
+    ``delayed`` jobs are READY with a future ``available_at``; ``total`` is the sum of the five job
+    states.  ``corrupt`` counts records quarantined as damaged (not included in ``total``).  Jobs
+    stay counted as ``done`` until their segment retires.
+    """
+
+    ready: int = 0
+    delayed: int = 0
+    leased: int = 0
+    done: int = 0
+    dead: int = 0
+    total: int = 0
+    corrupt: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {f: getattr(self, f) for f in self.__slots__}
+
+
+class _Grow:
+    """A growable numpy vector with a stable C pointer between appends."""
+
+    __slots__ = ("a", "n")
+
+    def __init__(self, dtype: str, cap: int = 64) -> None:
+        self.a = np.empty(cap, dtype)
+        self.n = 0
+
+    def extend(self, values: np.ndarray) -> None:
+        k = len(values)
+        if self.n + k > len(self.a):
+            bigger = np.empty(max(2 * len(self.a), self.n + k), self.a.dtype)
+            bigger[: self.n] = self.a[: self.n]
+            self.a = bigger
+        self.a[self.n : self.n + k] = values
+        self.n += k
+
+    def view(self) -> np.ndarray:
+        return self.a[: self.n]
+
+
+class _Lane:
+    __slots__ = ("prio", "slots", "cursor", "queued")
+
+    def __init__(self, prio: int) -> None:
+        self.prio = prio
+        self.slots = _Grow("<u4")
+        self.cursor = 0
+        self.queued = False  # an entry for this lane is in the ready heap
+
+
+class _View:
+    """What this process knows of one segment: immutable record fields, lanes, scan position."""
+
+    __slots__ = ("seg", "scanned", "sealed", "change", "lanes", "heads", "head_seqs", "prio", "seq", "maxatt",
+                 "attb", "idlen")
+
+    def __init__(self, seg: Segment) -> None:
+        self.seg = seg
+        self.scanned = 0
+        self.sealed = False
+        self.change = seg.load64(OFF_CHANGE)
+        self.lanes: dict[int, _Lane] = {}
+        self.heads = _Grow("<u4")
+        self.head_seqs = _Grow("<u8")
+        n = seg.slot_count
+        self.prio = np.zeros(n, "<i4")
+        self.seq = np.zeros(n, "<u8")
+        self.maxatt = np.zeros(n, "<u2")
+        self.attb = np.zeros(n, "<u2")
+        self.idlen = np.zeros(n, "<u2")
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Queue:
+    """A durable job queue: directory ``path``, queue ``name``.  Same API as ``nobroker.Queue``.
+
+    Safe to use from many threads and many processes at once.  Delivery is at-least-once: a job
+    whose holder dies after its side effects but before its ack runs again, so handlers must be
+    idempotent.
+
+    Args:
+        path: queue directory (created 0700 if missing).
+        name: queue name ``[A-Za-z0-9_-]{1,64}``; names in one directory are independent.
+        fsync: nobroker's spelling: False means ``durability="none"``.
+        durability: ``"msync"`` (default; enqueue returns after msync(MS_SYNC) of its record) or
+            ``"none"`` (survives process crashes, not power loss).  See docs/durability.md.
+        visibility_timeout: seconds a lease lasts before the job is handed out again (default 30).
+        max_attempts: leases allowed per job before it moves to the dead-letter queue (default 5).
+        backoff: retry delay policy for nack (default ``BackoffPolicy()``).
+        lock_timeout: seconds to wait for the writer lock (LockTimeoutError after).
+        slot_size: bytes per slot for a new queue (multiple of 64, default 256).
+        slot_count: slots per segment for a new queue (default 16384; 4 MiB of slots).
+        mode: permission bits of files created (default 0o600; directories get matching x bits).
+        allow_network_fs: allow NFS/SMB (refused by default: flock does not work across hosts).
+
+    Raises:
+        ValueError: invalid name or settings.  OSError: directory not creatable/writable (the
+        message names the path).  CorruptionError / FormatVersionError: unusable files.
+        UnsupportedFilesystemError: network file system.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        name: str = "default",
+        *,
+        fsync: bool = True,
+        durability: str | None = None,
+        visibility_timeout: float = DEFAULT_VISIBILITY_TIMEOUT,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        backoff: BackoffPolicy | None = None,
+        lock_timeout: float = 10.0,
+        slot_size: int = DEFAULT_SLOT_SIZE,
+        slot_count: int = DEFAULT_SLOT_COUNT,
+        mode: int = 0o600,
+        allow_network_fs: bool = False,
+    ) -> None:
+        if durability is None:
+            durability = "msync" if fsync else "none"
+        if not visibility_timeout > 0:
+            raise ValueError(f"visibility_timeout must be > 0 seconds, got {visibility_timeout!r}")
+        self._check_attempts(max_attempts)
+        self.path = os.fspath(path)
+        self.name = name
+        self.visibility_timeout = float(visibility_timeout)
+        self.max_attempts = max_attempts
+        self.backoff = backoff or BackoffPolicy()
+        self._ring = Ring(
+            path, name, slot_size=slot_size, slot_count=slot_count, durability=durability,
+            lock_timeout=lock_timeout, mode=mode, allow_network_fs=allow_network_fs,
+        )
+        self.durability = durability
+        self._owners = OwnerRegistry(os.path.join(self.path, f"{name}.owners"), mode)
+        self._lock = threading.RLock()
+        self._closed = False
+        self._views: dict[int, _View] = {}
+        self._heap: list[tuple] = []
+        self._sched: list[tuple] = []
+        self._sched_keys: set[tuple[int, int]] = set()
+        self._ids: dict[str, tuple[int, int]] = {}
+        self._held: dict[tuple[int, int], int] = {}
+        self._seen_change = -1
+        self._last_reap = 0.0
+        self._rng = random.Random()
+        with self._lock:
+            self._refresh()
+            self._reap(force=True)
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    @property
+    def recovery(self) -> RecoveryReport:
+        """What opening and scanning found: quarantined files, damaged records, repairs."""
+        return self._ring.report
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Close the queue (idempotent).  Leases held are not released: they expire or are reclaimed."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._views.clear()
+            self._ring.close()
+            self._owners.close()
+
+    def __enter__(self) -> "Queue":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if not self._closed:
+                self.close()
+        except Exception:
+            pass
+
+    def _live(self) -> None:
+        if self._closed:
+            raise QueueClosedError(f"queue {self.name!r} in {self.path} is closed")
+
+    @staticmethod
+    def _check_attempts(n: int) -> None:
+        if not isinstance(n, int) or not 1 <= n <= MAX_ATTEMPTS_LIMIT:
+            raise ValueError(f"max_attempts must be an int in [1, {MAX_ATTEMPTS_LIMIT}], got {n!r}")
+
+    # -- enqueue ------------------------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        payload: Any,
+        *,
+        priority: int = 0,
+        delay: float = 0.0,
+        max_attempts: int | None = None,
+        job_id: str | None = None,
+    ) -> Job:
+        """Add one job; durable (per the durability strategy) when this returns.
+
+        Args:
+            payload: a JSON value, ``bytes``, or a numpy array.
+            priority: higher leases first (a signed 32-bit int).
+            delay: seconds before the job may be leased (>= 0).
+            max_attempts: leases allowed before dead-lettering (default: the queue's).
+            job_id: idempotency key: if a job with this id is retained, it is returned and nothing
+                is written (across processes and restarts).
+
+        Returns:
+            The job (``state`` READY).
+        Raises:
+            SerializationError (nothing written), RecordTooLargeError, QueueFullError,
+            LockTimeoutError, QueueClosedError, ValueError for out-of-range arguments.
+        """
+        return self.enqueue_many(
+            [payload], priority=priority, delay=delay, max_attempts=max_attempts,
+            job_ids=None if job_id is None else [job_id],
+        )[0]
+
+    def enqueue_many(
+        self,
+        payloads: Sequence[Any],
+        *,
+        priority: int = 0,
+        delay: float = 0.0,
+        max_attempts: int | None = None,
+        job_ids: Sequence[str] | None = None,
+    ) -> list[Job]:
+        """Add many jobs with one lock hold and one durability sync.  Same arguments as :meth:`enqueue`.
+
+        Every payload is encoded before anything is written: if one fails, none is stored.
+        """
+        self._live()
+        payloads = list(payloads)
+        if job_ids is not None:
+            job_ids = list(job_ids)
+            if len(job_ids) != len(payloads):
+                raise ValueError(f"job_ids has {len(job_ids)} ids for {len(payloads)} payloads")
+            for jid in job_ids:
+                if not isinstance(jid, str) or not jid:
+                    raise ValueError(f"job ids must be non-empty strings, got {jid!r}")
+        if not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
+            raise ValueError(f"priority must be a 32-bit signed int, got {priority!r}")
+        if not 0 <= delay <= TIME_MAX / 1000 - 86400 * 366:
+            raise ValueError(f"delay must be between 0 and about 33 years (in seconds), got {delay!r}")
+        attempts = self.max_attempts if max_attempts is None else max_attempts
+        self._check_attempts(attempts)
+        delay_ms = int(round(delay * 1000))
+        recs = []
+        for i, payload in enumerate(payloads):
+            kind, data = codec.encode(payload)
+            id_bytes = b""
+            if job_ids is not None:
+                id_bytes = job_ids[i].encode("utf-8", "strict") if _valid_text(job_ids[i]) else None
+                if id_bytes is None:
+                    raise SerializationError(f"job id {job_ids[i]!r} is not valid Unicode text")
+            recs.append(NewRecord(data, kind, id_bytes, priority, delay_ms, attempts))
+        bufs = [self._ring.build(r) for r in recs]
+        if not recs:
+            return []
+        with self._lock:
+            if job_ids is None:
+                placed = self._ring.append(recs, bufs)
+                return [self._fresh_job(r, p, payloads[i]) for i, (r, p) in enumerate(zip(recs, placed))]
+            # Idempotent path: decide under the writer lock, after reading everything published.
+            with self._ring.locked():
+                self._refresh()
+                result: list[Any] = [None] * len(recs)
+                todo, todo_bufs, todo_idx, batch_ids = [], [], [], {}
+                for i, jid in enumerate(job_ids):
+                    loc = self._find(jid)
+                    if loc is not None:
+                        result[i] = loc
+                    elif jid in batch_ids:
+                        result[i] = ("dup", batch_ids[jid])
+                    else:
+                        batch_ids[jid] = i
+                        todo.append(recs[i])
+                        todo_bufs.append(bufs[i])
+                        todo_idx.append(i)
+                placed = self._ring.append(todo, todo_bufs) if todo else []
+                for i, p in zip(todo_idx, placed):
+                    result[i] = self._fresh_job(recs[i], p, payloads[i])
+                    self._ids[job_ids[i]] = (p[0], p[1])
+            out = []
+            for i, r in enumerate(result):
+                if isinstance(r, Job):
+                    out.append(r)
+                elif isinstance(r, tuple) and r[0] == "dup":
+                    out.append(result[r[1]])
+                else:
+                    out.append(self._job_at(*r))
+            return out
+
+    def _fresh_job(self, rec: NewRecord, placed: tuple, payload: Any) -> Job:
+        segseq, slot, seq, enq_us, avail_ms = placed
+        return Job(
+            id=rec.id_bytes.decode() if rec.id_bytes else f"{seq:016x}", payload=payload, priority=rec.priority,
+            state=JobState.READY, attempts=0, max_attempts=rec.max_attempts, available_at=avail_ms / 1000,
+            enqueued_at=enq_us / 1e6, seq=seq, _loc=(segseq, slot),
+        )
+
+    # -- the reader index ------------------------------------------------------------------------------
+
+    def _refresh(self) -> None:
+        """Catch up with other processes: new segments, new records, jobs returned to READY."""
+        ring = self._ring
+        ring.refresh_segments()
+        for seq in ring.drop_retired():
+            self._views.pop(seq, None)
+        if len(ring.segments) != len(self._views):
+            for seq in [s for s in self._views if s not in ring.segments]:
+                del self._views[seq]
+            for seq, seg in ring.segments.items():
+                if seq not in self._views:
+                    self._views[seq] = _View(seg)
+        for view in self._views.values():
+            if view.sealed:
+                continue
+            seg = view.seg
+            sealed = seg.load32(OFF_SEALED)  # acquire: the final tail is visible after this
+            if seg.load32(OFF_TAIL) > view.scanned:
+                self._ingest(view)
+            view.sealed = bool(sealed)
+        change = ring.change_counter()
+        if change != self._seen_change:
+            self._seen_change = change
+            for view in self._views.values():
+                c = view.seg.load64(OFF_CHANGE)
+                if c != view.change:
+                    view.change = c
+                    for lane in view.lanes.values():
+                        lane.cursor = 0
+                        self._queue_lane(view, lane)
+
+    def _ingest(self, view: _View) -> None:
+        seg = view.seg
+        infos, nxt = self._ring.scan(seg, view.scanned)
+        view.scanned = nxt
+        if not len(infos):
+            return
+        bad = infos[infos["status"] != 0]
+        for row in bad:
+            self._ring.mark_bad(seg, int(row["slot"]), "record failed validation (magic, length or CRC)")
+        ok = infos[infos["status"] == 0]
+        if not len(ok):
+            return
+        slots = ok["slot"]
+        view.prio[slots] = ok["priority"]
+        view.seq[slots] = ok["seq"]
+        view.maxatt[slots] = ok["max_attempts"]
+        view.attb[slots] = ok["attempts_before"]
+        view.idlen[slots] = ok["id_len"]
+        view.heads.extend(slots)
+        view.head_seqs.extend(ok["seq"])
+        # A valid record below the tail whose state word is EMPTY: a power loss kept the record but
+        # not its state page.  It was published (the tail says so): publish it again.
+        for row in ok[(ok["state"] & 7) == ST_EMPTY]:
+            word = pack(ST_READY, WHY_NONE, 0, int(row["available_ms"]) - seg.epoch_ms)
+            seg.cas64(seg.state_off_of(int(row["slot"])), 0, word)
+        for row in ok[ok["id_len"] > 0]:
+            slot = int(row["slot"])
+            base = seg.data_off + slot * seg.slot_size + 64
+            jid = bytes(seg.mm[base : base + int(row["id_len"])]).decode("utf-8", "replace")
+            self._ids[jid] = (seg.seq, slot)
+        for row in ok[ok["supersedes"] != 0]:
+            self._complete_supersede(int(row["supersedes"]))
+        prios = ok["priority"]
+        for p in np.unique(prios):
+            p = int(p)
+            lane = view.lanes.get(p)
+            if lane is None:
+                lane = view.lanes[p] = _Lane(p)
+            lane.slots.extend(slots[prios == p])
+            self._queue_lane(view, lane)
+
+    def _complete_supersede(self, ref: int) -> None:
+        """A requeued record names the DEAD record it replaces: make sure that one is GONE."""
+        seg = self._ring.segment(ref >> 24)
+        if seg is None:
+            return
+        off = seg.state_off_of(ref & 0xFFFFFF)
+        w = seg.load64(off)
+        if w & 7 == ST_DEAD and seg.cas64(off, w, (w & ~7) | ST_GONE)[0]:
+            self._ring.note_finished(seg)
+
+    def _lane_key(self, view: _View, lane: _Lane) -> tuple | None:
+        """Advance the lane's cursor to its next READY job and return that job's heap key."""
+        seg = view.seg
+        state = ffi.new("uint64_t *")
+        arr = lane.slots
+        idx = lib.ringq_next_ready(seg.ptr, seg.size, seg.geom, ffi.cast("uint32_t *", arr.a.ctypes.data),
+                                   arr.n, lane.cursor, state)
+        if idx < 0 or idx >= arr.n:
+            lane.cursor = arr.n
+            return None
+        lane.cursor = idx
+        slot = int(arr.a[idx])
+        w = state[0]
+        return (-lane.prio, seg.epoch_ms + (w >> TIME_SHIFT), int(view.seq[slot]), 0, view.seg.seq, lane.prio, slot, w)
+
+    def _queue_lane(self, view: _View, lane: _Lane) -> None:
+        if lane.queued:
+            return
+        key = self._lane_key(view, lane)
+        if key is not None:
+            lane.queued = True
+            heapq.heappush(self._heap, key)
+
+    def _find(self, job_id: str) -> tuple[int, int] | None:
+        """Location ``(segment seq, slot)`` of the newest retained record of ``job_id``, or None."""
+        loc = self._ids.get(job_id)
+        if loc is not None:
+            if loc[0] in self._views:
+                return loc
+            del self._ids[job_id]
+        if AUTO_ID.match(job_id):
+            seq = int(job_id, 16)
+            for view in self._views.values():
+                hs = view.head_seqs
+                if hs.n and hs.a[0] <= seq <= hs.a[hs.n - 1]:
+                    i = int(np.searchsorted(hs.view(), seq))
+                    if i < hs.n and hs.a[i] == seq:
+                        slot = int(view.heads.a[i])
+                        if view.idlen[slot] == 0:
+                            return (view.seg.seq, slot)
+        return None
+
+    def _locate(self, job: Job | str) -> tuple[_View, int, str]:
+        if isinstance(job, Job):
+            segseq, slot = job._loc
+            view = self._views.get(segseq)
+            if view is None:
+                self._refresh()
+                view = self._views.get(segseq)
+            if view is not None and (job.seq == 0 or int(view.seq[slot]) == job.seq):
+                return view, slot, job.id
+            if view is None and segseq and segseq < self._ring.tail_seq() and not os.path.exists(self._ring.seg_path(segseq)):
+                raise _Retired(job.id)
+            job_id = job.id
+        else:
+            job_id = job
+        loc = self._find(job_id)
+        if loc is None:
+            self._refresh()
+            loc = self._find(job_id)
+        if loc is None:
+            raise JobNotFoundError(f"no job {job_id!r} in queue {self.name!r} (never enqueued, or retired)")
+        return self._views[loc[0]], loc[1], job_id
+
+    # -- materialising jobs --------------------------------------------------------------------------
+
+    def _job_at(self, segseq: int, slot: int, word: int | None = None, decode: bool = True) -> Job:
+        view = self._views[segseq]
+        seg = view.seg
+        info, id_bytes, payload = self._ring.read_record(seg, slot)
+        if word is None:
+            word = seg.load64(seg.state_off_of(slot))
+        st, why, lc, trel = word & 7, (word >> 3) & 3, (word >> 6) & LC_MASK, word >> TIME_SHIFT
+        if st not in STATE_OF:
+            raise JobNotFoundError(f"job at {seg.path} slot {slot} is no longer retained")
+        when = (seg.epoch_ms + trel) / 1000
+        state = STATE_OF[st]
+        return Job(
+            id=id_bytes.decode("utf-8", "replace") if info.id_len else f"{info.seq:016x}",
+            payload=codec.decode(info.codec, payload) if decode else None,
+            priority=info.priority,
+            state=state,
+            attempts=info.attempts_before + lc,
+            max_attempts=info.max_attempts,
+            available_at=when if st == ST_READY else info.available_ms / 1000,
+            enqueued_at=info.enqueued_us / 1e6,
+            lease_deadline=when if st == ST_LEASED else None,
+            lease_token=lc or None,
+            last_error=self._last_error(seg, slot, why, lc),
+            seq=info.seq,
+            _loc=(segseq, slot),
+        )
+
+    def _last_error(self, seg: Segment, slot: int, why: int, lc: int) -> str | None:
+        if why == WHY_EXPIRED:
+            return "lease expired: visibility timeout passed before ack"
+        if why == WHY_DIED:
+            return "lease holder died: its process exited without ack"
+        if lc == 0:
+            return None
+        entries = self._ring.read_errors(seg.seq).get(slot)
+        if not entries:
+            return None
+        best = [e for e in entries if e[0] <= lc]
+        return max(best)[1] if best else None
+
+    # -- lease ------------------------------------------------------------------------------------------
+
+    def lease(self, count: int = 1, *, visibility_timeout: float | None = None, wait: float | None = None) -> list[Job]:
+        """Lease up to ``count`` due jobs, highest priority first, then by available_at and FIFO.
+
+        A leased job is invisible to every other process until acked, nacked, its holder dies, or
+        ``visibility_timeout`` seconds pass.  Each job's ``lease_token`` is its fencing token.
+
+        Args:
+            count: most jobs to return (>= 1).
+            visibility_timeout: seconds (default: the queue's).
+            wait: if no job is due, block up to this many seconds for one (woken by producers'
+                futex wake, not by polling).  None or 0 returns at once.
+
+        Returns:
+            Between 0 and ``count`` jobs (LEASED).
+        Raises:
+            QueueClosedError; ValueError for bad arguments.
+        """
+        self._live()
+        if not isinstance(count, int) or count < 1:
+            raise ValueError(f"count must be an int >= 1, got {count!r}")
+        vt = self.visibility_timeout if visibility_timeout is None else visibility_timeout
+        if not vt > 0:
+            raise ValueError(f"visibility_timeout must be > 0 seconds, got {vt!r}")
+        deadline = None if not wait else time.monotonic() + wait
+        got: list[Job] = []
+        while True:
+            seen = self._ring.wake_word()
+            with self._lock:
+                self._live()
+                got.extend(self._take(count - len(got), vt))
+                next_due = self._sched[0][0] if self._sched else None
+            if len(got) >= count or deadline is None:
+                return got
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return got
+            nap = min(left, REAP_INTERVAL * 4)
+            if next_due is not None:
+                nap = min(nap, max(0.0, next_due / 1000 - time.time()) + 0.001)
+            self._ring.sleep(seen, nap)
+
+    def lease_one(self, *, visibility_timeout: float | None = None, wait: float | None = None) -> Job | None:
+        """Lease one job, or return None if none is due (after waiting up to ``wait`` seconds)."""
+        jobs = self.lease(1, visibility_timeout=visibility_timeout, wait=wait)
+        return jobs[0] if jobs else None
+
+    def _take(self, want: int, vt: float) -> list[Job]:
+        self._refresh()
+        self._reap()
+        now = _now_ms()
+        sched, heap = self._sched, self._heap
+        while sched and sched[0][0] <= now:
+            due, nprio, seq, segseq, slot = heapq.heappop(sched)
+            heapq.heappush(heap, (nprio, due, seq, 1, segseq, 0, slot, 0))
+        out: list[Job] = []
+        while len(out) < want and heap:
+            entry = heapq.heappop(heap)
+            kind, segseq, prio, slot = entry[3], entry[4], entry[5], entry[6]
+            view = self._views.get(segseq)
+            if view is None:
+                continue
+            seg = view.seg
+            if kind == 0:
+                lane = view.lanes[prio]
+                lane.queued = False
+                key = self._lane_key(view, lane)
+                if key is None:
+                    continue
+                slot, w = key[6], key[7]
+                if key[1] > now:  # delayed: park it in the scheduled heap, move the lane on
+                    self._schedule(view, slot, key[1])
+                    lane.cursor += 1
+                    self._queue_lane(view, lane)
+                    continue
+                if key[:3] > entry[:3]:  # the lane's candidate changed: re-queue at its real place
+                    lane.queued = True
+                    heapq.heappush(heap, key)
+                    continue
+                job = self._claim(view, slot, w, now, vt)
+                if job is not None:
+                    lane.cursor += 1
+                    out.append(job)
+                self._queue_lane(view, lane)
+            else:
+                self._sched_keys.discard((segseq, slot))
+                w = seg.load64(seg.state_off_of(slot))
+                if w & 7 != ST_READY:
+                    continue
+                due = seg.epoch_ms + (w >> TIME_SHIFT)
+                if due > now:
+                    self._schedule(view, slot, due)
+                    continue
+                job = self._claim(view, slot, w, now, vt)
+                if job is not None:
+                    out.append(job)
+        return out
+
+    def _schedule(self, view: _View, slot: int, due_ms: int) -> None:
+        key = (view.seg.seq, slot)
+        if key in self._sched_keys:
+            return
+        self._sched_keys.add(key)
+        heapq.heappush(self._sched, (due_ms, -int(view.prio[slot]), int(view.seq[slot]), view.seg.seq, slot))
+
+    def _claim(self, view: _View, slot: int, w: int, now: int, vt: float) -> Job | None:
+        seg = view.seg
+        off = seg.state_off_of(slot)
+        lc = ((w >> 6) & LC_MASK) + 1
+        if lc > LC_MASK:
+            return None
+        new = pack(ST_LEASED, (w >> 3) & 3, lc, now + int(vt * 1000) - seg.epoch_ms)
+        owner = self._owners.acquire()
+        key = (seg.seq, slot)
+        self._held[key] = lc  # before the CAS: our own reaper must never see this lease unowned
+        ok, _cur = seg.cas64(off, w, new)
+        if not ok:
+            self._held.pop(key, None)
+            return None
+        old_owner = seg.load64(off + 8)
+        seg.cas64(off + 8, old_owner, owner | (lc << 16) | ((os.getpid() & 0x3FFFFFFF) << 34))
+        try:
+            return self._job_at(seg.seq, slot, new)
+        except (CorruptionError, SerializationError) as exc:
+            self._held.pop(key, None)
+            self._ring.mark_bad(seg, slot, str(exc))
+            return None
+
+    # -- ack / nack / extend ---------------------------------------------------------------------------
+
+    def _word_for(self, job: Job | str, op: str) -> tuple[_View, int, int, str, int | None]:
+        view, slot, job_id = self._locate(job)
+        token = job.lease_token if isinstance(job, Job) else None
+        seg = view.seg
+        w = seg.load64(seg.state_off_of(slot))
+        return view, slot, w, job_id, token
+
+    def _require_lease(self, w: int, job_id: str, token: int | None, op: str) -> None:
+        st = w & 7
+        if st != ST_LEASED:
+            name = {ST_READY: "ready", ST_DONE: "done", ST_DEAD: "dead", ST_GONE: "purged", ST_BAD: "corrupt"}.get(st, "?")
+            raise NotLeasedError(
+                f"cannot {op} job {job_id!r}: it is {name}, not leased (its lease expired or its holder was declared dead)"
+            )
+        if token is not None and (w >> 6) & LC_MASK != token:
+            raise NotLeasedError(
+                f"cannot {op} job {job_id!r}: fencing token {token} is stale; the job was leased again "
+                f"(token {(w >> 6) & LC_MASK})"
+            )
+
+    def ack(self, job: Job | str) -> None:
+        """Mark a leased job done.  Acking a job that is already done is harmless.
+
+        Passing the :class:`Job` checks its fencing token; passing a bare id does not (for
+        operators).  Raises NotLeasedError (not leased, or stale token), JobNotFoundError.
+        """
+        self._live()
+        with self._lock:
+            try:
+                view, slot, w, job_id, token = self._word_for(job, "ack")
+            except _Retired:
+                return  # its segment retired, so it was finished: a repeated ack
+            seg = view.seg
+            off = seg.state_off_of(slot)
+            while True:
+                if w & 7 == ST_DONE:
+                    return
+                self._require_lease(w, job_id, token, "ack")
+                done = pack(ST_DONE, (w >> 3) & 3, (w >> 6) & LC_MASK, _now_ms() - seg.epoch_ms)
+                ok, w = seg.cas64(off, w, done)
+                if ok:
+                    break
+            self._held.pop((seg.seq, slot), None)
+            self._ring.note_finished(seg)
+
+    def nack(self, job: Job | str, *, error: str | None = None, delay: float | None = None) -> Job:
+        """Report a leased job as failed: retry after a backoff delay, or dead-letter it.
+
+        Args:
+            job: the leased job (token checked) or its id.
+            error: text kept as the job's ``last_error``.
+            delay: seconds before the retry, instead of the backoff policy's.
+
+        Returns:
+            The job in its new state (READY, or DEAD if it used up ``max_attempts``).
+        Raises:
+            NotLeasedError, JobNotFoundError, ValueError (negative delay).
+        """
+        self._live()
+        if delay is not None and not 0 <= delay <= TIME_MAX / 1000 - 86400 * 366:
+            raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
+        with self._lock:
+            view, slot, w, job_id, token = self._word_for(job, "nack")
+            seg = view.seg
+            off = seg.state_off_of(slot)
+            self._require_lease(w, job_id, token, "nack")
+            lc = (w >> 6) & LC_MASK
+            attempts = int(view.attb[slot]) + lc
+            if error is not None:
+                self._ring.write_error(seg, slot, lc, str(error))
+            now = _now_ms()
+            while True:
+                if attempts >= int(view.maxatt[slot]):
+                    new = pack(ST_DEAD, WHY_NONE, lc, now - seg.epoch_ms)
+                else:
+                    wait = self.backoff.delay_for(attempts, self._rng) if delay is None else delay
+                    new = pack(ST_READY, WHY_NONE, lc, now + int(wait * 1000) - seg.epoch_ms)
+                ok, w2 = seg.cas64(off, w, new)
+                if ok:
+                    break
+                self._require_lease(w2, job_id, token, "nack")
+                w = w2
+            self._held.pop((seg.seq, slot), None)
+            if new & 7 == ST_READY:
+                self._ring.note_returned(seg)
+            return self._job_at(seg.seq, slot, new)
+
+    def extend(self, job: Job | str, seconds: float) -> Job:
+        """Push a lease's deadline to ``max(deadline, now) + seconds``.  Raises NotLeasedError if lost."""
+        self._live()
+        if not seconds > 0:
+            raise ValueError(f"seconds must be > 0, got {seconds!r}")
+        with self._lock:
+            view, slot, w, job_id, token = self._word_for(job, "extend")
+            seg = view.seg
+            off = seg.state_off_of(slot)
+            while True:
+                self._require_lease(w, job_id, token, "extend")
+                deadline = max(seg.epoch_ms + (w >> TIME_SHIFT), _now_ms()) + int(seconds * 1000)
+                new = (w & ((1 << TIME_SHIFT) - 1)) | (min(deadline - seg.epoch_ms, TIME_MAX) << TIME_SHIFT)
+                ok, w = seg.cas64(off, w, new)
+                if ok:
+                    return self._job_at(seg.seq, slot, new)
+
+    # -- reclaiming ----------------------------------------------------------------------------------------
+
+    def _reap(self, force: bool = False) -> int:
+        """Return expired leases and leases of dead holders to READY (or DEAD); retire finished segments."""
+        t = time.monotonic()
+        if not force and t - self._last_reap < REAP_INTERVAL:
+            return 0
+        self._last_reap = t
+        now = _now_ms()
+        mine = self._owners.index if self._owners.pid == os.getpid() else 0
+        reclaimed = 0
+        suspects: dict[int, list[tuple[_View, int, int]]] = {}
+        for view in list(self._views.values()):
+            seg = view.seg
+            tail = min(seg.load32(OFF_TAIL), seg.slot_count)
+            tbl = seg.states[:tail]
+            words = tbl[:, 0]
+            leased = np.flatnonzero((words & 7) == ST_LEASED)
+            if not len(leased):
+                continue
+            w = words[leased]
+            owners = tbl[leased, 1]
+            expired = (w >> np.uint64(TIME_SHIFT)).astype(np.int64) + seg.epoch_ms < now
+            for slot, word in zip(leased[expired].tolist(), w[expired].tolist()):
+                reclaimed += self._reclaim(view, slot, word, WHY_EXPIRED, now)
+            tagged = ((owners >> np.uint64(16)) & np.uint64(LC_MASK)) == ((w >> np.uint64(6)) & np.uint64(LC_MASK))
+            live = ~expired & tagged
+            for slot, word, own in zip(leased[live].tolist(), w[live].tolist(), owners[live].tolist()):
+                idx = own & 0xFFFF
+                if idx == mine:
+                    if (seg.seq, slot) not in self._held:  # left by a dead process that had our index
+                        reclaimed += self._reclaim(view, slot, word, WHY_DIED, now)
+                elif idx:
+                    suspects.setdefault(idx, []).append((view, slot, word))
+        for idx, leases in suspects.items():
+            if self._owners.is_alive(idx):
+                continue
+            if not self._owners.try_hold(idx):
+                continue  # a new process took the index in between: it reclaims these itself
+            try:
+                for view, slot, word in leases:
+                    reclaimed += self._reclaim(view, slot, word, WHY_DIED, now)
+            finally:
+                self._owners.release(idx)
+        self._ring.retire_finished()
+        return reclaimed
+
+    def _reclaim(self, view: _View, slot: int, word: int, why: int, now: int) -> int:
+        seg = view.seg
+        lc = (word >> 6) & LC_MASK
+        if int(view.attb[slot]) + lc >= int(view.maxatt[slot]):
+            new = pack(ST_DEAD, why, lc, now - seg.epoch_ms)
+        else:
+            new = pack(ST_READY, why, lc, now - seg.epoch_ms)
+        ok, _ = seg.cas64(seg.state_off_of(slot), word, new)
+        if ok and new & 7 == ST_READY:
+            self._ring.note_returned(seg)
+        return int(ok)
+
+    # -- reads and admin -------------------------------------------------------------------------------------
+
+    def get(self, job_id: str) -> Job:
+        """The job with this id (a snapshot).  Raises JobNotFoundError if it is not retained."""
+        self._live()
+        with self._lock:
+            self._refresh()
+            view, slot, _ = self._locate(job_id)
+            return self._job_at(view.seg.seq, slot)
+
+    def _heads(self, states: Iterable[int]) -> list[tuple[int, _View, int, int]]:
+        """(seq, view, slot, word) of retained heads whose state is in ``states``, in seq order."""
+        wanted = np.array(sorted(states), dtype=np.uint64)
+        rows = []
+        for view in self._views.values():
+            heads = view.heads.view()
+            if not len(heads):
+                continue
+            words = view.seg.states[heads, 0]
+            sel = np.isin(words & np.uint64(7), wanted)
+            for slot, word in zip(heads[sel].tolist(), words[sel].tolist()):
+                rows.append((int(view.seq[slot]), view, slot, word))
+        rows.sort(key=lambda r: r[0])
+        return rows
+
+    def list_jobs(self, state: JobState | str | None = None, *, limit: int | None = None) -> list[Job]:
+        """Retained jobs in enqueue order, optionally only those in ``state``, at most ``limit``."""
+        self._live()
+        want = {ST_READY, ST_LEASED, ST_DONE, ST_DEAD}
+        if state is not None:
+            js = JobState(state)
+            want = {k for k, v in STATE_OF.items() if v is js}
+        with self._lock:
+            self._refresh()
+            out = []
+            for _seq, view, slot, word in self._heads(want):
+                if limit is not None and len(out) >= limit:
+                    break
+                try:
+                    out.append(self._job_at(view.seg.seq, slot, word))
+                except (CorruptionError, SerializationError):
+                    continue
+            return out
+
+    def dlq(self, *, limit: int | None = None) -> list[Job]:
+        """Dead-lettered jobs, oldest first."""
+        return self.list_jobs(JobState.DEAD, limit=limit)
+
+    def requeue_dead(self, job_id: str | None = None) -> int:
+        """Move dead-lettered jobs (one, or all) back to READY with attempts reset; returns how many.
+
+        The job keeps its id; it is re-appended as a new record that supersedes the dead one.
+        Raises JobNotFoundError, or NotLeasedError if ``job_id`` is not dead.
+        """
+        self._live()
+        with self._lock, self._ring.locked():
+            self._refresh()
+            if job_id is not None:
+                view, slot, _ = self._locate(job_id)
+                w = view.seg.load64(view.seg.state_off_of(slot))
+                if w & 7 != ST_DEAD:
+                    raise NotLeasedError(f"job {job_id!r} is not in the dead-letter queue")
+                targets = [(0, view, slot, w)]
+            else:
+                targets = self._heads({ST_DEAD})
+            recs, olds = [], []
+            for _seq, view, slot, word in targets:
+                seg = view.seg
+                info, id_bytes, payload = self._ring.read_record(seg, slot)
+                jid = id_bytes if info.id_len else f"{info.seq:016x}".encode()
+                recs.append(NewRecord(bytes(payload), info.codec, jid, info.priority, 0, info.max_attempts, 0,
+                                      (seg.seq << 24) | slot))
+                olds.append((view, slot, word))
+            if not recs:
+                return 0
+            self._ring.append(recs)
+            for view, slot, word in olds:
+                seg = view.seg
+                if seg.cas64(seg.state_off_of(slot), word, (word & ~7) | ST_GONE)[0]:
+                    self._ring.note_finished(seg)
+            self._refresh()
+            return len(recs)
+
+    def purge(self) -> int:
+        """Remove every retained job (ready, delayed, leased, done, dead); returns how many."""
+        self._live()
+        with self._lock:
+            self._refresh()
+            n = 0
+            for view in list(self._views.values()):
+                seg = view.seg
+                finished = 0
+                for slot in view.heads.view().tolist():
+                    off = seg.state_off_of(slot)
+                    while True:
+                        w = seg.load64(off)
+                        st = w & 7
+                        if st in (ST_GONE, ST_EMPTY, ST_CONT):
+                            break
+                        if seg.cas64(off, w, (w & ~0x1F) | ST_GONE | (WHY_PURGED << 3))[0]:
+                            n += st != ST_BAD
+                            finished += st not in (ST_DONE,)
+                            break
+                if finished:
+                    self._ring.note_finished(seg, finished)
+            self._held.clear()
+            self._ring.retire_finished()
+            self._refresh()
+            return n
+
+    def stats(self) -> QueueStats:
+        """Counts by state, computed with vectorised numpy over the mapped state tables."""
+        self._live()
+        with self._lock:
+            self._refresh()
+            now = _now_ms()
+            c = np.zeros(8, np.int64)
+            delayed = 0
+            for view in self._views.values():
+                seg = view.seg
+                tail = min(seg.load32(OFF_TAIL), seg.slot_count)
+                words = seg.states[:tail, 0]
+                st = words & np.uint64(7)
+                c += np.bincount(st.astype(np.int64), minlength=8)
+                ready = words[st == ST_READY]
+                if len(ready):
+                    delayed += int(np.count_nonzero((ready >> np.uint64(TIME_SHIFT)).astype(np.int64) + seg.epoch_ms > now))
+            ready = int(c[ST_READY]) - delayed
+            total = int(c[ST_READY] + c[ST_LEASED] + c[ST_DONE] + c[ST_DEAD])
+            return QueueStats(ready, delayed, int(c[ST_LEASED]), int(c[ST_DONE]), int(c[ST_DEAD]), total, int(c[ST_BAD]))
+
+    def __len__(self) -> int:
+        """Number of retained jobs (``stats().total``)."""
+        return self.stats().total
+
+    def __repr__(self) -> str:
+        return f"Queue({self.path!r}, name={self.name!r}, durability={self.durability!r})"
+
+
+def _valid_text(s: str) -> bool:
+    try:
+        s.encode("utf-8", "strict")
+        return True
+    except UnicodeEncodeError:
+        return False

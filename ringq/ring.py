@@ -1,0 +1,763 @@
+"""The storage engine: a ring of segments for one queue name.  Knows records, not retries.
+
+Theory of operation
+-------------------
+Files of queue ``<name>`` in its directory (byte layouts in ``docs/format.md``)::
+
+    <name>.lock            flock target for writers; never holds data
+    <name>.ctl             one page of shared words: next seq, tail segment, futex word, counters
+    <name>.owners          one byte per lease owner, each held by an OFD lock (ringq/owner.py)
+    <name>.<seq>.seg       segments: header page, state table, fixed-size slots
+    <name>.<seq>.err       per-segment side file of nack error texts, deleted with the segment
+
+*Append* (producers): take the flock -> read the tail segment and its tail from the shared
+mappings (never from a cache kept across the lock) -> repair a tail left behind by a crash ->
+reserve seqs -> write each record and publish it (release-store of its state word) -> rotate to a
+new segment when one is full -> store the new tail -> release the flock -> apply the durability
+strategy (msync of the written range) -> wake sleeping consumers.
+
+*Read* (consumers): never take the lock.  Each process scans the records published since it last
+looked (``scan``) and claims jobs by CAS on state words (ringq/queue.py).
+
+*Rotation* seals the full segment (after storing its final tail) and links a new, complete,
+fsynced one.  *Retirement*: a sealed segment whose every record is DONE or GONE is flagged retired
+and unlinked by whoever notices first; a mapping other processes still hold stays valid until they
+drop it.  No live record is ever rewritten.
+
+*Recovery* on open (under the lock): unfinished temp files are removed; a segment that fails
+validation is renamed ``*.quarantined`` and reported; every segment but the newest is sealed; a
+half-retired segment is unlinked.  Records published beyond a stale tail (crash between publish and
+tail store, or a power loss that kept the state table but not the header page) are re-adopted by
+the next append; damaged records are marked BAD, reported and never delivered.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import re
+import stat
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import numpy as np
+
+from . import errors
+from ._native import ffi, lib
+from .errors import (
+    CorruptionError,
+    FormatVersionError,
+    LockTimeoutError,
+    RecordTooLargeError,
+    UnsupportedFilesystemError,
+)
+from .job import ST_BAD, ST_CONT, ST_DONE, ST_EMPTY, ST_GONE, pack
+from .segment import (
+    OFF_CHANGE,
+    OFF_CTL_CHANGE,
+    OFF_FINISHED,
+    OFF_LAST_SEQ,
+    OFF_NEXT_SEQ,
+    OFF_NRECORDS,
+    OFF_RETIRED,
+    OFF_RING_GEN,
+    OFF_SEALED,
+    OFF_TAIL,
+    OFF_TAIL_SEG,
+    OFF_WAITERS,
+    OFF_WAKE,
+    Control,
+    Segment,
+    crc32c,
+    fsync_dir,
+    segment_name,
+)
+
+__all__ = ["Ring", "NewRecord", "RecoveryReport", "REC_HEADER", "REC_INFO_DTYPE", "DURABILITY"]
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+SEG_RE = re.compile(r"^(?P<name>[A-Za-z0-9_-]{1,64})\.(?P<seq>[0-9a-f]{16})\.seg$")
+REC_HEADER = struct.Struct("<IIIIQqqiHHHBBIQ")
+assert REC_HEADER.size == 64
+REC_MAGIC = 0x31435251
+KIND_JOB = 1
+DEFAULT_SLOT_SIZE = 256
+DEFAULT_SLOT_COUNT = 16384
+NETWORK_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "fuse.sshfs", "afs", "ceph", "glusterfs", "lustre"}
+DURABILITY = ("msync", "none")
+
+# numpy view of ringq_rec_info (csrc/ringq.h); offsets asserted against cffi at import.
+REC_INFO_DTYPE = np.dtype(
+    {
+        "names": ["slot", "span", "status", "priority", "seq", "enqueued_us", "available_ms", "supersedes",
+                  "state", "record_len", "payload_len", "max_attempts", "attempts_before", "id_len", "codec", "kind"],
+        "formats": ["<u4", "<u4", "<i4", "<i4", "<u8", "<i8", "<i8", "<u8", "<u8", "<u4", "<u4", "<u2", "<u2",
+                    "<u2", "u1", "u1"],
+        "offsets": [ffi.offsetof("ringq_rec_info", f) for f in
+                    ("slot", "span", "status", "priority", "seq", "enqueued_us", "available_ms", "supersedes",
+                     "state", "record_len", "payload_len", "max_attempts", "attempts_before", "id_len", "codec",
+                     "kind")],
+        "itemsize": ffi.sizeof("ringq_rec_info"),
+    }
+)
+
+
+@dataclass(slots=True)
+class NewRecord:
+    """A job record to append.  ``delay_ms`` is added to the append time to get available-at."""
+
+    payload: bytes
+    codec: int
+    id_bytes: bytes = b""
+    priority: int = 0
+    delay_ms: int = 0
+    max_attempts: int = 5
+    attempts_before: int = 0
+    supersedes: int = 0
+
+
+@dataclass
+class RecoveryReport:
+    """What opening (and later scanning) found and did.  Damage is listed here, never hidden.
+
+    Attributes:
+        quarantined: files renamed to ``*.quarantined`` because they are not valid segments,
+            as ``(path, reason)``.
+        corrupt_records: records that failed validation and are marked BAD, as
+            ``(segment path, slot, reason)``.
+        readopted: records published beyond a stale tail and taken back, as ``(segment path, count)``.
+        removed_temp: leftover temporary files of an interrupted segment creation that were removed.
+    """
+
+    quarantined: list[tuple[str, str]] = field(default_factory=list)
+    corrupt_records: list[tuple[str, int, str]] = field(default_factory=list)
+    readopted: list[tuple[str, int]] = field(default_factory=list)
+    removed_temp: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not (self.quarantined or self.corrupt_records)
+
+
+def fs_type(path: str) -> str:
+    """File-system type of ``path`` from /proc/self/mounts (longest matching mount point), or ''."""
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as fh:
+            mounts = [line.split() for line in fh]
+    except OSError:
+        return ""
+    real = os.path.realpath(path)
+    best, kind = "", ""
+    for parts in mounts:
+        if len(parts) < 3:
+            continue
+        mnt = parts[1].replace("\\040", " ")
+        if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+            best, kind = mnt, parts[2]
+    return kind
+
+
+class Ring:
+    """The segments of one queue name in one directory, as this process sees them.
+
+    Args:
+        path: queue directory (created 0700 if absent).
+        name: queue name, ``[A-Za-z0-9_-]{1,64}``.
+        slot_size, slot_count: geometry of new segments, used only when the queue is created
+            (bytes per slot, multiple of 64; slots per segment).  An existing queue keeps its own.
+        durability: ``"msync"`` (default: an append returns after msync(MS_SYNC) of what it wrote)
+            or ``"none"`` (published to the shared mapping only: survives a process crash, not a
+            power loss).  docs/durability.md says what each survives.
+        lock_timeout: seconds to wait for the writer lock before LockTimeoutError.
+        mode: permission bits of files created (directories get the matching x bits).
+        allow_network_fs: open a queue on NFS/SMB anyway (flock and shared mappings do not work
+            across hosts there).
+
+    Raises:
+        ValueError: bad name or geometry.  OSError (with the path) if the directory cannot be
+        created or written.  UnsupportedFilesystemError, CorruptionError, FormatVersionError.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        name: str = "default",
+        *,
+        slot_size: int = DEFAULT_SLOT_SIZE,
+        slot_count: int = DEFAULT_SLOT_COUNT,
+        durability: str = "msync",
+        lock_timeout: float = 10.0,
+        mode: int = 0o600,
+        allow_network_fs: bool = False,
+    ) -> None:
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            raise ValueError(f"queue name must match [A-Za-z0-9_-]{{1,64}}, got {name!r}")
+        if durability not in DURABILITY:
+            raise ValueError(f"durability must be one of {DURABILITY}, got {durability!r}")
+        self.dir = os.fspath(path)
+        self.name = name
+        self.durability = durability
+        self.lock_timeout = lock_timeout
+        self.mode = mode
+        self.report = RecoveryReport()
+        self.segments: dict[int, Segment] = {}
+        self._tlock = threading.RLock()  # serialises this process's threads around the flock
+        self._depth = 0  # nesting of locked() in the thread holding _tlock
+        self._pid = os.getpid()
+        self._lock_fd = -1
+        dmode = mode | ((mode & 0o444) >> 2)
+        try:
+            os.makedirs(self.dir, mode=dmode, exist_ok=True)
+        except OSError as exc:
+            raise type(exc)(exc.errno, f"cannot create queue directory {self.dir}: {exc.strerror}") from None
+        kind = fs_type(self.dir)
+        if kind in NETWORK_FS and not allow_network_fs:
+            raise UnsupportedFilesystemError(
+                f"{self.dir} is on a {kind} file system: flock and shared mappings do not work across hosts. "
+                "Use a local file system, or pass allow_network_fs=True if only one host will ever open it."
+            )
+        self.lock_path = self._p(f"{name}.lock")
+        try:
+            self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise CorruptionError(f"{self.lock_path}: is a symbolic link") from None
+            raise type(exc)(exc.errno, f"cannot open {self.lock_path}: {exc.strerror}") from None
+        self.ctl: Control | None = None
+        self._seen_gen = -1
+        self._max_seen = 0
+        try:
+            with self.locked():
+                self._recover(slot_size, slot_count)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- paths and locking -------------------------------------------------------------------
+
+    def _p(self, fname: str) -> str:
+        return os.path.join(self.dir, fname)
+
+    def seg_path(self, seq: int) -> str:
+        return self._p(segment_name(self.name, seq))
+
+    def err_path(self, seq: int) -> str:
+        return self._p(f"{self.name}.{seq:016x}.err")
+
+    class _Locked:
+        __slots__ = ("ring",)
+
+        def __init__(self, ring: "Ring") -> None:
+            self.ring = ring
+
+        def __enter__(self) -> None:
+            ring = self.ring
+            ring._tlock.acquire()
+            if ring._pid != os.getpid():
+                ring._after_fork()
+            if ring._depth == 0:
+                try:
+                    ring._flock()
+                except BaseException:
+                    ring._tlock.release()
+                    raise
+            ring._depth += 1
+
+        def __exit__(self, *exc: object) -> None:
+            ring = self.ring
+            ring._depth -= 1
+            try:
+                if ring._depth == 0:
+                    fcntl.flock(ring._lock_fd, fcntl.LOCK_UN)
+            finally:
+                ring._tlock.release()
+
+    def locked(self) -> "Ring._Locked":
+        """Context manager holding the writer lock: this process's threads, then the flock."""
+        return Ring._Locked(self)
+
+    def _after_fork(self) -> None:
+        # flock belongs to the open file description, which a forked child shares with its
+        # parent: the child must open its own, or it would "hold" the parent's lock.
+        os.close(self._lock_fd)
+        self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, self.mode)
+        self._depth = 0
+        self._pid = os.getpid()
+
+    def _flock(self) -> None:
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        deadline = time.monotonic() + self.lock_timeout
+        pause = 0.0001
+        while True:
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise LockTimeoutError(
+                        f"writer lock {self.lock_path} not acquired within {self.lock_timeout} s; "
+                        "another process holds it (suspended or stuck?)"
+                    ) from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.005)
+
+    # -- recovery ------------------------------------------------------------------------------
+
+    def _recover(self, slot_size: int, slot_count: int) -> None:
+        ctl_path = self._p(f"{self.name}.ctl")
+        if os.path.lexists(ctl_path) and os.path.islink(ctl_path):
+            raise CorruptionError(f"{ctl_path}: is a symbolic link")
+        if not os.path.exists(ctl_path) or os.path.getsize(ctl_path) == 0:
+            Control.create(ctl_path, slot_size, slot_count, self.mode)
+        self.ctl = Control(ctl_path)
+        seqs = []
+        for entry in os.scandir(self.dir):
+            fname = entry.name
+            if fname.startswith(self.name + ".") and fname.endswith(".seg.tmp"):
+                os.unlink(entry.path)
+                self.report.removed_temp.append(entry.path)
+                continue
+            m = SEG_RE.match(fname)
+            if not m or m.group("name") != self.name:
+                continue
+            seqs.append(int(m.group("seq"), 16))
+        seqs.sort()
+        for seq in seqs:
+            path = self.seg_path(seq)
+            try:
+                if stat.S_ISLNK(os.lstat(path).st_mode):
+                    raise CorruptionError(f"{path}: is a symbolic link, not a segment")
+                seg = Segment(path)
+                if seg.seq != seq:
+                    seg.close()
+                    raise CorruptionError(f"{path}: header says segment {seg.seq}, name says {seq}")
+            except FormatVersionError:
+                raise
+            except CorruptionError as exc:
+                self._quarantine(path, str(exc))
+                continue
+            if seg.load32(OFF_RETIRED):
+                seg.close()
+                self._unlink_segment(seq)
+                continue
+            self.segments[seq] = seg
+        live = sorted(self.segments)
+        for seq in live[:-1]:
+            if not self.segments[seq].load32(OFF_SEALED):
+                self.segments[seq].store32(OFF_SEALED, 1)
+        tail_seq = live[-1] if live else 0
+        if not live:
+            tail_seq = max(self.ctl.load64(OFF_TAIL_SEG), max(seqs, default=0)) + 1
+            self.segments[tail_seq] = Segment(
+                Segment.create(self.dir, self.name, tail_seq, self.ctl.slot_size, self.ctl.slot_count, self.mode)
+            )
+        if self.ctl.load64(OFF_TAIL_SEG) != tail_seq:
+            self.ctl.store64(OFF_TAIL_SEG, tail_seq)
+            self.ctl.msync(0, 4096)
+        self._max_seen = tail_seq
+        self._seen_gen = self.ctl.load64(OFF_RING_GEN)
+        self._repair_tail(self.segments[tail_seq])
+
+    def _quarantine(self, path: str, reason: str) -> None:
+        target = path + ".quarantined"
+        try:
+            os.rename(path, target)
+        except OSError as exc:
+            reason += f" (could not rename: {exc.strerror})"
+            target = path
+        self.report.quarantined.append((target, reason))
+
+    def _repair_tail(self, seg: Segment) -> None:
+        """Under the lock: adopt records published beyond the stored tail (crash or power loss)."""
+        tail = seg.load32(OFF_TAIL)
+        if tail > seg.slot_count:
+            raise CorruptionError(f"{seg.path}: tail {tail} beyond {seg.slot_count} slots")
+        start = tail
+        info = ffi.new("ringq_rec_info *")
+        last_seq = seg.load64(OFF_LAST_SEQ)
+        adopted = 0
+        while tail < seg.slot_count:
+            st = seg.load64(seg.state_off_of(tail)) & 7
+            if st in (ST_EMPTY, ST_CONT):
+                break
+            if lib.ringq_rec_check(seg.ptr, seg.size, seg.geom, tail, info) != 0:
+                break  # a damaged unconfirmed record: the next append overwrites it
+            tail += info.span
+            last_seq = max(last_seq, info.seq)
+            adopted += 1
+        if tail != start:
+            seg.add64(OFF_NRECORDS, adopted)
+            seg.store64(OFF_LAST_SEQ, last_seq)
+            seg.store32(OFF_TAIL, tail)
+            self.report.readopted.append((seg.path, adopted))
+
+    # -- segments as this process sees them --------------------------------------------------------
+
+    def tail_seq(self) -> int:
+        return self.ctl.load64(OFF_TAIL_SEG)
+
+    def refresh_segments(self) -> bool:
+        """Map segments created since we last looked.  True if any was added.
+
+        Never closes a mapping: the queue layer decides when, with :meth:`drop_retired`.
+        """
+        changed = False
+        tail = self.ctl.load64(OFF_TAIL_SEG)
+        while self._max_seen < tail:
+            self._max_seen += 1
+            seq = self._max_seen
+            if seq in self.segments:
+                continue
+            try:
+                self.segments[seq] = Segment(self.seg_path(seq))
+                changed = True
+            except FileNotFoundError:
+                pass  # already retired, or quarantined at someone's open
+            except CorruptionError as exc:
+                self.report.quarantined.append((self.seg_path(seq), str(exc)))
+        return changed
+
+    def drop_retired(self) -> list[int]:
+        """Close and forget mappings of segments that have been retired; returns their seqs."""
+        gen = self.ctl.load64(OFF_RING_GEN)
+        if gen == self._seen_gen:
+            return []
+        self._seen_gen = gen
+        gone = [s for s, seg in self.segments.items() if seg.load32(OFF_RETIRED)]
+        for seq in gone:
+            self.segments.pop(seq).close()
+        return gone
+
+    def segment(self, seq: int) -> Segment | None:
+        """The mapped segment ``seq``, opening it if it exists but is not mapped yet."""
+        seg = self.segments.get(seq)
+        if seg is None:
+            try:
+                seg = Segment(self.seg_path(seq))
+            except (FileNotFoundError, CorruptionError):
+                return None
+            if seg.load32(OFF_RETIRED):
+                seg.close()
+                return None
+            self.segments[seq] = seg
+        return seg
+
+    def scan(self, seg: Segment, start: int, limit: int | None = None) -> tuple[np.ndarray, int]:
+        """Validate records with heads in ``[start, tail)``; returns ``(infos, next slot)``.
+
+        ``infos`` is a structured array of REC_INFO_DTYPE.  Records that fail validation come back
+        with ``status != 0`` (the caller reports and quarantines them).  No lock is taken.
+        """
+        tail = min(seg.load32(OFF_TAIL), seg.slot_count)
+        if limit is not None:
+            tail = min(tail, start + limit)
+        if start >= tail:
+            return np.empty(0, REC_INFO_DTYPE), start
+        cap = tail - start
+        out = ffi.new("ringq_rec_info[]", cap)
+        nxt = ffi.new("uint32_t *")
+        n = errors.check(lib.ringq_seg_scan(seg.ptr, seg.size, seg.geom, start, tail, out, cap, nxt), seg.path)
+        arr = np.frombuffer(ffi.buffer(out, n * REC_INFO_DTYPE.itemsize), dtype=REC_INFO_DTYPE).copy()
+        return arr, nxt[0]
+
+    def read_record(self, seg: Segment, slot: int) -> tuple[object, bytes, bytes]:
+        """Validate and copy one record: ``(info cdata, id bytes, payload bytes)``.
+
+        Raises CorruptionError if the record fails its CRC (it is then marked BAD).
+        """
+        info = ffi.new("ringq_rec_info *")
+        rc = lib.ringq_rec_check(seg.ptr, seg.size, seg.geom, slot, info)
+        if rc != 0:
+            self.mark_bad(seg, slot, "failed validation on read")
+            errors.check(rc, f"{seg.path} slot {slot}")
+        base = seg.data_off + slot * seg.slot_size + REC_HEADER.size
+        id_bytes = seg.mm[base : base + info.id_len]
+        payload = seg.mm[base + info.id_len : base + info.id_len + info.payload_len]
+        return info, id_bytes, payload
+
+    def mark_bad(self, seg: Segment, slot: int, reason: str) -> None:
+        """Quarantine a damaged record: state BAD (never delivered), and report it."""
+        off = seg.state_off_of(slot)
+        while True:
+            w = seg.load64(off)
+            if w & 7 in (ST_BAD, ST_GONE, ST_EMPTY, ST_CONT):
+                break
+            if seg.cas64(off, w, (w & ~7) | ST_BAD)[0]:
+                break
+        entry = (seg.path, slot, reason)
+        if entry not in self.report.corrupt_records:
+            self.report.corrupt_records.append(entry)
+
+    # -- append ------------------------------------------------------------------------------------
+
+    def max_record_bytes(self) -> int:
+        """The largest record (64-byte header + id + payload) a segment can hold, in bytes."""
+        return self.ctl.slot_size * self.ctl.slot_count
+
+    def build(self, rec: NewRecord) -> bytearray:
+        """Record bytes with seq/time left for :meth:`append` to fill.  Raises RecordTooLargeError."""
+        length = REC_HEADER.size + len(rec.id_bytes) + len(rec.payload)
+        limit = self.max_record_bytes()
+        if length > limit:
+            raise RecordTooLargeError(
+                f"record of {length} bytes (payload {len(rec.payload)} + id {len(rec.id_bytes)} + 64 header) "
+                f"exceeds the largest record a segment of queue {self.name!r} holds: {limit} bytes"
+            )
+        if len(rec.id_bytes) > 0xFFFF:
+            raise RecordTooLargeError(f"job id of {len(rec.id_bytes)} bytes exceeds the 65535-byte limit")
+        buf = bytearray(length)
+        buf[REC_HEADER.size : REC_HEADER.size + len(rec.id_bytes)] = rec.id_bytes
+        buf[REC_HEADER.size + len(rec.id_bytes) :] = rec.payload
+        return buf
+
+    def append(self, recs: list[NewRecord], bufs: list[bytearray] | None = None) -> list[tuple[int, int, int, int, int]]:
+        """Append records durably (per the durability strategy); one lock hold, one sync.
+
+        Returns one ``(segment seq, head slot, job seq, enqueued_us, available_ms)`` per record.
+        Raises RecordTooLargeError before anything is written; QueueFullError if a new segment
+        cannot be allocated (records appended before that point stay committed); LockTimeoutError.
+        """
+        if bufs is None:
+            bufs = [self.build(r) for r in recs]
+        slot_size = self.ctl.slot_size
+        out: list[tuple[int, int, int, int, int]] = []
+        touched: dict[int, list[int]] = {}
+        with self.locked():
+            seg = self._tail_segment()
+            self._repair_tail(seg)
+            tail = seg.load32(OFF_TAIL)
+            # Plan first and allocate every segment the batch needs before writing a byte, so that
+            # a full disk fails the whole batch cleanly (QueueFullError) instead of half of it.
+            spans = [-(-len(buf) // slot_size) for buf in bufs]
+            fresh: list[Segment] = []
+            room, need = seg.slot_count - tail, 0
+            for span in spans:
+                if span > room:
+                    need += 1
+                    room = self.ctl.slot_count
+                room -= span
+            try:
+                for i in range(need):
+                    fresh.append(Segment(Segment.create(
+                        self.dir, self.name, seg.seq + 1 + i, self.ctl.slot_size, self.ctl.slot_count, self.mode)))
+            except BaseException:
+                for f in fresh:
+                    f.close()
+                    os.unlink(f.path)
+                raise
+            next_seq = max(self.ctl.load64(OFF_NEXT_SEQ), seg.load64(OFF_LAST_SEQ) + 1)
+            self.ctl.store64(OFF_NEXT_SEQ, next_seq + len(recs))  # reserve first: a crash leaves a gap, never a reuse
+            now_us = time.time_ns() // 1000
+            now_ms = now_us // 1000
+            count = 0
+            for rec, buf, span in zip(recs, bufs, spans):
+                if span > seg.slot_count - tail:
+                    self._publish_tail(seg, tail, count, next_seq - 1)
+                    count = 0
+                    seg = self._link(seg, fresh.pop(0))
+                    tail = 0
+                avail_ms = now_ms + rec.delay_ms
+                REC_HEADER.pack_into(
+                    buf, 0, REC_MAGIC, 0, len(buf), span, next_seq, now_us, avail_ms, rec.priority,
+                    rec.max_attempts, rec.attempts_before, len(rec.id_bytes), rec.codec, KIND_JOB,
+                    len(rec.payload), rec.supersedes,
+                )
+                word = pack(1, 0, 0, avail_ms - seg.epoch_ms)
+                errors.check(
+                    lib.ringq_rec_write(seg.ptr, seg.size, seg.geom, tail, ffi.from_buffer(buf), len(buf), word),
+                    f"write record to {seg.path}",
+                )
+                rng = touched.setdefault(seg.seq, [tail, tail + span])
+                rng[1] = tail + span
+                out.append((seg.seq, tail, next_seq, now_us, avail_ms))
+                tail += span
+                next_seq += 1
+                count += 1
+            self._publish_tail(seg, tail, count, next_seq - 1)
+        self._sync(touched)
+        self.wake()
+        return out
+
+    def _publish_tail(self, seg: Segment, tail: int, count: int, last_seq: int) -> None:
+        if count:
+            seg.add64(OFF_NRECORDS, count)
+            seg.store64(OFF_LAST_SEQ, last_seq)
+            seg.store32(OFF_TAIL, tail)
+
+    def _tail_segment(self) -> Segment:
+        seq = self.ctl.load64(OFF_TAIL_SEG)
+        seg = self.segment(seq)
+        if seg is None:
+            # The tail segment vanished (deleted by hand?): start a fresh one after it.
+            return self._rotate(None, seq)
+        return seg
+
+    def _rotate(self, seg: Segment | None, after: int | None = None) -> Segment:
+        """Under the lock: seal ``seg`` and link a new tail segment.  Raises QueueFullError."""
+        seq = (seg.seq if seg is not None else after) + 1
+        path = Segment.create(self.dir, self.name, seq, self.ctl.slot_size, self.ctl.slot_count, self.mode)
+        return self._link(seg, Segment(path))
+
+    def _link(self, seg: Segment | None, new: Segment) -> Segment:
+        """Under the lock: seal ``seg`` and make the complete, fsynced ``new`` the tail segment."""
+        seq = new.seq
+        self.segments[seq] = new
+        self._max_seen = max(self._max_seen, seq)
+        if seg is not None:
+            seg.store32(OFF_SEALED, 1)
+            if self.durability != "none":
+                seg.msync(0, 4096)
+        self.ctl.store64(OFF_TAIL_SEG, seq)
+        self.ctl.add64(OFF_RING_GEN)
+        if self.durability != "none":
+            self.ctl.msync(0, 4096)
+        return new
+
+    def _sync(self, touched: dict[int, list[int]]) -> None:
+        if self.durability == "none":
+            return
+        for seq, (lo, hi) in touched.items():
+            seg = self.segments.get(seq)
+            if seg is None:
+                continue
+            # One msync from the first state word written to the last data byte written: covers the
+            # records and their state words (the header tail is re-derived by _repair_tail).
+            start = seg.state_off_of(lo)
+            end = seg.data_off + hi * seg.slot_size
+            seg.msync(start, end - start)
+
+    # -- wake-ups ------------------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Bump the futex word and wake sleeping consumers (a syscall only if someone sleeps)."""
+        self.ctl.add32(OFF_WAKE)
+        if self.ctl.load32(OFF_WAITERS):
+            lib.ringq_futex_wake(self.ctl.ptr, self.ctl.size, OFF_WAKE, 0x7FFFFFFF)
+
+    def wake_word(self) -> int:
+        return self.ctl.load32(OFF_WAKE)
+
+    def sleep(self, seen: int, timeout: float) -> None:
+        """Sleep until the wake word moves from ``seen`` or ``timeout`` seconds pass."""
+        if timeout <= 0:
+            return
+        self.ctl.add32(OFF_WAITERS, 1)
+        try:
+            rc = lib.ringq_futex_wait(self.ctl.ptr, self.ctl.size, OFF_WAKE, seen, int(timeout * 1e9))
+            if rc == lib.RINGQ_ENOFUTEX:
+                time.sleep(min(timeout, 0.005))
+        finally:
+            self.ctl.add32(OFF_WAITERS, -1)
+
+    def note_returned(self, seg: Segment) -> None:
+        """A job of ``seg`` went back to READY: tell every reader to look again, and wake them."""
+        seg.add64(OFF_CHANGE)
+        self.ctl.add64(OFF_CTL_CHANGE)
+        self.wake()
+
+    def change_counter(self) -> int:
+        return self.ctl.load64(OFF_CTL_CHANGE)
+
+    # -- retirement ------------------------------------------------------------------------------------
+
+    def note_finished(self, seg: Segment, n: int = 1) -> None:
+        """``n`` records of ``seg`` reached DONE/GONE; retire the segment if that was the last."""
+        done = seg.add64(OFF_FINISHED, n) + n
+        if done >= seg.load64(OFF_NRECORDS) and seg.load32(OFF_SEALED):
+            self.try_retire(seg)
+
+    def finished_all(self, seg: Segment) -> bool:
+        """True if every published record of ``seg`` is DONE or GONE (vectorised over the state table)."""
+        tail = min(seg.load32(OFF_TAIL), seg.slot_count)
+        st = seg.states[:tail, 0] & 7
+        heads = st[(st != ST_EMPTY) & (st != ST_CONT)]
+        return bool(np.all((heads == ST_DONE) | (heads == ST_GONE)))
+
+    def try_retire(self, seg: Segment) -> bool:
+        """Retire ``seg`` if it is sealed and finished; returns True if this call retired it."""
+        if not seg.load32(OFF_SEALED) or seg.seq >= self.ctl.load64(OFF_TAIL_SEG):
+            return False
+        if not self.finished_all(seg):
+            return False
+        if not seg.cas32(OFF_RETIRED, 0, 1):
+            return False
+        self._unlink_segment(seg.seq)
+        self.ctl.add64(OFF_RING_GEN)
+        return True
+
+    def retire_finished(self) -> int:
+        """Retire every sealed, finished segment; returns how many were retired."""
+        n = 0
+        for seg in list(self.segments.values()):
+            if not seg.load32(OFF_RETIRED) and self.try_retire(seg):
+                n += 1
+        return n
+
+    def _unlink_segment(self, seq: int) -> None:
+        for p in (self.seg_path(seq), self.err_path(seq)):
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+        try:
+            fsync_dir(self.dir)
+        except OSError:
+            pass
+
+    # -- error side files ------------------------------------------------------------------------------
+
+    _ERR = struct.Struct("<IIII")  # length of text, crc32c of the rest, slot, lease count
+
+    def write_error(self, seg: Segment, slot: int, lc: int, text: str) -> None:
+        """Append a nack error text for (slot, lease count) to the segment's side file."""
+        data = text.encode("utf-8", "replace")[:4096]
+        body = struct.pack("<II", slot, lc) + data
+        frame = struct.pack("<II", len(data), crc32c(body)) + body
+        fd = os.open(self.err_path(seg.seq), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, self.mode)
+        try:
+            os.write(fd, frame)
+        finally:
+            os.close(fd)
+
+    def read_errors(self, seq: int) -> dict[int, list[tuple[int, str]]]:
+        """slot -> [(lease count, text)] from a segment's side file; damaged frames are skipped."""
+        try:
+            with open(self.err_path(seq), "rb") as fh:
+                data = fh.read()
+        except (FileNotFoundError, IsADirectoryError):
+            return {}
+        out: dict[int, list[tuple[int, str]]] = {}
+        pos = 0
+        while pos + 16 <= len(data):
+            n, crc, slot, lc = self._ERR.unpack_from(data, pos)
+            end = pos + 16 + n
+            if end > len(data):
+                break
+            if crc32c(data[pos + 8 : end]) == crc:
+                out.setdefault(slot, []).append((lc, data[pos + 16 : end].decode("utf-8", "replace")))
+            pos = end
+        return out
+
+    # -- closing ---------------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        for seg in self.segments.values():
+            seg.close()
+        self.segments.clear()
+        if self.ctl is not None:
+            self.ctl.close()
+            self.ctl = None
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def all_segments(self) -> Iterable[Segment]:
+        return [self.segments[s] for s in sorted(self.segments)]

@@ -1,0 +1,283 @@
+"""Worker: lease jobs, run a handler, ack on return, nack on exception.
+
+Threads lease with blocking waits (futex wake-ups, not sleeps), a heartbeat thread extends the
+leases of handlers still running so a slow healthy handler is not redelivered, and ``stop()``,
+SIGINT or SIGTERM let in-flight handlers finish and ack before ``run()`` returns (a second SIGINT
+aborts).  ``processes=N`` runs N worker processes, each opening the queue itself (a forked child
+must never share its parent's lock or owner identity) with ``concurrency`` threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .errors import JobNotFoundError, NotLeasedError, QueueClosedError, RingqError
+from .job import Job, JobState
+
+__all__ = ["Worker", "WorkerStats"]
+
+log = logging.getLogger("ringq.worker")
+
+
+@dataclass
+class WorkerStats:
+    """What a worker did.  ``failed`` counts handler exceptions; ``dead`` those that dead-lettered the job."""
+
+    leased: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    dead: int = 0
+    lost: int = 0  # acks/nacks refused because the lease was lost (expired, purged, reclaimed)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for k, v in counts.items():
+                setattr(self, k, getattr(self, k) + v)
+
+    def to_dict(self) -> dict[str, int]:
+        return {"leased": self.leased, "succeeded": self.succeeded, "failed": self.failed, "dead": self.dead,
+                "lost": self.lost}
+
+
+class Worker:
+    """Run ``handler(job)`` for jobs leased from ``queue``.
+
+    Args:
+        queue: a :class:`ringq.Queue`.
+        handler: callable taking a :class:`Job`; its return acks, an exception nacks with
+            ``"ExceptionType: message"`` as ``last_error``.
+        concurrency: handler threads (per process).
+        poll_interval: seconds; the longest a thread sleeps before re-checking ``stop()`` when
+            idle.  Wake-ups for new jobs come from the producer's futex wake, not from polling.
+        max_jobs: stop after leasing this many jobs (per process in process mode).
+        idle_timeout: stop after this many seconds with no job leased.
+        handle_signals: install SIGINT/SIGTERM handlers while ``run()`` runs (main thread only).
+        heartbeat: seconds between lease extensions of running handlers (default: a third of
+            the queue's visibility timeout).
+        processes: 0 runs in this process; N >= 1 runs N child processes.
+    """
+
+    def __init__(
+        self,
+        queue: Any,
+        handler: Callable[[Job], Any],
+        *,
+        concurrency: int = 1,
+        poll_interval: float = 0.1,
+        max_jobs: int | None = None,
+        idle_timeout: float | None = None,
+        handle_signals: bool = True,
+        heartbeat: float | None = None,
+        processes: int = 0,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        if processes < 0:
+            raise ValueError(f"processes must be >= 0, got {processes}")
+        self.queue = queue
+        self.handler = handler
+        self.concurrency = concurrency
+        self.poll_interval = poll_interval
+        self.max_jobs = max_jobs
+        self.idle_timeout = idle_timeout
+        self.handle_signals = handle_signals
+        self.heartbeat = heartbeat if heartbeat is not None else queue.visibility_timeout / 3
+        self.processes = processes
+        self.stats = WorkerStats()
+        self._stop = threading.Event()
+        self._inflight: dict[int, Job] = {}
+        self._inflight_lock = threading.Lock()
+        self._last_lease = time.monotonic()
+        self._taken = 0
+        self._taken_lock = threading.Lock()
+        self._signals = 0
+        self._children: list[multiprocessing.Process] = []
+
+    def stop(self) -> None:
+        """Ask the worker to finish in-flight handlers, ack them, and return from ``run()``."""
+        self._stop.set()
+        for p in self._children:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGTERM)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self) -> WorkerStats:
+        """Work until stopped, ``max_jobs`` reached or ``idle_timeout`` passed; returns the stats."""
+        restore = self._install_signals()
+        try:
+            if self.processes:
+                return self._run_processes()
+            threads = [threading.Thread(target=self._loop, name=f"ringq-worker-{i}", daemon=True)
+                       for i in range(self.concurrency)]
+            beat = threading.Thread(target=self._heartbeat_loop, name="ringq-heartbeat", daemon=True)
+            for t in threads:
+                t.start()
+            beat.start()
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.1)
+            self._stop.set()
+            beat.join()
+            return self.stats
+        finally:
+            restore()
+
+    # -- threads ----------------------------------------------------------------------------------
+
+    def _reserve(self) -> bool:
+        with self._taken_lock:
+            if self.max_jobs is not None and self._taken >= self.max_jobs:
+                return False
+            self._taken += 1
+            return True
+
+    def _unreserve(self) -> None:
+        with self._taken_lock:
+            self._taken -= 1
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if not self._reserve():
+                self._stop.set()
+                return
+            try:
+                job = self.queue.lease_one(wait=self.poll_interval)
+            except QueueClosedError:
+                self._unreserve()
+                self._stop.set()
+                return
+            except RingqError:
+                self._unreserve()
+                log.exception("lease failed")
+                time.sleep(self.poll_interval)
+                continue
+            if job is None:
+                self._unreserve()
+                if self.idle_timeout is not None and time.monotonic() - self._last_lease >= self.idle_timeout:
+                    self._stop.set()
+                continue
+            self._last_lease = time.monotonic()
+            self.stats.add(leased=1)
+            self._run_one(job)
+
+    def _run_one(self, job: Job) -> None:
+        key = threading.get_ident()
+        with self._inflight_lock:
+            self._inflight[key] = job
+        try:
+            try:
+                self.handler(job)
+            except Exception as exc:  # the handler's failure is data, not ours
+                self._fail(job, exc)
+            else:
+                self._settle(self.queue.ack, job, succeeded=1)
+        finally:
+            with self._inflight_lock:
+                self._inflight.pop(key, None)
+
+    def _current(self, job: Job) -> Job:
+        # The heartbeat may have extended the lease: the token is unchanged, so the original is fine.
+        return job
+
+    def _settle(self, op: Callable, job: Job, **count: int) -> Any:
+        try:
+            result = op(self._current(job))
+        except (NotLeasedError, JobNotFoundError) as exc:
+            self.stats.add(lost=1)
+            log.warning("job %s: %s", job.id, exc)
+            return None
+        except QueueClosedError:
+            return None
+        self.stats.add(**count)
+        return result
+
+    def _fail(self, job: Job, exc: BaseException) -> None:
+        text = f"{type(exc).__name__}: {exc}"
+        result = self._settle(lambda j: self.queue.nack(j, error=text), job, failed=1)
+        if result is not None and result.state is JobState.DEAD:
+            self.stats.add(dead=1)
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(self.heartbeat):
+            self._beat()
+        # keep beating until the handler threads have drained
+        while True:
+            with self._inflight_lock:
+                if not self._inflight:
+                    return
+            self._beat()
+            time.sleep(min(self.heartbeat, 0.05))
+
+    def _beat(self) -> None:
+        with self._inflight_lock:
+            jobs = list(self._inflight.values())
+        for job in jobs:
+            try:
+                self.queue.extend(job, self.queue.visibility_timeout)
+            except (NotLeasedError, JobNotFoundError, QueueClosedError):
+                pass
+
+    # -- signals ------------------------------------------------------------------------------------
+
+    def _install_signals(self) -> Callable[[], None]:
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            return lambda: None
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            self._signals += 1
+            if signum == signal.SIGINT and self._signals > 1:
+                raise KeyboardInterrupt
+            self.stop()
+
+        old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+
+        def restore() -> None:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+        return restore
+
+    # -- processes ------------------------------------------------------------------------------------
+
+    def _run_processes(self) -> WorkerStats:
+        q = self.queue
+        spec = dict(path=q.path, name=q.name, durability=q.durability, visibility_timeout=q.visibility_timeout,
+                    max_attempts=q.max_attempts, backoff=q.backoff)
+        ctx = multiprocessing.get_context("fork")
+        results = ctx.SimpleQueue()
+        opts = dict(concurrency=self.concurrency, poll_interval=self.poll_interval, max_jobs=self.max_jobs,
+                    idle_timeout=self.idle_timeout, heartbeat=self.heartbeat)
+        self._children = [ctx.Process(target=_child_main, args=(spec, self.handler, opts, results), daemon=False)
+                          for _ in range(self.processes)]
+        for p in self._children:
+            p.start()
+        if self._stop.is_set():
+            self.stop()
+        for p in self._children:
+            while p.is_alive():
+                p.join(0.1)
+        while not results.empty():
+            self.stats.add(**results.get())
+        return self.stats
+
+
+def _child_main(spec: dict, handler: Callable, opts: dict, results: Any) -> None:
+    from .queue import Queue
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it sends SIGTERM
+    with Queue(spec.pop("path"), spec.pop("name"), **spec) as q:
+        w = Worker(q, handler, handle_signals=False, **opts)
+        signal.signal(signal.SIGTERM, lambda *_: w.stop())
+        stats = w.run()
+    results.put(stats.to_dict())

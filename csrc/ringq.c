@@ -412,6 +412,13 @@ int ringq_seg_scan(const uint8_t *base, size_t maplen, const ringq_geom *g, uint
             out[n].span = 1;
         }
         s += out[n].span;
+        if (out[n].status != 0) {
+            /* The continuation slots of a damaged record hold its payload, which may look like
+             * anything -- even like a valid record: never resynchronise inside them. */
+            while (s < to && (atomic_load_explicit(A64(base, g->state_off + (size_t)s * RINGQ_STATE_ENTRY),
+                                                   memory_order_acquire) & 7u) == RINGQ_ST_CONT)
+                s++;
+        }
         n++;
     }
     *next = s;

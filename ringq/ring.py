@@ -89,6 +89,7 @@ DEFAULT_SLOT_SIZE = 256
 DEFAULT_SLOT_COUNT = 16384
 NETWORK_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "fuse.sshfs", "afs", "ceph", "glusterfs", "lustre"}
 DURABILITY = ("msync", "none")
+MAX_SEQ_GAP = 1 << 20  # segment seqs further apart than this are damage, not history
 
 # numpy view of ringq_rec_info (csrc/ringq.h); offsets asserted against cffi at import.
 REC_INFO_DTYPE = np.dtype(
@@ -131,16 +132,20 @@ class RecoveryReport:
             ``(segment path, slot, reason)``.
         readopted: records published beyond a stale tail and taken back, as ``(segment path, count)``.
         removed_temp: leftover temporary files of an interrupted segment creation that were removed.
+        repaired: impossible values (a tail word, a retired flag, a control-file field) that
+            recovery replaced by what the records say, as ``(path, what was done)``.
     """
 
     quarantined: list[tuple[str, str]] = field(default_factory=list)
     corrupt_records: list[tuple[str, int, str]] = field(default_factory=list)
     readopted: list[tuple[str, int]] = field(default_factory=list)
     removed_temp: list[str] = field(default_factory=list)
+    repaired: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
-        return not (self.quarantined or self.corrupt_records)
+        """True if nothing was damaged (re-adopting records and removing temp files are normal)."""
+        return not (self.quarantined or self.corrupt_records or self.repaired)
 
 
 def fs_type(path: str) -> str:
@@ -350,21 +355,45 @@ class Ring:
                 continue
             self.segments[seq] = seg
         live = sorted(self.segments)
+        # Every tail first, then the seals.  A rotation creates the next segment before it stores
+        # (and syncs) the full one's tail, so a crash or a power loss can leave published records
+        # beyond the stored tail of a segment that is no longer the newest: sealing it unrepaired
+        # would hide them for ever, although their enqueues may have returned.
+        for seq in live:
+            self._repair_tail(self.segments[seq])
         for seq in live[:-1]:
             if not self.segments[seq].load32(OFF_SEALED):
                 self.segments[seq].store32(OFF_SEALED, 1)
+        ctl_tail = self.ctl.load64(OFF_TAIL_SEG)
+        if ctl_tail > max(seqs, default=0) + MAX_SEQ_GAP:
+            self.report.repaired.append((self.ctl.path, f"tail segment {ctl_tail} is impossible; ignored"))
+            ctl_tail = 0
         tail_seq = live[-1] if live else 0
-        if not live:
-            tail_seq = max(self.ctl.load64(OFF_TAIL_SEG), max(seqs, default=0)) + 1
+        if not live or tail_seq < ctl_tail or self.segments[tail_seq].load32(OFF_SEALED):
+            # No usable tail: none at all, the control file's tail segment vanished (deleted or
+            # quarantined), or the newest one is sealed.  Appending to a sealed segment would hide
+            # the records from readers that finished with it, and reusing the seq of a vanished
+            # one would collide with the mapping other processes still hold of it.
+            if live:
+                self.segments[tail_seq].store32(OFF_SEALED, 1)
+            tail_seq = max(ctl_tail, max(seqs, default=0)) + 1
             self.segments[tail_seq] = Segment(
                 Segment.create(self.dir, self.name, tail_seq, self.ctl.slot_size, self.ctl.slot_count, self.mode)
             )
+        # Never hand out a seq (a job's default id) that a retained record already has: the
+        # control page may be older than the segments after a power loss, or recreated.
+        top = max(seg.load64(OFF_LAST_SEQ) for seg in self.segments.values()) + 1
+        dirty = False
+        if self.ctl.load64(OFF_NEXT_SEQ) < top:
+            self.ctl.store64(OFF_NEXT_SEQ, top)
+            dirty = True
         if self.ctl.load64(OFF_TAIL_SEG) != tail_seq:
             self.ctl.store64(OFF_TAIL_SEG, tail_seq)
+            dirty = True
+        if dirty:
             self.ctl.msync(0, 4096)
         self._max_seen = tail_seq
         self._seen_gen = self.ctl.load64(OFF_RING_GEN)
-        self._repair_tail(self.segments[tail_seq])
 
     def _quarantine(self, path: str, reason: str) -> None:
         target = path + ".quarantined"
@@ -379,7 +408,13 @@ class Ring:
         """Under the lock: adopt records published beyond the stored tail (crash or power loss)."""
         tail = seg.load32(OFF_TAIL)
         if tail > seg.slot_count:
-            raise CorruptionError(f"{seg.path}: tail {tail} beyond {seg.slot_count} slots")
+            # A damaged tail word.  Rebuild it from the state table: everything up to the last
+            # slot that was ever written; the walk below then adopts anything after that.
+            used = np.flatnonzero(seg.states[:, 0] & 7)
+            rebuilt = int(used[-1]) + 1 if len(used) else 0
+            self.report.repaired.append((seg.path, f"tail {tail} beyond {seg.slot_count} slots; rebuilt as {rebuilt}"))
+            seg.store32(OFF_TAIL, rebuilt)
+            tail = rebuilt
         start = tail
         info = ffi.new("ringq_rec_info *")
         last_seq = seg.load64(OFF_LAST_SEQ)
@@ -488,7 +523,9 @@ class Ring:
         off = seg.state_off_of(slot)
         while True:
             w = seg.load64(off)
-            if w & 7 in (ST_BAD, ST_GONE, ST_EMPTY, ST_CONT):
+            # EMPTY too: below the tail a slot is published whatever its state word says (a
+            # power loss can keep the header page and lose the state page), so it is counted.
+            if w & 7 in (ST_BAD, ST_GONE, ST_CONT):
                 break
             if seg.cas64(off, w, (w & ~7) | ST_BAD)[0]:
                 break

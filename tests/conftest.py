@@ -1,0 +1,24 @@
+"""Test-suite wide settings.
+
+Tests marked ``slow`` (the long SIGKILL torture and other manual runs) are skipped unless asked
+for: ``pytest -m slow`` (or any ``-m`` expression naming ``slow``) or ``RINGQ_SLOW=1``.  CI runs
+the plain ``pytest`` and so never the slow ones.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))  # the shared helpers (crashkit) import by name
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if "slow" in (config.getoption("-m") or "") or os.environ.get("RINGQ_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: run with -m slow or RINGQ_SLOW=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,217 @@
+"""Shared tools of the hostile tests: directory images, a crash-point recorder, and a checker.
+
+An *image* is the bytes of every regular file of a queue directory, ``{file name: bytes}``.  The
+crash tests build images (by recording a real operation step by step, or by editing a real
+segment byte by byte), write each into a fresh directory, reopen it and check what comes out.
+
+The recorder follows SQLite's ``crash.test``: enumerate, don't sample.  It wraps every call by which
+the engine changes a file -- ``os`` file operations, atomic stores into a mapping, ``ringq_rec_write``
+-- and snapshots the directory after each one.  Each snapshot is exactly what a process SIGKILLed
+after that step leaves behind (the page cache keeps every store that happened; nothing else).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import ringq
+from ringq import ring as ring_mod
+from ringq import segment as seg_mod
+from ringq.queue import Queue
+from ringq.segment import seg_layout, segment_name
+
+NAME = "q"
+SLOT = 128  # bytes per slot in the small test geometry
+SLOTS = 8  # slots per segment
+Image = dict[str, bytes]
+
+
+def open_queue(path: str, **kw: Any) -> Queue:
+    kw.setdefault("slot_size", SLOT)
+    kw.setdefault("slot_count", SLOTS)
+    kw.setdefault("visibility_timeout", 600)
+    return Queue(path, NAME, **kw)
+
+
+def snapshot(path: str) -> Image:
+    """Bytes of every regular (non-link) file in ``path``."""
+    out: Image = {}
+    for entry in os.scandir(path):
+        if entry.is_file(follow_symlinks=False):
+            with open(entry.path, "rb") as fh:
+                out[entry.name] = fh.read()
+    return out
+
+
+def restore(image: Image, path: str) -> str:
+    """Write ``image`` into a new, empty directory ``path`` (0700); returns ``path``."""
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    os.makedirs(path, mode=0o700)
+    for name, data in image.items():
+        fd = os.open(os.path.join(path, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+    return path
+
+
+def seg_file(seq: int) -> str:
+    return segment_name(NAME, seq)
+
+
+def geometry(slot_size: int = SLOT, slot_count: int = SLOTS) -> tuple[int, int, int]:
+    """``(state_off, data_off, file size)`` of a test segment."""
+    return seg_layout(slot_size, slot_count)
+
+
+def state_word(img: bytes, slot: int) -> int:
+    state_off, _, _ = geometry()
+    return struct.unpack_from("<Q", img, state_off + 16 * slot)[0]
+
+
+def put(img: bytearray, off: int, fmt: str, value: int) -> None:
+    struct.pack_into(fmt, img, off, value)
+
+
+def drain(q: Queue, limit: int = 10_000) -> list[Any]:
+    """Lease and ack every due job; returns their payloads in lease order."""
+    out = []
+    while len(out) < limit:
+        jobs = q.lease(64)
+        if not jobs:
+            return out
+        for job in jobs:
+            out.append(job.payload)
+            q.ack(job)
+    raise AssertionError("drain did not terminate")
+
+
+@dataclass
+class Outcome:
+    delivered: list[Any]
+    corrupt: list[tuple[str, int, str]]
+    quarantined: list[tuple[str, str]]
+    stats_corrupt: int
+    after: list[Any] = field(default_factory=list)  # what a fresh enqueue + drain delivered
+    files: list[str] = field(default_factory=list)  # the directory after all that
+
+
+def reopen_and_drain(path: str, probe: Any = "probe", **kw: Any) -> Outcome:
+    """Open the queue in ``path``, drain it, then check it accepts and delivers new work."""
+    with open_queue(path, **kw) as q:
+        delivered = drain(q)
+        stats_corrupt = q.stats().corrupt
+        q.enqueue(probe)
+        after = drain(q)
+        return Outcome(delivered, list(q.recovery.corrupt_records), list(q.recovery.quarantined),
+                       stats_corrupt, after, sorted(os.listdir(path)))
+
+
+# -- the crash-point recorder -------------------------------------------------------------------------
+
+
+@dataclass
+class Step:
+    what: str  # e.g. "rename q.0000000000000002.seg.tmp", "store32 seg 1 @132"
+    image: Image
+    published: frozenset  # payload keys whose record had been published when the step ended
+
+
+class Recorder:
+    """Snapshot ``path`` after every file-changing step the engine takes while active.
+
+    ``published`` follows ``ringq_rec_write``: after it returns, the record it wrote is published
+    (its state word release-stored).  ``key_of(record bytes)`` names the record for the test.
+    """
+
+    def __init__(self, path: str, key_of: Callable[[bytes], Any]) -> None:
+        self.path = path
+        self.key_of = key_of
+        self.steps: list[Step] = []
+        self.published: set = set()
+        self.active = False
+
+    def mark(self, what: str) -> None:
+        if self.active:
+            self.steps.append(Step(what, snapshot(self.path), frozenset(self.published)))
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator["Recorder"]:
+        patches: list[tuple[Any, str, Any]] = []
+
+        def wrap(owner: Any, attr: str, describe: Callable[..., str]) -> None:
+            orig = getattr(owner, attr)
+
+            def wrapper(*a: Any, **k: Any) -> Any:
+                result = orig(*a, **k)
+                self.mark(describe(*a, **k))
+                return result
+
+            patches.append((owner, attr, orig))
+            setattr(owner, attr, wrapper)
+
+        base = os.path.basename
+        wrap(os, "posix_fallocate", lambda fd, o, n: f"fallocate {n}")
+        wrap(os, "pwrite", lambda fd, data, off: f"pwrite {len(data)}@{off}")
+        wrap(os, "rename", lambda a, b: f"rename {base(a)} -> {base(b)}")
+        wrap(os, "unlink", lambda p, *a, **k: f"unlink {base(p)}")
+        wrap(os, "ftruncate", lambda fd, n: f"ftruncate {n}")
+        orig_open = os.open
+
+        def opener(p: Any, flags: int, *a: Any, **k: Any) -> int:
+            fd = orig_open(p, flags, *a, **k)
+            if flags & os.O_CREAT:
+                self.mark(f"create {base(os.fspath(p))}")
+            return fd
+
+        patches.append((os, "open", orig_open))
+        os.open = opener  # type: ignore[assignment]
+        for meth in ("store32", "store64", "add32", "add64", "cas32", "cas64"):
+            wrap(seg_mod.Mapped, meth, lambda m, off, *a, _n=meth: f"{_n} {base(m.path)} @{off}")
+
+        real_lib = ring_mod.lib
+        recorder = self
+
+        class LibProxy:
+            def __getattr__(self, attr: str) -> Any:
+                return getattr(real_lib, attr)
+
+            @staticmethod
+            def ringq_rec_write(base_ptr, size, geom, slot, rec, length, word):  # noqa: ANN001
+                rc = real_lib.ringq_rec_write(base_ptr, size, geom, slot, rec, length, word)
+                if rc > 0:
+                    recorder.published.add(recorder.key_of(bytes(seg_mod.ffi.buffer(rec, length))))
+                    recorder.mark(f"rec_write slot {slot}")
+                return rc
+
+        patches.append((ring_mod, "lib", real_lib))
+        ring_mod.lib = LibProxy()  # type: ignore[assignment]
+        self.active = True
+        try:
+            self.mark("start")
+            yield self
+        finally:
+            self.active = False
+            for owner, attr, orig in reversed(patches):
+                setattr(owner, attr, orig)
+
+
+def payload_key(rec: bytes) -> Any:
+    """The JSON payload of a record's bytes (64-byte header, id, payload)."""
+    import json
+
+    id_len = struct.unpack_from("<H", rec, 48)[0]
+    return json.loads(rec[64 + id_len:])
+
+
+__all__ = [
+    "NAME", "SLOT", "SLOTS", "Image", "Outcome", "Recorder", "Step", "drain", "geometry", "open_queue",
+    "payload_key", "put", "reopen_and_drain", "restore", "ringq", "seg_file", "snapshot", "state_word",
+]

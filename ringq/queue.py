@@ -71,7 +71,7 @@ from .job import (
     pack,
 )
 from .owner import OwnerRegistry
-from .ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, NewRecord, RecoveryReport, Ring
+from .ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, NewRecord, RecoveryReport, Ring, VerifyReport
 from .segment import OFF_CHANGE, OFF_SEALED, OFF_TAIL, Segment
 
 __all__ = ["Queue", "QueueStats", "DEFAULT_VISIBILITY_TIMEOUT", "DEFAULT_MAX_ATTEMPTS"]
@@ -1014,6 +1014,16 @@ class Queue:
             ready = int(c[ST_READY]) - delayed
             total = int(c[ST_READY] + c[ST_LEASED] + c[ST_DONE] + c[ST_DEAD])
             return QueueStats(ready, delayed, int(c[ST_LEASED]), int(c[ST_DONE]), int(c[ST_DEAD]), total, int(c[ST_BAD]))
+
+    def verify(self) -> VerifyReport:
+        """Check every segment file and every committed record of this queue (read-only, lock-free).
+
+        Returns a :class:`ringq.ring.VerifyReport`; ``report.ok`` is False if anything is damaged.
+        """
+        self._live()
+        with self._lock:
+            self._ring.refresh_segments()
+            return self._ring.verify()
 
     def __len__(self) -> int:
         """Number of retained jobs (``stats().total``)."""

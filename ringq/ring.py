@@ -77,7 +77,7 @@ from .segment import (
     segment_name,
 )
 
-__all__ = ["Ring", "NewRecord", "RecoveryReport", "REC_HEADER", "REC_INFO_DTYPE", "DURABILITY"]
+__all__ = ["Ring", "NewRecord", "RecoveryReport", "VerifyReport", "REC_HEADER", "REC_INFO_DTYPE", "DURABILITY"]
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 SEG_RE = re.compile(r"^(?P<name>[A-Za-z0-9_-]{1,64})\.(?P<seq>[0-9a-f]{16})\.seg$")
@@ -146,6 +146,29 @@ class RecoveryReport:
     def clean(self) -> bool:
         """True if nothing was damaged (re-adopting records and removing temp files are normal)."""
         return not (self.quarantined or self.corrupt_records or self.repaired)
+
+
+@dataclass
+class VerifyReport:
+    """What :meth:`Ring.verify` found.  Read-only: nothing was changed to produce it.
+
+    Attributes:
+        segments: segment files checked.
+        records: valid records below the tails (jobs in any state but quarantined).
+        corrupt: damaged or quarantined records, as ``(segment path, slot, reason)``.
+        files: files that are not usable segments, or were quarantined, as ``(path, reason)``.
+        notes: normal leftovers of a crash that the next writer or reader repairs, ``(path, text)``.
+    """
+
+    segments: int = 0
+    records: int = 0
+    corrupt: list[tuple[str, int, str]] = field(default_factory=list)
+    files: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.corrupt or self.files)
 
 
 def fs_type(path: str) -> str:
@@ -416,9 +439,18 @@ class Ring:
             seg.store32(OFF_TAIL, rebuilt)
             tail = rebuilt
         start = tail
+        tail, adopted, last_seq = self._walk_published(seg, tail)
+        if tail != start:
+            seg.add64(OFF_NRECORDS, adopted)
+            seg.store64(OFF_LAST_SEQ, max(last_seq, seg.load64(OFF_LAST_SEQ)))
+            seg.store32(OFF_TAIL, tail)
+            self.report.readopted.append((seg.path, adopted))
+
+    @staticmethod
+    def _walk_published(seg: Segment, tail: int) -> tuple[int, int, int]:
+        """From ``tail``, the valid published records that follow it: ``(new tail, count, last seq)``."""
         info = ffi.new("ringq_rec_info *")
-        last_seq = seg.load64(OFF_LAST_SEQ)
-        adopted = 0
+        last_seq = adopted = 0
         while tail < seg.slot_count:
             st = seg.load64(seg.state_off_of(tail)) & 7
             if st in (ST_EMPTY, ST_CONT):
@@ -428,11 +460,67 @@ class Ring:
             tail += info.span
             last_seq = max(last_seq, info.seq)
             adopted += 1
-        if tail != start:
-            seg.add64(OFF_NRECORDS, adopted)
-            seg.store64(OFF_LAST_SEQ, last_seq)
-            seg.store32(OFF_TAIL, tail)
-            self.report.readopted.append((seg.path, adopted))
+        return tail, adopted, last_seq
+
+    # -- verification -----------------------------------------------------------------------------
+
+    def verify(self) -> "VerifyReport":
+        """Check every segment file of this queue and every record below each tail.
+
+        Read-only and lock-free: marks nothing, moves nothing (recovery and scanning do that).
+        Returns a :class:`VerifyReport`; its ``ok`` is False if anything is damaged.
+        """
+        rep = VerifyReport()
+        for fname in sorted(os.listdir(self.dir)):
+            path = self._p(fname)
+            if fname.startswith(self.name + ".") and fname.endswith(".quarantined"):
+                rep.files.append((path, "quarantined by an earlier recovery"))
+                continue
+            m = SEG_RE.match(fname)
+            if not m or m.group("name") != self.name:
+                continue
+            seg = self.segments.get(int(m.group("seq"), 16))
+            own = None
+            if seg is None:
+                try:
+                    seg = own = Segment(path)
+                except FileNotFoundError:
+                    continue  # retired meanwhile
+                except CorruptionError as exc:
+                    rep.files.append((path, str(exc)))
+                    continue
+            try:
+                if not seg.load32(OFF_RETIRED):
+                    self._verify_segment(seg, rep)
+            finally:
+                if own is not None:
+                    own.close()
+        return rep
+
+    def _verify_segment(self, seg: Segment, rep: "VerifyReport") -> None:
+        rep.segments += 1
+        tail = seg.load32(OFF_TAIL)
+        if tail > seg.slot_count:
+            rep.files.append((seg.path, f"tail {tail} beyond {seg.slot_count} slots"))
+            tail = seg.slot_count
+        infos, _ = self.scan(seg, 0)
+        for row in infos:
+            slot, st = int(row["slot"]), int(row["state"]) & 7
+            if st == ST_GONE:
+                continue  # purged: whatever its bytes, it is no longer a job
+            if row["status"] != 0:
+                rep.corrupt.append((seg.path, slot, "record fails validation (magic, length or CRC)"))
+            elif st == ST_BAD:
+                rep.corrupt.append((seg.path, slot, "quarantined (state BAD)"))
+            elif st == ST_CONT:
+                rep.corrupt.append((seg.path, slot, "a record head whose state word says continuation"))
+            else:
+                rep.records += 1
+                if st == ST_EMPTY:
+                    rep.notes.append((seg.path, f"slot {slot}: published record with a lost state word (republished on scan)"))
+        end, beyond, _ = self._walk_published(seg, tail)
+        if beyond:
+            rep.notes.append((seg.path, f"{beyond} published records beyond the stored tail {tail} (adopted by the next writer)"))
 
     # -- segments as this process sees them --------------------------------------------------------
 
@@ -529,9 +617,8 @@ class Ring:
                 break
             if seg.cas64(off, w, (w & ~7) | ST_BAD)[0]:
                 break
-        entry = (seg.path, slot, reason)
-        if entry not in self.report.corrupt_records:
-            self.report.corrupt_records.append(entry)
+        if not any(p == seg.path and s == slot for p, s, _r in self.report.corrupt_records):
+            self.report.corrupt_records.append((seg.path, slot, reason))
 
     # -- append ------------------------------------------------------------------------------------
 

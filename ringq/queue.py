@@ -213,7 +213,7 @@ class Queue:
     ) -> None:
         if durability is None:
             durability = "msync" if fsync else "none"
-        if not visibility_timeout > 0:
+        if not 0 < visibility_timeout < TIME_MAX / 1000:
             raise ValueError(f"visibility_timeout must be > 0 seconds, got {visibility_timeout!r}")
         self._check_attempts(max_attempts)
         self.path = os.fspath(path)
@@ -613,7 +613,7 @@ class Queue:
         if not isinstance(count, int) or count < 1:
             raise ValueError(f"count must be an int >= 1, got {count!r}")
         vt = self.visibility_timeout if visibility_timeout is None else visibility_timeout
-        if not vt > 0:
+        if not 0 < vt < TIME_MAX / 1000:
             raise ValueError(f"visibility_timeout must be > 0 seconds, got {vt!r}")
         deadline = None if not wait else time.monotonic() + wait
         got: list[Job] = []
@@ -811,8 +811,8 @@ class Queue:
     def extend(self, job: Job | str, seconds: float) -> Job:
         """Push a lease's deadline to ``max(deadline, now) + seconds``.  Raises NotLeasedError if lost."""
         self._live()
-        if not seconds > 0:
-            raise ValueError(f"seconds must be > 0, got {seconds!r}")
+        if not 0 < seconds < TIME_MAX / 1000:
+            raise ValueError(f"seconds must be > 0 (and finite), got {seconds!r}")
         with self._lock:
             view, slot, w, job_id, token = self._word_for(job, "extend")
             seg = view.seg

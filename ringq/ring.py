@@ -72,6 +72,7 @@ from .segment import (
     OFF_WAKE,
     Control,
     Segment,
+    _open_nofollow,
     crc32c,
     fsync_dir,
     segment_name,
@@ -89,7 +90,8 @@ DEFAULT_SLOT_SIZE = 256
 DEFAULT_SLOT_COUNT = 16384
 NETWORK_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "fuse.sshfs", "afs", "ceph", "glusterfs", "lustre"}
 DURABILITY = ("msync", "none")
-MAX_SEQ_GAP = 1 << 20  # segment seqs further apart than this are damage, not history
+MAX_SEQ_GAP = 1 << 20
+MAX_ERR_FILE = 64 << 20  # bytes of a nack side file read at most  # segment seqs further apart than this are damage, not history
 
 # numpy view of ringq_rec_info (csrc/ringq.h); offsets asserted against cffi at import.
 REC_INFO_DTYPE = np.dtype(
@@ -250,10 +252,8 @@ class Ring:
             )
         self.lock_path = self._p(f"{name}.lock")
         try:
-            self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+            self._lock_fd = _open_nofollow(self.lock_path, os.O_RDWR | os.O_CREAT, mode)
         except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise CorruptionError(f"{self.lock_path}: is a symbolic link") from None
             raise type(exc)(exc.errno, f"cannot open {self.lock_path}: {exc.strerror}") from None
         self.ctl: Control | None = None
         self._seen_gen = -1
@@ -312,7 +312,7 @@ class Ring:
         # flock belongs to the open file description, which a forked child shares with its
         # parent: the child must open its own, or it would "hold" the parent's lock.
         os.close(self._lock_fd)
-        self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, self.mode)
+        self._lock_fd = _open_nofollow(self.lock_path, os.O_RDWR | os.O_CREAT, self.mode)
         self._depth = 0
         self._pid = os.getpid()
 
@@ -344,6 +344,12 @@ class Ring:
         if os.path.lexists(ctl_path) and os.path.islink(ctl_path):
             raise CorruptionError(f"{ctl_path}: is a symbolic link")
         if not os.path.exists(ctl_path) or os.path.getsize(ctl_path) == 0:
+            if os.path.exists(ctl_path):
+                # An empty control file (its creation is atomic, so this is damage): rebuild it
+                # with the geometry of the segments already there.  Recovery below restores the
+                # tail segment and the next seq from the segments themselves.
+                slot_size, slot_count = self._existing_geometry(slot_size, slot_count)
+                self.report.repaired.append((ctl_path, "empty control file; rebuilt from the segments"))
             Control.create(ctl_path, slot_size, slot_count, self.mode)
         self.ctl = Control(ctl_path)
         seqs = []
@@ -373,9 +379,14 @@ class Ring:
                 self._quarantine(path, str(exc))
                 continue
             if seg.load32(OFF_RETIRED):
-                seg.close()
-                self._unlink_segment(seq)
-                continue
+                if self.finished_all(seg):
+                    seg.close()
+                    self._unlink_segment(seq)  # a retirement interrupted between flag and unlink
+                    continue
+                # Retirement is only ever begun on a finished segment: a retired flag over jobs
+                # that are not finished is damage.  Keep the jobs; clear the flag.
+                seg.store32(OFF_RETIRED, 0)
+                self.report.repaired.append((path, "retired flag set on a segment with unfinished jobs; cleared"))
             self.segments[seq] = seg
         live = sorted(self.segments)
         # Every tail first, then the seals.  A rotation creates the next segment before it stores
@@ -417,6 +428,19 @@ class Ring:
             self.ctl.msync(0, 4096)
         self._max_seen = tail_seq
         self._seen_gen = self.ctl.load64(OFF_RING_GEN)
+
+    def _existing_geometry(self, slot_size: int, slot_count: int) -> tuple[int, int]:
+        """``(slot_size, slot_count)`` of the newest valid segment of this queue, else the arguments."""
+        for seq in sorted(self._listed_seqs(), reverse=True):
+            try:
+                seg = Segment(self.seg_path(seq))
+            except (OSError, CorruptionError):
+                continue
+            try:
+                return seg.slot_size, seg.slot_count
+            finally:
+                seg.close()
+        return slot_size, slot_count
 
     def _quarantine(self, path: str, reason: str) -> None:
         target = path + ".quarantined"
@@ -534,9 +558,13 @@ class Ring:
         """
         changed = False
         tail = self.ctl.load64(OFF_TAIL_SEG)
-        while self._max_seen < tail:
-            self._max_seen += 1
-            seq = self._max_seen
+        if tail - self._max_seen > 64:
+            # A long gap (or a damaged control word): list the directory instead of trying each seq.
+            todo = sorted(s for s in self._listed_seqs() if self._max_seen < s <= tail)
+        else:
+            todo = range(self._max_seen + 1, tail + 1)
+        self._max_seen = max(self._max_seen, tail)
+        for seq in todo:
             if seq in self.segments:
                 continue
             try:
@@ -547,6 +575,14 @@ class Ring:
             except CorruptionError as exc:
                 self.report.quarantined.append((self.seg_path(seq), str(exc)))
         return changed
+
+    def _listed_seqs(self) -> list[int]:
+        out = []
+        for fname in os.listdir(self.dir):
+            m = SEG_RE.match(fname)
+            if m and m.group("name") == self.name:
+                out.append(int(m.group("seq"), 16))
+        return out
 
     def drop_retired(self) -> list[int]:
         """Close and forget mappings of segments that have been retired; returns their seqs."""
@@ -845,19 +881,25 @@ class Ring:
         data = text.encode("utf-8", "replace")[:4096]
         body = struct.pack("<II", slot, lc) + data
         frame = struct.pack("<II", len(data), crc32c(body)) + body
-        fd = os.open(self.err_path(seg.seq), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, self.mode)
+        # Best effort: the error text is a note for humans.  A full disk, a file size limit or a
+        # hostile file in its place must not make the nack fail (the job would stay leased).
         try:
-            os.write(fd, frame)
-        finally:
-            os.close(fd)
+            fd = _open_nofollow(self.err_path(seg.seq), os.O_WRONLY | os.O_CREAT | os.O_APPEND, self.mode)
+            try:
+                os.write(fd, frame)
+            finally:
+                os.close(fd)
+        except (OSError, CorruptionError) as exc:
+            self.report.repaired.append((self.err_path(seg.seq), f"error text not kept: {exc}"))
 
     def read_errors(self, seq: int) -> dict[int, list[tuple[int, str]]]:
         """slot -> [(lease count, text)] from a segment's side file; damaged frames are skipped."""
         try:
-            with open(self.err_path(seq), "rb") as fh:
-                data = fh.read()
-        except (FileNotFoundError, IsADirectoryError):
+            fd = _open_nofollow(self.err_path(seq), os.O_RDONLY)
+        except (OSError, CorruptionError):
             return {}
+        with os.fdopen(fd, "rb") as fh:
+            data = fh.read(MAX_ERR_FILE)
         out: dict[int, list[tuple[int, str]]] = {}
         pos = 0
         while pos + 16 <= len(data):

@@ -10,8 +10,10 @@ foreign file is refused instead of raising SIGBUS later.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
+import stat
 import struct
 import time
 
@@ -67,12 +69,27 @@ def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
 
 
 def _open_nofollow(path: str, flags: int, mode: int = 0o600) -> int:
+    """Open a queue file without following a symbolic link; refuse anything but a regular file.
+
+    Raises CorruptionError for a link, a directory, a FIFO, a device or a socket in the place of a
+    queue file (O_NONBLOCK: opening a FIFO must not hang); OSError for other failures.
+    """
     try:
-        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
     except OSError as exc:
-        if exc.errno == 40:  # ELOOP: the name is a symlink
+        if exc.errno == errno.ELOOP:
             raise CorruptionError(f"{path}: is a symbolic link; ringq does not follow links in a queue directory") from None
+        if exc.errno in (errno.EISDIR, errno.ENXIO):
+            raise CorruptionError(f"{path}: is not a regular file") from None
         raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CorruptionError(f"{path}: is not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def fsync_dir(path: str) -> None:

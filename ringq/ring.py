@@ -173,13 +173,18 @@ class VerifyReport:
         return not (self.corrupt or self.files)
 
 
-def fs_type(path: str) -> str:
-    """File-system type of ``path`` from /proc/self/mounts (longest matching mount point), or ''."""
-    try:
-        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as fh:
-            mounts = [line.split() for line in fh]
-    except OSError:
-        return ""
+def fs_type(path: str, mounts_text: str | None = None) -> str:
+    """File-system type of ``path`` from /proc/self/mounts (longest matching mount point), or ''.
+
+    ``mounts_text`` replaces the contents of /proc/self/mounts (for tests).
+    """
+    if mounts_text is None:
+        try:
+            with open("/proc/self/mounts", encoding="utf-8", errors="replace") as fh:
+                mounts_text = fh.read()
+        except OSError:
+            return ""
+    mounts = [line.split() for line in mounts_text.splitlines()]
     real = os.path.realpath(path)
     best, kind = "", ""
     for parts in mounts:
@@ -779,6 +784,10 @@ class Ring:
         self.ctl.add64(OFF_RING_GEN)
         if self.durability != "none":
             self.ctl.msync(0, 4096)
+        if seg is not None:
+            # Its last job may have finished before it was sealed: then no ack will retire it,
+            # and it would wait for a reaper (disk use would grow with the append rate).
+            self.try_retire(seg)
         return new
 
     def _sync(self, touched: dict[int, list[int]]) -> None:

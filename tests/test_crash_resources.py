@@ -1,0 +1,143 @@
+"""Full disks, file size limits, and resources that must stay bounded.
+
+Invariant: when a new segment cannot be allocated the producer gets QueueFullError naming the
+bytes needed and the path, no process dies (no SIGBUS: segments are allocated and zero-filled
+before they are mapped), committed jobs are untouched, and enqueue works again once space is
+freed; and however many segments rotate and retire, file descriptors and mappings stay bounded.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import pytest
+
+from crashkit import NAME, drain, geometry, open_queue
+from ringq.errors import QueueFullError
+
+
+@pytest.fixture
+def small_tmpfs():
+    """A 48 KiB tmpfs (ctl page + a few 9 KiB segments), or skip if mounting is not allowed."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tempfile.mkdtemp(prefix="ringq-full-")
+    rc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k,mode=0700", "tmpfs", mnt],
+                        capture_output=True).returncode
+    if rc != 0:
+        os.rmdir(mnt)
+        pytest.skip("cannot mount a tmpfs here (no CAP_SYS_ADMIN?)")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", mnt], check=False)
+        os.rmdir(mnt)
+
+
+def test_full_tmpfs_rotation_fails_cleanly_and_recovers(small_tmpfs):
+    path = os.path.join(small_tmpfs, "q")
+    seg_bytes = geometry()[2]
+    with open_queue(path) as q:
+        returned = []
+        with pytest.raises(QueueFullError) as info:
+            for i in range(1000):
+                q.enqueue(i)
+                returned.append(i)
+        msg = str(info.value)
+        assert f"{seg_bytes} bytes" in msg and path in msg, msg
+        assert info.value.errno == 28
+        assert not [f for f in os.listdir(path) if f.endswith(".tmp")]  # nothing half-made left
+        with pytest.raises(QueueFullError):
+            q.enqueue_many(["a", "b", "c", "d", "e", "f", "g", "h", "i"])  # a batch: all or nothing
+        # Every job whose enqueue returned is intact, in another process's view too.
+        with open_queue(path) as other:
+            assert other.stats().ready == len(returned)
+            assert other.verify().ok
+        got = drain(q)  # acking retires full segments: space comes back
+        assert got == returned
+        for i in range(2 * 8):  # two more segments: all the 48 KiB holds beside the full tail
+            q.enqueue(("again", i))
+        assert len(drain(q)) == 16
+
+
+RLIMIT_CHILD = textwrap.dedent("""
+    import os, resource, sys, json
+    sys.path[:0] = json.loads(sys.argv[2])
+    import crashkit, ringq
+    path = sys.argv[1]
+    q = crashkit.open_queue(path)
+    for i in range(8):
+        q.enqueue(i)                      # segment 1 is full
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))  # the next segment cannot be written
+    try:
+        q.enqueue(8)
+    except ringq.QueueFullError as exc:
+        print("full:", exc)
+    job = q.lease_one()
+    q.nack(job, error="e" * 4000, delay=0)  # the error note cannot be kept either: nack still works
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    q.enqueue(8)
+    print("payloads:", [j.payload for j in q.lease(20)])
+""")
+
+
+def test_rlimit_fsize_gives_queue_full_not_a_signal(tmp_path):
+    env = dict(os.environ)
+    out = subprocess.run([sys.executable, "-c", RLIMIT_CHILD, str(tmp_path / "q"), __import__("json").dumps(sys.path)],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr  # a SIGXFSZ death would be -25
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("full:") and "File too large" in lines[0] and "bytes" in lines[0]
+    assert lines[1] == "payloads: " + str(list(range(9))), out.stdout
+
+
+def _counts():
+    return len(os.listdir("/proc/self/fd")), sum(1 for _ in open("/proc/self/maps"))
+
+
+def test_fds_and_mappings_stay_bounded_through_rotation_and_retirement(tmp_path):
+    path = str(tmp_path / "q")
+    with open_queue(path, durability="none") as q, open_queue(path, durability="none") as other:
+        def cycle(i):
+            q.enqueue_many([(i, k) for k in range(12)])  # 1.5 segments: rotates every cycle
+            for _ in range(12):
+                job = other.lease_one()
+                other.ack(job)
+            q.stats()
+
+        for i in range(20):
+            cycle(i)
+        fds, maps = _counts()
+        for i in range(20, 150):
+            cycle(i)
+        fds2, maps2 = _counts()
+        assert fds2 <= fds + 4 and maps2 <= maps + 8, (fds, fds2, maps, maps2)
+        segs = [f for f in os.listdir(tmp_path / "q") if f.endswith(".seg")]
+        assert len(segs) <= 3, segs  # disk bounded: only the live tail and its neighbour
+
+
+def test_many_queues_opened_and_closed_leak_nothing(tmp_path):
+    def round_(n):
+        for i in range(n):
+            with open_queue(str(tmp_path / f"q{i % 7}")) as q:
+                q.enqueue(i)
+                job = q.lease_one()
+                q.ack(job)
+
+    round_(20)
+    fds, maps = _counts()
+    round_(200)
+    fds2, maps2 = _counts()
+    assert fds2 <= fds + 2 and maps2 <= maps + 4, (fds, fds2, maps, maps2)
+
+
+def test_no_sparse_segments(tmp_path):
+    with open_queue(str(tmp_path)) as q:
+        q.enqueue(1)
+    st = os.stat(os.path.join(tmp_path, f"{NAME}.{1:016x}.seg"))
+    assert st.st_blocks * 512 >= st.st_size  # every block allocated: no SIGBUS on a full disk later

@@ -361,7 +361,10 @@ class Ring:
         for entry in os.scandir(self.dir):
             fname = entry.name
             if fname.startswith(self.name + ".") and fname.endswith(".seg.tmp"):
-                os.unlink(entry.path)
+                try:
+                    os.unlink(entry.path)
+                except FileNotFoundError:
+                    continue
                 self.report.removed_temp.append(entry.path)
                 continue
             m = SEG_RE.match(fname)
@@ -378,6 +381,8 @@ class Ring:
                 if seg.seq != seq:
                     seg.close()
                     raise CorruptionError(f"{path}: header says segment {seg.seq}, name says {seq}")
+            except FileNotFoundError:
+                continue  # retired (unlinked) by another process since the listing: retirement takes no lock
             except FormatVersionError:
                 raise
             except CorruptionError as exc:

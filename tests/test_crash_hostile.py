@@ -473,3 +473,22 @@ def test_restore_helper_roundtrip(tmp_path):
     copy = restore(snapshot(path), str(tmp_path / "copy"))
     with open_queue(copy) as q:
         assert drain(q) == list(range(10))
+
+
+def test_segment_retired_between_listing_and_opening(tmp_path, monkeypatch):
+    """Regression (found by the SIGKILL torture): retirement takes no lock, so a segment listed by
+    a recovering process can be unlinked before it is opened; the open used to fail."""
+    path = _queue_with_two_segments(tmp_path)
+    real = os.scandir
+
+    def scandir_then_retire(p):
+        entries = list(real(p))
+        if os.path.exists(_seg(path, 1)):
+            os.unlink(_seg(path, 1))  # as a concurrent retirer would, right after the listing
+        return iter(entries)
+
+    monkeypatch.setattr(os, "scandir", scandir_then_retire)
+    with open_queue(path) as q:
+        monkeypatch.undo()
+        assert drain(q) == [8, 9]
+        assert q.recovery.clean

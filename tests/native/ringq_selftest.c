@@ -1,0 +1,186 @@
+/* ringq_selftest.c - the C helper alone, under AddressSanitizer and UndefinedBehaviorSanitizer.
+ *
+ * Built and run by tests/test_native_sanitized.py:
+ *   gcc -std=gnu11 -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=all \
+ *       -Icsrc tests/native/ringq_selftest.c csrc/ringq.c -o selftest && ./selftest [iterations] [seed]
+ *
+ * Known answers (CRC32C, atomics, bounds and alignment errors), then a fuzz loop: random but
+ * valid geometries over heap buffers of *exactly* the mapping's length (so any read or write past
+ * the end is caught by ASan), filled with random bytes, random state words and a few real
+ * records, and every entry point called with random slots, ranges and orders.  Every call must
+ * return its documented codes; the sanitizers abort on any out-of-bounds access or UB.
+ * Prints "selftest: N passed, 0 failed" and exits 0 on success.
+ */
+#include "ringq.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static unsigned long checks, failures;
+#define CHECK(cond)                                                                      \
+    do {                                                                                 \
+        checks++;                                                                        \
+        if (!(cond)) {                                                                   \
+            failures++;                                                                  \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);   \
+        }                                                                                \
+    } while (0)
+
+static uint64_t rng_state;
+static uint64_t rnd(void) { /* xorshift64* */
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 0x2545F4914F6CDD1DULL;
+}
+static uint32_t below(uint32_t n) { return n ? (uint32_t)(rnd() % n) : 0; }
+
+static void known_answers(void) {
+    const uint8_t *s = (const uint8_t *)"123456789";
+    CHECK(ringq_crc32c(0, s, 9) == 0xE3069283u);
+    CHECK(ringq_crc32c_sw(0, s, 9) == 0xE3069283u);
+    CHECK(ringq_crc32c_hw(0, s, 9) == 0xE3069283u);
+    CHECK(ringq_crc32c(0, s, 0) == 0);
+    uint8_t zeros[32] = {0}, ones[32];
+    memset(ones, 0xff, sizeof ones);
+    CHECK(ringq_crc32c(0, zeros, 32) == 0x8A9136AAu); /* RFC 3720 B.4 */
+    CHECK(ringq_crc32c(0, ones, 32) == 0x62A8AB43u);
+    /* incremental == whole, software == hardware, at every alignment and length */
+    uint8_t *buf = malloc(300);
+    for (int i = 0; i < 300; i++) buf[i] = (uint8_t)rnd();
+    for (size_t off = 0; off < 9; off++)
+        for (size_t len = 0; len + off <= 300; len += 7) {
+            uint32_t whole = ringq_crc32c_sw(0, buf + off, len);
+            CHECK(ringq_crc32c_hw(0, buf + off, len) == whole);
+            size_t cut = len / 3;
+            CHECK(ringq_crc32c(ringq_crc32c(0, buf + off, cut), buf + off + cut, len - cut) == whole);
+        }
+    free(buf);
+}
+
+static void atomics(void) {
+    uint8_t *m = malloc(64);
+    memset(m, 0, 64);
+    uint64_t v = 1;
+    uint32_t w = 1;
+    CHECK(ringq_store64(m, 64, 8, 42) == 0);
+    CHECK(ringq_load64(m, 64, 8, &v) == 0 && v == 42);
+    CHECK(ringq_cas64(m, 64, 8, 41, 7, &v) == 0 && v == 42);
+    CHECK(ringq_cas64(m, 64, 8, 42, 7, &v) == 1 && v == 7);
+    CHECK(ringq_fetch_add64(m, 64, 8, 3, &v) == 0 && v == 7);
+    CHECK(ringq_load64(m, 64, 56, &v) == 0);
+    CHECK(ringq_load64(m, 64, 57, &v) == RINGQ_EBOUNDS);
+    CHECK(ringq_load64(m, 64, 60, &v) == RINGQ_EBOUNDS);
+    CHECK(ringq_load64(m, 64, 4, &v) == RINGQ_EALIGN);
+    CHECK(ringq_load64(m, 64, (size_t)-8, &v) == RINGQ_EBOUNDS); /* no wrap-around */
+    CHECK(ringq_load64(NULL, 64, 0, &v) == RINGQ_EBOUNDS);
+    CHECK(ringq_store32(m, 64, 60, 5) == 0);
+    CHECK(ringq_load32(m, 64, 60, &w) == 0 && w == 5);
+    CHECK(ringq_load32(m, 64, 58, &w) == RINGQ_EALIGN);
+    CHECK(ringq_load32(m, 64, 64, &w) == RINGQ_EBOUNDS);
+    CHECK(ringq_cas32(m, 64, 60, 5, 6, NULL) == 1);
+    CHECK(ringq_fetch_add32(m, 64, 60, 0xFFFFFFFFu, &w) == 0 && w == 6);
+    CHECK(ringq_load32(m, 64, 60, &w) == 0 && w == 5);
+    CHECK(ringq_msync(m, 64, 60, 8) == RINGQ_EBOUNDS);
+    CHECK(ringq_futex_wake(m, 64, 64, 1) == RINGQ_EBOUNDS);
+    CHECK(ringq_futex_wake(m, 64, 60, 0) == RINGQ_EINVAL);
+    CHECK(ringq_futex_wait(m, 64, 60, 99, 1000) == 0); /* the word differs: returns at once */
+    free(m);
+}
+
+static void put_record(uint8_t *m, size_t maplen, const ringq_geom *g, uint32_t slot, uint32_t plen) {
+    uint32_t len = RINGQ_REC_HEADER + plen;
+    uint32_t span = (len + g->slot_size - 1) / g->slot_size;
+    uint8_t *rec = malloc(len);
+    memset(rec, 0, len);
+    uint32_t magic = RINGQ_REC_MAGIC;
+    memcpy(rec, &magic, 4);
+    memcpy(rec + 8, &len, 4);
+    memcpy(rec + 12, &span, 4);
+    memcpy(rec + 52, &plen, 4);
+    for (uint32_t i = 0; i < plen; i++) rec[64 + i] = (uint8_t)rnd();
+    int rc = ringq_rec_write(m, maplen, g, slot, rec, len, RINGQ_ST_READY | (1ULL << 24));
+    CHECK(rc == (int)span || rc == RINGQ_EBOUNDS);
+    if (rc > 0) {
+        ringq_rec_info info;
+        CHECK(ringq_rec_check(m, maplen, g, slot, &info) == 0);
+        CHECK(info.span == span && info.record_len == len && info.payload_len == plen);
+    }
+    free(rec);
+}
+
+static void fuzz_once(void) {
+    ringq_geom g;
+    g.slot_size = 64u * (1 + below(6));
+    g.slot_count = 1 + below(40);
+    g.seg_seq = rnd() & 0xFFFF;
+    g.state_off = 8 * below(8);
+    g.data_off = g.state_off + (uint64_t)g.slot_count * RINGQ_STATE_ENTRY + 8 * below(4);
+    size_t maplen = g.data_off + (size_t)g.slot_count * g.slot_size;
+    if (below(4) == 0) maplen -= 1 + below(64); /* too short for its geometry: must be refused */
+    uint8_t *m = malloc(maplen ? maplen : 1);
+    for (size_t i = 0; i < maplen; i++) m[i] = (uint8_t)(below(3) ? 0 : rnd());
+    int ok_geom = maplen == g.data_off + (size_t)g.slot_count * g.slot_size;
+    if (ok_geom) {
+        for (uint32_t k = below(6); k; k--) put_record(m, maplen, &g, below(g.slot_count), below(3 * g.slot_size));
+        for (uint32_t k = below(8); k; k--) { /* damage */
+            m[g.data_off + below((uint32_t)(maplen - g.data_off))] ^= (uint8_t)(1 + below(255));
+            uint64_t st = rnd();
+            memcpy(m + g.state_off + (size_t)below(g.slot_count) * RINGQ_STATE_ENTRY, &st, 8);
+        }
+    }
+    ringq_rec_info *out = malloc(sizeof *out * (g.slot_count + 1));
+    for (int k = 0; k < 20; k++) {
+        uint32_t from = below(g.slot_count + 2), to = below(g.slot_count + 2), next = 0;
+        uint32_t cap = below(g.slot_count + 1);
+        int n = ringq_seg_scan(m, maplen, &g, from, to, out, cap, &next);
+        if (!ok_geom) {
+            CHECK(n == RINGQ_EBOUNDS);
+        } else if (from > to || to > g.slot_count) {
+            CHECK(n == RINGQ_EBOUNDS);
+        } else {
+            CHECK(n >= 0 && (uint32_t)n <= cap && next >= from && next <= to);
+            for (int i = 0; i < n; i++) {
+                CHECK(out[i].slot >= from && out[i].slot < to && out[i].span >= 1);
+                CHECK(out[i].status == 0 || out[i].status == RINGQ_ECORRUPT);
+                if (out[i].status == 0) CHECK(out[i].slot + out[i].span <= to);
+            }
+        }
+        ringq_rec_info one;
+        uint32_t slot = below(g.slot_count + 2);
+        int rc = ringq_rec_check(m, maplen, &g, slot, &one);
+        CHECK(rc == 0 || rc == RINGQ_ECORRUPT || rc == RINGQ_EBOUNDS);
+        if (rc == 0) CHECK(one.slot + one.span <= g.slot_count && one.record_len <= (g.slot_count - slot) * g.slot_size);
+        uint32_t order[16];
+        for (int i = 0; i < 16; i++) order[i] = below(g.slot_count + 5);
+        uint64_t st = 0;
+        int idx = ringq_next_ready(m, maplen, &g, order, 16, below(18), &st);
+        CHECK(idx == RINGQ_EBOUNDS || (idx >= 0 && idx <= 16));
+    }
+    /* hostile geometries, as if read from a file: all refused, nothing touched */
+    ringq_geom bad = g;
+    bad.slot_size = 63;
+    CHECK(ringq_seg_scan(m, maplen, &bad, 0, 1, out, 1, &(uint32_t){0}) == RINGQ_EINVAL);
+    bad = g;
+    bad.slot_count = 0xFFFFFFFFu;
+    CHECK(ringq_rec_check(m, maplen, &bad, 0, out) == RINGQ_EBOUNDS);
+    bad = g;
+    bad.data_off = (uint64_t)-64;
+    CHECK(ringq_rec_check(m, maplen, &bad, 0, out) == RINGQ_EBOUNDS);
+    bad = g;
+    bad.state_off += 4;
+    CHECK(ringq_rec_check(m, maplen, &bad, 0, out) == RINGQ_EALIGN);
+    free(out);
+    free(m);
+}
+
+int main(int argc, char **argv) {
+    long iterations = argc > 1 ? atol(argv[1]) : 20000;
+    rng_state = argc > 2 ? strtoull(argv[2], NULL, 10) * 2 + 1 : 0x9E3779B97F4A7C15ULL;
+    known_answers();
+    atomics();
+    for (long i = 0; i < iterations; i++) fuzz_once();
+    printf("selftest: %lu passed, %lu failed\n", checks - failures, failures);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,144 @@
+"""Invariants 3, 5, 6 and 7 of DESIGN.md section 4, each with a test that can fail.
+
+(1, 2 and 4 are enumerated in test_crash_torn.py / test_crash_bits.py and hammered by the torture.)
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from crashkit import NAME, drain, open_queue
+from ringq.errors import NotLeasedError
+
+# -- 3: at most one live lease; a stale holder is rejected, loudly ----------------------------------------
+
+
+def test_stale_holder_is_rejected_after_expiry(tmp_path):
+    with open_queue(str(tmp_path)) as a, open_queue(str(tmp_path)) as b:
+        a.enqueue("j")
+        old = a.lease_one(visibility_timeout=0.05)
+        time.sleep(0.1)
+        new = b.lease_one(wait=2)  # expiry is noticed by the next reaper pass (0.25 s)
+        assert new is not None and new.lease_token == old.lease_token + 1
+        for op in (lambda: a.ack(old), lambda: a.nack(old), lambda: a.extend(old, 5)):
+            with pytest.raises(NotLeasedError, match="stale|not leased"):
+                op()
+        b.ack(new)
+        assert b.lease_one() is None and a.lease_one() is None
+
+
+DIE_HOLDING = textwrap.dedent("""
+    import json, os, sys, time
+    sys.path[:0] = json.loads(sys.argv[2])
+    import crashkit
+    q = crashkit.open_queue(sys.argv[1])
+    job = q.lease_one()
+    print(job.payload, flush=True)
+    time.sleep(60)
+""")
+
+
+def test_dead_holders_lease_comes_back_at_once(tmp_path):
+    with open_queue(str(tmp_path)) as q:  # visibility timeout 600 s: only death can free it
+        q.enqueue("held")
+        child = subprocess.Popen([sys.executable, "-c", DIE_HOLDING, str(tmp_path), __import__("json").dumps(sys.path)],
+                                 stdout=subprocess.PIPE, text=True)
+        assert child.stdout.readline().strip() == "held"
+        assert q.lease_one() is None  # a live holder keeps it
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        t = time.monotonic()
+        job = q.lease_one(wait=5)
+        assert job is not None and job.payload == "held" and time.monotonic() - t < 2
+        assert job.last_error and "died" in job.last_error
+        q.ack(job)
+
+
+# -- 5: readers never need the lock; writers never cache kernel state across it ----------------------------
+
+
+def test_readers_work_while_the_writer_lock_is_held(tmp_path):
+    with open_queue(str(tmp_path)) as q:
+        q.enqueue_many(list(range(5)))
+        fd = os.open(os.path.join(tmp_path, f"{NAME}.lock"), os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another holder (a stuck producer)
+        try:
+            with open_queue(str(tmp_path), lock_timeout=0.2) as r:
+                pass
+        except Exception as exc:  # opening recovers under the lock: it may time out, typed
+            assert type(exc).__name__ == "LockTimeoutError"
+        try:
+            jobs = q.lease(5)
+            for j in jobs[:2]:
+                q.ack(j)
+            q.nack(jobs[2], delay=0)
+            q.extend(jobs[3], 10)
+            assert q.stats().done == 2 and q.verify().ok
+        finally:
+            os.close(fd)
+
+
+def test_two_writers_interleaving_never_overwrite_each_other(tmp_path):
+    with open_queue(str(tmp_path)) as a, open_queue(str(tmp_path)) as b:
+        for i in range(30):  # each append reads the tail afresh under the lock: rotations included
+            (a if i % 3 else b).enqueue_many([i] * (1 + i % 4))
+        got = drain(a)
+    assert sorted(got) == sorted(x for i in range(30) for x in [i] * (1 + i % 4))
+
+
+# -- 6: values decided by a writer are stored absolute; reopening never re-decides them ---------------------
+
+
+def test_delays_and_backoff_survive_reopening_unchanged(tmp_path):
+    with open_queue(str(tmp_path)) as q:
+        d = q.enqueue("delayed", delay=30)
+        q.enqueue("retry")
+        job = q.lease_one()
+        back = q.nack(job)  # jittered backoff, decided now
+    time.sleep(0.05)
+    with open_queue(str(tmp_path)) as q:
+        assert q.get(d.id).available_at == d.available_at
+        assert q.get(back.id).available_at == back.available_at
+        assert q.get(back.id).attempts == 1
+
+
+# -- 7: disk use bounded by live jobs plus a constant number of segments ------------------------------------
+
+
+def _segments(path):
+    return [f for f in os.listdir(path) if f.endswith(".seg")]
+
+
+def test_disk_bounded_when_everything_finishes(tmp_path):
+    with open_queue(str(tmp_path), durability="none") as q:
+        for i in range(200):
+            q.enqueue_many([i] * 5)
+            for j in q.lease(5):
+                q.ack(j)
+        assert len(_segments(tmp_path)) <= 2
+
+
+@pytest.mark.xfail(reason="known gap: one long-delayed or dead-lettered job keeps its whole segment; "
+                          "needs relocation of stragglers (re-append + supersede) -- reported to the lead")
+@pytest.mark.parametrize("straggler", ["delayed", "dead"])
+def test_disk_bounded_with_stragglers(tmp_path, straggler):
+    with open_queue(str(tmp_path), durability="none", max_attempts=1) as q:
+        for i in range(20):
+            if straggler == "delayed":
+                q.enqueue("later", delay=3600)
+            else:
+                q.enqueue("doomed")
+                q.nack(q.lease_one())  # max_attempts=1: dead-lettered
+            q.enqueue_many([i] * 7)
+            for j in q.lease(7):
+                q.ack(j)
+        # 20 live jobs fit in 3 segments; the ring should not hold one segment per straggler.
+        assert len(_segments(tmp_path)) <= 4

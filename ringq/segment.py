@@ -317,7 +317,11 @@ class Control(Mapped):
         struct.pack_into("<I", page, OFF_CTL_CRC, crc32c(static))
         struct.pack_into("<Q", page, OFF_NEXT_SEQ, 1)
         tmp = path + ".tmp"
-        fd = _open_nofollow(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, mode)
+        try:
+            os.unlink(tmp)  # a leftover; never open it: it could be a link to someone else's file
+        except FileNotFoundError:
+            pass
+        fd = _open_nofollow(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
         try:
             os.pwrite(fd, bytes(page), 0)
             os.fsync(fd)

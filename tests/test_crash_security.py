@@ -97,3 +97,14 @@ def test_network_fs_refused_unless_allowed(tmp_path, monkeypatch):
 def test_every_network_fs_name_is_refused():
     for kind in ("nfs", "nfs4", "cifs", "smb3", "9p", "fuse.sshfs"):
         assert kind in ring_mod.NETWORK_FS
+
+
+def test_control_file_creation_never_writes_through_a_planted_temp_file(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    path = tmp_path / "q"
+    path.mkdir(mode=0o700)
+    os.link(victim, path / f"{NAME}.ctl.tmp")  # a hard link planted where the temp file goes
+    with open_queue(str(path)) as q:
+        q.enqueue(1)
+    assert victim.read_bytes() == b"precious"

@@ -80,6 +80,7 @@ DEFAULT_VISIBILITY_TIMEOUT = 30.0
 DEFAULT_MAX_ATTEMPTS = 5
 MAX_ATTEMPTS_LIMIT = 0xFFFF
 REAP_INTERVAL = 0.25  # seconds between scans for expired leases and dead holders
+CLAIM_GRACE = 2.0  # seconds a lease may stay without its owner word before it counts as orphaned
 AUTO_ID = re.compile(r"^[0-9a-f]{16}$")
 _NONE = object()
 
@@ -237,6 +238,7 @@ class Queue:
         self._held: dict[tuple[int, int], int] = {}
         self._seen_change = -1
         self._last_reap = 0.0
+        self._unowned: dict[tuple[int, int, int], float] = {}  # (seg, slot, word) -> first seen
         self._rng = random.Random()
         with self._lock:
             self._refresh()
@@ -712,6 +714,10 @@ class Queue:
             return None
         old_owner = seg.load64(off + 8)
         seg.cas64(off + 8, old_owner, owner | (lc << 16) | ((os.getpid() & 0x3FFFFFFF) << 34))
+        if seg.load64(off) != new:
+            # Stalled past CLAIM_GRACE between the two CAS: the lease was reclaimed as orphaned.
+            self._held.pop(key, None)
+            return None
         try:
             return self._job_at(seg.seq, slot, new)
         except (CorruptionError, SerializationError) as exc:
@@ -836,6 +842,7 @@ class Queue:
         now = _now_ms()
         mine = self._owners.index if self._owners.pid == os.getpid() else 0
         reclaimed = 0
+        unowned: dict[tuple[int, int, int], float] = {}
         suspects: dict[int, list[tuple[_View, int, int]]] = {}
         for view in list(self._views.values()):
             seg = view.seg
@@ -851,6 +858,15 @@ class Queue:
             for slot, word in zip(leased[expired].tolist(), w[expired].tolist()):
                 reclaimed += self._reclaim(view, slot, word, WHY_EXPIRED, now)
             tagged = ((owners >> np.uint64(16)) & np.uint64(LC_MASK)) == ((w >> np.uint64(6)) & np.uint64(LC_MASK))
+            # A claim is two CAS: the state word, then the owner word.  A claimer killed between
+            # them leaves a lease nobody owns, which only the visibility timeout would free (found
+            # by the SIGKILL torture).  A claimer is alive for microseconds there: a lease still
+            # unowned after CLAIM_GRACE seconds is orphaned, and reclaimed as its holder's death.
+            for slot, word in zip(leased[~expired & ~tagged].tolist(), w[~expired & ~tagged].tolist()):
+                key = (seg.seq, slot, word)
+                first = unowned[key] = self._unowned.get(key, t)
+                if t - first >= CLAIM_GRACE:
+                    reclaimed += self._reclaim(view, slot, word, WHY_DIED, now)
             live = ~expired & tagged
             for slot, word, own in zip(leased[live].tolist(), w[live].tolist(), owners[live].tolist()):
                 idx = own & 0xFFFF
@@ -869,6 +885,7 @@ class Queue:
                     reclaimed += self._reclaim(view, slot, word, WHY_DIED, now)
             finally:
                 self._owners.release(idx)
+        self._unowned = unowned
         self._ring.retire_finished()
         return reclaimed
 

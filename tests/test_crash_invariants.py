@@ -142,3 +142,24 @@ def test_disk_bounded_with_stragglers(tmp_path, straggler):
                 q.ack(j)
         # 20 live jobs fit in 3 segments; the ring should not hold one segment per straggler.
         assert len(_segments(tmp_path)) <= 4
+
+
+def test_claimer_killed_between_its_two_cas_does_not_strand_the_job(tmp_path):
+    """Regression (found by the 300 s torture, seed 7): a claim stores the state word, then the
+    owner word; a claimer SIGKILLed in between left a lease with no owner, freed only by the
+    visibility timeout (600 s here).  It now comes back after CLAIM_GRACE."""
+    from ringq.job import ST_LEASED, pack
+    from ringq.queue import CLAIM_GRACE
+
+    with open_queue(str(tmp_path)) as q:
+        q.enqueue("stranded")
+        seg = q._ring.segments[1]
+        w = seg.load64(seg.state_off_of(0))
+        far = int(time.time() * 1000) + 600_000 - seg.epoch_ms
+        assert seg.cas64(seg.state_off_of(0), w, pack(ST_LEASED, 0, 1, far))[0]  # ...and then the kill
+    with open_queue(str(tmp_path)) as q:
+        t = time.monotonic()
+        job = q.lease_one(wait=CLAIM_GRACE + 3)
+        assert job is not None and job.payload == "stranded" and job.lease_token == 2
+        assert time.monotonic() - t < CLAIM_GRACE + 2
+        q.ack(job)

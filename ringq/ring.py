@@ -25,10 +25,15 @@ and unlinked by whoever notices first; a mapping other processes still hold stay
 drop it.  No live record is ever rewritten.
 
 *Recovery* on open (under the lock): unfinished temp files are removed; a segment that fails
-validation is renamed ``*.quarantined`` and reported; every segment but the newest is sealed; a
-half-retired segment is unlinked.  Records published beyond a stale tail (crash between publish and
-tail store, or a power loss that kept the state table but not the header page) are re-adopted by
-the next append; damaged records are marked BAD, reported and never delivered.
+validation is renamed ``*.quarantined`` and reported; a half-retired segment is unlinked (a
+retired flag over unfinished jobs is damage: cleared and reported).  Records published beyond a
+stale tail (crash between publish and tail store, or a power loss that kept the record pages but
+not the header page) are re-adopted in *every* segment, then every segment but the newest is
+sealed -- a rotation creates the next segment before it stores the full one's tail, so the full
+one may hold such records too.  If the newest segment is sealed or older than the control file's
+tail, a fresh tail segment is started; the next seq is raised past every retained record.
+Damaged records are marked BAD, reported and never delivered (tests/test_crash_*.py enumerate
+every crash point; docs/guarantees.md lists them).
 """
 
 from __future__ import annotations

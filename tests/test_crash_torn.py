@@ -282,3 +282,26 @@ def test_power_loss_ctl_older_than_segments(tmp_path):
 def test_offsets_used_by_the_images():
     # The edited images above rely on these header words living in the first page.
     assert max(OFF_TAIL, OFF_NRECORDS, OFF_LAST_SEQ) < 4096
+
+
+def test_every_step_of_requeue_dead(tmp_path):
+    """requeue_dead appends a record that supersedes the dead one, then marks the dead one GONE.
+    At every step the job is either still dead (nothing published yet) or delivered exactly once."""
+    live = str(tmp_path / "live")
+    with open_queue(live, max_attempts=1) as q:
+        q.enqueue_many([0, 1, 2])
+        q.nack(q.lease_one())  # job 0: dead
+        rec = Recorder(live, payload_key)
+        with rec.recording():
+            assert q.requeue_dead() == 1
+    assert len(rec.steps) > 3
+    for i, step in enumerate(rec.steps):
+        path = restore(step.image, str(tmp_path / "img"))
+        with open_queue(path) as q:
+            delivered = drain(q)
+            dead = [j.payload for j in q.dlq()]
+            assert q.recovery.clean
+        if step.published:
+            assert sorted(delivered) == [0, 1, 2] and dead == [], f"step {i}: {step.what}"
+        else:
+            assert delivered == [1, 2] and dead == [0], f"step {i}: {step.what}"

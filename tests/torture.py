@@ -9,6 +9,7 @@ plain ``os.write`` (the page cache survives a SIGKILL, so no fsync is needed for
 
     R <payload>   producer: enqueue of <payload> returned
     H <payload>   consumer / worker: handler ran for <payload> (before the ack)
+    N <payload>   consumer: about to nack <payload> (it will be handled again: not a redelivery)
 
 Run it directly for a long manual session::
 
@@ -31,7 +32,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-QUEUE_KW = dict(slot_size=128, slot_count=16, visibility_timeout=120.0)  # rotate and retire often
+QUEUE_KW = dict(slot_size=128, slot_count=16, visibility_timeout=120.0, max_attempts=1000)  # rotate and retire often
 
 
 def _ledger(path: str, tag: str) -> int:
@@ -50,7 +51,7 @@ def child(role: str, qdir: str, ledger: str, tag: str, seed: int) -> None:
         while True:
             batch = [f"{tag}:{n + i}" for i in range(rng.choice((1, 1, 1, 3, 20)))]
             n += len(batch)
-            q.enqueue_many(batch)
+            q.enqueue_many(batch, priority=rng.choice((0, 0, 0, 5, -5)), delay=rng.choice((0, 0, 0, 0, 0.05, 0.3)))
             os.write(fd, "".join(f"R {p}\n" for p in batch).encode())
             time.sleep(rng.random() * 0.004)
     elif role == "consumer":
@@ -58,7 +59,11 @@ def child(role: str, qdir: str, ledger: str, tag: str, seed: int) -> None:
             for job in q.lease(rng.choice((1, 4)), wait=0.05):
                 os.write(fd, f"H {job.payload}\n".encode())
                 time.sleep(rng.random() * 0.003)  # a handler that takes a while: kills land inside it
-                q.ack(job)
+                if rng.random() < 0.05:
+                    os.write(fd, f"N {job.payload}\n".encode())
+                    q.nack(job, error="torture", delay=rng.choice((0, 0.02)))
+                else:
+                    q.ack(job)
     elif role == "worker":
         from ringq.worker import Worker
 
@@ -76,6 +81,7 @@ class Result:
     returned: set = field(default_factory=set)
     handled: Counter = field(default_factory=Counter)
     handlers: dict = field(default_factory=lambda: defaultdict(list))
+    nacked: Counter = field(default_factory=Counter)
     killed: set = field(default_factory=set)
     kills: int = 0
     redelivered: int = 0
@@ -95,6 +101,8 @@ def _read_ledgers(ledger: str, res: Result) -> None:
                 elif kind == "H":
                     res.handled[payload] += 1
                     res.handlers[payload].append(tag)
+                elif kind == "N":
+                    res.nacked[payload] += 1
 
 
 def run(seconds: float, seed: int, qdir: str | None = None, producers: int = 2, consumers: int = 2,
@@ -166,10 +174,11 @@ def run(seconds: float, seed: int, qdir: str | None = None, producers: int = 2, 
     for payload, n in res.handled.items():
         if ":" not in payload:
             res.problems.append(f"phantom payload {payload!r}")
-        if n > 1:
-            res.redelivered += n - 1
+        again = n - 1 - res.nacked[payload]  # handled again although nobody nacked it
+        if again > 0:
+            res.redelivered += again
             dead = sum(1 for t in res.handlers[payload] if t in res.killed)
-            if dead < n - 1:
+            if dead < again:
                 res.problems.append(f"{payload} handled {n} times by {res.handlers[payload]}; only {dead} were killed")
     log(f"torture seed={seed} {seconds:.0f}s: {res.kills} kills, {len(res.returned)} returned, "
         f"{sum(res.handled.values())} handled, {res.redelivered} redelivered, problems={len(res.problems)}")

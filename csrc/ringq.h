@@ -141,8 +141,8 @@ int ringq_rec_check(const uint8_t *base, size_t maplen, const ringq_geom *g, uin
 /* Scan records with head slots in [from, to), at most cap of them, validating each.  A record that
  * fails validation is reported with status RINGQ_ECORRUPT and span 1, and the scan resynchronises on
  * the next slot whose state word is not CONT (a damaged record's continuation slots hold payload
- * bytes, which must never be taken for a record).  Returns the number written to out; *next receives the slot after the last one
- * reported. */
+ * bytes, which must never be taken for a record).  Returns the number written to out; *next
+ * receives the slot after the last one reported. */
 int ringq_seg_scan(const uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t from, uint32_t to,
                    ringq_rec_info *out, uint32_t cap, uint32_t *next);
 /* First index i in [start, n) such that the state word of slot order[i] is READY; returns n if none.

@@ -38,7 +38,6 @@ every crash point; docs/guarantees.md lists them).
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 import re
@@ -95,8 +94,8 @@ DEFAULT_SLOT_SIZE = 256
 DEFAULT_SLOT_COUNT = 16384
 NETWORK_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "fuse.sshfs", "afs", "ceph", "glusterfs", "lustre"}
 DURABILITY = ("msync", "none")
-MAX_SEQ_GAP = 1 << 20
-MAX_ERR_FILE = 64 << 20  # bytes of a nack side file read at most  # segment seqs further apart than this are damage, not history
+MAX_SEQ_GAP = 1 << 20  # segment seqs further apart than this are damage, not history
+MAX_ERR_FILE = 64 << 20  # bytes of a nack side file read at most
 
 # numpy view of ringq_rec_info (csrc/ringq.h); offsets asserted against cffi at import.
 REC_INFO_DTYPE = np.dtype(

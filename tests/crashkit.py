@@ -110,8 +110,14 @@ def reopen_and_drain(path: str, probe: Any = "probe", **kw: Any) -> Outcome:
         stats_corrupt = q.stats().corrupt
         q.enqueue(probe)
         after = drain(q)
-        return Outcome(delivered, list(q.recovery.corrupt_records), list(q.recovery.quarantined),
-                       stats_corrupt, after, sorted(os.listdir(path)))
+        return Outcome(
+            delivered,
+            list(q.recovery.corrupt_records),
+            list(q.recovery.quarantined),
+            stats_corrupt,
+            after,
+            sorted(os.listdir(path)),
+        )
 
 
 # -- the crash-point recorder -------------------------------------------------------------------------
@@ -208,10 +214,26 @@ def payload_key(rec: bytes) -> Any:
     import json
 
     id_len = struct.unpack_from("<H", rec, 48)[0]
-    return json.loads(rec[64 + id_len:])
+    return json.loads(rec[64 + id_len :])
 
 
 __all__ = [
-    "NAME", "SLOT", "SLOTS", "Image", "Outcome", "Recorder", "Step", "drain", "geometry", "open_queue",
-    "payload_key", "put", "reopen_and_drain", "restore", "ringq", "seg_file", "snapshot", "state_word",
+    "NAME",
+    "SLOT",
+    "SLOTS",
+    "Image",
+    "Outcome",
+    "Recorder",
+    "Step",
+    "drain",
+    "geometry",
+    "open_queue",
+    "payload_key",
+    "put",
+    "reopen_and_drain",
+    "restore",
+    "ringq",
+    "seg_file",
+    "snapshot",
+    "state_word",
 ]

@@ -68,7 +68,9 @@ def test_every_bit_flip_on_disk_is_detected(tmp_path, case):
                 try:
                     _assert_quarantined(q, delivered)
                 except AssertionError as exc:
-                    raise AssertionError(f"flip of byte {byte} bit {bit} of the record: {exc}") from None
+                    raise AssertionError(
+                        f"flip of byte {byte} bit {bit} of the record: {exc}"
+                    ) from None
                 q.enqueue("new")
                 assert drain(q) == ["new"]
 
@@ -86,14 +88,18 @@ def test_every_bit_flip_after_indexing_is_detected(tmp_path, case):
                 fd = os.open(os.path.join(path, seg_file(1)), os.O_RDWR)
                 try:
                     old = os.pread(fd, 1, rec_off + byte)
-                    os.pwrite(fd, bytes([old[0] ^ (1 << bit)]), rec_off + byte)  # same page cache as the mapping
+                    os.pwrite(
+                        fd, bytes([old[0] ^ (1 << bit)]), rec_off + byte
+                    )  # same page cache as the mapping
                 finally:
                     os.close(fd)
                 delivered = drain(q)
                 try:
                     _assert_quarantined(q, delivered)
                 except AssertionError as exc:
-                    raise AssertionError(f"flip of byte {byte} bit {bit} of the record: {exc}") from None
+                    raise AssertionError(
+                        f"flip of byte {byte} bit {bit} of the record: {exc}"
+                    ) from None
 
 
 def test_undamaged_queue_verifies_clean(tmp_path):

@@ -23,7 +23,6 @@ from ringq.errors import (
     CorruptionError,
     FormatVersionError,
     RecordTooLargeError,
-    RingqError,
     SerializationError,
 )
 from ringq.segment import OFF_RETIRED, OFF_TAIL, OFF_TAIL_SEG
@@ -76,8 +75,17 @@ def test_bad_job_ids(tmp_path):
         assert q.stats().total == 0
 
 
-@pytest.mark.parametrize("kw", [dict(delay=float("nan")), dict(delay=float("inf")), dict(delay=-1),
-                                dict(priority=2**31), dict(priority=1.5), dict(max_attempts=0)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(delay=float("nan")),
+        dict(delay=float("inf")),
+        dict(delay=-1),
+        dict(priority=2**31),
+        dict(priority=1.5),
+        dict(max_attempts=0),
+    ],
+)
 def test_bad_enqueue_arguments(tmp_path, kw):
     with open_queue(str(tmp_path)) as q:
         with pytest.raises(ValueError):
@@ -97,14 +105,30 @@ def test_bad_visibility_timeouts(tmp_path, vt):
 
 
 def test_payloads_that_round_trip_exactly(tmp_path):
-    values = [b"\xff\xfe\x00not utf-8", "\u2603 snow \U0001f600", {"n": None, "f": 1.5, "big": 2**80},
-              _deep(200), "", [], {}, 0, -1, True, None]
-    arrays = [np.arange(6, dtype=">i4").reshape(2, 3), np.zeros((0, 3)), np.array(3.5), np.array([1 + 2j])]
+    values = [
+        b"\xff\xfe\x00not utf-8",
+        "\u2603 snow \U0001f600",
+        {"n": None, "f": 1.5, "big": 2**80},
+        _deep(200),
+        "",
+        [],
+        {},
+        0,
+        -1,
+        True,
+        None,
+    ]
+    arrays = [
+        np.arange(6, dtype=">i4").reshape(2, 3),
+        np.zeros((0, 3)),
+        np.array(3.5),
+        np.array([1 + 2j]),
+    ]
     with open_queue(str(tmp_path), slot_size=256, slot_count=64) as q:
         q.enqueue_many(values + arrays)
         got = drain(q)
     assert got[: len(values)] == values
-    for a, b in zip(arrays, got[len(values):]):
+    for a, b in zip(arrays, got[len(values) :]):
         assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
 
 
@@ -120,8 +144,11 @@ def test_records_at_the_slot_and_segment_limits(tmp_path, total, span):
         job = q.enqueue(_limit_payload(total))
         assert drain(q) == [b"x", _limit_payload(total)]
         assert job.payload == _limit_payload(total)
-    info = struct.unpack_from("<II", snapshot(str(tmp_path))[seg_file(job._loc[0])],
-                              geometry()[1] + job._loc[1] * SLOT + 8)
+    info = struct.unpack_from(
+        "<II",
+        snapshot(str(tmp_path))[seg_file(job._loc[0])],
+        geometry()[1] + job._loc[1] * SLOT + 8,
+    )
     assert info == (total, span)
 
 
@@ -220,7 +247,9 @@ def test_unusable_segment_is_quarantined_and_reported(tmp_path, kind):
         assert not rep.ok and any(seg_file(1) in p for p, _ in rep.files)
         q.enqueue("new")
         assert drain(q) == ["new"]
-    assert open(_seg(path, 1) + ".quarantined", "rb").read() == REPLACEMENTS[kind]  # kept as evidence
+    assert (
+        open(_seg(path, 1) + ".quarantined", "rb").read() == REPLACEMENTS[kind]
+    )  # kept as evidence
 
 
 def _patch_header(path, seq, off, fmt, value, fix_crc=True):
@@ -233,11 +262,18 @@ def _patch_header(path, seq, off, fmt, value, fix_crc=True):
     _write(_seg(path, seq), bytes(data))
 
 
-@pytest.mark.parametrize("field,off,fmt,value", [
-    ("magic", 0, "<Q", 0x1234), ("header-crc", 64, "<I", 0), ("seq-vs-name", 16, "<Q", 7),
-    ("slot-size", 24, "<I", 100), ("slot-count", 28, "<I", 0), ("file-size", 56, "<Q", 1 << 40),
-    ("data-offset", 48, "<Q", 12),
-])
+@pytest.mark.parametrize(
+    "field,off,fmt,value",
+    [
+        ("magic", 0, "<Q", 0x1234),
+        ("header-crc", 64, "<I", 0),
+        ("seq-vs-name", 16, "<Q", 7),
+        ("slot-size", 24, "<I", 100),
+        ("slot-count", 28, "<I", 0),
+        ("file-size", 56, "<Q", 1 << 40),
+        ("data-offset", 48, "<Q", 12),
+    ],
+)
 def test_bad_segment_header_fields_are_quarantined(tmp_path, field, off, fmt, value):
     path = _queue_with_two_segments(tmp_path)
     _patch_header(path, 1, off, fmt, value, fix_crc=field != "header-crc")
@@ -350,7 +386,9 @@ def test_garbage_in_the_lock_file_is_harmless(tmp_path):
         assert q.recovery.clean
 
 
-@pytest.mark.parametrize("data", [b"garbage" * 1000, b"short", bytes(4096)], ids=["garbage", "short", "zeros"])
+@pytest.mark.parametrize(
+    "data", [b"garbage" * 1000, b"short", bytes(4096)], ids=["garbage", "short", "zeros"]
+)
 def test_damaged_control_file_is_refused(tmp_path, data):
     path = _queue_with_two_segments(tmp_path)
     _write(os.path.join(path, f"{NAME}.ctl"), data)
@@ -403,8 +441,12 @@ def test_absurd_tail_segment_in_control_file(tmp_path):
 
 def test_stray_files_are_left_alone(tmp_path):
     path = _queue_with_two_segments(tmp_path)
-    strays = {"other.0000000000000001.seg": b"other queue", "q.0000000000000001.seg.bak": b"x",
-              "q.1.seg": b"y", "README": b"z"}
+    strays = {
+        "other.0000000000000001.seg": b"other queue",
+        "q.0000000000000001.seg.bak": b"x",
+        "q.1.seg": b"y",
+        "README": b"z",
+    }
     for name, data in strays.items():
         _write(os.path.join(path, name), data)
     with open_queue(path) as q:
@@ -443,7 +485,9 @@ def test_directory_without_write_permission(setup):
     import tempfile
     import shutil
 
-    top = tempfile.mkdtemp(prefix="ringq-perm-")  # pytest's tmp_path is inside a root-only directory
+    top = tempfile.mkdtemp(
+        prefix="ringq-perm-"
+    )  # pytest's tmp_path is inside a root-only directory
     os.chmod(top, 0o755)
     try:
         _run_unprivileged(top, setup)
@@ -462,8 +506,13 @@ def _run_unprivileged(top, setup):
         _queue_with_two_segments(tmp_path)
         os.chmod(path, 0o777)  # writable, but the files are root's 0600
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    out = subprocess.run([sys.executable, "-c", UNPRIVILEGED, path], capture_output=True, text=True, env=env,
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", UNPRIVILEGED, path],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("PermissionError") and path in out.stdout, out.stdout
 

@@ -26,8 +26,9 @@ def small_tmpfs():
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
     mnt = tempfile.mkdtemp(prefix="ringq-full-")
-    rc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k,mode=0700", "tmpfs", mnt],
-                        capture_output=True).returncode
+    rc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=48k,mode=0700", "tmpfs", mnt], capture_output=True
+    ).returncode
     if rc != 0:
         os.rmdir(mnt)
         pytest.skip("cannot mount a tmpfs here (no CAP_SYS_ADMIN?)")
@@ -88,8 +89,19 @@ RLIMIT_CHILD = textwrap.dedent("""
 
 def test_rlimit_fsize_gives_queue_full_not_a_signal(tmp_path):
     env = dict(os.environ)
-    out = subprocess.run([sys.executable, "-c", RLIMIT_CHILD, str(tmp_path / "q"), __import__("json").dumps(sys.path)],
-                         capture_output=True, text=True, env=env, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            RLIMIT_CHILD,
+            str(tmp_path / "q"),
+            __import__("json").dumps(sys.path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr  # a SIGXFSZ death would be -25
     lines = out.stdout.splitlines()
     assert lines[0].startswith("full:") and "File too large" in lines[0] and "bytes" in lines[0]
@@ -103,6 +115,7 @@ def _counts():
 def test_fds_and_mappings_stay_bounded_through_rotation_and_retirement(tmp_path):
     path = str(tmp_path / "q")
     with open_queue(path, durability="none") as q, open_queue(path, durability="none") as other:
+
         def cycle(i):
             q.enqueue_many([(i, k) for k in range(12)])  # 1.5 segments: rotates every cycle
             for _ in range(12):

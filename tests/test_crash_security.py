@@ -67,20 +67,29 @@ def test_existing_directory_mode_is_left_alone(tmp_path):
     assert stat.S_IMODE(os.stat(tmp_path).st_mode) == 0o755
 
 
-MOUNTS = "\n".join([
-    "/dev/vda1 / ext4 rw 0 0",
-    "server:/export /mnt/nfs nfs4 rw,relatime 0 0",
-    "//host/share /mnt/smb\\040share cifs rw 0 0",
-    "tmpfs /mnt/nfs/local tmpfs rw 0 0",
-    "garbage",
-    "",
-])
+MOUNTS = "\n".join(
+    [
+        "/dev/vda1 / ext4 rw 0 0",
+        "server:/export /mnt/nfs nfs4 rw,relatime 0 0",
+        "//host/share /mnt/smb\\040share cifs rw 0 0",
+        "tmpfs /mnt/nfs/local tmpfs rw 0 0",
+        "garbage",
+        "",
+    ]
+)
 
 
-@pytest.mark.parametrize("path,kind", [
-    ("/mnt/nfs/q", "nfs4"), ("/mnt/nfs", "nfs4"), ("/mnt/nfsx/q", "ext4"), ("/mnt/smb share/q", "cifs"),
-    ("/mnt/nfs/local/q", "tmpfs"), ("/var/q", "ext4"),
-])
+@pytest.mark.parametrize(
+    "path,kind",
+    [
+        ("/mnt/nfs/q", "nfs4"),
+        ("/mnt/nfs", "nfs4"),
+        ("/mnt/nfsx/q", "ext4"),
+        ("/mnt/smb share/q", "cifs"),
+        ("/mnt/nfs/local/q", "tmpfs"),
+        ("/var/q", "ext4"),
+    ],
+)
 def test_fs_type_longest_mount_point_wins(path, kind):
     assert ring_mod.fs_type(path, MOUNTS) == kind
 

@@ -12,7 +12,6 @@ expected outcome of each mix is computed from which parts it kept.
 
 from __future__ import annotations
 
-import os
 import struct
 
 import pytest
@@ -90,7 +89,9 @@ def _check_mix(tmp_path, image, complete, state, header):
 
 
 @pytest.mark.parametrize("header", [False, True], ids=["tail-stale", "tail-advanced"])
-@pytest.mark.parametrize("state", ["none", "cont", "all"], ids=["unpublished", "cont-only", "published"])
+@pytest.mark.parametrize(
+    "state", ["none", "cont", "all"], ids=["unpublished", "cont-only", "published"]
+)
 def test_torn_prefix_at_every_byte(tmp_path, state, header):
     """Bytes 0..k of the record reached the file, for every k (memcpy order, or sectors in order)."""
     before, after = _record_images(tmp_path)
@@ -107,9 +108,14 @@ def test_published_with_one_byte_missing(tmp_path, header):
     before, after = _record_images(tmp_path)
     n = _rec_len(after)
     for k in range(n):
-        if before[seg_file(1)][geometry()[1] + 2 * SLOT + k] == after[seg_file(1)][geometry()[1] + 2 * SLOT + k]:
+        if (
+            before[seg_file(1)][geometry()[1] + 2 * SLOT + k]
+            == after[seg_file(1)][geometry()[1] + 2 * SLOT + k]
+        ):
             continue  # this byte is the same before and after: losing it changes nothing
-        image = _mix(before, after, data=[i for i in range(n) if i != k], state="all", header=header)
+        image = _mix(
+            before, after, data=[i for i in range(n) if i != k], state="all", header=header
+        )
         _check_mix(tmp_path, image, False, "all", header)
 
 
@@ -124,11 +130,15 @@ def _replay(tmp_path, rec, base):
         expected = sorted(set(base) | set(step.published))
         assert out.delivered == expected, f"step {i}: {step.what}"
         assert out.after == ["probe"], f"step {i}: {step.what}"
-        assert out.corrupt == [] and out.quarantined == [] and out.stats_corrupt == 0, f"step {i}: {step.what}"
+        assert out.corrupt == [] and out.quarantined == [] and out.stats_corrupt == 0, (
+            f"step {i}: {step.what}"
+        )
     return rec.steps
 
 
-@pytest.mark.parametrize("nbase,nbatch", [(8, 1), (6, 3), (6, 14)], ids=["single", "fill-and-rotate", "two-rotations"])
+@pytest.mark.parametrize(
+    "nbase,nbatch", [(8, 1), (6, 3), (6, 14)], ids=["single", "fill-and-rotate", "two-rotations"]
+)
 def test_every_step_of_append_and_rotation(tmp_path, nbase, nbatch):
     live = str(tmp_path / "live")
     base = list(range(nbase))
@@ -141,8 +151,13 @@ def test_every_step_of_append_and_rotation(tmp_path, nbase, nbatch):
     steps = _replay(tmp_path, rec, base)
     whats = " | ".join(s.what for s in steps)
     # The recording really went through every step of a rotation.
-    for part in ("create q.0000000000000002.seg.tmp", "fallocate", "rename q.0000000000000002.seg.tmp",
-                 f"store32 {NAME}.0000000000000001.seg @132", f"store64 {NAME}.ctl @{OFF_TAIL_SEG}"):
+    for part in (
+        "create q.0000000000000002.seg.tmp",
+        "fallocate",
+        "rename q.0000000000000002.seg.tmp",
+        f"store32 {NAME}.0000000000000001.seg @132",
+        f"store64 {NAME}.ctl @{OFF_TAIL_SEG}",
+    ):
         assert part in whats
 
 
@@ -157,7 +172,11 @@ def test_retirement_steps_never_resurrect_or_lose(tmp_path):
         rec = Recorder(live, payload_key)
         with rec.recording():
             q.ack(jobs[-1])
-    acked_at = next(i for i, s in enumerate(rec.steps) if s.what.startswith("cas64") and "0000000000000001" in s.what)
+    acked_at = next(
+        i
+        for i, s in enumerate(rec.steps)
+        if s.what.startswith("cas64") and "0000000000000001" in s.what
+    )
     for i, step in enumerate(rec.steps):
         out = reopen_and_drain(restore(step.image, str(tmp_path / "img")))
         expected = [8, 9] if i >= acked_at else [7, 8, 9]

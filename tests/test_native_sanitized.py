@@ -18,7 +18,10 @@ import subprocess
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOURCES = [os.path.join(ROOT, "tests", "native", "ringq_selftest.c"), os.path.join(ROOT, "csrc", "ringq.c")]
+SOURCES = [
+    os.path.join(ROOT, "tests", "native", "ringq_selftest.c"),
+    os.path.join(ROOT, "csrc", "ringq.c"),
+]
 FLAVOURS = [["-fsanitize=address,undefined"], ["-fsanitize=undefined"]]
 
 
@@ -41,8 +44,22 @@ def selftest(tmp_path_factory):
     if flags is None:
         pytest.skip("no sanitizer runtime usable with this gcc")
     exe = str(tmp / "selftest")
-    cmd = ["gcc", "-std=gnu11", "-g", "-O1", "-Wall", "-Wextra", "-fno-omit-frame-pointer",
-           "-fno-sanitize-recover=all", *flags, "-I", os.path.join(ROOT, "csrc"), *SOURCES, "-o", exe]
+    cmd = [
+        "gcc",
+        "-std=gnu11",
+        "-g",
+        "-O1",
+        "-Wall",
+        "-Wextra",
+        "-fno-omit-frame-pointer",
+        "-fno-sanitize-recover=all",
+        *flags,
+        "-I",
+        os.path.join(ROOT, "csrc"),
+        *SOURCES,
+        "-o",
+        exe,
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr  # the toolchain works: a build failure is ours
     return exe
@@ -51,9 +68,14 @@ def selftest(tmp_path_factory):
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_c_helper_under_sanitizers(selftest, seed):
     n = os.environ.get("RINGQ_SELFTEST_ITERATIONS", "10000")
-    env = dict(os.environ, ASAN_OPTIONS="abort_on_error=0:detect_leaks=1",
-               UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
-    out = subprocess.run([selftest, n, str(seed)], capture_output=True, text=True, env=env, timeout=300)
+    env = dict(
+        os.environ,
+        ASAN_OPTIONS="abort_on_error=0:detect_leaks=1",
+        UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1",
+    )
+    out = subprocess.run(
+        [selftest, n, str(seed)], capture_output=True, text=True, env=env, timeout=300
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     assert out.stdout.strip().endswith("0 failed")
 
@@ -63,9 +85,13 @@ def test_selftest_really_catches_an_overflow(tmp_path):
     if shutil.which("gcc") is None:
         pytest.skip("gcc not installed")
     src = tmp_path / "oob.c"
-    src.write_text('#include <stdlib.h>\nint main(void){volatile char *p = malloc(8); return p[8];}\n')
+    src.write_text(
+        "#include <stdlib.h>\nint main(void){volatile char *p = malloc(8); return p[8];}\n"
+    )
     exe = str(tmp_path / "oob")
-    if subprocess.run(["gcc", "-fsanitize=address", str(src), "-o", exe], capture_output=True).returncode:
+    if subprocess.run(
+        ["gcc", "-fsanitize=address", str(src), "-o", exe], capture_output=True
+    ).returncode:
         pytest.skip("no ASan runtime")
     out = subprocess.run([exe], capture_output=True, text=True)
     assert out.returncode != 0 and "heap-buffer-overflow" in out.stderr

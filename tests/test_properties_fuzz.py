@@ -49,10 +49,27 @@ def _base_image(path: str) -> dict[str, bytes]:
 
 _word = st.integers(0, 2**64 - 1)
 _mutation = st.one_of(
-    st.tuples(st.just("byte"), st.sampled_from(FILES), st.integers(0, SEG_SIZE - 1), st.integers(0, 255)),
-    st.tuples(st.just("word"), st.sampled_from(FILES), st.integers(0, 200 // 8).map(lambda i: 128 + 8 * i), _word),
-    st.tuples(st.just("word"), st.sampled_from(FILES[:2]), st.integers(0, SLOTS * 2 - 1).map(lambda i: STATE_OFF + 8 * i), _word),
-    st.tuples(st.just("byte"), st.sampled_from(FILES[:2]), st.integers(DATA_OFF, DATA_OFF + SLOTS * SLOT - 1), st.integers(0, 255)),
+    st.tuples(
+        st.just("byte"), st.sampled_from(FILES), st.integers(0, SEG_SIZE - 1), st.integers(0, 255)
+    ),
+    st.tuples(
+        st.just("word"),
+        st.sampled_from(FILES),
+        st.integers(0, 200 // 8).map(lambda i: 128 + 8 * i),
+        _word,
+    ),
+    st.tuples(
+        st.just("word"),
+        st.sampled_from(FILES[:2]),
+        st.integers(0, SLOTS * 2 - 1).map(lambda i: STATE_OFF + 8 * i),
+        _word,
+    ),
+    st.tuples(
+        st.just("byte"),
+        st.sampled_from(FILES[:2]),
+        st.integers(DATA_OFF, DATA_OFF + SLOTS * SLOT - 1),
+        st.integers(0, 255),
+    ),
     st.tuples(st.just("cut"), st.sampled_from(FILES), st.integers(0, SEG_SIZE), st.just(0)),
 )
 
@@ -100,7 +117,13 @@ def exercise(path: str) -> None:
                         q.ack(job)
                 except RingqError:
                     pass
-        for op in (lambda: q.enqueue("new"), lambda: q.get("named"), q.requeue_dead, q.purge, q.stats):
+        for op in (
+            lambda: q.enqueue("new"),
+            lambda: q.get("named"),
+            q.requeue_dead,
+            q.purge,
+            q.stats,
+        ):
             try:
                 op()
             except RingqError:
@@ -110,8 +133,13 @@ def exercise(path: str) -> None:
 if CHILD:
     _IMAGE: dict[str, bytes] = {}
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=not RANDOM,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=not RANDOM,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(st.lists(_mutation, min_size=1, max_size=6))
     def test_child_mutated_images(tmp_path_factory, mutations):
         if not _IMAGE:
@@ -124,15 +152,35 @@ if CHILD:
 
 def test_mutated_images_never_crash_the_interpreter(tmp_path):
     last = str(tmp_path / "last-example.bin")
-    env = dict(os.environ, RINGQ_FUZZ_CHILD="1", RINGQ_FUZZ_LAST=last, PYTHONPATH=os.pathsep.join(sys.path))
+    env = dict(
+        os.environ, RINGQ_FUZZ_CHILD="1", RINGQ_FUZZ_LAST=last, PYTHONPATH=os.pathsep.join(sys.path)
+    )
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k", "test_child",
-         "--basetemp", str(tmp_path / "child")],
-        capture_output=True, text=True, env=env, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-x",
+            "-p",
+            "no:cacheprovider",
+            __file__,
+            "-k",
+            "test_child",
+            "--basetemp",
+            str(tmp_path / "child"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     if out.returncode < 0:
         with open(last, "rb") as fh:
             crasher = pickle.load(fh)
-        pytest.fail(f"child killed by {signal.Signals(-out.returncode).name} on mutations {crasher!r}")
+        pytest.fail(
+            f"child killed by {signal.Signals(-out.returncode).name} on mutations {crasher!r}"
+        )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     assert "1 passed" in out.stdout
 

@@ -32,7 +32,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-QUEUE_KW = dict(slot_size=128, slot_count=16, visibility_timeout=120.0, max_attempts=1000)  # rotate and retire often
+QUEUE_KW = dict(
+    slot_size=128, slot_count=16, visibility_timeout=120.0, max_attempts=1000
+)  # rotate and retire often
 
 
 def _ledger(path: str, tag: str) -> int:
@@ -51,14 +53,20 @@ def child(role: str, qdir: str, ledger: str, tag: str, seed: int) -> None:
         while True:
             batch = [f"{tag}:{n + i}" for i in range(rng.choice((1, 1, 1, 3, 20)))]
             n += len(batch)
-            q.enqueue_many(batch, priority=rng.choice((0, 0, 0, 5, -5)), delay=rng.choice((0, 0, 0, 0, 0.05, 0.3)))
+            q.enqueue_many(
+                batch,
+                priority=rng.choice((0, 0, 0, 5, -5)),
+                delay=rng.choice((0, 0, 0, 0, 0.05, 0.3)),
+            )
             os.write(fd, "".join(f"R {p}\n" for p in batch).encode())
             time.sleep(rng.random() * 0.004)
     elif role == "consumer":
         while True:
             for job in q.lease(rng.choice((1, 4)), wait=0.05):
                 os.write(fd, f"H {job.payload}\n".encode())
-                time.sleep(rng.random() * 0.003)  # a handler that takes a while: kills land inside it
+                time.sleep(
+                    rng.random() * 0.003
+                )  # a handler that takes a while: kills land inside it
                 if rng.random() < 0.05:
                     os.write(fd, f"N {job.payload}\n".encode())
                     q.nack(job, error="torture", delay=rng.choice((0, 0.02)))
@@ -105,8 +113,15 @@ def _read_ledgers(ledger: str, res: Result) -> None:
                     res.nacked[payload] += 1
 
 
-def run(seconds: float, seed: int, qdir: str | None = None, producers: int = 2, consumers: int = 2,
-        workers: int = 1, log=print) -> Result:
+def run(
+    seconds: float,
+    seed: int,
+    qdir: str | None = None,
+    producers: int = 2,
+    consumers: int = 2,
+    workers: int = 1,
+    log=print,
+) -> Result:
     """Run the torture for ``seconds``; returns the checked result (``problems`` lists violations)."""
     import ringq
 
@@ -124,7 +139,18 @@ def run(seconds: float, seed: int, qdir: str | None = None, producers: int = 2, 
         count[role] += 1
         tag = f"{role}{count[role]}"
         live[tag] = subprocess.Popen(
-            [sys.executable, __file__, "--child", role, qpath, ledger, tag, str(rng.randrange(1 << 30))], env=env)
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                role,
+                qpath,
+                ledger,
+                tag,
+                str(rng.randrange(1 << 30)),
+            ],
+            env=env,
+        )
 
     for role, n in (("producer", producers), ("consumer", consumers), ("worker", workers)):
         for _ in range(n):
@@ -170,7 +196,9 @@ def run(seconds: float, seed: int, qdir: str | None = None, producers: int = 2, 
     _read_ledgers(ledger, res)
     lost = res.returned - set(res.handled)
     if lost:
-        res.problems.append(f"{len(lost)} returned enqueues never processed, e.g. {sorted(lost)[:5]}")
+        res.problems.append(
+            f"{len(lost)} returned enqueues never processed, e.g. {sorted(lost)[:5]}"
+        )
     for payload, n in res.handled.items():
         if ":" not in payload:
             res.problems.append(f"phantom payload {payload!r}")
@@ -179,9 +207,13 @@ def run(seconds: float, seed: int, qdir: str | None = None, producers: int = 2, 
             res.redelivered += again
             dead = sum(1 for t in res.handlers[payload] if t in res.killed)
             if dead < again:
-                res.problems.append(f"{payload} handled {n} times by {res.handlers[payload]}; only {dead} were killed")
-    log(f"torture seed={seed} {seconds:.0f}s: {res.kills} kills, {len(res.returned)} returned, "
-        f"{sum(res.handled.values())} handled, {res.redelivered} redelivered, problems={len(res.problems)}")
+                res.problems.append(
+                    f"{payload} handled {n} times by {res.handlers[payload]}; only {dead} were killed"
+                )
+    log(
+        f"torture seed={seed} {seconds:.0f}s: {res.kills} kills, {len(res.returned)} returned, "
+        f"{sum(res.handled.values())} handled, {res.redelivered} redelivered, problems={len(res.problems)}"
+    )
     return res
 
 
@@ -193,7 +225,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--dir", default=None, help="keep the queue and ledgers here (default: a temp dir)")
+    ap.add_argument(
+        "--dir", default=None, help="keep the queue and ledgers here (default: a temp dir)"
+    )
     args = ap.parse_args()
     res = run(args.seconds, args.seed, args.dir)
     for p in res.problems:

@@ -130,7 +130,9 @@ def run(
     qpath, ledger = os.path.join(top, "queue"), os.path.join(top, "ledger")
     os.makedirs(ledger, exist_ok=True)
     ringq.Queue(qpath, "t", **QUEUE_KW).close()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), *sys.path]))
+    # The children import ringq exactly as this process did (an installed copy, or PYTHONPATH=.
+    # for an in-place build): never the checkout's sources first, which may not be built.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     res = Result()
     live: dict[str, subprocess.Popen] = {}
     count = Counter()
@@ -219,7 +221,6 @@ def run(
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        sys.path.insert(0, os.path.dirname(HERE))
         child(*sys.argv[2:6], int(sys.argv[6]))
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

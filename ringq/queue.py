@@ -484,25 +484,37 @@ class Queue:
         if w & 7 == ST_DEAD and seg.cas64(off, w, (w & ~7) | ST_GONE)[0]:
             self._ring.note_finished(seg)
 
-    def _lane_key(self, view: _View, lane: _Lane) -> tuple | None:
-        """Advance the lane's cursor to its next READY job and return that job's heap key."""
+    def _lane_key(self, view: _View, lane: _Lane, now: int | None = None) -> tuple | None:
+        """Advance the lane's cursor to its next due READY job and return that job's heap key.
+
+        READY jobs that are not yet due are moved to the scheduled heap on the way, so a delayed
+        job never hides due ones behind it.
+        """
         seg = view.seg
+        if now is None:
+            now = _now_ms()
         state = ffi.new("uint64_t *")
         arr = lane.slots
-        idx = lib.ringq_next_ready(seg.ptr, seg.size, seg.geom, ffi.cast("uint32_t *", arr.a.ctypes.data),
-                                   arr.n, lane.cursor, state)
-        if idx < 0 or idx >= arr.n:
-            lane.cursor = arr.n
-            return None
-        lane.cursor = idx
-        slot = int(arr.a[idx])
-        w = state[0]
-        return (-lane.prio, seg.epoch_ms + (w >> TIME_SHIFT), int(view.seq[slot]), 0, view.seg.seq, lane.prio, slot, w)
+        while True:
+            idx = lib.ringq_next_ready(seg.ptr, seg.size, seg.geom, ffi.cast("uint32_t *", arr.a.ctypes.data),
+                                       arr.n, lane.cursor, state)
+            if idx < 0 or idx >= arr.n:
+                lane.cursor = arr.n
+                return None
+            slot = int(arr.a[idx])
+            w = state[0]
+            due = seg.epoch_ms + (w >> TIME_SHIFT)
+            if due > now:
+                self._schedule(view, slot, due)
+                lane.cursor = idx + 1
+                continue
+            lane.cursor = idx
+            return (-lane.prio, due, int(view.seq[slot]), 0, seg.seq, lane.prio, slot, w)
 
-    def _queue_lane(self, view: _View, lane: _Lane) -> None:
+    def _queue_lane(self, view: _View, lane: _Lane, now: int | None = None) -> None:
         if lane.queued:
             return
-        key = self._lane_key(view, lane)
+        key = self._lane_key(view, lane, now)
         if key is not None:
             lane.queued = True
             heapq.heappush(self._heap, key)
@@ -640,7 +652,8 @@ class Queue:
 
     def _take(self, want: int, vt: float) -> list[Job]:
         self._refresh()
-        self._reap()
+        if self._reap():
+            self._refresh()  # the reclaimed jobs moved their segments' change counters
         now = _now_ms()
         sched, heap = self._sched, self._heap
         while sched and sched[0][0] <= now:
@@ -657,15 +670,10 @@ class Queue:
             if kind == 0:
                 lane = view.lanes[prio]
                 lane.queued = False
-                key = self._lane_key(view, lane)
+                key = self._lane_key(view, lane, now)
                 if key is None:
                     continue
                 slot, w = key[6], key[7]
-                if key[1] > now:  # delayed: park it in the scheduled heap, move the lane on
-                    self._schedule(view, slot, key[1])
-                    lane.cursor += 1
-                    self._queue_lane(view, lane)
-                    continue
                 if key[:3] > entry[:3]:  # the lane's candidate changed: re-queue at its real place
                     lane.queued = True
                     heapq.heappush(heap, key)
@@ -674,7 +682,7 @@ class Queue:
                 if job is not None:
                     lane.cursor += 1
                     out.append(job)
-                self._queue_lane(view, lane)
+                self._queue_lane(view, lane, now)
             else:
                 self._sched_keys.discard((segseq, slot))
                 w = seg.load64(seg.state_off_of(slot))

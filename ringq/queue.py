@@ -645,6 +645,35 @@ class Queue:
                 nap = min(nap, max(0.0, next_due / 1000 - time.time()) + 0.001)
             self._ring.sleep(seen, nap)
 
+    def wake_token(self) -> int:
+        """The queue's wake counter: it moves whenever a job is appended or returns to READY.
+
+        Read it *before* looking for work and pass it to :meth:`wait_for_wake`, so that a job
+        appended in between is never slept through.  For callers that lease without blocking
+        (an event loop) and wait for work in another thread.
+        """
+        self._live()
+        return self._ring.wake_word()
+
+    def wait_for_wake(self, token: int, timeout: float) -> None:
+        """Block until the wake counter moves from ``token``, a delayed job seen by this process's
+        last lease comes due, or ``timeout`` seconds pass (a futex wait, not polling).
+
+        Takes no lock while sleeping, so other threads keep using the queue.  Spurious returns
+        are allowed: callers look for work again and wait again.
+        """
+        self._live()
+        nap = timeout
+        with self._lock:
+            if self._sched:
+                nap = min(nap, max(0.0, self._sched[0][0] / 1000 - time.time()) + 0.001)
+        self._ring.sleep(token, nap)
+
+    def wake(self) -> None:
+        """Wake every thread and process sleeping in :meth:`lease` or :meth:`wait_for_wake` on this queue."""
+        self._live()
+        self._ring.wake()
+
     def lease_one(self, *, visibility_timeout: float | None = None, wait: float | None = None) -> Job | None:
         """Lease one job, or return None if none is due (after waiting up to ``wait`` seconds)."""
         jobs = self.lease(1, visibility_timeout=visibility_timeout, wait=wait)

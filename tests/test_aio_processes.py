@@ -1,0 +1,166 @@
+"""ringq.aio across real OS processes: SIGKILL and SIGSTOP mid-handler, two servers on one queue."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+
+from ringq.aio import Queue, Status
+
+from procs import spawn
+
+# A serving process.  argv: qdir, log file, mode, visibility timeout, [job count to wait for].
+#   hang:   submit one job of kind "work" whose handler logs "start" and never returns
+#   finish: serve "work" (log "run", return "done by <pid>") until no job is unfinished
+#   share:  serve "w" with concurrency 4 until no job is unfinished, logging S/E around each run
+SERVER = r"""
+import asyncio, os, random, sys, time
+from ringq.aio import Queue
+
+qdir, logf, mode, vt = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+queue = Queue(qdir, visibility_timeout=vt, slot_size=128, slot_count=256)
+fd = os.open(logf, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+def log(*words):
+    os.write(fd, (" ".join(str(w) for w in words) + "\n").encode())
+
+@queue.handler("work")
+async def work(job):
+    if mode == "hang":
+        log("start", job.id, os.getpid())
+        await asyncio.sleep(3600)
+    log("run", job.id, os.getpid())
+    return f"done by {os.getpid()}"
+
+@queue.handler("w", concurrency=4)
+async def w(job):
+    log("S", job.id, os.getpid(), time.time())
+    await asyncio.sleep(random.uniform(0.001, 0.006))
+    log("E", job.id, os.getpid(), time.time())
+    return os.getpid()
+
+async def main():
+    if mode == "share":  # a barrier, so that both servers take part
+        open(f"{logf}.ready.{os.getpid()}", "w").close()
+        d, base = os.path.split(logf)
+        while sum(f.startswith(base + ".ready.") for f in os.listdir(d)) < 2:
+            await asyncio.sleep(0.005)
+    async with queue:
+        if mode == "hang":
+            print(queue.submit("work", None), flush=True)
+            await asyncio.sleep(3600)
+        while queue.running():
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)  # anything run twice would show now
+        assert not queue.running()
+
+asyncio.run(main())
+"""
+
+
+def read_log(path):
+    try:
+        with open(path) as fh:
+            return [line.split() for line in fh if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def wait_for(pred, timeout=20.0):
+    t = time.monotonic()
+    while not pred():
+        assert time.monotonic() - t < timeout, "condition not reached in time"
+        time.sleep(0.01)
+
+
+def get(qdir, job_id):
+    async def main():
+        async with Queue(qdir) as q:
+            return q.get(job_id)
+
+    return asyncio.run(main())
+
+
+def test_sigkilled_process_mid_handler_job_reruns_in_the_next_process_and_finishes_once(qdir, tmp_path):
+    logf = str(tmp_path / "log")
+    a = spawn(SERVER, qdir, logf, "hang", "30", stdout=subprocess.PIPE, text=True)
+    try:
+        job_id = a.stdout.readline().strip()
+        wait_for(lambda: any(r[0] == "start" for r in read_log(logf)))
+        assert get(qdir, job_id).status is Status.RUNNING
+    finally:
+        a.send_signal(signal.SIGKILL)
+        a.wait()
+    t = time.monotonic()
+    b = spawn(SERVER, qdir, logf, "finish", "30")
+    assert b.wait(60) == 0
+    assert time.monotonic() - t < 10  # far less than the 30 s visibility timeout: the owner lock died
+    rows = read_log(logf)
+    assert [(r[0], r[1], int(r[2])) for r in rows] == [("start", job_id, a.pid), ("run", job_id, b.pid)]
+    job = get(qdir, job_id)
+    assert job.status is Status.DONE and job.result == f"done by {b.pid}" and job.attempts == 2
+    c = spawn(SERVER, qdir, logf, "finish", "30")  # a third process finds nothing to rerun
+    assert c.wait(60) == 0
+    assert len(read_log(logf)) == 2
+
+
+def test_stuck_process_loses_its_job_to_another_after_the_visibility_timeout(qdir, tmp_path):
+    logf = str(tmp_path / "log")
+    a = spawn(SERVER, qdir, logf, "hang", "1.0", stdout=subprocess.PIPE, text=True)
+    b = None
+    try:
+        job_id = a.stdout.readline().strip()
+        wait_for(lambda: any(r[0] == "start" for r in read_log(logf)))
+        a.send_signal(signal.SIGSTOP)  # alive, holding its owner lock, but stuck: no heartbeat
+        t = time.monotonic()
+        b = spawn(SERVER, qdir, logf, "finish", "1.0")
+        assert b.wait(60) == 0
+        waited = time.monotonic() - t
+    finally:
+        a.send_signal(signal.SIGKILL)
+        a.wait()
+        if b is not None and b.poll() is None:
+            b.kill()
+    assert 0.7 <= waited < 10
+    runs = [r for r in read_log(logf) if r[0] == "run"]
+    assert [(r[1], int(r[2])) for r in runs] == [(job_id, b.pid)]
+    job = get(qdir, job_id)
+    assert job.status is Status.DONE and job.result == f"done by {b.pid}"
+
+
+def test_two_processes_serving_one_queue_never_run_a_job_at_the_same_time(qdir, tmp_path):
+    logf = str(tmp_path / "log")
+
+    async def submit():
+        async with Queue(qdir, slot_size=128, slot_count=256) as q:  # a producer with no handlers
+            return [q.submit("w", i) for i in range(300)]
+
+    ids = asyncio.run(submit())
+    servers = [spawn(SERVER, qdir, logf, "share", "0.5") for _ in range(2)]
+    assert all(s.wait(60) == 0 for s in servers)
+    rows = read_log(logf)
+    spans: dict[str, list[list[float]]] = {}
+    for kind, job_id, pid, at in rows:
+        if kind == "S":
+            spans.setdefault(job_id, []).append([float(at), None, pid])
+        else:
+            span = next(s for s in spans[job_id] if s[2] == pid and s[1] is None)
+            span[1] = float(at)
+    assert sorted(spans) == sorted(ids)
+    for job_id, runs in spans.items():
+        runs.sort()
+        for x, y in zip(runs, runs[1:]):
+            assert x[1] <= y[0], f"job {job_id} ran in two places at once: {runs}"
+    assert all(len(runs) == 1 for runs in spans.values())  # healthy servers: exactly once
+    pids = {s.pid for s in servers}
+    assert {runs[0][2] for runs in spans.values()} == {str(p) for p in pids}  # both took part
+
+    async def check():
+        async with Queue(qdir) as q:
+            done = [q.get(i) for i in ids]
+            assert all(j.status is Status.DONE for j in done)
+            assert {j.result for j in done} == pids
+            assert q.running() == []
+
+    asyncio.run(check())

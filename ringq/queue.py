@@ -406,14 +406,18 @@ class Queue:
         """Catch up with other processes: new segments, new records, jobs returned to READY."""
         ring = self._ring
         ring.refresh_segments()
+        dropped = False
         for seq in ring.drop_retired():
-            self._views.pop(seq, None)
+            dropped |= self._views.pop(seq, None) is not None
         if len(ring.segments) != len(self._views):
             for seq in [s for s in self._views if s not in ring.segments]:
                 del self._views[seq]
+                dropped = True
             for seq, seg in ring.segments.items():
                 if seq not in self._views:
                     self._views[seq] = _View(seg)
+        if dropped:  # forget the ids of retired segments, or a long-lived process grows without bound
+            self._ids = {jid: loc for jid, loc in self._ids.items() if loc[0] in self._views}
         for view in self._views.values():
             if view.sealed:
                 continue

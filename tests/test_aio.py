@@ -581,7 +581,14 @@ def test_jobs_are_visible_to_the_ringq_cli_and_the_cli_can_feed_handlers(qdir):
     assert stats["ready"] == 3 and stats["total"] == 3
     cli("--queue", queue.queue_name("mail"), "enqueue", '{"to": "from the cli"}')
     with ringq.Queue(qdir, queue.queue_name("mail")) as q:  # what `ringq list` shows
-        assert [j.payload for j in q.list_jobs()][:3] == [{"kind": "mail", "payload": {"to": i}} for i in range(3)]
+        listed = q.list_jobs()
+        assert [j.payload for j in listed][:3] == [{"kind": "mail", "payload": {"to": i}} for i in range(3)]
+    commands = cli("--help")
+    if "list" in commands:  # the list/inspect subcommands come with the CLI's own issue
+        out = cli("--queue", queue.queue_name("mail"), "list")
+        assert all(j.id in out for j in listed)
+    if "inspect" in commands:
+        cli("--queue", queue.queue_name("mail"), "inspect")
 
     got = []
 

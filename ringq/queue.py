@@ -663,14 +663,18 @@ class Queue:
         """Block until the wake counter moves from ``token``, a delayed job seen by this process's
         last lease comes due, or ``timeout`` seconds pass (a futex wait, not polling).
 
-        Takes no lock while sleeping, so other threads keep using the queue.  Spurious returns
-        are allowed: callers look for work again and wait again.
+        A delayed job that is already due does not cut the sleep short: the caller was woken for
+        it once and may have chosen not to lease (no free capacity), and must not spin.  Takes no
+        lock while sleeping, so other threads keep using the queue.  Spurious returns are
+        allowed: callers look for work again and wait again.
         """
         self._live()
         nap = timeout
         with self._lock:
             if self._sched:
-                nap = min(nap, max(0.0, self._sched[0][0] / 1000 - time.time()) + 0.001)
+                due = self._sched[0][0] / 1000 - time.time()
+                if due > 0:
+                    nap = min(nap, due + 0.001)
         self._ring.sleep(token, nap)
 
     def wake(self) -> None:

@@ -340,6 +340,40 @@ def test_concurrency_limit_holds_under_a_burst_of_1000_and_the_rest_wait_in_orde
     run(main())
 
 
+def test_a_kind_at_capacity_with_a_due_job_waiting_does_not_spin(qdir):
+    queue = Queue(qdir, **SMALL)
+    gate = None
+
+    @queue.handler("busy", concurrency=2)
+    async def busy(job):
+        await gate.wait()
+
+    async def main():
+        nonlocal gate
+        gate = asyncio.Event()
+        async with queue:
+            pumps = 0
+            pump = queue._pump
+
+            def counting(kind):
+                nonlocal pumps
+                pumps += 1
+                pump(kind)
+
+            queue._pump = counting
+            queue.submit("busy", 0, delay=0.05)  # seen by a lease, scheduled
+            queue.submit("busy", 1)
+            queue.submit("busy", 2)  # capacity full
+            await asyncio.sleep(0.2)  # the delayed job is due now, but there is no room for it
+            pumps = 0
+            await asyncio.sleep(1.0)
+            assert pumps <= 10  # about one per WAIT_CAP; a spinning waiter made hundreds
+            gate.set()
+            await until(lambda: not queue.running())
+
+    run(main())
+
+
 def test_submission_from_other_threads(qdir):
     queue = Queue(qdir, **SMALL)
     seen = []

@@ -57,3 +57,13 @@ def test_wait_ends_when_a_delayed_job_seen_by_a_lease_comes_due(qdir):
         q.wait_for_wake(token, 5.0)
         assert 0.2 <= time.monotonic() - t < 2.0
         assert q.lease_one().payload == "later"
+
+
+def test_a_due_job_the_caller_did_not_lease_does_not_make_the_wait_spin(qdir):
+    with Queue(qdir) as q:
+        q.enqueue("later", delay=0.05)
+        assert q.lease() == []  # seen and scheduled
+        time.sleep(0.1)  # now due, but the caller (at capacity, say) does not lease it
+        t = time.monotonic()
+        q.wait_for_wake(q.wake_token(), 0.2)
+        assert time.monotonic() - t >= 0.15

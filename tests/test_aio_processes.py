@@ -14,6 +14,7 @@ from procs import spawn
 #   hang:   submit one job of kind "work" whose handler logs "start" and never returns
 #   finish: serve "work" (log "run", return "done by <pid>") until no job is unfinished
 #   share:  serve "w" with concurrency 4 until no job is unfinished, logging S/E around each run
+#   serve:  the same, without waiting for a second server first
 SERVER = r"""
 import asyncio, os, random, sys, time
 from ringq.aio import Queue
@@ -161,6 +162,42 @@ def test_two_processes_serving_one_queue_never_run_a_job_at_the_same_time(qdir, 
             done = [q.get(i) for i in ids]
             assert all(j.status is Status.DONE for j in done)
             assert {j.result for j in done} == pids
+            assert q.running() == []
+
+    asyncio.run(check())
+
+
+def test_repeated_sigkills_of_a_busy_server_lose_nothing_and_rerun_only_what_was_running(qdir, tmp_path):
+    logf = str(tmp_path / "log")
+
+    async def submit():
+        async with Queue(qdir, slot_size=128, slot_count=256) as q:
+            return [q.submit("w", i) for i in range(200)]
+
+    ids = asyncio.run(submit())
+    for k in range(3):
+        server = spawn(SERVER, qdir, logf, "serve", "30")
+        wait_for(lambda: sum(r[0] == "E" for r in read_log(logf)) >= 40 * (k + 1) or server.poll() is not None)
+        server.send_signal(signal.SIGKILL)
+        server.wait()
+    last = spawn(SERVER, qdir, logf, "serve", "30")
+    assert last.wait(60) == 0
+    starts: dict[str, int] = {}
+    ends: set[str] = set()
+    for kind, job_id, _pid, _at in read_log(logf):
+        if kind == "S":
+            starts[job_id] = starts.get(job_id, 0) + 1
+        else:
+            ends.add(job_id)
+    assert ends == set(ids)  # every job ran to completion somewhere
+    rerun = [j for j, n in starts.items() if n > 1]
+    assert len(rerun) <= 3 * 4  # only what was running at a kill: concurrency 4, three kills
+
+    async def check():
+        async with Queue(qdir) as q:
+            done = [q.get(i) for i in ids]
+            assert all(j.status is Status.DONE for j in done)
+            assert all(j.attempts >= starts[j.id] for j in done)
             assert q.running() == []
 
     asyncio.run(check())

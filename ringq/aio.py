@@ -297,12 +297,16 @@ class Queue:
         self._loop_thread = threading.get_ident()
         self._closing = False
         self._results = self._open_engine(self.results_queue_name)
-        self._sweep_fd = os.open(os.path.join(self.path, f"{self.results_queue_name}.sweep"),
-                                 os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        for h in self._handlers.values():
-            self._serve(h)
-        self._chores = [asyncio.create_task(self._heartbeat(), name="ringq.aio heartbeat"),
-                        asyncio.create_task(self._retention(), name="ringq.aio retention")]
+        try:
+            self._sweep_fd = os.open(os.path.join(self.path, f"{self.results_queue_name}.sweep"),
+                                     os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._chores = [asyncio.create_task(self._heartbeat(), name="ringq.aio heartbeat"),
+                            asyncio.create_task(self._retention(), name="ringq.aio retention")]
+            for h in self._handlers.values():
+                self._serve(h)
+        except BaseException:
+            await self.aclose()
+            raise
 
     async def aclose(self) -> None:
         """Cancel running handlers (their jobs stay unfinished and rerun later), then close."""
@@ -326,10 +330,9 @@ class Queue:
         self._lost.clear()
         for h in self._handlers.values():
             h.stop.set()
-        with self._qlock:
-            queues = list(self._queues.values())
-        for q in queues:
-            q.wake()
+        for h in self._handlers.values():
+            if h.waiter is not None:
+                h.queue.wake()
         for h in self._handlers.values():
             if h.waiter is not None:
                 await asyncio.to_thread(h.waiter.join)
@@ -342,7 +345,8 @@ class Queue:
             self._queues.clear()
         self._results.close()
         self._results = None
-        os.close(self._sweep_fd)
+        if self._sweep_fd >= 0:
+            os.close(self._sweep_fd)
         self._sweep_fd = -1
         self._chores = []
         self._closing = False
@@ -499,7 +503,11 @@ class Queue:
         h.pump_pending = False
         started = 0
         while (free := min(h.free(), LEASE_BATCH)) > 0:
-            jobs = h.queue.lease(free, visibility_timeout=self.visibility_timeout)
+            try:
+                jobs = h.queue.lease(free, visibility_timeout=self.visibility_timeout)
+            except RingqError as exc:  # damage is reported by the engine; keep serving what is sound
+                log.error("leasing %r jobs from %s failed: %s", kind, self.path, exc)
+                return
             for ej in jobs:
                 task = self._loop.create_task(self._run(h, ej), name=f"ringq.aio {kind} {ej.id}")
                 h.running[(ej.id, ej.lease_token)] = (task, ej)

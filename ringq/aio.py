@@ -377,6 +377,7 @@ class Queue:
 
     def _serve(self, h: _Handler) -> None:
         h.queue = self._open_engine(self.queue_name(h.kind))
+        h.pump_pending = False
         h.waiter = threading.Thread(target=self._wait_loop, args=(h, h.queue, h.stop),
                                     name=f"ringq.aio waiter {h.kind}", daemon=True)
         h.waiter.start()
@@ -498,9 +499,11 @@ class Queue:
     def _pump(self, kind: str) -> None:
         """Loop thread: lease jobs of ``kind`` while there is free capacity, and start them."""
         h = self._handlers.get(kind)
-        if h is None or h.queue is None or self._closing:
+        if h is None:
             return
-        h.pump_pending = False
+        h.pump_pending = False  # first: a pump skipped while closing must not silence the next session
+        if h.queue is None or self._closing:
+            return
         started = 0
         while (free := min(h.free(), LEASE_BATCH)) > 0:
             try:

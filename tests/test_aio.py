@@ -567,6 +567,46 @@ def test_retention_by_age(qdir):
     run(main())
 
 
+def test_a_job_started_max_attempts_times_without_finishing_gives_up(qdir):
+    started = None
+
+    def serving(queue):
+        @queue.handler("crashy")
+        async def crashy(job):
+            started.set()
+            await asyncio.sleep(3600)
+
+    async def main():
+        nonlocal started
+        queue = Queue(qdir, max_attempts=2, **SMALL)
+        serving(queue)
+        async with queue:
+            job_id = queue.submit("crashy", None)
+            for _ in range(2):  # interrupted twice, as by two crashes
+                started = asyncio.Event()
+                await started.wait()
+                await queue.aclose()
+                await queue.open()
+            await until(lambda: queue.get(job_id).status is Status.FAILED)
+            job = queue.get(job_id)
+            assert job.attempts == 3 and job.error.startswith("GaveUp: started 2 times without finishing")
+            assert "Interrupted" in job.error
+
+    run(main())
+
+
+def test_an_id_is_one_job_across_kinds(qdir):
+    queue = Queue(qdir, **SMALL)
+
+    async def main():
+        async with queue:
+            assert queue.submit("a", 1, id="x") == "x"
+            assert queue.submit("b", 2, id="x") == "x"
+            assert [(j.kind, j.payload) for j in queue.running()] == [("a", 1)]
+
+    run(main())
+
+
 # -- storage details and interop -------------------------------------------------------------------
 
 

@@ -12,6 +12,7 @@ from procs import spawn
 
 # A serving process.  argv: qdir, log file, mode, visibility timeout, [job count to wait for].
 #   hang:   submit one job of kind "work" whose handler logs "start" and never returns
+#   block:  the same, but the handler blocks the loop for 1.5 s and then returns
 #   finish: serve "work" (log "run", return "done by <pid>") until no job is unfinished
 #   share:  serve "w" with concurrency 4 until no job is unfinished, logging S/E around each run
 #   serve:  the same, without waiting for a second server first
@@ -31,6 +32,10 @@ async def work(job):
     if mode == "hang":
         log("start", job.id, os.getpid())
         await asyncio.sleep(3600)
+    if mode == "block":
+        log("start", job.id, os.getpid())
+        time.sleep(1.5)  # blocks the whole loop: no heartbeat, the lease expires
+        log("unblocked", job.id, os.getpid())
     log("run", job.id, os.getpid())
     return f"done by {os.getpid()}"
 
@@ -51,6 +56,8 @@ async def main():
         if mode == "hang":
             print(queue.submit("work", None), flush=True)
             await asyncio.sleep(3600)
+        if mode == "block":
+            print(queue.submit("work", None), flush=True)
         while queue.running():
             await asyncio.sleep(0.02)
         await asyncio.sleep(0.3)  # anything run twice would show now
@@ -83,12 +90,18 @@ def get(qdir, job_id):
     return asyncio.run(main())
 
 
+def start_holder(qdir, logf, mode, vt):
+    """A server that submitted one job and is running its handler: (process, job id)."""
+    proc = spawn(SERVER, qdir, logf, mode, vt, stdout=subprocess.PIPE, text=True)
+    job_id = proc.stdout.readline().strip()
+    wait_for(lambda: any(r[0] == "start" for r in read_log(logf)))
+    return proc, job_id
+
+
 def test_sigkilled_process_mid_handler_job_reruns_in_the_next_process_and_finishes_once(qdir, tmp_path):
     logf = str(tmp_path / "log")
-    a = spawn(SERVER, qdir, logf, "hang", "30", stdout=subprocess.PIPE, text=True)
+    a, job_id = start_holder(qdir, logf, "hang", "30")
     try:
-        job_id = a.stdout.readline().strip()
-        wait_for(lambda: any(r[0] == "start" for r in read_log(logf)))
         assert get(qdir, job_id).status is Status.RUNNING
     finally:
         a.send_signal(signal.SIGKILL)
@@ -108,11 +121,9 @@ def test_sigkilled_process_mid_handler_job_reruns_in_the_next_process_and_finish
 
 def test_stuck_process_loses_its_job_to_another_after_the_visibility_timeout(qdir, tmp_path):
     logf = str(tmp_path / "log")
-    a = spawn(SERVER, qdir, logf, "hang", "1.0", stdout=subprocess.PIPE, text=True)
+    a, job_id = start_holder(qdir, logf, "hang", "1.0")
     b = None
     try:
-        job_id = a.stdout.readline().strip()
-        wait_for(lambda: any(r[0] == "start" for r in read_log(logf)))
         a.send_signal(signal.SIGSTOP)  # alive, holding its owner lock, but stuck: no heartbeat
         t = time.monotonic()
         b = spawn(SERVER, qdir, logf, "finish", "1.0")
@@ -128,6 +139,22 @@ def test_stuck_process_loses_its_job_to_another_after_the_visibility_timeout(qdi
     assert [(r[1], int(r[2])) for r in runs] == [(job_id, b.pid)]
     job = get(qdir, job_id)
     assert job.status is Status.DONE and job.result == f"done by {b.pid}"
+
+
+def test_a_holder_that_lost_its_lease_stores_no_result(qdir, tmp_path):
+    logf = str(tmp_path / "log")
+    a, job_id = start_holder(qdir, logf, "block", "0.3")
+    try:
+        b = spawn(SERVER, qdir, logf, "finish", "0.3")  # takes the job once A's lease expires
+        assert b.wait(60) == 0
+        assert a.wait(60) == 0
+    finally:
+        if a.poll() is None:
+            a.kill()
+    rows = [(r[0], int(r[2])) for r in read_log(logf)]
+    assert ("unblocked", a.pid) in rows and ("run", b.pid) in rows  # both ran the handler to its end
+    job = get(qdir, job_id)
+    assert job.status is Status.DONE and job.result == f"done by {b.pid}"  # only the holder stored
 
 
 def test_two_processes_serving_one_queue_never_run_a_job_at_the_same_time(qdir, tmp_path):

@@ -79,6 +79,7 @@ WAIT_CAP = 0.5  # seconds a waiter thread sleeps at most: bounds the reclaim lat
 LEASE_BATCH = 64  # jobs leased per call while filling free capacity
 SWEEP_BATCH = 256  # result records examined per retention step
 _PRUNED = object()
+RESULT_KEYS = {"id", "kind", "payload", "status", "result", "error", "created_at", "finished_at", "attempts"}
 
 
 class Status(str, enum.Enum):
@@ -448,6 +449,9 @@ class Queue:
         if rj.state not in (JobState.READY, JobState.LEASED):
             return _PRUNED
         r = rj.payload
+        if not isinstance(r, dict) or not RESULT_KEYS <= r.keys():
+            log.error("result record %r in %s is not an aio result; ignored", job_id, self.results_queue_name)
+            return _PRUNED
         return Job(id=r["id"], kind=r["kind"], payload=r["payload"], status=Status(r["status"]),
                    result=r["result"], error=r["error"], created_at=_utc(r["created_at"]),
                    finished_at=_utc(r["finished_at"]), attempts=r["attempts"])

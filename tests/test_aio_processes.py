@@ -228,3 +228,47 @@ def test_repeated_sigkills_of_a_busy_server_lose_nothing_and_rerun_only_what_was
             assert q.running() == []
 
     asyncio.run(check())
+
+
+SUBMITTER = r"""
+import asyncio, sys
+from ringq.aio import Queue
+
+queue = Queue(sys.argv[1], slot_size=128, slot_count=64)
+
+@queue.handler("echo")
+async def echo(job):
+    return job.payload
+
+async def main():
+    async with queue:
+        i = 0
+        while True:
+            job_id = queue.submit("echo", i)
+            print(job_id, flush=True)  # only after submit returned: the job is durable
+            i += 1
+            if i % 10 == 0:
+                await asyncio.sleep(0)
+
+asyncio.run(main())
+"""
+
+
+def test_every_submit_that_returned_survives_a_sigkill(qdir):
+    proc = spawn(SUBMITTER, qdir, stdout=subprocess.PIPE, text=True)
+    returned = []
+    while len(returned) < 300:
+        returned.append(proc.stdout.readline().strip())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    returned += [line.strip() for line in proc.stdout.read().splitlines() if len(line.strip()) == 32]
+
+    async def check():
+        async with Queue(qdir) as q:
+            jobs = [q.get(i) for i in returned]
+            assert all(j is not None for j in jobs)
+            assert [j.payload for j in jobs] == list(range(len(returned)))
+            # the unfinished ones are there to be rerun
+            assert {j.id for j in q.running()} == {j.id for j in jobs if j.status is Status.RUNNING}
+
+    asyncio.run(check())

@@ -145,7 +145,7 @@ class _View:
     """What this process knows of one segment: immutable record fields, lanes, scan position."""
 
     __slots__ = ("seg", "scanned", "sealed", "change", "lanes", "heads", "head_seqs", "prio", "seq", "maxatt",
-                 "attb", "idlen")
+                 "attb", "idlen", "lanepos", "parkme")
 
     def __init__(self, seg: Segment) -> None:
         self.seg = seg
@@ -161,6 +161,8 @@ class _View:
         self.maxatt = np.zeros(n, "<u2")
         self.attb = np.zeros(n, "<u2")
         self.idlen = np.zeros(n, "<u2")
+        self.lanepos = np.zeros(n, "<u4")  # index of each head slot in its lane
+        self.parkme = np.zeros(n, bool)  # enqueued with a delay: ordered individually, not by its lane
 
 
 def _now_ms() -> int:
@@ -232,7 +234,7 @@ class Queue:
         self._views: dict[int, _View] = {}
         self._heap: list[tuple] = []
         self._sched: list[tuple] = []
-        self._sched_keys: set[tuple[int, int]] = set()
+        self._parked: set[tuple[int, int]] = set()  # jobs with an individual entry (scheduled or due)
         self._ids: dict[str, tuple[int, int]] = {}
         self._held: dict[tuple[int, int], int] = {}
         self._seen_change = -1
@@ -429,9 +431,43 @@ class Queue:
                 c = view.seg.load64(OFF_CHANGE)
                 if c != view.change:
                     view.change = c
-                    for lane in view.lanes.values():
-                        lane.cursor = 0
-                        self._queue_lane(view, lane)
+                    self._find_returned(view)
+
+    def _find_returned(self, view: _View) -> None:
+        """Jobs of ``view`` back in READY behind their lane's cursor: give each its own heap entry.
+
+        Keyed by its own (new) available-at, so a retried job is ordered as nobroker orders it.
+        """
+        seg = view.seg
+        heads = view.heads.view()
+        if not len(heads):
+            return
+        words = seg.states[heads, 0]
+        ready = heads[(words & np.uint64(7)) == ST_READY]
+        if not len(ready):
+            return
+        prios = view.prio[ready]
+        pos = view.lanepos[ready]
+        now = _now_ms()
+        for p, lane in view.lanes.items():
+            for slot in ready[(prios == p) & (pos < lane.cursor)].tolist():
+                self._park(view, slot, now)
+
+    def _park(self, view: _View, slot: int, now: int) -> None:
+        """Give one READY job an individual entry: scheduled if not due yet, else in the ready heap."""
+        seg = view.seg
+        key = (seg.seq, slot)
+        if key in self._parked:
+            return
+        w = seg.load64(seg.state_off_of(slot))
+        if w & 7 != ST_READY:
+            return
+        due = seg.epoch_ms + (w >> TIME_SHIFT)
+        self._parked.add(key)
+        if due > now:
+            heapq.heappush(self._sched, (due, -int(view.prio[slot]), int(view.seq[slot]), seg.seq, slot))
+        else:
+            heapq.heappush(self._heap, (-int(view.prio[slot]), due, int(view.seq[slot]), 1, seg.seq, 0, slot, 0))
 
     def _ingest(self, view: _View) -> None:
         seg = view.seg
@@ -451,6 +487,7 @@ class Queue:
         view.maxatt[slots] = ok["max_attempts"]
         view.attb[slots] = ok["attempts_before"]
         view.idlen[slots] = ok["id_len"]
+        view.parkme[slots] = ok["available_ms"] > ok["enqueued_us"] // 1000
         view.heads.extend(slots)
         view.head_seqs.extend(ok["seq"])
         # A valid record below the tail whose state word is EMPTY: a power loss kept the record but
@@ -471,7 +508,9 @@ class Queue:
             lane = view.lanes.get(p)
             if lane is None:
                 lane = view.lanes[p] = _Lane(p)
-            lane.slots.extend(slots[prios == p])
+            mine = slots[prios == p]
+            view.lanepos[mine] = np.arange(lane.slots.n, lane.slots.n + len(mine), dtype=np.uint32)
+            lane.slots.extend(mine)
             self._queue_lane(view, lane)
 
     def _complete_supersede(self, ref: int) -> None:
@@ -503,11 +542,12 @@ class Queue:
                 return None
             slot = int(arr.a[idx])
             w = state[0]
-            due = seg.epoch_ms + (w >> TIME_SHIFT)
-            if due > now:
-                self._schedule(view, slot, due)
+            if (w >> 6) & LC_MASK or view.parkme[slot]:
+                # A retried or delayed job orders by its own available-at, not its lane position.
+                self._park(view, slot, now)
                 lane.cursor = idx + 1
                 continue
+            due = seg.epoch_ms + (w >> TIME_SHIFT)
             lane.cursor = idx
             return (-lane.prio, due, int(view.seq[slot]), 0, seg.seq, lane.prio, slot, w)
 
@@ -520,12 +560,18 @@ class Queue:
             heapq.heappush(self._heap, key)
 
     def _find(self, job_id: str) -> tuple[int, int] | None:
-        """Location ``(segment seq, slot)`` of the newest retained record of ``job_id``, or None."""
+        """Location ``(segment seq, slot)`` of the retained record of ``job_id``, or None.
+
+        A purged (GONE) record is not retained: its id is free again.
+        """
         loc = self._ids.get(job_id)
         if loc is not None:
-            if loc[0] in self._views:
+            view = self._views.get(loc[0])
+            if view is not None and self._retained(view, loc[1]):
                 return loc
-            del self._ids[job_id]
+            if view is None or view.seg.load64(view.seg.state_off_of(loc[1])) & 7 == ST_GONE:
+                del self._ids[job_id]
+            return None
         if AUTO_ID.match(job_id):
             seq = int(job_id, 16)
             for view in self._views.values():
@@ -534,9 +580,13 @@ class Queue:
                     i = int(np.searchsorted(hs.view(), seq))
                     if i < hs.n and hs.a[i] == seq:
                         slot = int(view.heads.a[i])
-                        if view.idlen[slot] == 0:
+                        if view.idlen[slot] == 0 and self._retained(view, slot):
                             return (view.seg.seq, slot)
         return None
+
+    @staticmethod
+    def _retained(view: _View, slot: int) -> bool:
+        return view.seg.load64(view.seg.state_off_of(slot)) & 7 in STATE_OF
 
     def _locate(self, job: Job | str) -> tuple[_View, int, str]:
         if isinstance(job, Job):
@@ -684,13 +734,16 @@ class Queue:
                     out.append(job)
                 self._queue_lane(view, lane, now)
             else:
-                self._sched_keys.discard((segseq, slot))
+                self._parked.discard((segseq, slot))
                 w = seg.load64(seg.state_off_of(slot))
                 if w & 7 != ST_READY:
                     continue
                 due = seg.epoch_ms + (w >> TIME_SHIFT)
                 if due > now:
                     self._schedule(view, slot, due)
+                    continue
+                if (-int(view.prio[slot]), due, int(view.seq[slot])) > entry[:3]:
+                    self._park(view, slot, now)  # its available-at moved: re-queue at its real place
                     continue
                 job = self._claim(view, slot, w, now, vt)
                 if job is not None:
@@ -699,9 +752,9 @@ class Queue:
 
     def _schedule(self, view: _View, slot: int, due_ms: int) -> None:
         key = (view.seg.seq, slot)
-        if key in self._sched_keys:
+        if key in self._parked:
             return
-        self._sched_keys.add(key)
+        self._parked.add(key)
         heapq.heappush(self._sched, (due_ms, -int(view.prio[slot]), int(view.seq[slot]), view.seg.seq, slot))
 
     def _claim(self, view: _View, slot: int, w: int, now: int, vt: float) -> Job | None:

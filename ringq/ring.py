@@ -468,8 +468,8 @@ class Ring:
         arr = np.frombuffer(ffi.buffer(out, n * REC_INFO_DTYPE.itemsize), dtype=REC_INFO_DTYPE).copy()
         return arr, nxt[0]
 
-    def read_record(self, seg: Segment, slot: int) -> tuple[object, bytes, bytes]:
-        """Validate and copy one record: ``(info cdata, id bytes, payload bytes)``.
+    def read_record(self, seg: Segment, slot: int) -> tuple[object, bytes, bytearray]:
+        """Validate and copy one record: ``(info cdata, id bytes, payload bytearray)``.
 
         Raises CorruptionError if the record fails its CRC (it is then marked BAD).
         """
@@ -480,7 +480,12 @@ class Ring:
             errors.check(rc, f"{seg.path} slot {slot}")
         base = seg.data_off + slot * seg.slot_size + REC_HEADER.size
         id_bytes = seg.mm[base : base + info.id_len]
-        payload = seg.mm[base + info.id_len : base + info.id_len + info.payload_len]
+        # One copy out of the mapping, into a buffer the payload may then use in place (an array
+        # payload wraps it without copying again).
+        start = base + info.id_len
+        payload = bytearray(info.payload_len)
+        with memoryview(seg.mm) as mv:
+            payload[:] = mv[start : start + info.payload_len]
         return info, id_bytes, payload
 
     def mark_bad(self, seg: Segment, slot: int, reason: str) -> None:

@@ -930,7 +930,7 @@ class Queue:
                     reclaimed += self._reclaim(view, slot, word, WHY_DIED, now)
             finally:
                 self._owners.release(idx)
-        self._ring.retire_finished()
+        self._ring.retire_finished(thorough=force)
         return reclaimed
 
     def _reclaim(self, view: _View, slot: int, word: int, why: int, now: int) -> int:

@@ -698,11 +698,20 @@ class Ring:
         self.ctl.add64(OFF_RING_GEN)
         return True
 
-    def retire_finished(self) -> int:
-        """Retire every sealed, finished segment; returns how many were retired."""
+    def retire_finished(self, thorough: bool = False) -> int:
+        """Retire every sealed, finished segment; returns how many were retired.
+
+        Cheap by default: only segments whose ``finished`` counter has reached their record count
+        are checked.  ``thorough`` checks every sealed segment's state table (the counter can lag
+        after a crash between a job's CAS and its counter update).
+        """
         n = 0
         for seg in list(self.segments.values()):
-            if not seg.load32(OFF_RETIRED) and self.try_retire(seg):
+            if seg.load32(OFF_RETIRED) or not seg.load32(OFF_SEALED):
+                continue
+            if not thorough and seg.load64(OFF_FINISHED) < seg.load64(OFF_NRECORDS):
+                continue
+            if self.try_retire(seg):
                 n += 1
         return n
 

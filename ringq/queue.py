@@ -34,8 +34,9 @@ import random
 import re
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -265,7 +266,7 @@ class Queue:
             self._ring.close()
             self._owners.close()
 
-    def __enter__(self) -> "Queue":
+    def __enter__(self) -> Queue:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -385,7 +386,7 @@ class Queue:
                     result[i] = self._fresh_job(recs[i], p, payloads[i])
                     self._ids[job_ids[i]] = (p[0], p[1])
             out = []
-            for i, r in enumerate(result):
+            for r in result:
                 if isinstance(r, Job):
                     out.append(r)
                 elif isinstance(r, tuple) and r[0] == "dup":

@@ -41,8 +41,8 @@ import stat
 import struct
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import numpy as np
 
@@ -251,7 +251,7 @@ class Ring:
     class _Locked:
         __slots__ = ("ring",)
 
-        def __init__(self, ring: "Ring") -> None:
+        def __init__(self, ring: Ring) -> None:
             self.ring = ring
 
         def __enter__(self) -> None:
@@ -276,7 +276,7 @@ class Ring:
             finally:
                 ring._tlock.release()
 
-    def locked(self) -> "Ring._Locked":
+    def locked(self) -> Ring._Locked:
         """Context manager holding the writer lock: this process's threads, then the flock."""
         return Ring._Locked(self)
 

@@ -15,8 +15,9 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .errors import JobNotFoundError, NotLeasedError, QueueClosedError, RingqError
 from .job import Job, JobState

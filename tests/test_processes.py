@@ -1,14 +1,12 @@
 """Real OS processes against one queue directory: concurrency, SIGKILL, SIGSTOP, wake-ups."""
 
-import json
-import os
 import signal
 import subprocess
 import time
 
-from ringq import JobState, Queue
-
 from procs import spawn
+
+from ringq import Queue
 
 PRODUCER = """
 import sys

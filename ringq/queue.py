@@ -751,7 +751,7 @@ class Queue:
             )
 
     def ack(self, job: Job | str) -> None:
-        """Mark a leased job done.  Acking a job that is already done is harmless.
+        """Mark a leased job done.  Acking it again (same token, or by bare id) is harmless.
 
         Passing the :class:`Job` checks its fencing token; passing a bare id does not (for
         operators).  Raises NotLeasedError (not leased, or stale token), JobNotFoundError.
@@ -765,8 +765,8 @@ class Queue:
             seg = view.seg
             off = seg.state_off_of(slot)
             while True:
-                if w & 7 == ST_DONE:
-                    return
+                if w & 7 == ST_DONE and (token is None or (w >> 6) & LC_MASK == token):
+                    return  # a repeated ack; a stale holder's ack of a job done by another is refused below
                 self._require_lease(w, job_id, token, "ack")
                 done = pack(ST_DONE, (w >> 3) & 3, (w >> 6) & LC_MASK, _now_ms() - seg.epoch_ms)
                 ok, w = seg.cas64(off, w, done)

@@ -549,10 +549,26 @@ def _parser() -> argparse.ArgumentParser:
     dm.add_argument("--no-kill", action="store_true", help="do not SIGKILL a worker midway")
     dm.add_argument("--keep", metavar="DIR", help="keep the queue directory at DIR for inspection")
 
-    b = sub.add_parser("bench", help="run the benchmark harness (arguments go to ringq.bench)", add_help=False)
-    b.set_defaults(func=cmd_bench)
-    b.add_argument("args", nargs=argparse.REMAINDER)
+    # Everything after `bench` belongs to ringq.bench; main() splits it off before parsing.
+    b = sub.add_parser("bench", help="run the benchmark harness (arguments after 'bench' go to ringq.bench)",
+                       add_help=False)
+    b.set_defaults(func=cmd_bench, args=[])
     return p
+
+
+def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``(argv up to and including a 'bench' command, the rest)``; the rest is empty for other commands."""
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok in ("--dir", "--queue"):
+            i += 2
+            continue
+        if tok.startswith("-"):
+            i += 1
+            continue
+        return (argv[: i + 1], argv[i + 1 :]) if tok == "bench" else (argv, [])
+    return argv, []
 
 
 def _version() -> str:
@@ -563,7 +579,10 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status."""
-    args = _parser().parse_args(argv)
+    own, rest = _split_command(list(sys.argv[1:] if argv is None else argv))
+    args = _parser().parse_args(own)
+    if args.cmd == "bench":
+        args.args = rest
     try:
         return args.func(args)
     except KeyboardInterrupt:

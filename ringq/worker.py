@@ -289,10 +289,17 @@ class Worker:
         results = ctx.SimpleQueue()
         opts = dict(concurrency=self.concurrency, poll_interval=self.poll_interval, max_jobs=self.max_jobs,
                     idle_timeout=self.idle_timeout, heartbeat=self.heartbeat)
-        self._children = [ctx.Process(target=_child_main, args=(spec, self.handler, opts, results), daemon=False)
+        # Children start with SIGINT/SIGTERM blocked: until they install their own handlers they
+        # would run the parent's (copied by fork), or die of a SIGTERM sent by an early stop().
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        self._children = [ctx.Process(target=_child_main, args=(spec, self.handler, opts, results, mask),
+                                      daemon=False)
                           for _ in range(self.processes)]
-        for p in self._children:
-            p.start()
+        try:
+            for p in self._children:
+                p.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         if self._stop.is_set():
             self.stop()
         try:
@@ -313,12 +320,23 @@ class Worker:
         return self.stats
 
 
-def _child_main(spec: dict, handler: Callable, opts: dict, results: Any) -> None:
+def _child_main(spec: dict, handler: Callable, opts: dict, results: Any, mask: set) -> None:
     from .queue import Queue
 
+    stopping = threading.Event()
+    worker: Worker | None = None
+
+    def on_term(_signum: int, _frame: Any) -> None:
+        stopping.set()
+        if worker is not None:
+            worker.stop()
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it sends SIGTERM
+    signal.signal(signal.SIGTERM, on_term)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # blocked by the parent around fork
     with Queue(spec.pop("path"), spec.pop("name"), **spec) as q:
-        w = Worker(q, handler, handle_signals=False, **opts)
-        signal.signal(signal.SIGTERM, lambda *_: w.stop())
-        stats = w.run()
+        worker = Worker(q, handler, handle_signals=False, **opts)
+        if stopping.is_set():
+            worker.stop()
+        stats = worker.run()
     results.put(stats.to_dict())

@@ -279,3 +279,14 @@ def test_second_sigint_aborts_and_the_lease_comes_back(tmp_path):
     with _queue(tmp_path / "q") as q:  # its holder is dead: the lease comes back at once
         j = q.get(job.id)
         assert j.state is JobState.READY and j.attempts == 1
+
+
+def test_stop_before_children_start_stops_them_cleanly(tmp_path):
+    with _queue(tmp_path) as q:
+        q.enqueue_many(list(range(5)))
+        w = Worker(q, lambda j: time.sleep(0.05), processes=2, handle_signals=False)
+        w.stop()  # before run(): the children must see it as a stop request, not die of SIGTERM
+        stats = w.run()
+        assert [p.exitcode for p in w._children] == [0, 0]
+        assert stats.leased == stats.succeeded
+        assert q.stats().leased == 0

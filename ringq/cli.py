@@ -584,10 +584,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "bench":
         args.args = rest
     try:
-        return args.func(args)
+        rc = args.func(args)
+        sys.stdout.flush()  # inside the try: a closed pipe is reported here, not at exit
+        return rc
     except KeyboardInterrupt:
         _error(args, "interrupted")
         return 130
+    except BrokenPipeError:  # `ringq list | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except (UserError, RingqError, ValueError, OSError) as exc:
         if os.environ.get("RINGQ_DEBUG"):
             raise

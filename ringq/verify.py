@@ -135,7 +135,7 @@ def _preview(codec_id: int, payload: bytes) -> str:
 def _control(path: str, report: QueueFiles) -> None:
     try:
         ctl = Control(path)
-    except (CorruptionError, OSError) as exc:
+    except CorruptionError as exc:
         report.damage.append(f"control file: {exc}")
         return
     try:
@@ -148,11 +148,14 @@ def _control(path: str, report: QueueFiles) -> None:
         ctl.close()
 
 
-def _segment(path: str, expect_seq: int, limit: int | None, now_ms: int) -> SegmentReport:
-    rep = SegmentReport(path=path, file_size=os.path.getsize(path))
+def _segment(path: str, expect_seq: int, limit: int | None, now_ms: int) -> SegmentReport | None:
+    """The report of one segment, or None if it was retired (unlinked) while we looked."""
     try:
+        rep = SegmentReport(path=path, file_size=os.path.getsize(path))
         seg = Segment(path)
-    except (CorruptionError, OSError) as exc:
+    except FileNotFoundError:
+        return None
+    except CorruptionError as exc:
         rep.damage.append(f"segment header: {exc}")
         return rep
     try:
@@ -246,7 +249,10 @@ def examine(path: str, name: str = "default", *, limit: int | None = None) -> Qu
     for entry in sorted(os.scandir(path), key=lambda e: e.name):
         if not mine.match(entry.name) or not entry.is_file(follow_symlinks=False):
             continue
-        report.files.append((entry.name, entry.stat(follow_symlinks=False).st_size))
+        try:
+            report.files.append((entry.name, entry.stat(follow_symlinks=False).st_size))
+        except FileNotFoundError:  # retired (or a temp file renamed) while we listed
+            continue
         if entry.name.endswith(".quarantined"):
             report.damage.append(f"{entry.path}: quarantined earlier as damaged; its jobs are not served")
         m = SEG_RE.match(entry.name)
@@ -254,7 +260,9 @@ def examine(path: str, name: str = "default", *, limit: int | None = None) -> Qu
             segs.append((int(m.group("seq"), 16), entry.path))
     _control(os.path.join(path, f"{name}.ctl"), report)
     for seq, seg_path in segs:
-        report.segments.append(_segment(seg_path, seq, limit, now_ms))
+        seg_report = _segment(seg_path, seq, limit, now_ms)
+        if seg_report is not None:
+            report.segments.append(seg_report)
     tail_seg = report.control.get("tail_segment")
     if tail_seg and segs and tail_seg not in {s for s, _ in segs}:
         report.notes.append(f"the tail segment {tail_seg} named by the control file is missing (recreated on the next append)")

@@ -324,6 +324,18 @@ def test_verify_reports_a_damaged_segment_header_without_touching_it(tmp_path):
     rep = as_json(q, "verify", rc=1)
     assert any("header CRC" in d for d in rep["damage"]), rep["damage"]
     assert seg_path.exists()  # verify is read-only: no quarantine rename
+    ringq(q, "stats")  # an ordinary open quarantines the segment ...
+    assert not seg_path.exists()
+    rep = as_json(q, "verify", rc=1)  # ... and verify keeps reporting it
+    assert any("quarantined" in d for d in rep["damage"]), rep["damage"]
+
+
+def test_output_into_a_closed_pipe_is_quiet(tmp_path):
+    q = tmp_path / "q"
+    ringq(q, "enqueue", "x" * 40, "--count", "3000")
+    proc = subprocess.run(f"{sys.executable} -m ringq --dir {q} list | head -n 1", shell=True,
+                          capture_output=True, text=True, env=os.environ.copy(), timeout=60)
+    assert proc.stdout.startswith("ID") and proc.stderr == ""
 
 
 # -- work ---------------------------------------------------------------------------------------------

@@ -58,12 +58,14 @@ class Worker:
         poll_interval: seconds; the longest a thread sleeps before re-checking ``stop()`` when
             idle.  Wake-ups for new jobs come from the producer's futex wake, not from polling.
         max_jobs: stop after leasing this many jobs (per process in process mode).
-        idle_timeout: stop after this many seconds with no job leased.
+        idle_timeout: stop after this many seconds in which no handler ran (none running, none
+            started or finished).
         handle_signals: install SIGINT/SIGTERM handlers while ``run()`` runs (main thread only).
         heartbeat: seconds between lease extensions of running handlers (default: a third of
             the queue's visibility timeout).  Each beat moves a running handler's lease deadline
-            to now + the visibility timeout, so a stuck handler still loses its lease one
-            visibility timeout after its last beat.
+            to now + the visibility timeout (never further), so a worker process that stops
+            beating (suspended, or stuck holding the GIL) loses its leases one visibility timeout
+            after its last beat.  A handler thread stuck while its process runs keeps its lease.
         processes: 0 runs in this process; N >= 1 runs N child processes (forked; each opens
             the queue itself and runs ``concurrency`` threads; ``max_jobs`` and
             ``idle_timeout`` apply to each process).

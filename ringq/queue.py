@@ -655,7 +655,8 @@ class Queue:
 
     # -- lease ------------------------------------------------------------------------------------------
 
-    def lease(self, count: int = 1, *, visibility_timeout: float | None = None, wait: float | None = None) -> list[Job]:
+    def lease(self, count: int = 1, *, visibility_timeout: float | None = None, wait: float | None = None,
+              detach: bool = False) -> list[Job]:
         """Lease up to ``count`` due jobs, highest priority first, then by available_at and FIFO.
 
         A leased job is invisible to every other process until acked, nacked, its holder dies, or
@@ -666,6 +667,9 @@ class Queue:
             visibility_timeout: seconds (default: the queue's).
             wait: if no job is due, block up to this many seconds for one (woken by producers'
                 futex wake, not by polling).  None or 0 returns at once.
+            detach: do not tie the leases to this process: they outlive it and end only by
+                ack/nack or the visibility timeout (for a process that exits right after
+                leasing, such as ``ringq lease``; otherwise its leases come back as soon as it exits).
 
         Returns:
             Between 0 and ``count`` jobs (LEASED).
@@ -684,7 +688,7 @@ class Queue:
             seen = self._ring.wake_word()
             with self._lock:
                 self._live()
-                got.extend(self._take(count - len(got), vt))
+                got.extend(self._take(count - len(got), vt, detach))
                 next_due = self._sched[0][0] if self._sched else None
             if len(got) >= count or deadline is None:
                 return got
@@ -696,12 +700,13 @@ class Queue:
                 nap = min(nap, max(0.0, next_due / 1000 - time.time()) + 0.001)
             self._ring.sleep(seen, nap)
 
-    def lease_one(self, *, visibility_timeout: float | None = None, wait: float | None = None) -> Job | None:
+    def lease_one(self, *, visibility_timeout: float | None = None, wait: float | None = None,
+                  detach: bool = False) -> Job | None:
         """Lease one job, or return None if none is due (after waiting up to ``wait`` seconds)."""
-        jobs = self.lease(1, visibility_timeout=visibility_timeout, wait=wait)
+        jobs = self.lease(1, visibility_timeout=visibility_timeout, wait=wait, detach=detach)
         return jobs[0] if jobs else None
 
-    def _take(self, want: int, vt: float) -> list[Job]:
+    def _take(self, want: int, vt: float, detach: bool = False) -> list[Job]:
         self._refresh()
         if self._reap():
             self._refresh()  # the reclaimed jobs moved their segments' change counters
@@ -729,7 +734,7 @@ class Queue:
                     lane.queued = True
                     heapq.heappush(heap, key)
                     continue
-                job = self._claim(view, slot, w, now, vt)
+                job = self._claim(view, slot, w, now, vt, detach)
                 if job is not None:
                     lane.cursor += 1
                     out.append(job)
@@ -746,7 +751,7 @@ class Queue:
                 if (-int(view.prio[slot]), due, int(view.seq[slot])) > entry[:3]:
                     self._park(view, slot, now)  # its available-at moved: re-queue at its real place
                     continue
-                job = self._claim(view, slot, w, now, vt)
+                job = self._claim(view, slot, w, now, vt, detach)
                 if job is not None:
                     out.append(job)
         return out
@@ -758,22 +763,26 @@ class Queue:
         self._parked.add(key)
         heapq.heappush(self._sched, (due_ms, -int(view.prio[slot]), int(view.seq[slot]), view.seg.seq, slot))
 
-    def _claim(self, view: _View, slot: int, w: int, now: int, vt: float) -> Job | None:
+    def _claim(self, view: _View, slot: int, w: int, now: int, vt: float, detach: bool = False) -> Job | None:
         seg = view.seg
         off = seg.state_off_of(slot)
         lc = ((w >> 6) & LC_MASK) + 1
         if lc > LC_MASK:
             return None
         new = pack(ST_LEASED, (w >> 3) & 3, lc, now + int(vt * 1000) - seg.epoch_ms)
-        owner = self._owners.acquire()
         key = (seg.seq, slot)
-        self._held[key] = lc  # before the CAS: our own reaper must never see this lease unowned
+        # A detached lease gets no owner tag for its lease count: reapers treat it as
+        # owner-unknown, bounded by the visibility timeout alone.
+        owner = 0 if detach else self._owners.acquire()
+        if owner:
+            self._held[key] = lc  # before the CAS: our own reaper must never see this lease unowned
         ok, _cur = seg.cas64(off, w, new)
         if not ok:
             self._held.pop(key, None)
             return None
-        old_owner = seg.load64(off + 8)
-        seg.cas64(off + 8, old_owner, owner | (lc << 16) | ((os.getpid() & 0x3FFFFFFF) << 34))
+        if owner:
+            old_owner = seg.load64(off + 8)
+            seg.cas64(off + 8, old_owner, owner | (lc << 16) | ((os.getpid() & 0x3FFFFFFF) << 34))
         try:
             return self._job_at(seg.seq, slot, new)
         except (CorruptionError, SerializationError) as exc:
@@ -804,7 +813,7 @@ class Queue:
             )
 
     def ack(self, job: Job | str) -> None:
-        """Mark a leased job done.  Acking a job that is already done is harmless.
+        """Mark a leased job done.  Acking it again (same token, or by bare id) is harmless.
 
         Passing the :class:`Job` checks its fencing token; passing a bare id does not (for
         operators).  Raises NotLeasedError (not leased, or stale token), JobNotFoundError.
@@ -818,8 +827,8 @@ class Queue:
             seg = view.seg
             off = seg.state_off_of(slot)
             while True:
-                if w & 7 == ST_DONE:
-                    return
+                if w & 7 == ST_DONE and (token is None or (w >> 6) & LC_MASK == token):
+                    return  # a repeated ack; a stale holder's ack of a job done by another is refused below
                 self._require_lease(w, job_id, token, "ack")
                 done = pack(ST_DONE, (w >> 3) & 3, (w >> 6) & LC_MASK, _now_ms() - seg.epoch_ms)
                 ok, w = seg.cas64(off, w, done)

@@ -450,7 +450,8 @@ class Ring:
             self.segments[seq] = seg
         return seg
 
-    def scan(self, seg: Segment, start: int, limit: int | None = None) -> tuple[np.ndarray, int]:
+    @staticmethod
+    def scan(seg: Segment, start: int, limit: int | None = None) -> tuple[np.ndarray, int]:
         """Validate records with heads in ``[start, tail)``; returns ``(infos, next slot)``.
 
         ``infos`` is a structured array of REC_INFO_DTYPE.  Records that fail validation come back

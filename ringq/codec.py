@@ -77,7 +77,7 @@ def decode(codec: int, data: bytes | bytearray) -> Any:
             if dtype.hasobject:
                 raise ValueError("object dtype")
             shape = tuple(int(n) for n in header["shape"])
-            buf = data if isinstance(data, bytearray) else bytearray(data)
+            buf = data if isinstance(data, bytearray) else bytearray(data)  # writable, no copy when given one
             body = memoryview(buf)[4 + hlen :]
             count = int(np.prod(shape, dtype=np.int64)) if shape else 1
             if count * dtype.itemsize != len(body):

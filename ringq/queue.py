@@ -34,8 +34,9 @@ import random
 import re
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -145,7 +146,7 @@ class _View:
     """What this process knows of one segment: immutable record fields, lanes, scan position."""
 
     __slots__ = ("seg", "scanned", "sealed", "change", "lanes", "heads", "head_seqs", "prio", "seq", "maxatt",
-                 "attb", "idlen")
+                 "attb", "idlen", "lanepos", "parkme")
 
     def __init__(self, seg: Segment) -> None:
         self.seg = seg
@@ -161,6 +162,8 @@ class _View:
         self.maxatt = np.zeros(n, "<u2")
         self.attb = np.zeros(n, "<u2")
         self.idlen = np.zeros(n, "<u2")
+        self.lanepos = np.zeros(n, "<u4")  # index of each head slot in its lane
+        self.parkme = np.zeros(n, bool)  # enqueued with a delay: ordered individually, not by its lane
 
 
 def _now_ms() -> int:
@@ -232,7 +235,7 @@ class Queue:
         self._views: dict[int, _View] = {}
         self._heap: list[tuple] = []
         self._sched: list[tuple] = []
-        self._sched_keys: set[tuple[int, int]] = set()
+        self._parked: set[tuple[int, int]] = set()  # jobs with an individual entry (scheduled or due)
         self._ids: dict[str, tuple[int, int]] = {}
         self._held: dict[tuple[int, int], int] = {}
         self._seen_change = -1
@@ -263,7 +266,7 @@ class Queue:
             self._ring.close()
             self._owners.close()
 
-    def __enter__(self) -> "Queue":
+    def __enter__(self) -> Queue:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -383,7 +386,7 @@ class Queue:
                     result[i] = self._fresh_job(recs[i], p, payloads[i])
                     self._ids[job_ids[i]] = (p[0], p[1])
             out = []
-            for i, r in enumerate(result):
+            for r in result:
                 if isinstance(r, Job):
                     out.append(r)
                 elif isinstance(r, tuple) and r[0] == "dup":
@@ -433,9 +436,43 @@ class Queue:
                 c = view.seg.load64(OFF_CHANGE)
                 if c != view.change:
                     view.change = c
-                    for lane in view.lanes.values():
-                        lane.cursor = 0
-                        self._queue_lane(view, lane)
+                    self._find_returned(view)
+
+    def _find_returned(self, view: _View) -> None:
+        """Jobs of ``view`` back in READY behind their lane's cursor: give each its own heap entry.
+
+        Keyed by its own (new) available-at, so a retried job is ordered as nobroker orders it.
+        """
+        seg = view.seg
+        heads = view.heads.view()
+        if not len(heads):
+            return
+        words = seg.states[heads, 0]
+        ready = heads[(words & np.uint64(7)) == ST_READY]
+        if not len(ready):
+            return
+        prios = view.prio[ready]
+        pos = view.lanepos[ready]
+        now = _now_ms()
+        for p, lane in view.lanes.items():
+            for slot in ready[(prios == p) & (pos < lane.cursor)].tolist():
+                self._park(view, slot, now)
+
+    def _park(self, view: _View, slot: int, now: int) -> None:
+        """Give one READY job an individual entry: scheduled if not due yet, else in the ready heap."""
+        seg = view.seg
+        key = (seg.seq, slot)
+        if key in self._parked:
+            return
+        w = seg.load64(seg.state_off_of(slot))
+        if w & 7 != ST_READY:
+            return
+        due = seg.epoch_ms + (w >> TIME_SHIFT)
+        self._parked.add(key)
+        if due > now:
+            heapq.heappush(self._sched, (due, -int(view.prio[slot]), int(view.seq[slot]), seg.seq, slot))
+        else:
+            heapq.heappush(self._heap, (-int(view.prio[slot]), due, int(view.seq[slot]), 1, seg.seq, 0, slot, 0))
 
     def _ingest(self, view: _View) -> None:
         seg = view.seg
@@ -455,6 +492,7 @@ class Queue:
         view.maxatt[slots] = ok["max_attempts"]
         view.attb[slots] = ok["attempts_before"]
         view.idlen[slots] = ok["id_len"]
+        view.parkme[slots] = ok["available_ms"] > ok["enqueued_us"] // 1000
         view.heads.extend(slots)
         view.head_seqs.extend(ok["seq"])
         # A valid record below the tail whose state word is EMPTY: a power loss kept the record but
@@ -475,7 +513,9 @@ class Queue:
             lane = view.lanes.get(p)
             if lane is None:
                 lane = view.lanes[p] = _Lane(p)
-            lane.slots.extend(slots[prios == p])
+            mine = slots[prios == p]
+            view.lanepos[mine] = np.arange(lane.slots.n, lane.slots.n + len(mine), dtype=np.uint32)
+            lane.slots.extend(mine)
             self._queue_lane(view, lane)
 
     def _complete_supersede(self, ref: int) -> None:
@@ -507,11 +547,12 @@ class Queue:
                 return None
             slot = int(arr.a[idx])
             w = state[0]
-            due = seg.epoch_ms + (w >> TIME_SHIFT)
-            if due > now:
-                self._schedule(view, slot, due)
+            if (w >> 6) & LC_MASK or view.parkme[slot]:
+                # A retried or delayed job orders by its own available-at, not its lane position.
+                self._park(view, slot, now)
                 lane.cursor = idx + 1
                 continue
+            due = seg.epoch_ms + (w >> TIME_SHIFT)
             lane.cursor = idx
             return (-lane.prio, due, int(view.seq[slot]), 0, seg.seq, lane.prio, slot, w)
 
@@ -524,12 +565,18 @@ class Queue:
             heapq.heappush(self._heap, key)
 
     def _find(self, job_id: str) -> tuple[int, int] | None:
-        """Location ``(segment seq, slot)`` of the newest retained record of ``job_id``, or None."""
+        """Location ``(segment seq, slot)`` of the retained record of ``job_id``, or None.
+
+        A purged (GONE) record is not retained: its id is free again.
+        """
         loc = self._ids.get(job_id)
         if loc is not None:
-            if loc[0] in self._views:
+            view = self._views.get(loc[0])
+            if view is not None and self._retained(view, loc[1]):
                 return loc
-            del self._ids[job_id]
+            if view is None or view.seg.load64(view.seg.state_off_of(loc[1])) & 7 == ST_GONE:
+                del self._ids[job_id]
+            return None
         if AUTO_ID.match(job_id):
             seq = int(job_id, 16)
             for view in self._views.values():
@@ -538,9 +585,13 @@ class Queue:
                     i = int(np.searchsorted(hs.view(), seq))
                     if i < hs.n and hs.a[i] == seq:
                         slot = int(view.heads.a[i])
-                        if view.idlen[slot] == 0:
+                        if view.idlen[slot] == 0 and self._retained(view, slot):
                             return (view.seg.seq, slot)
         return None
+
+    @staticmethod
+    def _retained(view: _View, slot: int) -> bool:
+        return view.seg.load64(view.seg.state_off_of(slot)) & 7 in STATE_OF
 
     def _locate(self, job: Job | str) -> tuple[_View, int, str]:
         if isinstance(job, Job):
@@ -608,7 +659,8 @@ class Queue:
 
     # -- lease ------------------------------------------------------------------------------------------
 
-    def lease(self, count: int = 1, *, visibility_timeout: float | None = None, wait: float | None = None) -> list[Job]:
+    def lease(self, count: int = 1, *, visibility_timeout: float | None = None, wait: float | None = None,
+              detach: bool = False) -> list[Job]:
         """Lease up to ``count`` due jobs, highest priority first, then by available_at and FIFO.
 
         A leased job is invisible to every other process until acked, nacked, its holder dies, or
@@ -619,6 +671,9 @@ class Queue:
             visibility_timeout: seconds (default: the queue's).
             wait: if no job is due, block up to this many seconds for one (woken by producers'
                 futex wake, not by polling).  None or 0 returns at once.
+            detach: do not tie the leases to this process: they outlive it and end only by
+                ack/nack or the visibility timeout (for a process that exits right after
+                leasing, such as ``ringq lease``; otherwise its leases come back as soon as it exits).
 
         Returns:
             Between 0 and ``count`` jobs (LEASED).
@@ -637,7 +692,7 @@ class Queue:
             seen = self._ring.wake_word()
             with self._lock:
                 self._live()
-                got.extend(self._take(count - len(got), vt))
+                got.extend(self._take(count - len(got), vt, detach))
                 next_due = self._sched[0][0] if self._sched else None
             if len(got) >= count or deadline is None:
                 return got
@@ -682,12 +737,13 @@ class Queue:
         self._live()
         self._ring.wake()
 
-    def lease_one(self, *, visibility_timeout: float | None = None, wait: float | None = None) -> Job | None:
+    def lease_one(self, *, visibility_timeout: float | None = None, wait: float | None = None,
+                  detach: bool = False) -> Job | None:
         """Lease one job, or return None if none is due (after waiting up to ``wait`` seconds)."""
-        jobs = self.lease(1, visibility_timeout=visibility_timeout, wait=wait)
+        jobs = self.lease(1, visibility_timeout=visibility_timeout, wait=wait, detach=detach)
         return jobs[0] if jobs else None
 
-    def _take(self, want: int, vt: float) -> list[Job]:
+    def _take(self, want: int, vt: float, detach: bool = False) -> list[Job]:
         self._refresh()
         if self._reap():
             self._refresh()  # the reclaimed jobs moved their segments' change counters
@@ -715,13 +771,13 @@ class Queue:
                     lane.queued = True
                     heapq.heappush(heap, key)
                     continue
-                job = self._claim(view, slot, w, now, vt)
+                job = self._claim(view, slot, w, now, vt, detach)
                 if job is not None:
                     lane.cursor += 1
                     out.append(job)
                 self._queue_lane(view, lane, now)
             else:
-                self._sched_keys.discard((segseq, slot))
+                self._parked.discard((segseq, slot))
                 w = seg.load64(seg.state_off_of(slot))
                 if w & 7 != ST_READY:
                     continue
@@ -729,34 +785,41 @@ class Queue:
                 if due > now:
                     self._schedule(view, slot, due)
                     continue
-                job = self._claim(view, slot, w, now, vt)
+                if (-int(view.prio[slot]), due, int(view.seq[slot])) > entry[:3]:
+                    self._park(view, slot, now)  # its available-at moved: re-queue at its real place
+                    continue
+                job = self._claim(view, slot, w, now, vt, detach)
                 if job is not None:
                     out.append(job)
         return out
 
     def _schedule(self, view: _View, slot: int, due_ms: int) -> None:
         key = (view.seg.seq, slot)
-        if key in self._sched_keys:
+        if key in self._parked:
             return
-        self._sched_keys.add(key)
+        self._parked.add(key)
         heapq.heappush(self._sched, (due_ms, -int(view.prio[slot]), int(view.seq[slot]), view.seg.seq, slot))
 
-    def _claim(self, view: _View, slot: int, w: int, now: int, vt: float) -> Job | None:
+    def _claim(self, view: _View, slot: int, w: int, now: int, vt: float, detach: bool = False) -> Job | None:
         seg = view.seg
         off = seg.state_off_of(slot)
         lc = ((w >> 6) & LC_MASK) + 1
         if lc > LC_MASK:
             return None
         new = pack(ST_LEASED, (w >> 3) & 3, lc, now + int(vt * 1000) - seg.epoch_ms)
-        owner = self._owners.acquire()
         key = (seg.seq, slot)
-        self._held[key] = lc  # before the CAS: our own reaper must never see this lease unowned
+        # A detached lease gets no owner tag for its lease count: reapers treat it as
+        # owner-unknown, bounded by the visibility timeout alone.
+        owner = 0 if detach else self._owners.acquire()
+        if owner:
+            self._held[key] = lc  # before the CAS: our own reaper must never see this lease unowned
         ok, _cur = seg.cas64(off, w, new)
         if not ok:
             self._held.pop(key, None)
             return None
-        old_owner = seg.load64(off + 8)
-        seg.cas64(off + 8, old_owner, owner | (lc << 16) | ((os.getpid() & 0x3FFFFFFF) << 34))
+        if owner:
+            old_owner = seg.load64(off + 8)
+            seg.cas64(off + 8, old_owner, owner | (lc << 16) | ((os.getpid() & 0x3FFFFFFF) << 34))
         try:
             return self._job_at(seg.seq, slot, new)
         except (CorruptionError, SerializationError) as exc:
@@ -787,7 +850,7 @@ class Queue:
             )
 
     def ack(self, job: Job | str) -> None:
-        """Mark a leased job done.  Acking a job that is already done is harmless.
+        """Mark a leased job done.  Acking it again (same token, or by bare id) is harmless.
 
         Passing the :class:`Job` checks its fencing token; passing a bare id does not (for
         operators).  Raises NotLeasedError (not leased, or stale token), JobNotFoundError.
@@ -801,8 +864,8 @@ class Queue:
             seg = view.seg
             off = seg.state_off_of(slot)
             while True:
-                if w & 7 == ST_DONE:
-                    return
+                if w & 7 == ST_DONE and (token is None or (w >> 6) & LC_MASK == token):
+                    return  # a repeated ack; a stale holder's ack of a job done by another is refused below
                 self._require_lease(w, job_id, token, "ack")
                 done = pack(ST_DONE, (w >> 3) & 3, (w >> 6) & LC_MASK, _now_ms() - seg.epoch_ms)
                 ok, w = seg.cas64(off, w, done)
@@ -914,7 +977,7 @@ class Queue:
                     reclaimed += self._reclaim(view, slot, word, WHY_DIED, now)
             finally:
                 self._owners.release(idx)
-        self._ring.retire_finished()
+        self._ring.retire_finished(thorough=force)
         return reclaimed
 
     def _reclaim(self, view: _View, slot: int, word: int, why: int, now: int) -> int:

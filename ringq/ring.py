@@ -41,8 +41,8 @@ import stat
 import struct
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import numpy as np
 
@@ -251,7 +251,7 @@ class Ring:
     class _Locked:
         __slots__ = ("ring",)
 
-        def __init__(self, ring: "Ring") -> None:
+        def __init__(self, ring: Ring) -> None:
             self.ring = ring
 
         def __enter__(self) -> None:
@@ -276,7 +276,7 @@ class Ring:
             finally:
                 ring._tlock.release()
 
-    def locked(self) -> "Ring._Locked":
+    def locked(self) -> Ring._Locked:
         """Context manager holding the writer lock: this process's threads, then the flock."""
         return Ring._Locked(self)
 
@@ -450,7 +450,8 @@ class Ring:
             self.segments[seq] = seg
         return seg
 
-    def scan(self, seg: Segment, start: int, limit: int | None = None) -> tuple[np.ndarray, int]:
+    @staticmethod
+    def scan(seg: Segment, start: int, limit: int | None = None) -> tuple[np.ndarray, int]:
         """Validate records with heads in ``[start, tail)``; returns ``(infos, next slot)``.
 
         ``infos`` is a structured array of REC_INFO_DTYPE.  Records that fail validation come back
@@ -468,8 +469,8 @@ class Ring:
         arr = np.frombuffer(ffi.buffer(out, n * REC_INFO_DTYPE.itemsize), dtype=REC_INFO_DTYPE).copy()
         return arr, nxt[0]
 
-    def read_record(self, seg: Segment, slot: int) -> tuple[object, bytes, bytes]:
-        """Validate and copy one record: ``(info cdata, id bytes, payload bytes)``.
+    def read_record(self, seg: Segment, slot: int) -> tuple[object, bytes, bytearray]:
+        """Validate and copy one record: ``(info cdata, id bytes, payload bytearray)``.
 
         Raises CorruptionError if the record fails its CRC (it is then marked BAD).
         """
@@ -480,7 +481,12 @@ class Ring:
             errors.check(rc, f"{seg.path} slot {slot}")
         base = seg.data_off + slot * seg.slot_size + REC_HEADER.size
         id_bytes = seg.mm[base : base + info.id_len]
-        payload = seg.mm[base + info.id_len : base + info.id_len + info.payload_len]
+        # One copy out of the mapping, into a buffer the payload may then use in place (an array
+        # payload wraps it without copying again).
+        start = base + info.id_len
+        payload = bytearray(info.payload_len)
+        with memoryview(seg.mm) as mv:
+            payload[:] = mv[start : start + info.payload_len]
         return info, id_bytes, payload
 
     def mark_bad(self, seg: Segment, slot: int, reason: str) -> None:
@@ -693,11 +699,20 @@ class Ring:
         self.ctl.add64(OFF_RING_GEN)
         return True
 
-    def retire_finished(self) -> int:
-        """Retire every sealed, finished segment; returns how many were retired."""
+    def retire_finished(self, thorough: bool = False) -> int:
+        """Retire every sealed, finished segment; returns how many were retired.
+
+        Cheap by default: only segments whose ``finished`` counter has reached their record count
+        are checked.  ``thorough`` checks every sealed segment's state table (the counter can lag
+        after a crash between a job's CAS and its counter update).
+        """
         n = 0
         for seg in list(self.segments.values()):
-            if not seg.load32(OFF_RETIRED) and self.try_retire(seg):
+            if seg.load32(OFF_RETIRED) or not seg.load32(OFF_SEALED):
+                continue
+            if not thorough and seg.load64(OFF_FINISHED) < seg.load64(OFF_NRECORDS):
+                continue
+            if self.try_retire(seg):
                 n += 1
         return n
 

@@ -8,11 +8,9 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from ringq import errors
 from ringq._native import ffi, lib
 
-from procs import run_py
+from ringq import errors
 
 # Known answers: RFC 3720 appendix B.4 and the common "check" value of CRC-32C.
 VECTORS = [

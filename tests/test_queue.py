@@ -275,3 +275,11 @@ def test_fsync_false_means_not_durable(qdir):
         assert q.durability == "none"
         q.enqueue(1)
         assert q.lease_one().payload == 1
+
+
+def test_array_payload_is_read_with_one_copy_out_of_the_mapping(q):
+    q.enqueue(np.arange(1000, dtype="<f8"))
+    arr = q.lease_one().payload
+    # wraps the buffer copied out of the segment: no second copy, and writable
+    assert not arr.flags.owndata and arr.flags.writeable
+    assert arr.sum() == 499500.0

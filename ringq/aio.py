@@ -56,12 +56,19 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable, TypeVar
+from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 from .backoff import BackoffPolicy
-from .errors import JobNotFoundError, NotLeasedError, QueueClosedError, RingqError, SerializationError
+from .errors import (
+    JobNotFoundError,
+    NotLeasedError,
+    QueueClosedError,
+    RingqError,
+    SerializationError,
+)
 from .job import Job as _EngineJob
 from .job import JobState
 from .queue import Queue as _SyncQueue
@@ -113,13 +120,13 @@ class Job:
     status: Status
     result: Any = None
     error: str | None = None
-    created_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     finished_at: datetime | None = None
     attempts: int = 0
 
 
 def _utc(seconds: float | None) -> datetime | None:
-    return None if seconds is None else datetime.fromtimestamp(seconds, timezone.utc)
+    return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
 
 
 @dataclass(eq=False)
@@ -278,7 +285,7 @@ class Queue:
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    async def __aenter__(self) -> "Queue":
+    async def __aenter__(self) -> Queue:
         await self.open()
         return self
 

@@ -10,15 +10,14 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import timezone
+from datetime import UTC
 
 import pytest
+from procs import child_env
 
 import ringq
 from ringq import BackoffPolicy, QueueClosedError
 from ringq.aio import Job, Queue, Status
-
-from procs import child_env
 
 SMALL = dict(slot_size=128, slot_count=256)  # small segments: fast to create, rotate and retire
 
@@ -52,7 +51,7 @@ def test_submit_then_sleep0_shows_done_with_result(qdir):
             job = queue.get(job_id)
             assert job.status is Status.DONE and job.result == 42
             assert job.id == job_id and job.kind == "double" and job.payload == {"x": 21} and job.error is None
-            assert job.created_at.tzinfo is timezone.utc and job.finished_at.tzinfo is timezone.utc
+            assert job.created_at.tzinfo is UTC and job.finished_at.tzinfo is UTC
             assert job.created_at <= job.finished_at
             assert queue.running() == []
 
@@ -540,7 +539,8 @@ def test_retention_by_count_prunes_the_oldest_and_keeps_disk_bounded(qdir):
             peak = 0
             for rnd in range(6):
                 ids = [queue.submit("n", rnd * 100 + i) for i in range(100)]
-                await until(lambda: queue.get(ids[-1]) is not None and queue.get(ids[-1]).status is Status.DONE)
+                last = ids[-1]
+                await until(lambda last=last: queue.get(last).status is Status.DONE)
                 assert queue.prune() > 0
                 peak = max(peak, len(seg_files()))
             kept = [queue.get(i) for i in ids]

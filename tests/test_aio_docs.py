@@ -7,7 +7,6 @@ import sys
 import time
 
 import pytest
-
 from procs import ROOT, child_env
 
 DOC = os.path.join(ROOT, "docs", "aio.md")

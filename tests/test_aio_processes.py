@@ -1,14 +1,13 @@
 """ringq.aio across real OS processes: SIGKILL and SIGSTOP mid-handler, two servers on one queue."""
 
 import asyncio
-import os
 import signal
 import subprocess
 import time
 
-from ringq.aio import Queue, Status
-
 from procs import spawn
+
+from ringq.aio import Queue, Status
 
 # A serving process.  argv: qdir, log file, mode, visibility timeout, [job count to wait for].
 #   hang:   submit one job of kind "work" whose handler logs "start" and never returns
@@ -204,7 +203,8 @@ def test_repeated_sigkills_of_a_busy_server_lose_nothing_and_rerun_only_what_was
     ids = asyncio.run(submit())
     for k in range(3):
         server = spawn(SERVER, qdir, logf, "serve", "30")
-        wait_for(lambda: sum(r[0] == "E" for r in read_log(logf)) >= 40 * (k + 1) or server.poll() is not None)
+        ended = 40 * (k + 1)
+        wait_for(lambda s=server, n=ended: sum(r[0] == "E" for r in read_log(logf)) >= n or s.poll() is not None)
         server.send_signal(signal.SIGKILL)
         server.wait()
     last = spawn(SERVER, qdir, logf, "serve", "30")

@@ -13,7 +13,7 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from ringq import BackoffPolicy, JobState, NotLeasedError, Queue
+from ringq import BackoffPolicy, JobNotFoundError, JobState, NotLeasedError, Queue
 
 HOUR = 3600.0
 MAX_ATTEMPTS = 3
@@ -48,10 +48,19 @@ class QueueModel(RuleBasedStateMachine):
         return sorted((j for j in self.jobs.values() if j["state"] == "ready" and j["avail"] <= now),
                       key=lambda j: (-j["prio"], j["avail"], j["seq"]))
 
+    def _forget_retired(self):
+        """Done jobs whose segment retired are gone, as documented; only small segments retire."""
+        for jid in [k for k, j in self.jobs.items() if j["state"] == "done"]:
+            try:
+                self.q.get(jid)
+            except JobNotFoundError:
+                del self.jobs[jid]
+
     # -- rules ---------------------------------------------------------------------------------
     @rule(prio=st.sampled_from([-1, 0, 0, 1]), delayed=st.booleans(),
           key=st.sampled_from([None, None, None, "k1", "k2", "k3"]))
     def enqueue(self, prio, delayed, key):
+        self._forget_retired()  # a retired job's id is free again
         payload = self.next_payload
         self.next_payload += 1
         job = self.q.enqueue(payload, priority=prio, delay=HOUR if delayed else 0.0, job_id=key)
@@ -106,6 +115,9 @@ class QueueModel(RuleBasedStateMachine):
     @precondition(lambda self: any(j["state"] != "leased" for j in self.jobs.values()))
     @rule(data=st.data())
     def stale_ack_is_refused(self, data):
+        self._forget_retired()
+        if not any(j["state"] != "leased" for j in self.jobs.values()):
+            return
         jid = data.draw(st.sampled_from(sorted(k for k, j in self.jobs.items() if j["state"] != "leased")))
         if self.jobs[jid]["state"] == "done":
             self.q.ack(jid)  # harmless
@@ -129,6 +141,7 @@ class QueueModel(RuleBasedStateMachine):
 
     @rule()
     def purge(self):
+        self._forget_retired()
         assert self.q.purge() == len(self.jobs)
         self.jobs.clear()
         self.held.clear()
@@ -152,6 +165,9 @@ class QueueModel(RuleBasedStateMachine):
     @precondition(lambda self: self.jobs)
     @rule(data=st.data())
     def get(self, data):
+        self._forget_retired()
+        if not self.jobs:
+            return
         jid = data.draw(st.sampled_from(sorted(self.jobs)))
         job = self.q.get(jid)
         m = self.jobs[jid]
@@ -185,3 +201,23 @@ TestQueueModel = QueueModel.TestCase
 TestQueueModel.settings = settings(max_examples=60, stateful_step_count=50, deadline=None)
 TestSmallSegmentsModel = SmallSegmentsModel.TestCase
 TestSmallSegmentsModel.settings = settings(max_examples=60, stateful_step_count=50, deadline=None)
+
+
+def test_the_model_forgets_done_jobs_whose_segment_retired():
+    # The shrunk failure of an earlier model: an ack retires a full, sealed segment, and the done
+    # job in it is gone (README: "a retired segment's jobs are gone"), so purge counts one job.
+    m = SmallSegmentsModel()
+    try:
+        for _ in range(7):
+            m.enqueue(prio=-1, delayed=False, key=None)
+        m.purge()
+        m.enqueue(prio=-1, delayed=False, key=None)  # fills the 8-slot segment
+        m.lease(count=1)
+        m.enqueue(prio=-1, delayed=False, key=None)  # rotation seals it
+        jid = sorted(m.held)[0]
+        m.q.ack(m.held.pop(jid))  # the last live job of the sealed segment: it retires
+        m.jobs[jid]["state"] = "done"
+        m.stats_match()
+        m.purge()
+    finally:
+        m.teardown()

@@ -15,7 +15,7 @@
 
 Theory of operation
 -------------------
-Storage is three kinds of ordinary ringq queues in the directory (``ringq stats/list`` see them):
+Storage is two kinds of ordinary ringq queues in the directory (``ringq stats/list`` see them):
 
 * one *job queue* per kind, ``<name>-j-<kind>`` (``<name>-jh-<hash>`` for a kind that is not
   ``[A-Za-z0-9_]{1,40}``), whose records are ``{"kind": kind, "payload": payload}``.  A queue

@@ -12,6 +12,7 @@ from ringq.aio import Queue, Status
 # A serving process.  argv: qdir, log file, mode, visibility timeout, [job count to wait for].
 #   hang:   submit one job of kind "work" whose handler logs "start" and never returns
 #   block:  the same, but the handler blocks the loop for 1.5 s and then returns
+#   long:   the same, but the handler awaits 1.5 s (the loop runs: heartbeats go on) and returns
 #   finish: serve "work" (log "run", return "done by <pid>") until no job is unfinished
 #   share:  serve "w" with concurrency 4 until no job is unfinished, logging S/E around each run
 #   serve:  the same, without waiting for a second server first
@@ -35,6 +36,9 @@ async def work(job):
         log("start", job.id, os.getpid())
         time.sleep(1.5)  # blocks the whole loop: no heartbeat, the lease expires
         log("unblocked", job.id, os.getpid())
+    if mode == "long":
+        log("start", job.id, os.getpid())
+        await asyncio.sleep(1.5)
     log("run", job.id, os.getpid())
     return f"done by {os.getpid()}"
 
@@ -55,7 +59,7 @@ async def main():
         if mode == "hang":
             print(queue.submit("work", None), flush=True)
             await asyncio.sleep(3600)
-        if mode == "block":
+        if mode in ("block", "long"):
             print(queue.submit("work", None), flush=True)
         while queue.running():
             await asyncio.sleep(0.02)
@@ -270,5 +274,73 @@ def test_every_submit_that_returned_survives_a_sigkill(qdir):
             assert [j.payload for j in jobs] == list(range(len(returned)))
             # the unfinished ones are there to be rerun
             assert {j.id for j in q.running()} == {j.id for j in jobs if j.status is Status.RUNNING}
+
+    asyncio.run(check())
+
+
+def test_a_healthy_handler_outliving_the_visibility_timeout_keeps_its_job(qdir, tmp_path):
+    logf = str(tmp_path / "log")
+    a, job_id = start_holder(qdir, logf, "long", "0.3")  # runs 1.5 s = 5 visibility timeouts
+    try:
+        b = spawn(SERVER, qdir, logf, "finish", "0.3")  # would take the job if its lease lapsed
+        assert b.wait(60) == 0
+        assert a.wait(60) == 0
+    finally:
+        if a.poll() is None:
+            a.kill()
+    assert [(r[0], int(r[2])) for r in read_log(logf)] == [("start", a.pid), ("run", a.pid)]
+    job = get(qdir, job_id)
+    assert job.status is Status.DONE and job.result == f"done by {a.pid}" and job.attempts == 1
+
+
+PRUNER = r"""
+import asyncio, sys
+from ringq.aio import Queue
+
+queue = Queue(sys.argv[1], keep_jobs=10, keep_seconds=None, sweep_interval=3600, durability="none",
+              slot_size=128, slot_count=64)
+
+async def main():
+    async with queue:
+        print("ready", flush=True)
+        sys.stdin.readline()
+        total = 0
+        for _ in range(50):
+            total += queue.prune()
+        print(total, flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_two_processes_pruning_at_once_keep_exactly_the_newest(qdir):
+    opts = dict(keep_jobs=None, keep_seconds=None, durability="none", slot_size=128, slot_count=64)
+    queue = Queue(qdir, **opts)
+
+    @queue.handler("x")
+    async def x(job):
+        return job.payload
+
+    async def finish_all():
+        async with queue:
+            ids = [queue.submit("x", i) for i in range(300)]
+            while queue.running():
+                await asyncio.sleep(0.01)
+            return ids
+
+    ids = asyncio.run(finish_all())
+    pruners = [spawn(PRUNER, qdir, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in pruners:
+        assert p.stdout.readline().strip() == "ready"
+    for p in pruners:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    pruned = [int(p.communicate(timeout=60)[0]) for p in pruners]
+    assert sum(pruned) == 290
+
+    async def check():
+        async with Queue(qdir, **opts) as q:
+            kept = [q.get(i) for i in ids]
+            assert [j is not None for j in kept] == [False] * 290 + [True] * 10
 
     asyncio.run(check())

@@ -178,8 +178,14 @@ class Queue:
         path: queue directory (created 0700 if missing).
         name: queue name ``[A-Za-z0-9_-]{1,64}``; names in one directory are independent.
         fsync: nobroker's spelling: False means ``durability="none"``.
-        durability: ``"msync"`` (default; enqueue returns after msync(MS_SYNC) of its record) or
-            ``"none"`` (survives process crashes, not power loss).  See docs/durability.md.
+        durability: ``"msync"`` (default; enqueue returns after msync(MS_SYNC) of its record),
+            ``"fdatasync"``, ``"group"`` (group commit: concurrent producers share syncs),
+            ``"interval"`` (a flusher thread syncs every ``flush_interval`` seconds) or ``"none"``
+            (survives process crashes, not power loss).  See docs/durability.md.
+        flush_interval: seconds between syncs for ``durability="interval"`` (default 0.05).
+        sync_acks: msync every lease, ack, nack and extend before it returns (default False).
+        state_flush_interval: unsynced state changes reach the disk within this many seconds
+            (default 1.0; off for ``"none"``; None turns it off).
         visibility_timeout: seconds a lease lasts before the job is handed out again (default 30).
         max_attempts: leases allowed per job before it moves to the dead-letter queue (default 5).
         backoff: retry delay policy for nack (default ``BackoffPolicy()``).
@@ -202,6 +208,9 @@ class Queue:
         *,
         fsync: bool = True,
         durability: str | None = None,
+        flush_interval: float = 0.05,
+        sync_acks: bool = False,
+        state_flush_interval: float | None | object = ...,
         visibility_timeout: float = DEFAULT_VISIBILITY_TIMEOUT,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         backoff: BackoffPolicy | None = None,
@@ -223,6 +232,7 @@ class Queue:
         self.backoff = backoff or BackoffPolicy()
         self._ring = Ring(
             path, name, slot_size=slot_size, slot_count=slot_count, durability=durability,
+            flush_interval=flush_interval, sync_acks=sync_acks, state_flush_interval=state_flush_interval,
             lock_timeout=lock_timeout, mode=mode, allow_network_fs=allow_network_fs,
         )
         self.durability = durability
@@ -358,10 +368,13 @@ class Queue:
         bufs = [self._ring.build(r) for r in recs]
         if not recs:
             return []
+        if job_ids is None:
+            with self._lock:
+                placed, ticket = self._ring.append_nowait(recs, bufs)
+            # Sync outside our lock, so that other threads append meanwhile (and share the sync).
+            self._ring.finish(ticket)
+            return [self._fresh_job(r, p, payloads[i]) for i, (r, p) in enumerate(zip(recs, placed))]
         with self._lock:
-            if job_ids is None:
-                placed = self._ring.append(recs, bufs)
-                return [self._fresh_job(r, p, payloads[i]) for i, (r, p) in enumerate(zip(recs, placed))]
             # Idempotent path: decide under the writer lock, after reading everything published.
             with self._ring.locked():
                 self._refresh()
@@ -710,6 +723,7 @@ class Queue:
         if not ok:
             self._held.pop(key, None)
             return None
+        self._ring.note_state(seg, slot)
         old_owner = seg.load64(off + 8)
         seg.cas64(off + 8, old_owner, owner | (lc << 16) | ((os.getpid() & 0x3FFFFFFF) << 34))
         try:
@@ -763,6 +777,7 @@ class Queue:
                 ok, w = seg.cas64(off, w, done)
                 if ok:
                     break
+            self._ring.note_state(seg, slot)
             self._held.pop((seg.seq, slot), None)
             self._ring.note_finished(seg)
 
@@ -803,6 +818,7 @@ class Queue:
                     break
                 self._require_lease(w2, job_id, token, "nack")
                 w = w2
+            self._ring.note_state(seg, slot)
             self._held.pop((seg.seq, slot), None)
             if new & 7 == ST_READY:
                 self._ring.note_returned(seg)
@@ -823,6 +839,7 @@ class Queue:
                 new = (w & ((1 << TIME_SHIFT) - 1)) | (min(deadline - seg.epoch_ms, TIME_MAX) << TIME_SHIFT)
                 ok, w = seg.cas64(off, w, new)
                 if ok:
+                    self._ring.note_state(seg, slot)
                     return self._job_at(seg.seq, slot, new)
 
     # -- reclaiming ----------------------------------------------------------------------------------------

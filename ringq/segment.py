@@ -53,6 +53,9 @@ OFF_RING_GEN = 80  # u64: bumped on every rotation and retirement
 OFF_WAKE = 88  # u32: futex word; producers bump it and wake sleepers
 OFF_WAITERS = 92  # u32: number of consumers asleep on OFF_WAKE
 OFF_CTL_CHANGE = 96  # u64: bumped whenever any job returns to READY (hint to rescan)
+# Durability words (ringq/durability.py), in the free space after 104.
+OFF_SYNCED = 192  # u64: group commit's synced-up-to watermark, a position (seg seq << 24) | slot
+OFF_SYNC_COUNT = 200  # u64: append syncs issued by all processes (any strategy); for tests and bench
 
 
 def segment_name(name: str, seq: int) -> str:

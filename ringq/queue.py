@@ -110,13 +110,14 @@ class QueueStats:
 
 
 class _Grow:
-    """A growable numpy vector with a stable C pointer between appends."""
+    """A growable numpy vector with a stable C pointer (``ptr``) between appends."""
 
-    __slots__ = ("a", "n")
+    __slots__ = ("a", "n", "ptr")
 
     def __init__(self, dtype: str, cap: int = 64) -> None:
         self.a = np.empty(cap, dtype)
         self.n = 0
+        self.ptr = self.a.ctypes.data
 
     def extend(self, values: np.ndarray) -> None:
         k = len(values)
@@ -124,6 +125,7 @@ class _Grow:
             bigger = np.empty(max(2 * len(self.a), self.n + k), self.a.dtype)
             bigger[: self.n] = self.a[: self.n]
             self.a = bigger
+            self.ptr = bigger.ctypes.data
         self.a[self.n : self.n + k] = values
         self.n += k
 
@@ -502,7 +504,7 @@ class Queue:
         seg = view.seg
         state = ffi.new("uint64_t *")
         arr = lane.slots
-        idx = lib.ringq_next_ready(seg.ptr, seg.size, seg.geom, ffi.cast("uint32_t *", arr.a.ctypes.data),
+        idx = lib.ringq_next_ready(seg.ptr, seg.size, seg.geom, ffi.cast("uint32_t *", arr.ptr),
                                    arr.n, lane.cursor, state)
         if idx < 0 or idx >= arr.n:
             lane.cursor = arr.n
@@ -585,18 +587,18 @@ class Queue:
             enqueued_at=info.enqueued_us / 1e6,
             lease_deadline=when if st == ST_LEASED else None,
             lease_token=lc or None,
-            last_error=self._last_error(seg, slot, why, lc),
+            last_error=self._last_error(seg, slot, why, lc, st),
             seq=info.seq,
             _loc=(segseq, slot),
         )
 
-    def _last_error(self, seg: Segment, slot: int, why: int, lc: int) -> str | None:
+    def _last_error(self, seg: Segment, slot: int, why: int, lc: int, st: int) -> str | None:
         if why == WHY_EXPIRED:
             return "lease expired: visibility timeout passed before ack"
         if why == WHY_DIED:
             return "lease holder died: its process exited without ack"
-        if lc == 0:
-            return None
+        if lc == 0 or (st == ST_LEASED and lc == 1):
+            return None  # in its first lease no nack can have happened: spare the side-file read
         entries = self._ring.read_errors(seg.seq).get(slot)
         if not entries:
             return None

@@ -386,11 +386,16 @@ class Ring:
             target = path
         self.report.quarantined.append((target, reason))
 
-    def _repair_tail(self, seg: Segment) -> None:
-        """Under the lock: adopt records published beyond the stored tail (crash or power loss)."""
+    def _repair_tail(self, seg: Segment) -> int:
+        """Under the lock: adopt records published beyond the stored tail (crash or power loss).
+
+        Returns the (repaired) tail.
+        """
         tail = seg.load32(OFF_TAIL)
         if tail > seg.slot_count:
             raise CorruptionError(f"{seg.path}: tail {tail} beyond {seg.slot_count} slots")
+        if tail == seg.slot_count or seg.load64(seg.state_off_of(tail)) & 7 == ST_EMPTY:
+            return tail  # the common case: nothing beyond the tail, one load
         start = tail
         info = ffi.new("ringq_rec_info *")
         last_seq = seg.load64(OFF_LAST_SEQ)
@@ -409,6 +414,7 @@ class Ring:
             seg.store64(OFF_LAST_SEQ, last_seq)
             seg.store32(OFF_TAIL, tail)
             self.report.readopted.append((seg.path, adopted))
+        return tail
 
     # -- segments as this process sees them --------------------------------------------------------
 
@@ -563,8 +569,7 @@ class Ring:
         touched: dict[int, list[int]] = {}
         with self.locked():
             seg = self._tail_segment()
-            self._repair_tail(seg)
-            tail = seg.load32(OFF_TAIL)
+            tail = self._repair_tail(seg)
             # Plan first and allocate every segment the batch needs before writing a byte, so that
             # a full disk fails the whole batch cleanly (QueueFullError) instead of half of it.
             spans = [-(-len(buf) // slot_size) for buf in bufs]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import threading
 import time
 
 import numpy as np
@@ -101,7 +102,7 @@ class Mapped:
 
     # Atomic word access (acquire loads, release stores, seq-cst RMW), offsets checked in C.
     def load64(self, off: int) -> int:
-        out = _u64()
+        out = _scratch.u64
         errors.check(lib.ringq_load64(self.ptr, self.size, off, out), self.path)
         return out[0]
 
@@ -109,17 +110,17 @@ class Mapped:
         errors.check(lib.ringq_store64(self.ptr, self.size, off, value), self.path)
 
     def cas64(self, off: int, expected: int, desired: int) -> tuple[bool, int]:
-        out = _u64()
+        out = _scratch.u64
         rc = errors.check(lib.ringq_cas64(self.ptr, self.size, off, expected, desired, out), self.path)
         return rc == 1, out[0]
 
     def add64(self, off: int, delta: int = 1) -> int:
-        out = _u64()
+        out = _scratch.u64
         errors.check(lib.ringq_fetch_add64(self.ptr, self.size, off, delta, out), self.path)
         return out[0]
 
     def load32(self, off: int) -> int:
-        out = _u32()
+        out = _scratch.u32
         errors.check(lib.ringq_load32(self.ptr, self.size, off, out), self.path)
         return out[0]
 
@@ -131,7 +132,7 @@ class Mapped:
         return rc == 1
 
     def add32(self, off: int, delta: int = 1) -> int:
-        out = _u32()
+        out = _scratch.u32
         errors.check(lib.ringq_fetch_add32(self.ptr, self.size, off, delta & 0xFFFFFFFF, out), self.path)
         return out[0]
 
@@ -151,12 +152,16 @@ class Mapped:
         self.mm = None
 
 
-def _u64():
-    return ffi.new("uint64_t *")
+class _Scratch(threading.local):
+    """Per-thread out-words for the atomics: no allocation per operation.  Per thread, because
+    cffi releases the GIL during the C call, so another thread may run while one is in use."""
+
+    def __init__(self) -> None:
+        self.u64 = ffi.new("uint64_t *")
+        self.u32 = ffi.new("uint32_t *")
 
 
-def _u32():
-    return ffi.new("uint32_t *")
+_scratch = _Scratch()
 
 
 def seg_layout(slot_size: int, slot_count: int) -> tuple[int, int, int]:

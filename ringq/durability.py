@@ -28,7 +28,8 @@ It only rises, and only after a sync that covered everything below the new value
 not depend on the leader lock: two leaders syncing at once are merely redundant.
 
 State changes (lease, ack, nack, extend) are CASes on state words.  Under at-least-once a lost
-ack only means a redelivery, so they are not synced one by one unless ``sync_acks=True``.  A
+ack only means a redelivery, so they are not synced one by one unless ``sync_acks=True`` (which
+syncs acks and nacks; a lost lease or extend only hands the job out again sooner).  A
 durable strategy flushes the state tables this process changed at most ``state_flush_interval``
 seconds later (the same flusher thread), which bounds the window docs/durability.md describes.
 """
@@ -143,9 +144,14 @@ class Strategy:
         """
         self._sync_touched(touched)
 
-    def note_state(self, seg: Segment, slot: int) -> None:
-        """A state word of ``seg`` was changed by this process (lease, ack, nack, extend)."""
-        if self.sync_acks:
+    def note_state(self, seg: Segment, slot: int, final: bool = True) -> None:
+        """A state word of ``seg`` was changed by this process.
+
+        ``final`` is True for an ack or nack (the outcome of a lease), False for a lease or an
+        extend: losing one of those to a power loss only returns the job to READY sooner, which
+        at-least-once allows, so ``sync_acks`` does not pay a sync for them.
+        """
+        if self.sync_acks and final:
             with self.ring.maplock:
                 if seg.mm is not None:
                     off = seg.state_off_of(slot)

@@ -732,7 +732,7 @@ class Queue:
         if not ok:
             self._held.pop(key, None)
             return None
-        self._ring.note_state(seg, slot)
+        self._ring.note_state(seg, slot, final=False)
         old_owner = seg.load64(off + 8)
         seg.cas64(off + 8, old_owner, owner | (lc << 16) | ((os.getpid() & 0x3FFFFFFF) << 34))
         try:
@@ -786,7 +786,7 @@ class Queue:
                 ok, w = seg.cas64(off, w, done)
                 if ok:
                     break
-            self._ring.note_state(seg, slot)
+            self._ring.note_state(seg, slot, final=True)
             self._held.pop((seg.seq, slot), None)
             self._ring.note_finished(seg)
 
@@ -827,7 +827,7 @@ class Queue:
                     break
                 self._require_lease(w2, job_id, token, "nack")
                 w = w2
-            self._ring.note_state(seg, slot)
+            self._ring.note_state(seg, slot, final=True)
             self._held.pop((seg.seq, slot), None)
             if new & 7 == ST_READY:
                 self._ring.note_returned(seg)
@@ -848,7 +848,7 @@ class Queue:
                 new = (w & ((1 << TIME_SHIFT) - 1)) | (min(deadline - seg.epoch_ms, TIME_MAX) << TIME_SHIFT)
                 ok, w = seg.cas64(off, w, new)
                 if ok:
-                    self._ring.note_state(seg, slot)
+                    self._ring.note_state(seg, slot, final=False)
                     return self._job_at(seg.seq, slot, new)
 
     # -- reclaiming ----------------------------------------------------------------------------------------

@@ -655,10 +655,10 @@ class Ring:
             self.ctl.msync(0, 4096)
         return new
 
-    def note_state(self, seg: Segment, slot: int) -> None:
-        """This process changed the state word of ``slot`` (lease, ack, nack, extend): let the
-        durability strategy sync it now (``sync_acks``) or within ``state_flush_interval``."""
-        self.dur.note_state(seg, slot)
+    def note_state(self, seg: Segment, slot: int, final: bool) -> None:
+        """This process changed the state word of ``slot``: let the durability strategy sync it now
+        (``sync_acks`` and ``final``: an ack or nack) or within ``state_flush_interval``."""
+        self.dur.note_state(seg, slot, final)
 
     def sync_count(self) -> int:
         """Append syncs issued on this queue by all processes since it was created (shared counter)."""

@@ -20,7 +20,6 @@ import tempfile
 import time
 from typing import Any, Callable, Iterator
 
-from .bench import BATCH, Row, Sizes, _lat_row, _timed, adjacent_floor, payload
 
 
 class Adapter:
@@ -263,50 +262,20 @@ class RedisPeer(Peer):
 
     @contextlib.contextmanager
     def configs(self, scratch):
-        server = _RedisServer(scratch)
+        # One server per setting: appendfsync is server-wide and the contestants run interleaved.
+        always = _RedisServer(scratch)
+        try:
+            everysec = _RedisServer(scratch)
+        except BaseException:
+            always.stop()
+            raise
         try:
             n = iter(range(1 << 30))
-            yield [("redis appendfsync=always", True, lambda p: _Redis(server, "always", f"q{next(n)}")),
-                   ("redis appendfsync=everysec", False, lambda p: _Redis(server, "everysec", f"q{next(n)}"))]
+            yield [("redis appendfsync=always", True, lambda p: _Redis(always, "always", f"q{next(n)}")),
+                   ("redis appendfsync=everysec", False, lambda p: _Redis(everysec, "everysec", f"q{next(n)}"))]
         finally:
-            server.stop()
+            everysec.stop()
+            always.stop()
 
 
 PEERS = [NobrokerPeer(), PersistQueuePeer(), LiteQueuePeer(), SqlitePeer(), RedisPeer()]
-
-
-def run_peer(peer: Peer, scratch: str, sz: Sizes, log: Callable[[str], None]) -> list[Row]:
-    """Enqueue one per call, enqueue_many of BATCH (if the peer has it), lease+ack, per config."""
-    rows = []
-    with peer.configs(scratch) as configs:
-        for label, durable, open_ in configs:
-            for what in ("one", "many", "lease"):
-                adj = adjacent_floor(scratch, sz.ops) if durable and what == "one" else None
-                path = tempfile.mkdtemp(prefix="peer-", dir=scratch)
-                q = open_(path)
-                try:
-                    if what == "one":
-                        lat, secs = _timed(lambda i: q.enqueue(payload(i)), sz.ops)
-                        row = _lat_row("peer", label, "enqueue x1", durable, lat, sz.ops, secs)
-                    elif what == "many":
-                        if q.enqueue_many is None:
-                            continue
-                        batch = [payload(i) for i in range(BATCH)]
-                        lat, secs = _timed(lambda i: q.enqueue_many(batch), sz.batches)
-                        row = _lat_row("peer", label, f"enqueue_many x{BATCH}", durable, lat, sz.batches * BATCH, secs)
-                    else:
-                        if q.enqueue_many is not None:
-                            q.enqueue_many([payload(i) for i in range(sz.ops)])
-                        else:
-                            for i in range(sz.ops):
-                                q.enqueue(payload(i))
-                        lat, secs = _timed(lambda i: q.lease_ack(), sz.ops)
-                        row = _lat_row("peer", label, "lease_one+ack", durable, lat, sz.ops, secs)
-                finally:
-                    q.close()
-                    shutil.rmtree(path, ignore_errors=True)
-                if adj:
-                    row.extra["floor_adjacent"] = adj
-                rows.append(row)
-                log(f"  {label:38s} {row.variant:18s}: {row.ops_per_s:12,.0f} jobs/s")
-    return rows

@@ -54,14 +54,15 @@ class Sizes:
     batches: int  # enqueue_many calls of BATCH jobs per measurement
     fanout: int  # wake-ups measured per fan-out system
     cold: int  # pending jobs for the cold-open / stats / memory scenarios
-    floor: int  # iterations of the raw fdatasync loop
+    floor: int  # iterations of the raw fdatasync loop at the start and at the end
+    rounds: int  # interleaved rounds the ops/batches are split into
     producers: int = 4
 
 
 SIZES = {
-    "smoke": Sizes(ops=12, batches=1, fanout=10, cold=2_000, floor=12),
-    "short": Sizes(ops=1_000, batches=5, fanout=300, cold=100_000, floor=1_000),
-    "full": Sizes(ops=3_000, batches=20, fanout=2_000, cold=1_000_000, floor=3_000),
+    "smoke": Sizes(ops=8, batches=1, fanout=10, cold=2_000, floor=8, rounds=1),
+    "short": Sizes(ops=1_000, batches=8, fanout=300, cold=100_000, floor=500, rounds=4),
+    "full": Sizes(ops=4_000, batches=24, fanout=2_000, cold=1_000_000, floor=1_000, rounds=8),
 }
 
 
@@ -212,18 +213,147 @@ def raw_floor(scratch: str, n: int, label: str, kind: str = FLOOR) -> Row:
     return _lat_row("floor", kind, label, True, lat, n, secs)
 
 
-def adjacent_floor(scratch: str, n: int) -> float:
-    """The fdatasync floor measured right before a durable figure (the disk's speed drifts)."""
-    return raw_floor(scratch, max(10, min(n, 500)), "adjacent").ops_per_s
+class _FloorAdapter:
+    """A floor loop as a contestant: each ``enqueue`` writes 128 bytes at the next offset and syncs."""
+
+    enqueue_many = None
+
+    def __init__(self, path: str, kind: str, n: int) -> None:
+        import mmap
+
+        self.kind = kind
+        size = max(n * 128, 1 << 20)
+        self.path = os.path.join(path, "floor.dat")
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.posix_fallocate(self.fd, 0, size)
+        os.pwrite(self.fd, bytes(size), 0)
+        os.fsync(self.fd)
+        self.mm = mmap.mmap(self.fd, size) if kind == MMAP_FLOOR else None
+        self.off = 0
+        self.rec = b"r" * 128
+
+    def enqueue(self, _p: Any) -> None:
+        off = self.off
+        self.off += 128
+        if self.mm is None:
+            os.pwrite(self.fd, self.rec, off)
+            os.fdatasync(self.fd)
+        else:
+            self.mm[off : off + 128] = self.rec
+            self.mm.flush(off & ~4095, 4096)
+
+    def close(self) -> None:
+        if self.mm is not None:
+            self.mm.close()
+        os.close(self.fd)
 
 
-# -- 2. strategies -------------------------------------------------------------------------------
+class _RingqAdapter:
+    def __init__(self, path: str, durability: str, **kw: Any) -> None:
+        self.q = _open_ringq(path, durability, **kw)
+        self.enqueue = self.q.enqueue
+        self.enqueue_many = self.q.enqueue_many
+
+    def lease_ack(self) -> None:
+        q = self.q
+        q.ack(q.lease_one())
+
+    def close(self) -> None:
+        self.q.close()
 
 
 def _open_ringq(path: str, durability: str, **kw: Any):
     from .queue import Queue
 
     return Queue(path, durability=durability, **kw)
+
+
+# -- 2./3. one producer: ringq's strategies, the floors and the peers, interleaved ------------------
+#
+# The disk's speed drifts by several times over minutes on a shared or virtual machine, and the CPU
+# is shared too.  So every contestant of one kind of operation is opened first, then all of them
+# run in rounds of equal chunks, in a rotating order; a figure is the sum over its chunks.
+
+
+def _contestants(kind: str, scratch: str, sz: Sizes, stack: contextlib.ExitStack, with_peers: bool,
+                 log: Callable[[str], None]) -> list[tuple[str, bool, Callable[[str], Any]]]:
+    out: list[tuple[str, bool, Callable[[str], Any]]] = []
+    if kind == "one":
+        out += [(FLOOR, True, lambda p: _FloorAdapter(p, FLOOR, sz.ops)),
+                (MMAP_FLOOR, True, lambda p: _FloorAdapter(p, MMAP_FLOOR, sz.ops))]
+    if kind == "lease":
+        out += [("ringq none", False, lambda p: _RingqAdapter(p, "none")),
+                ("ringq msync (default)", True, lambda p: _RingqAdapter(p, "msync")),
+                ("ringq msync, sync_acks", True, lambda p: _RingqAdapter(p, "msync", sync_acks=True))]
+    else:
+        out += [(f"ringq {d}", d in DURABLE, (lambda d: lambda p: _RingqAdapter(p, d))(d)) for d in STRATEGIES]
+    if with_peers:
+        from . import _bench_peers as bp
+
+        for peer in bp.PEERS:
+            why = peer.missing()
+            if why:
+                if kind == "one":
+                    log(f"  skipped {peer.name}: {why}")
+                continue
+            try:
+                out += stack.enter_context(peer.configs(scratch))
+            except Exception as exc:  # noqa: BLE001 - a broken peer must not sink the run
+                log(f"  skipped {peer.name}: {type(exc).__name__}: {exc}")
+    return out
+
+
+def single_producer(scratch: str, sz: Sizes, log: Callable[[str], None], with_peers: bool) -> list[Row]:
+    rows = []
+    for kind, variant in (("one", "enqueue x1"), ("many", f"enqueue_many x{BATCH}"), ("lease", "lease_one+ack")):
+        log(f"{variant} (one producer, {sz.rounds} interleaved rounds):")
+        with contextlib.ExitStack() as stack:
+            opened = []
+            for label, durable, open_ in _contestants(kind, scratch, sz, stack, with_peers, log):
+                path = tempfile.mkdtemp(prefix="single-", dir=scratch)
+                try:
+                    q = open_(path)
+                except Exception as exc:  # noqa: BLE001
+                    log(f"  skipped {label}: {type(exc).__name__}: {exc}")
+                    continue
+                stack.callback(shutil.rmtree, path, True)
+                stack.callback(q.close)
+                if kind == "many" and q.enqueue_many is None:
+                    continue
+                if kind == "lease":
+                    if q.enqueue_many is not None:
+                        q.enqueue_many([payload(i) for i in range(sz.ops)])
+                    else:
+                        for i in range(sz.ops):
+                            q.enqueue(payload(i))
+                opened.append((label, durable, q))
+            calls = sz.ops if kind != "many" else sz.batches
+            chunk = max(1, calls // sz.rounds)
+            batch = [payload(i) for i in range(BATCH)]
+            lat: dict[str, list[int]] = {label: [] for label, _d, _q in opened}
+            secs: dict[str, float] = dict.fromkeys(lat, 0.0)
+            for r in range(sz.rounds):
+                k = r % max(1, len(opened))
+                for label, _durable, q in opened[k:] + opened[:k]:
+                    if kind == "one":
+                        fn = lambda i, q=q: q.enqueue(payload(i))  # noqa: E731
+                    elif kind == "many":
+                        fn = lambda i, q=q: q.enqueue_many(batch)  # noqa: E731
+                    else:
+                        fn = lambda i, q=q: q.lease_ack()  # noqa: E731
+                    got, t = _timed(fn, chunk)
+                    lat[label] += got
+                    secs[label] += t
+            for label, durable, _q in opened:
+                jobs = len(lat[label]) * (BATCH if kind == "many" else 1)
+                scenario = "floor" if label in (FLOOR, MMAP_FLOOR) else "single"
+                row = _lat_row(scenario, label, variant, durable, lat[label], jobs, secs[label])
+                rows.append(row)
+                log(f"  {label:38s} {row.ops_per_s:12,.0f} jobs/s  p50 {row.p50_us or 0:9.1f} µs")
+    return rows
+
+
+# -- 2. producer processes ---------------------------------------------------------------------------
 
 
 def _producer_child(path: str, durability: str, mode: str, n: int, go, out) -> None:
@@ -254,7 +384,7 @@ def run_producers(path: str, durability: str, mode: str, calls: int, producers: 
         p.start()
         pipes.append(r)
         procs.append(p)
-    time.sleep(0.2)  # let every child open the queue before the start signal
+    time.sleep(0.1)  # let every child open the queue before the start signal
     t0 = time.monotonic()
     go.set()
     lat: list[int] = []
@@ -268,60 +398,37 @@ def run_producers(path: str, durability: str, mode: str, calls: int, producers: 
     return lat, t_end - t0
 
 
-def strategies(scratch: str, sz: Sizes, log: Callable[[str], None]) -> list[Row]:
+def producer_processes(scratch: str, sz: Sizes, log: Callable[[str], None]) -> list[Row]:
+    """Every strategy x (enqueue, enqueue_many) x (1, N producer processes), in interleaved rounds.
+
+    Both the 1- and the N-producer figures come from child processes started the same way, so
+    their ratio (what group commit is for) is not skewed by the harness process.
+    """
     rows = []
-    for dur in STRATEGIES:
-        for mode in ("one", "many"):
-            for producers in (1, sz.producers):
-                path = tempfile.mkdtemp(prefix=f"strat-{dur}-{mode}-{producers}-", dir=scratch)
-                calls = sz.ops if mode == "one" else sz.batches
-                if producers > 1:
-                    calls = max(1, calls // producers) if mode == "one" else max(1, calls // 2)
-                    lat, secs = run_producers(path, dur, mode, calls, producers)
-                    syncs = _open_ringq(path, "none")
-                    nsync = syncs._ring.sync_count()
-                    syncs.close()
-                else:
-                    adj = adjacent_floor(scratch, calls) if dur in DURABLE and mode == "one" else None
-                    q = _open_ringq(path, dur)
-                    if mode == "one":
-                        lat, secs = _timed(lambda i: q.enqueue(payload(i)), calls)
-                    else:
-                        batch = [payload(i) for i in range(BATCH)]
-                        lat, secs = _timed(lambda i: q.enqueue_many(batch), calls)
-                    q.close()  # interval: the final flush is not timed
-                    nsync = None
-                jobs = len(lat) * (1 if mode == "one" else BATCH)
-                variant = f"enqueue x1" if mode == "one" else f"enqueue_many x{BATCH}"
-                row = _lat_row("strategy", f"ringq {dur}", variant, dur in DURABLE, lat, jobs, secs, producers)
-                if nsync is not None:
-                    row.extra["syncs"] = nsync
-                if producers == 1 and adj:
-                    row.extra["floor_adjacent"] = adj
-                rows.append(row)
-                log(f"  ringq {dur:9s} {variant:18s} x{producers}: {row.ops_per_s:12,.0f} jobs/s")
-                shutil.rmtree(path, ignore_errors=True)
-    return rows
-
-
-def lease_ack(scratch: str, sz: Sizes, log: Callable[[str], None]) -> list[Row]:
-    rows = []
-    for label, dur, kw in (("none", "none", {}), ("msync (default)", "msync", {}),
-                           ("msync, sync_acks", "msync", {"sync_acks": True})):
-        path = tempfile.mkdtemp(prefix="lease-", dir=scratch)
-        q = _open_ringq(path, "none")
-        q.enqueue_many([payload(i) for i in range(sz.ops)])
-        q.close()
-        q = _open_ringq(path, dur, **kw)
-
-        def op(i: int) -> None:
-            q.ack(q.lease_one())
-
-        lat, secs = _timed(op, sz.ops)
-        q.close()
-        rows.append(_lat_row("lease+ack", f"ringq {label}", "lease_one+ack", dur != "none", lat, sz.ops, secs))
-        log(f"  ringq {label:18s} lease+ack: {rows[-1].ops_per_s:12,.0f}/s")
-        shutil.rmtree(path, ignore_errors=True)
+    n = sz.producers
+    for mode, variant in (("one", "enqueue x1"), ("many", f"enqueue_many x{BATCH}")):
+        log(f"{variant}, 1 and {n} producer processes ({sz.rounds} interleaved rounds):")
+        keys = [(d, p) for d in STRATEGIES for p in (1, n)]
+        paths = {k: tempfile.mkdtemp(prefix=f"procs-{k[0]}-{k[1]}-", dir=scratch) for k in keys}
+        lat: dict[tuple[str, int], list[int]] = {k: [] for k in keys}
+        secs = dict.fromkeys(keys, 0.0)
+        total = sz.ops if mode == "one" else sz.batches
+        for r in range(sz.rounds):
+            for k in keys[r % len(keys):] + keys[: r % len(keys)]:
+                per = max(1, total // sz.rounds // k[1])
+                got, t = run_producers(paths[k], k[0], mode, per, k[1])
+                lat[k] += got
+                secs[k] += t
+        for k in keys:
+            q = _open_ringq(paths[k], "none")
+            nsync = q._ring.sync_count()
+            q.close()
+            jobs = len(lat[k]) * (BATCH if mode == "many" else 1)
+            row = _lat_row("processes", f"ringq {k[0]}", variant, k[0] in DURABLE, lat[k], jobs, secs[k], k[1],
+                           syncs=nsync)
+            rows.append(row)
+            log(f"  ringq {k[0]:9s} x{k[1]}: {row.ops_per_s:12,.0f} jobs/s  ({nsync} syncs for {jobs} jobs)")
+            shutil.rmtree(paths[k], ignore_errors=True)
     return rows
 
 
@@ -574,25 +681,6 @@ def cold_open(scratch: str, sz: Sizes, log: Callable[[str], None], with_nobroker
     return rows
 
 
-# -- 3. peers --------------------------------------------------------------------------------------
-
-
-def peers(scratch: str, sz: Sizes, log: Callable[[str], None]) -> list[Row]:
-    from . import _bench_peers as bp
-
-    rows = []
-    for peer in bp.PEERS:
-        why = peer.missing()
-        if why:
-            log(f"  skipped {peer.name}: {why}")
-            continue
-        try:
-            rows.extend(bp.run_peer(peer, scratch, sz, log))
-        except Exception as exc:  # noqa: BLE001 - a broken peer must not sink the run
-            log(f"  skipped {peer.name}: {type(exc).__name__}: {exc}")
-    return rows
-
-
 # -- reporting -------------------------------------------------------------------------------------
 
 
@@ -607,7 +695,11 @@ def _fmt(x: float | None, unit: str = "") -> str:
 def markdown(rows: list[Row], floor: float | None) -> str:
     """The results as Markdown tables.  Durable rows carry ratios to the fdatasync floor measured
     right before them (else the run's mean) and to the run's mean mmap floor."""
+    def interleaved(kind: str) -> float | None:
+        return next((r.ops_per_s for r in rows if r.system == kind and r.variant == "enqueue x1"), None)
+
     mfl = [r.ops_per_s for r in rows if r.scenario == "floor" and r.system == MMAP_FLOOR]
+    fl_i, mfl_i = interleaved(FLOOR), interleaved(MMAP_FLOOR)
     mfloor = sum(mfl) / len(mfl) if mfl else None
 
     def nob(r: Row) -> float | None:
@@ -617,7 +709,7 @@ def markdown(rows: list[Row], floor: float | None) -> str:
             return None
         want_durable = r.durable
         for o in rows:
-            if o.system.startswith("nobroker") and o.durable == want_durable and o.producers == 1 and (
+            if o.system.startswith("nobroker") and o.durable == want_durable and (
                 (key == "one" and o.variant.startswith("enqueue x1")) or (key == "many" and "enqueue_many" in o.variant)
                 or (key == "lease" and "lease" in o.variant)
             ):
@@ -625,17 +717,19 @@ def markdown(rows: list[Row], floor: float | None) -> str:
         return None
 
     out = []
-    thr = [r for r in rows if r.scenario in ("floor", "strategy", "lease+ack", "peer")]
+    thr = [r for r in rows if r.scenario in ("floor", "single", "processes")]
     if thr:
         out.append("| scenario | system | variant | durable | procs | jobs/s | × fdatasync floor | × mmap floor | "
                    "× nobroker | p50 µs | p99 µs | p99.9 µs |")
         out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in thr:
             nb = nob(r)
-            ratio_floor = r.ratio(r.extra.get("floor_adjacent") or floor) if r.durable else None
+            single = r.scenario in ("single", "floor") and r.variant == "enqueue x1"
+            ratio_floor = r.ratio((fl_i if single else None) or floor) if r.durable else None
+            ratio_mfloor = r.ratio((mfl_i if single else None) or mfloor) if r.durable else None
             out.append(
                 f"| {r.scenario} | {r.system} | {r.variant} | {'yes' if r.durable else 'NOT durable'} | {r.producers} | "
-                f"{_fmt(r.ops_per_s)} | {_fmt(ratio_floor)} | {_fmt(r.ratio(mfloor) if r.durable else None)} | "
+                f"{_fmt(r.ops_per_s)} | {_fmt(ratio_floor)} | {_fmt(ratio_mfloor)} | "
                 f"{_fmt(r.ops_per_s / nb if nb else None)} | "
                 f"{_fmt(r.p50_us)} | {_fmt(r.p99_us)} | {_fmt(r.p999_us)} |"
             )
@@ -669,7 +763,7 @@ def plots(rows: list[Row], outdir: str, floor: float | None, log: Callable[[str]
         log("no plots: matplotlib is not installed (pip install 'ringq[bench]')")
         return []
     made = []
-    strat = [r for r in rows if r.scenario == "strategy"]
+    strat = [r for r in rows if r.scenario == "processes"]
     if strat:
         fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
         for ax, mode in zip(axes, ("enqueue x1", f"enqueue_many x{BATCH}")):
@@ -693,18 +787,22 @@ def plots(rows: list[Row], outdir: str, floor: float | None, log: Callable[[str]
         plt.close(fig)
         made.append(p)
     for name, sel, title in (
-        ("latency_enqueue.png", [r for r in rows if r.cdf_us and r.variant == "enqueue x1" and r.producers == 1],
-         "enqueue latency (1 producer, one job per call)"),
+        ("latency_enqueue.png", [r for r in rows if r.cdf_us and r.variant == "enqueue x1"
+                                 and r.scenario in ("single", "floor")],
+         "enqueue latency (1 producer, one job per call, interleaved)"),
         ("latency_fanout.png", [r for r in rows if r.cdf_us and r.scenario == "fanout"],
          "fan-out latency: producer -> blocked consumer -> handler start"),
         ("latency_lease_ack.png", [r for r in rows if r.cdf_us and "lease" in r.variant], "lease+ack round trip"),
+        ("latency_enqueue_procs.png", [r for r in rows if r.cdf_us and r.scenario == "processes" and r.durable
+                                       and r.variant == "enqueue x1"], "durable enqueue latency, producer processes"),
     ):
         if not sel:
             continue
         fig, ax = plt.subplots(figsize=(8, 4.5))
         q = np.linspace(0, 1, 201)
         for r in sel:
-            ax.plot(r.cdf_us, q, label=f"{r.system}" + ("" if r.durable or r.scenario == "fanout" else " (not durable)"))
+            label = r.system + (f" x{r.producers}" if r.scenario == "processes" else "")
+            ax.plot(r.cdf_us, q, label=label + ("" if r.durable or r.scenario == "fanout" else " (not durable)"))
         ax.set_xscale("log")
         ax.set_xlabel("µs (log)")
         ax.set_ylabel("fraction of calls")
@@ -721,7 +819,7 @@ def plots(rows: list[Row], outdir: str, floor: float | None, log: Callable[[str]
 
 # -- driver ----------------------------------------------------------------------------------------
 
-SCENARIOS = ("floor", "strategies", "lease", "peers", "fanout", "cold")
+SCENARIOS = ("floor", "single", "processes", "peers", "fanout", "cold")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -732,7 +830,8 @@ def _parser() -> argparse.ArgumentParser:
     size.add_argument("--full", action="store_true", help="the full run of docs/benchmarks.md (minutes)")
     p.add_argument("--dir", help="scratch directory on the file system to measure (default: a temp dir)")
     p.add_argument("--out", default="benchmarks/out", help="where results.json and the plots go")
-    p.add_argument("--only", help=f"comma-separated scenarios out of {','.join(SCENARIOS)}")
+    p.add_argument("--only", help=f"comma-separated scenarios out of {','.join(SCENARIOS)} ('peers' adds the "
+                   "peer queues to 'single')")
     p.add_argument("--peers", action="store_true", help="include peer queues in the short run")
     p.add_argument("--no-peers", action="store_true", help="skip peer queues")
     p.add_argument("--cold-jobs", type=int, help="pending jobs for cold open / memory (overrides the size)")
@@ -769,15 +868,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for kind in (FLOOR, MMAP_FLOOR):
                 rows.append(raw_floor(scratch, sz.floor, "start", kind))
                 log(f"  {kind}: {rows[-1].ops_per_s:,.0f}/s")
-        if "strategies" in only:
-            log("durability strategies:")
-            rows += strategies(scratch, sz, log)
-        if "lease" in only:
-            log("lease+ack round trips:")
-            rows += lease_ack(scratch, sz, log)
-        if "peers" in only:
-            log("peers (same workload, same run):")
-            rows += peers(scratch, sz, log)
+        if "single" in only:
+            rows += single_producer(scratch, sz, log, "peers" in only)
+        if "processes" in only:
+            rows += producer_processes(scratch, sz, log)
         if "fanout" in only:
             log("fan-out latency:")
             rows += fanout(scratch, sz, log)

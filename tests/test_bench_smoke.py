@@ -42,9 +42,14 @@ def test_smoke_run_writes_table_json_and_environment(tmp_path):
     for key in ("cpu", "kernel", "file_system", "python", "versions"):
         assert key in env
     scenarios = {r["scenario"] for r in data["rows"]}
-    assert {"floor", "strategy", "lease+ack", "fanout", "cold-open"} <= scenarios
-    systems = {r["system"] for r in data["rows"] if r["scenario"] == "strategy"}
-    assert systems == {f"ringq {s}" for s in ("none", "msync", "fdatasync", "group", "interval")}
+    assert {"floor", "single", "processes", "fanout", "cold-open"} <= scenarios
+    strategies = {f"ringq {s}" for s in ("none", "msync", "fdatasync", "group", "interval")}
+    for scenario in ("single", "processes"):
+        rows = [r for r in data["rows"] if r["scenario"] == scenario and r["variant"] == "enqueue x1"]
+        assert {r["system"] for r in rows} >= strategies
+    assert {r["producers"] for r in data["rows"] if r["scenario"] == "processes"} == {1, 4}
+    leases = {r["system"] for r in data["rows"] if r["variant"] == "lease_one+ack"}
+    assert {"ringq none", "ringq msync (default)", "ringq msync, sync_acks"} <= leases
     assert data["floor_ops_per_s"] > 0
     cold = next(r for r in data["rows"] if r["scenario"] == "cold-open" and r["system"] == "ringq")
     assert cold["extra"]["leased"] and cold["extra"]["stats_total"] == 2000
@@ -53,13 +58,13 @@ def test_smoke_run_writes_table_json_and_environment(tmp_path):
 
 
 def test_smoke_run_without_peers_or_matplotlib_says_what_it_skipped(tmp_path):
-    res = _run(tmp_path, "--only", "floor,peers,fanout,strategies", block=True)
+    res = _run(tmp_path, "--only", "floor,single,peers,fanout,processes", block=True)
     assert res.returncode == 0, res.stderr[-3000:]
     for line in ("skipped nobroker: nobroker is not installed", "skipped redis: redis is not installed",
                  "skipped faster-fifo fan-out", "no plots: matplotlib is not installed"):
         assert line in res.stderr
     data = json.loads((tmp_path / "out" / "results.json").read_text())
-    peers = {r["system"] for r in data["rows"] if r["scenario"] == "peer"}
+    peers = {r["system"] for r in data["rows"] if r["scenario"] == "single" and not r["system"].startswith("ringq")}
     assert peers == {"sqlite3 WAL synchronous=FULL", "sqlite3 WAL synchronous=NORMAL"}  # stdlib only
     assert not list((tmp_path / "out").glob("*.png"))
 

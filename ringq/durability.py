@@ -39,10 +39,12 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
+import time
 import weakref
 from typing import TYPE_CHECKING
 
-from .segment import OFF_SEALED, OFF_SYNC_COUNT, OFF_SYNCED, OFF_TAIL, OFF_TAIL_SEG, Segment
+from ._native import lib
+from .segment import OFF_SEALED, OFF_SYNC_COUNT, OFF_SYNC_GEN, OFF_SYNCED, OFF_TAIL, OFF_TAIL_SEG, Segment
 
 if TYPE_CHECKING:  # pragma: no cover
     from .ring import Ring
@@ -59,6 +61,7 @@ __all__ = [
 STRATEGIES = ("none", "msync", "fdatasync", "group", "interval")
 DEFAULT_FLUSH_INTERVAL = 0.05  # seconds: the loss window of durability="interval"
 DEFAULT_STATE_FLUSH_INTERVAL = 1.0  # seconds: the loss window of unsynced state changes
+LEADER_WAIT_NS = 5_000_000  # a follower re-checks at least this often, in case its leader died
 SLOT_BITS = 24
 SLOT_MASK = (1 << SLOT_BITS) - 1
 
@@ -250,9 +253,16 @@ class Group(Strategy):
 
     name = "group"
 
+    linger = 50e-6  # seconds a contended leader waits before reading the tail
+
     def _reset(self) -> None:
         super()._reset()
+        if getattr(self, "_leader_fd", -1) >= 0:
+            # A forked child: close its copy of the parent's descriptor, or the parent's flock
+            # would outlive the parent (the lock belongs to the shared open file description).
+            os.close(self._leader_fd)
         self._leader_fd = -1
+        self._busy = False  # the last append saw other producers (waited, or was covered)
 
     def _lead(self) -> int:
         if self._leader_fd < 0:
@@ -262,19 +272,50 @@ class Group(Strategy):
 
     def after_append(self, touched: dict[int, list[int]], end: int) -> None:
         ctl = self.ring.ctl
-        if ctl.load64(OFF_SYNCED) >= end:
-            self.covered += 1
-            return
-        if self._forked():
-            pass  # a child must not use the parent's leader fd (flock belongs to the description)
-        with self._mutex:  # one leader per process at a time; the flock orders processes
+        self._forked()  # a child must not use the parent's leader fd (flock belongs to the description)
+        waited = False
+        while True:
+            if ctl.load64(OFF_SYNCED) >= end:
+                self.covered += 1
+                self._busy = True
+                return
+            gen = ctl.load32(OFF_SYNC_GEN)
+            if self._try_lead(end, self._busy or waited):
+                self._busy = waited
+                return
+            waited = True
+            # Another producer is leading.  Sleep until it finishes (it bumps the generation), then
+            # look again: its sync has likely covered us.  Bounded, in case the leader was killed
+            # (the kernel then released its flock and somebody must take over).
+            rc = lib.ringq_futex_wait(ctl.ptr, ctl.size, OFF_SYNC_GEN, gen, LEADER_WAIT_NS)
+            if rc == lib.RINGQ_ENOFUTEX:
+                time.sleep(0.0001)
+
+    def _try_lead(self, end: int, contended: bool) -> bool:
+        """Become the leader if nobody is: sync up to the tail, raise the watermark.  False if busy.
+
+        ``contended``: other producers were seen recently (this one waited for a leader, now or
+        in its last append, or was covered by one).  Those the previous sync released are
+        appending again right now; a leader that reads the tail at once leaves them to a sync of
+        their own, and syncs alternate between covering many records and covering one.
+        Lingering for about one append lets the next sync cover them too.
+        """
+        if not self._mutex.acquire(blocking=False):  # another thread of ours leads
+            return False
+        try:
             fd = self._lead()
-            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            ctl = self.ring.ctl
+            try:
+                if contended and self.linger:
+                    time.sleep(self.linger)
                 w = ctl.load64(OFF_SYNCED)
                 if w >= end:
                     self.covered += 1
-                    return
+                    return True
                 q = max(self._tail_position(), end)
                 self._sync_between(w, q)
                 self._count_sync()
@@ -284,6 +325,12 @@ class Group(Strategy):
                         break
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
+            # After the unlock, so that a woken producer that is not covered can lead at once.
+            ctl.add32(OFF_SYNC_GEN)
+            lib.ringq_futex_wake(ctl.ptr, ctl.size, OFF_SYNC_GEN, 0x7FFFFFFF)
+            return True
+        finally:
+            self._mutex.release()
 
     def _segment(self, seq: int) -> tuple[Segment | None, bool]:
         """``(segment, opened here)``: mapped by this process, or opened just for this sync."""

@@ -57,6 +57,7 @@ OFF_CTL_CHANGE = 96  # u64: bumped whenever any job returns to READY (hint to re
 # Durability words (ringq/durability.py), in the free space after 104.
 OFF_SYNCED = 192  # u64: group commit's synced-up-to watermark, a position (seg seq << 24) | slot
 OFF_SYNC_COUNT = 200  # u64: append syncs issued by all processes (any strategy); for tests and bench
+OFF_SYNC_GEN = 208  # u32: futex word; a group-commit leader bumps it after raising OFF_SYNCED
 
 
 def segment_name(name: str, seq: int) -> str:

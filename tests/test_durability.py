@@ -193,3 +193,32 @@ def test_none_strategy_never_syncs_state_by_default(tmp_path):
         q.enqueue(1)
         q.ack(q.lease_one())
         assert q._ring.dur._flusher is None
+
+
+def _one_group_enqueue(path: str, inherited_fd: int) -> None:
+    os.close(inherited_fd)  # fork copied the "dead leader's" descriptor; only the test may hold it
+    with Queue(path, durability="group") as q:
+        q.enqueue("after the leader died")
+
+
+def test_group_commit_follower_takes_over_from_a_dead_leader(tmp_path):
+    import fcntl
+
+    Queue(tmp_path, durability="group").close()
+    # Play a leader that took the leader lock and died mid-sync: hold the flock, never bump the
+    # generation.  The producer must not return (its record is not synced) until the lock is free.
+    fd = os.open(tmp_path / "default.sync", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    ctx = mp.get_context("fork")
+    p = ctx.Process(target=_one_group_enqueue, args=(str(tmp_path), fd))
+    p.start()
+    time.sleep(0.3)
+    assert p.is_alive(), "the producer returned without a sync covering its record"
+    os.close(fd)  # the kernel drops a dead process's flock the same way
+    p.join(30)
+    assert p.exitcode == 0
+    with Queue(tmp_path) as q:
+        assert q._ring.sync_count() == 1
+        seq = q._ring.ctl.load64(OFF_TAIL_SEG)
+        assert q._ring.ctl.load64(OFF_SYNCED) >= position(seq, q._ring.segments[seq].load32(OFF_TAIL))
+        assert [j.payload for j in q.lease(5)] == ["after the leader died"]

@@ -62,6 +62,8 @@ from .segment import (
     OFF_CTL_CHANGE,
     OFF_FINISHED,
     OFF_LAST_SEQ,
+    OFF_LOCK_WAITERS,
+    OFF_LOCK_WAKE,
     OFF_NEXT_SEQ,
     OFF_NRECORDS,
     OFF_RETIRED,
@@ -284,6 +286,10 @@ class Ring:
             try:
                 if ring._depth == 0:
                     fcntl.flock(ring._lock_fd, fcntl.LOCK_UN)
+                    ctl = ring.ctl
+                    if ctl is not None and ctl.load32(OFF_LOCK_WAITERS):
+                        ctl.add32(OFF_LOCK_WAKE)  # after the unlock: a woken writer's retry succeeds
+                        lib.ringq_futex_wake(ctl.ptr, ctl.size, OFF_LOCK_WAKE, 1)
             finally:
                 ring._tlock.release()
 
@@ -305,20 +311,35 @@ class Ring:
             return
         except BlockingIOError:
             pass
+        # flock has no timeout, so wait on the control file's lock futex word instead of polling:
+        # a releaser that sees waiters bumps it after its unlock.  Register as a waiter *before*
+        # retrying, so a release between the retry and the sleep is never missed.  Sleep in short
+        # slices: a holder killed by a signal releases the flock but wakes nobody.
         deadline = time.monotonic() + self.lock_timeout
+        ctl = self.ctl  # None only while the queue is being created (under this very lock)
         pause = 0.0001
         while True:
+            seen = ctl.load32(OFF_LOCK_WAKE) if ctl is not None else 0
+            if ctl is not None:
+                ctl.add32(OFF_LOCK_WAITERS, 1)
             try:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise LockTimeoutError(
-                        f"writer lock {self.lock_path} not acquired within {self.lock_timeout} s; "
-                        "another process holds it (suspended or stuck?)"
-                    ) from None
-                time.sleep(pause)
-                pause = min(pause * 2, 0.005)
+                try:
+                    fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return
+                except BlockingIOError:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise LockTimeoutError(
+                            f"writer lock {self.lock_path} not acquired within {self.lock_timeout} s; "
+                            "another process holds it (suspended or stuck?)"
+                        ) from None
+                if ctl is None or lib.ringq_futex_wait(ctl.ptr, ctl.size, OFF_LOCK_WAKE, seen,
+                                                       int(min(left, 0.005) * 1e9)) == lib.RINGQ_ENOFUTEX:
+                    time.sleep(min(pause, left))
+                    pause = min(pause * 2, 0.005)
+            finally:
+                if ctl is not None:
+                    ctl.add32(OFF_LOCK_WAITERS, -1)
 
     # -- recovery ------------------------------------------------------------------------------
 

@@ -58,6 +58,8 @@ OFF_CTL_CHANGE = 96  # u64: bumped whenever any job returns to READY (hint to re
 OFF_SYNCED = 192  # u64: group commit's synced-up-to watermark, a position (seg seq << 24) | slot
 OFF_SYNC_COUNT = 200  # u64: append syncs issued by all processes (any strategy); for tests and bench
 OFF_SYNC_GEN = 208  # u32: futex word; a group-commit leader bumps it after raising OFF_SYNCED
+OFF_LOCK_WAKE = 212  # u32: futex word; a writer releasing the lock bumps it if writers wait
+OFF_LOCK_WAITERS = 216  # u32: writers waiting for the writer lock (registered before they retry)
 
 
 def segment_name(name: str, seq: int) -> str:

@@ -62,7 +62,7 @@ class Sizes:
 SIZES = {
     "smoke": Sizes(ops=8, batches=1, fanout=10, cold=2_000, floor=8, rounds=1),
     "short": Sizes(ops=1_000, batches=8, fanout=300, cold=100_000, floor=500, rounds=4),
-    "full": Sizes(ops=4_000, batches=24, fanout=2_000, cold=1_000_000, floor=1_000, rounds=8),
+    "full": Sizes(ops=4_000, batches=32, fanout=2_000, cold=1_000_000, floor=1_000, rounds=16),
 }
 
 

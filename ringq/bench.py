@@ -135,6 +135,10 @@ def environment(scratch: str) -> dict[str, Any]:
             versions[pkg] = md.version(pkg)
         except md.PackageNotFoundError:
             versions[pkg] = None
+    if versions["ringq"] is None:  # run from a source checkout
+        from . import __version__
+
+        versions["ringq"] = f"{__version__} (source)"
     import sqlite3
 
     versions["sqlite"] = sqlite3.sqlite_version
@@ -725,7 +729,7 @@ def markdown(rows: list[Row], floor: float | None) -> str:
                    "× nobroker | p50 µs | p99 µs | p99.9 µs |")
         out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in thr:
-            nb = nob(r)
+            nb = nob(r) if r.scenario == "single" else None  # ratios within one interleaved set
             single = r.scenario in ("single", "floor") and r.variant == "enqueue x1"
             ratio_floor = r.ratio((fl_i if single else None) or floor) if r.durable else None
             ratio_mfloor = r.ratio((mfl_i if single else None) or mfloor) if r.durable else None
@@ -802,9 +806,10 @@ def plots(rows: list[Row], outdir: str, floor: float | None, log: Callable[[str]
             continue
         fig, ax = plt.subplots(figsize=(8, 4.5))
         q = np.linspace(0, 1, 201)
-        for r in sel:
+        for k, r in enumerate(sel):
             label = r.system + (f" x{r.producers}" if r.scenario == "processes" else "")
-            ax.plot(r.cdf_us, q, label=label + ("" if r.durable or r.scenario == "fanout" else " (not durable)"))
+            ax.plot(r.cdf_us, q, ls=("-", "--", ":")[k // 10 % 3],
+                    label=label + ("" if r.durable or r.scenario == "fanout" else " (not durable)"))
         ax.set_xscale("log")
         ax.set_xlabel("µs (log)")
         ax.set_ylabel("fraction of calls")
@@ -839,11 +844,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cold-jobs", type=int, help="pending jobs for cold open / memory (overrides the size)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--quiet", action="store_true", help="only the table")
+    p.add_argument("--replot", metavar="RESULTS_JSON", help="redraw the table and plots of an earlier run into --out")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.replot:
+        with open(args.replot, encoding="utf-8") as fh:
+            old = json.load(fh)
+        rows = [Row(**r) for r in old["rows"]]
+        os.makedirs(args.out, exist_ok=True)
+        print(markdown(rows, old["floor_ops_per_s"]))
+        for p in plots(rows, args.out, old["floor_ops_per_s"], lambda s: print(s, file=sys.stderr)):
+            print(f"plot: {p}", file=sys.stderr)
+        return 0
     mode = "smoke" if args.smoke else "full" if args.full else "short"
     sz = SIZES[mode]
     if args.cold_jobs:

@@ -41,6 +41,7 @@ import stat
 import struct
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -165,6 +166,18 @@ def fs_type(path: str) -> str:
     return kind
 
 
+def _reset_locks_in_child() -> None:
+    # A flusher thread may hold a ring's maplock at the moment another thread forks; the child
+    # has no such thread, so it would wait on the copy forever.  Give every ring a fresh one.
+    for ring in list(_LIVE_RINGS):
+        ring.maplock = threading.Lock()
+
+
+_LIVE_RINGS: "weakref.WeakSet[Ring]" = weakref.WeakSet()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_locks_in_child)
+
+
 class Ring:
     """The segments of one queue name in one directory, as this process sees them.
 
@@ -211,6 +224,7 @@ class Ring:
         self.dur = _durability.make(self, durability, flush_interval=flush_interval, sync_acks=sync_acks,
                                     state_flush_interval=state_flush_interval)
         self.maplock = threading.Lock()  # held while syncing or unmapping segments of self.segments
+        _LIVE_RINGS.add(self)
         self.dir = os.fspath(path)
         self.name = name
         self.durability = durability

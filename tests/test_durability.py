@@ -222,3 +222,34 @@ def test_group_commit_follower_takes_over_from_a_dead_leader(tmp_path):
         seq = q._ring.ctl.load64(OFF_TAIL_SEG)
         assert q._ring.ctl.load64(OFF_SYNCED) >= position(seq, q._ring.segments[seq].load32(OFF_TAIL))
         assert [j.payload for j in q.lease(5)] == ["after the leader died"]
+
+
+def test_fork_while_the_flusher_holds_the_map_lock_does_not_deadlock_the_child(tmp_path):
+    with Queue(tmp_path, durability="interval", flush_interval=3600) as q:
+        q.enqueue("x")
+        q._ring.maplock.acquire()  # as the flusher thread would, mid-sync
+        try:
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    job = q.lease_one()
+                    q.ack(job)
+                    q._ring.dur.flush()
+                    with q._ring.maplock:
+                        pass
+                    os._exit(0)
+                except BaseException:
+                    os._exit(5)
+        finally:
+            q._ring.maplock.release()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.01)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            raise AssertionError("the forked child deadlocked on the map lock")
+        assert os.waitstatus_to_exitcode(status) == 0

@@ -185,7 +185,8 @@ class Queue:
             ``"interval"`` (a flusher thread syncs every ``flush_interval`` seconds) or ``"none"``
             (survives process crashes, not power loss).  See docs/durability.md.
         flush_interval: seconds between syncs for ``durability="interval"`` (default 0.05).
-        sync_acks: msync every lease, ack, nack and extend before it returns (default False).
+        sync_acks: msync every ack and nack before it returns (default False); leases and extends
+            are not synced (losing one to a power loss only hands the job out again sooner).
         state_flush_interval: unsynced state changes reach the disk within this many seconds
             (default 1.0; off for ``"none"``; None turns it off).
         visibility_timeout: seconds a lease lasts before the job is handed out again (default 30).

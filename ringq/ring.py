@@ -191,7 +191,7 @@ class Ring:
             ``flush_interval`` s) or ``"none"`` (published to the shared mapping only: survives a
             process crash, not a power loss).  docs/durability.md says what each survives.
         flush_interval: seconds between the flusher's syncs for ``"interval"`` (its loss window).
-        sync_acks: msync each state change (lease, ack, nack, extend) before it returns.
+        sync_acks: msync each ack and nack before it returns (leases and extends are not).
         state_flush_interval: seconds within which unsynced state changes are flushed (default
             1.0 for durable strategies, off for ``"none"``; None turns it off).
         lock_timeout: seconds to wait for the writer lock before LockTimeoutError.

@@ -253,3 +253,35 @@ def test_fork_while_the_flusher_holds_the_map_lock_does_not_deadlock_the_child(t
             os.waitpid(pid, 0)
             raise AssertionError("the forked child deadlocked on the map lock")
         assert os.waitstatus_to_exitcode(status) == 0
+
+
+def _group_checker(path: str, who: int, n: int, go, out) -> None:
+    q = Queue(path, durability="group", slot_count=128)
+    go.wait()
+    bad = 0
+    for i in range(n):
+        job = q.enqueue({"p": who, "i": i})
+        seq, slot = job._loc
+        # The postcondition of every durable return: a completed sync covers the record.
+        if q._ring.ctl.load64(OFF_SYNCED) < position(seq, slot + 1):
+            bad += 1
+    out.send(bad)
+    q.close()
+
+
+def test_group_commit_never_returns_before_a_sync_covers_the_record(tmp_path):
+    Queue(tmp_path, durability="group", slot_count=128).close()
+    ctx = mp.get_context("fork")
+    go = ctx.Event()
+    pipes, ps = [], []
+    for w in range(4):
+        r, s = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_group_checker, args=(str(tmp_path), w, 200, go, s))
+        p.start()
+        pipes.append(r)
+        ps.append(p)
+    go.set()
+    assert [r.recv() for r in pipes] == [0, 0, 0, 0]
+    for p in ps:
+        p.join(60)
+        assert p.exitcode == 0

@@ -12,11 +12,11 @@ A strategy decides when that write-back is forced, and who waits for it:
 ``msync``       each append msyncs (MS_SYNC) the state words and slots it wrote, then returns.
 ``fdatasync``   each append fdatasyncs the segment files it wrote to, then returns.
 ``group``       group commit: an append returns as soon as *some* completed sync covers its
-                record.  Producers (threads and processes) take turns as the sync *leader* under
-                ``<name>.sync``'s flock; a leader syncs everything published between the shared
-                *synced-up-to* watermark and the current tail, then raises the watermark by CAS.
-                Whoever waited behind it usually finds its record covered and returns with no
-                sync of its own.
+                record.  One producer (thread or process) at a time is the sync *leader*
+                (``<name>.sync``'s flock); it syncs everything published between the shared
+                *synced-up-to* watermark and the current tail, then raises the watermark by CAS
+                and wakes the others (a futex generation word).  They usually find their records
+                covered and return with no sync of their own.
 ``interval``    appends return at once; a background flusher thread syncs this process's
                 appends every ``flush_interval`` seconds (the loss window).
 ==============  ===========================================================================
@@ -263,6 +263,10 @@ class Group(Strategy):
             os.close(self._leader_fd)
         self._leader_fd = -1
         self._busy = False  # the last append saw other producers (waited, or was covered)
+        # Held by the thread of this process that leads (or tries to).  Not _mutex: a thread that
+        # holds that one briefly for the flusher's lists must not look like a leader to others,
+        # who would then wait for a sync nobody is doing.
+        self._leading = threading.Lock()
 
     def _lead(self) -> int:
         if self._leader_fd < 0:
@@ -300,7 +304,7 @@ class Group(Strategy):
         their own, and syncs alternate between covering many records and covering one.
         Lingering for about one append lets the next sync cover them too.
         """
-        if not self._mutex.acquire(blocking=False):  # another thread of ours leads
+        if not self._leading.acquire(blocking=False):  # another thread of ours leads
             return False
         try:
             fd = self._lead()
@@ -330,7 +334,7 @@ class Group(Strategy):
             lib.ringq_futex_wake(ctl.ptr, ctl.size, OFF_SYNC_GEN, 0x7FFFFFFF)
             return True
         finally:
-            self._mutex.release()
+            self._leading.release()
 
     def _segment(self, seq: int) -> tuple[Segment | None, bool]:
         """``(segment, opened here)``: mapped by this process, or opened just for this sync."""

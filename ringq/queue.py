@@ -111,13 +111,14 @@ class QueueStats:
 
 
 class _Grow:
-    """A growable numpy vector with a stable C pointer between appends."""
+    """A growable numpy vector with a stable C pointer (``ptr``) between appends."""
 
-    __slots__ = ("a", "n")
+    __slots__ = ("a", "n", "ptr")
 
     def __init__(self, dtype: str, cap: int = 64) -> None:
         self.a = np.empty(cap, dtype)
         self.n = 0
+        self.ptr = self.a.ctypes.data
 
     def extend(self, values: np.ndarray) -> None:
         k = len(values)
@@ -125,6 +126,7 @@ class _Grow:
             bigger = np.empty(max(2 * len(self.a), self.n + k), self.a.dtype)
             bigger[: self.n] = self.a[: self.n]
             self.a = bigger
+            self.ptr = bigger.ctypes.data
         self.a[self.n : self.n + k] = values
         self.n += k
 
@@ -181,8 +183,15 @@ class Queue:
         path: queue directory (created 0700 if missing).
         name: queue name ``[A-Za-z0-9_-]{1,64}``; names in one directory are independent.
         fsync: nobroker's spelling: False means ``durability="none"``.
-        durability: ``"msync"`` (default; enqueue returns after msync(MS_SYNC) of its record) or
-            ``"none"`` (survives process crashes, not power loss).  See docs/durability.md.
+        durability: ``"msync"`` (default; enqueue returns after msync(MS_SYNC) of its record),
+            ``"fdatasync"``, ``"group"`` (group commit: concurrent producers share syncs),
+            ``"interval"`` (a flusher thread syncs every ``flush_interval`` seconds) or ``"none"``
+            (survives process crashes, not power loss).  See docs/durability.md.
+        flush_interval: seconds between syncs for ``durability="interval"`` (default 0.05).
+        sync_acks: msync every ack and nack before it returns (default False); leases and extends
+            are not synced (losing one to a power loss only hands the job out again sooner).
+        state_flush_interval: unsynced state changes reach the disk within this many seconds
+            (default 1.0; off for ``"none"``; None turns it off).
         visibility_timeout: seconds a lease lasts before the job is handed out again (default 30).
         max_attempts: leases allowed per job before it moves to the dead-letter queue (default 5).
         backoff: retry delay policy for nack (default ``BackoffPolicy()``).
@@ -205,6 +214,9 @@ class Queue:
         *,
         fsync: bool = True,
         durability: str | None = None,
+        flush_interval: float = 0.05,
+        sync_acks: bool = False,
+        state_flush_interval: float | None | object = ...,
         visibility_timeout: float = DEFAULT_VISIBILITY_TIMEOUT,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         backoff: BackoffPolicy | None = None,
@@ -226,6 +238,7 @@ class Queue:
         self.backoff = backoff or BackoffPolicy()
         self._ring = Ring(
             path, name, slot_size=slot_size, slot_count=slot_count, durability=durability,
+            flush_interval=flush_interval, sync_acks=sync_acks, state_flush_interval=state_flush_interval,
             lock_timeout=lock_timeout, mode=mode, allow_network_fs=allow_network_fs,
         )
         self.durability = durability
@@ -361,10 +374,13 @@ class Queue:
         bufs = [self._ring.build(r) for r in recs]
         if not recs:
             return []
+        if job_ids is None:
+            with self._lock:
+                placed, ticket = self._ring.append_nowait(recs, bufs)
+            # Sync outside our lock, so that other threads append meanwhile (and share the sync).
+            self._ring.finish(ticket)
+            return [self._fresh_job(r, p, payloads[i]) for i, (r, p) in enumerate(zip(recs, placed))]
         with self._lock:
-            if job_ids is None:
-                placed = self._ring.append(recs, bufs)
-                return [self._fresh_job(r, p, payloads[i]) for i, (r, p) in enumerate(zip(recs, placed))]
             # Idempotent path: decide under the writer lock, after reading everything published.
             with self._ring.locked():
                 self._refresh()
@@ -480,12 +496,16 @@ class Queue:
         view.scanned = nxt
         if not len(infos):
             return
-        bad = infos[infos["status"] != 0]
-        for row in bad:
-            self._ring.mark_bad(seg, int(row["slot"]), "record failed validation (magic, length or CRC)")
-        ok = infos[infos["status"] == 0]
-        if not len(ok):
-            return
+        # Few numpy calls on the common path (a handful of fresh, valid, plain records): a woken
+        # consumer runs this once per wake-up, so it sets the fan-out latency.
+        status = infos["status"]
+        if status.any():
+            for row in infos[status != 0]:
+                self._ring.mark_bad(seg, int(row["slot"]), "record failed validation (magic, length or CRC)")
+            infos = infos[status == 0]
+            if not len(infos):
+                return
+        ok = infos
         slots = ok["slot"]
         view.prio[slots] = ok["priority"]
         view.seq[slots] = ok["seq"]
@@ -495,25 +515,28 @@ class Queue:
         view.parkme[slots] = ok["available_ms"] > ok["enqueued_us"] // 1000
         view.heads.extend(slots)
         view.head_seqs.extend(ok["seq"])
-        # A valid record below the tail whose state word is EMPTY: a power loss kept the record but
-        # not its state page.  It was published (the tail says so): publish it again.
-        for row in ok[(ok["state"] & 7) == ST_EMPTY]:
-            word = pack(ST_READY, WHY_NONE, 0, int(row["available_ms"]) - seg.epoch_ms)
-            seg.cas64(seg.state_off_of(int(row["slot"])), 0, word)
-        for row in ok[ok["id_len"] > 0]:
-            slot = int(row["slot"])
-            base = seg.data_off + slot * seg.slot_size + 64
-            jid = bytes(seg.mm[base : base + int(row["id_len"])]).decode("utf-8", "replace")
-            self._ids[jid] = (seg.seq, slot)
-        for row in ok[ok["supersedes"] != 0]:
-            self._complete_supersede(int(row["supersedes"]))
+        unusual = ((ok["state"] & 7) == ST_EMPTY) | (ok["id_len"] > 0) | (ok["supersedes"] != 0)
+        if unusual.any():
+            # A valid record below the tail whose state word is EMPTY: a power loss kept the record
+            # but not its state page.  It was published (the tail says so): publish it again.
+            for row in ok[(ok["state"] & 7) == ST_EMPTY]:
+                word = pack(ST_READY, WHY_NONE, 0, int(row["available_ms"]) - seg.epoch_ms)
+                seg.cas64(seg.state_off_of(int(row["slot"])), 0, word)
+            for row in ok[ok["id_len"] > 0]:
+                slot = int(row["slot"])
+                base = seg.data_off + slot * seg.slot_size + 64
+                jid = bytes(seg.mm[base : base + int(row["id_len"])]).decode("utf-8", "replace")
+                self._ids[jid] = (seg.seq, slot)
+            for row in ok[ok["supersedes"] != 0]:
+                self._complete_supersede(int(row["supersedes"]))
         prios = ok["priority"]
-        for p in np.unique(prios):
-            p = int(p)
+        first = int(prios[0])
+        groups = [first] if len(prios) == 1 or (prios == first).all() else [int(p) for p in np.unique(prios)]
+        for p in groups:
             lane = view.lanes.get(p)
             if lane is None:
                 lane = view.lanes[p] = _Lane(p)
-            mine = slots[prios == p]
+            mine = slots if len(groups) == 1 else slots[prios == p]
             view.lanepos[mine] = np.arange(lane.slots.n, lane.slots.n + len(mine), dtype=np.uint32)
             lane.slots.extend(mine)
             self._queue_lane(view, lane)
@@ -540,7 +563,7 @@ class Queue:
         state = ffi.new("uint64_t *")
         arr = lane.slots
         while True:
-            idx = lib.ringq_next_ready(seg.ptr, seg.size, seg.geom, ffi.cast("uint32_t *", arr.a.ctypes.data),
+            idx = lib.ringq_next_ready(seg.ptr, seg.size, seg.geom, ffi.cast("uint32_t *", arr.ptr),
                                        arr.n, lane.cursor, state)
             if idx < 0 or idx >= arr.n:
                 lane.cursor = arr.n
@@ -639,18 +662,18 @@ class Queue:
             enqueued_at=info.enqueued_us / 1e6,
             lease_deadline=when if st == ST_LEASED else None,
             lease_token=lc or None,
-            last_error=self._last_error(seg, slot, why, lc),
+            last_error=self._last_error(seg, slot, why, lc, st),
             seq=info.seq,
             _loc=(segseq, slot),
         )
 
-    def _last_error(self, seg: Segment, slot: int, why: int, lc: int) -> str | None:
+    def _last_error(self, seg: Segment, slot: int, why: int, lc: int, st: int) -> str | None:
         if why == WHY_EXPIRED:
             return "lease expired: visibility timeout passed before ack"
         if why == WHY_DIED:
             return "lease holder died: its process exited without ack"
-        if lc == 0:
-            return None
+        if lc == 0 or (st == ST_LEASED and lc == 1):
+            return None  # in its first lease no nack can have happened: spare the side-file read
         entries = self._ring.read_errors(seg.seq).get(slot)
         if not entries:
             return None
@@ -817,6 +840,7 @@ class Queue:
         if not ok:
             self._held.pop(key, None)
             return None
+        self._ring.note_state(seg, slot, final=False)
         if owner:
             old_owner = seg.load64(off + 8)
             seg.cas64(off + 8, old_owner, owner | (lc << 16) | ((os.getpid() & 0x3FFFFFFF) << 34))
@@ -871,6 +895,7 @@ class Queue:
                 ok, w = seg.cas64(off, w, done)
                 if ok:
                     break
+            self._ring.note_state(seg, slot, final=True)
             self._held.pop((seg.seq, slot), None)
             self._ring.note_finished(seg)
 
@@ -911,6 +936,7 @@ class Queue:
                     break
                 self._require_lease(w2, job_id, token, "nack")
                 w = w2
+            self._ring.note_state(seg, slot, final=True)
             self._held.pop((seg.seq, slot), None)
             if new & 7 == ST_READY:
                 self._ring.note_returned(seg)
@@ -931,6 +957,7 @@ class Queue:
                 new = (w & ((1 << TIME_SHIFT) - 1)) | (min(deadline - seg.epoch_ms, TIME_MAX) << TIME_SHIFT)
                 ok, w = seg.cas64(off, w, new)
                 if ok:
+                    self._ring.note_state(seg, slot, final=False)
                     return self._job_at(seg.seq, slot, new)
 
     # -- reclaiming ----------------------------------------------------------------------------------------

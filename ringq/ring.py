@@ -14,7 +14,7 @@ Files of queue ``<name>`` in its directory (byte layouts in ``docs/format.md``):
 mappings (never from a cache kept across the lock) -> repair a tail left behind by a crash ->
 reserve seqs -> write each record and publish it (release-store of its state word) -> rotate to a
 new segment when one is full -> store the new tail -> release the flock -> apply the durability
-strategy (msync of the written range) -> wake sleeping consumers.
+strategy (ringq/durability.py: msync, fdatasync, group commit, ...) -> wake sleeping consumers.
 
 *Read* (consumers): never take the lock.  Each process scans the records published since it last
 looked (``scan``) and claims jobs by CAS on state words (ringq/queue.py).
@@ -41,11 +41,13 @@ import stat
 import struct
 import threading
 import time
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import durability as _durability
 from . import errors
 from ._native import ffi, lib
 from .errors import (
@@ -61,11 +63,14 @@ from .segment import (
     OFF_CTL_CHANGE,
     OFF_FINISHED,
     OFF_LAST_SEQ,
+    OFF_LOCK_WAITERS,
+    OFF_LOCK_WAKE,
     OFF_NEXT_SEQ,
     OFF_NRECORDS,
     OFF_RETIRED,
     OFF_RING_GEN,
     OFF_SEALED,
+    OFF_SYNC_COUNT,
     OFF_TAIL,
     OFF_TAIL_SEG,
     OFF_WAITERS,
@@ -88,7 +93,7 @@ KIND_JOB = 1
 DEFAULT_SLOT_SIZE = 256
 DEFAULT_SLOT_COUNT = 16384
 NETWORK_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "fuse.sshfs", "afs", "ceph", "glusterfs", "lustre"}
-DURABILITY = ("msync", "none")
+DURABILITY = _durability.STRATEGIES
 
 # numpy view of ringq_rec_info (csrc/ringq.h); offsets asserted against cffi at import.
 REC_INFO_DTYPE = np.dtype(
@@ -161,6 +166,18 @@ def fs_type(path: str) -> str:
     return kind
 
 
+def _reset_locks_in_child() -> None:
+    # A flusher thread may hold a ring's maplock at the moment another thread forks; the child
+    # has no such thread, so it would wait on the copy forever.  Give every ring a fresh one.
+    for ring in list(_LIVE_RINGS):
+        ring.maplock = threading.Lock()
+
+
+_LIVE_RINGS: weakref.WeakSet[Ring] = weakref.WeakSet()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_locks_in_child)
+
+
 class Ring:
     """The segments of one queue name in one directory, as this process sees them.
 
@@ -169,9 +186,14 @@ class Ring:
         name: queue name, ``[A-Za-z0-9_-]{1,64}``.
         slot_size, slot_count: geometry of new segments, used only when the queue is created
             (bytes per slot, multiple of 64; slots per segment).  An existing queue keeps its own.
-        durability: ``"msync"`` (default: an append returns after msync(MS_SYNC) of what it wrote)
-            or ``"none"`` (published to the shared mapping only: survives a process crash, not a
-            power loss).  docs/durability.md says what each survives.
+        durability: ``"msync"`` (default: an append returns after msync(MS_SYNC) of what it wrote),
+            ``"fdatasync"``, ``"group"`` (group commit), ``"interval"`` (a flusher thread syncs every
+            ``flush_interval`` s) or ``"none"`` (published to the shared mapping only: survives a
+            process crash, not a power loss).  docs/durability.md says what each survives.
+        flush_interval: seconds between the flusher's syncs for ``"interval"`` (its loss window).
+        sync_acks: msync each ack and nack before it returns (leases and extends are not).
+        state_flush_interval: seconds within which unsynced state changes are flushed (default
+            1.0 for durable strategies, off for ``"none"``; None turns it off).
         lock_timeout: seconds to wait for the writer lock before LockTimeoutError.
         mode: permission bits of files created (directories get the matching x bits).
         allow_network_fs: open a queue on NFS/SMB anyway (flock and shared mappings do not work
@@ -190,14 +212,19 @@ class Ring:
         slot_size: int = DEFAULT_SLOT_SIZE,
         slot_count: int = DEFAULT_SLOT_COUNT,
         durability: str = "msync",
+        flush_interval: float = _durability.DEFAULT_FLUSH_INTERVAL,
+        sync_acks: bool = False,
+        state_flush_interval: float | None | object = ...,
         lock_timeout: float = 10.0,
         mode: int = 0o600,
         allow_network_fs: bool = False,
     ) -> None:
         if not isinstance(name, str) or not NAME_RE.match(name):
             raise ValueError(f"queue name must match [A-Za-z0-9_-]{{1,64}}, got {name!r}")
-        if durability not in DURABILITY:
-            raise ValueError(f"durability must be one of {DURABILITY}, got {durability!r}")
+        self.dur = _durability.make(self, durability, flush_interval=flush_interval, sync_acks=sync_acks,
+                                    state_flush_interval=state_flush_interval)
+        self.maplock = threading.Lock()  # held while syncing or unmapping segments of self.segments
+        _LIVE_RINGS.add(self)
         self.dir = os.fspath(path)
         self.name = name
         self.durability = durability
@@ -273,6 +300,10 @@ class Ring:
             try:
                 if ring._depth == 0:
                     fcntl.flock(ring._lock_fd, fcntl.LOCK_UN)
+                    ctl = ring.ctl
+                    if ctl is not None and ctl.load32(OFF_LOCK_WAITERS):
+                        ctl.add32(OFF_LOCK_WAKE)  # after the unlock: a woken writer's retry succeeds
+                        lib.ringq_futex_wake(ctl.ptr, ctl.size, OFF_LOCK_WAKE, 1)
             finally:
                 ring._tlock.release()
 
@@ -294,20 +325,35 @@ class Ring:
             return
         except BlockingIOError:
             pass
+        # flock has no timeout, so wait on the control file's lock futex word instead of polling:
+        # a releaser that sees waiters bumps it after its unlock.  Register as a waiter *before*
+        # retrying, so a release between the retry and the sleep is never missed.  Sleep in short
+        # slices: a holder killed by a signal releases the flock but wakes nobody.
         deadline = time.monotonic() + self.lock_timeout
+        ctl = self.ctl  # None only while the queue is being created (under this very lock)
         pause = 0.0001
         while True:
+            seen = ctl.load32(OFF_LOCK_WAKE) if ctl is not None else 0
+            if ctl is not None:
+                ctl.add32(OFF_LOCK_WAITERS, 1)
             try:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise LockTimeoutError(
-                        f"writer lock {self.lock_path} not acquired within {self.lock_timeout} s; "
-                        "another process holds it (suspended or stuck?)"
-                    ) from None
-                time.sleep(pause)
-                pause = min(pause * 2, 0.005)
+                try:
+                    fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return
+                except BlockingIOError:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise LockTimeoutError(
+                            f"writer lock {self.lock_path} not acquired within {self.lock_timeout} s; "
+                            "another process holds it (suspended or stuck?)"
+                        ) from None
+                if ctl is None or lib.ringq_futex_wait(ctl.ptr, ctl.size, OFF_LOCK_WAKE, seen,
+                                                       int(min(left, 0.005) * 1e9)) == lib.RINGQ_ENOFUTEX:
+                    time.sleep(min(pause, left))
+                    pause = min(pause * 2, 0.005)
+            finally:
+                if ctl is not None:
+                    ctl.add32(OFF_LOCK_WAITERS, -1)
 
     # -- recovery ------------------------------------------------------------------------------
 
@@ -375,11 +421,16 @@ class Ring:
             target = path
         self.report.quarantined.append((target, reason))
 
-    def _repair_tail(self, seg: Segment) -> None:
-        """Under the lock: adopt records published beyond the stored tail (crash or power loss)."""
+    def _repair_tail(self, seg: Segment) -> int:
+        """Under the lock: adopt records published beyond the stored tail (crash or power loss).
+
+        Returns the (repaired) tail.
+        """
         tail = seg.load32(OFF_TAIL)
         if tail > seg.slot_count:
             raise CorruptionError(f"{seg.path}: tail {tail} beyond {seg.slot_count} slots")
+        if tail == seg.slot_count or seg.load64(seg.state_off_of(tail)) & 7 == ST_EMPTY:
+            return tail  # the common case: nothing beyond the tail, one load
         start = tail
         info = ffi.new("ringq_rec_info *")
         last_seq = seg.load64(OFF_LAST_SEQ)
@@ -398,6 +449,7 @@ class Ring:
             seg.store64(OFF_LAST_SEQ, last_seq)
             seg.store32(OFF_TAIL, tail)
             self.report.readopted.append((seg.path, adopted))
+        return tail
 
     # -- segments as this process sees them --------------------------------------------------------
 
@@ -432,8 +484,9 @@ class Ring:
             return []
         self._seen_gen = gen
         gone = [s for s, seg in self.segments.items() if seg.load32(OFF_RETIRED)]
-        for seq in gone:
-            self.segments.pop(seq).close()
+        with self.maplock:
+            for seq in gone:
+                self.segments.pop(seq).close()
         return gone
 
     def segment(self, seq: int) -> Segment | None:
@@ -531,6 +584,25 @@ class Ring:
         Raises RecordTooLargeError before anything is written; QueueFullError if a new segment
         cannot be allocated (records appended before that point stay committed); LockTimeoutError.
         """
+        out, ticket = self.append_nowait(recs, bufs)
+        self.finish(ticket)
+        return out
+
+    def finish(self, ticket: tuple[dict[int, list[int]], int]) -> None:
+        """Second half of :meth:`append_nowait`: apply the durability strategy, then wake consumers.
+
+        Needs no lock of the caller's: a caller may release its own locks first, so that other
+        threads append (and share the sync, under group commit) while this one waits for the disk.
+        """
+        self.dur.after_append(*ticket)
+        self.wake()
+
+    def append_nowait(self, recs: list[NewRecord], bufs: list[bytearray] | None = None,
+                      ) -> tuple[list[tuple[int, int, int, int, int]], tuple[dict[int, list[int]], int]]:
+        """Publish records under the writer lock; returns ``(placements, ticket)`` for :meth:`finish`.
+
+        Until ``finish(ticket)`` returns the records are visible but not yet durable.
+        """
         if bufs is None:
             bufs = [self.build(r) for r in recs]
         slot_size = self.ctl.slot_size
@@ -538,8 +610,7 @@ class Ring:
         touched: dict[int, list[int]] = {}
         with self.locked():
             seg = self._tail_segment()
-            self._repair_tail(seg)
-            tail = seg.load32(OFF_TAIL)
+            tail = self._repair_tail(seg)
             # Plan first and allocate every segment the batch needs before writing a byte, so that
             # a full disk fails the whole batch cleanly (QueueFullError) instead of half of it.
             spans = [-(-len(buf) // slot_size) for buf in bufs]
@@ -588,9 +659,7 @@ class Ring:
                 next_seq += 1
                 count += 1
             self._publish_tail(seg, tail, count, next_seq - 1)
-        self._sync(touched)
-        self.wake()
-        return out
+        return out, (touched, _durability.position(seg.seq, tail))
 
     def _publish_tail(self, seg: Segment, tail: int, count: int, last_seq: int) -> None:
         if count:
@@ -627,18 +696,14 @@ class Ring:
             self.ctl.msync(0, 4096)
         return new
 
-    def _sync(self, touched: dict[int, list[int]]) -> None:
-        if self.durability == "none":
-            return
-        for seq, (lo, hi) in touched.items():
-            seg = self.segments.get(seq)
-            if seg is None:
-                continue
-            # One msync from the first state word written to the last data byte written: covers the
-            # records and their state words (the header tail is re-derived by _repair_tail).
-            start = seg.state_off_of(lo)
-            end = seg.data_off + hi * seg.slot_size
-            seg.msync(start, end - start)
+    def note_state(self, seg: Segment, slot: int, final: bool) -> None:
+        """This process changed the state word of ``slot``: let the durability strategy sync it now
+        (``sync_acks`` and ``final``: an ack or nack) or within ``state_flush_interval``."""
+        self.dur.note_state(seg, slot, final)
+
+    def sync_count(self) -> int:
+        """Append syncs issued on this queue by all processes since it was created (shared counter)."""
+        return self.ctl.load64(OFF_SYNC_COUNT)
 
     # -- wake-ups ------------------------------------------------------------------------------------
 
@@ -764,9 +829,13 @@ class Ring:
     # -- closing ---------------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        for seg in self.segments.values():
-            seg.close()
-        self.segments.clear()
+        dur = getattr(self, "dur", None)
+        if dur is not None and self.ctl is not None:
+            dur.close()
+        with self.maplock:
+            for seg in self.segments.values():
+                seg.close()
+            self.segments.clear()
         if self.ctl is not None:
             self.ctl.close()
             self.ctl = None

@@ -489,3 +489,9 @@ def test_bench_passes_its_arguments_to_ringq_bench_main(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
                           env=child_env(), timeout=60)
     assert proc.returncode == 3 and proc.stdout.strip() == "bench got ['--rows', '10', 'x']"
+
+
+@pytest.mark.skipif(not HAS_BENCH, reason="ringq.bench is not in this tree")
+def test_bench_subcommand_reaches_the_harness(tmp_path):
+    proc = ringq(tmp_path, "bench", "--help")
+    assert "--smoke" in proc.stdout and "fdatasync" in proc.stdout

@@ -29,7 +29,7 @@ from .errors import (
 )
 from .job import Job, JobState
 from .queue import Queue, QueueStats
-from .ring import RecoveryReport, VerifyReport
+from .ring import RecoveryReport
 
 __version__ = "0.1.0"
 
@@ -51,6 +51,5 @@ __all__ = [
     "RingqError",
     "SerializationError",
     "UnsupportedFilesystemError",
-    "VerifyReport",
     "__version__",
 ]

@@ -1,91 +1,609 @@
-"""The ``ringq`` command line.  ``ringq --help`` lists the subcommands.
+"""The ``ringq`` command line.  ``ringq --help`` lists the subcommands; docs/cli.md shows each one.
 
-User mistakes (bad JSON, unknown job id, unusable directory) print one line on stderr and exit
-with status 2; nothing prints a traceback unless ``RINGQ_DEBUG=1``.
+Global options (``--dir``, default ``./.ringq``; ``--queue``, default ``default``; ``--json``) may be
+given before or after the subcommand.  With ``--json`` every command prints one JSON document on
+stdout (``top`` prints one per refresh) and errors are a one-line JSON object on stderr.
+
+Which commands create a queue: only ``enqueue`` and ``work`` (a worker may start before its
+producers).  Every other command needs an existing queue and says so in one line instead of
+creating an empty one; ``inspect`` and ``verify`` never write to the queue's files at all.
+
+Exit status: 0 success; 1 ``verify`` found damage; 2 an error (bad arguments, bad handler path,
+unknown job id, malformed JSON, missing queue, a job that is not leased, ...), reported as one line
+on stderr, never a traceback (set ``RINGQ_DEBUG=1`` to see one); 130 interrupted (a second Ctrl-C
+while ``work`` drains).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
+import logging
 import os
 import sys
-from typing import Any, Sequence
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
 
 from .errors import RingqError
+from .job import Job, JobState
+
+__all__ = ["main"]
+
+ALL = object()  # ``dlq --requeue`` without an id
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ringq", description="ringq: a durable job queue for one host, no broker.")
-    p.add_argument("--dir", default="./.ringq", help="queue directory (default ./.ringq)")
-    p.add_argument("--queue", default="default", help="queue name (default 'default')")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-
-    d = sub.add_parser("demo", help="fan real files out to worker processes, SIGKILL one, lose nothing")
-    d.add_argument("--source", help="directory tree to process (default: this Python's standard library)")
-    d.add_argument("--limit", type=int, help="process at most N files")
-    d.add_argument("--workers", type=int, help="worker processes (default: one per core)")
-    d.add_argument("--threads", type=int, default=2, help="handler threads per worker process (default 2)")
-    d.add_argument("--no-kill", action="store_true", help="do not SIGKILL a worker midway")
-    d.add_argument("--keep", metavar="DIR", help="keep the queue directory at DIR for inspection")
-
-    s = sub.add_parser("stats", help="counts of jobs by state")
-    s.set_defaults()
-
-    e = sub.add_parser("enqueue", help="add a job (payload parsed as JSON, else taken as text)")
-    e.add_argument("payload")
-    e.add_argument("--priority", type=int, default=0)
-    e.add_argument("--delay", type=float, default=0.0, help="seconds")
-    e.add_argument("--count", type=int, default=1)
-    e.add_argument("--job-id")
-    return p
+class UserError(Exception):
+    """A mistake the user can fix; printed as one line, exit status 2."""
 
 
-def _emit(args: argparse.Namespace, obj: Any, text: str) -> None:
-    print(json.dumps(obj) if args.json else text)
+# -- output helpers ------------------------------------------------------------------------------------
 
 
-def _open(args: argparse.Namespace):
+def _emit(args: argparse.Namespace, obj: Any, text: str | None) -> None:
+    """Print ``obj`` as JSON with --json, else ``text`` (nothing if None)."""
+    if args.json:
+        print(json.dumps(obj))
+    elif text is not None:
+        print(text)
+
+
+def _ago(ts: float | None, now: float | None = None) -> str:
+    """A wall-clock time (seconds since the epoch) relative to now, as a person reads it."""
+    if ts is None:
+        return "-"
+    d = ts - (time.time() if now is None else now)
+    if abs(d) < 0.0005:
+        return "now"
+    return f"in {d:.1f}s" if d > 0 else f"{-d:.1f}s ago"
+
+
+def _short(value: Any, width: int = 50) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _job_line(job: Job) -> str:
+    d = job.to_dict()
+    parts = [job.id, job.state.value, f"attempts={job.attempts}/{job.max_attempts}", f"priority={job.priority}"]
+    if job.state is JobState.LEASED:
+        parts += [f"token={job.lease_token}", f"deadline={_ago(job.lease_deadline)}"]
+    elif job.state is JobState.READY and job.available_at > time.time():
+        parts.append(f"due={_ago(job.available_at)}")
+    parts.append(f"payload={_short(d['payload'])}")
+    if job.last_error:
+        parts.append(f"error={_short(job.last_error, 80)}")
+    return "  ".join(parts)
+
+
+def _table(rows: list[list[str]], header: list[str], right: set[int] = frozenset()) -> str:
+    cols = [header] + rows
+    widths = [max(len(r[i]) for r in cols) for i in range(len(header))]
+    lines = ("  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in cols)
+    return "\n".join(line.rstrip() for line in lines)
+
+
+# -- opening a queue ------------------------------------------------------------------------------------
+
+
+def _open(args: argparse.Namespace, *, create: bool = False, **kw: Any):
+    """Open the queue of --dir/--queue; unless ``create``, refuse to conjure up a missing one."""
     from .queue import Queue
+    from .ring import NAME_RE
+    from .verify import queue_exists
 
-    return Queue(args.dir, args.queue)
+    if not NAME_RE.match(args.queue):
+        raise UserError(f"queue name must match [A-Za-z0-9_-]{{1,64}}, got {args.queue!r}")
+    if not create and not queue_exists(args.dir, args.queue):
+        where = "no such directory" if not os.path.isdir(args.dir) else "nothing was ever enqueued there"
+        raise UserError(f"no queue {args.queue!r} in {args.dir} ({where}); check --dir and --queue")
+    return Queue(args.dir, args.queue, **kw)
 
 
-def _payload(text: str) -> Any:
+def _payload(text: str, force_text: bool, where: str = "payload") -> Any:
+    """JSON if it parses; text otherwise.  Text that starts like a JSON object/array must parse."""
+    if force_text:
+        return text
     try:
         return json.loads(text)
-    except json.JSONDecodeError:
+    except json.JSONDecodeError as exc:
+        if text.lstrip().startswith(("{", "[")):
+            raise UserError(f"{where} looks like JSON but does not parse: {exc} (use --text to send it as a string)") from None
         return text
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        if args.cmd == "demo":
-            from . import demo
+def _with_token(q: Any, job_id: str, token: int | None) -> Job | str:
+    """The bare id (no fencing check) or, with --token, a Job carrying the token to check."""
+    if token is None:
+        return job_id
+    job = q.get(job_id)
+    job.lease_token = token
+    return job
 
-            return demo.run(source=args.source, limit=args.limit, workers=args.workers, qdir=args.keep,
-                            kill=not args.no_kill, threads=args.threads)
-        if args.cmd == "stats":
-            with _open(args) as q:
-                st = q.stats()
-            _emit(args, st.to_dict(), "  ".join(f"{k}={v}" for k, v in st.to_dict().items()))
+
+# -- commands ---------------------------------------------------------------------------------------
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    if args.count < 1:
+        raise UserError(f"--count must be >= 1, got {args.count}")
+    if args.payload == "-":
+        if args.count > 1 or args.job_id:
+            raise UserError("--count and --job-id cannot be used with a payload read from stdin ('-')")
+        payloads = [_payload(line.rstrip("\n"), args.text, f"stdin line {n}")
+                    for n, line in enumerate(sys.stdin, 1) if line.strip()]
+    else:
+        if args.count > 1 and args.job_id:
+            raise UserError("--job-id names one job; it cannot be used with --count > 1")
+        payloads = [_payload(args.payload, args.text)] * args.count
+    with _open(args, create=True) as q:
+        kw = dict(priority=args.priority, delay=args.delay, max_attempts=args.max_attempts)
+        if args.job_id:
+            jobs = [q.enqueue(payloads[0], job_id=args.job_id, **kw)]
+        else:
+            jobs = q.enqueue_many(payloads, **kw)
+    _emit(args, [j.to_dict() for j in jobs], "\n".join(j.id for j in jobs) if jobs else None)
+    return 0
+
+
+def cmd_lease(args: argparse.Namespace) -> int:
+    with _open(args) as q:
+        # Detached: this process exits at once; the lease must outlive it (until ack/nack or VT).
+        jobs = q.lease(args.count, visibility_timeout=args.visibility_timeout, wait=args.wait, detach=True)
+    _emit(args, [j.to_dict() for j in jobs], "\n".join(_job_line(j) for j in jobs) if jobs else None)
+    return 0
+
+
+def cmd_ack(args: argparse.Namespace) -> int:
+    with _open(args) as q:
+        for job_id in args.ids:
+            q.ack(_with_token(q, job_id, args.token))
+    _emit(args, {"acked": args.ids}, "\n".join(f"acked {i}" for i in args.ids))
+    return 0
+
+
+def cmd_nack(args: argparse.Namespace) -> int:
+    with _open(args) as q:
+        job = q.nack(_with_token(q, args.id, args.token), error=args.error, delay=args.delay)
+    if job.state is JobState.DEAD:
+        text = f"{job.id} dead (attempts {job.attempts}/{job.max_attempts} used): moved to the dead-letter queue"
+    else:
+        text = f"{job.id} ready again {_ago(job.available_at)} (attempts {job.attempts}/{job.max_attempts})"
+    _emit(args, job.to_dict(), text)
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    with _open(args) as q:
+        st = q.stats().to_dict()
+    _emit(args, st, "  ".join(f"{k}={v}" for k, v in st.items()))
+    return 0
+
+
+def _job_rows(jobs: list[Job]) -> str:
+    now = time.time()
+    rows = []
+    for j in jobs:
+        state = j.state.value
+        if j.state is JobState.LEASED:
+            when = f"deadline {_ago(j.lease_deadline, now)}"
+        elif j.state is JobState.READY:
+            if j.available_at > now:
+                state, when = "delayed", f"due {_ago(j.available_at, now)}"
+            else:
+                when = "due"
+        else:
+            when = ""
+        rows.append([j.id, state, f"{j.attempts}/{j.max_attempts}", str(j.priority), when,
+                     _short(j.to_dict()["payload"], 40), _short(j.last_error or "", 60)])
+    return _table(rows, ["ID", "STATE", "ATTEMPTS", "PRIO", "WHEN", "PAYLOAD", "LAST ERROR"], right={2, 3})
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    with _open(args) as q:
+        jobs = q.list_jobs(args.state, limit=args.limit)
+    _emit(args, [j.to_dict() for j in jobs], _job_rows(jobs) if jobs else "(no jobs)")
+    return 0
+
+
+def cmd_dlq(args: argparse.Namespace) -> int:
+    with _open(args) as q:
+        if args.requeue is not None:
+            n = q.requeue_dead(None if args.requeue is ALL else args.requeue)
+            _emit(args, {"requeued": n}, f"requeued {n} job(s)")
             return 0
-        if args.cmd == "enqueue":
-            if args.count > 1 and args.job_id:
-                raise ValueError("--job-id names one job; it cannot be used with --count > 1")
-            with _open(args) as q:
-                payload = _payload(args.payload)
-                if args.count == 1:
-                    jobs = [q.enqueue(payload, priority=args.priority, delay=args.delay, job_id=args.job_id)]
-                else:
-                    jobs = q.enqueue_many([payload] * args.count, priority=args.priority, delay=args.delay)
-            _emit(args, [j.to_dict() for j in jobs], "\n".join(j.id for j in jobs))
-            return 0
-    except (RingqError, ValueError, OSError) as exc:
+        jobs = q.dlq(limit=args.limit)
+    _emit(args, [j.to_dict() for j in jobs], _job_rows(jobs) if jobs else "(dead-letter queue is empty)")
+    return 0
+
+
+def cmd_purge(args: argparse.Namespace) -> int:
+    with _open(args) as q:
+        if not args.yes:
+            total = q.stats().total
+            raise UserError(f"purge removes all {total} job(s) of queue {args.queue!r} in {args.dir}; "
+                            "pass --yes to confirm")
+        n = q.purge()
+    _emit(args, {"purged": n}, f"purged {n} job(s)")
+    return 0
+
+
+def _examine(args: argparse.Namespace, limit: int | None):
+    from .verify import examine
+
+    try:
+        return examine(args.dir, args.queue, limit=limit)
+    except FileNotFoundError as exc:
+        raise UserError(str(exc)) from None
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    limit = None if args.limit == 0 else args.limit
+    rep = _examine(args, limit)
+    if args.json:
+        _emit(args, rep.to_dict(), None)
+        return 0
+    now = time.time()
+    out = [f"queue {rep.name!r} in {rep.dir}", "files:"]
+    out += [f"  {name:<40} {size:>12,} bytes" for name, size in rep.files]
+    if rep.control:
+        out.append(f"control {rep.name}.ctl: " + " ".join(f"{k}={v}" for k, v in rep.control.items()))
+    for seg in rep.segments:
+        out.append("")
+        out.append(f"segment {os.path.basename(seg.path)} ({seg.file_size:,} bytes)")
+        if seg.header:
+            h = dict(seg.header)
+            h["epoch"] = datetime.fromtimestamp(h.pop("epoch_ms") / 1000).isoformat(timespec="milliseconds")
+            out.append("  header: " + " ".join(f"{k}={v}" for k, v in h.items()))
+            out.append(f"  records: {seg.record_count}  " + " ".join(f"{k}={v}" for k, v in sorted(seg.counts.items())))
+        rows = []
+        for r in seg.records:
+            when = "" if r.time_ms is None else _ago(r.time_ms / 1000, now)
+            if r.owner:
+                when += f" (owner {r.owner}, pid {r.owner_pid})"
+            elif r.owner == 0:
+                when += " (detached)"
+            rows.append([str(r.slot), str(r.span), str(r.offset), r.state,
+                         "-" if r.attempts is None else f"{r.attempts}/{r.max_attempts}",
+                         "ok" if r.crc_ok else "BAD", "-" if r.seq is None else str(r.seq),
+                         "-" if r.priority is None else str(r.priority), r.id or "-", when.strip(), r.preview or "-"])
+        if rows:
+            table = _table(rows, ["SLOT", "SPAN", "OFFSET", "STATE", "ATTEMPTS", "CRC", "SEQ", "PRIO", "ID", "TIME",
+                                  "PAYLOAD"], right={0, 1, 2, 4, 6, 7})
+            out += ["  " + line for line in table.splitlines()]
+        if seg.record_count > len(seg.records):
+            out.append(f"  ... {seg.record_count - len(seg.records)} more record(s); --limit 0 shows all")
+        out += [f"  DAMAGE: {d}" for d in seg.damage]
+        out += [f"  note: {n}" for n in seg.notes]
+    out += [f"DAMAGE: {d}" for d in rep.damage]
+    out += [f"note: {n}" for n in rep.notes]
+    print("\n".join(out))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    rep = _examine(args, 0)
+    damage = rep.damaged
+    nrec = sum(s.record_count for s in rep.segments)
+    notes = rep.notes + [f"{s.path}: {n}" for s in rep.segments for n in s.notes]
+    summary = {"ok": not damage, "dir": rep.dir, "queue": rep.name, "segments": len(rep.segments),
+               "records": nrec, "damage": damage, "notes": notes}
+    lines = [f"DAMAGE: {d}" for d in damage] + [f"note: {n}" for n in notes]
+    verdict = "ok" if not damage else f"{len(damage)} problem(s)"
+    lines.append(f"{verdict}: queue {rep.name!r} in {rep.dir}: {len(rep.segments)} segment(s), "
+                 f"{nrec} record(s) checked")
+    _emit(args, summary, "\n".join(lines))
+    return 1 if damage else 0
+
+
+def _load_handler(spec: str) -> Callable[[Job], Any]:
+    """Import ``module:function`` (dotted attributes allowed after the colon) from the cwd or sys.path."""
+    mod_name, sep, attr = spec.partition(":")
+    if not sep or not mod_name or not attr:
+        raise UserError(f"handler must be given as module:function, got {spec!r}")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` would: handlers usually live next to the caller
+    try:
+        obj: Any = importlib.import_module(mod_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (mod_name == exc.name or mod_name.startswith(exc.name + ".")):
+            raise UserError(f"cannot import handler {spec!r}: no module named {exc.name!r}") from None
+        raise UserError(f"importing {mod_name!r} failed: {type(exc).__name__}: {exc}") from None
+    except Exception as exc:
+        raise UserError(f"importing {mod_name!r} failed: {type(exc).__name__}: {exc}") from None
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise UserError(f"cannot load handler {spec!r}: {mod_name!r} has no attribute {attr!r}") from None
+    if not callable(obj):
+        raise UserError(f"handler {spec!r} is a {type(obj).__name__}, not a callable")
+    return obj
+
+
+def cmd_work(args: argparse.Namespace) -> int:
+    from .worker import Worker
+
+    handler = _load_handler(args.handler)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
+                        format="ringq work: %(message)s")
+    kw = {} if args.visibility_timeout is None else {"visibility_timeout": args.visibility_timeout}
+    with _open(args, create=True, **kw) as q:
+        w = Worker(q, handler, concurrency=args.concurrency, processes=args.processes, max_jobs=args.max_jobs,
+                   idle_timeout=args.idle_timeout)
+        stats = w.run()
+    st = stats.to_dict()
+    _emit(args, st, "  ".join(f"{k}={v}" for k, v in st.items()))
+    return 0
+
+
+# -- top --------------------------------------------------------------------------------------------
+
+
+class _Sampler:
+    """Counts by state plus rates between two samples: enqueued/s and finished/s.
+
+    ``finished`` counts jobs that left ready/delayed/leased (acked, dead-lettered or purged): it is
+    derived from the queue-wide enqueue counter, so segment retirement does not disturb it.
+    """
+
+    def __init__(self, q: Any) -> None:
+        from .segment import OFF_NEXT_SEQ, Control
+
+        self.q = q
+        self._ctl = Control(os.path.join(q.path, f"{q.name}.ctl"))
+        self._off = OFF_NEXT_SEQ
+        self.prev: tuple[float, int, int] | None = None
+
+    def sample(self) -> dict[str, Any]:
+        st = self.q.stats().to_dict()
+        t = time.monotonic()
+        enq = self._ctl.load64(self._off) - 1
+        fin = enq - st["ready"] - st["delayed"] - st["leased"]
+        out: dict[str, Any] = {"time": time.time(), **st, "enqueued_total": enq, "enqueue_rate": None,
+                               "finish_rate": None}
+        if self.prev is not None and t > self.prev[0]:
+            dt = t - self.prev[0]
+            out["enqueue_rate"] = round((enq - self.prev[1]) / dt, 1)
+            out["finish_rate"] = round((fin - self.prev[2]) / dt, 1)
+        self.prev = (t, enq, fin)
+        return out
+
+    def close(self) -> None:
+        self._ctl.close()
+
+
+def _top_line(s: dict[str, Any]) -> str:
+    rate = lambda v: "-" if v is None else f"{v:,.1f}"
+    stamp = datetime.fromtimestamp(s["time"]).strftime("%H:%M:%S")
+    return (f"{stamp}  ready={s['ready']} delayed={s['delayed']} leased={s['leased']} done={s['done']} "
+            f"dead={s['dead']} total={s['total']}  enq/s={rate(s['enqueue_rate'])} fin/s={rate(s['finish_rate'])}")
+
+
+def _top_curses(args: argparse.Namespace, sampler: _Sampler) -> None:
+    import curses
+
+    def draw(scr: Any) -> None:
+        try:
+            curses.curs_set(0)
+        except curses.error:
+            pass
+        scr.timeout(max(1, int(args.interval * 1000)))
+        s = sampler.sample()
+        while True:
+            scr.erase()
+            h, w = scr.getmaxyx()
+            rate = lambda v: "-" if v is None else f"{v:,.1f}/s"
+            lines = [f"ringq top  queue {args.queue!r} in {args.dir}   (q quits)", ""]
+            total = max(s["total"], 1)
+            bar_w = max(10, min(40, w - 30))
+            for k in ("ready", "delayed", "leased", "done", "dead"):
+                bar = "#" * round(bar_w * s[k] / total)
+                lines.append(f"{k:<8} {s[k]:>10,}  {bar}")
+            lines += [f"{'total':<8} {s['total']:>10,}", f"{'corrupt':<8} {s['corrupt']:>10,}", "",
+                      f"enqueued {rate(s['enqueue_rate']):>12}   (since creation: {s['enqueued_total']:,})",
+                      f"finished {rate(s['finish_rate']):>12}",
+                      "", datetime.fromtimestamp(s["time"]).strftime("updated %H:%M:%S")]
+            for y, line in enumerate(lines[: h - 1]):
+                scr.addnstr(y, 0, line, w - 1)
+            scr.refresh()
+            ch = scr.getch()
+            if ch in (ord("q"), ord("Q"), 27):
+                return
+            if ch == -1 or ch == curses.KEY_RESIZE:
+                s = sampler.sample()
+
+    curses.wrapper(draw)
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    if not args.interval > 0:
+        raise UserError(f"--interval must be > 0 seconds, got {args.interval}")
+    with _open(args) as q:
+        sampler = _Sampler(q)
+        try:
+            if args.once:
+                sampler.sample()
+                time.sleep(args.interval)
+                s = sampler.sample()
+                _emit(args, s, _top_line(s))
+            elif sys.stdout.isatty() and sys.stdin.isatty() and not args.json:
+                _top_curses(args, sampler)
+            else:
+                while True:
+                    s = sampler.sample()
+                    _emit(args, s, _top_line(s))
+                    sys.stdout.flush()
+                    time.sleep(args.interval)
+        except KeyboardInterrupt:
+            pass  # Ctrl-C is how one leaves top
+        finally:
+            sampler.close()
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from . import demo
+
+    return demo.run(source=args.source, limit=args.limit, workers=args.workers, qdir=args.keep,
+                    kill=not args.no_kill, threads=args.threads)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("ringq.bench") is None:
+        raise UserError("the benchmark harness (module ringq.bench) is not part of this installation")
+    from . import bench  # type: ignore[attr-defined]
+
+    return int(bench.main(args.args) or 0)
+
+
+# -- the parser ---------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    # Global options live on the main parser and, with SUPPRESS defaults, on every subcommand too,
+    # so that `ringq stats --json` and `ringq --json stats` both work.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--dir", default=argparse.SUPPRESS, help="queue directory (default ./.ringq)")
+    common.add_argument("--queue", default=argparse.SUPPRESS, help="queue name (default 'default')")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+
+    p = argparse.ArgumentParser(prog="ringq", description="ringq: a durable job queue for one host, no broker.",
+                                epilog="Examples for every command: docs/cli.md")
+    p.add_argument("--dir", default="./.ringq", help="queue directory (default ./.ringq)")
+    p.add_argument("--queue", default="default", help="queue name (default 'default')")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--version", action="version", version=f"ringq {_version()}")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    def cmd(name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, parents=[common], help=help, description=help)
+        sp.set_defaults(func=func)
+        return sp
+
+    e = cmd("enqueue", cmd_enqueue, "add a job: payload as JSON if it parses, else as text ('-': one per stdin line)")
+    e.add_argument("payload", help="JSON value or text; '-' reads one payload per line from stdin")
+    e.add_argument("--text", action="store_true", help="take the payload as a string, never as JSON")
+    e.add_argument("--priority", type=int, default=0, help="higher leases first (default 0)")
+    e.add_argument("--delay", type=float, default=0.0, help="seconds before the job may be leased")
+    e.add_argument("--count", type=int, default=1, help="enqueue N copies (default 1)")
+    e.add_argument("--job-id", help="idempotency key: an existing job with this id is returned, nothing written")
+    e.add_argument("--max-attempts", type=int, help="leases before dead-lettering (default: 5)")
+
+    le = cmd("lease", cmd_lease, "lease jobs; the lease outlives this command (until ack, nack or its timeout)")
+    le.add_argument("--count", type=int, default=1, help="most jobs to lease (default 1)")
+    le.add_argument("--visibility-timeout", type=float, help="seconds the lease lasts (default 30)")
+    le.add_argument("--wait", type=float, help="block up to this many seconds for a job")
+
+    a = cmd("ack", cmd_ack, "mark leased jobs done (by id: no fencing-token check unless --token)")
+    a.add_argument("ids", nargs="+", metavar="ID")
+    a.add_argument("--token", type=int, help="fencing token printed by lease; refused if stale")
+
+    n = cmd("nack", cmd_nack, "report a leased job failed: retry after backoff, or dead-letter it")
+    n.add_argument("id", metavar="ID")
+    n.add_argument("--error", help="text kept as the job's last_error")
+    n.add_argument("--delay", type=float, help="seconds before the retry (default: the backoff policy)")
+    n.add_argument("--token", type=int, help="fencing token printed by lease; refused if stale")
+
+    cmd("stats", cmd_stats, "counts of jobs by state")
+
+    li = cmd("list", cmd_list, "retained jobs in enqueue order")
+    li.add_argument("--state", choices=[s.value for s in JobState], help="only jobs in this state")
+    li.add_argument("--limit", type=int, help="at most N jobs")
+
+    d = cmd("dlq", cmd_dlq, "list the dead-letter queue, or requeue from it")
+    d.add_argument("--requeue", nargs="?", const=ALL, metavar="ID",
+                   help="move dead jobs back to ready with attempts reset: all, or just ID")
+    d.add_argument("--limit", type=int, help="list at most N jobs")
+
+    pu = cmd("purge", cmd_purge, "remove every job of the queue (needs --yes)")
+    pu.add_argument("--yes", action="store_true", help="really remove them")
+
+    i = cmd("inspect", cmd_inspect, "segments and slots as stored: header fields, offsets, states, CRC, payloads")
+    i.add_argument("--limit", type=int, default=20, help="records shown per segment (default 20; 0 = all)")
+
+    cmd("verify", cmd_verify, "check every published record and header; exit 1 on any damage")
+
+    w = cmd("work", cmd_work, "run a handler (module:function) on leased jobs until stopped")
+    w.add_argument("handler", metavar="module:function")
+    w.add_argument("--concurrency", type=int, default=1, help="handler threads per process (default 1)")
+    w.add_argument("--processes", type=int, default=0, help="worker processes (default 0: this process)")
+    w.add_argument("--max-jobs", type=int, help="stop after N jobs (per process)")
+    w.add_argument("--idle-timeout", type=float, help="stop after this many seconds without work")
+    w.add_argument("--visibility-timeout", type=float, help="lease length in seconds (default 30; heartbeats renew it)")
+    w.add_argument("-v", "--verbose", action="store_true", help="log more")
+
+    t = cmd("top", cmd_top, "live view of counts and rates (q or Ctrl-C quits)")
+    t.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    t.add_argument("--once", action="store_true", help="print one sample (rates over one interval) and exit")
+
+    dm = cmd("demo", cmd_demo, "fan real files out to worker processes, SIGKILL one, lose nothing")
+    dm.add_argument("--source", help="directory tree to process (default: this Python's standard library)")
+    dm.add_argument("--limit", type=int, help="process at most N files")
+    dm.add_argument("--workers", type=int, help="worker processes (default: one per core)")
+    dm.add_argument("--threads", type=int, default=2, help="handler threads per worker process (default 2)")
+    dm.add_argument("--no-kill", action="store_true", help="do not SIGKILL a worker midway")
+    dm.add_argument("--keep", metavar="DIR", help="keep the queue directory at DIR for inspection")
+
+    # Everything after `bench` belongs to ringq.bench; main() splits it off before parsing.
+    b = sub.add_parser("bench", help="run the benchmark harness (arguments after 'bench' go to ringq.bench)",
+                       add_help=False)
+    b.set_defaults(func=cmd_bench, args=[])
+    return p
+
+
+def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``(argv up to and including a 'bench' command, the rest)``; the rest is empty for other commands."""
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok in ("--dir", "--queue"):
+            i += 2
+            continue
+        if tok.startswith("-"):
+            i += 1
+            continue
+        return (argv[: i + 1], argv[i + 1 :]) if tok == "bench" else (argv, [])
+    return argv, []
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status."""
+    own, rest = _split_command(list(sys.argv[1:] if argv is None else argv))
+    args = _parser().parse_args(own)
+    if args.cmd == "bench":
+        args.args = rest
+    try:
+        rc = args.func(args)
+        sys.stdout.flush()  # inside the try: a closed pipe is reported here, not at exit
+        return rc
+    except KeyboardInterrupt:
+        _error(args, "interrupted")
+        return 130
+    except BrokenPipeError:  # `ringq list | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except (UserError, RingqError, ValueError, OSError) as exc:
         if os.environ.get("RINGQ_DEBUG"):
             raise
-        print(f"ringq {args.cmd}: {exc}", file=sys.stderr)
+        _error(args, str(exc) or type(exc).__name__)
         return 2
-    return 2
+
+
+def _error(args: argparse.Namespace, text: str) -> None:
+    text = " ".join(text.split())  # always one line
+    if args.json:
+        print(json.dumps({"error": text, "command": args.cmd}), file=sys.stderr)
+    else:
+        print(f"ringq {args.cmd}: {text}", file=sys.stderr)

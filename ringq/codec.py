@@ -17,6 +17,7 @@ Object arrays are refused.  Decoding checks every length against the record's ow
 from __future__ import annotations
 
 import json
+import re
 import struct
 from typing import Any
 
@@ -31,6 +32,27 @@ BYTES = 2
 NDARRAY = 3
 
 _encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+try:  # optional: a faster parser for decoding only (~0.2 us instead of ~1.7 us per small payload)
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None
+
+
+_LONG_NUMBER = re.compile(rb"[0-9]{19}")
+
+
+def _loads(data: bytes | bytearray) -> Any:
+    """Parse JSON text.  orjson refuses some of what json accepts (NaN/Infinity, lone surrogates)
+    and turns integers beyond 64 bits into floats; the refused go to json, and so does any text
+    with a run of 19 or more digits.  So the result never depends on whether orjson is installed.
+    Encoding stays with json: orjson would write NaN as null instead of refusing it."""
+    if _orjson is not None and not _LONG_NUMBER.search(data):
+        try:
+            return _orjson.loads(data)
+        except _orjson.JSONDecodeError:
+            pass
+    return json.loads(data)
 _U32 = struct.Struct("<I")
 
 
@@ -65,7 +87,7 @@ def decode(codec: int, data: bytes | bytearray) -> Any:
     """
     try:
         if codec == JSON:
-            return json.loads(data)
+            return _loads(data)
         if codec == BYTES:
             return bytes(data)
         if codec == NDARRAY:
@@ -77,7 +99,7 @@ def decode(codec: int, data: bytes | bytearray) -> Any:
             if dtype.hasobject:
                 raise ValueError("object dtype")
             shape = tuple(int(n) for n in header["shape"])
-            buf = data if isinstance(data, bytearray) else bytearray(data)
+            buf = data if isinstance(data, bytearray) else bytearray(data)  # writable, no copy when given one
             body = memoryview(buf)[4 + hlen :]
             count = int(np.prod(shape, dtype=np.int64)) if shape else 1
             if count * dtype.itemsize != len(body):

@@ -19,7 +19,6 @@ import sysconfig
 import tempfile
 import time
 import zlib
-from pathlib import Path
 
 import numpy as np
 

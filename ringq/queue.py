@@ -34,8 +34,9 @@ import random
 import re
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -71,7 +72,7 @@ from .job import (
     pack,
 )
 from .owner import OwnerRegistry
-from .ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, NewRecord, RecoveryReport, Ring, VerifyReport
+from .ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, NewRecord, RecoveryReport, Ring
 from .segment import OFF_CHANGE, OFF_SEALED, OFF_TAIL, Segment
 
 __all__ = ["Queue", "QueueStats", "DEFAULT_VISIBILITY_TIMEOUT", "DEFAULT_MAX_ATTEMPTS"]
@@ -111,13 +112,14 @@ class QueueStats:
 
 
 class _Grow:
-    """A growable numpy vector with a stable C pointer between appends."""
+    """A growable numpy vector with a stable C pointer (``ptr``) between appends."""
 
-    __slots__ = ("a", "n")
+    __slots__ = ("a", "n", "ptr")
 
     def __init__(self, dtype: str, cap: int = 64) -> None:
         self.a = np.empty(cap, dtype)
         self.n = 0
+        self.ptr = self.a.ctypes.data
 
     def extend(self, values: np.ndarray) -> None:
         k = len(values)
@@ -125,6 +127,7 @@ class _Grow:
             bigger = np.empty(max(2 * len(self.a), self.n + k), self.a.dtype)
             bigger[: self.n] = self.a[: self.n]
             self.a = bigger
+            self.ptr = bigger.ctypes.data
         self.a[self.n : self.n + k] = values
         self.n += k
 
@@ -146,7 +149,7 @@ class _View:
     """What this process knows of one segment: immutable record fields, lanes, scan position."""
 
     __slots__ = ("seg", "scanned", "sealed", "change", "lanes", "heads", "head_seqs", "prio", "seq", "maxatt",
-                 "attb", "idlen")
+                 "attb", "idlen", "lanepos", "parkme")
 
     def __init__(self, seg: Segment) -> None:
         self.seg = seg
@@ -162,6 +165,8 @@ class _View:
         self.maxatt = np.zeros(n, "<u2")
         self.attb = np.zeros(n, "<u2")
         self.idlen = np.zeros(n, "<u2")
+        self.lanepos = np.zeros(n, "<u4")  # index of each head slot in its lane
+        self.parkme = np.zeros(n, bool)  # enqueued with a delay: ordered individually, not by its lane
 
 
 def _now_ms() -> int:
@@ -179,8 +184,15 @@ class Queue:
         path: queue directory (created 0700 if missing).
         name: queue name ``[A-Za-z0-9_-]{1,64}``; names in one directory are independent.
         fsync: nobroker's spelling: False means ``durability="none"``.
-        durability: ``"msync"`` (default; enqueue returns after msync(MS_SYNC) of its record) or
-            ``"none"`` (survives process crashes, not power loss).  See docs/durability.md.
+        durability: ``"msync"`` (default; enqueue returns after msync(MS_SYNC) of its record),
+            ``"fdatasync"``, ``"group"`` (group commit: concurrent producers share syncs),
+            ``"interval"`` (a flusher thread syncs every ``flush_interval`` seconds) or ``"none"``
+            (survives process crashes, not power loss).  See docs/durability.md.
+        flush_interval: seconds between syncs for ``durability="interval"`` (default 0.05).
+        sync_acks: msync every ack and nack before it returns (default False); leases and extends
+            are not synced (losing one to a power loss only hands the job out again sooner).
+        state_flush_interval: unsynced state changes reach the disk within this many seconds
+            (default 1.0; off for ``"none"``; None turns it off).
         visibility_timeout: seconds a lease lasts before the job is handed out again (default 30).
         max_attempts: leases allowed per job before it moves to the dead-letter queue (default 5).
         backoff: retry delay policy for nack (default ``BackoffPolicy()``).
@@ -203,6 +215,9 @@ class Queue:
         *,
         fsync: bool = True,
         durability: str | None = None,
+        flush_interval: float = 0.05,
+        sync_acks: bool = False,
+        state_flush_interval: float | None | object = ...,
         visibility_timeout: float = DEFAULT_VISIBILITY_TIMEOUT,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         backoff: BackoffPolicy | None = None,
@@ -224,6 +239,7 @@ class Queue:
         self.backoff = backoff or BackoffPolicy()
         self._ring = Ring(
             path, name, slot_size=slot_size, slot_count=slot_count, durability=durability,
+            flush_interval=flush_interval, sync_acks=sync_acks, state_flush_interval=state_flush_interval,
             lock_timeout=lock_timeout, mode=mode, allow_network_fs=allow_network_fs,
         )
         self.durability = durability
@@ -233,7 +249,7 @@ class Queue:
         self._views: dict[int, _View] = {}
         self._heap: list[tuple] = []
         self._sched: list[tuple] = []
-        self._sched_keys: set[tuple[int, int]] = set()
+        self._parked: set[tuple[int, int]] = set()  # jobs with an individual entry (scheduled or due)
         self._ids: dict[str, tuple[int, int]] = {}
         self._held: dict[tuple[int, int], int] = {}
         self._seen_change = -1
@@ -265,7 +281,7 @@ class Queue:
             self._ring.close()
             self._owners.close()
 
-    def __enter__(self) -> "Queue":
+    def __enter__(self) -> Queue:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -360,10 +376,13 @@ class Queue:
         bufs = [self._ring.build(r) for r in recs]
         if not recs:
             return []
+        if job_ids is None:
+            with self._lock:
+                placed, ticket = self._ring.append_nowait(recs, bufs)
+            # Sync outside our lock, so that other threads append meanwhile (and share the sync).
+            self._ring.finish(ticket)
+            return [self._fresh_job(r, p, payloads[i]) for i, (r, p) in enumerate(zip(recs, placed))]
         with self._lock:
-            if job_ids is None:
-                placed = self._ring.append(recs, bufs)
-                return [self._fresh_job(r, p, payloads[i]) for i, (r, p) in enumerate(zip(recs, placed))]
             # Idempotent path: decide under the writer lock, after reading everything published.
             with self._ring.locked():
                 self._refresh()
@@ -385,7 +404,7 @@ class Queue:
                     result[i] = self._fresh_job(recs[i], p, payloads[i])
                     self._ids[job_ids[i]] = (p[0], p[1])
             out = []
-            for i, r in enumerate(result):
+            for r in result:
                 if isinstance(r, Job):
                     out.append(r)
                 elif isinstance(r, tuple) and r[0] == "dup":
@@ -408,14 +427,18 @@ class Queue:
         """Catch up with other processes: new segments, new records, jobs returned to READY."""
         ring = self._ring
         ring.refresh_segments()
+        dropped = False
         for seq in ring.drop_retired():
-            self._views.pop(seq, None)
+            dropped |= self._views.pop(seq, None) is not None
         if len(ring.segments) != len(self._views):
             for seq in [s for s in self._views if s not in ring.segments]:
                 del self._views[seq]
+                dropped = True
             for seq, seg in ring.segments.items():
                 if seq not in self._views:
                     self._views[seq] = _View(seg)
+        if dropped:  # forget the ids of retired segments, or a long-lived process grows without bound
+            self._ids = {jid: loc for jid, loc in self._ids.items() if loc[0] in self._views}
         for view in self._views.values():
             if view.sealed:
                 continue
@@ -431,9 +454,43 @@ class Queue:
                 c = view.seg.load64(OFF_CHANGE)
                 if c != view.change:
                     view.change = c
-                    for lane in view.lanes.values():
-                        lane.cursor = 0
-                        self._queue_lane(view, lane)
+                    self._find_returned(view)
+
+    def _find_returned(self, view: _View) -> None:
+        """Jobs of ``view`` back in READY behind their lane's cursor: give each its own heap entry.
+
+        Keyed by its own (new) available-at, so a retried job is ordered as nobroker orders it.
+        """
+        seg = view.seg
+        heads = view.heads.view()
+        if not len(heads):
+            return
+        words = seg.states[heads, 0]
+        ready = heads[(words & np.uint64(7)) == ST_READY]
+        if not len(ready):
+            return
+        prios = view.prio[ready]
+        pos = view.lanepos[ready]
+        now = _now_ms()
+        for p, lane in view.lanes.items():
+            for slot in ready[(prios == p) & (pos < lane.cursor)].tolist():
+                self._park(view, slot, now)
+
+    def _park(self, view: _View, slot: int, now: int) -> None:
+        """Give one READY job an individual entry: scheduled if not due yet, else in the ready heap."""
+        seg = view.seg
+        key = (seg.seq, slot)
+        if key in self._parked:
+            return
+        w = seg.load64(seg.state_off_of(slot))
+        if w & 7 != ST_READY:
+            return
+        due = seg.epoch_ms + (w >> TIME_SHIFT)
+        self._parked.add(key)
+        if due > now:
+            heapq.heappush(self._sched, (due, -int(view.prio[slot]), int(view.seq[slot]), seg.seq, slot))
+        else:
+            heapq.heappush(self._heap, (-int(view.prio[slot]), due, int(view.seq[slot]), 1, seg.seq, 0, slot, 0))
 
     def _ingest(self, view: _View) -> None:
         seg = view.seg
@@ -441,39 +498,49 @@ class Queue:
         view.scanned = nxt
         if not len(infos):
             return
-        bad = infos[infos["status"] != 0]
-        for row in bad:
-            self._ring.mark_bad(seg, int(row["slot"]), "record failed validation (magic, length or CRC)")
-        ok = infos[infos["status"] == 0]
-        if not len(ok):
-            return
+        # Few numpy calls on the common path (a handful of fresh, valid, plain records): a woken
+        # consumer runs this once per wake-up, so it sets the fan-out latency.
+        status = infos["status"]
+        if status.any():
+            for row in infos[status != 0]:
+                self._ring.mark_bad(seg, int(row["slot"]), "record failed validation (magic, length or CRC)")
+            infos = infos[status == 0]
+            if not len(infos):
+                return
+        ok = infos
         slots = ok["slot"]
         view.prio[slots] = ok["priority"]
         view.seq[slots] = ok["seq"]
         view.maxatt[slots] = ok["max_attempts"]
         view.attb[slots] = ok["attempts_before"]
         view.idlen[slots] = ok["id_len"]
+        view.parkme[slots] = ok["available_ms"] > ok["enqueued_us"] // 1000
         view.heads.extend(slots)
         view.head_seqs.extend(ok["seq"])
-        # A valid record below the tail whose state word is EMPTY: a power loss kept the record but
-        # not its state page.  It was published (the tail says so): publish it again.
-        for row in ok[(ok["state"] & 7) == ST_EMPTY]:
-            word = pack(ST_READY, WHY_NONE, 0, int(row["available_ms"]) - seg.epoch_ms)
-            seg.cas64(seg.state_off_of(int(row["slot"])), 0, word)
-        for row in ok[ok["id_len"] > 0]:
-            slot = int(row["slot"])
-            base = seg.data_off + slot * seg.slot_size + 64
-            jid = bytes(seg.mm[base : base + int(row["id_len"])]).decode("utf-8", "replace")
-            self._ids[jid] = (seg.seq, slot)
-        for row in ok[ok["supersedes"] != 0]:
-            self._complete_supersede(int(row["supersedes"]))
+        unusual = ((ok["state"] & 7) == ST_EMPTY) | (ok["id_len"] > 0) | (ok["supersedes"] != 0)
+        if unusual.any():
+            # A valid record below the tail whose state word is EMPTY: a power loss kept the record
+            # but not its state page.  It was published (the tail says so): publish it again.
+            for row in ok[(ok["state"] & 7) == ST_EMPTY]:
+                word = pack(ST_READY, WHY_NONE, 0, int(row["available_ms"]) - seg.epoch_ms)
+                seg.cas64(seg.state_off_of(int(row["slot"])), 0, word)
+            for row in ok[ok["id_len"] > 0]:
+                slot = int(row["slot"])
+                base = seg.data_off + slot * seg.slot_size + 64
+                jid = bytes(seg.mm[base : base + int(row["id_len"])]).decode("utf-8", "replace")
+                self._ids[jid] = (seg.seq, slot)
+            for row in ok[ok["supersedes"] != 0]:
+                self._complete_supersede(int(row["supersedes"]))
         prios = ok["priority"]
-        for p in np.unique(prios):
-            p = int(p)
+        first = int(prios[0])
+        groups = [first] if len(prios) == 1 or (prios == first).all() else [int(p) for p in np.unique(prios)]
+        for p in groups:
             lane = view.lanes.get(p)
             if lane is None:
                 lane = view.lanes[p] = _Lane(p)
-            lane.slots.extend(slots[prios == p])
+            mine = slots if len(groups) == 1 else slots[prios == p]
+            view.lanepos[mine] = np.arange(lane.slots.n, lane.slots.n + len(mine), dtype=np.uint32)
+            lane.slots.extend(mine)
             self._queue_lane(view, lane)
 
     def _complete_supersede(self, ref: int) -> None:
@@ -486,36 +553,55 @@ class Queue:
         if w & 7 == ST_DEAD and seg.cas64(off, w, (w & ~7) | ST_GONE)[0]:
             self._ring.note_finished(seg)
 
-    def _lane_key(self, view: _View, lane: _Lane) -> tuple | None:
-        """Advance the lane's cursor to its next READY job and return that job's heap key."""
+    def _lane_key(self, view: _View, lane: _Lane, now: int | None = None) -> tuple | None:
+        """Advance the lane's cursor to its next due READY job and return that job's heap key.
+
+        READY jobs that are not yet due are moved to the scheduled heap on the way, so a delayed
+        job never hides due ones behind it.
+        """
         seg = view.seg
+        if now is None:
+            now = _now_ms()
         state = ffi.new("uint64_t *")
         arr = lane.slots
-        idx = lib.ringq_next_ready(seg.ptr, seg.size, seg.geom, ffi.cast("uint32_t *", arr.a.ctypes.data),
-                                   arr.n, lane.cursor, state)
-        if idx < 0 or idx >= arr.n:
-            lane.cursor = arr.n
-            return None
-        lane.cursor = idx
-        slot = int(arr.a[idx])
-        w = state[0]
-        return (-lane.prio, seg.epoch_ms + (w >> TIME_SHIFT), int(view.seq[slot]), 0, view.seg.seq, lane.prio, slot, w)
+        while True:
+            idx = lib.ringq_next_ready(seg.ptr, seg.size, seg.geom, ffi.cast("uint32_t *", arr.ptr),
+                                       arr.n, lane.cursor, state)
+            if idx < 0 or idx >= arr.n:
+                lane.cursor = arr.n
+                return None
+            slot = int(arr.a[idx])
+            w = state[0]
+            if (w >> 6) & LC_MASK or view.parkme[slot]:
+                # A retried or delayed job orders by its own available-at, not its lane position.
+                self._park(view, slot, now)
+                lane.cursor = idx + 1
+                continue
+            due = seg.epoch_ms + (w >> TIME_SHIFT)
+            lane.cursor = idx
+            return (-lane.prio, due, int(view.seq[slot]), 0, seg.seq, lane.prio, slot, w)
 
-    def _queue_lane(self, view: _View, lane: _Lane) -> None:
+    def _queue_lane(self, view: _View, lane: _Lane, now: int | None = None) -> None:
         if lane.queued:
             return
-        key = self._lane_key(view, lane)
+        key = self._lane_key(view, lane, now)
         if key is not None:
             lane.queued = True
             heapq.heappush(self._heap, key)
 
     def _find(self, job_id: str) -> tuple[int, int] | None:
-        """Location ``(segment seq, slot)`` of the newest retained record of ``job_id``, or None."""
+        """Location ``(segment seq, slot)`` of the retained record of ``job_id``, or None.
+
+        A purged (GONE) record is not retained: its id is free again.
+        """
         loc = self._ids.get(job_id)
         if loc is not None:
-            if loc[0] in self._views:
+            view = self._views.get(loc[0])
+            if view is not None and self._retained(view, loc[1]):
                 return loc
-            del self._ids[job_id]
+            if view is None or view.seg.load64(view.seg.state_off_of(loc[1])) & 7 == ST_GONE:
+                del self._ids[job_id]
+            return None
         if AUTO_ID.match(job_id):
             seq = int(job_id, 16)
             for view in self._views.values():
@@ -524,9 +610,13 @@ class Queue:
                     i = int(np.searchsorted(hs.view(), seq))
                     if i < hs.n and hs.a[i] == seq:
                         slot = int(view.heads.a[i])
-                        if view.idlen[slot] == 0:
+                        if view.idlen[slot] == 0 and self._retained(view, slot):
                             return (view.seg.seq, slot)
         return None
+
+    @staticmethod
+    def _retained(view: _View, slot: int) -> bool:
+        return view.seg.load64(view.seg.state_off_of(slot)) & 7 in STATE_OF
 
     def _locate(self, job: Job | str) -> tuple[_View, int, str]:
         if isinstance(job, Job):
@@ -574,18 +664,18 @@ class Queue:
             enqueued_at=info.enqueued_us / 1e6,
             lease_deadline=when if st == ST_LEASED else None,
             lease_token=lc or None,
-            last_error=self._last_error(seg, slot, why, lc),
+            last_error=self._last_error(seg, slot, why, lc, st),
             seq=info.seq,
             _loc=(segseq, slot),
         )
 
-    def _last_error(self, seg: Segment, slot: int, why: int, lc: int) -> str | None:
+    def _last_error(self, seg: Segment, slot: int, why: int, lc: int, st: int) -> str | None:
         if why == WHY_EXPIRED:
             return "lease expired: visibility timeout passed before ack"
         if why == WHY_DIED:
             return "lease holder died: its process exited without ack"
-        if lc == 0:
-            return None
+        if lc == 0 or (st == ST_LEASED and lc == 1):
+            return None  # in its first lease no nack can have happened: spare the side-file read
         entries = self._ring.read_errors(seg.seq).get(slot)
         if not entries:
             return None
@@ -594,7 +684,8 @@ class Queue:
 
     # -- lease ------------------------------------------------------------------------------------------
 
-    def lease(self, count: int = 1, *, visibility_timeout: float | None = None, wait: float | None = None) -> list[Job]:
+    def lease(self, count: int = 1, *, visibility_timeout: float | None = None, wait: float | None = None,
+              detach: bool = False) -> list[Job]:
         """Lease up to ``count`` due jobs, highest priority first, then by available_at and FIFO.
 
         A leased job is invisible to every other process until acked, nacked, its holder dies, or
@@ -605,6 +696,9 @@ class Queue:
             visibility_timeout: seconds (default: the queue's).
             wait: if no job is due, block up to this many seconds for one (woken by producers'
                 futex wake, not by polling).  None or 0 returns at once.
+            detach: do not tie the leases to this process: they outlive it and end only by
+                ack/nack or the visibility timeout (for a process that exits right after
+                leasing, such as ``ringq lease``; otherwise its leases come back as soon as it exits).
 
         Returns:
             Between 0 and ``count`` jobs (LEASED).
@@ -623,7 +717,7 @@ class Queue:
             seen = self._ring.wake_word()
             with self._lock:
                 self._live()
-                got.extend(self._take(count - len(got), vt))
+                got.extend(self._take(count - len(got), vt, detach))
                 next_due = self._sched[0][0] if self._sched else None
             if len(got) >= count or deadline is None:
                 return got
@@ -635,14 +729,49 @@ class Queue:
                 nap = min(nap, max(0.0, next_due / 1000 - time.time()) + 0.001)
             self._ring.sleep(seen, nap)
 
-    def lease_one(self, *, visibility_timeout: float | None = None, wait: float | None = None) -> Job | None:
+    def wake_token(self) -> int:
+        """The queue's wake counter: it moves whenever a job is appended or returns to READY.
+
+        Read it *before* looking for work and pass it to :meth:`wait_for_wake`, so that a job
+        appended in between is never slept through.  For callers that lease without blocking
+        (an event loop) and wait for work in another thread.
+        """
+        self._live()
+        return self._ring.wake_word()
+
+    def wait_for_wake(self, token: int, timeout: float) -> None:
+        """Block until the wake counter moves from ``token``, a delayed job seen by this process's
+        last lease comes due, or ``timeout`` seconds pass (a futex wait, not polling).
+
+        A delayed job that is already due does not cut the sleep short: the caller was woken for
+        it once and may have chosen not to lease (no free capacity), and must not spin.  Takes no
+        lock while sleeping, so other threads keep using the queue.  Spurious returns are
+        allowed: callers look for work again and wait again.
+        """
+        self._live()
+        nap = timeout
+        with self._lock:
+            if self._sched:
+                due = self._sched[0][0] / 1000 - time.time()
+                if due > 0:
+                    nap = min(nap, due + 0.001)
+        self._ring.sleep(token, nap)
+
+    def wake(self) -> None:
+        """Wake every thread and process sleeping in :meth:`lease` or :meth:`wait_for_wake` on this queue."""
+        self._live()
+        self._ring.wake()
+
+    def lease_one(self, *, visibility_timeout: float | None = None, wait: float | None = None,
+                  detach: bool = False) -> Job | None:
         """Lease one job, or return None if none is due (after waiting up to ``wait`` seconds)."""
-        jobs = self.lease(1, visibility_timeout=visibility_timeout, wait=wait)
+        jobs = self.lease(1, visibility_timeout=visibility_timeout, wait=wait, detach=detach)
         return jobs[0] if jobs else None
 
-    def _take(self, want: int, vt: float) -> list[Job]:
+    def _take(self, want: int, vt: float, detach: bool = False) -> list[Job]:
         self._refresh()
-        self._reap()
+        if self._reap():
+            self._refresh()  # the reclaimed jobs moved their segments' change counters
         now = _now_ms()
         sched, heap = self._sched, self._heap
         while sched and sched[0][0] <= now:
@@ -659,26 +788,21 @@ class Queue:
             if kind == 0:
                 lane = view.lanes[prio]
                 lane.queued = False
-                key = self._lane_key(view, lane)
+                key = self._lane_key(view, lane, now)
                 if key is None:
                     continue
                 slot, w = key[6], key[7]
-                if key[1] > now:  # delayed: park it in the scheduled heap, move the lane on
-                    self._schedule(view, slot, key[1])
-                    lane.cursor += 1
-                    self._queue_lane(view, lane)
-                    continue
                 if key[:3] > entry[:3]:  # the lane's candidate changed: re-queue at its real place
                     lane.queued = True
                     heapq.heappush(heap, key)
                     continue
-                job = self._claim(view, slot, w, now, vt)
+                job = self._claim(view, slot, w, now, vt, detach)
                 if job is not None:
                     lane.cursor += 1
                     out.append(job)
-                self._queue_lane(view, lane)
+                self._queue_lane(view, lane, now)
             else:
-                self._sched_keys.discard((segseq, slot))
+                self._parked.discard((segseq, slot))
                 w = seg.load64(seg.state_off_of(slot))
                 if w & 7 != ST_READY:
                     continue
@@ -686,32 +810,42 @@ class Queue:
                 if due > now:
                     self._schedule(view, slot, due)
                     continue
-                job = self._claim(view, slot, w, now, vt)
+                if (-int(view.prio[slot]), due, int(view.seq[slot])) > entry[:3]:
+                    self._park(view, slot, now)  # its available-at moved: re-queue at its real place
+                    continue
+                job = self._claim(view, slot, w, now, vt, detach)
                 if job is not None:
                     out.append(job)
         return out
 
     def _schedule(self, view: _View, slot: int, due_ms: int) -> None:
         key = (view.seg.seq, slot)
-        if key in self._sched_keys:
+        if key in self._parked:
             return
-        self._sched_keys.add(key)
+        self._parked.add(key)
         heapq.heappush(self._sched, (due_ms, -int(view.prio[slot]), int(view.seq[slot]), view.seg.seq, slot))
 
-    def _claim(self, view: _View, slot: int, w: int, now: int, vt: float) -> Job | None:
+    def _claim(self, view: _View, slot: int, w: int, now: int, vt: float, detach: bool = False) -> Job | None:
         seg = view.seg
         off = seg.state_off_of(slot)
         lc = ((w >> 6) & LC_MASK) + 1
         if lc > LC_MASK:
             return None
         new = pack(ST_LEASED, (w >> 3) & 3, lc, now + int(vt * 1000) - seg.epoch_ms)
-        owner = self._owners.acquire()
         key = (seg.seq, slot)
-        self._held[key] = lc  # before the CAS: our own reaper must never see this lease unowned
+        # A detached lease has no owner process (owner index 0): reapers leave it to the
+        # visibility timeout alone.
+        owner = 0 if detach else self._owners.acquire()
+        if owner:
+            self._held[key] = lc  # before the CAS: our own reaper must never see this lease unowned
         ok, _cur = seg.cas64(off, w, new)
         if not ok:
             self._held.pop(key, None)
             return None
+        self._ring.note_state(seg, slot, final=False)
+        # The owner word, tagged with the lease count.  A detached lease is tagged with owner
+        # index 0: known to have no owner process, so only its visibility timeout ends it -- unlike
+        # a lease whose claimer died before this store (left untagged: see CLAIM_GRACE in _reap).
         old_owner = seg.load64(off + 8)
         seg.cas64(off + 8, old_owner, owner | (lc << 16) | ((os.getpid() & 0x3FFFFFFF) << 34))
         if seg.load64(off) != new:
@@ -748,7 +882,7 @@ class Queue:
             )
 
     def ack(self, job: Job | str) -> None:
-        """Mark a leased job done.  Acking a job that is already done is harmless.
+        """Mark a leased job done.  Acking it again (same token, or by bare id) is harmless.
 
         Passing the :class:`Job` checks its fencing token; passing a bare id does not (for
         operators).  Raises NotLeasedError (not leased, or stale token), JobNotFoundError.
@@ -762,13 +896,14 @@ class Queue:
             seg = view.seg
             off = seg.state_off_of(slot)
             while True:
-                if w & 7 == ST_DONE:
-                    return
+                if w & 7 == ST_DONE and (token is None or (w >> 6) & LC_MASK == token):
+                    return  # a repeated ack; a stale holder's ack of a job done by another is refused below
                 self._require_lease(w, job_id, token, "ack")
                 done = pack(ST_DONE, (w >> 3) & 3, (w >> 6) & LC_MASK, _now_ms() - seg.epoch_ms)
                 ok, w = seg.cas64(off, w, done)
                 if ok:
                     break
+            self._ring.note_state(seg, slot, final=True)
             self._held.pop((seg.seq, slot), None)
             self._ring.note_finished(seg)
 
@@ -809,6 +944,7 @@ class Queue:
                     break
                 self._require_lease(w2, job_id, token, "nack")
                 w = w2
+            self._ring.note_state(seg, slot, final=True)
             self._held.pop((seg.seq, slot), None)
             if new & 7 == ST_READY:
                 self._ring.note_returned(seg)
@@ -829,6 +965,7 @@ class Queue:
                 new = (w & ((1 << TIME_SHIFT) - 1)) | (min(deadline - seg.epoch_ms, TIME_MAX) << TIME_SHIFT)
                 ok, w = seg.cas64(off, w, new)
                 if ok:
+                    self._ring.note_state(seg, slot, final=False)
                     return self._job_at(seg.seq, slot, new)
 
     # -- reclaiming ----------------------------------------------------------------------------------------
@@ -870,6 +1007,8 @@ class Queue:
             live = ~expired & tagged
             for slot, word, own in zip(leased[live].tolist(), w[live].tolist(), owners[live].tolist()):
                 idx = own & 0xFFFF
+                if not idx:
+                    continue  # a detached lease: only its visibility timeout ends it
                 if idx == mine:
                     if (seg.seq, slot) not in self._held:  # left by a dead process that had our index
                         reclaimed += self._reclaim(view, slot, word, WHY_DIED, now)
@@ -886,7 +1025,7 @@ class Queue:
             finally:
                 self._owners.release(idx)
         self._unowned = unowned
-        self._ring.retire_finished()
+        self._ring.retire_finished(thorough=force)
         return reclaimed
 
     def _reclaim(self, view: _View, slot: int, word: int, why: int, now: int) -> int:
@@ -1031,16 +1170,6 @@ class Queue:
             ready = int(c[ST_READY]) - delayed
             total = int(c[ST_READY] + c[ST_LEASED] + c[ST_DONE] + c[ST_DEAD])
             return QueueStats(ready, delayed, int(c[ST_LEASED]), int(c[ST_DONE]), int(c[ST_DEAD]), total, int(c[ST_BAD]))
-
-    def verify(self) -> VerifyReport:
-        """Check every segment file and every committed record of this queue (read-only, lock-free).
-
-        Returns a :class:`ringq.ring.VerifyReport`; ``report.ok`` is False if anything is damaged.
-        """
-        self._live()
-        with self._lock:
-            self._ring.refresh_segments()
-            return self._ring.verify()
 
     def __len__(self) -> int:
         """Number of retained jobs (``stats().total``)."""

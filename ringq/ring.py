@@ -14,7 +14,7 @@ Files of queue ``<name>`` in its directory (byte layouts in ``docs/format.md``):
 mappings (never from a cache kept across the lock) -> repair a tail left behind by a crash ->
 reserve seqs -> write each record and publish it (release-store of its state word) -> rotate to a
 new segment when one is full -> store the new tail -> release the flock -> apply the durability
-strategy (msync of the written range) -> wake sleeping consumers.
+strategy (ringq/durability.py: msync, fdatasync, group commit, ...) -> wake sleeping consumers.
 
 *Read* (consumers): never take the lock.  Each process scans the records published since it last
 looked (``scan``) and claims jobs by CAS on state words (ringq/queue.py).
@@ -45,11 +45,13 @@ import stat
 import struct
 import threading
 import time
+import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import numpy as np
 
+from . import durability as _durability
 from . import errors
 from ._native import ffi, lib
 from .errors import (
@@ -65,11 +67,14 @@ from .segment import (
     OFF_CTL_CHANGE,
     OFF_FINISHED,
     OFF_LAST_SEQ,
+    OFF_LOCK_WAITERS,
+    OFF_LOCK_WAKE,
     OFF_NEXT_SEQ,
     OFF_NRECORDS,
     OFF_RETIRED,
     OFF_RING_GEN,
     OFF_SEALED,
+    OFF_SYNC_COUNT,
     OFF_TAIL,
     OFF_TAIL_SEG,
     OFF_WAITERS,
@@ -82,7 +87,7 @@ from .segment import (
     segment_name,
 )
 
-__all__ = ["Ring", "NewRecord", "RecoveryReport", "VerifyReport", "REC_HEADER", "REC_INFO_DTYPE", "DURABILITY"]
+__all__ = ["Ring", "NewRecord", "RecoveryReport", "REC_HEADER", "REC_INFO_DTYPE", "DURABILITY"]
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 SEG_RE = re.compile(r"^(?P<name>[A-Za-z0-9_-]{1,64})\.(?P<seq>[0-9a-f]{16})\.seg$")
@@ -93,7 +98,7 @@ KIND_JOB = 1
 DEFAULT_SLOT_SIZE = 256
 DEFAULT_SLOT_COUNT = 16384
 NETWORK_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "fuse.sshfs", "afs", "ceph", "glusterfs", "lustre"}
-DURABILITY = ("msync", "none")
+DURABILITY = _durability.STRATEGIES
 MAX_SEQ_GAP = 1 << 20  # segment seqs further apart than this are damage, not history
 MAX_ERR_FILE = 64 << 20  # bytes of a nack side file read at most
 
@@ -154,29 +159,6 @@ class RecoveryReport:
         return not (self.quarantined or self.corrupt_records or self.repaired)
 
 
-@dataclass
-class VerifyReport:
-    """What :meth:`Ring.verify` found.  Read-only: nothing was changed to produce it.
-
-    Attributes:
-        segments: segment files checked.
-        records: valid records below the tails (jobs in any state but quarantined).
-        corrupt: damaged or quarantined records, as ``(segment path, slot, reason)``.
-        files: files that are not usable segments, or were quarantined, as ``(path, reason)``.
-        notes: normal leftovers of a crash that the next writer or reader repairs, ``(path, text)``.
-    """
-
-    segments: int = 0
-    records: int = 0
-    corrupt: list[tuple[str, int, str]] = field(default_factory=list)
-    files: list[tuple[str, str]] = field(default_factory=list)
-    notes: list[tuple[str, str]] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not (self.corrupt or self.files)
-
-
 def fs_type(path: str, mounts_text: str | None = None) -> str:
     """File-system type of ``path`` from /proc/self/mounts (longest matching mount point), or ''.
 
@@ -200,6 +182,18 @@ def fs_type(path: str, mounts_text: str | None = None) -> str:
     return kind
 
 
+def _reset_locks_in_child() -> None:
+    # A flusher thread may hold a ring's maplock at the moment another thread forks; the child
+    # has no such thread, so it would wait on the copy forever.  Give every ring a fresh one.
+    for ring in list(_LIVE_RINGS):
+        ring.maplock = threading.Lock()
+
+
+_LIVE_RINGS: weakref.WeakSet[Ring] = weakref.WeakSet()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_locks_in_child)
+
+
 class Ring:
     """The segments of one queue name in one directory, as this process sees them.
 
@@ -208,9 +202,14 @@ class Ring:
         name: queue name, ``[A-Za-z0-9_-]{1,64}``.
         slot_size, slot_count: geometry of new segments, used only when the queue is created
             (bytes per slot, multiple of 64; slots per segment).  An existing queue keeps its own.
-        durability: ``"msync"`` (default: an append returns after msync(MS_SYNC) of what it wrote)
-            or ``"none"`` (published to the shared mapping only: survives a process crash, not a
-            power loss).  docs/durability.md says what each survives.
+        durability: ``"msync"`` (default: an append returns after msync(MS_SYNC) of what it wrote),
+            ``"fdatasync"``, ``"group"`` (group commit), ``"interval"`` (a flusher thread syncs every
+            ``flush_interval`` s) or ``"none"`` (published to the shared mapping only: survives a
+            process crash, not a power loss).  docs/durability.md says what each survives.
+        flush_interval: seconds between the flusher's syncs for ``"interval"`` (its loss window).
+        sync_acks: msync each ack and nack before it returns (leases and extends are not).
+        state_flush_interval: seconds within which unsynced state changes are flushed (default
+            1.0 for durable strategies, off for ``"none"``; None turns it off).
         lock_timeout: seconds to wait for the writer lock before LockTimeoutError.
         mode: permission bits of files created (directories get the matching x bits).
         allow_network_fs: open a queue on NFS/SMB anyway (flock and shared mappings do not work
@@ -229,14 +228,19 @@ class Ring:
         slot_size: int = DEFAULT_SLOT_SIZE,
         slot_count: int = DEFAULT_SLOT_COUNT,
         durability: str = "msync",
+        flush_interval: float = _durability.DEFAULT_FLUSH_INTERVAL,
+        sync_acks: bool = False,
+        state_flush_interval: float | None | object = ...,
         lock_timeout: float = 10.0,
         mode: int = 0o600,
         allow_network_fs: bool = False,
     ) -> None:
         if not isinstance(name, str) or not NAME_RE.match(name):
             raise ValueError(f"queue name must match [A-Za-z0-9_-]{{1,64}}, got {name!r}")
-        if durability not in DURABILITY:
-            raise ValueError(f"durability must be one of {DURABILITY}, got {durability!r}")
+        self.dur = _durability.make(self, durability, flush_interval=flush_interval, sync_acks=sync_acks,
+                                    state_flush_interval=state_flush_interval)
+        self.maplock = threading.Lock()  # held while syncing or unmapping segments of self.segments
+        _LIVE_RINGS.add(self)
         self.dir = os.fspath(path)
         self.name = name
         self.durability = durability
@@ -288,7 +292,7 @@ class Ring:
     class _Locked:
         __slots__ = ("ring",)
 
-        def __init__(self, ring: "Ring") -> None:
+        def __init__(self, ring: Ring) -> None:
             self.ring = ring
 
         def __enter__(self) -> None:
@@ -310,10 +314,14 @@ class Ring:
             try:
                 if ring._depth == 0:
                     fcntl.flock(ring._lock_fd, fcntl.LOCK_UN)
+                    ctl = ring.ctl
+                    if ctl is not None and ctl.load32(OFF_LOCK_WAITERS):
+                        ctl.add32(OFF_LOCK_WAKE)  # after the unlock: a woken writer's retry succeeds
+                        lib.ringq_futex_wake(ctl.ptr, ctl.size, OFF_LOCK_WAKE, 1)
             finally:
                 ring._tlock.release()
 
-    def locked(self) -> "Ring._Locked":
+    def locked(self) -> Ring._Locked:
         """Context manager holding the writer lock: this process's threads, then the flock."""
         return Ring._Locked(self)
 
@@ -331,20 +339,35 @@ class Ring:
             return
         except BlockingIOError:
             pass
+        # flock has no timeout, so wait on the control file's lock futex word instead of polling:
+        # a releaser that sees waiters bumps it after its unlock.  Register as a waiter *before*
+        # retrying, so a release between the retry and the sleep is never missed.  Sleep in short
+        # slices: a holder killed by a signal releases the flock but wakes nobody.
         deadline = time.monotonic() + self.lock_timeout
+        ctl = self.ctl  # None only while the queue is being created (under this very lock)
         pause = 0.0001
         while True:
+            seen = ctl.load32(OFF_LOCK_WAKE) if ctl is not None else 0
+            if ctl is not None:
+                ctl.add32(OFF_LOCK_WAITERS, 1)
             try:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise LockTimeoutError(
-                        f"writer lock {self.lock_path} not acquired within {self.lock_timeout} s; "
-                        "another process holds it (suspended or stuck?)"
-                    ) from None
-                time.sleep(pause)
-                pause = min(pause * 2, 0.005)
+                try:
+                    fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return
+                except BlockingIOError:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise LockTimeoutError(
+                            f"writer lock {self.lock_path} not acquired within {self.lock_timeout} s; "
+                            "another process holds it (suspended or stuck?)"
+                        ) from None
+                if ctl is None or lib.ringq_futex_wait(ctl.ptr, ctl.size, OFF_LOCK_WAKE, seen,
+                                                       int(min(left, 0.005) * 1e9)) == lib.RINGQ_ENOFUTEX:
+                    time.sleep(min(pause, left))
+                    pause = min(pause * 2, 0.005)
+            finally:
+                if ctl is not None:
+                    ctl.add32(OFF_LOCK_WAITERS, -1)
 
     # -- recovery ------------------------------------------------------------------------------
 
@@ -465,8 +488,11 @@ class Ring:
             target = path
         self.report.quarantined.append((target, reason))
 
-    def _repair_tail(self, seg: Segment) -> None:
-        """Under the lock: adopt records published beyond the stored tail (crash or power loss)."""
+    def _repair_tail(self, seg: Segment) -> int:
+        """Under the lock: adopt records published beyond the stored tail (crash or power loss).
+
+        Returns the (repaired) tail.
+        """
         tail = seg.load32(OFF_TAIL)
         if tail > seg.slot_count:
             # A damaged tail word.  Rebuild it from the state table: everything up to the last
@@ -476,19 +502,12 @@ class Ring:
             self.report.repaired.append((seg.path, f"tail {tail} beyond {seg.slot_count} slots; rebuilt as {rebuilt}"))
             seg.store32(OFF_TAIL, rebuilt)
             tail = rebuilt
+        if tail == seg.slot_count or seg.load64(seg.state_off_of(tail)) & 7 == ST_EMPTY:
+            return tail  # the common case: nothing beyond the tail, one load
         start = tail
-        tail, adopted, last_seq = self._walk_published(seg, tail)
-        if tail != start:
-            seg.add64(OFF_NRECORDS, adopted)
-            seg.store64(OFF_LAST_SEQ, max(last_seq, seg.load64(OFF_LAST_SEQ)))
-            seg.store32(OFF_TAIL, tail)
-            self.report.readopted.append((seg.path, adopted))
-
-    @staticmethod
-    def _walk_published(seg: Segment, tail: int) -> tuple[int, int, int]:
-        """From ``tail``, the valid published records that follow it: ``(new tail, count, last seq)``."""
         info = ffi.new("ringq_rec_info *")
-        last_seq = adopted = 0
+        last_seq = seg.load64(OFF_LAST_SEQ)
+        adopted = 0
         while tail < seg.slot_count:
             st = seg.load64(seg.state_off_of(tail)) & 7
             if st in (ST_EMPTY, ST_CONT):
@@ -498,67 +517,12 @@ class Ring:
             tail += info.span
             last_seq = max(last_seq, info.seq)
             adopted += 1
-        return tail, adopted, last_seq
-
-    # -- verification -----------------------------------------------------------------------------
-
-    def verify(self) -> "VerifyReport":
-        """Check every segment file of this queue and every record below each tail.
-
-        Read-only and lock-free: marks nothing, moves nothing (recovery and scanning do that).
-        Returns a :class:`VerifyReport`; its ``ok`` is False if anything is damaged.
-        """
-        rep = VerifyReport()
-        for fname in sorted(os.listdir(self.dir)):
-            path = self._p(fname)
-            if fname.startswith(self.name + ".") and fname.endswith(".quarantined"):
-                rep.files.append((path, "quarantined by an earlier recovery"))
-                continue
-            m = SEG_RE.match(fname)
-            if not m or m.group("name") != self.name:
-                continue
-            seg = self.segments.get(int(m.group("seq"), 16))
-            own = None
-            if seg is None:
-                try:
-                    seg = own = Segment(path)
-                except FileNotFoundError:
-                    continue  # retired meanwhile
-                except CorruptionError as exc:
-                    rep.files.append((path, str(exc)))
-                    continue
-            try:
-                if not seg.load32(OFF_RETIRED):
-                    self._verify_segment(seg, rep)
-            finally:
-                if own is not None:
-                    own.close()
-        return rep
-
-    def _verify_segment(self, seg: Segment, rep: "VerifyReport") -> None:
-        rep.segments += 1
-        tail = seg.load32(OFF_TAIL)
-        if tail > seg.slot_count:
-            rep.files.append((seg.path, f"tail {tail} beyond {seg.slot_count} slots"))
-            tail = seg.slot_count
-        infos, _ = self.scan(seg, 0)
-        for row in infos:
-            slot, st = int(row["slot"]), int(row["state"]) & 7
-            if st == ST_GONE:
-                continue  # purged: whatever its bytes, it is no longer a job
-            if row["status"] != 0:
-                rep.corrupt.append((seg.path, slot, "record fails validation (magic, length or CRC)"))
-            elif st == ST_BAD:
-                rep.corrupt.append((seg.path, slot, "quarantined (state BAD)"))
-            elif st == ST_CONT:
-                rep.corrupt.append((seg.path, slot, "a record head whose state word says continuation"))
-            else:
-                rep.records += 1
-                if st == ST_EMPTY:
-                    rep.notes.append((seg.path, f"slot {slot}: published record with a lost state word (republished on scan)"))
-        end, beyond, _ = self._walk_published(seg, tail)
-        if beyond:
-            rep.notes.append((seg.path, f"{beyond} published records beyond the stored tail {tail} (adopted by the next writer)"))
+        if tail != start:
+            seg.add64(OFF_NRECORDS, adopted)
+            seg.store64(OFF_LAST_SEQ, last_seq)
+            seg.store32(OFF_TAIL, tail)
+            self.report.readopted.append((seg.path, adopted))
+        return tail
 
     # -- segments as this process sees them --------------------------------------------------------
 
@@ -605,8 +569,9 @@ class Ring:
             return []
         self._seen_gen = gen
         gone = [s for s, seg in self.segments.items() if seg.load32(OFF_RETIRED)]
-        for seq in gone:
-            self.segments.pop(seq).close()
+        with self.maplock:
+            for seq in gone:
+                self.segments.pop(seq).close()
         return gone
 
     def segment(self, seq: int) -> Segment | None:
@@ -623,7 +588,8 @@ class Ring:
             self.segments[seq] = seg
         return seg
 
-    def scan(self, seg: Segment, start: int, limit: int | None = None) -> tuple[np.ndarray, int]:
+    @staticmethod
+    def scan(seg: Segment, start: int, limit: int | None = None) -> tuple[np.ndarray, int]:
         """Validate records with heads in ``[start, tail)``; returns ``(infos, next slot)``.
 
         ``infos`` is a structured array of REC_INFO_DTYPE.  Records that fail validation come back
@@ -641,8 +607,8 @@ class Ring:
         arr = np.frombuffer(ffi.buffer(out, n * REC_INFO_DTYPE.itemsize), dtype=REC_INFO_DTYPE).copy()
         return arr, nxt[0]
 
-    def read_record(self, seg: Segment, slot: int) -> tuple[object, bytes, bytes]:
-        """Validate and copy one record: ``(info cdata, id bytes, payload bytes)``.
+    def read_record(self, seg: Segment, slot: int) -> tuple[object, bytes, bytearray]:
+        """Validate and copy one record: ``(info cdata, id bytes, payload bytearray)``.
 
         Raises CorruptionError if the record fails its CRC (it is then marked BAD).
         """
@@ -653,7 +619,12 @@ class Ring:
             errors.check(rc, f"{seg.path} slot {slot}")
         base = seg.data_off + slot * seg.slot_size + REC_HEADER.size
         id_bytes = seg.mm[base : base + info.id_len]
-        payload = seg.mm[base + info.id_len : base + info.id_len + info.payload_len]
+        # One copy out of the mapping, into a buffer the payload may then use in place (an array
+        # payload wraps it without copying again).
+        start = base + info.id_len
+        payload = bytearray(info.payload_len)
+        with memoryview(seg.mm) as mv:
+            payload[:] = mv[start : start + info.payload_len]
         return info, id_bytes, payload
 
     def mark_bad(self, seg: Segment, slot: int, reason: str) -> None:
@@ -699,6 +670,25 @@ class Ring:
         Raises RecordTooLargeError before anything is written; QueueFullError if a new segment
         cannot be allocated (records appended before that point stay committed); LockTimeoutError.
         """
+        out, ticket = self.append_nowait(recs, bufs)
+        self.finish(ticket)
+        return out
+
+    def finish(self, ticket: tuple[dict[int, list[int]], int]) -> None:
+        """Second half of :meth:`append_nowait`: apply the durability strategy, then wake consumers.
+
+        Needs no lock of the caller's: a caller may release its own locks first, so that other
+        threads append (and share the sync, under group commit) while this one waits for the disk.
+        """
+        self.dur.after_append(*ticket)
+        self.wake()
+
+    def append_nowait(self, recs: list[NewRecord], bufs: list[bytearray] | None = None,
+                      ) -> tuple[list[tuple[int, int, int, int, int]], tuple[dict[int, list[int]], int]]:
+        """Publish records under the writer lock; returns ``(placements, ticket)`` for :meth:`finish`.
+
+        Until ``finish(ticket)`` returns the records are visible but not yet durable.
+        """
         if bufs is None:
             bufs = [self.build(r) for r in recs]
         slot_size = self.ctl.slot_size
@@ -706,8 +696,7 @@ class Ring:
         touched: dict[int, list[int]] = {}
         with self.locked():
             seg = self._tail_segment()
-            self._repair_tail(seg)
-            tail = seg.load32(OFF_TAIL)
+            tail = self._repair_tail(seg)
             # Plan first and allocate every segment the batch needs before writing a byte, so that
             # a full disk fails the whole batch cleanly (QueueFullError) instead of half of it.
             spans = [-(-len(buf) // slot_size) for buf in bufs]
@@ -756,9 +745,7 @@ class Ring:
                 next_seq += 1
                 count += 1
             self._publish_tail(seg, tail, count, next_seq - 1)
-        self._sync(touched)
-        self.wake()
-        return out
+        return out, (touched, _durability.position(seg.seq, tail))
 
     def _publish_tail(self, seg: Segment, tail: int, count: int, last_seq: int) -> None:
         if count:
@@ -799,18 +786,14 @@ class Ring:
             self.try_retire(seg)
         return new
 
-    def _sync(self, touched: dict[int, list[int]]) -> None:
-        if self.durability == "none":
-            return
-        for seq, (lo, hi) in touched.items():
-            seg = self.segments.get(seq)
-            if seg is None:
-                continue
-            # One msync from the first state word written to the last data byte written: covers the
-            # records and their state words (the header tail is re-derived by _repair_tail).
-            start = seg.state_off_of(lo)
-            end = seg.data_off + hi * seg.slot_size
-            seg.msync(start, end - start)
+    def note_state(self, seg: Segment, slot: int, final: bool) -> None:
+        """This process changed the state word of ``slot``: let the durability strategy sync it now
+        (``sync_acks`` and ``final``: an ack or nack) or within ``state_flush_interval``."""
+        self.dur.note_state(seg, slot, final)
+
+    def sync_count(self) -> int:
+        """Append syncs issued on this queue by all processes since it was created (shared counter)."""
+        return self.ctl.load64(OFF_SYNC_COUNT)
 
     # -- wake-ups ------------------------------------------------------------------------------------
 
@@ -871,11 +854,20 @@ class Ring:
         self.ctl.add64(OFF_RING_GEN)
         return True
 
-    def retire_finished(self) -> int:
-        """Retire every sealed, finished segment; returns how many were retired."""
+    def retire_finished(self, thorough: bool = False) -> int:
+        """Retire every sealed, finished segment; returns how many were retired.
+
+        Cheap by default: only segments whose ``finished`` counter has reached their record count
+        are checked.  ``thorough`` checks every sealed segment's state table (the counter can lag
+        after a crash between a job's CAS and its counter update).
+        """
         n = 0
         for seg in list(self.segments.values()):
-            if not seg.load32(OFF_RETIRED) and self.try_retire(seg):
+            if seg.load32(OFF_RETIRED) or not seg.load32(OFF_SEALED):
+                continue
+            if not thorough and seg.load64(OFF_FINISHED) < seg.load64(OFF_NRECORDS):
+                continue
+            if self.try_retire(seg):
                 n += 1
         return n
 
@@ -933,9 +925,13 @@ class Ring:
     # -- closing ---------------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        for seg in self.segments.values():
-            seg.close()
-        self.segments.clear()
+        dur = getattr(self, "dur", None)
+        if dur is not None and self.ctl is not None:
+            dur.close()
+        with self.maplock:
+            for seg in self.segments.values():
+                seg.close()
+            self.segments.clear()
         if self.ctl is not None:
             self.ctl.close()
             self.ctl = None

@@ -15,6 +15,7 @@ import mmap
 import os
 import stat
 import struct
+import threading
 import time
 
 import numpy as np
@@ -55,6 +56,12 @@ OFF_RING_GEN = 80  # u64: bumped on every rotation and retirement
 OFF_WAKE = 88  # u32: futex word; producers bump it and wake sleepers
 OFF_WAITERS = 92  # u32: number of consumers asleep on OFF_WAKE
 OFF_CTL_CHANGE = 96  # u64: bumped whenever any job returns to READY (hint to rescan)
+# Durability words (ringq/durability.py), in the free space after 104.
+OFF_SYNCED = 192  # u64: group commit's synced-up-to watermark, a position (seg seq << 24) | slot
+OFF_SYNC_COUNT = 200  # u64: append syncs issued by all processes (any strategy); for tests and bench
+OFF_SYNC_GEN = 208  # u32: futex word; a group-commit leader bumps it after raising OFF_SYNCED
+OFF_LOCK_WAKE = 212  # u32: futex word; a writer releasing the lock bumps it if writers wait
+OFF_LOCK_WAITERS = 216  # u32: writers waiting for the writer lock (registered before they retry)
 
 
 def segment_name(name: str, seq: int) -> str:
@@ -115,7 +122,7 @@ class Mapped:
 
     # Atomic word access (acquire loads, release stores, seq-cst RMW), offsets checked in C.
     def load64(self, off: int) -> int:
-        out = _u64()
+        out = _scratch.u64
         errors.check(lib.ringq_load64(self.ptr, self.size, off, out), self.path)
         return out[0]
 
@@ -123,17 +130,17 @@ class Mapped:
         errors.check(lib.ringq_store64(self.ptr, self.size, off, value), self.path)
 
     def cas64(self, off: int, expected: int, desired: int) -> tuple[bool, int]:
-        out = _u64()
+        out = _scratch.u64
         rc = errors.check(lib.ringq_cas64(self.ptr, self.size, off, expected, desired, out), self.path)
         return rc == 1, out[0]
 
     def add64(self, off: int, delta: int = 1) -> int:
-        out = _u64()
+        out = _scratch.u64
         errors.check(lib.ringq_fetch_add64(self.ptr, self.size, off, delta, out), self.path)
         return out[0]
 
     def load32(self, off: int) -> int:
-        out = _u32()
+        out = _scratch.u32
         errors.check(lib.ringq_load32(self.ptr, self.size, off, out), self.path)
         return out[0]
 
@@ -145,7 +152,7 @@ class Mapped:
         return rc == 1
 
     def add32(self, off: int, delta: int = 1) -> int:
-        out = _u32()
+        out = _scratch.u32
         errors.check(lib.ringq_fetch_add32(self.ptr, self.size, off, delta & 0xFFFFFFFF, out), self.path)
         return out[0]
 
@@ -165,12 +172,16 @@ class Mapped:
         self.mm = None
 
 
-def _u64():
-    return ffi.new("uint64_t *")
+class _Scratch(threading.local):
+    """Per-thread out-words for the atomics: no allocation per operation.  Per thread, because
+    cffi releases the GIL during the C call, so another thread may run while one is in use."""
+
+    def __init__(self) -> None:
+        self.u64 = ffi.new("uint64_t *")
+        self.u32 = ffi.new("uint32_t *")
 
 
-def _u32():
-    return ffi.new("uint32_t *")
+_scratch = _Scratch()
 
 
 def seg_layout(slot_size: int, slot_count: int) -> tuple[int, int, int]:

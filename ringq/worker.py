@@ -15,10 +15,11 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from .errors import JobNotFoundError, NotLeasedError, QueueClosedError, RingqError
+from .errors import JobNotFoundError, NotLeasedError, QueueClosedError
 from .job import Job, JobState
 
 __all__ = ["Worker", "WorkerStats"]
@@ -58,11 +59,20 @@ class Worker:
         poll_interval: seconds; the longest a thread sleeps before re-checking ``stop()`` when
             idle.  Wake-ups for new jobs come from the producer's futex wake, not from polling.
         max_jobs: stop after leasing this many jobs (per process in process mode).
-        idle_timeout: stop after this many seconds with no job leased.
+        idle_timeout: stop after this many seconds in which no handler ran (none running, none
+            started or finished).
         handle_signals: install SIGINT/SIGTERM handlers while ``run()`` runs (main thread only).
         heartbeat: seconds between lease extensions of running handlers (default: a third of
-            the queue's visibility timeout).
-        processes: 0 runs in this process; N >= 1 runs N child processes.
+            the queue's visibility timeout).  Each beat moves a running handler's lease deadline
+            to now + the visibility timeout (never further), so a worker process that stops
+            beating (suspended, or stuck holding the GIL) loses its leases one visibility timeout
+            after its last beat.  A handler thread stuck while its process runs keeps its lease.
+        processes: 0 runs in this process; N >= 1 runs N child processes (forked; each opens
+            the queue itself and runs ``concurrency`` threads; ``max_jobs`` and
+            ``idle_timeout`` apply to each process).
+
+    Raises:
+        ValueError: concurrency < 1, processes < 0, heartbeat <= 0.
     """
 
     def __init__(
@@ -90,12 +100,16 @@ class Worker:
         self.idle_timeout = idle_timeout
         self.handle_signals = handle_signals
         self.heartbeat = heartbeat if heartbeat is not None else queue.visibility_timeout / 3
+        if not self.heartbeat > 0:
+            raise ValueError(f"heartbeat must be > 0 seconds, got {self.heartbeat!r}")
         self.processes = processes
         self.stats = WorkerStats()
         self._stop = threading.Event()
-        self._inflight: dict[int, Job] = {}
+        self._drained = threading.Event()  # every handler thread has returned: heartbeats end
+        # thread ident -> the job its handler runs (None once its lease is known to be lost)
+        self._inflight: dict[int, Job | None] = {}
         self._inflight_lock = threading.Lock()
-        self._last_lease = time.monotonic()
+        self._last_busy = time.monotonic()
         self._taken = 0
         self._taken_lock = threading.Lock()
         self._signals = 0
@@ -118,6 +132,7 @@ class Worker:
         try:
             if self.processes:
                 return self._run_processes()
+            self._last_busy = time.monotonic()
             threads = [threading.Thread(target=self._loop, name=f"ringq-worker-{i}", daemon=True)
                        for i in range(self.concurrency)]
             beat = threading.Thread(target=self._heartbeat_loop, name="ringq-heartbeat", daemon=True)
@@ -126,8 +141,9 @@ class Worker:
             beat.start()
             for t in threads:
                 while t.is_alive():
-                    t.join(0.1)
+                    t.join(0.1)  # a timed join keeps the main thread responsive to signals
             self._stop.set()
+            self._drained.set()
             beat.join()
             return self.stats
         finally:
@@ -157,47 +173,58 @@ class Worker:
                 self._unreserve()
                 self._stop.set()
                 return
-            except RingqError:
+            except Exception:  # keep serving: a transient failure (EMFILE, lock timeout) must not end the thread
                 self._unreserve()
                 log.exception("lease failed")
                 time.sleep(self.poll_interval)
                 continue
             if job is None:
                 self._unreserve()
-                if self.idle_timeout is not None and time.monotonic() - self._last_lease >= self.idle_timeout:
+                if self.idle_timeout is not None and self._idle_for() >= self.idle_timeout:
                     self._stop.set()
                 continue
-            self._last_lease = time.monotonic()
             self.stats.add(leased=1)
             self._run_one(job)
+
+    def _idle_for(self) -> float:
+        """Seconds since a handler last started or finished; 0 while any handler runs."""
+        with self._inflight_lock:
+            if self._inflight:
+                return 0.0
+            return time.monotonic() - self._last_busy
 
     def _run_one(self, job: Job) -> None:
         key = threading.get_ident()
         with self._inflight_lock:
             self._inflight[key] = job
+            self._last_busy = time.monotonic()
         try:
             try:
                 self.handler(job)
-            except Exception as exc:  # the handler's failure is data, not ours
+            except BaseException as exc:  # the handler's failure is data, not ours
                 self._fail(job, exc)
+                if not isinstance(exc, Exception):  # SystemExit and the like: nack, then stop
+                    self._stop.set()
             else:
                 self._settle(self.queue.ack, job, succeeded=1)
         finally:
             with self._inflight_lock:
                 self._inflight.pop(key, None)
+                self._last_busy = time.monotonic()
 
-    def _current(self, job: Job) -> Job:
-        # The heartbeat may have extended the lease: the token is unchanged, so the original is fine.
-        return job
-
-    def _settle(self, op: Callable, job: Job, **count: int) -> Any:
+    def _settle(self, op: Callable[[Job], Any], job: Job, **count: int) -> Any:
+        """Run ack/nack; a lost lease or a queue error is counted and logged, never raised."""
         try:
-            result = op(self._current(job))
-        except (NotLeasedError, JobNotFoundError) as exc:
+            result = op(job)
+        except (NotLeasedError, JobNotFoundError) as exc:  # expired, reclaimed, purged or retired
             self.stats.add(lost=1)
             log.warning("job %s: %s", job.id, exc)
             return None
         except QueueClosedError:
+            return None
+        except Exception:
+            self.stats.add(lost=1)
+            log.exception("job %s: could not record its outcome", job.id)
             return None
         self.stats.add(**count)
         return result
@@ -205,28 +232,35 @@ class Worker:
     def _fail(self, job: Job, exc: BaseException) -> None:
         text = f"{type(exc).__name__}: {exc}"
         result = self._settle(lambda j: self.queue.nack(j, error=text), job, failed=1)
-        if result is not None and result.state is JobState.DEAD:
-            self.stats.add(dead=1)
+        if result is not None:
+            log.warning("job %s failed (attempt %d of %d): %s", job.id, job.attempts, job.max_attempts, text)
+            if result.state is JobState.DEAD:
+                self.stats.add(dead=1)
 
     def _heartbeat_loop(self) -> None:
-        while not self._stop.wait(self.heartbeat):
+        # Beats until every handler thread has returned, so that handlers still running after
+        # stop() keep their leases while they finish.
+        while not self._drained.wait(self.heartbeat):
             self._beat()
-        # keep beating until the handler threads have drained
-        while True:
-            with self._inflight_lock:
-                if not self._inflight:
-                    return
-            self._beat()
-            time.sleep(min(self.heartbeat, 0.05))
 
     def _beat(self) -> None:
         with self._inflight_lock:
-            jobs = list(self._inflight.values())
-        for job in jobs:
+            running = [(k, j) for k, j in self._inflight.items() if j is not None]
+        vt = self.queue.visibility_timeout
+        for key, job in running:
+            # extend() pushes max(deadline, now) + seconds: ask for exactly now + vt.
+            now = time.time()
+            seconds = max(0.001, now + vt - max(job.lease_deadline or now, now))
             try:
-                self.queue.extend(job, self.queue.visibility_timeout)
-            except (NotLeasedError, JobNotFoundError, QueueClosedError):
-                pass
+                extended = self.queue.extend(job, seconds)
+            except QueueClosedError:
+                return
+            except Exception as exc:  # lost (expired, purged, reclaimed) or a queue error: stop beating it
+                log.warning("job %s: heartbeat failed: %s", job.id, exc)
+                extended = None
+            with self._inflight_lock:
+                if self._inflight.get(key) is job:
+                    self._inflight[key] = extended
 
     # -- signals ------------------------------------------------------------------------------------
 
@@ -258,26 +292,54 @@ class Worker:
         results = ctx.SimpleQueue()
         opts = dict(concurrency=self.concurrency, poll_interval=self.poll_interval, max_jobs=self.max_jobs,
                     idle_timeout=self.idle_timeout, heartbeat=self.heartbeat)
-        self._children = [ctx.Process(target=_child_main, args=(spec, self.handler, opts, results), daemon=False)
+        # Children start with SIGINT/SIGTERM blocked: until they install their own handlers they
+        # would run the parent's (copied by fork), or die of a SIGTERM sent by an early stop().
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        self._children = [ctx.Process(target=_child_main, args=(spec, self.handler, opts, results, mask),
+                                      daemon=False)
                           for _ in range(self.processes)]
-        for p in self._children:
-            p.start()
+        try:
+            for p in self._children:
+                p.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         if self._stop.is_set():
             self.stop()
+        try:
+            for p in self._children:
+                while p.is_alive():
+                    p.join(0.1)
+        except BaseException:  # a second SIGINT: abort, leaving nobody behind
+            for p in self._children:
+                if p.is_alive():
+                    os.kill(p.pid, signal.SIGKILL)
+                p.join()
+            raise
         for p in self._children:
-            while p.is_alive():
-                p.join(0.1)
+            if p.exitcode:
+                log.error("worker process %d exited with status %s", p.pid, p.exitcode)
         while not results.empty():
             self.stats.add(**results.get())
         return self.stats
 
 
-def _child_main(spec: dict, handler: Callable, opts: dict, results: Any) -> None:
+def _child_main(spec: dict, handler: Callable, opts: dict, results: Any, mask: set) -> None:
     from .queue import Queue
 
+    stopping = threading.Event()
+    worker: Worker | None = None
+
+    def on_term(_signum: int, _frame: Any) -> None:
+        stopping.set()
+        if worker is not None:
+            worker.stop()
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it sends SIGTERM
+    signal.signal(signal.SIGTERM, on_term)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # blocked by the parent around fork
     with Queue(spec.pop("path"), spec.pop("name"), **spec) as q:
-        w = Worker(q, handler, handle_signals=False, **opts)
-        signal.signal(signal.SIGTERM, lambda *_: w.stop())
-        stats = w.run()
+        worker = Worker(q, handler, handle_signals=False, **opts)
+        if stopping.is_set():
+            worker.stop()
+        stats = worker.run()
     results.put(stats.to_dict())

@@ -1,4 +1,4 @@
-"""Test-suite wide settings.
+"""Test-suite wide settings and fixtures.
 
 Tests marked ``slow`` (the long SIGKILL torture and other manual runs) are skipped unless asked
 for: ``pytest -m slow`` (or any ``-m`` expression naming ``slow``) or ``RINGQ_SLOW=1``.  CI runs
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))  # the shared helpers (crashkit) import by name
+sys.path.insert(0, os.path.dirname(__file__))  # the shared helpers (crashkit, procs) import by name
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -20,5 +20,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     skip = pytest.mark.skip(reason="slow: run with -m slow or RINGQ_SLOW=1")
     for item in items:
-        if "slow" in item.keywords:
+        if item.get_closest_marker("slow") is not None:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def qdir(tmp_path):
+    """A fresh queue directory path (not yet created)."""
+    return str(tmp_path / "q")

@@ -31,6 +31,13 @@ SLOTS = 8  # slots per segment
 Image = dict[str, bytes]
 
 
+def verify(q: Queue):
+    """What ``ringq verify`` finds in ``q``'s directory (ringq.verify.examine: read-only)."""
+    from ringq.verify import examine
+
+    return examine(q.path, q.name)
+
+
 def open_queue(path: str, **kw: Any) -> Queue:
     kw.setdefault("slot_size", SLOT)
     kw.setdefault("slot_count", SLOTS)
@@ -236,4 +243,5 @@ __all__ = [
     "seg_file",
     "snapshot",
     "state_word",
+    "verify",
 ]

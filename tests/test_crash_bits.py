@@ -2,7 +2,7 @@
 
 Invariant: a single flipped bit anywhere in a committed record (static header fields, CRC, id,
 payload) is always detected; the damaged job is quarantined (state BAD, never delivered) and
-reported by ``Queue.recovery.corrupt_records``, ``stats().corrupt`` and ``verify()``; every other
+reported by ``Queue.recovery.corrupt_records``, ``stats().corrupt`` and ``ringq verify``; every other
 job is still delivered.  Both orders are enumerated: damage already on disk when the queue is
 opened, and damage that appears after a live process has scanned (indexed) the record.
 """
@@ -14,7 +14,7 @@ import struct
 
 import pytest
 
-from crashkit import NAME, SLOT, drain, geometry, open_queue, restore, seg_file, snapshot
+from crashkit import NAME, SLOT, drain, geometry, open_queue, restore, seg_file, snapshot, verify
 
 TARGET_SLOT = 1
 
@@ -44,9 +44,8 @@ def _assert_quarantined(q, delivered):
     assert delivered == ["before", "after"]
     assert [slot for _p, slot, _r in q.recovery.corrupt_records] == [TARGET_SLOT]
     assert q.stats().corrupt == 1
-    rep = q.verify()
-    assert not rep.ok
-    assert [slot for _p, slot, _r in rep.corrupt] == [TARGET_SLOT]
+    [damage] = verify(q).damaged
+    assert f"slot {TARGET_SLOT} " in damage
 
 
 CASES = {
@@ -105,8 +104,8 @@ def test_every_bit_flip_after_indexing_is_detected(tmp_path, case):
 def test_undamaged_queue_verifies_clean(tmp_path):
     image, _, _ = _image(tmp_path, {"k": 1}, None)
     with open_queue(restore(image, str(tmp_path / "img"))) as q:
-        rep = q.verify()
-        assert rep.ok and rep.records == 3 and rep.segments == 1 and rep.notes == []
+        rep = verify(q)
+        assert rep.damaged == [] and rep.notes == [] and len(rep.segments) == 1
         assert q.recovery.clean
 
 

@@ -189,9 +189,11 @@ def run(
             if not jobs and st.ready + st.delayed + st.leased == 0:
                 break
         st = q.stats()
-        report = q.verify()
-        if not report.ok or not q.recovery.clean:
-            res.problems.append(f"verify: {report} recovery: {q.recovery}")
+        from ringq.verify import examine
+
+        damaged = examine(qpath, "t").damaged
+        if damaged or not q.recovery.clean:
+            res.problems.append(f"verify: {damaged} recovery: {q.recovery}")
         if st.ready + st.delayed + st.leased or st.dead or st.corrupt:
             res.problems.append(f"left over at the end: {st}")
     os.close(fd)

@@ -1,0 +1,446 @@
+"""Durability strategies: what an append waits for before it returns, and how state changes get to disk.
+
+Theory of operation
+-------------------
+A record is *published* when its state word is release-stored into the shared mapping
+(ringq/ring.py).  From then on every process sees it and a process crash cannot lose it: the page
+cache owns the bytes.  Only a kernel crash or a power loss can, until the pages are written back.
+A strategy decides when that write-back is forced, and who waits for it:
+
+==============  ===========================================================================
+``none``        never forced by ringq (the kernel writes back when it likes). Not durable.
+``msync``       each append msyncs (MS_SYNC) the state words and slots it wrote, then returns.
+``fdatasync``   each append fdatasyncs the segment files it wrote to, then returns.
+``group``       group commit: an append returns as soon as *some* completed sync covers its
+                record.  One producer (thread or process) at a time is the sync *leader*
+                (``<name>.sync``'s flock); it syncs everything published between the shared
+                *synced-up-to* watermark and the current tail, then raises the watermark by CAS
+                and wakes the others (a futex generation word).  They usually find their records
+                covered and return with no sync of their own.
+``interval``    appends return at once; a background flusher thread syncs this process's
+                appends every ``flush_interval`` seconds (the loss window).
+==============  ===========================================================================
+
+Positions.  The watermark is one u64 word of the control file, a *position*
+``(segment seq << 24) | slot`` (slot counts are below 2**24), which orders every slot of the queue.
+It only rises, and only after a sync that covered everything below the new value completed, so
+"watermark >= my record's end position" is a proof that my record is on disk.  Correctness does
+not depend on the leader lock: two leaders syncing at once are merely redundant.
+
+State changes (lease, ack, nack, extend) are CASes on state words.  Under at-least-once a lost
+ack only means a redelivery, so they are not synced one by one unless ``sync_acks=True`` (which
+syncs acks and nacks; a lost lease or extend only hands the job out again sooner).  A
+durable strategy flushes the state tables this process changed at most ``state_flush_interval``
+seconds later (the same flusher thread), which bounds the window docs/durability.md describes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING
+
+from ._native import lib
+from .segment import (
+    OFF_SEALED,
+    OFF_SYNC_COUNT,
+    OFF_SYNC_GEN,
+    OFF_SYNCED,
+    OFF_TAIL,
+    OFF_TAIL_SEG,
+    Segment,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .ring import Ring
+
+__all__ = [
+    "STRATEGIES",
+    "DEFAULT_FLUSH_INTERVAL",
+    "DEFAULT_STATE_FLUSH_INTERVAL",
+    "Strategy",
+    "make",
+    "position",
+]
+
+STRATEGIES = ("none", "msync", "fdatasync", "group", "interval")
+DEFAULT_FLUSH_INTERVAL = 0.05  # seconds: the loss window of durability="interval"
+DEFAULT_STATE_FLUSH_INTERVAL = 1.0  # seconds: the loss window of unsynced state changes
+LEADER_WAIT_NS = 5_000_000  # a follower re-checks at least this often, in case its leader died
+SLOT_BITS = 24
+SLOT_MASK = (1 << SLOT_BITS) - 1
+
+
+def position(seg_seq: int, slot: int) -> int:
+    """The queue-wide position of ``slot`` in segment ``seg_seq``; positions order all slots."""
+    return (seg_seq << SLOT_BITS) | slot
+
+
+class Strategy:
+    """Base strategy (``msync``).  One per Ring; all counters are this process's.
+
+    Attributes:
+        syncs: syncs this process issued for appends.
+        covered: appends that returned on a sync another producer issued (group commit).
+        state_syncs: syncs this process issued for state changes (acks, leases, ...).
+    """
+
+    name = "msync"
+    durable = True  # an append that returned survives power loss
+
+    def __init__(self, ring: Ring, *, flush_interval: float, sync_acks: bool,
+                 state_flush_interval: float | None) -> None:
+        self.ring = ring
+        self.flush_interval = flush_interval
+        self.sync_acks = sync_acks
+        self.state_flush_interval = state_flush_interval
+        self.syncs = 0
+        self.covered = 0
+        self.state_syncs = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        # Called at construction and in a forked child: the child gets fresh locks (never the
+        # parent's, which a parent thread may have held at fork) and no flusher thread.
+        self._pid = os.getpid()
+        self._mutex = threading.Lock()
+        self._pending: dict[int, list[int]] = {}  # interval: seg seq -> [lo, hi) not yet synced
+        self._dirty_state: set[int] = set()  # seg seqs whose state words this process changed
+        self._stop = threading.Event()
+        self._flusher: threading.Thread | None = None
+
+    def _forked(self) -> bool:
+        if self._pid != os.getpid():
+            self._reset()
+            return True
+        return False
+
+    # -- the sync primitive ---------------------------------------------------------------------
+
+    def sync_slots(self, seg: Segment, lo: int, hi: int) -> None:
+        """Force slots ``[lo, hi)`` of ``seg`` to disk: their state words and their bytes.
+
+        One msync from the first state word to the last data byte; clean pages in between cost
+        a page-table walk, no I/O.  The header page is not included: its tail is re-derived on
+        recovery from the state words (Ring._repair_tail).
+        """
+        start = seg.state_off_of(lo)
+        seg.msync(start, seg.data_off + hi * seg.slot_size - start)
+
+    def _sync_touched(self, touched: dict[int, list[int]]) -> None:
+        ring = self.ring
+        with ring.maplock:
+            for seq, (lo, hi) in touched.items():
+                seg = ring.segments.get(seq)
+                if seg is not None and seg.mm is not None and hi > lo:
+                    self.sync_slots(seg, lo, hi)
+        self._count_sync()
+
+    def _count_sync(self) -> None:
+        self.syncs += 1
+        ctl = self.ring.ctl
+        if ctl is not None:
+            ctl.add64(OFF_SYNC_COUNT)
+
+    # -- hooks the ring calls -------------------------------------------------------------------
+
+    def after_append(self, touched: dict[int, list[int]], end: int) -> None:
+        """After the writer lock is released: make the append durable as the strategy promises.
+
+        ``touched`` maps segment seq -> [first slot, end slot) written; ``end`` is the position
+        just after the last record.
+        """
+        self._sync_touched(touched)
+
+    def note_state(self, seg: Segment, slot: int, final: bool = True) -> None:
+        """A state word of ``seg`` was changed by this process.
+
+        ``final`` is True for an ack or nack (the outcome of a lease), False for a lease or an
+        extend: losing one of those to a power loss only returns the job to READY sooner, which
+        at-least-once allows, so ``sync_acks`` does not pay a sync for them.
+        """
+        if self.sync_acks and final:
+            with self.ring.maplock:
+                if seg.mm is not None:
+                    off = seg.state_off_of(slot)
+                    seg.msync(off, 16)
+            self.state_syncs += 1
+            return
+        if self.state_flush_interval is None:
+            return
+        self._forked()
+        if seg.seq not in self._dirty_state:
+            with self._mutex:
+                self._dirty_state.add(seg.seq)
+            self._ensure_flusher()
+
+    # -- the flusher ----------------------------------------------------------------------------
+
+    def _period(self) -> float:
+        return self.state_flush_interval or 1.0
+
+    def _ensure_flusher(self) -> None:
+        if self._flusher is not None and self._flusher.is_alive():
+            return
+        with self._mutex:
+            if self._flusher is not None and self._flusher.is_alive():
+                return
+            # The thread holds only a weak reference, so an unclosed queue can still be collected.
+            t = threading.Thread(target=_flusher_main, args=(weakref.ref(self), self._stop, self._period()),
+                                 name=f"ringq-flusher-{self.ring.name}", daemon=True)
+            self._flusher = t
+            t.start()
+
+    def flush(self) -> None:
+        """Sync everything this process left unsynced: interval appends and changed state tables."""
+        if self._forked():
+            return  # the parent's pending work is the parent's to flush
+        with self._mutex:
+            pending, self._pending = self._pending, {}
+            dirty, self._dirty_state = self._dirty_state, set()
+        if pending:
+            self._sync_touched(pending)
+        if dirty:
+            ring = self.ring
+            with ring.maplock:
+                for seq in dirty:
+                    seg = ring.segments.get(seq)
+                    if seg is not None and seg.mm is not None:
+                        seg.msync(seg.state_off, seg.data_off - seg.state_off)
+            self.state_syncs += 1
+
+    def close(self) -> None:
+        """Stop the flusher and flush what is pending (called by Ring.close, before unmapping)."""
+        self._stop.set()
+        t = self._flusher
+        if t is not None and t is not threading.current_thread() and self._pid == os.getpid():
+            t.join(timeout=5.0)
+        self.flush()
+
+
+def _flusher_main(ref: weakref.ReferenceType[Strategy], stop: threading.Event, period: float) -> None:
+    while not stop.wait(period):
+        strategy = ref()
+        if strategy is None or strategy.ring.ctl is None:
+            return
+        try:
+            strategy.flush()
+        except Exception:  # noqa: BLE001 - a closed mapping mid-flush: the closer flushes itself
+            pass
+        del strategy
+
+
+class NoSync(Strategy):
+    """``none``: published to the shared mapping only.  Survives process crashes, not power loss."""
+
+    name = "none"
+    durable = False
+
+    def after_append(self, touched: dict[int, list[int]], end: int) -> None:
+        pass
+
+
+class MSync(Strategy):
+    """``msync``: msync(MS_SYNC) of the written state words and slots before the append returns."""
+
+
+class FDataSync(Strategy):
+    """``fdatasync``: fdatasync(2) of each segment file written to before the append returns."""
+
+    name = "fdatasync"
+
+    def sync_slots(self, seg: Segment, lo: int, hi: int) -> None:
+        os.fdatasync(seg.fd)
+
+
+class Group(Strategy):
+    """``group``: group commit over the shared synced-up-to watermark (see the module docstring)."""
+
+    name = "group"
+
+    linger = 50e-6  # seconds a contended leader waits before reading the tail
+
+    def _reset(self) -> None:
+        super()._reset()
+        if getattr(self, "_leader_fd", -1) >= 0:
+            # A forked child: close its copy of the parent's descriptor, or the parent's flock
+            # would outlive the parent (the lock belongs to the shared open file description).
+            os.close(self._leader_fd)
+        self._leader_fd = -1
+        self._busy = False  # the last append saw other producers (waited, or was covered)
+        # Held by the thread of this process that leads (or tries to).  Not _mutex: a thread that
+        # holds that one briefly for the flusher's lists must not look like a leader to others,
+        # who would then wait for a sync nobody is doing.
+        self._leading = threading.Lock()
+
+    def _lead(self) -> int:
+        if self._leader_fd < 0:
+            path = os.path.join(self.ring.dir, f"{self.ring.name}.sync")
+            self._leader_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, self.ring.mode)
+        return self._leader_fd
+
+    def after_append(self, touched: dict[int, list[int]], end: int) -> None:
+        ctl = self.ring.ctl
+        self._forked()  # a child must not use the parent's leader fd (flock belongs to the description)
+        waited = False
+        while True:
+            if ctl.load64(OFF_SYNCED) >= end:
+                self.covered += 1
+                self._busy = True
+                return
+            gen = ctl.load32(OFF_SYNC_GEN)
+            if self._try_lead(end, self._busy or waited):
+                self._busy = waited
+                return
+            waited = True
+            # Another producer is leading.  Sleep until it finishes (it bumps the generation), then
+            # look again: its sync has likely covered us.  Bounded, in case the leader was killed
+            # (the kernel then released its flock and somebody must take over).
+            rc = lib.ringq_futex_wait(ctl.ptr, ctl.size, OFF_SYNC_GEN, gen, LEADER_WAIT_NS)
+            if rc == lib.RINGQ_ENOFUTEX:
+                time.sleep(0.0001)
+
+    def _try_lead(self, end: int, contended: bool) -> bool:
+        """Become the leader if nobody is: sync up to the tail, raise the watermark.  False if busy.
+
+        ``contended``: other producers were seen recently (this one waited for a leader, now or
+        in its last append, or was covered by one).  Those the previous sync released are
+        appending again right now; a leader that reads the tail at once leaves them to a sync of
+        their own, and syncs alternate between covering many records and covering one.
+        Lingering for about one append lets the next sync cover them too.
+        """
+        if not self._leading.acquire(blocking=False):  # another thread of ours leads
+            return False
+        try:
+            fd = self._lead()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            ctl = self.ring.ctl
+            try:
+                if contended and self.linger:
+                    time.sleep(self.linger)
+                w = ctl.load64(OFF_SYNCED)
+                if w >= end:
+                    self.covered += 1
+                    return True
+                q = max(self._tail_position(), end)
+                self._sync_between(w, q)
+                self._count_sync()
+                while w < q:
+                    ok, w = ctl.cas64(OFF_SYNCED, w, q)
+                    if ok:
+                        break
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            # After the unlock, so that a woken producer that is not covered can lead at once.
+            ctl.add32(OFF_SYNC_GEN)
+            lib.ringq_futex_wake(ctl.ptr, ctl.size, OFF_SYNC_GEN, 0x7FFFFFFF)
+            return True
+        finally:
+            self._leading.release()
+
+    def _segment(self, seq: int) -> tuple[Segment | None, bool]:
+        """``(segment, opened here)``: mapped by this process, or opened just for this sync."""
+        seg = self.ring.segments.get(seq)
+        if seg is not None:
+            return seg, False
+        try:
+            return Segment(self.ring.seg_path(seq)), True
+        except Exception:  # noqa: BLE001 - retired or quarantined meanwhile: nothing to sync there
+            return None, False
+
+    def _tail_position(self) -> int:
+        ctl = self.ring.ctl
+        seq = ctl.load64(OFF_TAIL_SEG)
+        seg, opened = self._segment(seq)
+        if seg is None:
+            return 0
+        try:
+            return position(seq, min(seg.load32(OFF_TAIL), seg.slot_count))
+        finally:
+            if opened:
+                seg.close()
+
+    def _sync_between(self, lo_pos: int, hi_pos: int) -> None:
+        ring = self.ring
+        lo_seq, lo_slot = lo_pos >> SLOT_BITS, lo_pos & SLOT_MASK
+        hi_seq, hi_slot = hi_pos >> SLOT_BITS, hi_pos & SLOT_MASK
+        first = min(ring.segments, default=hi_seq)
+        with ring.maplock:
+            for seq in range(max(lo_seq, first), hi_seq + 1):
+                seg, opened = self._segment(seq)
+                if seg is None or seg.mm is None:
+                    continue
+                try:
+                    lo = lo_slot if seq == lo_seq else 0
+                    if seq == hi_seq:
+                        hi = hi_slot
+                    else:  # a sealed segment: its final tail, stored before the seal
+                        seg.load32(OFF_SEALED)
+                        hi = min(seg.load32(OFF_TAIL), seg.slot_count)
+                    if hi > lo:
+                        self.sync_slots(seg, lo, hi)
+                finally:
+                    if opened:
+                        seg.close()
+
+    def close(self) -> None:
+        super().close()
+        if self._leader_fd >= 0 and self._pid == os.getpid():
+            os.close(self._leader_fd)
+        self._leader_fd = -1
+
+
+class Interval(Strategy):
+    """``interval``: appends return at once; the flusher syncs them every ``flush_interval`` s."""
+
+    name = "interval"
+    durable = False  # an append that returned may be lost in the last flush_interval seconds
+
+    def _period(self) -> float:
+        if self.state_flush_interval:
+            return min(self.flush_interval, self.state_flush_interval)
+        return self.flush_interval
+
+    def after_append(self, touched: dict[int, list[int]], end: int) -> None:
+        self._forked()
+        with self._mutex:
+            pend = self._pending
+            for seq, (lo, hi) in touched.items():
+                cur = pend.get(seq)
+                if cur is None:
+                    pend[seq] = [lo, hi]
+                else:
+                    cur[0] = min(cur[0], lo)
+                    cur[1] = max(cur[1], hi)
+        self._ensure_flusher()
+
+
+_BY_NAME = {"none": NoSync, "msync": MSync, "fdatasync": FDataSync, "group": Group, "interval": Interval}
+
+
+def make(ring: Ring, name: str, *, flush_interval: float = DEFAULT_FLUSH_INTERVAL, sync_acks: bool = False,
+         state_flush_interval: float | None | object = ...) -> Strategy:
+    """The strategy object for ``name`` (one of :data:`STRATEGIES`).
+
+    ``state_flush_interval`` defaults to DEFAULT_STATE_FLUSH_INTERVAL for every strategy but
+    ``none`` (which never syncs state changes unless ``sync_acks``); None turns the flush off.
+    Raises ValueError for an unknown name or a non-positive interval.
+    """
+    if name not in _BY_NAME:
+        raise ValueError(f"durability must be one of {STRATEGIES}, got {name!r}")
+    if not (isinstance(flush_interval, (int, float)) and flush_interval > 0):
+        raise ValueError(f"flush_interval must be > 0 seconds, got {flush_interval!r}")
+    if state_flush_interval is ...:
+        state_flush_interval = None if name == "none" else DEFAULT_STATE_FLUSH_INTERVAL
+    if state_flush_interval is not None and not (
+        isinstance(state_flush_interval, (int, float)) and state_flush_interval > 0
+    ):
+        raise ValueError(f"state_flush_interval must be > 0 seconds or None, got {state_flush_interval!r}")
+    return _BY_NAME[name](ring, flush_interval=float(flush_interval), sync_acks=bool(sync_acks),
+                          state_flush_interval=state_flush_interval)

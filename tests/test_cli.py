@@ -1,0 +1,497 @@
+"""The ``ringq`` command line, run as a real process (``python -m ringq``) on real queue directories.
+
+Every subcommand, its ``--json`` output parsed back, and the error paths: each user mistake is one
+line on stderr, exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from procs import child_env
+
+from ringq import Queue
+
+HAS_BENCH = importlib.util.find_spec("ringq.bench") is not None
+
+
+def ringq(qdir, *args: str, rc: int | None = 0, stdin: str | None = None, cwd=None, timeout: float = 60,
+          env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m ringq --dir QDIR ARGS``; check the exit status unless ``rc`` is None."""
+    proc = subprocess.run([sys.executable, "-m", "ringq", "--dir", str(qdir), *args], input=stdin,
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env=child_env() if env is None else env)
+    if rc is not None:
+        assert proc.returncode == rc, (args, proc.returncode, proc.stdout, proc.stderr)
+    return proc
+
+
+def as_json(qdir, *args: str, **kw) -> object:
+    return json.loads(ringq(qdir, "--json", *args, **kw).stdout)
+
+
+def one_line_error(proc: subprocess.CompletedProcess, rc: int = 2) -> str:
+    assert proc.returncode == rc, (proc.returncode, proc.stdout, proc.stderr)
+    err = proc.stderr
+    assert "Traceback" not in err, err
+    assert err.endswith("\n") and err.count("\n") == 1, err
+    return err.strip()
+
+
+# -- enqueue ---------------------------------------------------------------------------------------
+
+
+def test_enqueue_text_json_and_options(tmp_path):
+    q = tmp_path / "q"
+    ids = ringq(q, "enqueue", "hello world").stdout.split()
+    assert len(ids) == 1
+    [obj] = as_json(q, "enqueue", '{"to": "ada", "n": [1, 2]}', "--priority", "7")
+    assert obj["payload"] == {"to": "ada", "n": [1, 2]} and obj["priority"] == 7 and obj["state"] == "ready"
+    [delayed] = as_json(q, "enqueue", "later", "--delay", "60", "--max-attempts", "2")
+    assert delayed["available_at"] > time.time() + 50 and delayed["max_attempts"] == 2
+    three = as_json(q, "enqueue", "42", "--count", "3")
+    assert [j["payload"] for j in three] == [42, 42, 42]
+    [as_text] = as_json(q, "enqueue", "42", "--text")
+    assert as_text["payload"] == "42"
+    from_stdin = as_json(q, "enqueue", "-", stdin='{"line": 1}\n\nplain line\n')
+    assert [j["payload"] for j in from_stdin] == [{"line": 1}, "plain line"]
+    with Queue(q) as queue:
+        assert queue.get(ids[0]).payload == "hello world"
+        assert queue.stats().total == 9
+        assert queue.stats().delayed == 1
+
+
+def test_enqueue_job_id_is_idempotent(tmp_path):
+    q = tmp_path / "q"
+    [first] = as_json(q, "enqueue", '{"order": 42}', "--job-id", "order-42")
+    [again] = as_json(q, "enqueue", '{"order": 43}', "--job-id", "order-42")
+    assert first["id"] == again["id"] == "order-42"
+    assert again["payload"] == {"order": 42}  # the existing job, nothing written
+    assert as_json(q, "stats")["total"] == 1
+
+
+def test_global_options_go_before_or_after_the_command(tmp_path):
+    q = tmp_path / "q"
+    ringq(q, "enqueue", "x", "--queue", "emails")
+    before = json.loads(subprocess.run([sys.executable, "-m", "ringq", "--json", "--queue", "emails", "--dir",
+                                        str(q), "stats"], capture_output=True, text=True, check=True).stdout)
+    after = json.loads(subprocess.run([sys.executable, "-m", "ringq", "stats", "--dir", str(q), "--queue", "emails",
+                                       "--json"], capture_output=True, text=True, check=True).stdout)
+    assert before == after and before["total"] == 1
+    one_line_error(ringq(q, "stats", "--queue", "other", rc=None))  # a separate queue: not there
+
+
+def test_malformed_json_payload_is_a_one_line_error(tmp_path):
+    q = tmp_path / "q"
+    err = one_line_error(ringq(q, "enqueue", '{"a": 1', rc=None))
+    assert err.startswith("ringq enqueue: payload looks like JSON but does not parse")
+    err = one_line_error(ringq(q, "enqueue", "-", stdin='"ok"\n[1, 2\n', rc=None))
+    assert "stdin line 2" in err
+    assert not os.path.exists(q / "default.ctl") or as_json(q, "stats")["total"] == 0  # nothing written
+    [j] = as_json(q, "enqueue", '{"a": 1', "--text")
+    assert j["payload"] == '{"a": 1'
+
+
+# -- lease / ack / nack ------------------------------------------------------------------------------
+
+
+def test_lease_then_ack_from_another_process(tmp_path):
+    q = tmp_path / "q"
+    ringq(q, "enqueue", "a")
+    ringq(q, "enqueue", "b")
+    leased = as_json(q, "lease", "--count", "5", "--visibility-timeout", "60")
+    assert [j["payload"] for j in leased] == ["a", "b"]
+    assert all(j["state"] == "leased" and j["lease_token"] == 1 and j["lease_deadline"] for j in leased)
+    # The leasing process has exited, yet its leases hold (detached) until acked or expired.
+    assert as_json(q, "stats")["leased"] == 2
+    assert as_json(q, "lease") == []
+    text = ringq(q, "lease").stdout
+    assert text == ""
+    out = as_json(q, "ack", leased[0]["id"], "--token", "1")
+    assert out == {"acked": [leased[0]["id"]]}
+    assert ringq(q, "ack", leased[1]["id"]).stdout.strip() == f"acked {leased[1]['id']}"
+    ringq(q, "ack", leased[1]["id"])  # acking twice is harmless
+    assert as_json(q, "stats")["done"] == 2
+
+
+def test_lease_text_output_shows_the_token(tmp_path):
+    q = tmp_path / "q"
+    [j] = as_json(q, "enqueue", '{"x": 1}')
+    line = ringq(q, "lease").stdout.strip()
+    assert line.startswith(j["id"]) and "token=1" in line and "leased" in line and '{"x": 1}' in line
+
+
+def test_lease_wait_blocks_until_a_job_arrives(tmp_path):
+    q = tmp_path / "q"
+    with Queue(q):
+        pass  # the queue exists, empty
+    waiter = subprocess.Popen([sys.executable, "-m", "ringq", "--dir", str(q), "--json", "lease", "--wait", "30"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+    time.sleep(0.5)
+    assert waiter.poll() is None  # still blocked
+    ringq(q, "enqueue", "wake up")
+    out, err = waiter.communicate(timeout=30)
+    assert waiter.returncode == 0, err
+    assert [j["payload"] for j in json.loads(out)] == ["wake up"]
+
+
+def test_nack_retries_then_dead_letters(tmp_path):
+    q = tmp_path / "q"
+    [j] = as_json(q, "enqueue", "flaky", "--max-attempts", "2")
+    ringq(q, "lease")
+    text = ringq(q, "nack", j["id"], "--error", "ConnectionError: refused", "--delay", "0").stdout
+    assert text.startswith(f"{j['id']} ready again") and "attempts 1/2" in text
+    [again] = as_json(q, "lease")
+    assert again["last_error"] == "ConnectionError: refused" and again["attempts"] == 2
+    dead = as_json(q, "nack", j["id"], "--error", "still refused")
+    assert dead["state"] == "dead"
+    [listed] = as_json(q, "dlq")
+    assert listed["id"] == j["id"] and listed["attempts"] == 2 and listed["last_error"] == "still refused"
+
+
+def test_stale_token_and_not_leased_are_one_line_errors(tmp_path):
+    q = tmp_path / "q"
+    [j] = as_json(q, "enqueue", "x")
+    err = one_line_error(ringq(q, "ack", j["id"], rc=None))
+    assert "not leased" in err
+    ringq(q, "lease", "--visibility-timeout", "0.2")
+    time.sleep(0.3)
+    [again] = as_json(q, "lease")
+    assert again["lease_token"] == 2
+    err = one_line_error(ringq(q, "nack", j["id"], "--token", "1", rc=None))
+    assert "stale" in err
+    ringq(q, "ack", j["id"], "--token", "2")
+
+
+def test_unknown_job_id_is_a_one_line_error(tmp_path):
+    q = tmp_path / "q"
+    ringq(q, "enqueue", "x")
+    for cmd in (["ack", "no-such-job"], ["nack", "no-such-job"], ["dlq", "--requeue", "no-such-job"]):
+        err = one_line_error(ringq(q, *cmd, rc=None))
+        assert "no-such-job" in err and err.startswith(f"ringq {cmd[0]}:")
+    proc = ringq(q, "--json", "ack", "no-such-job", rc=2)
+    assert json.loads(proc.stderr)["error"].startswith("no job 'no-such-job'")
+
+
+# -- stats / list / dlq / purge ------------------------------------------------------------------------
+
+
+def test_stats_and_list(tmp_path):
+    q = tmp_path / "q"
+    ringq(q, "enqueue", "a", "--count", "3")
+    ringq(q, "enqueue", "later", "--delay", "600")
+    ringq(q, "lease")
+    st = as_json(q, "stats")
+    assert st == {"ready": 2, "delayed": 1, "leased": 1, "done": 0, "dead": 0, "total": 4, "corrupt": 0}
+    assert ringq(q, "stats").stdout.split() == [f"{k}={v}" for k, v in st.items()]
+    everything = as_json(q, "list")
+    assert [j["state"] for j in everything] == ["leased", "ready", "ready", "ready"]
+    assert [j["seq"] for j in everything] == sorted(j["seq"] for j in everything)
+    assert len(as_json(q, "list", "--state", "ready")) == 3
+    assert len(as_json(q, "list", "--limit", "2")) == 2
+    table = ringq(q, "list").stdout.splitlines()
+    assert table[0].split()[:3] == ["ID", "STATE", "ATTEMPTS"]
+    assert "delayed" in table[-1] and "due in" in table[-1]
+    bad = ringq(q, "list", "--state", "sleeping", rc=2)
+    assert "invalid choice" in bad.stderr
+
+
+def test_dlq_list_and_requeue(tmp_path):
+    q = tmp_path / "q"
+    with Queue(q, max_attempts=1) as queue:
+        jobs = queue.enqueue_many(["p1", "p2", "p3"])
+        for _ in jobs:
+            queue.nack(queue.lease_one(), error="ValueError: bad")
+    dead = as_json(q, "dlq")
+    assert [j["payload"] for j in dead] == ["p1", "p2", "p3"]
+    assert all(j["last_error"] == "ValueError: bad" for j in dead)
+    assert "ValueError: bad" in ringq(q, "dlq").stdout
+    assert as_json(q, "dlq", "--requeue", jobs[0].id) == {"requeued": 1}
+    err = one_line_error(ringq(q, "dlq", "--requeue", jobs[0].id, rc=None))
+    assert "not in the dead-letter queue" in err
+    assert ringq(q, "dlq", "--requeue").stdout.strip() == "requeued 2 job(s)"
+    assert ringq(q, "dlq").stdout.strip() == "(dead-letter queue is empty)"
+    st = as_json(q, "stats")
+    assert (st["ready"], st["dead"]) == (3, 0)
+    assert {j["attempts"] for j in as_json(q, "list")} == {0}
+
+
+def test_purge_refuses_without_yes(tmp_path):
+    q = tmp_path / "q"
+    ringq(q, "enqueue", "x", "--count", "4")
+    err = one_line_error(ringq(q, "purge", rc=None))
+    assert "--yes" in err and "4 job(s)" in err
+    assert as_json(q, "stats")["total"] == 4
+    assert as_json(q, "purge", "--yes") == {"purged": 4}
+    assert as_json(q, "stats")["total"] == 0
+
+
+def test_read_only_commands_do_not_create_a_missing_queue(tmp_path):
+    missing = tmp_path / "nowhere"
+    for cmd in (["stats"], ["list"], ["lease"], ["dlq"], ["inspect"], ["verify"], ["top", "--once"],
+                ["purge", "--yes"], ["ack", "x"]):
+        err = one_line_error(ringq(missing, *cmd, rc=None))
+        assert "nowhere" in err, err
+        assert not missing.exists()
+    ringq(tmp_path / "q", "enqueue", "x")
+    err = one_line_error(ringq(tmp_path / "q", "--queue", "other", "stats", rc=None))
+    assert "no queue 'other'" in err
+    assert not (tmp_path / "q" / "other.ctl").exists()
+
+
+# -- inspect / verify --------------------------------------------------------------------------------
+
+
+def _filled(q) -> list[dict]:
+    ringq(q, "enqueue", '{"n": 1}')
+    ringq(q, "enqueue", "second record, the one we damage", "--job-id", "victim")
+    ringq(q, "enqueue", "x" * 700)  # spans several slots
+    ringq(q, "lease")
+    return as_json(q, "inspect")["segments"][0]["records"]
+
+
+def test_inspect_shows_segments_and_slots(tmp_path):
+    q = tmp_path / "q"
+    records = _filled(q)
+    rep = as_json(q, "inspect")
+    assert rep["ok"] and rep["control"]["slot_size"] == 256 and rep["control"]["next_seq"] == 4
+    names = {f["name"] for f in rep["files"]}
+    assert {"default.ctl", "default.lock", "default.0000000000000001.seg"} <= names
+    seg = rep["segments"][0]
+    assert seg["header"]["tail"] == 1 + 1 + 3 and seg["header"]["records"] == 3
+    assert [r["slot"] for r in records] == [0, 1, 2]
+    assert [r["span"] for r in records] == [1, 1, 3]
+    assert [r["state"] for r in records] == ["leased", "ready", "ready"]
+    assert records[0]["attempts"] == 1 and records[0]["owner"] == 0  # a CLI lease is detached
+    assert records[1]["id"] == "victim" and records[1]["crc_ok"]
+    assert records[1]["offset"] == seg["header"]["data_off"] + 256
+    text = ringq(q, "inspect").stdout
+    for needle in ("segment default.0000000000000001.seg", "tail=5", "SLOT", "OFFSET", "CRC", "victim",
+                   '"second record, the one we damage"', "(detached)"):
+        assert needle in text, needle
+    assert "more record(s)" in ringq(q, "inspect", "--limit", "1").stdout
+
+
+def test_verify_passes_a_clean_queue(tmp_path):
+    q = tmp_path / "q"
+    _filled(q)
+    proc = ringq(q, "verify")
+    assert proc.stdout.strip().startswith("ok:") and "3 record(s) checked" in proc.stdout
+    rep = as_json(q, "verify")
+    assert rep["ok"] and rep["damage"] == [] and rep["records"] == 3
+
+
+def test_verify_reports_a_damaged_record_and_exits_nonzero(tmp_path):
+    q = tmp_path / "q"
+    records = _filled(q)
+    victim = records[1]
+    seg_path = q / "default.0000000000000001.seg"
+    with open(seg_path, "r+b") as fh:  # flip one payload byte of a committed record
+        pos = victim["offset"] + 64 + len("victim") + 3
+        fh.seek(pos)
+        byte = fh.read(1)
+        fh.seek(pos)
+        fh.write(bytes([byte[0] ^ 0x20]))
+    proc = ringq(q, "verify", rc=1)
+    assert "DAMAGE" in proc.stdout and "slot 1" in proc.stdout and "CRC" in proc.stdout
+    rep = as_json(q, "verify", rc=1)
+    assert rep["ok"] is False and len(rep["damage"]) == 1 and "slot 1" in rep["damage"][0]
+    assert rep["records"] == 3  # the record after the damaged one is still found
+    assert [r["crc_ok"] for r in as_json(q, "inspect")["segments"][0]["records"]] == [True, False, True]
+    assert "BAD" in ringq(q, "inspect").stdout
+    # Ordinary commands keep working and quarantine the record instead of serving it.
+    assert as_json(q, "stats")["corrupt"] == 1
+    assert "victim" not in [j["id"] for j in as_json(q, "list")]
+    ringq(q, "verify", rc=1)  # still damage: quarantined, not repaired
+
+
+def test_verify_reports_a_damaged_segment_header_without_touching_it(tmp_path):
+    q = tmp_path / "q"
+    _filled(q)
+    seg_path = q / "default.0000000000000001.seg"
+    with open(seg_path, "r+b") as fh:
+        fh.seek(40)  # inside the CRC-covered static header
+        fh.write(b"\xff")
+    rep = as_json(q, "verify", rc=1)
+    assert any("header CRC" in d for d in rep["damage"]), rep["damage"]
+    assert seg_path.exists()  # verify is read-only: no quarantine rename
+    ringq(q, "stats")  # an ordinary open quarantines the segment ...
+    assert not seg_path.exists()
+    rep = as_json(q, "verify", rc=1)  # ... and verify keeps reporting it
+    assert any("quarantined" in d for d in rep["damage"]), rep["damage"]
+
+
+def test_output_into_a_closed_pipe_is_quiet(tmp_path):
+    q = tmp_path / "q"
+    ringq(q, "enqueue", "x" * 40, "--count", "3000")
+    proc = subprocess.run(f"{sys.executable} -m ringq --dir {q} list | head -n 1", shell=True,
+                          capture_output=True, text=True, env=child_env(), timeout=60)
+    assert proc.stdout.startswith("ID") and proc.stderr == ""
+
+
+# -- work ---------------------------------------------------------------------------------------------
+
+HANDLERS = textwrap.dedent("""
+    import os
+
+    def record(job):
+        with open(os.environ["LEDGER"], "a") as fh:
+            fh.write(f"{os.getpid()} {job.id}\\n")
+
+    def fail(job):
+        raise KeyError(job.payload)
+
+    not_callable = 42
+""")
+
+
+@pytest.fixture
+def handler_dir(tmp_path):
+    (tmp_path / "cli_handlers.py").write_text(HANDLERS)
+    return tmp_path
+
+
+@pytest.mark.parametrize("mode", [[], ["--processes", "2", "--concurrency", "2"]], ids=["threads", "processes"])
+def test_work_runs_a_handler_until_idle(handler_dir, mode):
+    q = handler_dir / "q"
+    ledger = handler_dir / "ledger.txt"
+    ids = [j["id"] for j in as_json(q, "enqueue", "job", "--count", "20")]
+    env = dict(child_env(), LEDGER=str(ledger))
+    proc = ringq(q, "--json", "work", "cli_handlers:record", "--idle-timeout", "0.5", *mode, cwd=handler_dir, env=env)
+    stats = json.loads(proc.stdout)
+    assert stats["succeeded"] == 20 and stats["failed"] == 0
+    assert sorted(line.split()[1] for line in ledger.read_text().splitlines()) == sorted(ids)
+    assert as_json(q, "stats")["done"] == 20
+
+
+def test_work_max_jobs_and_failures_reach_the_dlq(handler_dir):
+    q = handler_dir / "q"
+    as_json(q, "enqueue", '"k"', "--count", "3", "--max-attempts", "1")
+    proc = ringq(q, "work", "cli_handlers:fail", "--max-jobs", "2", cwd=handler_dir)
+    assert "leased=2" in proc.stdout and "dead=2" in proc.stdout
+    assert "KeyError" in proc.stderr  # failures are logged
+    dead = as_json(q, "dlq")
+    assert len(dead) == 2 and all(j["last_error"] == "KeyError: 'k'" for j in dead)
+    assert as_json(q, "stats")["ready"] == 1
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ("no_such_module_xyz:run", "no module named 'no_such_module_xyz'"),
+    ("cli_handlers:missing", "has no attribute 'missing'"),
+    ("cli_handlers", "module:function"),
+    ("cli_handlers:not_callable", "not a callable"),
+])
+def test_work_bad_handler_path_is_a_one_line_error(handler_dir, spec, needle):
+    q = handler_dir / "q"
+    ringq(q, "enqueue", "x")
+    err = one_line_error(ringq(q, "work", spec, "--idle-timeout", "0.2", cwd=handler_dir, rc=None))
+    assert needle in err and err.startswith("ringq work:")
+    assert as_json(q, "stats")["ready"] == 1
+
+
+# -- top ----------------------------------------------------------------------------------------------
+
+
+def test_top_once_prints_counts_and_rates(tmp_path):
+    q = tmp_path / "q"
+    ringq(q, "enqueue", "x", "--count", "3")
+    s = as_json(q, "top", "--once", "--interval", "0.1")
+    assert (s["ready"], s["total"], s["enqueued_total"]) == (3, 3, 3)
+    assert s["enqueue_rate"] == 0.0 and s["finish_rate"] == 0.0
+    line = ringq(q, "top", "--once", "--interval", "0.1").stdout
+    assert "ready=3" in line and "enq/s=" in line and "fin/s=" in line
+
+
+def test_top_without_a_tty_prints_lines_until_ctrl_c(tmp_path):
+    q = tmp_path / "q"
+    ringq(q, "enqueue", "x")
+    proc = subprocess.Popen([sys.executable, "-m", "ringq", "--dir", str(q), "top", "--interval", "0.1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+    lines = [proc.stdout.readline() for _ in range(3)]
+    assert all("ready=1" in line for line in lines), lines
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0 and "Traceback" not in err
+
+
+def test_top_on_a_terminal_quits_on_q(tmp_path):
+    q = tmp_path / "q"
+    ringq(q, "enqueue", "x", "--count", "2")
+    env = dict(child_env(), TERM="xterm", COLUMNS="100", LINES="30")
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: ringq top on a real pseudo-terminal
+        os.execve(sys.executable, [sys.executable, "-m", "ringq", "--dir", str(q), "top", "--interval", "0.1"], env)
+    screen = b""
+    try:
+        end = time.monotonic() + 30
+        while b"ringq top" not in screen or b"ready" not in screen:
+            assert time.monotonic() < end, screen
+            if select.select([fd], [], [], 0.5)[0]:
+                try:
+                    screen += os.read(fd, 65536)
+                except OSError:
+                    break
+        os.write(fd, b"q")
+        end = time.monotonic() + 20
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            assert time.monotonic() < end, "top did not quit on q"
+            if select.select([fd], [], [], 0.1)[0]:
+                try:
+                    os.read(fd, 65536)
+                except OSError:
+                    pass
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+# -- demo / bench ------------------------------------------------------------------------------------
+
+
+def test_demo_runs_on_a_small_tree(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(30):
+        (src / f"f{i}.txt").write_text("ringq " * (i + 1))
+    proc = ringq(tmp_path / "unused", "demo", "--source", str(src), "--workers", "2", "--threads", "1",
+                 "--no-kill", timeout=120)
+    assert "OK: every file's job is done exactly once" in proc.stdout
+
+
+@pytest.mark.skipif(HAS_BENCH, reason="ringq.bench exists in this tree")
+def test_bench_without_the_harness_is_a_one_line_error(tmp_path):
+    err = one_line_error(ringq(tmp_path, "bench", "--anything", rc=None))
+    assert "ringq.bench" in err
+
+
+@pytest.mark.skipif(HAS_BENCH, reason="ringq.bench exists in this tree")
+def test_bench_passes_its_arguments_to_ringq_bench_main(tmp_path):
+    (tmp_path / "bench.py").write_text("def main(argv):\n    print('bench got', argv)\n    return 3\n")
+    code = ("import sys, ringq; ringq.__path__.append(sys.argv[1]); from ringq.cli import main; "
+            "sys.exit(main(['bench', '--rows', '10', 'x']))")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                          env=child_env(), timeout=60)
+    assert proc.returncode == 3 and proc.stdout.strip() == "bench got ['--rows', '10', 'x']"
+
+
+@pytest.mark.skipif(not HAS_BENCH, reason="ringq.bench is not in this tree")
+def test_bench_subcommand_reaches_the_harness(tmp_path):
+    proc = ringq(tmp_path, "bench", "--help")
+    assert "--smoke" in proc.stdout and "fdatasync" in proc.stdout

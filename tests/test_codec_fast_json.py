@@ -1,0 +1,48 @@
+"""Decoding JSON payloads gives the same values whether or not the optional orjson is installed."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ringq import codec
+
+VALUES = [0, -1, 2**63 - 1, 2**63, -(2**63), 2**64, 2**70, -(2**65), 12345678901234567890, 0.1, 1 / 3, 1e300,
+          -0.0, "é☃", {"a": [1, 2.5, None, True, False]}, [], {}, "", [[[[]]]],
+          {"n": 1, "kind": "resize", "path": "/srv/images/00000001.jpg", "w": 640}]
+TEXTS = [b"NaN", b"-Infinity", b'"\\ud800"', b'{"a": 1, "a": 2}', b"1E400", b" [1 , 2 ] "]
+
+
+@pytest.fixture(params=["json", "orjson"])
+def parser(request, monkeypatch):
+    if request.param == "orjson":
+        if codec._orjson is None:
+            pytest.skip("orjson is not installed")
+    else:
+        monkeypatch.setattr(codec, "_orjson", None)
+    return request.param
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and math.isnan(a):
+        return isinstance(b, float) and math.isnan(b)
+    return type(a) is type(b) and a == b and repr(a) == repr(b)
+
+
+@pytest.mark.parametrize("value", VALUES, ids=repr)
+def test_round_trip_is_exact(parser, value):
+    kind, data = codec.encode(value)
+    assert _same(codec.decode(kind, data), value)
+
+
+@pytest.mark.parametrize("text", TEXTS, ids=repr)
+def test_foreign_json_decodes_as_the_standard_library_does(parser, text):
+    import json
+
+    assert _same(codec.decode(codec.JSON, text), json.loads(text))
+
+
+def test_damaged_json_is_a_serialization_error(parser):
+    with pytest.raises(codec.SerializationError):
+        codec.decode(codec.JSON, b'{"a": ')

@@ -1,0 +1,287 @@
+"""Durability strategies (ringq/durability.py): each one round-trips, group commit shares syncs
+across real processes without losing a job, the interval flusher and the state flush run.
+
+No assertion here is about speed; "fewer syncs than jobs" counts syscalls, it does not time them.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ringq import Queue
+from ringq.durability import STRATEGIES, position
+from ringq.segment import OFF_SYNCED, OFF_TAIL, OFF_TAIL_SEG
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _wait_for(pred, timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.005)
+    return pred()
+
+
+@pytest.mark.parametrize("durability", STRATEGIES)
+def test_strategy_round_trips_across_processes(tmp_path, durability):
+    with Queue(tmp_path, durability=durability, slot_count=32) as q:
+        for i in range(40):  # crosses segment rotations
+            q.enqueue({"i": i})
+        q.enqueue_many([{"i": i} for i in range(40, 100)])
+    # A fresh process sees every job, in order.
+    code = (
+        "import sys, json; from ringq import Queue\n"
+        f"q = Queue(sys.argv[1], durability={durability!r})\n"
+        "out = []\n"
+        "while (j := q.lease_one()) is not None:\n"
+        "    out.append(j.payload['i']); q.ack(j)\n"
+        "print(json.dumps(out)); q.close()\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": ROOT}, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == list(range(100))
+
+
+def test_unknown_strategy_and_bad_intervals_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="durability must be one of"):
+        Queue(tmp_path, durability="sometimes")
+    with pytest.raises(ValueError, match="flush_interval"):
+        Queue(tmp_path, durability="interval", flush_interval=0)
+    with pytest.raises(ValueError, match="state_flush_interval"):
+        Queue(tmp_path, state_flush_interval=-1)
+
+
+def test_fsync_false_still_means_none(tmp_path):
+    with Queue(tmp_path, fsync=False) as q:
+        assert q.durability == "none"
+        q.enqueue(1)
+        assert q._ring.sync_count() == 0
+
+
+@pytest.mark.parametrize("durability", ["msync", "fdatasync", "group"])
+def test_durable_strategies_sync_before_returning(tmp_path, durability):
+    with Queue(tmp_path, durability=durability) as q:
+        q.enqueue("a")
+        assert q._ring.sync_count() == 1
+        q.enqueue_many(["b"] * 10)  # one sync per call, not per job
+        assert q._ring.sync_count() == 2
+
+
+def _group_producer(path: str, who: int, n: int, go) -> None:
+    q = Queue(path, durability="group", slot_count=256)
+    go.wait()
+    for i in range(n):
+        q.enqueue({"p": who, "i": i})
+    q.close()
+
+
+def test_group_commit_four_processes_loses_nothing_and_shares_syncs(tmp_path):
+    n, procs = 300, 4
+    Queue(tmp_path, durability="group", slot_count=256).close()
+    ctx = mp.get_context("fork")
+    go = ctx.Event()
+    ps = [ctx.Process(target=_group_producer, args=(str(tmp_path), w, n, go)) for w in range(procs)]
+    for p in ps:
+        p.start()
+    go.set()
+    for p in ps:
+        p.join(120)
+        assert p.exitcode == 0
+    with Queue(tmp_path, durability="group") as q:
+        seen = {}
+        while (j := q.lease_one()) is not None:
+            seen.setdefault(j.payload["p"], []).append(j.payload["i"])
+            q.ack(j)
+        syncs = q._ring.sync_count()
+        # The watermark covers every record appended (the last producer's sync did).
+        seq = q._ring.ctl.load64(OFF_TAIL_SEG)
+        tail = q._ring.segments[seq].load32(OFF_TAIL)
+        assert q._ring.ctl.load64(OFF_SYNCED) >= position(seq, tail)
+    assert sorted(seen) == list(range(procs))
+    for w in range(procs):
+        assert seen[w] == list(range(n)), f"producer {w} lost or reordered jobs"
+    assert 0 < syncs < n * procs, f"{syncs} syncs for {n * procs} enqueues: no sync was shared"
+
+
+def test_group_commit_threads_share_syncs(tmp_path):
+    import threading
+
+    n, threads = 200, 4
+    with Queue(tmp_path, durability="group") as q:
+        def run(w):
+            for i in range(n):
+                q.enqueue({"t": w, "i": i})
+
+        ts = [threading.Thread(target=run, args=(w,)) for w in range(threads)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert len(q) == n * threads
+        dur = q._ring.dur
+        assert dur.syncs + dur.covered == n * threads
+        assert q._ring.sync_count() == dur.syncs
+
+
+def test_group_commit_in_forked_child_uses_its_own_leader_lock(tmp_path):
+    with Queue(tmp_path, durability="group") as q:
+        q.enqueue("parent")
+        pid = os.fork()
+        if pid == 0:
+            try:
+                q.enqueue("child")
+                os._exit(0 if q._ring.dur._leader_fd >= 0 else 3)
+            except BaseException:
+                os._exit(4)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        q.enqueue("parent again")
+    with Queue(tmp_path) as q:
+        assert [j.payload for j in q.lease(10)] == ["parent", "child", "parent again"]
+
+
+def test_interval_flusher_syncs_in_the_background(tmp_path):
+    with Queue(tmp_path, durability="interval", flush_interval=0.01) as q:
+        q.enqueue_many(list(range(10)))
+        assert q._ring.sync_count() == 0 or q._ring.dur.syncs <= 1  # returned without syncing
+        assert _wait_for(lambda: q._ring.sync_count() >= 1), "the flusher never synced"
+        assert q._ring.dur._pending == {}
+
+
+def test_interval_close_flushes_what_is_pending(tmp_path):
+    q = Queue(tmp_path, durability="interval", flush_interval=3600)
+    q.enqueue("x")
+    assert q._ring.dur._pending
+    ring = q._ring
+    syncs_before = ring.dur.syncs
+    q.close()
+    assert ring.dur.syncs == syncs_before + 1
+
+
+def test_sync_acks_syncs_acks_and_nacks(tmp_path):
+    with Queue(tmp_path, sync_acks=True) as q:
+        q.enqueue_many([1, 2])
+        a, b = q.lease(2)
+        assert q._ring.dur.state_syncs == 0  # a lost lease only means an earlier redelivery
+        q.extend(a, 10)
+        assert q._ring.dur.state_syncs == 0
+        q.ack(a)
+        q.nack(b, delay=0)
+        assert q._ring.dur.state_syncs == 2
+
+
+def test_state_changes_are_flushed_within_the_interval(tmp_path):
+    with Queue(tmp_path, state_flush_interval=0.01) as q:
+        q.enqueue(1)
+        q.ack(q.lease_one())
+        assert _wait_for(lambda: q._ring.dur.state_syncs >= 1), "state changes were never flushed"
+        assert q._ring.dur._dirty_state == set()
+
+
+def test_none_strategy_never_syncs_state_by_default(tmp_path):
+    with Queue(tmp_path, durability="none") as q:
+        q.enqueue(1)
+        q.ack(q.lease_one())
+        assert q._ring.dur._flusher is None
+
+
+def _one_group_enqueue(path: str, inherited_fd: int) -> None:
+    os.close(inherited_fd)  # fork copied the "dead leader's" descriptor; only the test may hold it
+    with Queue(path, durability="group") as q:
+        q.enqueue("after the leader died")
+
+
+def test_group_commit_follower_takes_over_from_a_dead_leader(tmp_path):
+    import fcntl
+
+    Queue(tmp_path, durability="group").close()
+    # Play a leader that took the leader lock and died mid-sync: hold the flock, never bump the
+    # generation.  The producer must not return (its record is not synced) until the lock is free.
+    fd = os.open(tmp_path / "default.sync", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    ctx = mp.get_context("fork")
+    p = ctx.Process(target=_one_group_enqueue, args=(str(tmp_path), fd))
+    p.start()
+    time.sleep(0.3)
+    assert p.is_alive(), "the producer returned without a sync covering its record"
+    os.close(fd)  # the kernel drops a dead process's flock the same way
+    p.join(30)
+    assert p.exitcode == 0
+    with Queue(tmp_path) as q:
+        assert q._ring.sync_count() == 1
+        seq = q._ring.ctl.load64(OFF_TAIL_SEG)
+        assert q._ring.ctl.load64(OFF_SYNCED) >= position(seq, q._ring.segments[seq].load32(OFF_TAIL))
+        assert [j.payload for j in q.lease(5)] == ["after the leader died"]
+
+
+def test_fork_while_the_flusher_holds_the_map_lock_does_not_deadlock_the_child(tmp_path):
+    with Queue(tmp_path, durability="interval", flush_interval=3600) as q:
+        q.enqueue("x")
+        q._ring.maplock.acquire()  # as the flusher thread would, mid-sync
+        try:
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    job = q.lease_one()
+                    q.ack(job)
+                    q._ring.dur.flush()
+                    with q._ring.maplock:
+                        pass
+                    os._exit(0)
+                except BaseException:
+                    os._exit(5)
+        finally:
+            q._ring.maplock.release()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.01)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            raise AssertionError("the forked child deadlocked on the map lock")
+        assert os.waitstatus_to_exitcode(status) == 0
+
+
+def _group_checker(path: str, who: int, n: int, go, out) -> None:
+    q = Queue(path, durability="group", slot_count=128)
+    go.wait()
+    bad = 0
+    for i in range(n):
+        job = q.enqueue({"p": who, "i": i})
+        seq, slot = job._loc
+        # The postcondition of every durable return: a completed sync covers the record.
+        if q._ring.ctl.load64(OFF_SYNCED) < position(seq, slot + 1):
+            bad += 1
+    out.send(bad)
+    q.close()
+
+
+def test_group_commit_never_returns_before_a_sync_covers_the_record(tmp_path):
+    Queue(tmp_path, durability="group", slot_count=128).close()
+    ctx = mp.get_context("fork")
+    go = ctx.Event()
+    pipes, ps = [], []
+    for w in range(4):
+        r, s = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_group_checker, args=(str(tmp_path), w, 200, go, s))
+        p.start()
+        pipes.append(r)
+        ps.append(p)
+    go.set()
+    assert [r.recv() for r in pipes] == [0, 0, 0, 0]
+    for p in ps:
+        p.join(60)
+        assert p.exitcode == 0

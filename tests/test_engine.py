@@ -1,0 +1,142 @@
+"""The engine: append/scan round trips, spanning records, rotation, retirement, reopen."""
+
+import os
+
+import numpy as np
+import pytest
+
+from ringq import Queue, RecordTooLargeError
+from ringq.codec import JSON
+from ringq.job import ST_DONE, ST_READY
+from ringq.ring import NewRecord, Ring
+from ringq.segment import OFF_SEALED, OFF_TAIL
+
+
+def recs(n, size=10):
+    return [NewRecord(f"{i:0{size}d}".encode(), JSON) for i in range(n)]
+
+
+def all_records(ring):
+    out = []
+    for seg in ring.all_segments():
+        infos, nxt = ring.scan(seg, 0)
+        assert (infos["status"] == 0).all()
+        for row in infos:
+            _, _, payload = ring.read_record(seg, int(row["slot"]))
+            out.append((int(row["seq"]), payload))
+    return out
+
+
+def test_append_scan_round_trip_across_rotation(qdir):
+    ring = Ring(qdir, "e", slot_size=64, slot_count=16)
+    placed = ring.append(recs(100))
+    assert [p[2] for p in placed] == list(range(1, 101))
+    assert len({p[0] for p in placed}) >= 6  # 100 records of 1 slot in 16-slot segments
+    got = all_records(ring)
+    assert [s for s, _ in got] == list(range(1, 101))
+    assert [p for _, p in got] == [f"{i:010d}".encode() for i in range(100)]
+    segs = ring.all_segments()
+    assert all(s.load32(OFF_SEALED) for s in segs[:-1]) and not segs[-1].load32(OFF_SEALED)
+    ring.close()
+
+
+def test_record_spanning_slots(qdir):
+    ring = Ring(qdir, "e", slot_size=128, slot_count=32)
+    big = NewRecord(bytes(range(256)) * 3, JSON)  # 64 + 768 bytes = 7 slots of 128
+    placed = ring.append([NewRecord(b"1", JSON), big, NewRecord(b"2", JSON)])
+    assert [p[1] for p in placed] == [0, 1, 8]
+    seg = ring.all_segments()[0]
+    infos, nxt = ring.scan(seg, 0)
+    assert list(infos["span"]) == [1, 7, 1] and nxt == 9
+    assert ring.read_record(seg, 1)[2] == bytes(range(256)) * 3
+    # continuation slots are marked CONT, never READY
+    assert ((seg.states[2:8, 0] & 7) == 6).all()
+    ring.close()
+
+
+def test_batch_that_needs_rotation_rotates_mid_batch(qdir):
+    ring = Ring(qdir, "e", slot_size=128, slot_count=8)
+    placed = ring.append(recs(5))
+    placed += ring.append([NewRecord(bytes(500), JSON)] * 3)  # 5 slots each: one per segment
+    assert [p[0] for p in placed] == [1] * 5 + [2, 3, 4]
+    ring.close()
+
+
+def test_record_too_large_names_the_limit(qdir):
+    ring = Ring(qdir, "e", slot_size=64, slot_count=4)
+    with pytest.raises(RecordTooLargeError, match="256 bytes"):
+        ring.append([NewRecord(bytes(193), JSON)])
+    ring.append([NewRecord(bytes(192), JSON)])  # exactly the limit: 64 + 192 = 256
+    ring.close()
+
+
+def test_reopen_sees_exactly_the_published_records(qdir):
+    ring = Ring(qdir, "e", slot_size=64, slot_count=16)
+    ring.append(recs(40))
+    before = all_records(ring)
+    ring.close()
+    ring = Ring(qdir, "e")
+    assert all_records(ring) == before
+    assert ring.report.clean
+    ring.append(recs(1))
+    assert [s for s, _ in all_records(ring)][-1] == 41
+    ring.close()
+
+
+def test_retirement_deletes_only_fully_finished_segments(qdir):
+    q = Queue(qdir, "r", slot_size=128, slot_count=8)
+    q.enqueue_many(list(range(30)))  # segments 1..4, tail = 4
+    names = lambda: sorted(f for f in os.listdir(qdir) if f.endswith(".seg"))  # noqa: E731
+    assert len(names()) == 4
+    jobs = q.lease(9)  # all of segment 1 and one job of segment 2
+    for j in jobs[:7]:
+        q.ack(j)
+    assert len(names()) == 4  # segment 1 still has a leased job
+    q.ack(jobs[7])
+    assert names() == ["r.0000000000000002.seg", "r.0000000000000003.seg", "r.0000000000000004.seg"]
+    q.ack(jobs[8])
+    assert len(names()) == 3  # segment 2 has 7 more jobs
+    rest = q.lease(100)
+    for j in rest:
+        q.ack(j)
+    assert names() == ["r.0000000000000004.seg"]  # the tail segment is never retired
+    assert q.stats().done == 6
+    q.close()
+
+
+def test_delayed_and_dead_jobs_pin_their_segment(qdir):
+    q = Queue(qdir, "r", slot_size=128, slot_count=4, max_attempts=1)
+    q.enqueue("later", delay=3600)
+    q.enqueue_many(["a", "b", "c", "d", "e"])
+    j = q.lease_one()
+    assert j.payload == "a"
+    q.nack(j, error="x")  # max_attempts=1: dead
+    for job in q.lease(10):
+        q.ack(job)
+    segs = sorted(f for f in os.listdir(qdir) if f.endswith(".seg"))
+    assert segs[0] == "r.0000000000000001.seg"  # holds the delayed and the dead job
+    assert q.stats().delayed == 1 and q.stats().dead == 1
+    q.close()
+
+
+def test_two_names_share_a_directory_independently(qdir):
+    a, b = Queue(qdir, "a"), Queue(qdir, "b")
+    a.enqueue("for a")
+    b.enqueue_many(["for b"] * 3)
+    assert a.stats().total == 1 and b.stats().total == 3
+    assert a.lease_one().payload == "for a"
+    assert a.lease_one() is None
+    a.close(), b.close()
+
+
+def test_state_table_is_vectorisable(qdir):
+    q = Queue(qdir, "v", slot_count=1024)
+    q.enqueue_many(list(range(500)))
+    view = next(iter(q._views.values()))
+    st = view.seg.states[:500, 0] & np.uint64(7)
+    assert (st == ST_READY).all()
+    for j in q.lease(10):
+        q.ack(j)
+    assert int(((view.seg.states[:, 0] & np.uint64(7)) == ST_DONE).sum()) == 10
+    assert view.seg.load32(OFF_TAIL) == 500
+    q.close()

@@ -324,3 +324,16 @@ def test_every_step_of_requeue_dead(tmp_path):
             assert sorted(delivered) == [0, 1, 2] and dead == [], f"step {i}: {step.what}"
         else:
             assert delivered == [1, 2] and dead == [0], f"step {i}: {step.what}"
+
+
+@pytest.mark.parametrize("durability", ["none", "fdatasync", "group", "interval"])
+def test_every_step_of_rotation_under_each_durability_strategy(tmp_path, durability):
+    """A SIGKILL leaves the page cache as it was: every strategy recovers the same records."""
+    live = str(tmp_path / "live")
+    with open_queue(live, durability=durability) as q:
+        for i in range(6):
+            q.enqueue(i)
+        rec = Recorder(live, payload_key)
+        with rec.recording():
+            q.enqueue_many(list(range(6, 20)))
+    _replay(tmp_path, rec, list(range(6)))

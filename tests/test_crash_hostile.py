@@ -522,6 +522,7 @@ def _run_unprivileged(top, setup):
         text=True,
         env=env,
         timeout=60,
+        cwd=top,  # not the checkout: "python -c" puts the cwd first, and its ringq may be unbuilt
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("PermissionError") and path in out.stdout, out.stdout

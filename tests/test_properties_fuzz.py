@@ -185,6 +185,7 @@ def test_mutated_images_never_crash_the_interpreter(tmp_path):
         text=True,
         env=env,
         timeout=600,
+        cwd=str(tmp_path),  # not the checkout: "-m" puts the cwd first, and its ringq may be unbuilt
     )
     if out.returncode < 0:
         with open(last, "rb") as fh:

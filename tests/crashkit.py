@@ -16,8 +16,9 @@ import contextlib
 import os
 import shutil
 import struct
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import ringq
 from ringq import ring as ring_mod
@@ -156,7 +157,7 @@ class Recorder:
             self.steps.append(Step(what, snapshot(self.path), frozenset(self.published)))
 
     @contextlib.contextmanager
-    def recording(self) -> Iterator["Recorder"]:
+    def recording(self) -> Iterator[Recorder]:
         patches: list[tuple[Any, str, Any]] = []
 
         def wrap(owner: Any, attr: str, describe: Callable[..., str]) -> None:

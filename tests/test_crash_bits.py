@@ -13,7 +13,6 @@ import os
 import struct
 
 import pytest
-
 from crashkit import NAME, SLOT, drain, geometry, open_queue, restore, seg_file, snapshot, verify
 
 TARGET_SLOT = 1

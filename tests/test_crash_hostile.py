@@ -15,8 +15,6 @@ import textwrap
 
 import numpy as np
 import pytest
-
-import ringq
 from crashkit import (
     NAME,
     SLOT,
@@ -29,6 +27,8 @@ from crashkit import (
     snapshot,
     verify,
 )
+
+import ringq
 from ringq import codec
 from ringq.errors import (
     CorruptionError,
@@ -492,8 +492,8 @@ UNPRIVILEGED = textwrap.dedent("""
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch to an unprivileged user")
 @pytest.mark.parametrize("setup", ["readonly-dir", "foreign-files"])
 def test_directory_without_write_permission(setup):
-    import tempfile
     import shutil
+    import tempfile
 
     top = tempfile.mkdtemp(
         prefix="ringq-perm-"

@@ -14,8 +14,8 @@ import textwrap
 import time
 
 import pytest
-
 from crashkit import NAME, drain, open_queue, verify
+
 from ringq.errors import LockTimeoutError, NotLeasedError
 
 # -- 3: at most one live lease; a stale holder is rejected, loudly ----------------------------------------

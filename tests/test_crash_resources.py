@@ -15,8 +15,8 @@ import tempfile
 import textwrap
 
 import pytest
-
 from crashkit import NAME, drain, geometry, open_queue, verify
+
 from ringq.errors import QueueFullError
 
 

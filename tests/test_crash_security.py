@@ -12,8 +12,8 @@ import os
 import stat
 
 import pytest
-
 from crashkit import NAME, open_queue
+
 from ringq import ring as ring_mod
 from ringq.errors import UnsupportedFilesystemError
 

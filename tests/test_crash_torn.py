@@ -15,7 +15,6 @@ from __future__ import annotations
 import struct
 
 import pytest
-
 from crashkit import (
     NAME,
     SLOT,
@@ -29,6 +28,7 @@ from crashkit import (
     seg_file,
     snapshot,
 )
+
 from ringq.segment import OFF_LAST_SEQ, OFF_NEXT_SEQ, OFF_NRECORDS, OFF_TAIL, OFF_TAIL_SEG
 
 BIG = "x" * 150  # a JSON payload whose record spans two 128-byte slots

@@ -21,9 +21,6 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from crashkit import (
     NAME,
     SLOT,
@@ -36,6 +33,9 @@ from crashkit import (
     snapshot,
     verify,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from ringq.errors import RingqError
 
 CHILD = os.environ.get("RINGQ_FUZZ_CHILD") == "1"

@@ -73,13 +73,22 @@ from .job import (
 )
 from .owner import OwnerRegistry
 from .ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, NewRecord, RecoveryReport, Ring
-from .segment import OFF_CHANGE, OFF_SEALED, OFF_TAIL, Segment
+from .segment import (
+    OFF_CHANGE,
+    OFF_FINISHED,
+    OFF_NRECORDS,
+    OFF_RETIRED,
+    OFF_SEALED,
+    OFF_TAIL,
+    Segment,
+)
 
 __all__ = ["Queue", "QueueStats", "DEFAULT_VISIBILITY_TIMEOUT", "DEFAULT_MAX_ATTEMPTS"]
 
 DEFAULT_VISIBILITY_TIMEOUT = 30.0
 DEFAULT_MAX_ATTEMPTS = 5
 MAX_ATTEMPTS_LIMIT = 0xFFFF
+RELOCATE_AFTER = 5.0  # seconds: a READY job due later than this may be moved out of a finished segment
 REAP_INTERVAL = 0.25  # seconds between scans for expired leases and dead holders
 CLAIM_GRACE = 2.0  # seconds a lease may stay without its owner word before it counts as orphaned
 AUTO_ID = re.compile(r"^[0-9a-f]{16}$")
@@ -439,6 +448,7 @@ class Queue:
                     self._views[seq] = _View(seg)
         if dropped:  # forget the ids of retired segments, or a long-lived process grows without bound
             self._ids = {jid: loc for jid, loc in self._ids.items() if loc[0] in self._views}
+        newly_sealed: list[_View] = []
         for view in self._views.values():
             if view.sealed:
                 continue
@@ -447,6 +457,8 @@ class Queue:
             if seg.load32(OFF_TAIL) > view.scanned:
                 self._ingest(view)
             view.sealed = bool(sealed)
+            if view.sealed:
+                newly_sealed.append(view)
         change = ring.change_counter()
         if change != self._seen_change:
             self._seen_change = change
@@ -455,6 +467,91 @@ class Queue:
                 if c != view.change:
                     view.change = c
                     self._find_returned(view)
+        for view in newly_sealed:
+            self._maybe_relocate(view)
+
+    # -- straggler relocation (invariant 7) ----------------------------------------------------------
+
+    def _maybe_relocate(self, view: _View) -> int:
+        """Move the few live jobs that keep a sealed segment alive to the tail; returns how many.
+
+        A straggler is a dead-lettered job, or a READY job not due for ``RELOCATE_AFTER`` seconds.
+        When a sealed segment's live jobs are all stragglers and at most half of its records, they
+        are re-appended (new records that supersede the old ones) so the segment can retire: disk
+        use then stays within about twice the live jobs plus the tail, whatever the oldest
+        straggler.  A straggler is copied at most once per half segment of new records (write
+        amplification at most 2x).  Leased, soon-due and damaged (BAD) records are never moved.
+        """
+        seg = view.seg
+        if not view.sealed or seg.mm is None or seg.load32(OFF_RETIRED):
+            return 0
+        nrec = seg.load64(OFF_NRECORDS)
+        live = nrec - seg.load64(OFF_FINISHED)
+        if live <= 0 or live > max(1, nrec // 2):
+            return 0
+        heads = view.heads.view()
+        words = seg.states[heads, 0]
+        st = words & np.uint64(7)
+        alive = (st != ST_DONE) & (st != ST_GONE)
+        if not alive.any():
+            return 0
+        lw, lst = words[alive], st[alive]
+        due = (lw >> np.uint64(TIME_SHIFT)).astype(np.int64) + seg.epoch_ms
+        movable = (lst == ST_DEAD) | ((lst == ST_READY) & (due > _now_ms() + int(RELOCATE_AFTER * 1000)))
+        if not movable.all():
+            return 0
+        return self._relocate(view, heads[alive].tolist(), lw.tolist())
+
+    def _relocate(self, view: _View, slots: list[int], words: list[int]) -> int:
+        seg = view.seg
+        now = _now_ms()
+        owner = self._owners.acquire()
+        recs, olds, errs = [], [], []
+        with self._ring.locked():  # excludes requeue_dead and other relocators
+            for slot, w in zip(slots, words):
+                st, lc, off = w & 7, (w >> 6) & LC_MASK, seg.state_off_of(slot)
+                if st == ST_READY:
+                    # Hold it (a lease of ours) while the copy is written, so nobody takes the old one.
+                    held = pack(ST_LEASED, (w >> 3) & 3, lc + 1, now + 60_000 - seg.epoch_ms)
+                    self._held[(seg.seq, slot)] = lc + 1
+                    if not seg.cas64(off, w, held)[0]:
+                        self._held.pop((seg.seq, slot), None)
+                        continue
+                    seg.cas64(off + 8, seg.load64(off + 8), owner | ((lc + 1) << 16) | ((os.getpid() & 0x3FFFFFFF) << 34))
+                    final = held
+                elif st == ST_DEAD and seg.load64(off) == w:
+                    final = w
+                else:
+                    continue
+                try:
+                    info, id_bytes, payload = self._ring.read_record(seg, slot)
+                except CorruptionError:
+                    self._held.pop((seg.seq, slot), None)
+                    continue
+                jid = bytes(id_bytes) if info.id_len else f"{info.seq:016x}".encode()
+                recs.append(NewRecord(bytes(payload), info.codec, jid, info.priority, 0, info.max_attempts,
+                                      info.attempts_before + lc, (seg.seq << 24) | slot, state=st,
+                                      at_ms=seg.epoch_ms + (w >> TIME_SHIFT)))
+                olds.append((slot, final))
+                errs.append(self._last_error(seg, slot, (w >> 3) & 3, lc, st, info.attempts_before))
+            if not recs:
+                return 0
+            placed = self._ring.append(recs)
+            for (slot, final), p, err in zip(olds, placed, errs):
+                nseg = self._ring.segment(p[0])
+                if err and nseg is not None:
+                    self._ring.write_error(nseg, p[1], 0, err)
+                ok, cur = seg.cas64(seg.state_off_of(slot), final, (final & ~0x1F) | ST_GONE)
+                self._held.pop((seg.seq, slot), None)
+                if ok:
+                    self._ring.note_finished(seg)
+                elif cur & 7 == ST_GONE and (cur >> 3) & 3 == WHY_PURGED and nseg is not None:
+                    # purged by another process meanwhile: the copy goes with it
+                    off2 = nseg.state_off_of(p[1])
+                    w2 = nseg.load64(off2)
+                    if nseg.cas64(off2, w2, (w2 & ~0x1F) | ST_GONE | (WHY_PURGED << 3))[0]:
+                        self._ring.note_finished(nseg)
+        return len(recs)
 
     def _find_returned(self, view: _View) -> None:
         """Jobs of ``view`` back in READY behind their lane's cursor: give each its own heap entry.
@@ -664,17 +761,17 @@ class Queue:
             enqueued_at=info.enqueued_us / 1e6,
             lease_deadline=when if st == ST_LEASED else None,
             lease_token=lc or None,
-            last_error=self._last_error(seg, slot, why, lc, st),
+            last_error=self._last_error(seg, slot, why, lc, st, info.attempts_before),
             seq=info.seq,
             _loc=(segseq, slot),
         )
 
-    def _last_error(self, seg: Segment, slot: int, why: int, lc: int, st: int) -> str | None:
+    def _last_error(self, seg: Segment, slot: int, why: int, lc: int, st: int, carried: int = 0) -> str | None:
         if why == WHY_EXPIRED:
             return "lease expired: visibility timeout passed before ack"
         if why == WHY_DIED:
             return "lease holder died: its process exited without ack"
-        if lc == 0 or (st == ST_LEASED and lc == 1):
+        if not carried and (lc == 0 or (st == ST_LEASED and lc == 1)):
             return None  # in its first lease no nack can have happened: spare the side-file read
         entries = self._ring.read_errors(seg.seq).get(slot)
         if not entries:
@@ -906,6 +1003,8 @@ class Queue:
             self._ring.note_state(seg, slot, final=True)
             self._held.pop((seg.seq, slot), None)
             self._ring.note_finished(seg)
+            if view.sealed:
+                self._maybe_relocate(view)
 
     def nack(self, job: Job | str, *, error: str | None = None, delay: float | None = None) -> Job:
         """Report a leased job as failed: retry after a backoff delay, or dead-letter it.
@@ -948,7 +1047,10 @@ class Queue:
             self._held.pop((seg.seq, slot), None)
             if new & 7 == ST_READY:
                 self._ring.note_returned(seg)
-            return self._job_at(seg.seq, slot, new)
+            job = self._job_at(seg.seq, slot, new)
+            if view.sealed:
+                self._maybe_relocate(view)
+            return job
 
     def extend(self, job: Job | str, seconds: float) -> Job:
         """Push a lease's deadline to ``max(deadline, now) + seconds``.  Raises NotLeasedError if lost."""
@@ -1026,6 +1128,9 @@ class Queue:
                 self._owners.release(idx)
         self._unowned = unowned
         self._ring.retire_finished(thorough=force)
+        for view in list(self._views.values()):
+            if view.sealed:
+                self._maybe_relocate(view)
         return reclaimed
 
     def _reclaim(self, view: _View, slot: int, word: int, why: int, now: int) -> int:

@@ -61,7 +61,7 @@ from .errors import (
     RecordTooLargeError,
     UnsupportedFilesystemError,
 )
-from .job import ST_BAD, ST_CONT, ST_DONE, ST_EMPTY, ST_GONE, pack
+from .job import ST_BAD, ST_CONT, ST_DONE, ST_EMPTY, ST_GONE, ST_READY, pack
 from .segment import (
     OFF_CHANGE,
     OFF_CTL_CHANGE,
@@ -130,6 +130,8 @@ class NewRecord:
     max_attempts: int = 5
     attempts_before: int = 0
     supersedes: int = 0
+    state: int = ST_READY  # the state the record is published in (READY, or DEAD for a relocated dead job)
+    at_ms: int | None = None  # absolute available-at (or finish time), ms since the epoch; None: now + delay_ms
 
 
 @dataclass
@@ -727,13 +729,13 @@ class Ring:
                     count = 0
                     seg = self._link(seg, fresh.pop(0))
                     tail = 0
-                avail_ms = now_ms + rec.delay_ms
+                avail_ms = now_ms + rec.delay_ms if rec.at_ms is None else rec.at_ms
                 REC_HEADER.pack_into(
                     buf, 0, REC_MAGIC, 0, len(buf), span, next_seq, now_us, avail_ms, rec.priority,
                     rec.max_attempts, rec.attempts_before, len(rec.id_bytes), rec.codec, KIND_JOB,
                     len(rec.payload), rec.supersedes,
                 )
-                word = pack(1, 0, 0, avail_ms - seg.epoch_ms)
+                word = pack(rec.state, 0, 0, avail_ms - seg.epoch_ms)
                 errors.check(
                     lib.ringq_rec_write(seg.ptr, seg.size, seg.geom, tail, ffi.from_buffer(buf), len(buf), word),
                     f"write record to {seg.path}",

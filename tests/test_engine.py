@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from ringq import Queue, RecordTooLargeError
+from ringq import BackoffPolicy, Queue, RecordTooLargeError
 from ringq.codec import JSON
 from ringq.job import ST_DONE, ST_READY
 from ringq.ring import NewRecord, Ring
@@ -104,7 +104,7 @@ def test_retirement_deletes_only_fully_finished_segments(qdir):
     q.close()
 
 
-def test_delayed_and_dead_jobs_pin_their_segment(qdir):
+def test_delayed_and_dead_jobs_do_not_pin_their_segment(qdir):
     q = Queue(qdir, "r", slot_size=128, slot_count=4, max_attempts=1)
     q.enqueue("later", delay=3600)
     q.enqueue_many(["a", "b", "c", "d", "e"])
@@ -114,8 +114,10 @@ def test_delayed_and_dead_jobs_pin_their_segment(qdir):
     for job in q.lease(10):
         q.ack(job)
     segs = sorted(f for f in os.listdir(qdir) if f.endswith(".seg"))
-    assert segs[0] == "r.0000000000000001.seg"  # holds the delayed and the dead job
+    # segment 1 kept only the delayed and the dead job: they moved to the tail and it retired
+    assert "r.0000000000000001.seg" not in segs
     assert q.stats().delayed == 1 and q.stats().dead == 1
+    assert [j.payload for j in q.dlq()] == ["a"] and q.dlq()[0].last_error == "x"
     q.close()
 
 
@@ -139,4 +141,23 @@ def test_state_table_is_vectorisable(qdir):
         q.ack(j)
     assert int(((view.seg.states[:, 0] & np.uint64(7)) == ST_DONE).sum()) == 10
     assert view.seg.load32(OFF_TAIL) == 500
+    q.close()
+
+
+def test_straggler_relocation_keeps_attempts_error_and_time(qdir):
+    q = Queue(qdir, "s", slot_size=128, slot_count=8, backoff=BackoffPolicy(base=3600, jitter=0))
+    q.enqueue("retry-me")
+    q.enqueue_many(list(range(7)))  # segment 1 is full
+    job = q.lease_one()
+    back = q.nack(job, error="boom")  # READY again in an hour: a straggler
+    for j in q.lease(7):
+        q.ack(j)
+    q.enqueue("next")  # seals segment 1: its only live job is the straggler
+    q.lease_one()  # (any reader notices the sealing)
+    segs = sorted(f for f in os.listdir(qdir) if f.endswith(".seg"))
+    assert "s.0000000000000001.seg" not in segs  # retired once the straggler moved
+    moved = q.get(job.id)
+    assert moved.payload == "retry-me" and moved.attempts == 1 and moved.last_error == "boom"
+    assert moved.available_at == back.available_at and moved.state.value == "ready"
+    assert moved.seq != job.seq and moved.id == job.id
     q.close()

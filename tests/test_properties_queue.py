@@ -31,7 +31,7 @@ class QueueModel(RuleBasedStateMachine):
         self.jobs = {}  # id -> dict(payload, prio, state, attempts, avail, seq, token)
         self.held = {}  # id -> Job as returned by lease
         self.next_payload = 0
-        self.next_seq = 1
+        self.max_seq = 0  # seqs only grow (straggler relocation may use some between our calls)
 
     def _open(self):
         return Queue(self.dir, "m", visibility_timeout=HOUR, max_attempts=MAX_ATTEMPTS,
@@ -67,8 +67,8 @@ class QueueModel(RuleBasedStateMachine):
         if key is not None and key in self.jobs:
             assert job.payload == self.jobs[key]["payload"]
             return
-        assert job.seq == self.next_seq
-        self.next_seq += 1
+        assert job.seq > self.max_seq
+        self.max_seq = job.seq
         self.jobs[job.id] = dict(payload=payload, prio=prio, state="ready", attempts=0, avail=job.available_at,
                                  seq=job.seq)
 
@@ -131,13 +131,16 @@ class QueueModel(RuleBasedStateMachine):
 
     @rule()
     def requeue_dead(self):
-        dead = sorted((k for k, j in self.jobs.items() if j["state"] == "dead"), key=lambda k: self.jobs[k]["seq"])
+        dead = [k for k, j in self.jobs.items() if j["state"] == "dead"]
         assert self.q.requeue_dead() == len(dead)
+        seqs = []
         for jid in dead:
-            job = self.q.get(jid)  # the real available-at: the model must not guess clock ticks
-            assert job.seq == self.next_seq and job.state is JobState.READY and job.attempts == 0
+            job = self.q.get(jid)  # the real available-at and seq: the model must not guess clock ticks
+            assert job.seq > self.max_seq and job.state is JobState.READY and job.attempts == 0
             self.jobs[jid].update(state="ready", attempts=0, avail=job.available_at, seq=job.seq)
-            self.next_seq += 1
+            seqs.append(job.seq)
+        assert len(set(seqs)) == len(seqs)
+        self.max_seq = max([self.max_seq, *seqs])
 
     @rule()
     def purge(self):

@@ -30,6 +30,7 @@ from .errors import (
 from .job import Job, JobState
 from .queue import Queue, QueueStats
 from .ring import RecoveryReport
+from .worker import Worker, WorkerStats
 
 __version__ = "0.1.0"
 
@@ -51,5 +52,7 @@ __all__ = [
     "RingqError",
     "SerializationError",
     "UnsupportedFilesystemError",
+    "Worker",
+    "WorkerStats",
     "__version__",
 ]

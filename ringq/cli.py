@@ -102,7 +102,22 @@ def _open(args: argparse.Namespace, *, create: bool = False, **kw: Any):
     if not create and not queue_exists(args.dir, args.queue):
         where = "no such directory" if not os.path.isdir(args.dir) else "nothing was ever enqueued there"
         raise UserError(f"no queue {args.queue!r} in {args.dir} ({where}); check --dir and --queue")
-    return Queue(args.dir, args.queue, **kw)
+    q = Queue(args.dir, args.queue, **kw)
+    _warn_damage(q.recovery)
+    return q
+
+
+def _warn_damage(report: Any) -> None:
+    """Damage found on open goes to stderr on every command, so it is never silent."""
+    for path, reason in report.quarantined:
+        print(f"ringq: warning: quarantined {path}: {reason}", file=sys.stderr)
+    for path in report.quarantined_earlier:
+        print(f"ringq: warning: {path} was quarantined earlier and still needs an operator (see docs/guarantees.md)",
+              file=sys.stderr)
+    for path, slot, reason in report.corrupt_records:
+        print(f"ringq: warning: {path} slot {slot}: {reason}; the record is quarantined (BAD)", file=sys.stderr)
+    for path, what in report.repaired:
+        print(f"ringq: warning: repaired {path}: {what}", file=sys.stderr)
 
 
 def _payload(text: str, force_text: bool, where: str = "payload") -> Any:
@@ -450,7 +465,16 @@ def cmd_top(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from . import demo
 
-    return demo.run(source=args.source, limit=args.limit, workers=args.workers, qdir=args.keep,
+    for opt in ("limit", "workers", "threads"):
+        value = getattr(args, opt)
+        if value is not None and value < 1:
+            raise UserError(f"--{opt} must be at least 1, got {value}")
+    if args.source is not None and not os.path.isdir(args.source):
+        raise UserError(f"--source {args.source}: no such directory")
+    keep = args.keep
+    if keep is not None and os.path.exists(keep) and (not os.path.isdir(keep) or os.listdir(keep)):
+        raise UserError(f"--keep {keep}: must be a new or empty directory (the demo checks its own accounting)")
+    return demo.run(source=args.source, limit=args.limit, workers=args.workers, qdir=keep,
                     kill=not args.no_kill, threads=args.threads)
 
 

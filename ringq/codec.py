@@ -8,6 +8,7 @@ id      name         bytes on disk
 1       ``json``     UTF-8 JSON text (RFC 8259: no NaN or Infinity), any JSON value
 2       ``bytes``    the raw bytes of a ``bytes``/``bytearray``/``memoryview`` payload
 3       ``ndarray``  u32 header length, a JSON header ``{"dtype", "shape"}``, C-order data
+                     (``dtype``: numpy's dtype string, or its ``descr`` list for a structured dtype)
 ======  ===========  ===================================================================
 
 Arrays round-trip exactly -- dtype (including byte order) and shape -- and never through pickle.
@@ -68,7 +69,10 @@ def encode(payload: Any) -> tuple[int, bytes]:
     if isinstance(payload, np.ndarray):
         if payload.dtype.hasobject:
             raise SerializationError("numpy arrays of dtype object cannot be stored (no pickle)")
-        header = json.dumps({"dtype": payload.dtype.str, "shape": list(payload.shape)}).encode()
+        dt = payload.dtype
+        # A structured dtype keeps its field names (and offsets) through numpy's descr list.
+        spec = dt.descr if dt.fields is not None else dt.str
+        header = json.dumps({"dtype": spec, "shape": list(payload.shape)}).encode()
         data = np.ascontiguousarray(payload).tobytes()
         return NDARRAY, _U32.pack(len(header)) + header + data
     try:
@@ -95,7 +99,7 @@ def decode(codec: int, data: bytes | bytearray) -> Any:
             if hlen > len(data) - 4:
                 raise ValueError("array header longer than the record")
             header = json.loads(bytes(data[4 : 4 + hlen]))
-            dtype = np.dtype(header["dtype"])
+            dtype = np.dtype(_descr(header["dtype"]))
             if dtype.hasobject:
                 raise ValueError("object dtype")
             shape = tuple(int(n) for n in header["shape"])
@@ -108,3 +112,19 @@ def decode(codec: int, data: bytes | bytearray) -> Any:
     except (ValueError, KeyError, TypeError, struct.error, RecursionError) as exc:
         raise SerializationError(f"stored payload (codec {codec}) does not decode: {exc}") from None
     raise SerializationError(f"unknown payload codec {codec}")
+
+
+def _descr(spec: Any) -> Any:
+    """A JSON-decoded dtype spec back to what ``np.dtype`` takes (lists of fields become tuples)."""
+    if isinstance(spec, str):
+        return spec
+    if not isinstance(spec, list):
+        raise ValueError(f"bad dtype spec {spec!r}")
+    out = []
+    for field in spec:
+        if not isinstance(field, list) or not 2 <= len(field) <= 3:
+            raise ValueError(f"bad dtype field {field!r}")
+        name, kind = field[0], _descr(field[1])
+        name = tuple(name) if isinstance(name, list) else name
+        out.append((name, kind, tuple(field[2])) if len(field) == 3 else (name, kind))
+    return out

@@ -147,6 +147,8 @@ class RecoveryReport:
         removed_temp: leftover temporary files of an interrupted segment creation that were removed.
         repaired: impossible values (a tail word, a retired flag, a control-file field) that
             recovery replaced by what the records say, as ``(path, what was done)``.
+        quarantined_earlier: ``*.quarantined`` files of this queue left by an earlier open, still
+            waiting for an operator (they do not make the report unclean: they were reported then).
     """
 
     quarantined: list[tuple[str, str]] = field(default_factory=list)
@@ -154,6 +156,7 @@ class RecoveryReport:
     readopted: list[tuple[str, int]] = field(default_factory=list)
     removed_temp: list[str] = field(default_factory=list)
     repaired: list[tuple[str, str]] = field(default_factory=list)
+    quarantined_earlier: list[str] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
@@ -389,6 +392,9 @@ class Ring:
         seqs = []
         for entry in os.scandir(self.dir):
             fname = entry.name
+            if fname.startswith(self.name + ".") and fname.endswith(".quarantined"):
+                self.report.quarantined_earlier.append(entry.path)
+                continue
             if fname.startswith(self.name + ".") and fname.endswith(".seg.tmp"):
                 try:
                     os.unlink(entry.path)
@@ -404,12 +410,7 @@ class Ring:
         for seq in seqs:
             path = self.seg_path(seq)
             try:
-                if stat.S_ISLNK(os.lstat(path).st_mode):
-                    raise CorruptionError(f"{path}: is a symbolic link, not a segment")
-                seg = Segment(path)
-                if seg.seq != seq:
-                    seg.close()
-                    raise CorruptionError(f"{path}: header says segment {seg.seq}, name says {seq}")
+                seg = self._open_segment(seq)
             except FileNotFoundError:
                 continue  # retired (unlinked) by another process since the listing: retirement takes no lock
             except FormatVersionError:
@@ -548,7 +549,7 @@ class Ring:
             if seq in self.segments:
                 continue
             try:
-                self.segments[seq] = Segment(self.seg_path(seq))
+                self.segments[seq] = self._open_segment(seq)
                 changed = True
             except FileNotFoundError:
                 pass  # already retired, or quarantined at someone's open
@@ -576,12 +577,35 @@ class Ring:
                 self.segments.pop(seq).close()
         return gone
 
+    def _open_segment(self, seq: int) -> Segment:
+        """Open and validate segment ``seq`` as a member of this queue.
+
+        Raises CorruptionError for a symlink, a header whose seq disagrees with the name, or a
+        geometry other than the queue's (a segment copied in from another queue); FileNotFoundError
+        if it is gone (retired meanwhile).
+        """
+        path = self.seg_path(seq)
+        if stat.S_ISLNK(os.lstat(path).st_mode):
+            raise CorruptionError(f"{path}: is a symbolic link, not a segment")
+        seg = Segment(path)
+        if seg.seq != seq:
+            seg.close()
+            raise CorruptionError(f"{path}: header says segment {seg.seq}, name says {seq}")
+        if self.ctl is not None and (seg.slot_size, seg.slot_count) != (self.ctl.slot_size, self.ctl.slot_count):
+            geometry = (seg.slot_size, seg.slot_count)
+            seg.close()
+            raise CorruptionError(
+                f"{path}: geometry {geometry} (slot size, slot count) differs from queue {self.name!r}'s "
+                f"{(self.ctl.slot_size, self.ctl.slot_count)}: a segment of another queue"
+            )
+        return seg
+
     def segment(self, seq: int) -> Segment | None:
         """The mapped segment ``seq``, opening it if it exists but is not mapped yet."""
         seg = self.segments.get(seq)
         if seg is None:
             try:
-                seg = Segment(self.seg_path(seq))
+                seg = self._open_segment(seq)
             except (FileNotFoundError, CorruptionError):
                 return None
             if seg.load32(OFF_RETIRED):

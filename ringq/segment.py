@@ -113,11 +113,12 @@ class Mapped:
 
     __slots__ = ("path", "fd", "mm", "ptr", "size")
 
-    def __init__(self, path: str, fd: int, size: int) -> None:
+    def __init__(self, path: str, fd: int, size: int, readonly: bool = False) -> None:
         self.path = path
         self.fd = fd
         self.size = size
-        self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        prot = mmap.PROT_READ if readonly else mmap.PROT_READ | mmap.PROT_WRITE
+        self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
         self.ptr = ffi.from_buffer("uint8_t[]", self.mm)
 
     # Atomic word access (acquire loads, release stores, seq-cst RMW), offsets checked in C.
@@ -251,8 +252,9 @@ class Segment(Mapped):
         fsync_dir(dirpath)
         return final
 
-    def __init__(self, path: str) -> None:
-        fd = _open_nofollow(path, os.O_RDWR)
+    def __init__(self, path: str, readonly: bool = False) -> None:
+        """Open, validate and map a segment.  ``readonly`` maps it PROT_READ (loads only: for verify)."""
+        fd = _open_nofollow(path, os.O_RDONLY if readonly else os.O_RDWR)
         try:
             st = os.fstat(fd)
             head = os.pread(fd, 68, 0)
@@ -261,7 +263,7 @@ class Segment(Mapped):
             os.close(fd)
             raise
         (_m, _v, _h, self.seq, self.slot_size, self.slot_count, self.epoch_ms, self.state_off, self.data_off, size) = fields
-        super().__init__(path, fd, size)
+        super().__init__(path, fd, size, readonly)
         self.geom = ffi.new("ringq_geom *", {
             "seg_seq": self.seq, "state_off": self.state_off, "data_off": self.data_off,
             "slot_size": self.slot_size, "slot_count": self.slot_count,
@@ -341,8 +343,8 @@ class Control(Mapped):
         os.rename(tmp, path)
         fsync_dir(os.path.dirname(path) or ".")
 
-    def __init__(self, path: str) -> None:
-        fd = _open_nofollow(path, os.O_RDWR)
+    def __init__(self, path: str, readonly: bool = False) -> None:
+        fd = _open_nofollow(path, os.O_RDONLY if readonly else os.O_RDWR)
         try:
             size = os.fstat(fd).st_size
             head = os.pread(fd, 24, 0)
@@ -363,6 +365,6 @@ class Control(Mapped):
         except BaseException:
             os.close(fd)
             raise
-        super().__init__(path, fd, PAGE)
+        super().__init__(path, fd, PAGE, readonly)
         self.slot_size = slot_size
         self.slot_count = slot_count

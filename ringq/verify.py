@@ -134,7 +134,7 @@ def _preview(codec_id: int, payload: bytes) -> str:
 
 def _control(path: str, report: QueueFiles) -> None:
     try:
-        ctl = Control(path)
+        ctl = Control(path, readonly=True)
     except CorruptionError as exc:
         report.damage.append(f"control file: {exc}")
         return
@@ -148,11 +148,12 @@ def _control(path: str, report: QueueFiles) -> None:
         ctl.close()
 
 
-def _segment(path: str, expect_seq: int, limit: int | None, now_ms: int) -> SegmentReport | None:
+def _segment(path: str, expect_seq: int, limit: int | None, now_ms: int,
+             geometry: tuple[int, int] | None = None) -> SegmentReport | None:
     """The report of one segment, or None if it was retired (unlinked) while we looked."""
     try:
         rep = SegmentReport(path=path, file_size=os.path.getsize(path))
-        seg = Segment(path)
+        seg = Segment(path, readonly=True)
     except FileNotFoundError:
         return None
     except CorruptionError as exc:
@@ -161,6 +162,9 @@ def _segment(path: str, expect_seq: int, limit: int | None, now_ms: int) -> Segm
     try:
         if seg.seq != expect_seq:
             rep.damage.append(f"header says segment {seg.seq}, the file name says {expect_seq}")
+        if geometry is not None and (seg.slot_size, seg.slot_count) != geometry:
+            rep.damage.append(f"geometry {(seg.slot_size, seg.slot_count)} (slot size, slot count) differs from the "
+                              f"queue's {geometry}: a segment of another queue (quarantined at the next open)")
         tail = seg.load32(OFF_TAIL)
         rep.header = {
             "seq": seg.seq, "slot_size": seg.slot_size, "slot_count": seg.slot_count, "epoch_ms": seg.epoch_ms,
@@ -193,6 +197,10 @@ def _segment(path: str, expect_seq: int, limit: int | None, now_ms: int) -> Segm
             offset = seg.data_off + slot * seg.slot_size
             if not ok:
                 rep.damage.append(f"slot {slot} (byte {offset}): record fails its magic/length/CRC check")
+            elif st in (ST_READY, ST_LEASED) and int(row["attempts_before"]) + ((word >> 6) & LC_MASK) > int(row["max_attempts"]):
+                rep.damage.append(f"slot {slot}: implausible state word {word:#x}: more attempts than max_attempts")
+            elif st == ST_LEASED and t > now_ms + 10 * 365 * 86400 * 1000:
+                rep.damage.append(f"slot {slot}: implausible state word {word:#x}: a lease deadline years away")
             elif st == ST_BAD:
                 rep.damage.append(f"slot {slot} (byte {offset}): marked BAD by a reader (payload does not decode)")
             elif st == ST_EMPTY:
@@ -247,7 +255,13 @@ def examine(path: str, name: str = "default", *, limit: int | None = None) -> Qu
     mine = re.compile(rf"^{re.escape(name)}\.")
     segs = []
     for entry in sorted(os.scandir(path), key=lambda e: e.name):
-        if not mine.match(entry.name) or not entry.is_file(follow_symlinks=False):
+        if not mine.match(entry.name):
+            continue
+        if not entry.is_file(follow_symlinks=False):
+            if SEG_RE.match(entry.name) or entry.name == f"{name}.ctl":
+                kind = "a symbolic link" if entry.is_symlink() else "not a regular file"
+                report.damage.append(f"{entry.path}: {kind} where a segment or control file belongs "
+                                     "(quarantined at the next open; its jobs are not served)")
             continue
         try:
             report.files.append((entry.name, entry.stat(follow_symlinks=False).st_size))
@@ -259,8 +273,11 @@ def examine(path: str, name: str = "default", *, limit: int | None = None) -> Qu
         if m:
             segs.append((int(m.group("seq"), 16), entry.path))
     _control(os.path.join(path, f"{name}.ctl"), report)
+    geometry = None
+    if "slot_size" in report.control:
+        geometry = (report.control["slot_size"], report.control["slot_count"])
     for seq, seg_path in segs:
-        seg_report = _segment(seg_path, seq, limit, now_ms)
+        seg_report = _segment(seg_path, seq, limit, now_ms, geometry)
         if seg_report is not None:
             report.segments.append(seg_report)
     tail_seg = report.control.get("tail_segment")

@@ -337,9 +337,20 @@ def _child_main(spec: dict, handler: Callable, opts: dict, results: Any, mask: s
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it sends SIGTERM
     signal.signal(signal.SIGTERM, on_term)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # blocked by the parent around fork
+    parent = os.getppid()
     with Queue(spec.pop("path"), spec.pop("name"), **spec) as q:
         worker = Worker(q, handler, handle_signals=False, **opts)
         if stopping.is_set():
             worker.stop()
+
+        def orphan_watch() -> None:
+            # A parent killed with SIGKILL sends no SIGTERM: stop (gracefully) once it is gone.
+            while not worker.stopping:
+                if os.getppid() != parent:
+                    worker.stop()
+                    return
+                time.sleep(0.5)
+
+        threading.Thread(target=orphan_watch, name="ringq-orphan-watch", daemon=True).start()
         stats = worker.run()
     results.put(stats.to_dict())

@@ -1,0 +1,21 @@
+"""The README's thirty-second example runs as written."""
+
+import os
+import re
+import subprocess
+import sys
+
+from procs import child_env
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_readme_example_runs_verbatim(tmp_path):
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
+        blocks = re.findall(r"```python\n(.*?)```", fh.read(), re.S)
+    assert blocks, "README.md has no python example"
+    for code in blocks:
+        proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=child_env(), capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert "ada@example.com" in proc.stdout

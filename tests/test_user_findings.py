@@ -1,0 +1,174 @@
+"""Regressions for what a fresh user found by hand (each test names its finding)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from procs import child_env
+
+from ringq import Queue
+
+
+def ringq_cli(qdir, *args, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ringq", "--dir", str(qdir), *args], capture_output=True,
+                          text=True, env=child_env(), timeout=120, **kw)
+
+
+def test_segment_copied_from_a_queue_of_other_geometry_is_quarantined(tmp_path):
+    """Finding: a foreign segment passed `verify` and its jobs were served with duplicate ids."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    with Queue(str(a)) as q:
+        q.enqueue_many(list(range(3)))
+    with Queue(str(b), slot_size=64 * 2, slot_count=16) as q:
+        q.enqueue_many(["foreign"] * 20)  # segments 1 and 2
+    shutil.copy(b / "default.0000000000000002.seg", a / "default.0000000000000002.seg")
+    ver = ringq_cli(a, "verify")
+    assert ver.returncode == 1 and "another queue" in ver.stdout + ver.stderr
+    with Queue(str(a)) as q:
+        assert [j.payload for j in q.lease(20)] == [0, 1, 2]
+        assert any("another queue" in reason for _p, reason in q.recovery.quarantined)
+
+
+def test_verify_flags_a_symlink_where_a_segment_belongs(tmp_path):
+    """Finding: `verify` said ok while the symlinked segment's jobs were invisible."""
+    qdir = tmp_path / "q"
+    with Queue(str(qdir)) as q:
+        q.enqueue_many(list(range(10)))
+    seg = qdir / "default.0000000000000001.seg"
+    elsewhere = tmp_path / "elsewhere.seg"
+    os.rename(seg, elsewhere)
+    os.symlink(elsewhere, seg)
+    ver = ringq_cli(qdir, "verify")
+    assert ver.returncode == 1 and "symbolic link" in ver.stdout + ver.stderr
+
+
+def test_damage_found_on_open_is_never_silent_on_the_command_line(tmp_path):
+    """Finding: `ringq stats` printed total=0 and exit 0 over a quarantined segment, saying nothing."""
+    qdir = tmp_path / "q"
+    with Queue(str(qdir)) as q:
+        q.enqueue_many(list(range(10)))
+    seg = qdir / "default.0000000000000001.seg"
+    with open(seg, "r+b") as fh:
+        fh.write(os.urandom(64))  # a random header
+    first = ringq_cli(qdir, "stats")
+    assert "warning: quarantined" in first.stderr
+    again = ringq_cli(qdir, "stats")  # and on every later command, until an operator acts
+    assert "quarantined earlier" in again.stderr
+
+
+def test_verify_reads_a_queue_it_cannot_write(tmp_path):
+    """Finding: `verify` and `inspect` opened the control file read-write and failed on a read-only queue."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop to another uid")
+    qdir = tmp_path / "q"
+    with Queue(str(qdir)) as q:
+        q.enqueue_many(list(range(5)))
+    os.chmod(tmp_path, 0o755)
+    os.chmod(qdir, 0o755)
+    for f in qdir.iterdir():
+        os.chmod(f, 0o644)
+    code = "import os, sys; os.setgid(65534); os.setuid(65534); from ringq.cli import main; sys.exit(main(sys.argv[1:]))"
+    probe = subprocess.run([sys.executable, "-c", "import os; os.setgid(65534); os.setuid(65534); import json, ringq"],
+                           capture_output=True, env=child_env(), timeout=60, cwd=tmp_path)
+    if probe.returncode != 0:
+        pytest.skip("this Python or ringq is not readable by an unprivileged uid here")
+    for cmd in ("verify", "inspect"):
+        proc = subprocess.run([sys.executable, "-c", code, "--dir", str(qdir), cmd], capture_output=True, text=True,
+                              env=child_env(), timeout=60, cwd=tmp_path)
+        assert proc.returncode == 0, (cmd, proc.stdout, proc.stderr)
+
+
+def test_verify_and_inspect_work_on_a_read_only_file_system(tmp_path):
+    """The same finding, through a read-only bind mount (where root cannot write either)."""
+    qdir, ro = tmp_path / "q", tmp_path / "ro"
+    with Queue(str(qdir)) as q:
+        q.enqueue_many(list(range(5)))
+    ro.mkdir()
+    if subprocess.run(["mount", "--bind", str(qdir), str(ro)], capture_output=True).returncode != 0:
+        pytest.skip("cannot bind-mount here")
+    try:
+        if subprocess.run(["mount", "-o", "remount,ro,bind", str(ro)], capture_output=True).returncode != 0:
+            pytest.skip("cannot remount read-only here")
+        for cmd in ("verify", "inspect"):
+            proc = ringq_cli(ro, cmd)
+            assert proc.returncode == 0, (cmd, proc.stdout, proc.stderr)
+    finally:
+        subprocess.run(["umount", str(ro)], capture_output=True)
+
+
+def test_structured_arrays_keep_their_field_names(tmp_path):
+    """Finding: a structured dtype came back as raw void bytes ('|V12')."""
+    arr = np.zeros(3, dtype=[("a", "<i4"), ("b", [("x", ">f8"), ("y", "<u2", (2,))])])
+    arr["a"] = [1, 2, 3]
+    with Queue(str(tmp_path / "q")) as q:
+        q.enqueue(arr)
+        got = q.lease_one().payload
+    assert got.dtype == arr.dtype and got.dtype.names == ("a", "b") and np.array_equal(got, arr)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--threads", "0"], "--threads must be at least 1"),
+    (["--workers", "0"], "--workers must be at least 1"),
+    (["--limit", "-5"], "--limit must be at least 1"),
+    (["--source", "/nonexistent/dir"], "no such directory"),
+])
+def test_demo_refuses_bad_arguments_in_one_line(tmp_path, args, needle):
+    """Finding: --threads 0 printed worker tracebacks and negative redelivery counts."""
+    proc = ringq_cli(tmp_path, "demo", *args)
+    assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_demo_refuses_a_used_keep_directory(tmp_path):
+    """Finding: re-running with the same --keep DIR reported negative redeliveries and FAILED."""
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "something").write_text("x")
+    proc = ringq_cli(tmp_path, "demo", "--keep", str(keep), "--limit", "5")
+    assert proc.returncode == 2 and "new or empty directory" in proc.stderr
+
+
+def test_worker_processes_stop_when_their_parent_is_sigkilled(tmp_path):
+    """Finding: SIGKILL of `ringq work --processes 2` left children leasing forever."""
+    (tmp_path / "orphan_handlers.py").write_text("import time\n\ndef slow(job):\n    time.sleep(0.05)\n")
+    qdir = tmp_path / "q"
+    with Queue(str(qdir)) as q:
+        q.enqueue_many(list(range(10000)))
+    env = dict(child_env(), PYTHONPATH=f"{tmp_path}{os.pathsep}{child_env()['PYTHONPATH']}")
+    parent = subprocess.Popen([sys.executable, "-m", "ringq", "--dir", str(qdir), "work", "orphan_handlers:slow",
+                               "--processes", "2"], env=env, cwd=tmp_path, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        with Queue(str(qdir)) as q:
+            while q.stats().leased < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        kids = subprocess.run(["pgrep", "-P", str(parent.pid)], capture_output=True, text=True).stdout.split()
+        assert len(kids) >= 2
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 15
+        alive = kids
+        while alive and time.monotonic() < deadline:
+            alive = [k for k in alive if os.path.exists(f"/proc/{k}") and "Z" not in _state(k)]
+            time.sleep(0.1)
+        assert not alive, f"orphaned workers still running: {alive}"
+    finally:
+        try:
+            os.killpg(parent.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _state(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"

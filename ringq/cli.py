@@ -147,6 +147,8 @@ def _with_token(q: Any, job_id: str, token: int | None) -> Job | str:
 def cmd_enqueue(args: argparse.Namespace) -> int:
     if args.count < 1:
         raise UserError(f"--count must be >= 1, got {args.count}")
+    if args.job_id is not None and not args.job_id:
+        raise UserError("--job-id must not be empty")
     if args.payload == "-":
         if args.count > 1 or args.job_id:
             raise UserError("--count and --job-id cannot be used with a payload read from stdin ('-')")
@@ -158,7 +160,7 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         payloads = [_payload(args.payload, args.text)] * args.count
     with _open(args, create=True) as q:
         kw = dict(priority=args.priority, delay=args.delay, max_attempts=args.max_attempts)
-        if args.job_id:
+        if args.job_id is not None:
             jobs = [q.enqueue(payloads[0], job_id=args.job_id, **kw)]
         else:
             jobs = q.enqueue_many(payloads, **kw)
@@ -219,7 +221,13 @@ def _job_rows(jobs: list[Job]) -> str:
     return _table(rows, ["ID", "STATE", "ATTEMPTS", "PRIO", "WHEN", "PAYLOAD", "LAST ERROR"], right={2, 3})
 
 
+def _check_limit(args: argparse.Namespace) -> None:
+    if args.limit is not None and args.limit < 1:
+        raise UserError(f"--limit must be at least 1, got {args.limit} (omit it for all)")
+
+
 def cmd_list(args: argparse.Namespace) -> int:
+    _check_limit(args)
     with _open(args) as q:
         jobs = q.list_jobs(args.state, limit=args.limit)
     _emit(args, [j.to_dict() for j in jobs], _job_rows(jobs) if jobs else "(no jobs)")
@@ -227,6 +235,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
+    _check_limit(args)
     with _open(args) as q:
         if args.requeue is not None:
             n = q.requeue_dead(None if args.requeue is ALL else args.requeue)

@@ -172,3 +172,14 @@ def _state(pid: str) -> str:
             return fh.read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "Z"
+
+
+def test_empty_job_id_and_nonpositive_limits_are_refused(tmp_path):
+    """Finding: `--job-id ''` silently got an automatic id; `list --limit 0` printed (no jobs)."""
+    qdir = tmp_path / "q"
+    assert ringq_cli(qdir, "enqueue", "x").returncode == 0
+    for args, needle in ((["enqueue", "x", "--job-id", ""], "--job-id must not be empty"),
+                         (["list", "--limit", "0"], "--limit must be at least 1"),
+                         (["dlq", "--limit", "-1"], "--limit must be at least 1")):
+        proc = ringq_cli(qdir, *args)
+        assert proc.returncode == 2 and needle in proc.stderr, (args, proc.stderr)

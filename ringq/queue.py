@@ -432,8 +432,12 @@ class Queue:
 
     # -- the reader index ------------------------------------------------------------------------------
 
-    def _refresh(self) -> None:
-        """Catch up with other processes: new segments, new records, jobs returned to READY."""
+    def _refresh(self, relocate: bool = True) -> None:
+        """Catch up with other processes: new segments, new records, jobs returned to READY.
+
+        Segments seen sealed for the first time are offered for straggler relocation (unless
+        ``relocate`` is False); if anything moved, the copies are read in before returning.
+        """
         ring = self._ring
         ring.refresh_segments()
         dropped = False
@@ -467,8 +471,8 @@ class Queue:
                 if c != view.change:
                     view.change = c
                     self._find_returned(view)
-        for view in newly_sealed:
-            self._maybe_relocate(view)
+        if relocate and sum(self._maybe_relocate(view) for view in newly_sealed):
+            self._refresh(relocate=False)  # map and read the copies (they may have rotated the tail)
 
     # -- straggler relocation (invariant 7) ----------------------------------------------------------
 
@@ -487,70 +491,75 @@ class Queue:
             return 0
         nrec = seg.load64(OFF_NRECORDS)
         live = nrec - seg.load64(OFF_FINISHED)
-        if live <= 0 or live > max(1, nrec // 2):
+        if live <= 0 or 2 * live > nrec:  # moving must at least halve what the segment holds
             return 0
+        slots = self._stragglers(view)
+        if not slots:
+            return 0
+        with self._ring.locked():  # excludes requeue_dead and other relocators
+            # Under the writer lock nobody appends: after this refresh we know every copy that any
+            # (possibly killed) relocator already wrote, and whose supersede we just completed.
+            self._refresh(relocate=False)
+            slots = self._stragglers(view) if not seg.load32(OFF_RETIRED) else []
+            return self._relocate(view, slots) if slots else 0
+
+    def _stragglers(self, view: _View) -> list[int]:
+        """Head slots of ``view``'s live jobs if every one of them is a straggler, else []."""
+        seg = view.seg
         heads = view.heads.view()
         words = seg.states[heads, 0]
         st = words & np.uint64(7)
         alive = (st != ST_DONE) & (st != ST_GONE)
         if not alive.any():
-            return 0
+            return []
         lw, lst = words[alive], st[alive]
         due = (lw >> np.uint64(TIME_SHIFT)).astype(np.int64) + seg.epoch_ms
         movable = (lst == ST_DEAD) | ((lst == ST_READY) & (due > _now_ms() + int(RELOCATE_AFTER * 1000)))
-        if not movable.all():
-            return 0
-        return self._relocate(view, heads[alive].tolist(), lw.tolist())
+        return heads[alive].tolist() if movable.all() else []
 
-    def _relocate(self, view: _View, slots: list[int], words: list[int]) -> int:
+    def _relocate(self, view: _View, slots: list[int]) -> int:
+        """Under the writer lock: copy each straggler to the tail, then mark the original GONE.
+
+        No hold is taken on a READY straggler: it is not due for ``RELOCATE_AFTER`` seconds, so no
+        consumer can lease it while the copy is written.  The final CAS expects the exact word seen
+        before the copy; if it fails (purged, or leased after a clock jump) the copy is withdrawn,
+        so at most one live copy remains.  A relocator killed between the append and the CAS leaves
+        two copies until any reader ingests the new one and completes the supersede.
+        """
         seg = view.seg
-        now = _now_ms()
-        owner = self._owners.acquire()
         recs, olds, errs = [], [], []
-        with self._ring.locked():  # excludes requeue_dead and other relocators
-            for slot, w in zip(slots, words):
-                st, lc, off = w & 7, (w >> 6) & LC_MASK, seg.state_off_of(slot)
-                if st == ST_READY:
-                    # Hold it (a lease of ours) while the copy is written, so nobody takes the old one.
-                    held = pack(ST_LEASED, (w >> 3) & 3, lc + 1, now + 60_000 - seg.epoch_ms)
-                    self._held[(seg.seq, slot)] = lc + 1
-                    if not seg.cas64(off, w, held)[0]:
-                        self._held.pop((seg.seq, slot), None)
-                        continue
-                    seg.cas64(off + 8, seg.load64(off + 8), owner | ((lc + 1) << 16) | ((os.getpid() & 0x3FFFFFFF) << 34))
-                    final = held
-                elif st == ST_DEAD and seg.load64(off) == w:
-                    final = w
-                else:
-                    continue
-                try:
-                    info, id_bytes, payload = self._ring.read_record(seg, slot)
-                except CorruptionError:
-                    self._held.pop((seg.seq, slot), None)
-                    continue
-                jid = bytes(id_bytes) if info.id_len else f"{info.seq:016x}".encode()
-                recs.append(NewRecord(bytes(payload), info.codec, jid, info.priority, 0, info.max_attempts,
-                                      info.attempts_before + lc, (seg.seq << 24) | slot, state=st,
-                                      at_ms=seg.epoch_ms + (w >> TIME_SHIFT)))
-                olds.append((slot, final))
-                errs.append(self._last_error(seg, slot, (w >> 3) & 3, lc, st, info.attempts_before))
-            if not recs:
-                return 0
-            placed = self._ring.append(recs)
-            for (slot, final), p, err in zip(olds, placed, errs):
-                nseg = self._ring.segment(p[0])
-                if err and nseg is not None:
-                    self._ring.write_error(nseg, p[1], 0, err)
-                ok, cur = seg.cas64(seg.state_off_of(slot), final, (final & ~0x1F) | ST_GONE)
-                self._held.pop((seg.seq, slot), None)
-                if ok:
-                    self._ring.note_finished(seg)
-                elif cur & 7 == ST_GONE and (cur >> 3) & 3 == WHY_PURGED and nseg is not None:
-                    # purged by another process meanwhile: the copy goes with it
-                    off2 = nseg.state_off_of(p[1])
-                    w2 = nseg.load64(off2)
-                    if nseg.cas64(off2, w2, (w2 & ~0x1F) | ST_GONE | (WHY_PURGED << 3))[0]:
-                        self._ring.note_finished(nseg)
+        for slot in slots:
+            w = seg.load64(seg.state_off_of(slot))
+            st, lc = w & 7, (w >> 6) & LC_MASK
+            if st not in (ST_READY, ST_DEAD):
+                continue
+            try:
+                info, id_bytes, payload = self._ring.read_record(seg, slot)
+            except CorruptionError:
+                continue
+            jid = bytes(id_bytes) if info.id_len else f"{info.seq:016x}".encode()
+            recs.append(NewRecord(bytes(payload), info.codec, jid, info.priority, 0, info.max_attempts,
+                                  info.attempts_before + lc, (seg.seq << 24) | slot, state=st,
+                                  at_ms=seg.epoch_ms + (w >> TIME_SHIFT)))
+            olds.append((slot, w))
+            errs.append(self._last_error(seg, slot, (w >> 3) & 3, lc, st, info.attempts_before))
+        if not recs:
+            return 0
+        placed = self._ring.append(recs)
+        for (slot, w), p, err in zip(olds, placed, errs):
+            nseg = self._ring.segment(p[0])
+            if err and nseg is not None:
+                self._ring.write_error(nseg, p[1], 0, err)
+            ok, cur = seg.cas64(seg.state_off_of(slot), w, (w & ~0x1F) | ST_GONE)
+            if ok:
+                self._ring.note_finished(seg)
+            elif nseg is not None and not (cur & 7 == ST_GONE and (cur >> 3) & 3 != WHY_PURGED):
+                # The original changed under us (purged, or leased after a clock jump): withdraw the
+                # copy.  (GONE without the purge reason means a reader completed our supersede.)
+                off2 = nseg.state_off_of(p[1])
+                w2 = nseg.load64(off2)
+                if w2 & 7 in (ST_READY, ST_DEAD) and nseg.cas64(off2, w2, (w2 & ~0x1F) | ST_GONE | (WHY_PURGED << 3))[0]:
+                    self._ring.note_finished(nseg)
         return len(recs)
 
     def _find_returned(self, view: _View) -> None:
@@ -641,13 +650,15 @@ class Queue:
             self._queue_lane(view, lane)
 
     def _complete_supersede(self, ref: int) -> None:
-        """A requeued record names the DEAD record it replaces: make sure that one is GONE."""
+        """A requeued or relocated record names the record it replaces: make sure that one is GONE."""
         seg = self._ring.segment(ref >> 24)
         if seg is None:
             return
         off = seg.state_off_of(ref & 0xFFFFFF)
         w = seg.load64(off)
-        if w & 7 == ST_DEAD and seg.cas64(off, w, (w & ~7) | ST_GONE)[0]:
+        # DEAD: a requeue or a relocation of a dead job; READY: a relocated delayed job.  A leased
+        # original is left alone (a lease after a clock jump): its holder finishes it.
+        if w & 7 in (ST_DEAD, ST_READY) and seg.cas64(off, w, (w & ~7) | ST_GONE)[0]:
             self._ring.note_finished(seg)
 
     def _lane_key(self, view: _View, lane: _Lane, now: int | None = None) -> tuple | None:
@@ -969,9 +980,16 @@ class Queue:
         st = w & 7
         if st != ST_LEASED:
             name = {ST_READY: "ready", ST_DONE: "done", ST_DEAD: "dead", ST_GONE: "purged", ST_BAD: "corrupt"}.get(st, "?")
-            raise NotLeasedError(
-                f"cannot {op} job {job_id!r}: it is {name}, not leased (its lease expired or its holder was declared dead)"
-            )
+            why = (w >> 3) & 3
+            if st == ST_READY and (w >> 6) & LC_MASK == 0:
+                cause = "it was never leased"
+            elif why == WHY_EXPIRED:
+                cause = "its last lease expired (visibility timeout)"
+            elif why == WHY_DIED:
+                cause = "its last lease holder was declared dead"
+            else:
+                cause = "it was already acked, nacked or purged"
+            raise NotLeasedError(f"cannot {op} job {job_id!r}: it is {name}, not leased ({cause})")
         if token is not None and (w >> 6) & LC_MASK != token:
             raise NotLeasedError(
                 f"cannot {op} job {job_id!r}: fencing token {token} is stale; the job was leased again "

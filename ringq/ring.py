@@ -381,12 +381,15 @@ class Ring:
         if os.path.lexists(ctl_path) and os.path.islink(ctl_path):
             raise CorruptionError(f"{ctl_path}: is a symbolic link")
         if not os.path.exists(ctl_path) or os.path.getsize(ctl_path) == 0:
-            if os.path.exists(ctl_path):
-                # An empty control file (its creation is atomic, so this is damage): rebuild it
-                # with the geometry of the segments already there.  Recovery below restores the
-                # tail segment and the next seq from the segments themselves.
-                slot_size, slot_count = self._existing_geometry(slot_size, slot_count)
-                self.report.repaired.append((ctl_path, "empty control file; rebuilt from the segments"))
+            # A missing or empty control file next to existing segments (its creation is atomic, so
+            # this is damage or a deletion): rebuild it with the geometry of the segments already
+            # there, never the caller's.  Recovery below restores the tail segment and the next seq
+            # from the segments themselves.
+            found = self._existing_geometry(0, 0)
+            if found != (0, 0):
+                slot_size, slot_count = found
+                what = "empty" if os.path.exists(ctl_path) else "missing"
+                self.report.repaired.append((ctl_path, f"{what} control file; rebuilt from the segments"))
             Control.create(ctl_path, slot_size, slot_count, self.mode)
         self.ctl = Control(ctl_path)
         seqs = []

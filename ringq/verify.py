@@ -112,8 +112,13 @@ class QueueFiles:
 
 
 def queue_exists(path: str, name: str) -> bool:
-    """True if directory ``path`` holds queue ``name`` (its control file exists)."""
-    return os.path.isfile(os.path.join(path, f"{name}.ctl"))
+    """True if directory ``path`` holds queue ``name``: its control file, or any of its segments."""
+    if os.path.isfile(os.path.join(path, f"{name}.ctl")):
+        return True
+    try:
+        return any(SEG_RE.match(f) and f.startswith(name + ".") for f in os.listdir(path))
+    except OSError:
+        return False
 
 
 def _preview(codec_id: int, payload: bytes) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -183,3 +184,58 @@ def test_empty_job_id_and_nonpositive_limits_are_refused(tmp_path):
                          (["dlq", "--limit", "-1"], "--limit must be at least 1")):
         proc = ringq_cli(qdir, *args)
         assert proc.returncode == 2 and needle in proc.stderr, (args, proc.stderr)
+
+
+def test_one_record_segments_are_not_relocated_over_and_over(tmp_path):
+    """Finding (second round): with a record filling a segment, every open relocated every
+    segment, and stats/dlq saw 1 of N jobs."""
+    qdir = str(tmp_path / "q")
+    with Queue(qdir, slot_size=128, slot_count=8, max_attempts=1) as q:
+        for _ in range(4):
+            q.enqueue(b"x" * 700, delay=3600)  # 6 of 8 slots: one record per segment
+        for _ in range(4):
+            q.enqueue(b"y" * 700)
+            q.nack(q.lease_one())  # dead
+        before = sorted(f for f in os.listdir(qdir) if f.endswith(".seg"))
+    for _ in range(3):
+        with Queue(qdir) as q:
+            st = q.stats()
+            assert (st.delayed, st.dead) == (4, 4) and len(q.dlq()) == 4
+        assert sorted(f for f in os.listdir(qdir) if f.endswith(".seg")) == before
+
+
+def test_relocation_killed_after_its_append_leaves_one_live_copy(tmp_path):
+    """Finding (second round): a relocator killed between writing the copy and retiring the
+    original left two live copies of a delayed job (one leasable at once) or of a dead job.
+    The image is built as that kill leaves it: the copy appended, the original untouched."""
+    from ringq.codec import JSON
+    from ringq.ring import NewRecord
+
+    qdir = str(tmp_path / "q")
+    with Queue(qdir, max_attempts=1) as q:
+        late = q.enqueue("late", delay=3600)
+        dead = q.enqueue("dead")
+        q.nack(q.lease_one(), error="boom")
+        for job, state, at in ((late, 1, int(late.available_at * 1000)), (dead, 4, int(time.time() * 1000))):
+            seg, slot = job._loc
+            q._ring.append([NewRecord(json.dumps(job.payload).encode(), JSON, job.id.encode(), 0, 0, 1, 1 if state == 4 else 0,
+                                      (seg << 24) | slot, state=state, at_ms=at)])
+    with Queue(qdir) as q:
+        st = q.stats()
+        assert (st.delayed, st.dead, st.ready) == (1, 1, 0)
+        assert [j.payload for j in q.dlq()] == ["dead"]
+        assert q.lease_one() is None  # the delayed job is still delayed
+        assert [j.payload for j in q.list_jobs()] == ["late", "dead"]
+
+
+def test_lost_control_file_is_rebuilt_from_the_segments_geometry(tmp_path):
+    """Finding (second round): a deleted .ctl of a non-default-geometry queue made the next
+    enqueue quarantine every segment as 'of another queue'."""
+    qdir = tmp_path / "q"
+    with Queue(str(qdir), slot_size=128, slot_count=8) as q:
+        q.enqueue_many(list(range(20)))
+    os.unlink(qdir / "default.ctl")
+    assert ringq_cli(qdir, "stats").returncode == 0
+    assert ringq_cli(qdir, "enqueue", "1").returncode == 0
+    with Queue(str(qdir)) as q:
+        assert q.stats().ready == 21 and not q.recovery.quarantined

@@ -229,7 +229,11 @@ def _check_limit(args: argparse.Namespace) -> None:
 def cmd_list(args: argparse.Namespace) -> int:
     _check_limit(args)
     with _open(args) as q:
-        jobs = q.list_jobs(args.state, limit=args.limit)
+        if args.state == "delayed":
+            now = time.time()
+            jobs = [j for j in q.list_jobs("ready") if j.available_at > now][: args.limit]
+        else:
+            jobs = q.list_jobs(args.state, limit=args.limit)
     _emit(args, [j.to_dict() for j in jobs], _job_rows(jobs) if jobs else "(no jobs)")
     return 0
 
@@ -498,6 +502,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
 # -- the parser ---------------------------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line on stderr (a JSON object with --json), exit 2."""
+
+    json_errors = False
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        text = " ".join(f"{message} (see '{self.prog} --help')".split())
+        if _Parser.json_errors:
+            print(json.dumps({"error": text, "command": self.prog}), file=sys.stderr)
+        else:
+            print(f"{self.prog}: {text}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def _parser() -> argparse.ArgumentParser:
     # Global options live on the main parser and, with SUPPRESS defaults, on every subcommand too,
     # so that `ringq stats --json` and `ringq --json stats` both work.
@@ -506,7 +524,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--queue", default=argparse.SUPPRESS, help="queue name (default 'default')")
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
 
-    p = argparse.ArgumentParser(prog="ringq", description="ringq: a durable job queue for one host, no broker.",
+    p = _Parser(prog="ringq", description="ringq: a durable job queue for one host, no broker.",
                                 epilog="Examples for every command: docs/cli.md")
     p.add_argument("--dir", default="./.ringq", help="queue directory (default ./.ringq)")
     p.add_argument("--queue", default="default", help="queue name (default 'default')")
@@ -546,7 +564,8 @@ def _parser() -> argparse.ArgumentParser:
     cmd("stats", cmd_stats, "counts of jobs by state")
 
     li = cmd("list", cmd_list, "retained jobs in enqueue order")
-    li.add_argument("--state", choices=[s.value for s in JobState], help="only jobs in this state")
+    li.add_argument("--state", choices=[*(s.value for s in JobState), "delayed"],
+                    help="only jobs in this state ('ready' includes delayed jobs; 'delayed' is only those not yet due)")
     li.add_argument("--limit", type=int, help="at most N jobs")
 
     d = cmd("dlq", cmd_dlq, "list the dead-letter queue, or requeue from it")
@@ -614,6 +633,7 @@ def _version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status."""
     own, rest = _split_command(list(sys.argv[1:] if argv is None else argv))
+    _Parser.json_errors = "--json" in own
     args = _parser().parse_args(own)
     if args.cmd == "bench":
         args.args = rest

@@ -239,3 +239,21 @@ def test_lost_control_file_is_rebuilt_from_the_segments_geometry(tmp_path):
     assert ringq_cli(qdir, "enqueue", "1").returncode == 0
     with Queue(str(qdir)) as q:
         assert q.stats().ready == 21 and not q.recovery.quarantined
+
+
+def test_usage_errors_are_one_line_and_json_with_json(tmp_path):
+    """Finding (second round): argparse errors were three lines of usage, and not JSON under --json."""
+    proc = ringq_cli(tmp_path, "enqueue")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "payload" in proc.stderr
+    proc = ringq_cli(tmp_path, "--json", "list", "--state", "bogus")
+    assert proc.returncode == 2 and "invalid choice" in json.loads(proc.stderr)["error"]
+
+
+def test_list_state_delayed(tmp_path):
+    """Finding (second round): `list --state delayed` was refused although list shows that state."""
+    qdir = tmp_path / "q"
+    with Queue(str(qdir)) as q:
+        q.enqueue("later", delay=100)
+        q.enqueue("now")
+    rows = json.loads(ringq_cli(qdir, "--json", "list", "--state", "delayed").stdout)
+    assert [r["payload"] for r in rows] == ["later"]

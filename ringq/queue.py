@@ -534,13 +534,10 @@ class Queue:
             if st not in (ST_READY, ST_DEAD):
                 continue
             try:
-                info, id_bytes, payload = self._ring.read_record(seg, slot)
+                info, rec = self._superseding_copy(seg, slot, lc, st, seg.epoch_ms + (w >> TIME_SHIFT))
             except CorruptionError:
                 continue
-            jid = bytes(id_bytes) if info.id_len else f"{info.seq:016x}".encode()
-            recs.append(NewRecord(bytes(payload), info.codec, jid, info.priority, 0, info.max_attempts,
-                                  info.attempts_before + lc, (seg.seq << 24) | slot, state=st,
-                                  at_ms=seg.epoch_ms + (w >> TIME_SHIFT)))
+            recs.append(rec)
             olds.append((slot, w))
             errs.append(self._last_error(seg, slot, (w >> 3) & 3, lc, st, info.attempts_before))
         if not recs:
@@ -561,6 +558,17 @@ class Queue:
                 if w2 & 7 in (ST_READY, ST_DEAD) and nseg.cas64(off2, w2, (w2 & ~0x1F) | ST_GONE | (WHY_PURGED << 3))[0]:
                     self._ring.note_finished(nseg)
         return len(recs)
+
+    def _superseding_copy(self, seg: Segment, slot: int, attempts: int | None = None, state: int = ST_READY,
+                          at_ms: int | None = None) -> tuple[Any, NewRecord]:
+        """A new record of the job at ``slot`` that supersedes it: same id, payload, priority and
+        max attempts.  ``attempts`` is added to the carried-over count (None: reset to 0, as
+        requeue does); ``state``/``at_ms`` as in NewRecord.  Raises CorruptionError."""
+        info, id_bytes, payload = self._ring.read_record(seg, slot)
+        jid = bytes(id_bytes) if info.id_len else f"{info.seq:016x}".encode()
+        carried = 0 if attempts is None else info.attempts_before + attempts
+        return info, NewRecord(bytes(payload), info.codec, jid, info.priority, 0, info.max_attempts, carried,
+                               (seg.seq << 24) | slot, state=state, at_ms=at_ms)
 
     def _find_returned(self, view: _View) -> None:
         """Jobs of ``view`` back in READY behind their lane's cursor: give each its own heap entry.
@@ -1231,10 +1239,7 @@ class Queue:
             recs, olds = [], []
             for _seq, view, slot, word in targets:
                 seg = view.seg
-                info, id_bytes, payload = self._ring.read_record(seg, slot)
-                jid = id_bytes if info.id_len else f"{info.seq:016x}".encode()
-                recs.append(NewRecord(bytes(payload), info.codec, jid, info.priority, 0, info.max_attempts, 0,
-                                      (seg.seq << 24) | slot))
+                recs.append(self._superseding_copy(seg, slot)[1])
                 olds.append((view, slot, word))
             if not recs:
                 return 0

@@ -1032,6 +1032,18 @@ class Queue:
             if view.sealed:
                 self._maybe_relocate(view)
 
+    def ack_many(self, jobs: Iterable[Job | str]) -> None:
+        """Ack each job in turn (as :meth:`ack`).  Every job that can be acked is; then the first
+        refusal (NotLeasedError, JobNotFoundError) is raised."""
+        first: Exception | None = None
+        for job in jobs:
+            try:
+                self.ack(job)
+            except (NotLeasedError, JobNotFoundError) as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
     def nack(self, job: Job | str, *, error: str | None = None, delay: float | None = None) -> Job:
         """Report a leased job as failed: retry after a backoff delay, or dead-letter it.
 

@@ -9,6 +9,7 @@ never pass by skipping them.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -32,10 +33,23 @@ def require_redis() -> None:
         pytest.skip(msg)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(cluster: bool = False) -> int:
+    """A loopback port nobody listens on; for a cluster node also its bus port (port + 10000)."""
+    if not cluster:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 45000)
+        try:
+            for p in (port, port + 10000):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free pair of loopback ports for a cluster node")
 
 
 class RedisServer:
@@ -44,7 +58,7 @@ class RedisServer:
     def __init__(self, workdir: str, *args: str, port: int | None = None) -> None:
         self.dir = workdir
         os.makedirs(workdir, exist_ok=True)
-        self.port = port or free_port()
+        self.port = port or free_port(cluster="--cluster-enabled" in args)
         self.args = list(args)
         self.proc: subprocess.Popen | None = None
         self.url = f"redis://127.0.0.1:{self.port}/0"

@@ -49,7 +49,7 @@ with open(ledger, "a") as out:
     def handle(job):
         out.write(job.payload + "\\n")
         out.flush()
-    ringq.Worker(q, handle, concurrency=2, idle_timeout=2.0, handle_signals=False).run()
+    ringq.Worker(q, handle, concurrency=2, idle_timeout=1.0, handle_signals=False).run()
 """
 
 
@@ -144,7 +144,7 @@ def test_redis_killed_with_sigkill_under_appendfsync_always_loses_nothing_acknow
 
 
 def test_min_replicas_waits_for_a_replica_and_fails_clearly_without_one(spawn_redis):
-    primary = spawn_redis()
+    primary = spawn_redis("--repl-diskless-sync-delay", "0")
     replica = spawn_redis()
     replica.cli("REPLICAOF", "127.0.0.1", str(primary.port))
     wait_for(
@@ -203,7 +203,7 @@ def test_a_three_master_cluster_serves_queues_in_every_slot(spawn_redis):
         q.ack(a)
         q.nack(b, error="no")
         assert [j.id for j in q.dlq()] == ["b"] and q.requeue_dead() == 1
-        got = sorted(j.id for j in q.lease(5, wait=2))
+        got = sorted(j.id for j in q.lease(5))
         assert got == ["b", "c"] and len(q) == 3 and q.get(jobs[0].id).state is JobState.DONE
         q.enqueue("later", delay=0.2)
         assert q.lease_one(wait=5).payload == "later"

@@ -289,3 +289,26 @@ def test_worker_processes_run_on_redis(redis_url):
     stats = Worker(q, lambda job: None, processes=2, idle_timeout=0.5, handle_signals=False).run()
     assert stats.succeeded == 30 and q.stats().done == 30
     assert os.getpid()
+
+
+def test_done_jobs_and_their_ids_are_kept_for_retain_done_seconds(redis_url):
+    q = ringq.connect(redis_url, fresh_name(), retain_done=0.2)
+    q.enqueue("first", job_id="k")
+    q.ack(q.lease_one())
+    assert q.enqueue("again", job_id="k").payload == "first" and q.stats().done == 1
+    time.sleep(0.3)
+    q.enqueue("other")
+    q.ack(q.lease_one())  # a later ack drops what outlived the retention
+    with pytest.raises(ringq.JobNotFoundError):
+        q.get("k")
+    assert q.enqueue("new", job_id="k").payload == "new"
+
+
+def test_a_missing_redis_server_skips_locally_but_fails_under_ci(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no redis-server on it
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="apt-get install redis-server"):
+        require_redis()
+    monkeypatch.setenv("CI", "1")
+    with pytest.raises(pytest.fail.Exception, match="CI must not skip"):
+        require_redis()

@@ -215,57 +215,6 @@ class RedisQueue:
         if self._closed:
             raise QueueClosedError(f"queue {self.name!r} at {_redact(self.url)} is closed")
 
-    def _job(
-        self, meta: bytes, payload: bytes | None, known: Any = None, decode: bool = True
-    ) -> Job:
-        m = json.loads(meta)
-        if known is not None:
-            value = known[0]
-        elif payload is None or not decode:
-            value = None
-        else:
-            value = codec.decode(payload[0], payload[1:])
-        st = _STATES[m["st"]]
-        return Job(
-            id=m["id"],
-            payload=value,
-            priority=int(m["p"]),
-            state=st,
-            attempts=int(m["a"]),
-            max_attempts=int(m["m"]),
-            available_at=m["av"] / 1000,
-            enqueued_at=m["enq"] / 1000,
-            lease_deadline=m["dl"] / 1000 if st is JobState.LEASED else None,
-            lease_token=int(m["t"]) or None,
-            last_error="lease expired: visibility timeout passed before ack"
-            if m.get("why")
-            else m.get("e"),
-            seq=int(m["s"]),
-        )
-
-    def _refuse(self, status: bytes | str, job_id: str, op: str) -> None:
-        s = status.decode() if isinstance(status, bytes) else status
-        if s == "ok":
-            return
-        if s == "nf":
-            raise JobNotFoundError(
-                f"no job {job_id!r} in queue {self.name!r} (never enqueued, purged or expired)"
-            )
-        parts = s.split(":")
-        if parts[0] == "stale":
-            raise NotLeasedError(
-                f"cannot {op} job {job_id!r}: fencing token is stale; the job was leased again "
-                f"(token {parts[1]})"
-            )
-        st, why, tok = parts[1], parts[2], parts[3]
-        if st == "ready" and tok == "0":
-            cause = "it was never leased"
-        elif why == "expired":
-            cause = "its last lease expired (visibility timeout)"
-        else:
-            cause = "it was already acked, nacked or purged"
-        raise NotLeasedError(f"cannot {op} job {job_id!r}: it is {st}, not leased ({cause})")
-
     # -- lifecycle ---------------------------------------------------------------------------------
 
     @property
@@ -343,7 +292,7 @@ class RedisQueue:
             return []
         rows = self._run("enqueue", args, write=True)
         return [
-            self._job(meta, pay, (payloads[i],) if tag == b"new" else None)
+            _job(meta, pay, (payloads[i],) if tag == b"new" else None)
             for i, (tag, meta, pay) in enumerate(rows)
         ]
 
@@ -377,7 +326,7 @@ class RedisQueue:
             out = self._run("lease", [count - len(got), int(vt * 1000)])
             for i in range(1, len(out), 2):
                 try:
-                    got.append(self._job(out[i], out[i + 1]))
+                    got.append(_job(out[i], out[i + 1]))
                 except SerializationError:
                     continue  # the lease expires and the job dead-letters after max_attempts
             self._next_due = out[0]
@@ -438,7 +387,7 @@ class RedisQueue:
         for jid, tok in items:
             args += [jid, tok]
         for (jid, _), status in zip(items, self._run("ack", args, write=True)):
-            self._refuse(status, jid, "ack")
+            _refuse(self.name, status, jid, "ack")
 
     def nack(self, job: Job | str, *, error: str | None = None, delay: float | None = None) -> Job:
         """Report a leased job as failed; as :meth:`ringq.Queue.nack` (the backoff delay is drawn here)."""
@@ -453,8 +402,8 @@ class RedisQueue:
         out = self._run(
             "nack", [jid, tok, text, int(error is not None), int(delay * 1000)], write=True
         )
-        self._refuse(out[0], jid, "nack")
-        return self._job(out[1], out[2])
+        _refuse(self.name, out[0], jid, "nack")
+        return _job(out[1], out[2])
 
     def extend(self, job: Job | str, seconds: float) -> Job:
         """Push a lease's deadline to ``max(deadline, now) + seconds``.  Raises NotLeasedError if lost."""
@@ -463,8 +412,8 @@ class RedisQueue:
             raise ValueError(f"seconds must be > 0 (and finite), got {seconds!r}")
         jid, tok = (job.id, job.lease_token or 0) if isinstance(job, Job) else (job, -1)
         out = self._run("extend", [jid, tok, int(seconds * 1000)])
-        self._refuse(out[0], jid, "extend")
-        return self._job(out[1], out[2])
+        _refuse(self.name, out[0], jid, "extend")
+        return _job(out[1], out[2])
 
     # -- reads and admin -------------------------------------------------------------------------------
 
@@ -472,8 +421,8 @@ class RedisQueue:
         """The job with this id (a snapshot).  Raises JobNotFoundError if it is not retained."""
         out = self._run("get", [job_id])
         if not out:
-            self._refuse("nf", job_id, "get")
-        return self._job(out[0], out[1])
+            _refuse(self.name, "nf", job_id, "get")
+        return _job(out[0], out[1])
 
     def list_jobs(
         self, state: JobState | str | None = None, *, limit: int | None = None, decode: bool = True
@@ -484,7 +433,7 @@ class RedisQueue:
         jobs = []
         for i in range(0, len(out), 2):
             try:
-                jobs.append(self._job(out[i], out[i + 1], decode=decode))
+                jobs.append(_job(out[i], out[i + 1], decode=decode))
             except SerializationError:
                 continue
         return jobs
@@ -498,7 +447,7 @@ class RedisQueue:
         Raises JobNotFoundError, or NotLeasedError if ``job_id`` is not dead."""
         out = self._run("requeue", ["" if job_id is None else job_id], write=True)
         if out == b"nf":
-            self._refuse("nf", str(job_id), "requeue")
+            _refuse(self.name, "nf", str(job_id), "requeue")
         if out == b"notdead":
             raise NotLeasedError(f"job {job_id!r} is not in the dead-letter queue")
         return int(out)
@@ -540,6 +489,57 @@ class RedisQueue:
 
     def __repr__(self) -> str:
         return f"RedisQueue({_redact(self.url)!r}, name={self.name!r})"
+
+
+def _job(meta: bytes, payload: bytes | None, known: Any = None, decode: bool = True) -> Job:
+    m = json.loads(meta)
+    if known is not None:
+        value = known[0]
+    elif payload is None or not decode:
+        value = None
+    else:
+        value = codec.decode(payload[0], payload[1:])
+    st = _STATES[m["st"]]
+    return Job(
+        id=m["id"],
+        payload=value,
+        priority=int(m["p"]),
+        state=st,
+        attempts=int(m["a"]),
+        max_attempts=int(m["m"]),
+        available_at=m["av"] / 1000,
+        enqueued_at=m["enq"] / 1000,
+        lease_deadline=m["dl"] / 1000 if st is JobState.LEASED else None,
+        lease_token=int(m["t"]) or None,
+        last_error="lease expired: visibility timeout passed before ack"
+        if m.get("why")
+        else m.get("e"),
+        seq=int(m["s"]),
+    )
+
+
+def _refuse(name: str, status: bytes | str, job_id: str, op: str) -> None:
+    s = status.decode() if isinstance(status, bytes) else status
+    if s == "ok":
+        return
+    if s == "nf":
+        raise JobNotFoundError(
+            f"no job {job_id!r} in queue {name!r} (never enqueued, purged or expired)"
+        )
+    parts = s.split(":")
+    if parts[0] == "stale":
+        raise NotLeasedError(
+            f"cannot {op} job {job_id!r}: fencing token is stale; the job was leased again "
+            f"(token {parts[1]})"
+        )
+    st, why, tok = parts[1], parts[2], parts[3]
+    if st == "ready" and tok == "0":
+        cause = "it was never leased"
+    elif why == "expired":
+        cause = "its last lease expired (visibility timeout)"
+    else:
+        cause = "it was already acked, nacked or purged"
+    raise NotLeasedError(f"cannot {op} job {job_id!r}: it is {st}, not leased ({cause})")
 
 
 def _check_attempts(n: int) -> None:

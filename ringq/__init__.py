@@ -14,7 +14,10 @@ The API keeps the names of the ``nobroker`` package; ``ringq.aio`` offers an asy
 """
 
 from .backoff import BackoffPolicy
+from .connect import connect
 from .errors import (
+    BackendError,
+    ConnectionLostError,
     CorruptionError,
     FormatVersionError,
     JobNotFoundError,
@@ -23,6 +26,7 @@ from .errors import (
     QueueClosedError,
     QueueFullError,
     RecordTooLargeError,
+    ReplicationTimeoutError,
     RingqError,
     SerializationError,
     UnsupportedFilesystemError,
@@ -35,7 +39,9 @@ from .worker import Worker, WorkerStats
 __version__ = "0.1.0"
 
 __all__ = [
+    "BackendError",
     "BackoffPolicy",
+    "ConnectionLostError",
     "CorruptionError",
     "FormatVersionError",
     "Job",
@@ -49,10 +55,12 @@ __all__ = [
     "QueueStats",
     "RecordTooLargeError",
     "RecoveryReport",
+    "ReplicationTimeoutError",
     "RingqError",
     "SerializationError",
     "UnsupportedFilesystemError",
     "Worker",
     "WorkerStats",
     "__version__",
+    "connect",
 ]

@@ -182,6 +182,27 @@ class _Redis(Adapter):
         self.r.delete(self.key, self.pkey)
 
 
+class _RingqOnRedis(Adapter):
+    """ringq's own Redis backend (ringq.connect) on the same server as the bare-Redis rows."""
+
+    def __init__(self, server: _RedisServer, appendfsync: str, name: str) -> None:
+        from .connect import connect
+
+        server.client.config_set("appendfsync", appendfsync)
+        self.q = connect(f"redis://127.0.0.1:{server.port}/0", name)
+        self.enqueue_many = self.q.enqueue_many
+
+    def enqueue(self, p: dict) -> None:
+        self.q.enqueue(p)
+
+    def lease_ack(self) -> None:
+        self.q.ack(self.q.lease_one())
+
+    def close(self) -> None:
+        self.q.purge()
+        self.q.close()
+
+
 # -- the peers -------------------------------------------------------------------------------------------------
 
 
@@ -272,7 +293,11 @@ class RedisPeer(Peer):
         try:
             n = iter(range(1 << 30))
             yield [("redis appendfsync=always", True, lambda p: _Redis(always, "always", f"q{next(n)}")),
-                   ("redis appendfsync=everysec", False, lambda p: _Redis(everysec, "everysec", f"q{next(n)}"))]
+                   ("redis appendfsync=everysec", False, lambda p: _Redis(everysec, "everysec", f"q{next(n)}")),
+                   ("ringq-on-redis appendfsync=always", True,
+                    lambda p: _RingqOnRedis(always, "always", f"r{next(n)}")),
+                   ("ringq-on-redis appendfsync=everysec", False,
+                    lambda p: _RingqOnRedis(everysec, "everysec", f"r{next(n)}"))]
         finally:
             everysec.stop()
             always.stop()

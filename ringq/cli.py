@@ -93,12 +93,15 @@ def _table(rows: list[list[str]], header: list[str], right: set[int] = frozenset
 
 def _open(args: argparse.Namespace, *, create: bool = False, **kw: Any):
     """Open the queue of --dir/--queue; unless ``create``, refuse to conjure up a missing one."""
+    from .connect import connect
     from .queue import Queue
     from .ring import NAME_RE
     from .verify import queue_exists
 
     if not NAME_RE.match(args.queue):
         raise UserError(f"queue name must match [A-Za-z0-9_-]{{1,64}}, got {args.queue!r}")
+    if getattr(args, "url", None):  # a Redis queue: it exists as soon as anything names it
+        return connect(args.url, args.queue, **kw)
     if not create and not queue_exists(args.dir, args.queue):
         where = "no such directory" if not os.path.isdir(args.dir) else "nothing was ever enqueued there"
         raise UserError(f"no queue {args.queue!r} in {args.dir} ({where}); check --dir and --queue")
@@ -264,6 +267,8 @@ def cmd_purge(args: argparse.Namespace) -> int:
 def _examine(args: argparse.Namespace, limit: int | None):
     from .verify import examine
 
+    if getattr(args, "url", None):
+        raise UserError(f"{args.cmd} reads a queue directory's files; it does not apply to --url")
     try:
         return examine(args.dir, args.queue, limit=limit)
     except FileNotFoundError as exc:
@@ -491,6 +496,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     kill=not args.no_kill, threads=args.threads)
 
 
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from .connect import connect, is_url
+    from .migrate import migrate
+
+    if not is_url(args.src) and not os.path.isdir(args.src):
+        raise UserError(f"no queue directory {args.src}")
+    with connect(args.src, args.queue) as src, connect(args.dst, args.queue) as dst:
+        out = migrate(src, dst, purge_source=args.purge_source)
+    _emit(args, out, "  ".join(f"{k}={v}" for k, v in out.items()))
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("ringq.bench") is None:
         raise UserError("the benchmark harness (module ringq.bench) is not part of this installation")
@@ -521,12 +538,14 @@ def _parser() -> argparse.ArgumentParser:
     # so that `ringq stats --json` and `ringq --json stats` both work.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--dir", default=argparse.SUPPRESS, help="queue directory (default ./.ringq)")
+    common.add_argument("--url", default=argparse.SUPPRESS, help="a Redis queue instead: redis://, rediss://, unix://")
     common.add_argument("--queue", default=argparse.SUPPRESS, help="queue name (default 'default')")
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
 
     p = _Parser(prog="ringq", description="ringq: a durable job queue for one host, no broker.",
                                 epilog="Examples for every command: docs/cli.md")
     p.add_argument("--dir", default="./.ringq", help="queue directory (default ./.ringq)")
+    p.add_argument("--url", default=None, help="a Redis queue instead: redis://, rediss://, unix://")
     p.add_argument("--queue", default="default", help="queue name (default 'default')")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--version", action="version", version=f"ringq {_version()}")
@@ -602,6 +621,11 @@ def _parser() -> argparse.ArgumentParser:
     dm.add_argument("--no-kill", action="store_true", help="do not SIGKILL a worker midway")
     dm.add_argument("--keep", metavar="DIR", help="keep the queue directory at DIR for inspection")
 
+    mg = cmd("migrate", cmd_migrate, "copy pending, delayed and dead jobs from SRC to DST (dirs or Redis URLs)")
+    mg.add_argument("src", metavar="SRC")
+    mg.add_argument("dst", metavar="DST")
+    mg.add_argument("--purge-source", action="store_true", help="then purge SRC (refused while it has leased jobs)")
+
     # Everything after `bench` belongs to ringq.bench; main() splits it off before parsing.
     b = sub.add_parser("bench", help="run the benchmark harness (arguments after 'bench' go to ringq.bench)",
                        add_help=False)
@@ -614,7 +638,7 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
     i = 0
     while i < len(argv):
         tok = argv[i]
-        if tok in ("--dir", "--queue"):
+        if tok in ("--dir", "--queue", "--url"):
             i += 2
             continue
         if tok.startswith("-"):
@@ -637,6 +661,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(own)
     if args.cmd == "bench":
         args.args = rest
+    if getattr(args, "url", None):
+        args.dir = args.url  # messages name where the queue lives
     try:
         rc = args.func(args)
         sys.stdout.flush()  # inside the try: a closed pipe is reported here, not at exit

@@ -23,6 +23,9 @@ __all__ = [
     "FormatVersionError",
     "QueueFullError",
     "UnsupportedFilesystemError",
+    "BackendError",
+    "ConnectionLostError",
+    "ReplicationTimeoutError",
     "check",
 ]
 
@@ -79,6 +82,25 @@ class QueueFullError(RingqError, OSError):
 
 class UnsupportedFilesystemError(RingqError):
     """The queue directory is on a network file system (NFS, SMB/CIFS) where flock and shared mappings do not work across hosts."""
+
+
+class BackendError(RingqError):
+    """The Redis server refused an operation (out of memory, read-only replica, cluster down, ...)."""
+
+
+class ConnectionLostError(BackendError, ConnectionError):
+    """The connection to the Redis server failed or timed out.
+
+    The operation may or may not have taken effect: ack and a keyed enqueue (``job_id``) are safe
+    to repeat; an enqueue without an id repeated after this error may store the job twice.
+    """
+
+
+class ReplicationTimeoutError(BackendError):
+    """Fewer replicas than ``min_replicas`` acknowledged a write in time (Redis ``WAIT``).
+
+    The write is on the primary; it may be lost if the primary fails before a replica has it.
+    """
 
 
 _CODES: dict[int, tuple[type[RingqError], str]] = {}

@@ -1032,6 +1032,18 @@ class Queue:
             if view.sealed:
                 self._maybe_relocate(view)
 
+    def ack_many(self, jobs: Iterable[Job | str]) -> None:
+        """Ack each job in turn (as :meth:`ack`).  Every job that can be acked is; then the first
+        refusal (NotLeasedError, JobNotFoundError) is raised."""
+        first: Exception | None = None
+        for job in jobs:
+            try:
+                self.ack(job)
+            except (NotLeasedError, JobNotFoundError) as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
     def nack(self, job: Job | str, *, error: str | None = None, delay: float | None = None) -> Job:
         """Report a leased job as failed: retry after a backoff delay, or dead-letter it.
 
@@ -1248,6 +1260,40 @@ class Queue:
                 seg = view.seg
                 if seg.cas64(seg.state_off_of(slot), word, (word & ~7) | ST_GONE)[0]:
                     self._ring.note_finished(seg)
+            self._refresh()
+            return len(recs)
+
+    def import_jobs(self, jobs: Sequence[Job]) -> int:
+        """Store copies of ``jobs`` (READY, delayed or DEAD) keeping id, payload, priority, attempts,
+        max attempts, available-at and last error; a job whose id is retained here is skipped, so
+        importing twice adds nothing.  Returns how many were added (``ringq migrate`` uses it).
+
+        Raises SerializationError (nothing written), ValueError for out-of-range fields.
+        """
+        self._live()
+        recs, errs, seen = [], [], set()
+        for j in jobs:
+            self._check_attempts(j.max_attempts)
+            if not 0 <= j.attempts <= MAX_ATTEMPTS_LIMIT:
+                raise ValueError(f"job {j.id!r}: attempts out of range: {j.attempts!r}")
+        with self._lock, self._ring.locked():
+            self._refresh()
+            for j in jobs:
+                if j.id in seen or self._find(j.id) is not None:
+                    continue
+                seen.add(j.id)
+                kind, data = codec.encode(j.payload)
+                dead = j.state is JobState.DEAD
+                at = _now_ms() if dead else int(j.available_at * 1000)
+                recs.append(NewRecord(data, kind, j.id.encode(), j.priority, 0, j.max_attempts, j.attempts, 0,
+                                      state=ST_DEAD if dead else ST_READY, at_ms=at))
+                errs.append(j.last_error)
+            if not recs:
+                return 0
+            for p, err in zip(self._ring.append(recs), errs):
+                seg = self._ring.segment(p[0])
+                if err and seg is not None:
+                    self._ring.write_error(seg, p[1], 0, err)
             self._refresh()
             return len(recs)
 

@@ -52,7 +52,7 @@ class Worker:
     """Run ``handler(job)`` for jobs leased from ``queue``.
 
     Args:
-        queue: a :class:`ringq.Queue`.
+        queue: a :class:`ringq.Queue` or a Redis queue from :func:`ringq.connect`.
         handler: callable taking a :class:`Job`; its return acks, an exception nacks with
             ``"ExceptionType: message"`` as ``last_error``.
         concurrency: handler threads (per process).
@@ -324,7 +324,7 @@ class Worker:
 
 
 def _child_main(spec: dict, handler: Callable, opts: dict, results: Any, mask: set) -> None:
-    from .queue import Queue
+    from .connect import connect
 
     stopping = threading.Event()
     worker: Worker | None = None
@@ -338,7 +338,7 @@ def _child_main(spec: dict, handler: Callable, opts: dict, results: Any, mask: s
     signal.signal(signal.SIGTERM, on_term)
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # blocked by the parent around fork
     parent = os.getppid()
-    with Queue(spec.pop("path"), spec.pop("name"), **spec) as q:
+    with connect(spec.pop("path"), spec.pop("name"), **spec) as q:
         worker = Worker(q, handler, handle_signals=False, **opts)
         if stopping.is_set():
             worker.stop()

@@ -28,3 +28,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def qdir(tmp_path):
     """A fresh queue directory path (not yet created)."""
     return str(tmp_path / "q")
+
+
+from redisserver import redis_server, redis_url, spawn_redis  # noqa: E402, F401  (fixtures)

@@ -1,0 +1,333 @@
+"""The server-side Lua scripts of the Redis backend (ringq/redis_queue.py): one per transition.
+
+Each script runs atomically on the server, so a transition (enqueue, lease, ack, nack, extend,
+expiry, requeue, purge) is all-or-nothing and never interleaves with another.  Every key a script
+touches is passed in ``KEYS`` and shares the hash tag ``{ringq:<name>}``, so on Redis Cluster all
+of one queue lives in one hash slot.  Time is the server's (``TIME``): lease deadlines and delays
+are compared on one clock whatever the clients' clocks say.
+
+Keys (``KEYS[1..10]``)::
+
+    ready    ZSET, score 0: due jobs; the member sorts lexically by (-priority, available_at, seq)
+             followed by the job id, so ZRANGE 0 n-1 is the lease order
+    delayed  ZSET: READY jobs not yet due, scored by available_at (ms)
+    leased   ZSET: leased jobs scored by lease deadline (ms)
+    dead     ZSET: dead-lettered jobs scored by seq
+    done     ZSET: finished jobs scored by finish time (ms), trimmed after the retention
+    all      ZSET: every retained job scored by seq (enqueue order, for list_jobs)
+    meta     HASH: id -> JSON of the job's fields (state, attempts, token, times, last error)
+    payload  HASH: id -> one codec byte + the encoded payload
+    wake     LIST: wake-up tokens for consumers blocked in BLPOP
+    seq      STRING: the enqueue counter (auto ids are its 16 hex digits)
+
+Job fields in ``meta``: id, p (priority), s (seq), st (ready/leased/done/dead), a (attempts),
+m (max attempts), av (available at, ms), enq (enqueued at, ms), dl (lease deadline, ms),
+t (fencing token: leases so far), why ("expired" when the last lease ran out), e (last error),
+rk (the job's member in ``ready``), fin (finish time, ms).
+"""
+
+PRELUDE = r"""
+local K_READY, K_DELAYED, K_LEASED, K_DEAD, K_DONE, K_ALL, K_META, K_PAY, K_WAKE, K_SEQ =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local T = redis.call('TIME')
+local now = tonumber(T[1]) * 1000 + math.floor(tonumber(T[2]) / 1000)
+local WAKE_CAP = 256
+
+local function load(id)
+  local r = redis.call('HGET', K_META, id)
+  if not r then return nil end
+  return cjson.decode(r)
+end
+local function save(m)
+  local s = cjson.encode(m)
+  redis.call('HSET', K_META, m.id, s)
+  return s
+end
+local function wake(n)
+  if n <= 0 then return end
+  if n > WAKE_CAP then n = WAKE_CAP end
+  for _ = 1, n do redis.call('RPUSH', K_WAKE, 1) end
+  redis.call('LTRIM', K_WAKE, -WAKE_CAP, -1)
+end
+-- READY: into 'ready' if due (returns true), else into 'delayed'.
+local function make_ready(m)
+  m.st = 'ready'
+  m.dl = nil
+  if m.av <= now then
+    m.rk = string.format('%010d%015d%016d', 2147483647 - m.p, m.av, m.s) .. m.id
+    redis.call('ZADD', K_READY, 0, m.rk)
+    return true
+  end
+  m.rk = nil
+  redis.call('ZADD', K_DELAYED, m.av, m.id)
+  return false
+end
+local function make_dead(m)
+  m.st = 'dead'
+  m.dl = nil
+  m.rk = nil
+  m.fin = now
+  redis.call('ZADD', K_DEAD, m.s, m.id)
+end
+-- Delayed jobs that came due become ready; expired leases return (or dead-letter).
+local function promote()
+  local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, 1000)
+  for _, id in ipairs(due) do
+    redis.call('ZREM', K_DELAYED, id)
+    local m = load(id)
+    if m then make_ready(m); save(m) end
+  end
+  local exp = redis.call('ZRANGEBYSCORE', K_LEASED, '-inf', '(' .. now, 'LIMIT', 0, 1000)
+  for _, id in ipairs(exp) do
+    redis.call('ZREM', K_LEASED, id)
+    local m = load(id)
+    if m then
+      m.why = 'expired'
+      if m.a >= m.m then make_dead(m) else m.av = now; make_ready(m) end
+      save(m)
+    end
+  end
+end
+-- 'ok', or why the caller does not hold the lease of m with token tok (-1: any token).
+local function check_lease(m, tok)
+  if not m then return 'nf' end
+  if m.st ~= 'leased' then return 'nl:' .. m.st .. ':' .. (m.why or '') .. ':' .. (m.t or 0) end
+  if tok >= 0 and m.t ~= tok then return 'stale:' .. m.t end
+  return 'ok'
+end
+local function forget(id)
+  redis.call('HDEL', K_META, id)
+  redis.call('HDEL', K_PAY, id)
+  redis.call('ZREM', K_ALL, id)
+  redis.call('ZREM', K_DONE, id)
+end
+"""
+
+# ARGV: priority, delay_ms, max_attempts, n, then n pairs (id or "", codec byte + payload).
+# Returns per job {"new"|"old", meta JSON, payload or false (for new jobs the caller has it)}.
+ENQUEUE = r"""
+local prio, delay, maxatt, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local out, due = {}, 0
+for i = 1, n do
+  local id, pay = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
+  local old = nil
+  if id ~= '' then old = redis.call('HGET', K_META, id) end
+  if old then
+    out[i] = {'old', old, redis.call('HGET', K_PAY, id)}
+  else
+    local s = redis.call('INCR', K_SEQ)
+    if id == '' then
+      id = string.format('%016x', s)
+      while redis.call('HEXISTS', K_META, id) == 1 do
+        s = redis.call('INCR', K_SEQ)
+        id = string.format('%016x', s)
+      end
+    end
+    local m = {id = id, p = prio, s = s, a = 0, m = maxatt, av = now + delay, enq = now, t = 0}
+    if make_ready(m) then due = due + 1 end
+    redis.call('HSET', K_PAY, id, pay)
+    redis.call('ZADD', K_ALL, s, id)
+    out[i] = {'new', save(m), false}
+  end
+end
+-- a delayed job wakes one sleeper too, so that it recomputes how long to sleep
+if due == 0 and n > 0 then due = 1 end
+wake(due)
+return out
+"""
+
+# ARGV: count, visibility timeout ms.  Returns {ms until the next delayed job or lease deadline
+# (-1: none), meta1, payload1, meta2, payload2, ...}.
+LEASE = r"""
+promote()
+local count, vt = tonumber(ARGV[1]), tonumber(ARGV[2])
+local out = {-1}
+local members = redis.call('ZRANGE', K_READY, 0, count - 1)
+for _, member in ipairs(members) do
+  redis.call('ZREM', K_READY, member)
+  local m = load(string.sub(member, 42))
+  if m then
+    m.st = 'leased'
+    m.rk = nil
+    m.t = m.t + 1
+    m.a = m.a + 1
+    m.dl = now + vt
+    redis.call('ZADD', K_LEASED, m.dl, m.id)
+    out[#out + 1] = save(m)
+    out[#out + 1] = redis.call('HGET', K_PAY, m.id)
+  end
+end
+-- pass the wake-up on while due jobs remain, so other sleepers take them
+if #members == count and redis.call('ZCARD', K_READY) > 0 and redis.call('LLEN', K_WAKE) == 0 then wake(1) end
+local nxt = nil
+for _, k in ipairs({K_DELAYED, K_LEASED}) do
+  local first = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
+  if first[2] then
+    local d = tonumber(first[2]) - now
+    if nxt == nil or d < nxt then nxt = d end
+  end
+end
+if nxt ~= nil then out[1] = math.max(0, nxt) end
+return out
+"""
+
+# ARGV: done retention ms, n, then n pairs (id, token or -1).  Returns one status per job.
+ACK = r"""
+local keep, n = tonumber(ARGV[1]), tonumber(ARGV[2])
+local out = {}
+for i = 1, n do
+  local id, tok = ARGV[1 + 2 * i], tonumber(ARGV[2 + 2 * i])
+  local m = load(id)
+  if m and m.st == 'done' and (tok < 0 or m.t == tok) then
+    out[i] = 'ok'
+  else
+    local st = check_lease(m, tok)
+    if st == 'ok' then
+      redis.call('ZREM', K_LEASED, id)
+      m.st = 'done'
+      m.dl = nil
+      m.fin = now
+      redis.call('ZADD', K_DONE, now, id)
+      save(m)
+    end
+    out[i] = st
+  end
+end
+local old = redis.call('ZRANGEBYSCORE', K_DONE, '-inf', now - keep, 'LIMIT', 0, 100)
+for _, id in ipairs(old) do forget(id) end
+return out
+"""
+
+# ARGV: id, token or -1, error text, has_error 0/1, delay ms.  Returns {status, meta, payload}.
+NACK = r"""
+local id, tok, delay = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[5])
+local m = load(id)
+local st = check_lease(m, tok)
+if st ~= 'ok' then return {st} end
+redis.call('ZREM', K_LEASED, id)
+if ARGV[4] == '1' then m.e = ARGV[3] end
+m.why = nil
+if m.a >= m.m then
+  make_dead(m)
+else
+  m.av = now + delay
+  if make_ready(m) then wake(1) end
+end
+return {'ok', save(m), redis.call('HGET', K_PAY, id)}
+"""
+
+# ARGV: id, token or -1, ms.  Returns {status, meta, payload}.
+EXTEND = r"""
+local id, tok, ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local m = load(id)
+local st = check_lease(m, tok)
+if st ~= 'ok' then return {st} end
+m.dl = math.max(m.dl, now) + ms
+redis.call('ZADD', K_LEASED, m.dl, id)
+return {'ok', save(m), redis.call('HGET', K_PAY, id)}
+"""
+
+# ARGV: id.  Returns {meta, payload} or {}.
+GET = r"""
+local r = redis.call('HGET', K_META, ARGV[1])
+if not r then return {} end
+return {r, redis.call('HGET', K_PAY, ARGV[1])}
+"""
+
+# ARGV: state or "", limit or -1.  Returns meta1, payload1, ... in enqueue order.
+LIST = r"""
+local want, limit = ARGV[1], tonumber(ARGV[2])
+local out, start = {}, 0
+while limit < 0 or #out < 2 * limit do
+  local ids = redis.call('ZRANGE', K_ALL, start, start + 499)
+  if #ids == 0 then break end
+  start = start + #ids
+  for _, id in ipairs(ids) do
+    local r = redis.call('HGET', K_META, id)
+    if r and (want == '' or cjson.decode(r).st == want) then
+      out[#out + 1] = r
+      out[#out + 1] = redis.call('HGET', K_PAY, id)
+      if limit >= 0 and #out >= 2 * limit then break end
+    end
+  end
+end
+return out
+"""
+
+# ARGV: id or "" (all).  Returns the number requeued, or an error status string.
+REQUEUE = r"""
+local ids = {}
+if ARGV[1] ~= '' then
+  local m = load(ARGV[1])
+  if not m then return 'nf' end
+  if m.st ~= 'dead' then return 'notdead' end
+  ids = {ARGV[1]}
+else
+  ids = redis.call('ZRANGE', K_DEAD, 0, -1)
+end
+local due = 0
+for _, id in ipairs(ids) do
+  local m = load(id)
+  redis.call('ZREM', K_DEAD, id)
+  m.a = 0
+  m.why = nil
+  m.fin = nil
+  m.av = now
+  if make_ready(m) then due = due + 1 end
+  save(m)
+end
+wake(due)
+return #ids
+"""
+
+PURGE = r"""
+local n = redis.call('ZCARD', K_ALL)
+redis.call('DEL', K_READY, K_DELAYED, K_LEASED, K_DEAD, K_DONE, K_ALL, K_META, K_PAY)
+return n
+"""
+
+# ARGV: done retention ms.  Returns {ready, delayed, leased, done, dead}.
+STATS = r"""
+local keep = tonumber(ARGV[1])
+local due = redis.call('ZCOUNT', K_DELAYED, '-inf', now)
+return {redis.call('ZCARD', K_READY) + due, redis.call('ZCARD', K_DELAYED) - due, redis.call('ZCARD', K_LEASED),
+        redis.call('ZCOUNT', K_DONE, now - keep, '+inf'), redis.call('ZCARD', K_DEAD)}
+"""
+
+# ARGV: n, then n tuples (id, codec byte + payload, priority, attempts, max_attempts,
+# available_at ms, enqueued_at ms, state "ready"|"dead", last error or "").  Jobs whose id is
+# retained are skipped (so a rerun adds nothing).  Returns how many were added.
+IMPORT = r"""
+local n, added = tonumber(ARGV[1]), 0
+for i = 0, n - 1 do
+  local b = 2 + 9 * i
+  local id = ARGV[b]
+  if redis.call('HEXISTS', K_META, id) == 0 then
+    local s = redis.call('INCR', K_SEQ)
+    local m = {id = id, p = tonumber(ARGV[b + 2]), s = s, a = tonumber(ARGV[b + 3]), m = tonumber(ARGV[b + 4]),
+               av = tonumber(ARGV[b + 5]), enq = tonumber(ARGV[b + 6]), t = tonumber(ARGV[b + 3])}
+    if ARGV[b + 8] ~= '' then m.e = ARGV[b + 8] end
+    if ARGV[b + 7] == 'dead' then make_dead(m) else make_ready(m) end
+    redis.call('HSET', K_PAY, id, ARGV[b + 1])
+    redis.call('ZADD', K_ALL, s, id)
+    save(m)
+    added = added + 1
+  end
+end
+wake(added)
+return added
+"""
+
+SCRIPTS = {
+    "enqueue": ENQUEUE,
+    "lease": LEASE,
+    "ack": ACK,
+    "nack": NACK,
+    "extend": EXTEND,
+    "get": GET,
+    "list": LIST,
+    "requeue": REQUEUE,
+    "purge": PURGE,
+    "stats": STATS,
+    "import": IMPORT,
+}

@@ -1,0 +1,40 @@
+"""``ringq.connect``: one entry point for both backends, chosen by the target's form."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__all__ = ["connect", "is_url", "REDIS_SCHEMES"]
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def is_url(target: str | os.PathLike[str]) -> bool:
+    """True if ``target`` names a Redis server rather than a directory."""
+    return isinstance(target, str) and target.startswith(REDIS_SCHEMES)
+
+
+def connect(target: str | os.PathLike[str], name: str = "default", **options: Any) -> Any:
+    """Open queue ``name``: a local :class:`ringq.Queue` for a directory path, a
+    :class:`ringq.redis_queue.RedisQueue` for a ``redis://``, ``rediss://`` or ``unix://`` URL.
+
+    Both have the same methods, arguments, results and errors; ``options`` are passed on
+    (storage options of the local queue, such as ``durability``, are ignored by the Redis one;
+    ``min_replicas``, ``retain_done`` and ``socket_timeout`` exist only there).
+
+    Raises:
+        ValueError: an unknown URL scheme (``something://``), bad name or setting.
+        ImportError: a Redis URL without redis-py installed (``pip install 'ringq[redis]'``).
+    """
+    if is_url(target):
+        from .redis_queue import RedisQueue
+
+        return RedisQueue(target, name, **options)
+    if isinstance(target, str) and "://" in target:
+        raise ValueError(
+            f"unsupported queue URL {target!r}: use a directory or redis://, rediss://, unix://"
+        )
+    from .queue import Queue
+
+    return Queue(target, name, **options)

@@ -1,0 +1,368 @@
+"""Queue semantics every backend must share: one suite, run on a local directory and on Redis.
+
+``queue_factory(**options)`` opens the test's queue (the same queue on every call, as reopening a
+directory would) through ``ringq.connect``.  Tests about files, segments or the local engine stay
+in test_queue.py and the other local-only modules.
+"""
+
+import math
+import time
+import uuid
+
+import numpy as np
+import pytest
+from redisserver import require_redis
+
+import ringq
+from ringq import (
+    BackoffPolicy,
+    JobNotFoundError,
+    JobState,
+    NotLeasedError,
+    QueueClosedError,
+    SerializationError,
+)
+
+NOBACKOFF = BackoffPolicy(base=0, jitter=0)
+
+
+@pytest.fixture(params=["local", "redis"])
+def queue_factory(request, tmp_path):
+    if request.param == "local":
+        target = str(tmp_path / "q")
+    else:
+        require_redis()
+        target = request.getfixturevalue("redis_url")
+    base = f"t{uuid.uuid4().hex[:12]}"
+    opened = []
+
+    def make(name=None, **options):
+        q = ringq.connect(target, base if name is None else f"{base}-{name}", **options)
+        opened.append(q)
+        return q
+
+    make.backend = request.param
+    yield make
+    for q in opened:
+        q.close()
+
+
+@pytest.fixture
+def q(queue_factory):
+    return queue_factory(backoff=NOBACKOFF)
+
+
+def drain(q, n=1000):
+    out = []
+    while True:
+        jobs = q.lease(n)
+        if not jobs:
+            return out
+        for j in jobs:
+            q.ack(j)
+        out += jobs
+
+
+def test_priority_first_then_fifo(q):
+    q.enqueue("low-1", priority=-1)
+    q.enqueue_many(["mid-1", "mid-2"])
+    q.enqueue("high", priority=10)
+    q.enqueue("mid-3")
+    q.enqueue("low-2", priority=-1)
+    assert [j.payload for j in drain(q)] == ["high", "mid-1", "mid-2", "mid-3", "low-1", "low-2"]
+
+
+def test_extreme_priorities_order(q):
+    q.enqueue_many(["min"], priority=-(2**31))
+    q.enqueue_many(["max"], priority=2**31 - 1)
+    q.enqueue("zero")
+    assert [j.payload for j in drain(q, 1)] == ["max", "zero", "min"]
+
+
+def test_delayed_jobs_never_block_due_ones(q):
+    q.enqueue("later", delay=0.4)
+    q.enqueue("now")
+    assert q.lease_one().payload == "now"
+    assert q.lease_one() is None
+    st = q.stats()
+    assert (st.ready, st.delayed, st.leased) == (0, 1, 1)
+    t = time.time()
+    job = q.lease_one(wait=5)
+    assert job.payload == "later" and time.time() - t >= 0.2
+    assert job.available_at <= time.time() + 0.05
+
+
+def test_retries_then_dead_letter(queue_factory):
+    q = queue_factory(max_attempts=3, backoff=NOBACKOFF)
+    q.enqueue({"x": 1})
+    for attempt in (1, 2, 3):
+        job = q.lease_one()
+        assert job.attempts == attempt
+        after = q.nack(job, error=f"failure {attempt}")
+    assert after.state is JobState.DEAD
+    assert q.lease_one() is None
+    dead = q.dlq()
+    assert [d.last_error for d in dead] == ["failure 3"] and dead[0].attempts == 3
+    assert q.requeue_dead() == 1
+    again = q.lease_one()
+    assert again.attempts == 1 and again.id == dead[0].id and again.payload == {"x": 1}
+    q.ack(again)
+    assert q.dlq() == [] and q.get(again.id).state is JobState.DONE
+
+
+def test_requeue_one_dead_job_and_refusals(queue_factory):
+    q = queue_factory(max_attempts=1)
+    a, b = q.enqueue_many(["a", "b"])
+    for j in q.lease(2):
+        q.nack(j, error="no")
+    assert q.requeue_dead(a.id) == 1
+    with pytest.raises(NotLeasedError, match="dead-letter"):
+        q.requeue_dead(a.id)
+    with pytest.raises(JobNotFoundError):
+        q.requeue_dead("missing")
+    assert [j.id for j in q.dlq()] == [b.id] and q.lease_one().id == a.id
+
+
+def test_backoff_delay_is_stored_absolute(queue_factory):
+    q = queue_factory(backoff=BackoffPolicy(base=30, jitter=0))
+    q.enqueue("j")
+    job = q.nack(q.lease_one(), error="e")
+    assert job.state is JobState.READY and 29 < job.available_at - time.time() <= 30.5
+    q.close()
+    q2 = queue_factory()  # reopening never re-draws it
+    assert q2.get(job.id).available_at == job.available_at
+    assert q2.lease_one() is None and q2.stats().delayed == 1
+
+
+def test_backoff_with_jitter_stays_within_its_bounds(queue_factory):
+    q = queue_factory(backoff=BackoffPolicy(base=20, jitter=0.5))
+    q.enqueue_many(list(range(20)))
+    delays = [q.nack(j).available_at - time.time() for j in q.lease(20)]
+    assert all(9 <= d <= 20.5 for d in delays) and len({round(d, 2) for d in delays}) > 1
+
+
+def test_fencing_token_rejects_stale_holder(queue_factory):
+    q = queue_factory(visibility_timeout=0.2)
+    q.enqueue("x")
+    first = q.lease_one()
+    time.sleep(0.3)
+    second = q.lease_one()
+    assert second.lease_token == first.lease_token + 1 and second.attempts == 2
+    assert second.last_error.startswith("lease expired")
+    with pytest.raises(NotLeasedError, match="stale"):
+        q.ack(first)
+    with pytest.raises(NotLeasedError):
+        q.nack(first)
+    with pytest.raises(NotLeasedError):
+        q.extend(first, 10)
+    q.ack(second)
+    q.ack(second)  # acking twice is harmless
+    with pytest.raises(NotLeasedError):
+        q.nack(second)
+
+
+def test_ack_of_a_ready_job_is_refused(q):
+    job = q.enqueue("x")
+    with pytest.raises(NotLeasedError, match="not leased"):
+        q.ack(job.id)
+
+
+def test_ack_many_acks_what_it_can_then_raises(q):
+    q.enqueue_many(["a", "b", "c"])
+    a, b, c = q.lease(3)
+    q.ack(b)
+    q.ack_many([a, b, c])
+    assert q.stats().done == 3
+    d = q.enqueue("d")
+    with pytest.raises(NotLeasedError):
+        q.ack_many([d, q.enqueue("e").id])
+    q.ack_many([])
+
+
+def test_extend_pushes_the_deadline(queue_factory):
+    q = queue_factory(visibility_timeout=0.3)
+    q.enqueue("x")
+    job = q.lease_one()
+    ext = q.extend(job, 5)
+    assert ext.lease_deadline > job.lease_deadline + 4
+    time.sleep(0.4)
+    assert q.lease_one() is None
+    q.ack(job)
+
+
+def test_expired_lease_counts_as_an_attempt_and_can_dead_letter(queue_factory):
+    q = queue_factory(visibility_timeout=0.1, max_attempts=1)
+    q.enqueue("x")
+    q.lease_one()
+    time.sleep(0.35)
+    assert q.lease_one() is None
+    [dead] = q.dlq()
+    assert dead.attempts == 1 and "expired" in dead.last_error
+
+
+def test_blocking_lease_is_woken_by_an_expiry(queue_factory):
+    q = queue_factory(visibility_timeout=0.3)
+    q.enqueue("x")
+    q.lease_one()
+    again = q.lease_one(wait=10)
+    assert again is not None and again.attempts == 2
+
+
+JSON_VALUES = [
+    None,
+    True,
+    False,
+    0,
+    -1,
+    2**63,
+    1.5,
+    -0.0,
+    1e300,
+    "",
+    "héllo ✓ 🎉",
+    [],
+    {},
+    [1, [2, [3]]],
+    {"a": {"b": None, "c": [1.25, "x"]}},
+    "\u0000nul",
+]
+
+
+@pytest.mark.parametrize("value", JSON_VALUES, ids=range(len(JSON_VALUES)))
+def test_payload_round_trip_of_every_json_type(q, value):
+    q.enqueue(value)
+    got = q.lease_one().payload
+    assert got == value and type(got) is type(value)
+
+
+def test_bytes_and_arrays_round_trip_exactly(q):
+    q.enqueue(b"\x00\xffraw")
+    arrays = [
+        np.arange(12, dtype=">i4").reshape(3, 4),
+        np.array([1.5, np.nan], dtype="<f8"),
+        np.zeros((0, 3), "u1"),
+        np.array(7, dtype=np.complex64),
+        np.array([b"ab", b"c"], dtype="S2"),
+    ]
+    for a in arrays:
+        q.enqueue(a)
+    assert q.lease_one().payload == b"\x00\xffraw"
+    for a in arrays:
+        got = q.lease_one().payload
+        assert got.dtype == a.dtype and got.shape == a.shape
+        assert np.array_equal(got, a, equal_nan=a.dtype.kind == "f")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        object(),
+        {1, 2},
+        float("nan"),
+        math.inf,
+        {"k": b"bytes inside json"},
+        "\ud800 lone surrogate",
+        np.array([object()]),
+    ],
+)
+def test_unserialisable_payload_writes_nothing_and_queue_stays_usable(q, bad):
+    q.enqueue("before")
+    with pytest.raises(SerializationError):
+        q.enqueue_many(["fine", bad])
+    assert q.stats().total == 1
+    q.enqueue("after")
+    assert [j.payload for j in drain(q)] == ["before", "after"]
+
+
+def test_idempotent_job_ids(q):
+    a = q.enqueue("first", job_id="order-42")
+    b = q.enqueue("second", job_id="order-42")
+    assert a.id == b.id == "order-42" and b.payload == "first"
+    jobs = q.enqueue_many(["x", "y", "z"], job_ids=["k1", "order-42", "k1"])
+    assert [j.payload for j in jobs] == ["x", "first", "x"]
+    assert q.stats().total == 2
+    assert q.get("k1").payload == "x"
+
+
+def test_idempotent_ids_hold_across_reopen(queue_factory):
+    queue_factory().enqueue("v1", job_id="same")
+    q = queue_factory()
+    assert q.enqueue("v2", job_id="same").payload == "v1"
+    assert len(q) == 1
+
+
+def test_get_list_and_unknown_ids(q):
+    jobs = q.enqueue_many(["a", "b", "c"])
+    assert q.get(jobs[1].id).payload == "b"
+    with pytest.raises(JobNotFoundError, match="nope"):
+        q.get("nope")
+    with pytest.raises(JobNotFoundError):
+        q.get("00000000000000ff")
+    leased = q.lease_one()
+    assert [j.payload for j in q.list_jobs(JobState.LEASED)] == [leased.payload]
+    assert [j.payload for j in q.list_jobs("ready", limit=1)] == ["b"]
+    assert [j.seq for j in q.list_jobs()] == sorted(j.seq for j in jobs)
+    assert q.get(leased.id).to_dict()["state"] == "leased"
+
+
+def test_purge_removes_everything(q):
+    q.enqueue_many(list(range(10)))
+    q.enqueue("later", delay=100)
+    q.lease(3)
+    assert q.purge() == 11
+    assert q.stats().total == 0 and q.lease_one() is None
+    q.enqueue("fresh")
+    assert q.lease_one().payload == "fresh"
+
+
+def test_close_is_idempotent_and_use_after_close_raises(queue_factory):
+    q = queue_factory()
+    q.enqueue(1)
+    q.close()
+    q.close()
+    for call in (lambda: q.enqueue(1), lambda: q.lease(), q.stats, lambda: q.ack("x")):
+        with pytest.raises(QueueClosedError):
+            call()
+
+
+def test_bad_arguments_are_value_errors(q, queue_factory):
+    for call in (
+        lambda: q.enqueue(1, delay=-1),
+        lambda: q.enqueue(1, max_attempts=0),
+        lambda: q.lease(0),
+        lambda: q.enqueue(1, priority=2**40),
+        lambda: q.enqueue_many([1], job_ids=["a", "b"]),
+        lambda: q.enqueue(1, job_id=""),
+        lambda: q.extend("x", 0),
+        lambda: q.lease(visibility_timeout=0),
+    ):
+        with pytest.raises(ValueError):
+            call()
+    with pytest.raises(ValueError):
+        queue_factory(name="bad/name")
+
+
+def test_stats_counts_every_state(queue_factory):
+    q = queue_factory(max_attempts=1)
+    q.enqueue_many(["a", "b", "c", "d"])
+    q.enqueue("later", delay=60)
+    a, b, c = q.lease(3)
+    q.ack(a)
+    q.nack(b)
+    st = q.stats()
+    assert (st.ready, st.delayed, st.leased, st.done, st.dead, st.total) == (1, 1, 1, 1, 1, 5)
+    assert len(q) == 5
+
+
+def test_the_worker_runs_on_every_backend(queue_factory):
+    q = queue_factory(visibility_timeout=5)
+    q.enqueue_many(list(range(20)))
+    seen = []
+    stats = ringq.Worker(
+        q,
+        lambda job: seen.append(job.payload),
+        concurrency=3,
+        idle_timeout=0.3,
+        handle_signals=False,
+    ).run()
+    assert sorted(seen) == list(range(20)) and stats.succeeded == 20 and q.stats().done == 20

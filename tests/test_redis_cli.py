@@ -1,0 +1,107 @@
+"""The command line on a Redis queue (--url) and ``ringq migrate`` between the two backends."""
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from procs import child_env
+
+import ringq
+from ringq import JobState
+
+
+def cli(*args, rc=0):
+    proc = subprocess.run(
+        [sys.executable, "-m", "ringq", *args],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
+    assert proc.returncode == rc, proc.stdout + proc.stderr
+    return proc
+
+
+def test_commands_take_url_where_they_take_dir(redis_url):
+    name = f"t{uuid.uuid4().hex[:12]}"
+    common = ["--url", redis_url, "--queue", name, "--json"]
+    [job] = json.loads(cli(*common, "enqueue", '{"to": "ada"}', "--priority", "3").stdout)
+    [leased] = json.loads(cli("lease", *common).stdout)
+    assert leased["id"] == job["id"] and leased["payload"] == {"to": "ada"}
+    cli("ack", leased["id"], "--token", str(leased["lease_token"]), *common)
+    assert json.loads(cli("stats", *common).stdout)["done"] == 1
+    assert [j["state"] for j in json.loads(cli("list", *common).stdout)] == ["done"]
+    err = cli("verify", *common, rc=2).stderr
+    assert "does not apply to --url" in err and len(err.splitlines()) == 1
+
+
+def make_local(path):
+    q = ringq.Queue(path, max_attempts=2, backoff=ringq.BackoffPolicy(base=0, jitter=0))
+    q.enqueue_many(["a", "b"], priority=4)
+    q.enqueue("later", delay=600, job_id="later")
+    q.enqueue("dies", job_id="dies")
+    q.enqueue("keyed", job_id="order-1", priority=-2)
+    for job in q.lease(10):
+        q.nack(job, error=f"failed {job.payload}", delay=300 if job.payload == "a" else 0)
+    q.nack(q.lease_one(), error="second failure")  # "b" again: dead after two attempts
+    return q
+
+
+def snapshot(q):
+    """What a migration keeps.  A due time in the past is kept as "due" (it may become the time of
+    the copy: still due, never later than a job enqueued after it)."""
+    now = time.time()
+    return {
+        j.id: (
+            j.payload,
+            j.priority,
+            j.attempts,
+            j.max_attempts,
+            j.state,
+            j.last_error,
+            None
+            if j.state is JobState.DEAD
+            else round(j.available_at, 2)
+            if j.available_at > now
+            else "due",
+        )
+        for j in q.list_jobs()
+        if j.state in (JobState.READY, JobState.DEAD)
+    }
+
+
+def test_migrate_local_to_redis_and_back_keeps_jobs_and_reruns_add_nothing(redis_url, tmp_path):
+    src = make_local(str(tmp_path / "src"))
+    before = snapshot(src)
+    assert any(s[4] is JobState.DEAD for s in before.values()) and len(before) == 5
+    name = "default"
+    url = (
+        redis_url.rsplit("/", 1)[0] + "/3"
+    )  # a database of its own: the CLI uses the default queue name
+    dst = ringq.connect(url, name)
+    dst.purge()
+    dst.import_jobs(src.list_jobs(JobState.READY)[:2])  # as if a first run was killed midway
+    out = json.loads(cli("--json", "migrate", str(tmp_path / "src"), url).stdout)
+    assert out == {"copied": 3, "present": 2, "leased_skipped": 0, "purged": 0}
+    assert snapshot(dst) == before
+    assert json.loads(cli("--json", "migrate", str(tmp_path / "src"), url).stdout)["copied"] == 0
+    out = json.loads(cli("--json", "migrate", url, str(tmp_path / "back"), "--purge-source").stdout)
+    assert out["copied"] == 5 and out["purged"] == 5 and len(dst) == 0
+    back = ringq.Queue(str(tmp_path / "back"))
+    assert snapshot(back) == before
+    assert (
+        back.lease_one().id
+        == [j for j in src.list_jobs(JobState.READY) if j.available_at <= time.time()][0].id
+    )
+
+
+def test_migrate_refuses_a_missing_source_in_one_line(tmp_path):
+    err = cli("migrate", str(tmp_path / "nope"), str(tmp_path / "dst"), rc=2).stderr
+    assert "no queue directory" in err and len(err.splitlines()) == 1
+
+
+if __name__ == "__main__":
+    pytest.main([__file__])

@@ -15,10 +15,14 @@ The API keeps the names of the ``nobroker`` package; ``ringq.aio`` offers an asy
 
 from .backoff import BackoffPolicy
 from .errors import (
+    CompactionError,
     CorruptionError,
+    CorruptLogError,
+    ForeignQueueError,
     FormatVersionError,
     JobNotFoundError,
     LockTimeoutError,
+    NobrokerError,
     NotLeasedError,
     QueueClosedError,
     QueueFullError,
@@ -28,7 +32,7 @@ from .errors import (
     UnsupportedFilesystemError,
 )
 from .job import Job, JobState
-from .queue import Queue, QueueStats
+from .queue import CompactionResult, Queue, QueueStats
 from .ring import RecoveryReport
 from .worker import Worker, WorkerStats
 
@@ -36,12 +40,17 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BackoffPolicy",
+    "CompactionError",
+    "CompactionResult",
+    "CorruptLogError",
     "CorruptionError",
+    "ForeignQueueError",
     "FormatVersionError",
     "Job",
     "JobNotFoundError",
     "JobState",
     "LockTimeoutError",
+    "NobrokerError",
     "NotLeasedError",
     "Queue",
     "QueueClosedError",

@@ -116,7 +116,7 @@ def _warn_damage(report: Any) -> None:
               file=sys.stderr)
     for path, slot, reason in report.corrupt_records:
         print(f"ringq: warning: {path} slot {slot}: {reason}; the record is quarantined (BAD)", file=sys.stderr)
-    for path, what in report.repaired:
+    for path, what in report.repairs:
         print(f"ringq: warning: repaired {path}: {what}", file=sys.stderr)
 
 

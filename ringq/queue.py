@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import heapq
 import os
+import pathlib
 import random
 import re
 import threading
@@ -44,6 +45,7 @@ from . import codec
 from ._native import ffi, lib
 from .backoff import BackoffPolicy
 from .errors import (
+    CompactionError,
     CorruptionError,
     JobNotFoundError,
     NotLeasedError,
@@ -83,7 +85,7 @@ from .segment import (
     Segment,
 )
 
-__all__ = ["Queue", "QueueStats", "DEFAULT_VISIBILITY_TIMEOUT", "DEFAULT_MAX_ATTEMPTS"]
+__all__ = ["CompactionResult", "Queue", "QueueStats", "DEFAULT_VISIBILITY_TIMEOUT", "DEFAULT_MAX_ATTEMPTS"]
 
 DEFAULT_VISIBILITY_TIMEOUT = 30.0
 DEFAULT_MAX_ATTEMPTS = 5
@@ -118,6 +120,31 @@ class QueueStats:
 
     def to_dict(self) -> dict[str, int]:
         return {f: getattr(self, f) for f in self.__slots__}
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionResult:
+    """What :meth:`Queue.compact` gave back (nobroker's type, same fields).
+
+    ``bytes_before``/``bytes_after``: bytes of the queue's segment files; ``jobs_kept``: unfinished
+    jobs (ready, delayed, leased, dead); ``jobs_dropped``: finished jobs whose records went with
+    their segments.
+    """
+
+    bytes_before: int
+    bytes_after: int
+    jobs_kept: int
+    jobs_dropped: int
+
+    @property
+    def bytes_reclaimed(self) -> int:
+        return self.bytes_before - self.bytes_after
+
+    def describe(self) -> str:
+        """One line for people: ``compacted B -> A bytes (P% reclaimed), kept K jobs, dropped D completed``."""
+        pct = 100.0 * self.bytes_reclaimed / self.bytes_before if self.bytes_before else 0.0
+        return (f"compacted {self.bytes_before} -> {self.bytes_after} bytes ({pct:.1f}% reclaimed), "
+                f"kept {self.jobs_kept} jobs, dropped {self.jobs_dropped} completed")
 
 
 class _Grow:
@@ -241,7 +268,8 @@ class Queue:
         if not 0 < visibility_timeout < TIME_MAX / 1000:
             raise ValueError(f"visibility_timeout must be > 0 seconds, got {visibility_timeout!r}")
         self._check_attempts(max_attempts)
-        self.path = os.fspath(path)
+        self.path = pathlib.Path(path)  # the queue directory (nobroker: its log file; ringq has none)
+        self.dir = self.path
         self.name = name
         self.visibility_timeout = float(visibility_timeout)
         self.max_attempts = max_attempts
@@ -779,9 +807,10 @@ class Queue:
             available_at=when if st == ST_READY else info.available_ms / 1000,
             enqueued_at=info.enqueued_us / 1e6,
             lease_deadline=when if st == ST_LEASED else None,
-            lease_token=lc or None,
+            lease_token=str(lc) if lc else None,
             last_error=self._last_error(seg, slot, why, lc, st, info.attempts_before),
             seq=info.seq,
+            version=2 * lc - (st == ST_LEASED),
             _loc=(segseq, slot),
         )
 
@@ -979,30 +1008,47 @@ class Queue:
 
     def _word_for(self, job: Job | str, op: str) -> tuple[_View, int, int, str, int | None]:
         view, slot, job_id = self._locate(job)
-        token = job.lease_token if isinstance(job, Job) else None
+        token = _token_number(job.lease_token) if isinstance(job, Job) else None
         seg = view.seg
         w = seg.load64(seg.state_off_of(slot))
         return view, slot, w, job_id, token
 
     def _require_lease(self, w: int, job_id: str, token: int | None, op: str) -> None:
-        st = w & 7
-        if st != ST_LEASED:
-            name = {ST_READY: "ready", ST_DONE: "done", ST_DEAD: "dead", ST_GONE: "purged", ST_BAD: "corrupt"}.get(st, "?")
-            why = (w >> 3) & 3
-            if st == ST_READY and (w >> 6) & LC_MASK == 0:
+        """Raise NotLeasedError saying what happened unless ``w`` is a lease held with ``token``."""
+        st, why, lc = w & 7, (w >> 3) & 3, (w >> 6) & LC_MASK
+        name = {ST_READY: "ready", ST_LEASED: "leased", ST_DONE: "done", ST_DEAD: "dead-lettered",
+                ST_GONE: "purged", ST_BAD: "quarantined as damaged"}.get(st, "not a job")
+        if token is not None and token != lc:
+            if token < 0 or token > lc:
+                latest = "it was never leased" if lc == 0 else f"its latest token is {lc}"
+                given = "the fencing token given" if token < 0 else f"fencing token {token}"
+                raise NotLeasedError(
+                    f"cannot {op} job {job_id!r}: {given} was never issued for it ({latest}; it is {name})"
+                )
+            raise NotLeasedError(
+                f"cannot {op} job {job_id!r}: fencing token {token} is stale: the job was leased again since "
+                f"(latest token {lc}) and is now {name}"
+            )
+        if st == ST_LEASED:
+            return
+        if st == ST_READY:
+            if lc == 0:
                 cause = "it was never leased"
             elif why == WHY_EXPIRED:
-                cause = "its last lease expired (visibility timeout)"
+                cause = "its lease expired (visibility timeout passed) and it waits to be leased again"
             elif why == WHY_DIED:
-                cause = "its last lease holder was declared dead"
+                cause = "its lease holder's process died and it waits to be leased again"
             else:
-                cause = "it was already acked, nacked or purged"
-            raise NotLeasedError(f"cannot {op} job {job_id!r}: it is {name}, not leased ({cause})")
-        if token is not None and (w >> 6) & LC_MASK != token:
-            raise NotLeasedError(
-                f"cannot {op} job {job_id!r}: fencing token {token} is stale; the job was leased again "
-                f"(token {(w >> 6) & LC_MASK})"
-            )
+                cause = "it was nacked and waits for its retry"
+        elif st == ST_DONE:
+            cause = "it was already acked"
+        elif st == ST_DEAD:
+            cause = "it used up its attempts and is in the dead-letter queue"
+        elif st == ST_GONE:
+            cause = "it was purged"
+        else:
+            cause = "its record failed validation"
+        raise NotLeasedError(f"cannot {op} job {job_id!r}: it is {name}, not leased ({cause})")
 
     def ack(self, job: Job | str) -> None:
         """Mark a leased job done.  Acking it again (same token, or by bare id) is harmless.
@@ -1197,18 +1243,34 @@ class Queue:
         return rows
 
     def list_jobs(self, state: JobState | str | None = None, *, limit: int | None = None) -> list[Job]:
-        """Retained jobs in enqueue order, optionally only those in ``state``, at most ``limit``."""
+        """Retained jobs in enqueue order, optionally only those in ``state``, at most ``limit``.
+
+        ``state`` is a :class:`JobState` (or its value) or ``"delayed"``: READY jobs not yet due
+        (``"ready"`` includes them, as in nobroker).  ``limit=None`` means all.  Raises ValueError
+        for an unknown state or a negative limit.
+        """
         self._live()
         want = {ST_READY, ST_LEASED, ST_DONE, ST_DEAD}
-        if state is not None:
-            js = JobState(state)
+        delayed = state == "delayed"
+        if delayed:
+            want = {ST_READY}
+        elif state is not None:
+            try:
+                js = JobState(state)
+            except ValueError:
+                raise ValueError(f"state must be one of {[s.value for s in JobState] + ['delayed']}, got {state!r}") from None
             want = {k for k, v in STATE_OF.items() if v is js}
+        if limit is not None and (not isinstance(limit, int) or limit < 0):
+            raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
         with self._lock:
             self._refresh()
+            now = _now_ms()
             out = []
             for _seq, view, slot, word in self._heads(want):
                 if limit is not None and len(out) >= limit:
                     break
+                if delayed and view.seg.epoch_ms + (word >> TIME_SHIFT) <= now:
+                    continue
                 try:
                     out.append(self._job_at(view.seg.seq, slot, word))
                 except (CorruptionError, SerializationError):
@@ -1278,6 +1340,53 @@ class Queue:
             self._refresh()
             return n
 
+    def compact(self) -> CompactionResult:
+        """Give back disk space now: retire every finished segment and relocate stragglers.
+
+        nobroker rewrites its log without finished jobs; ringq never rewrites a segment.  Instead
+        every sealed segment whose jobs are all finished is unlinked, and sealed segments kept
+        alive only by a few dead-lettered or long-delayed jobs have those jobs re-appended at the
+        tail first (the rule of straggler relocation: see docs/design-notes.md), then retired.
+        The tail segment is never retired, and finished jobs in segments that still hold live
+        jobs stay (``get`` finds them) until those segments retire.
+
+        Returns:
+            A :class:`CompactionResult`: segment bytes before and after, jobs kept (unfinished:
+            ready, delayed, leased, dead) and finished jobs dropped.
+        Raises:
+            QueueClosedError; CompactionError if a segment could not be unlinked (the jobs are
+            untouched: a segment is unlinked only once none of its jobs is live).
+        """
+        self._live()
+        with self._lock:
+            self._refresh()
+            before_bytes, before = self._segment_bytes(), self.stats()
+            try:
+                for view in list(self._views.values()):
+                    if view.sealed:
+                        self._maybe_relocate(view)
+                self._ring.retire_finished(thorough=True)
+                self._refresh()
+            except OSError as exc:
+                raise CompactionError(f"compacting queue {self.name!r} in {self.path}: {exc}; no job was moved "
+                                      "or lost") from exc
+            after = self.stats()
+            return CompactionResult(
+                bytes_before=before_bytes,
+                bytes_after=self._segment_bytes(),
+                jobs_kept=after.total - after.done,
+                jobs_dropped=max(0, before.done - after.done),
+            )
+
+    def _segment_bytes(self) -> int:
+        total = 0
+        for seg in self._ring.all_segments():
+            try:
+                total += os.path.getsize(seg.path)
+            except OSError:
+                pass  # retired meanwhile by another process
+        return total
+
     def stats(self) -> QueueStats:
         """Counts by state, computed with vectorised numpy over the mapped state tables."""
         self._live()
@@ -1304,7 +1413,17 @@ class Queue:
         return self.stats().total
 
     def __repr__(self) -> str:
-        return f"Queue({self.path!r}, name={self.name!r}, durability={self.durability!r})"
+        return f"Queue({str(self.path)!r}, name={self.name!r}, durability={self.durability!r})"
+
+
+def _token_number(token: object) -> int | None:
+    """A fencing token as the lease count it stands for; -1 for text that no lease ever issued."""
+    if token is None:
+        return None
+    if isinstance(token, int) and not isinstance(token, bool):
+        return token
+    text = str(token)
+    return int(text) if text.isdigit() and len(text) < 12 else -1
 
 
 def _valid_text(s: str) -> bool:

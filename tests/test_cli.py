@@ -111,7 +111,7 @@ def test_lease_then_ack_from_another_process(tmp_path):
     ringq(q, "enqueue", "b")
     leased = as_json(q, "lease", "--count", "5", "--visibility-timeout", "60")
     assert [j["payload"] for j in leased] == ["a", "b"]
-    assert all(j["state"] == "leased" and j["lease_token"] == 1 and j["lease_deadline"] for j in leased)
+    assert all(j["state"] == "leased" and j["lease_token"] == "1" and j["lease_deadline"] for j in leased)
     # The leasing process has exited, yet its leases hold (detached) until acked or expired.
     assert as_json(q, "stats")["leased"] == 2
     assert as_json(q, "lease") == []
@@ -167,7 +167,7 @@ def test_stale_token_and_not_leased_are_one_line_errors(tmp_path):
     ringq(q, "lease", "--visibility-timeout", "0.2")
     time.sleep(0.3)
     [again] = as_json(q, "lease")
-    assert again["lease_token"] == 2
+    assert again["lease_token"] == "2"
     err = one_line_error(ringq(q, "nack", j["id"], "--token", "1", rc=None))
     assert "stale" in err
     ringq(q, "ack", j["id"], "--token", "2")

@@ -173,7 +173,8 @@ class Queue:
             between 0.05 and 60).
 
     Raises:
-        ValueError: a bad name or setting.
+        ValueError: a bad name or setting.  ringq.ForeignQueueError: ``path`` is a SQLite database
+        file (errand keeps its queue in one); the message says to choose a directory path instead.
     """
 
     def __init__(
@@ -201,6 +202,9 @@ class Queue:
         if not isinstance(max_attempts, int) or not 1 <= max_attempts < ENGINE_MAX_ATTEMPTS:
             raise ValueError(f"max_attempts must be an int in [1, {ENGINE_MAX_ATTEMPTS - 1}], got {max_attempts!r}")
         self.path = os.fspath(path)
+        from .migrate import check_not_foreign
+
+        check_not_foreign(self.path, "")  # an errand SQLite file at `path`: say so now, not at open
         self.name = name
         self.visibility_timeout = float(visibility_timeout)
         self.keep_seconds = keep_seconds

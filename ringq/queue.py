@@ -237,11 +237,15 @@ class Queue:
         slot_count: slots per segment for a new queue (default 16384; 4 MiB of slots).
         mode: permission bits of files created (default 0o600; directories get matching x bits).
         allow_network_fs: allow NFS/SMB (refused by default: flock does not work across hosts).
+        allow_foreign: create the queue even where another library's queue of the same name lives
+            (a nobroker log ``<name>.NNNNNN.log``); refused by default with ForeignQueueError,
+            whose message says to run ``ringq import-nobroker DIR``.
 
     Raises:
         ValueError: invalid name or settings.  OSError: directory not creatable/writable (the
         message names the path).  CorruptionError / FormatVersionError: unusable files.
-        UnsupportedFilesystemError: network file system.
+        UnsupportedFilesystemError: network file system.  ForeignQueueError: ``path`` is an
+        errand SQLite file, or holds a nobroker queue named ``name`` and no ringq one.
     """
 
     def __init__(
@@ -262,7 +266,12 @@ class Queue:
         slot_count: int = DEFAULT_SLOT_COUNT,
         mode: int = 0o600,
         allow_network_fs: bool = False,
+        allow_foreign: bool = False,
     ) -> None:
+        if not allow_foreign and not os.path.exists(os.path.join(path, f"{name}.ctl")):
+            from .migrate import check_not_foreign
+
+            check_not_foreign(path, name)  # before anything is created: never an empty queue beside old jobs
         if durability is None:
             durability = "msync" if fsync else "none"
         if not 0 < visibility_timeout < TIME_MAX / 1000:
@@ -449,6 +458,54 @@ class Queue:
                 else:
                     out.append(self._job_at(*r))
             return out
+
+    def import_jobs(self, jobs: Sequence[Job]) -> list[bool]:
+        """Store jobs brought from elsewhere (another queue's snapshot), keeping their state.
+
+        Each job keeps its ``id``, ``payload``, ``priority``, ``attempts``, ``max_attempts``,
+        ``last_error`` and ``available_at`` (an absolute time: a past one is due at once); a DEAD job is stored in the
+        dead-letter queue, any other state as READY.  Ids make it idempotent: a job whose id is
+        retained is not written again, so an import killed midway can simply be rerun.  All of it is
+        one append under the writer lock (one durability sync); every payload is encoded first.
+
+        Returns:
+            Per job, True if it was written, False if its id was already retained.
+        Raises:
+            SerializationError (nothing written), ValueError (an empty id, attempts out of range),
+            RecordTooLargeError, QueueFullError, QueueClosedError.
+        """
+        self._live()
+        recs, ids = [], []
+        for job in jobs:
+            if not isinstance(job.id, str) or not job.id or not _valid_text(job.id):
+                raise ValueError(f"job ids must be non-empty Unicode strings, got {job.id!r}")
+            self._check_attempts(job.max_attempts)
+            kind, data = codec.encode(job.payload)
+            dead = job.state is JobState.DEAD
+            at_ms = _now_ms() if dead else int(job.available_at * 1000)
+            recs.append(NewRecord(data, kind, job.id.encode(), int(job.priority), 0, job.max_attempts,
+                                  min(max(int(job.attempts), 0), MAX_ATTEMPTS_LIMIT),
+                                  state=ST_DEAD if dead else ST_READY, at_ms=at_ms))
+            ids.append(job.id)
+        bufs = [self._ring.build(r) for r in recs]
+        with self._lock, self._ring.locked():
+            self._refresh()
+            todo, todo_bufs, errs, written, seen = [], [], [], [], set()
+            for job, jid, rec, buf in zip(jobs, ids, recs, bufs):
+                fresh = jid not in seen and self._find(jid) is None
+                seen.add(jid)
+                written.append(fresh)
+                if fresh:
+                    todo.append(rec)
+                    todo_bufs.append(buf)
+                    errs.append(job.last_error)
+            placed = self._ring.append(todo, todo_bufs) if todo else []
+            for p, err in zip(placed, errs):
+                nseg = self._ring.segment(p[0])
+                if err and nseg is not None:
+                    self._ring.write_error(nseg, p[1], 0, str(err))
+            self._refresh()
+            return written
 
     def _fresh_job(self, rec: NewRecord, placed: tuple, payload: Any) -> Job:
         segseq, slot, seq, enq_us, avail_ms = placed

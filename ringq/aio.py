@@ -316,6 +316,10 @@ class Queue:
                             asyncio.create_task(self._retention(), name="ringq.aio retention")]
             for h in self._handlers.values():
                 self._serve(h)
+            # Lease what a previous process left unfinished now, not when a waiter thread gets
+            # round to it: the reruns then start on the loop's next iteration, as errand's do.
+            for kind in list(self._handlers):
+                self._pump(kind)
         except BaseException:
             await self.aclose()
             raise
@@ -479,6 +483,14 @@ class Queue:
                 continue
             if ej.state in (JobState.READY, JobState.LEASED):
                 return self._unfinished(ej, q)
+            if ej.state is JobState.DEAD:
+                # Only a record created outside aio (its own max_attempts) can be dead-lettered by
+                # the engine: its runs were lost (killed, closed) that many times.  It has failed.
+                kind, payload = self._decode(ej, q)
+                return Job(id=ej.id, kind=kind, payload=payload, status=Status.FAILED, result=None,
+                           error=(f"GaveUp: started {ej.attempts} times without finishing (the record allowed "
+                                  f"max_attempts={ej.max_attempts}); last: {ej.last_error}"),
+                           created_at=_utc(ej.enqueued_at), finished_at=None, attempts=ej.attempts)
             # DONE: its result was written first; read again (it may have been written just now).
             return self._result(job_id) or _PRUNED
         return None

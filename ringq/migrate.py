@@ -27,7 +27,6 @@ import os
 import re
 import struct
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +114,8 @@ def check_not_foreign(path: str | os.PathLike[str], name: str | None = None) -> 
 
 def _records(data: bytes) -> tuple[list[tuple[int, dict[str, Any]]], str | None]:
     """Decode records after the file header; returns (records, why reading stopped early or None)."""
+    import zlib  # here, not at module level: Queue() imports this module, and needs no zlib to open
+
     out = []
     off = _FILE_HEADER.size
     while off < len(data):

@@ -18,10 +18,14 @@ from .connect import connect
 from .errors import (
     BackendError,
     ConnectionLostError,
+    CompactionError,
     CorruptionError,
+    CorruptLogError,
+    ForeignQueueError,
     FormatVersionError,
     JobNotFoundError,
     LockTimeoutError,
+    NobrokerError,
     NotLeasedError,
     QueueClosedError,
     QueueFullError,
@@ -32,7 +36,7 @@ from .errors import (
     UnsupportedFilesystemError,
 )
 from .job import Job, JobState
-from .queue import Queue, QueueStats
+from .queue import CompactionResult, Queue, QueueStats
 from .ring import RecoveryReport
 from .worker import Worker, WorkerStats
 
@@ -42,12 +46,17 @@ __all__ = [
     "BackendError",
     "BackoffPolicy",
     "ConnectionLostError",
+    "CompactionError",
+    "CompactionResult",
+    "CorruptLogError",
     "CorruptionError",
+    "ForeignQueueError",
     "FormatVersionError",
     "Job",
     "JobNotFoundError",
     "JobState",
     "LockTimeoutError",
+    "NobrokerError",
     "NotLeasedError",
     "Queue",
     "QueueClosedError",

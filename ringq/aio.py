@@ -173,7 +173,8 @@ class Queue:
             between 0.05 and 60).
 
     Raises:
-        ValueError: a bad name or setting.
+        ValueError: a bad name or setting.  ringq.ForeignQueueError: ``path`` is a SQLite database
+        file (errand keeps its queue in one); the message says to choose a directory path instead.
     """
 
     def __init__(
@@ -201,6 +202,9 @@ class Queue:
         if not isinstance(max_attempts, int) or not 1 <= max_attempts < ENGINE_MAX_ATTEMPTS:
             raise ValueError(f"max_attempts must be an int in [1, {ENGINE_MAX_ATTEMPTS - 1}], got {max_attempts!r}")
         self.path = os.fspath(path)
+        from .foreign import check_not_foreign
+
+        check_not_foreign(self.path, "")  # an errand SQLite file at `path`: say so now, not at open
         self.name = name
         self.visibility_timeout = float(visibility_timeout)
         self.keep_seconds = keep_seconds
@@ -312,6 +316,10 @@ class Queue:
                             asyncio.create_task(self._retention(), name="ringq.aio retention")]
             for h in self._handlers.values():
                 self._serve(h)
+            # Lease what a previous process left unfinished now, not when a waiter thread gets
+            # round to it: the reruns then start on the loop's next iteration, as errand's do.
+            for kind in list(self._handlers):
+                self._pump(kind)
         except BaseException:
             await self.aclose()
             raise
@@ -475,6 +483,14 @@ class Queue:
                 continue
             if ej.state in (JobState.READY, JobState.LEASED):
                 return self._unfinished(ej, q)
+            if ej.state is JobState.DEAD:
+                # Only a record created outside aio (its own max_attempts) can be dead-lettered by
+                # the engine: its runs were lost (killed, closed) that many times.  It has failed.
+                kind, payload = self._decode(ej, q)
+                return Job(id=ej.id, kind=kind, payload=payload, status=Status.FAILED, result=None,
+                           error=(f"GaveUp: started {ej.attempts} times without finishing (the record allowed "
+                                  f"max_attempts={ej.max_attempts}); last: {ej.last_error}"),
+                           created_at=_utc(ej.enqueued_at), finished_at=None, attempts=ej.attempts)
             # DONE: its result was written first; read again (it may have been written just now).
             return self._result(job_id) or _PRUNED
         return None

@@ -1,17 +1,20 @@
 """The ``ringq`` command line.  ``ringq --help`` lists the subcommands; docs/cli.md shows each one.
 
-Global options (``--dir``, default ``./.ringq``; ``--queue``, default ``default``; ``--json``) may be
-given before or after the subcommand.  With ``--json`` every command prints one JSON document on
+Global options (``-d/--dir``, default ``./.ringq``; ``-q/--queue``, default ``default``; ``--json``;
+``-v/--verbose``) may be given before or after the subcommand.  The options and subcommands of
+``nobroker``'s command line work unchanged (docs/migration.md).  With ``--json`` every command prints one JSON document on
 stdout (``top`` prints one per refresh) and errors are a one-line JSON object on stderr.
 
 Which commands create a queue: only ``enqueue`` and ``work`` (a worker may start before its
 producers).  Every other command needs an existing queue and says so in one line instead of
 creating an empty one; ``inspect`` and ``verify`` never write to the queue's files at all.
 
-Exit status: 0 success; 1 ``verify`` found damage; 2 an error (bad arguments, bad handler path,
-unknown job id, malformed JSON, missing queue, a job that is not leased, ...), reported as one line
-on stderr, never a traceback (set ``RINGQ_DEBUG=1`` to see one); 130 interrupted (a second Ctrl-C
-while ``work`` drains).
+Exit status (as nobroker's): 0 success; 1 the command failed (unknown job id, a job that is not
+leased, a missing queue, an I/O error, a nobroker directory to import, ...) or ``verify`` found
+damage; 2 a usage mistake (bad arguments or option values, malformed JSON, bad handler path; no
+command prints the usage); 130 interrupted (a second Ctrl-C while ``work`` drains).  Errors are one
+line on stderr, never a traceback (set ``RINGQ_DEBUG=1`` to see one).  :func:`main` returns the
+status rather than exiting, so it can be called in-process.
 """
 
 from __future__ import annotations
@@ -37,7 +40,11 @@ ALL = object()  # ``dlq --requeue`` without an id
 
 
 class UserError(Exception):
-    """A mistake the user can fix; printed as one line, exit status 2."""
+    """A mistake the user can fix; printed as one line, exit status ``status`` (2: usage)."""
+
+    def __init__(self, message: str, status: int = 2) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 # -- output helpers ------------------------------------------------------------------------------------
@@ -104,7 +111,8 @@ def _open(args: argparse.Namespace, *, create: bool = False, **kw: Any):
         return connect(args.url, args.queue, **kw)
     if not create and not queue_exists(args.dir, args.queue):
         where = "no such directory" if not os.path.isdir(args.dir) else "nothing was ever enqueued there"
-        raise UserError(f"no queue {args.queue!r} in {args.dir} ({where}); check --dir and --queue")
+        _refuse_foreign(args.dir)
+        raise UserError(f"no queue {args.queue!r} in {args.dir} ({where}); check --dir and --queue", status=1)
     q = Queue(args.dir, args.queue, **kw)
     _warn_damage(q.recovery)
     return q
@@ -119,7 +127,7 @@ def _warn_damage(report: Any) -> None:
               file=sys.stderr)
     for path, slot, reason in report.corrupt_records:
         print(f"ringq: warning: {path} slot {slot}: {reason}; the record is quarantined (BAD)", file=sys.stderr)
-    for path, what in report.repaired:
+    for path, what in report.repairs:
         print(f"ringq: warning: repaired {path}: {what}", file=sys.stderr)
 
 
@@ -135,12 +143,19 @@ def _payload(text: str, force_text: bool, where: str = "payload") -> Any:
         return text
 
 
+def _refuse_foreign(path: str) -> None:
+    """Raise ForeignQueueError if ``path`` holds another library's queue instead of a ringq one."""
+    from .foreign import check_not_foreign
+
+    check_not_foreign(path)
+
+
 def _with_token(q: Any, job_id: str, token: int | None) -> Job | str:
     """The bare id (no fencing check) or, with --token, a Job carrying the token to check."""
     if token is None:
         return job_id
     job = q.get(job_id)
-    job.lease_token = token
+    job.lease_token = str(token)
     return job
 
 
@@ -183,7 +198,8 @@ def cmd_ack(args: argparse.Namespace) -> int:
     with _open(args) as q:
         for job_id in args.ids:
             q.ack(_with_token(q, job_id, args.token))
-    _emit(args, {"acked": args.ids}, "\n".join(f"acked {i}" for i in args.ids))
+    # One id prints {"acked": id}, as nobroker does; several print the list.
+    _emit(args, {"acked": args.ids[0] if len(args.ids) == 1 else args.ids}, "\n".join(f"acked {i}" for i in args.ids))
     return 0
 
 
@@ -225,18 +241,17 @@ def _job_rows(jobs: list[Job]) -> str:
 
 
 def _check_limit(args: argparse.Namespace) -> None:
-    if args.limit is not None and args.limit < 1:
-        raise UserError(f"--limit must be at least 1, got {args.limit} (omit it for all)")
+    """--limit N: at most N; 0 or omitted: all (the same for list, dlq and inspect)."""
+    if args.limit is not None and args.limit < 0:
+        raise UserError(f"--limit must be >= 0 (0 or omitted: all), got {args.limit}")
+    if args.limit == 0:
+        args.limit = None
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     _check_limit(args)
     with _open(args) as q:
-        if args.state == "delayed":
-            now = time.time()
-            jobs = [j for j in q.list_jobs("ready") if j.available_at > now][: args.limit]
-        else:
-            jobs = q.list_jobs(args.state, limit=args.limit)
+        jobs = q.list_jobs(args.state, limit=args.limit)
     _emit(args, [j.to_dict() for j in jobs], _job_rows(jobs) if jobs else "(no jobs)")
     return 0
 
@@ -272,12 +287,52 @@ def _examine(args: argparse.Namespace, limit: int | None):
     try:
         return examine(args.dir, args.queue, limit=limit)
     except FileNotFoundError as exc:
-        raise UserError(str(exc)) from None
+        _refuse_foreign(args.dir)
+        raise UserError(str(exc), status=1) from None
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    with _open(args) as q:
+        res = q.compact()
+    _emit(args, {"bytes_before": res.bytes_before, "bytes_after": res.bytes_after, "jobs_kept": res.jobs_kept,
+                 "jobs_dropped": res.jobs_dropped}, res.describe())
+    return 0
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    with _open(args) as q:
+        rep = q.recovery
+        st = q.stats().to_dict()
+    data = {"repaired": rep.repaired, "describe": rep.describe(), "quarantined": rep.quarantined,
+            "corrupt_records": rep.corrupt_records, "repairs": rep.repairs, "readopted": rep.readopted,
+            "removed_temp": rep.removed_temp, "quarantined_earlier": rep.quarantined_earlier, **st}
+    _emit(args, data, f"{rep.describe()}\n" + "  ".join(f"{k}={v}" for k, v in st.items()))
+    return 0
+
+
+def cmd_import_nobroker(args: argparse.Namespace) -> int:
+    from .foreign import import_nobroker
+
+    if not os.path.isdir(args.source):
+        raise UserError(f"{args.source}: no such directory")
+    try:
+        res = import_nobroker(args.source, args.into, names=args.name or None)
+    except FileNotFoundError as exc:
+        raise UserError(str(exc), status=1) from None
+    data = res.to_dict()
+    into = args.into or args.source
+    lines = [f"{name}: {c['imported']} job(s) imported into ringq queue {name!r} in {into}, {c['existing']} "
+             f"already there (of them: {c['ready']} ready, {c['delayed']} delayed, {c['dead']} dead, "
+             f"{c['leased']} leased by nobroker, due when that lease expires); {c['done']} finished job(s) left out"
+             for name, c in data["queues"].items()]
+    lines += [f"warning: reading {path} stopped early: {why}" for path, why in res.stopped]
+    _emit(args, data, "\n".join(lines) or f"no nobroker queue in {args.source}")
+    return 0
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    limit = None if args.limit == 0 else args.limit
-    rep = _examine(args, limit)
+    _check_limit(args)
+    rep = _examine(args, 0 if args.limit is None else args.limit)
     if args.json:
         _emit(args, rep.to_dict(), None)
         return 0
@@ -363,12 +418,16 @@ def cmd_work(args: argparse.Namespace) -> int:
     from .worker import Worker
 
     handler = _load_handler(args.handler)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
+    # -v: every job's outcome and a failed handler's traceback (logged at DEBUG by the worker).
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="ringq work: %(message)s")
+    if args.poll_interval is not None and not args.poll_interval > 0:
+        raise UserError(f"--poll-interval must be > 0 seconds, got {args.poll_interval}")
     kw = {} if args.visibility_timeout is None else {"visibility_timeout": args.visibility_timeout}
     with _open(args, create=True, **kw) as q:
         w = Worker(q, handler, concurrency=args.concurrency, processes=args.processes, max_jobs=args.max_jobs,
-                   idle_timeout=args.idle_timeout)
+                   idle_timeout=args.idle_timeout,
+                   **({} if args.poll_interval is None else {"poll_interval": args.poll_interval}))
         stats = w.run()
     st = stats.to_dict()
     _emit(args, st, "  ".join(f"{k}={v}" for k, v in st.items()))
@@ -537,19 +596,23 @@ def _parser() -> argparse.ArgumentParser:
     # Global options live on the main parser and, with SUPPRESS defaults, on every subcommand too,
     # so that `ringq stats --json` and `ringq --json stats` both work.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--dir", default=argparse.SUPPRESS, help="queue directory (default ./.ringq)")
+    common.add_argument("-d", "--dir", default=argparse.SUPPRESS, help="queue directory (default ./.ringq)")
     common.add_argument("--url", default=argparse.SUPPRESS, help="a Redis queue instead: redis://, rediss://, unix://")
-    common.add_argument("--queue", default=argparse.SUPPRESS, help="queue name (default 'default')")
+    common.add_argument("-q", "--queue", default=argparse.SUPPRESS, help="queue name (default 'default')")
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="more output (work: each job's outcome and handler tracebacks)")
 
     p = _Parser(prog="ringq", description="ringq: a durable job queue for one host, no broker.",
                                 epilog="Examples for every command: docs/cli.md")
-    p.add_argument("--dir", default="./.ringq", help="queue directory (default ./.ringq)")
+    p.add_argument("-d", "--dir", default="./.ringq", help="queue directory (default ./.ringq)")
     p.add_argument("--url", default=None, help="a Redis queue instead: redis://, rediss://, unix://")
-    p.add_argument("--queue", default="default", help="queue name (default 'default')")
+    p.add_argument("-q", "--queue", default="default", help="queue name (default 'default')")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="more output (work: each job's outcome and handler tracebacks)")
     p.add_argument("--version", action="version", version=f"ringq {_version()}")
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
 
     def cmd(name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, parents=[common], help=help, description=help)
@@ -562,12 +625,14 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--priority", type=int, default=0, help="higher leases first (default 0)")
     e.add_argument("--delay", type=float, default=0.0, help="seconds before the job may be leased")
     e.add_argument("--count", type=int, default=1, help="enqueue N copies (default 1)")
-    e.add_argument("--job-id", help="idempotency key: an existing job with this id is returned, nothing written")
+    e.add_argument("--job-id", "--id", dest="job_id",
+                   help="idempotency key: an existing job with this id is returned, nothing written")
     e.add_argument("--max-attempts", type=int, help="leases before dead-lettering (default: 5)")
 
     le = cmd("lease", cmd_lease, "lease jobs; the lease outlives this command (until ack, nack or its timeout)")
-    le.add_argument("--count", type=int, default=1, help="most jobs to lease (default 1)")
-    le.add_argument("--visibility-timeout", type=float, help="seconds the lease lasts (default 30)")
+    le.add_argument("-n", "--count", type=int, default=1, help="most jobs to lease (default 1)")
+    le.add_argument("--visibility-timeout", "--timeout", dest="visibility_timeout", type=float,
+                    help="seconds the lease lasts (default 30)")
     le.add_argument("--wait", type=float, help="block up to this many seconds for a job")
 
     a = cmd("ack", cmd_ack, "mark leased jobs done (by id: no fencing-token check unless --token)")
@@ -585,12 +650,12 @@ def _parser() -> argparse.ArgumentParser:
     li = cmd("list", cmd_list, "retained jobs in enqueue order")
     li.add_argument("--state", choices=[*(s.value for s in JobState), "delayed"],
                     help="only jobs in this state ('ready' includes delayed jobs; 'delayed' is only those not yet due)")
-    li.add_argument("--limit", type=int, help="at most N jobs")
+    li.add_argument("--limit", type=int, help="at most N jobs (0 or omitted: all)")
 
     d = cmd("dlq", cmd_dlq, "list the dead-letter queue, or requeue from it")
     d.add_argument("--requeue", nargs="?", const=ALL, metavar="ID",
                    help="move dead jobs back to ready with attempts reset: all, or just ID")
-    d.add_argument("--limit", type=int, help="list at most N jobs")
+    d.add_argument("--limit", type=int, help="list at most N jobs (0 or omitted: all)")
 
     pu = cmd("purge", cmd_purge, "remove every job of the queue (needs --yes)")
     pu.add_argument("--yes", action="store_true", help="really remove them")
@@ -600,14 +665,28 @@ def _parser() -> argparse.ArgumentParser:
 
     cmd("verify", cmd_verify, "check every published record and header; exit 1 on any damage")
 
+    cmd("compact", cmd_compact, "give back disk space now: retire finished segments, relocate stragglers")
+    cmd("recover", cmd_recover, "open the queue and report what recovery found and did, with the counts")
+
+    im = cmd("import-nobroker", cmd_import_nobroker,
+             "copy the unfinished (pending, delayed, dead) jobs of a nobroker queue directory into ringq "
+             "queues of the same names (rerunnable)")
+    im.add_argument("source", metavar="DIR", help="the nobroker queue directory (holds <name>.NNNNNN.log)")
+    im.add_argument("--into", metavar="RINGQ_DIR",
+                    help="the ringq queue directory (default: DIR itself, so the program's path stays the same)")
+    im.add_argument("--name", action="append",
+                    help="only this nobroker queue (repeatable; default: every queue in DIR, each into the "
+                         "ringq queue of the same name)")
+
     w = cmd("work", cmd_work, "run a handler (module:function) on leased jobs until stopped")
     w.add_argument("handler", metavar="module:function")
-    w.add_argument("--concurrency", type=int, default=1, help="handler threads per process (default 1)")
+    w.add_argument("-c", "--concurrency", type=int, default=1, help="handler threads per process (default 1)")
     w.add_argument("--processes", type=int, default=0, help="worker processes (default 0: this process)")
     w.add_argument("--max-jobs", type=int, help="stop after N jobs (per process)")
     w.add_argument("--idle-timeout", type=float, help="stop after this many seconds without work")
     w.add_argument("--visibility-timeout", type=float, help="lease length in seconds (default 30; heartbeats renew it)")
-    w.add_argument("-v", "--verbose", action="store_true", help="log more")
+    w.add_argument("--poll-interval", type=float,
+                   help="seconds an idle thread sleeps before re-checking stop (default 0.1; new jobs wake it at once)")
 
     t = cmd("top", cmd_top, "live view of counts and rates (q or Ctrl-C quits)")
     t.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
@@ -638,7 +717,7 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
     i = 0
     while i < len(argv):
         tok = argv[i]
-        if tok in ("--dir", "--queue", "--url"):
+        if tok in ("--dir", "--queue", "--url", "-d", "-q"):
             i += 2
             continue
         if tok.startswith("-"):
@@ -658,7 +737,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status."""
     own, rest = _split_command(list(sys.argv[1:] if argv is None else argv))
     _Parser.json_errors = "--json" in own
-    args = _parser().parse_args(own)
+    parser = _parser()
+    try:
+        args = parser.parse_args(own)
+    except SystemExit as exc:  # a usage error (already printed), --help or --version
+        return exc.code if isinstance(exc.code, int) else 2
+    if args.cmd is None:
+        parser.print_help()
+        return 2
     if args.cmd == "bench":
         args.args = rest
     if getattr(args, "url", None):
@@ -677,7 +763,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("RINGQ_DEBUG"):
             raise
         _error(args, str(exc) or type(exc).__name__)
-        return 2
+        if isinstance(exc, UserError):
+            return exc.status
+        # ValueError is a bad option value (usage); the queue's own errors and I/O errors are failures
+        return 2 if isinstance(exc, ValueError) and not isinstance(exc, RingqError) else 1
 
 
 def _error(args: argparse.Namespace, text: str) -> None:

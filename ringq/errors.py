@@ -26,6 +26,10 @@ __all__ = [
     "BackendError",
     "ConnectionLostError",
     "ReplicationTimeoutError",
+    "CompactionError",
+    "ForeignQueueError",
+    "NobrokerError",
+    "CorruptLogError",
     "check",
 ]
 
@@ -101,6 +105,26 @@ class ReplicationTimeoutError(BackendError):
 
     The write is on the primary; it may be lost if the primary fails before a replica has it.
     """
+
+
+class CompactionError(RingqError):
+    """:meth:`ringq.Queue.compact` could not finish; every job is where it was (nobroker's name)."""
+
+
+class ForeignQueueError(RingqError):
+    """The path holds another queue library's files (a nobroker log, an errand SQLite database).
+
+    ringq does not open them as an empty queue of its own; the message says how to bring the jobs
+    over (``ringq import-nobroker DIR``) or where to put the ringq queue instead.
+    """
+
+
+#: ``nobroker``'s name for the base error, so ``except NobrokerError`` keeps working after the
+#: import is switched.
+NobrokerError = RingqError
+
+#: ``nobroker``'s name for "a file is damaged beyond repair".
+CorruptLogError = CorruptionError
 
 
 _CODES: dict[int, tuple[type[RingqError], str]] = {}

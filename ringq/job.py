@@ -20,7 +20,7 @@ somebody else's lease.  The transitions allowed are the table :data:`TRANSITIONS
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 __all__ = ["Job", "JobState", "TRANSITIONS"]
@@ -91,9 +91,13 @@ class Job:
         available_at: seconds since the Unix epoch before which it may not be leased.
         enqueued_at: seconds since the Unix epoch at which it was accepted.
         lease_deadline: when the current lease expires (seconds since the epoch), or None.
-        lease_token: the fencing token of the current/last lease (the lease count), None if never leased.
+        lease_token: the fencing token of the current/last lease, None if never leased.  A ``str``
+            (as in nobroker): the job's lease count in decimal, so a later lease has a larger token.
         last_error: text given to the last nack, or why the last lease was lost.
         seq: queue-wide enqueue order, unique per queue.
+        version: changes whenever the job changes state (lease, ack, nack, expiry, dead-letter),
+            not on ``extend``; two snapshots of one job with equal versions saw the same state.
+            Derived from the lease count: ``2 * leases``, minus one while leased.
     """
 
     id: str
@@ -105,10 +109,43 @@ class Job:
     available_at: float = 0.0
     enqueued_at: float = 0.0
     lease_deadline: float | None = None
-    lease_token: int | None = None
+    lease_token: str | None = None
     last_error: str | None = None
     seq: int = 0
+    version: int = 0
     _loc: tuple[int, int] = field(default=(0, 0), repr=False, compare=False)
+
+    def snapshot(self) -> Job:
+        """A detached copy (a Job is already a snapshot; this is nobroker's spelling)."""
+        return replace(self)
+
+    def is_eligible(self, now: float) -> bool:
+        """True if the job was READY and due at ``now`` (seconds since the epoch) in this snapshot."""
+        return self.state is JobState.READY and self.available_at <= now
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Job:
+        """Rebuild a snapshot from :meth:`to_dict`'s form (or nobroker's).
+
+        The result is detached from any queue: ``ack``/``nack`` of it find the job by id and check
+        its ``lease_token``.  Raises KeyError without ``"id"``, ValueError for an unknown state.
+        """
+        token = data.get("lease_token")
+        return cls(
+            id=str(data["id"]),
+            payload=data.get("payload"),
+            priority=int(data.get("priority", 0)),
+            state=JobState(data.get("state", "ready")),
+            attempts=int(data.get("attempts", 0)),
+            max_attempts=int(data.get("max_attempts", 5)),
+            available_at=float(data.get("available_at", 0.0)),
+            enqueued_at=float(data.get("enqueued_at", 0.0)),
+            lease_deadline=None if data.get("lease_deadline") is None else float(data["lease_deadline"]),
+            lease_token=None if token is None else str(token),
+            last_error=data.get("last_error"),
+            seq=int(data.get("seq", 0)),
+            version=int(data.get("version", 0)),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly view (bytes and arrays are described, not embedded)."""

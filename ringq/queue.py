@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import heapq
 import os
+import pathlib
 import random
 import re
 import threading
@@ -44,6 +45,7 @@ from . import codec
 from ._native import ffi, lib
 from .backoff import BackoffPolicy
 from .errors import (
+    CompactionError,
     CorruptionError,
     JobNotFoundError,
     NotLeasedError,
@@ -83,7 +85,7 @@ from .segment import (
     Segment,
 )
 
-__all__ = ["Queue", "QueueStats", "DEFAULT_VISIBILITY_TIMEOUT", "DEFAULT_MAX_ATTEMPTS"]
+__all__ = ["CompactionResult", "Queue", "QueueStats", "DEFAULT_VISIBILITY_TIMEOUT", "DEFAULT_MAX_ATTEMPTS"]
 
 DEFAULT_VISIBILITY_TIMEOUT = 30.0
 DEFAULT_MAX_ATTEMPTS = 5
@@ -118,6 +120,31 @@ class QueueStats:
 
     def to_dict(self) -> dict[str, int]:
         return {f: getattr(self, f) for f in self.__slots__}
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionResult:
+    """What :meth:`Queue.compact` gave back (nobroker's type, same fields).
+
+    ``bytes_before``/``bytes_after``: bytes of the queue's segment files; ``jobs_kept``: unfinished
+    jobs (ready, delayed, leased, dead); ``jobs_dropped``: finished jobs whose records went with
+    their segments.
+    """
+
+    bytes_before: int
+    bytes_after: int
+    jobs_kept: int
+    jobs_dropped: int
+
+    @property
+    def bytes_reclaimed(self) -> int:
+        return self.bytes_before - self.bytes_after
+
+    def describe(self) -> str:
+        """One line for people: ``compacted B -> A bytes (P% reclaimed), kept K jobs, dropped D completed``."""
+        pct = 100.0 * self.bytes_reclaimed / self.bytes_before if self.bytes_before else 0.0
+        return (f"compacted {self.bytes_before} -> {self.bytes_after} bytes ({pct:.1f}% reclaimed), "
+                f"kept {self.jobs_kept} jobs, dropped {self.jobs_dropped} completed")
 
 
 class _Grow:
@@ -210,11 +237,15 @@ class Queue:
         slot_count: slots per segment for a new queue (default 16384; 4 MiB of slots).
         mode: permission bits of files created (default 0o600; directories get matching x bits).
         allow_network_fs: allow NFS/SMB (refused by default: flock does not work across hosts).
+        allow_foreign: create the queue even where another library's queue of the same name lives
+            (a nobroker log ``<name>.NNNNNN.log``); refused by default with ForeignQueueError,
+            whose message says to run ``ringq import-nobroker DIR``.
 
     Raises:
         ValueError: invalid name or settings.  OSError: directory not creatable/writable (the
         message names the path).  CorruptionError / FormatVersionError: unusable files.
-        UnsupportedFilesystemError: network file system.
+        UnsupportedFilesystemError: network file system.  ForeignQueueError: ``path`` is an
+        errand SQLite file, or holds a nobroker queue named ``name`` and no ringq one.
     """
 
     def __init__(
@@ -235,13 +266,19 @@ class Queue:
         slot_count: int = DEFAULT_SLOT_COUNT,
         mode: int = 0o600,
         allow_network_fs: bool = False,
+        allow_foreign: bool = False,
     ) -> None:
+        if not allow_foreign and not os.path.exists(os.path.join(path, f"{name}.ctl")):
+            from .foreign import check_not_foreign
+
+            check_not_foreign(path, name)  # before anything is created: never an empty queue beside old jobs
         if durability is None:
             durability = "msync" if fsync else "none"
         if not 0 < visibility_timeout < TIME_MAX / 1000:
             raise ValueError(f"visibility_timeout must be > 0 seconds, got {visibility_timeout!r}")
         self._check_attempts(max_attempts)
-        self.path = os.fspath(path)
+        self.path = pathlib.Path(path)  # the queue directory (nobroker: its log file; ringq has none)
+        self.dir = self.path
         self.name = name
         self.visibility_timeout = float(visibility_timeout)
         self.max_attempts = max_attempts
@@ -421,6 +458,54 @@ class Queue:
                 else:
                     out.append(self._job_at(*r))
             return out
+
+    def import_jobs(self, jobs: Sequence[Job]) -> int:
+        """Store jobs brought from elsewhere (another queue's snapshot), keeping their state.
+
+        Each job keeps its ``id``, ``payload``, ``priority``, ``attempts``, ``max_attempts``,
+        ``last_error`` and ``available_at`` (an absolute time: a past one is due at once); a DEAD job is stored in the
+        dead-letter queue, any other state as READY.  Ids make it idempotent: a job whose id is
+        retained is not written again, so an import killed midway can simply be rerun.  All of it is
+        one append under the writer lock (one durability sync); every payload is encoded first.
+
+        Returns:
+            How many jobs were written (those whose id was not retained yet); ``ringq migrate``
+            and ``ringq import-nobroker`` use it.
+        Raises:
+            SerializationError (nothing written), ValueError (an empty id, attempts out of range),
+            RecordTooLargeError, QueueFullError, QueueClosedError.
+        """
+        self._live()
+        recs, ids = [], []
+        for job in jobs:
+            if not isinstance(job.id, str) or not job.id or not _valid_text(job.id):
+                raise ValueError(f"job ids must be non-empty Unicode strings, got {job.id!r}")
+            self._check_attempts(job.max_attempts)
+            kind, data = codec.encode(job.payload)
+            dead = job.state is JobState.DEAD
+            at_ms = _now_ms() if dead else int(job.available_at * 1000)
+            recs.append(NewRecord(data, kind, job.id.encode(), int(job.priority), 0, job.max_attempts,
+                                  min(max(int(job.attempts), 0), MAX_ATTEMPTS_LIMIT),
+                                  state=ST_DEAD if dead else ST_READY, at_ms=at_ms))
+            ids.append(job.id)
+        bufs = [self._ring.build(r) for r in recs]
+        with self._lock, self._ring.locked():
+            self._refresh()
+            todo, todo_bufs, errs, seen = [], [], [], set()
+            for job, jid, rec, buf in zip(jobs, ids, recs, bufs):
+                fresh = jid not in seen and self._find(jid) is None
+                seen.add(jid)
+                if fresh:
+                    todo.append(rec)
+                    todo_bufs.append(buf)
+                    errs.append(job.last_error)
+            placed = self._ring.append(todo, todo_bufs) if todo else []
+            for p, err in zip(placed, errs):
+                nseg = self._ring.segment(p[0])
+                if err and nseg is not None:
+                    self._ring.write_error(nseg, p[1], 0, str(err))
+            self._refresh()
+            return len(todo)
 
     def _fresh_job(self, rec: NewRecord, placed: tuple, payload: Any) -> Job:
         segseq, slot, seq, enq_us, avail_ms = placed
@@ -779,9 +864,10 @@ class Queue:
             available_at=when if st == ST_READY else info.available_ms / 1000,
             enqueued_at=info.enqueued_us / 1e6,
             lease_deadline=when if st == ST_LEASED else None,
-            lease_token=lc or None,
+            lease_token=str(lc) if lc else None,
             last_error=self._last_error(seg, slot, why, lc, st, info.attempts_before),
             seq=info.seq,
+            version=2 * lc - (st == ST_LEASED),
             _loc=(segseq, slot),
         )
 
@@ -979,30 +1065,47 @@ class Queue:
 
     def _word_for(self, job: Job | str, op: str) -> tuple[_View, int, int, str, int | None]:
         view, slot, job_id = self._locate(job)
-        token = job.lease_token if isinstance(job, Job) else None
+        token = _token_number(job.lease_token) if isinstance(job, Job) else None
         seg = view.seg
         w = seg.load64(seg.state_off_of(slot))
         return view, slot, w, job_id, token
 
     def _require_lease(self, w: int, job_id: str, token: int | None, op: str) -> None:
-        st = w & 7
-        if st != ST_LEASED:
-            name = {ST_READY: "ready", ST_DONE: "done", ST_DEAD: "dead", ST_GONE: "purged", ST_BAD: "corrupt"}.get(st, "?")
-            why = (w >> 3) & 3
-            if st == ST_READY and (w >> 6) & LC_MASK == 0:
+        """Raise NotLeasedError saying what happened unless ``w`` is a lease held with ``token``."""
+        st, why, lc = w & 7, (w >> 3) & 3, (w >> 6) & LC_MASK
+        name = {ST_READY: "ready", ST_LEASED: "leased", ST_DONE: "done", ST_DEAD: "dead-lettered",
+                ST_GONE: "purged", ST_BAD: "quarantined as damaged"}.get(st, "not a job")
+        if token is not None and token != lc:
+            if token < 0 or token > lc:
+                latest = "it was never leased" if lc == 0 else f"its latest token is {lc}"
+                given = "the fencing token given" if token < 0 else f"fencing token {token}"
+                raise NotLeasedError(
+                    f"cannot {op} job {job_id!r}: {given} was never issued for it ({latest}; it is {name})"
+                )
+            raise NotLeasedError(
+                f"cannot {op} job {job_id!r}: fencing token {token} is stale: the job was leased again since "
+                f"(latest token {lc}) and is now {name}"
+            )
+        if st == ST_LEASED:
+            return
+        if st == ST_READY:
+            if lc == 0:
                 cause = "it was never leased"
             elif why == WHY_EXPIRED:
-                cause = "its last lease expired (visibility timeout)"
+                cause = "its lease expired (visibility timeout passed) and it waits to be leased again"
             elif why == WHY_DIED:
-                cause = "its last lease holder was declared dead"
+                cause = "its lease holder's process died and it waits to be leased again"
             else:
-                cause = "it was already acked, nacked or purged"
-            raise NotLeasedError(f"cannot {op} job {job_id!r}: it is {name}, not leased ({cause})")
-        if token is not None and (w >> 6) & LC_MASK != token:
-            raise NotLeasedError(
-                f"cannot {op} job {job_id!r}: fencing token {token} is stale; the job was leased again "
-                f"(token {(w >> 6) & LC_MASK})"
-            )
+                cause = "it was nacked and waits for its retry"
+        elif st == ST_DONE:
+            cause = "it was already acked"
+        elif st == ST_DEAD:
+            cause = "it used up its attempts and is in the dead-letter queue"
+        elif st == ST_GONE:
+            cause = "it was purged"
+        else:
+            cause = "its record failed validation"
+        raise NotLeasedError(f"cannot {op} job {job_id!r}: it is {name}, not leased ({cause})")
 
     def ack(self, job: Job | str) -> None:
         """Mark a leased job done.  Acking it again (same token, or by bare id) is harmless.
@@ -1209,18 +1312,34 @@ class Queue:
         return rows
 
     def list_jobs(self, state: JobState | str | None = None, *, limit: int | None = None) -> list[Job]:
-        """Retained jobs in enqueue order, optionally only those in ``state``, at most ``limit``."""
+        """Retained jobs in enqueue order, optionally only those in ``state``, at most ``limit``.
+
+        ``state`` is a :class:`JobState` (or its value) or ``"delayed"``: READY jobs not yet due
+        (``"ready"`` includes them, as in nobroker).  ``limit=None`` means all.  Raises ValueError
+        for an unknown state or a negative limit.
+        """
         self._live()
         want = {ST_READY, ST_LEASED, ST_DONE, ST_DEAD}
-        if state is not None:
-            js = JobState(state)
+        delayed = state == "delayed"
+        if delayed:
+            want = {ST_READY}
+        elif state is not None:
+            try:
+                js = JobState(state)
+            except ValueError:
+                raise ValueError(f"state must be one of {[s.value for s in JobState] + ['delayed']}, got {state!r}") from None
             want = {k for k, v in STATE_OF.items() if v is js}
+        if limit is not None and (not isinstance(limit, int) or limit < 0):
+            raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
         with self._lock:
             self._refresh()
+            now = _now_ms()
             out = []
             for _seq, view, slot, word in self._heads(want):
                 if limit is not None and len(out) >= limit:
                     break
+                if delayed and view.seg.epoch_ms + (word >> TIME_SHIFT) <= now:
+                    continue
                 try:
                     out.append(self._job_at(view.seg.seq, slot, word))
                 except (CorruptionError, SerializationError):
@@ -1263,40 +1382,6 @@ class Queue:
             self._refresh()
             return len(recs)
 
-    def import_jobs(self, jobs: Sequence[Job]) -> int:
-        """Store copies of ``jobs`` (READY, delayed or DEAD) keeping id, payload, priority, attempts,
-        max attempts, available-at and last error; a job whose id is retained here is skipped, so
-        importing twice adds nothing.  Returns how many were added (``ringq migrate`` uses it).
-
-        Raises SerializationError (nothing written), ValueError for out-of-range fields.
-        """
-        self._live()
-        recs, errs, seen = [], [], set()
-        for j in jobs:
-            self._check_attempts(j.max_attempts)
-            if not 0 <= j.attempts <= MAX_ATTEMPTS_LIMIT:
-                raise ValueError(f"job {j.id!r}: attempts out of range: {j.attempts!r}")
-        with self._lock, self._ring.locked():
-            self._refresh()
-            for j in jobs:
-                if j.id in seen or self._find(j.id) is not None:
-                    continue
-                seen.add(j.id)
-                kind, data = codec.encode(j.payload)
-                dead = j.state is JobState.DEAD
-                at = _now_ms() if dead else int(j.available_at * 1000)
-                recs.append(NewRecord(data, kind, j.id.encode(), j.priority, 0, j.max_attempts, j.attempts, 0,
-                                      state=ST_DEAD if dead else ST_READY, at_ms=at))
-                errs.append(j.last_error)
-            if not recs:
-                return 0
-            for p, err in zip(self._ring.append(recs), errs):
-                seg = self._ring.segment(p[0])
-                if err and seg is not None:
-                    self._ring.write_error(seg, p[1], 0, err)
-            self._refresh()
-            return len(recs)
-
     def purge(self) -> int:
         """Remove every retained job (ready, delayed, leased, done, dead); returns how many."""
         self._live()
@@ -1324,6 +1409,53 @@ class Queue:
             self._refresh()
             return n
 
+    def compact(self) -> CompactionResult:
+        """Give back disk space now: retire every finished segment and relocate stragglers.
+
+        nobroker rewrites its log without finished jobs; ringq never rewrites a segment.  Instead
+        every sealed segment whose jobs are all finished is unlinked, and sealed segments kept
+        alive only by a few dead-lettered or long-delayed jobs have those jobs re-appended at the
+        tail first (the rule of straggler relocation: see docs/design-notes.md), then retired.
+        The tail segment is never retired, and finished jobs in segments that still hold live
+        jobs stay (``get`` finds them) until those segments retire.
+
+        Returns:
+            A :class:`CompactionResult`: segment bytes before and after, jobs kept (unfinished:
+            ready, delayed, leased, dead) and finished jobs dropped.
+        Raises:
+            QueueClosedError; CompactionError if a segment could not be unlinked (the jobs are
+            untouched: a segment is unlinked only once none of its jobs is live).
+        """
+        self._live()
+        with self._lock:
+            self._refresh()
+            before_bytes, before = self._segment_bytes(), self.stats()
+            try:
+                for view in list(self._views.values()):
+                    if view.sealed:
+                        self._maybe_relocate(view)
+                self._ring.retire_finished(thorough=True)
+                self._refresh()
+            except OSError as exc:
+                raise CompactionError(f"compacting queue {self.name!r} in {self.path}: {exc}; no job was moved "
+                                      "or lost") from exc
+            after = self.stats()
+            return CompactionResult(
+                bytes_before=before_bytes,
+                bytes_after=self._segment_bytes(),
+                jobs_kept=after.total - after.done,
+                jobs_dropped=max(0, before.done - after.done),
+            )
+
+    def _segment_bytes(self) -> int:
+        total = 0
+        for seg in self._ring.all_segments():
+            try:
+                total += os.path.getsize(seg.path)
+            except OSError:
+                pass  # retired meanwhile by another process
+        return total
+
     def stats(self) -> QueueStats:
         """Counts by state, computed with vectorised numpy over the mapped state tables."""
         self._live()
@@ -1350,7 +1482,17 @@ class Queue:
         return self.stats().total
 
     def __repr__(self) -> str:
-        return f"Queue({self.path!r}, name={self.name!r}, durability={self.durability!r})"
+        return f"Queue({str(self.path)!r}, name={self.name!r}, durability={self.durability!r})"
+
+
+def _token_number(token: object) -> int | None:
+    """A fencing token as the lease count it stands for; -1 for text that no lease ever issued."""
+    if token is None:
+        return None
+    if isinstance(token, int) and not isinstance(token, bool):
+        return token
+    text = str(token)
+    return int(text) if text.isdigit() and len(text) < 12 else -1
 
 
 def _valid_text(s: str) -> bool:

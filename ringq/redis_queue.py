@@ -380,7 +380,7 @@ class RedisQueue:
     def ack_many(self, jobs: Sequence[Job | str]) -> None:
         """Ack several jobs in one script.  Every job that can be acked is; then the first refusal
         (NotLeasedError, JobNotFoundError) is raised.  A retry after ConnectionLostError is safe."""
-        items = [(j.id, j.lease_token or 0) if isinstance(j, Job) else (j, -1) for j in jobs]
+        items = [(j.id, int(j.lease_token or 0)) if isinstance(j, Job) else (j, -1) for j in jobs]
         if not items:
             return
         args: list[Any] = [int(self.retain_done * 1000), len(items)]
@@ -394,7 +394,7 @@ class RedisQueue:
         self._live()
         if delay is not None and not 0 <= delay <= MAX_DELAY:
             raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
-        jid, tok = (job.id, job.lease_token or 0) if isinstance(job, Job) else (job, -1)
+        jid, tok = (job.id, int(job.lease_token or 0)) if isinstance(job, Job) else (job, -1)
         if delay is None:
             attempts = job.attempts if isinstance(job, Job) else self.get(jid).attempts
             delay = self.backoff.delay_for(attempts, self._rng)
@@ -410,7 +410,7 @@ class RedisQueue:
         self._live()
         if not 0 < seconds < MAX_DELAY:
             raise ValueError(f"seconds must be > 0 (and finite), got {seconds!r}")
-        jid, tok = (job.id, job.lease_token or 0) if isinstance(job, Job) else (job, -1)
+        jid, tok = (job.id, int(job.lease_token or 0)) if isinstance(job, Job) else (job, -1)
         out = self._run("extend", [jid, tok, int(seconds * 1000)])
         _refuse(self.name, out[0], jid, "extend")
         return _job(out[1], out[2])
@@ -510,7 +510,7 @@ def _job(meta: bytes, payload: bytes | None, known: Any = None, decode: bool = T
         available_at=m["av"] / 1000,
         enqueued_at=m["enq"] / 1000,
         lease_deadline=m["dl"] / 1000 if st is JobState.LEASED else None,
-        lease_token=int(m["t"]) or None,
+        lease_token=str(int(m["t"])) if int(m["t"]) else None,
         last_error="lease expired: visibility timeout passed before ack"
         if m.get("why")
         else m.get("e"),

@@ -145,7 +145,7 @@ class RecoveryReport:
             ``(segment path, slot, reason)``.
         readopted: records published beyond a stale tail and taken back, as ``(segment path, count)``.
         removed_temp: leftover temporary files of an interrupted segment creation that were removed.
-        repaired: impossible values (a tail word, a retired flag, a control-file field) that
+        repairs: impossible values (a tail word, a retired flag, a control-file field) that
             recovery replaced by what the records say, as ``(path, what was done)``.
         quarantined_earlier: ``*.quarantined`` files of this queue left by an earlier open, still
             waiting for an operator (they do not make the report unclean: they were reported then).
@@ -155,13 +155,38 @@ class RecoveryReport:
     corrupt_records: list[tuple[str, int, str]] = field(default_factory=list)
     readopted: list[tuple[str, int]] = field(default_factory=list)
     removed_temp: list[str] = field(default_factory=list)
-    repaired: list[tuple[str, str]] = field(default_factory=list)
+    repairs: list[tuple[str, str]] = field(default_factory=list)
     quarantined_earlier: list[str] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
         """True if nothing was damaged (re-adopting records and removing temp files are normal)."""
-        return not (self.quarantined or self.corrupt_records or self.repaired)
+        return not (self.quarantined or self.corrupt_records or self.repairs)
+
+    @property
+    def repaired(self) -> bool:
+        """True if opening found damage and acted on it (nobroker's flag): ``not clean``."""
+        return not self.clean
+
+    def describe(self) -> str:
+        """One line for people and logs: ``clean: ...`` or ``repaired: ...`` with what was done."""
+        parts = []
+        if self.quarantined:
+            parts.append(f"{len(self.quarantined)} file(s) quarantined ({self.quarantined[0][1]})")
+        if self.corrupt_records:
+            parts.append(f"{len(self.corrupt_records)} damaged record(s) marked BAD")
+        if self.repairs:
+            parts.append(f"{len(self.repairs)} repair(s) ({self.repairs[0][1]})")
+        notes = []
+        if self.readopted:
+            notes.append(f"{sum(n for _p, n in self.readopted)} record(s) re-adopted")
+        if self.removed_temp:
+            notes.append(f"{len(self.removed_temp)} temporary file(s) removed")
+        if self.quarantined_earlier:
+            notes.append(f"{len(self.quarantined_earlier)} file(s) quarantined earlier await an operator")
+        if parts:
+            return "repaired: " + "; ".join(parts + notes)
+        return "clean: no damage found" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def fs_type(path: str, mounts_text: str | None = None) -> str:
@@ -389,7 +414,7 @@ class Ring:
             if found != (0, 0):
                 slot_size, slot_count = found
                 what = "empty" if os.path.exists(ctl_path) else "missing"
-                self.report.repaired.append((ctl_path, f"{what} control file; rebuilt from the segments"))
+                self.report.repairs.append((ctl_path, f"{what} control file; rebuilt from the segments"))
             Control.create(ctl_path, slot_size, slot_count, self.mode)
         self.ctl = Control(ctl_path)
         seqs = []
@@ -429,7 +454,7 @@ class Ring:
                 # Retirement is only ever begun on a finished segment: a retired flag over jobs
                 # that are not finished is damage.  Keep the jobs; clear the flag.
                 seg.store32(OFF_RETIRED, 0)
-                self.report.repaired.append((path, "retired flag set on a segment with unfinished jobs; cleared"))
+                self.report.repairs.append((path, "retired flag set on a segment with unfinished jobs; cleared"))
             self.segments[seq] = seg
         live = sorted(self.segments)
         # Every tail first, then the seals.  A rotation creates the next segment before it stores
@@ -443,7 +468,7 @@ class Ring:
                 self.segments[seq].store32(OFF_SEALED, 1)
         ctl_tail = self.ctl.load64(OFF_TAIL_SEG)
         if ctl_tail > max(seqs, default=0) + MAX_SEQ_GAP:
-            self.report.repaired.append((self.ctl.path, f"tail segment {ctl_tail} is impossible; ignored"))
+            self.report.repairs.append((self.ctl.path, f"tail segment {ctl_tail} is impossible; ignored"))
             ctl_tail = 0
         tail_seq = live[-1] if live else 0
         if not live or tail_seq < ctl_tail or self.segments[tail_seq].load32(OFF_SEALED):
@@ -505,7 +530,7 @@ class Ring:
             # slot that was ever written; the walk below then adopts anything after that.
             used = np.flatnonzero(seg.states[:, 0] & 7)
             rebuilt = int(used[-1]) + 1 if len(used) else 0
-            self.report.repaired.append((seg.path, f"tail {tail} beyond {seg.slot_count} slots; rebuilt as {rebuilt}"))
+            self.report.repairs.append((seg.path, f"tail {tail} beyond {seg.slot_count} slots; rebuilt as {rebuilt}"))
             seg.store32(OFF_TAIL, rebuilt)
             tail = rebuilt
         if tail == seg.slot_count or seg.load64(seg.state_off_of(tail)) & 7 == ST_EMPTY:
@@ -929,7 +954,7 @@ class Ring:
             finally:
                 os.close(fd)
         except (OSError, CorruptionError) as exc:
-            self.report.repaired.append((self.err_path(seg.seq), f"error text not kept: {exc}"))
+            self.report.repairs.append((self.err_path(seg.seq), f"error text not kept: {exc}"))
 
     def read_errors(self, seq: int) -> dict[int, list[tuple[int, str]]]:
         """slot -> [(lease count, text)] from a segment's side file; damaged frames are skipped."""

@@ -29,13 +29,17 @@ log = logging.getLogger("ringq.worker")
 
 @dataclass
 class WorkerStats:
-    """What a worker did.  ``failed`` counts handler exceptions; ``dead`` those that dead-lettered the job."""
+    """What a worker did (nobroker's fields).
+
+    ``failed`` counts handler exceptions; ``dead`` those that dead-lettered the job;
+    ``lost_leases`` acks/nacks refused because the lease was lost (expired, purged, reclaimed).
+    """
 
     leased: int = 0
     succeeded: int = 0
     failed: int = 0
     dead: int = 0
-    lost: int = 0  # acks/nacks refused because the lease was lost (expired, purged, reclaimed)
+    lost_leases: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **counts: int) -> None:
@@ -45,11 +49,14 @@ class WorkerStats:
 
     def to_dict(self) -> dict[str, int]:
         return {"leased": self.leased, "succeeded": self.succeeded, "failed": self.failed, "dead": self.dead,
-                "lost": self.lost}
+                "lost_leases": self.lost_leases}
 
 
 class Worker:
     """Run ``handler(job)`` for jobs leased from ``queue``.
+
+    The first seven parameters may be given by position, in nobroker's order (its Worker is a
+    dataclass): ``Worker(queue, handler, 4)`` runs four threads.
 
     Args:
         queue: a :class:`ringq.Queue` or a Redis queue from :func:`ringq.connect`.
@@ -79,12 +86,12 @@ class Worker:
         self,
         queue: Any,
         handler: Callable[[Job], Any],
-        *,
         concurrency: int = 1,
         poll_interval: float = 0.1,
         max_jobs: int | None = None,
         idle_timeout: float | None = None,
         handle_signals: bool = True,
+        *,
         heartbeat: float | None = None,
         processes: int = 0,
     ) -> None:
@@ -217,13 +224,13 @@ class Worker:
         try:
             result = op(job)
         except (NotLeasedError, JobNotFoundError) as exc:  # expired, reclaimed, purged or retired
-            self.stats.add(lost=1)
+            self.stats.add(lost_leases=1)
             log.warning("job %s: %s", job.id, exc)
             return None
         except QueueClosedError:
             return None
         except Exception:
-            self.stats.add(lost=1)
+            self.stats.add(lost_leases=1)
             log.exception("job %s: could not record its outcome", job.id)
             return None
         self.stats.add(**count)
@@ -233,7 +240,10 @@ class Worker:
         text = f"{type(exc).__name__}: {exc}"
         result = self._settle(lambda j: self.queue.nack(j, error=text), job, failed=1)
         if result is not None:
-            log.warning("job %s failed (attempt %d of %d): %s", job.id, job.attempts, job.max_attempts, text)
+            # The traceback is for whoever asked for debug output (`ringq work -v`); the one-line
+            # warning is always there.
+            log.warning("job %s failed (attempt %d of %d): %s", job.id, job.attempts, job.max_attempts, text,
+                        exc_info=exc if log.isEnabledFor(logging.DEBUG) else None)
             if result.state is JobState.DEAD:
                 self.stats.add(dead=1)
 

@@ -416,7 +416,7 @@ def test_empty_control_file_is_rebuilt_from_the_segments(tmp_path):
         new = q.enqueue("new")
         assert new.seq == 7
         assert drain(q) == list(range(6)) + ["new"]
-        assert q.recovery.repaired
+        assert q.recovery.repairs
 
 
 def test_retired_flag_on_unfinished_segment_is_cleared_not_obeyed(tmp_path):
@@ -424,7 +424,7 @@ def test_retired_flag_on_unfinished_segment_is_cleared_not_obeyed(tmp_path):
     _patch_header(path, 1, OFF_RETIRED, "<I", 1, fix_crc=False)
     with open_queue(path) as q:
         assert drain(q) == list(range(10))
-        assert any("retired flag" in why for _p, why in q.recovery.repaired)
+        assert any("retired flag" in why for _p, why in q.recovery.repairs)
 
 
 def test_impossible_tail_word_is_rebuilt(tmp_path):
@@ -433,7 +433,7 @@ def test_impossible_tail_word_is_rebuilt(tmp_path):
         _patch_header(path, seq, OFF_TAIL, "<I", 0xFFFFFFF0, fix_crc=False)
     with open_queue(path) as q:
         assert drain(q) == list(range(10))
-        assert len(q.recovery.repaired) == 2
+        assert len(q.recovery.repairs) == 2
 
 
 def test_absurd_tail_segment_in_control_file(tmp_path):
@@ -446,7 +446,7 @@ def test_absurd_tail_segment_in_control_file(tmp_path):
         q.enqueue("new")
         assert drain(q) == ["new"]
         assert q._ring.tail_seq() == 2  # the damaged word is ignored, the real tail kept
-        assert any("impossible" in why for _p, why in q.recovery.repaired)
+        assert any("impossible" in why for _p, why in q.recovery.repairs)
 
 
 def test_stray_files_are_left_alone(tmp_path):

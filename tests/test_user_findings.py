@@ -175,13 +175,14 @@ def _state(pid: str) -> str:
         return "Z"
 
 
-def test_empty_job_id_and_nonpositive_limits_are_refused(tmp_path):
-    """Finding: `--job-id ''` silently got an automatic id; `list --limit 0` printed (no jobs)."""
+def test_empty_job_id_and_negative_limits_are_refused(tmp_path):
+    """Finding: `--job-id ''` silently got an automatic id; a negative --limit must not pass."""
     qdir = tmp_path / "q"
     assert ringq_cli(qdir, "enqueue", "x").returncode == 0
     for args, needle in ((["enqueue", "x", "--job-id", ""], "--job-id must not be empty"),
-                         (["list", "--limit", "0"], "--limit must be at least 1"),
-                         (["dlq", "--limit", "-1"], "--limit must be at least 1")):
+                         (["list", "--limit", "-1"], "--limit must be >= 0"),
+                         (["dlq", "--limit", "-1"], "--limit must be >= 0"),
+                         (["inspect", "--limit", "-1"], "--limit must be >= 0")):
         proc = ringq_cli(qdir, *args)
         assert proc.returncode == 2 and needle in proc.stderr, (args, proc.stderr)
 

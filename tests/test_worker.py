@@ -58,7 +58,7 @@ def test_return_acks_and_exception_nacks_with_type_and_message(tmp_path):
         dead = q.get(bad.id)
         assert dead.state is JobState.DEAD
         assert dead.last_error == "ValueError: negative: -1"
-        assert (stats.leased, stats.succeeded, stats.failed, stats.dead, stats.lost) == (2, 1, 1, 1, 0)
+        assert (stats.leased, stats.succeeded, stats.failed, stats.dead, stats.lost_leases) == (2, 1, 1, 1, 0)
 
 
 def test_handler_raising_goes_to_dlq_after_max_attempts(tmp_path):
@@ -110,12 +110,12 @@ def test_heartbeat_protects_a_handler_slower_than_the_visibility_timeout(tmp_pat
             thief.join(10)
         if heartbeat is None:  # default: beats every vt/3
             assert stolen == []
-            assert (stats.succeeded, stats.lost) == (1, 0)
+            assert (stats.succeeded, stats.lost_leases) == (1, 0)
             done = q.get(job.id)
             assert done.state is JobState.DONE and done.attempts == 1
         else:  # the control: without beats the lease expires and the job is redelivered
             assert [j.id for j in stolen] == [job.id]
-            assert (stats.succeeded, stats.lost) == (0, 1)
+            assert (stats.succeeded, stats.lost_leases) == (0, 1)
 
 
 def test_heartbeat_keeps_the_deadline_near_now_plus_visibility_timeout(tmp_path):
@@ -171,7 +171,7 @@ def test_job_purged_while_its_handler_runs_does_not_kill_the_worker(tmp_path):
 
         stats = Worker(q, handler, idle_timeout=0.5, handle_signals=False).run()
         assert seen == ["purge-me", "after"]
-        assert (stats.succeeded, stats.lost) == (1, 1)
+        assert (stats.succeeded, stats.lost_leases) == (1, 1)
         assert q.stats().done == 1
 
 

@@ -1,0 +1,285 @@
+"""Switching from nobroker is a change of import: the same program runs on nobroker 0.1.2 and ringq.
+
+Every test here takes the library as a parameter (``lib`` is the ``nobroker`` or the ``ringq``
+module) and runs the same code on both, so a difference shows up as a failure on one side only.
+Calls whose results legitimately differ (text of messages, id format) are not compared.
+docs/migration.md lists every public name and CLI form of nobroker and where ringq stands.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pathlib
+import time
+
+import pytest
+
+nobroker = pytest.importorskip("nobroker", reason="nobroker==0.1.2 comes with the test extra")
+
+LIBS = ["nobroker", "ringq"]
+
+NOBROKER_ALL = [
+    "BackoffPolicy", "CompactionError", "CompactionResult", "CorruptLogError", "Job", "JobNotFoundError",
+    "JobState", "LockTimeoutError", "NobrokerError", "NotLeasedError", "Queue", "QueueClosedError",
+    "QueueStats", "RecoveryReport", "SerializationError", "Worker", "WorkerStats", "__version__",
+]
+
+
+@pytest.fixture(params=LIBS)
+def lib(request):
+    return importlib.import_module(request.param)
+
+
+def wait_for(pred, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+def test_nobroker_public_names_all_exist(lib):
+    assert sorted(nobroker.__all__) == sorted(NOBROKER_ALL)
+    for name in NOBROKER_ALL:
+        assert hasattr(lib, name), name
+    for err in ("CompactionError", "CorruptLogError", "JobNotFoundError", "LockTimeoutError", "NotLeasedError",
+                "QueueClosedError", "SerializationError"):
+        assert issubclass(getattr(lib, err), lib.NobrokerError)
+    assert isinstance(lib.__version__, str)
+    assert [s.value for s in lib.JobState] == ["ready", "leased", "done", "dead"]
+
+
+def test_nobroker_error_is_ringq_base_error():
+    import ringq
+
+    assert ringq.NobrokerError is ringq.RingqError
+    assert ringq.CorruptLogError is ringq.CorruptionError
+
+
+def test_queue_open_enqueue_get_and_types(lib, tmp_path):
+    q = lib.Queue(tmp_path / "jobs", "emails", fsync=True, visibility_timeout=30.0, max_attempts=3,
+                  backoff=lib.BackoffPolicy(base=0.01, factor=2.0, max_delay=1.0, jitter=0.0), lock_timeout=5.0)
+    with q:
+        assert isinstance(q.path, pathlib.Path)
+        assert isinstance(q.recovery, lib.RecoveryReport)
+        assert q.recovery.repaired is False
+        assert q.recovery.describe().startswith("clean")
+        job = q.enqueue({"to": "ada"}, priority=2, delay=0.0, max_attempts=4, job_id="mail-1")
+        assert isinstance(job, lib.Job)
+        assert (job.id, job.payload, job.priority, job.max_attempts, job.state) == (
+            "mail-1", {"to": "ada"}, 2, 4, lib.JobState.READY)
+        assert job.attempts == 0 and job.lease_token is None and job.lease_deadline is None
+        again = q.enqueue({"to": "someone else"}, job_id="mail-1")  # idempotent id: the existing job
+        assert again.payload == {"to": "ada"}
+        got = q.get("mail-1")
+        assert got.id == "mail-1" and got.enqueued_at <= time.time()
+        with pytest.raises(lib.JobNotFoundError):
+            q.get("no-such-job")
+        with pytest.raises(lib.SerializationError):
+            q.enqueue(object())
+        many = q.enqueue_many(["a", "b"], priority=1, delay=60.0, max_attempts=2, job_ids=["m-a", "m-b"])
+        assert [j.id for j in many] == ["m-a", "m-b"] and all(j.available_at > time.time() + 50 for j in many)
+        with pytest.raises(ValueError):
+            q.enqueue_many(["a"], job_ids=["x", "y"])
+        assert len(q) == 3
+        st = q.stats()
+        assert isinstance(st, lib.QueueStats)
+        assert (st.ready, st.delayed, st.leased, st.done, st.dead, st.total) == (1, 2, 0, 0, 0, 3)
+        assert {"ready", "delayed", "leased", "done", "dead", "total"} <= set(st.to_dict())
+        assert [j.id for j in q.list_jobs()] == ["mail-1", "m-a", "m-b"]
+        assert [j.id for j in q.list_jobs("ready", limit=2)] == ["mail-1", "m-a"]
+        assert [j.id for j in q.list_jobs(lib.JobState.READY)] == ["mail-1", "m-a", "m-b"]
+        assert q.list_jobs(lib.JobState.DONE) == []
+    with pytest.raises(lib.QueueClosedError):
+        q.enqueue("late")
+    q.close()  # idempotent
+
+
+def test_job_methods(lib, tmp_path):
+    with lib.Queue(tmp_path / "jobs") as q:
+        q.enqueue({"n": 1}, priority=5)
+        job = q.lease_one(visibility_timeout=30)
+        assert isinstance(job.lease_token, str) and isinstance(job.version, int)
+        copy = job.snapshot()
+        assert copy is not job and copy.to_dict() == job.to_dict()
+        assert not job.is_eligible(time.time())  # leased
+        d = job.to_dict()
+        assert {"id", "payload", "priority", "state", "attempts", "max_attempts", "available_at", "enqueued_at",
+                "lease_deadline", "lease_token", "last_error", "seq"} <= set(d)
+        json.dumps(d)
+        back = lib.Job.from_dict(d)
+        assert back.to_dict() == d and back.state is lib.JobState.LEASED
+        q.ack(back)  # a job rebuilt from its dict still carries its fencing token
+        assert q.get(job.id).state is lib.JobState.DONE
+        ready = lib.Job.from_dict({"id": "x", "payload": None, "state": "ready", "available_at": 10.0})
+        assert ready.is_eligible(10.0) and not ready.is_eligible(9.0)
+        assert q.get(job.id).version != job.version  # the ack changed the state
+
+
+def test_lease_ack_nack_extend_dead_letter(lib, tmp_path):
+    backoff = lib.BackoffPolicy(base=0.0, factor=1.0, max_delay=0.0, jitter=0.0)
+    with lib.Queue(tmp_path / "jobs", max_attempts=2, backoff=backoff) as q:
+        with pytest.raises(ValueError):
+            q.lease(0)
+        a, b = q.enqueue("a"), q.enqueue("b", priority=9)
+        jobs = q.lease(5, visibility_timeout=30)
+        assert [j.payload for j in jobs] == ["b", "a"]  # higher priority first
+        assert all(j.state is lib.JobState.LEASED and j.attempts == 1 for j in jobs)
+        assert q.lease_one() is None
+        jb, ja = jobs
+        before = jb.lease_deadline
+        extended = q.extend(jb, 60)
+        assert extended.lease_deadline > before and extended.state is lib.JobState.LEASED
+        q.ack(jb)
+        q.ack(jb)  # acking twice with the same lease is not an error
+        q.ack(jb.id)  # nor by bare id
+        again = q.nack(ja, error="boom", delay=0.0)
+        assert again.state is lib.JobState.READY and again.last_error == "boom" and again.attempts == 1
+        with pytest.raises(lib.NotLeasedError):
+            q.nack(ja)  # not leased any more
+        ja2 = q.lease_one()
+        assert ja2.id == a.id and ja2.attempts == 2 and ja2.lease_token != ja.lease_token
+        with pytest.raises(lib.NotLeasedError):
+            q.ack(ja)  # the first holder's token is stale
+        dead = q.nack(ja2.id, error="again")  # attempts used up: dead-lettered (by bare id)
+        assert dead.state is lib.JobState.DEAD
+        assert [j.id for j in q.dlq()] == [a.id] and q.dlq(limit=0) == []
+        assert q.stats().dead == 1
+        with pytest.raises(lib.NotLeasedError):
+            q.requeue_dead(b.id)  # not dead
+        assert q.requeue_dead(a.id) == 1
+        revived = q.get(a.id)
+        assert revived.state is lib.JobState.READY and revived.attempts == 0
+        assert q.requeue_dead() == 0
+        assert q.purge() >= 1
+        assert q.stats().total == 0
+
+
+def test_repeated_ack_by_the_holder_is_fine_and_a_stale_holders_ack_is_refused(lib, tmp_path):
+    with lib.Queue(tmp_path / "jobs", visibility_timeout=0.2) as q:
+        q.enqueue("x")
+        first = q.lease_one()
+        second = wait_for(lambda: q.lease_one(visibility_timeout=30))  # after the first lease expired
+        assert second.id == first.id
+        with pytest.raises(lib.NotLeasedError):
+            q.ack(first)  # stale: the job is leased by someone else now
+        q.ack(second)
+        q.ack(second)  # the holder's own repeated ack is fine
+        if lib.__name__ == "ringq":
+            # nobroker accepts any ack of a finished job; ringq still refuses the stale holder's,
+            # whose handler may have done its work after someone else's (docs/migration.md).
+            with pytest.raises(lib.NotLeasedError, match="stale"):
+                q.ack(first)
+
+
+def test_compact_reports_a_compaction_result(lib, tmp_path):
+    with lib.Queue(tmp_path / "jobs") as q:
+        q.enqueue("keep")
+        res = q.compact()
+        assert isinstance(res, lib.CompactionResult)
+        assert res.jobs_kept == 1 and res.jobs_dropped == 0
+        assert res.bytes_reclaimed == res.bytes_before - res.bytes_after
+        assert res.describe().startswith("compacted ")
+        assert q.lease_one().payload == "keep"
+
+
+def test_worker_positional_arguments_and_stats(lib, tmp_path):
+    with lib.Queue(tmp_path / "jobs") as q:
+        q.enqueue_many(list(range(6)))
+        seen = []
+
+        def handler(job):
+            if job.payload == 3:
+                raise ValueError("three")
+            seen.append(job.payload)
+
+        w = lib.Worker(q, handler, 2, 0.01, None, 0.3, False)  # nobroker's dataclass field order
+        assert w.concurrency == 2 and w.max_jobs is None and w.idle_timeout == 0.3
+        stats = w.run()
+        assert isinstance(stats, lib.WorkerStats)
+        assert (stats.leased, stats.succeeded, stats.failed, stats.dead, stats.lost_leases) == (6, 5, 1, 0, 0)
+        assert set(stats.to_dict()) == {"leased", "succeeded", "failed", "dead", "lost_leases"}
+        assert sorted(seen) == [0, 1, 2, 4, 5]
+        w2 = lib.Worker(q, handler, max_jobs=1, handle_signals=False)
+        w2.stop()
+        w2.run()
+
+
+def test_backoff_policy(lib):
+    p = lib.BackoffPolicy(base=1.0, factor=2.0, max_delay=5.0, jitter=0.0)
+    assert [p.delay_for(n) for n in range(5)] == [0.0, 1.0, 2.0, 4.0, 5.0]
+    with pytest.raises(ValueError):
+        lib.BackoffPolicy(jitter=2.0)
+
+
+def test_fsync_false_still_works(lib, tmp_path):
+    with lib.Queue(tmp_path / "jobs", fsync=False) as q:
+        q.enqueue("fast")
+    with lib.Queue(tmp_path / "jobs") as q:
+        assert q.lease_one().payload == "fast"
+
+
+# -- the command line -----------------------------------------------------------------------------------
+
+
+def run_cli(lib, capsys, *argv):
+    cli = importlib.import_module(f"{lib.__name__}.cli")
+    rc = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cli_forms(lib, tmp_path, capsys):
+    d = str(tmp_path / "cliq")
+    rc, out, _ = run_cli(lib, capsys)
+    assert rc == 2 and "usage" in out.lower()
+    rc, out, _ = run_cli(lib, capsys, "-d", d, "-q", "jobs", "--json", "enqueue", '{"a": 1}', "--priority", "3",
+                         "--id", "k1", "--max-attempts", "4", "--delay", "0")
+    assert rc == 0 and json.loads(out)[0]["id"] == "k1"
+    rc, out, _ = run_cli(lib, capsys, "-d", d, "-q", "jobs", "enqueue", "plain text", "--count", "2")
+    assert rc == 0 and len(out.split()) == 2
+    rc, out, _ = run_cli(lib, capsys, "-d", d, "-q", "jobs", "--json", "lease", "-n", "2", "--timeout", "60")
+    leased = json.loads(out)
+    assert rc == 0 and [j["id"] for j in leased][0] == "k1" and len(leased) == 2
+    assert all(isinstance(j["lease_token"], str) for j in leased)
+    rc, out, _ = run_cli(lib, capsys, "-d", d, "-q", "jobs", "--json", "ack", "k1")
+    assert rc == 0 and json.loads(out) == {"acked": "k1"}
+    rc, _, err = run_cli(lib, capsys, "-d", d, "-q", "jobs", "ack", "no-such-job")
+    assert rc == 1 and "no-such-job" in err
+    rc, out, _ = run_cli(lib, capsys, "-d", d, "-q", "jobs", "--json", "nack", leased[1]["id"], "--error", "e",
+                         "--delay", "0")
+    assert rc == 0 and json.loads(out)["last_error"] == "e"
+    rc, out, _ = run_cli(lib, capsys, "-d", d, "-q", "jobs", "--json", "stats")
+    assert rc == 0 and json.loads(out)["done"] == 1
+    rc, out, _ = run_cli(lib, capsys, "-d", d, "-q", "jobs", "--json", "list", "--state", "ready", "--limit", "5")
+    assert rc == 0 and len(json.loads(out)) == 2
+    rc, out, _ = run_cli(lib, capsys, "-d", d, "-q", "jobs", "--json", "dlq")
+    assert rc == 0 and json.loads(out) == []
+    rc, out, _ = run_cli(lib, capsys, "-d", d, "-q", "jobs", "--json", "dlq", "--requeue")
+    assert rc == 0 and json.loads(out) == {"requeued": 0}
+    rc, out, _ = run_cli(lib, capsys, "-d", d, "-q", "jobs", "--json", "compact")
+    assert rc == 0 and {"bytes_before", "bytes_after", "jobs_kept", "jobs_dropped"} <= set(json.loads(out))
+    rc, out, _ = run_cli(lib, capsys, "-d", d, "-q", "jobs", "--json", "recover")
+    rep = json.loads(out)
+    assert rc == 0 and rep["repaired"] is False and rep["ready"] == 2
+    rc, out, _ = run_cli(lib, capsys, "-d", d, "-q", "jobs", "recover")
+    assert rc == 0 and out.startswith("clean")
+    rc, out, _ = run_cli(lib, capsys, "-d", d, "-q", "jobs", "-v", "inspect", "--limit", "2")
+    assert rc == 0 and out
+    rc, out, _ = run_cli(lib, capsys, "-d", d, "-q", "jobs", "--json", "purge", "--yes")
+    # nobroker's compact dropped the acked job; ringq keeps it until its segment retires
+    assert rc == 0 and json.loads(out) == {"purged": 2 if lib.__name__ == "nobroker" else 3}
+
+
+def test_cli_work(lib, tmp_path, capsys, monkeypatch):
+    (tmp_path / "compat_handlers.py").write_text("def handle(job):\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    d = str(tmp_path / "cliq")
+    run_cli(lib, capsys, "-d", d, "enqueue", "x", "--count", "3")
+    rc, out, _ = run_cli(lib, capsys, "-d", d, "--json", "work", "compat_handlers:handle", "-c", "2",
+                         "--max-jobs", "3", "--idle-timeout", "0.5", "--poll-interval", "0.05")
+    assert rc == 0 and json.loads(out)["succeeded"] == 3

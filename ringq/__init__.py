@@ -17,8 +17,8 @@ from .backoff import BackoffPolicy
 from .connect import connect
 from .errors import (
     BackendError,
-    ConnectionLostError,
     CompactionError,
+    ConnectionLostError,
     CorruptionError,
     CorruptLogError,
     ForeignQueueError,

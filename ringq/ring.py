@@ -45,14 +45,13 @@ import stat
 import struct
 import threading
 import time
-import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import durability as _durability
-from . import errors
+from . import errors, forksafe
 from ._native import ffi, lib
 from .errors import (
     CorruptionError,
@@ -187,18 +186,6 @@ def fs_type(path: str, mounts_text: str | None = None) -> str:
     return kind
 
 
-def _reset_locks_in_child() -> None:
-    # A flusher thread may hold a ring's maplock at the moment another thread forks; the child
-    # has no such thread, so it would wait on the copy forever.  Give every ring a fresh one.
-    for ring in list(_LIVE_RINGS):
-        ring.maplock = threading.Lock()
-
-
-_LIVE_RINGS: weakref.WeakSet[Ring] = weakref.WeakSet()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_locks_in_child)
-
-
 class Ring:
     """The segments of one queue name in one directory, as this process sees them.
 
@@ -245,7 +232,6 @@ class Ring:
         self.dur = _durability.make(self, durability, flush_interval=flush_interval, sync_acks=sync_acks,
                                     state_flush_interval=state_flush_interval)
         self.maplock = threading.Lock()  # held while syncing or unmapping segments of self.segments
-        _LIVE_RINGS.add(self)
         self.dir = os.fspath(path)
         self.name = name
         self.durability = durability
@@ -273,6 +259,7 @@ class Ring:
             self._lock_fd = _open_nofollow(self.lock_path, os.O_RDWR | os.O_CREAT, mode)
         except OSError as exc:
             raise type(exc)(exc.errno, f"cannot open {self.lock_path}: {exc.strerror}") from None
+        forksafe.register(self)
         self.ctl: Control | None = None
         self._seen_gen = -1
         self._max_seen = 0
@@ -330,10 +317,22 @@ class Ring:
         """Context manager holding the writer lock: this process's threads, then the flock."""
         return Ring._Locked(self)
 
+    def drop_inherited_locks(self) -> None:
+        """In a forked child (ringq/forksafe.py): close the copy of the writer lock's descriptor
+        at once -- flock belongs to the open file description, so a child keeping it would keep a
+        parent's lock held after the parent died -- and replace the thread locks, which a parent
+        thread (an appender, the flusher) may have held at the fork; the child has no such thread."""
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+        self.maplock = threading.Lock()
+        self._tlock = threading.RLock()
+        self._depth = 0
+
     def _after_fork(self) -> None:
-        # flock belongs to the open file description, which a forked child shares with its
-        # parent: the child must open its own, or it would "hold" the parent's lock.
-        os.close(self._lock_fd)
+        # A child opens its own description of the lock file (the parent's was closed at fork).
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
         self._lock_fd = _open_nofollow(self.lock_path, os.O_RDWR | os.O_CREAT, self.mode)
         self._depth = 0
         self._pid = os.getpid()

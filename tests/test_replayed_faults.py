@@ -1,0 +1,77 @@
+"""Faults replayed from other queues' public bug reports, each as it was reported and in its kind."""
+
+import fcntl
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from procs import spawn
+
+from ringq import Queue
+
+# A holder that leases jobs, keeps appending from a second thread (so that the writer lock is
+# often held at the moment it forks), then starts a helper process and waits to be killed.
+FORKING_HOLDER = """
+import multiprocessing, os, subprocess, sys, threading, time
+from ringq import Queue
+qdir, how = sys.argv[1], sys.argv[2]
+q = Queue(qdir, visibility_timeout=60, durability="none")
+jobs = q.lease(3)
+
+def append():
+    while True:
+        q.enqueue_many([{"filler": i} for i in range(200)], priority=-1)
+
+threading.Thread(target=append, daemon=True).start()
+time.sleep(0.05)
+if how == "subprocess":
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], close_fds=False).pid
+elif how == "os.fork":
+    helper = os.fork()
+    if helper == 0:
+        time.sleep(60)
+        os._exit(0)
+else:
+    p = multiprocessing.get_context(how).Process(target=time.sleep, args=(60,))
+    p.start()
+    helper = p.pid
+print(helper, " ".join(j.id for j in jobs), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("how", ["fork", "forkserver", "spawn", "subprocess", "os.fork"])
+def test_locks_die_with_their_process_whatever_it_forked(qdir, how):
+    with Queue(qdir, visibility_timeout=60) as q:
+        q.enqueue_many([{"n": i} for i in range(3)], priority=5)
+        holder = spawn(FORKING_HOLDER, qdir, how, stdout=subprocess.PIPE, text=True)
+        helper = 0
+        try:
+            line = holder.stdout.readline().split()
+            helper, held = int(line[0]), line[1:]
+            assert len(held) == 3
+            holder.send_signal(signal.SIGKILL)
+            holder.wait()
+            t = time.monotonic()
+            got = []
+            while len(got) < 3 and time.monotonic() - t < 10:
+                got += [j for j in q.lease(10, wait=0.1) if j.priority == 5]
+            assert time.monotonic() - t < 1.0, "the dead holder's leases stayed held by its helper"
+            assert sorted(j.id for j in got) == sorted(held)
+            # The writer lock is free: the kernel's answer, not ringq's.
+            fd = os.open(os.path.join(qdir, "default.lock"), os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            finally:
+                os.close(fd)
+            assert helper and os.kill(helper, 0) is None  # the helper still lives: it held nothing
+        finally:
+            holder.kill()
+            holder.wait()
+            if helper:
+                try:
+                    os.kill(helper, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass

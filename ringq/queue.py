@@ -90,6 +90,7 @@ DEFAULT_MAX_ATTEMPTS = 5
 MAX_ATTEMPTS_LIMIT = 0xFFFF
 RELOCATE_AFTER = 5.0  # seconds: a READY job due later than this may be moved out of a finished segment
 REAP_INTERVAL = 0.25  # seconds between scans for expired leases and dead holders
+FLOOR_RESCAN = 0.005  # seconds between scans while the lease-deadline floor stays in the past
 CLAIM_GRACE = 2.0  # seconds a lease may stay without its owner word before it counts as orphaned
 AUTO_ID = re.compile(r"^[0-9a-f]{16}$")
 _NONE = object()
@@ -101,11 +102,21 @@ class _Retired(JobNotFoundError):
 
 @dataclass(frozen=True, slots=True)
 class QueueStats:
-    """Counts of retained jobs by state at one instant (plain loads of the state tables).
+    """Counts of retained jobs by state, and cumulative counters since the queue was created.
 
-    ``delayed`` jobs are READY with a future ``available_at``; ``total`` is the sum of the five job
-    states.  ``corrupt`` counts records quarantined as damaged (not included in ``total``).  Jobs
-    stay counted as ``done`` until their segment retires.
+    ``ready`` .. ``corrupt`` count the jobs retained now, each segment's from one copy of its
+    state table.  ``delayed`` jobs are READY with a future ``available_at``; ``total`` is the sum
+    of the five job states.  ``corrupt`` counts records quarantined as damaged (not included in
+    ``total``).  Jobs stay counted as ``done`` until their segment retires, so ``done`` and
+    ``total`` fall as segments retire.  A lease that expired or whose holder died counts as
+    ``ready`` (``dead`` if its attempts are used up), as reclaiming it will make it.
+
+    ``enqueued_total``, ``acked_total`` and ``dead_lettered_total`` never fall: jobs enqueued
+    (requeues and relocation copies not counted), acks, and moves to the dead-letter queue, since
+    the queue was created, by all processes.  They live in the control file and are bumped right
+    after the state change they count: a process killed between the two leaves its counter one
+    short (never over); a power loss may lose the increments since the control page was last
+    synced (at each segment rotation); a control file rebuilt from the segments restarts them at 0.
     """
 
     ready: int = 0
@@ -115,6 +126,9 @@ class QueueStats:
     dead: int = 0
     total: int = 0
     corrupt: int = 0
+    enqueued_total: int = 0
+    acked_total: int = 0
+    dead_lettered_total: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return {f: getattr(self, f) for f in self.__slots__}
@@ -389,6 +403,7 @@ class Queue:
             with self._lock:
                 placed, ticket = self._ring.append_nowait(recs, bufs)
             # Sync outside our lock, so that other threads append meanwhile (and share the sync).
+            self._ring.count("enqueued", len(recs))
             self._ring.finish(ticket)
             return [self._fresh_job(r, p, payloads[i]) for i, (r, p) in enumerate(zip(recs, placed))]
         with self._lock:
@@ -409,6 +424,7 @@ class Queue:
                         todo_bufs.append(bufs[i])
                         todo_idx.append(i)
                 placed = self._ring.append(todo, todo_bufs) if todo else []
+                self._ring.count("enqueued", len(placed))
                 for i, p in zip(todo_idx, placed):
                     result[i] = self._fresh_job(recs[i], p, payloads[i])
                     self._ids[job_ids[i]] = (p[0], p[1])
@@ -840,10 +856,16 @@ class Queue:
             left = deadline - time.monotonic()
             if left <= 0:
                 return got
-            nap = min(left, REAP_INTERVAL * 4)
+            nap = min(left, REAP_INTERVAL * 4, self._until_floor())
             if next_due is not None:
                 nap = min(nap, max(0.0, next_due / 1000 - time.time()) + 0.001)
             self._ring.sleep(seen, nap)
+
+    def _until_floor(self) -> float:
+        """Seconds until the earliest lease of the queue may expire (plus 1 ms), if that is ahead."""
+        floor_ms = self._ring.deadline_floor()[1]
+        ahead = floor_ms / 1000 - time.time()
+        return ahead + 0.001 if ahead > 0 else REAP_INTERVAL
 
     def wake_token(self) -> int:
         """The queue's wake counter: it moves whenever a job is appended or returns to READY.
@@ -865,7 +887,7 @@ class Queue:
         allowed: callers look for work again and wait again.
         """
         self._live()
-        nap = timeout
+        nap = min(timeout, self._until_floor())
         with self._lock:
             if self._sched:
                 due = self._sched[0][0] / 1000 - time.time()
@@ -958,6 +980,7 @@ class Queue:
         if not ok:
             self._held.pop(key, None)
             return None
+        self._ring.lower_deadline_floor(seg.epoch_ms + (new >> TIME_SHIFT))
         self._ring.note_state(seg, slot, final=False)
         # The owner word, tagged with the lease count.  A detached lease is tagged with owner
         # index 0: known to have no owner process, so only its visibility timeout ends it -- unlike
@@ -1027,6 +1050,7 @@ class Queue:
                 if ok:
                     break
             self._ring.note_state(seg, slot, final=True)
+            self._ring.count("acked")
             self._held.pop((seg.seq, slot), None)
             self._ring.note_finished(seg)
             if view.sealed:
@@ -1073,6 +1097,8 @@ class Queue:
             self._held.pop((seg.seq, slot), None)
             if new & 7 == ST_READY:
                 self._ring.note_returned(seg)
+            else:
+                self._ring.count("dead")
             job = self._job_at(seg.seq, slot, new)
             if view.sealed:
                 self._maybe_relocate(view)
@@ -1101,10 +1127,16 @@ class Queue:
     def _reap(self, force: bool = False) -> int:
         """Return expired leases and leases of dead holders to READY (or DEAD); retire finished segments."""
         t = time.monotonic()
-        if not force and t - self._last_reap < REAP_INTERVAL:
+        now = _now_ms()
+        floor_word, floor_ms = self._ring.deadline_floor()
+        # Scan when the earliest lease of the queue may have expired (the floor), so an expired
+        # lease is leasable again within milliseconds; otherwise every REAP_INTERVAL, for dead
+        # holders.  FLOOR_RESCAN spaces scans while the floor stays in the past (a scan could not
+        # raise it because leases were taken meanwhile).
+        if not force and t - self._last_reap < REAP_INTERVAL and (now <= floor_ms or t - self._last_reap < FLOOR_RESCAN):
             return 0
         self._last_reap = t
-        now = _now_ms()
+        earliest = Ring.FLOOR_NEVER
         mine = self._owners.index if self._owners.pid == os.getpid() else 0
         reclaimed = 0
         unowned: dict[tuple[int, int, int], float] = {}
@@ -1119,7 +1151,10 @@ class Queue:
                 continue
             w = words[leased]
             owners = tbl[leased, 1]
-            expired = (w >> np.uint64(TIME_SHIFT)).astype(np.int64) + seg.epoch_ms < now
+            deadlines = (w >> np.uint64(TIME_SHIFT)).astype(np.int64) + seg.epoch_ms
+            expired = deadlines < now
+            if not expired.all():
+                earliest = min(earliest, int(deadlines[~expired].min()))
             for slot, word in zip(leased[expired].tolist(), w[expired].tolist()):
                 reclaimed += self._reclaim(view, slot, word, WHY_EXPIRED, now)
             tagged = ((owners >> np.uint64(16)) & np.uint64(LC_MASK)) == ((w >> np.uint64(6)) & np.uint64(LC_MASK))
@@ -1153,6 +1188,7 @@ class Queue:
             finally:
                 self._owners.release(idx)
         self._unowned = unowned
+        self._ring.raise_deadline_floor(floor_word, earliest)
         self._ring.retire_finished(thorough=force)
         for view in list(self._views.values()):
             if view.sealed:
@@ -1169,6 +1205,8 @@ class Queue:
         ok, _ = seg.cas64(seg.state_off_of(slot), word, new)
         if ok and new & 7 == ST_READY:
             self._ring.note_returned(seg)
+        elif ok:
+            self._ring.count("dead")
         return int(ok)
 
     # -- reads and admin -------------------------------------------------------------------------------------
@@ -1179,17 +1217,26 @@ class Queue:
         with self._lock:
             self._refresh()
             view, slot, _ = self._locate(job_id)
-            return self._job_at(view.seg.seq, slot)
+            tbl = np.array(view.seg.states[slot : slot + 1])
+            self._as_reclaimed(view, tbl, _now_ms(), np.array([slot]))
+            return self._job_at(view.seg.seq, slot, int(tbl[0, 0]))
 
-    def _heads(self, states: Iterable[int]) -> list[tuple[int, _View, int, int]]:
-        """(seq, view, slot, word) of retained heads whose state is in ``states``, in seq order."""
+    def _heads(self, states: Iterable[int], as_reclaimed: bool = True) -> list[tuple[int, _View, int, int]]:
+        """(seq, view, slot, word) of retained heads whose state is in ``states``, in seq order.
+
+        ``as_reclaimed``: show leases a reclaim would end as what it would make them (for reads;
+        never for a caller that CASes on the words returned)."""
         wanted = np.array(sorted(states), dtype=np.uint64)
         rows = []
+        now = _now_ms()
         for view in self._views.values():
             heads = view.heads.view()
             if not len(heads):
                 continue
-            words = view.seg.states[heads, 0]
+            tbl = view.seg.states[heads]  # a copy (fancy indexing): reclaims are shown, never written
+            if as_reclaimed:
+                self._as_reclaimed(view, tbl, now, heads)
+            words = tbl[:, 0]
             sel = np.isin(words & np.uint64(7), wanted)
             for slot, word in zip(heads[sel].tolist(), words[sel].tolist()):
                 rows.append((int(view.seq[slot]), view, slot, word))
@@ -1235,7 +1282,7 @@ class Queue:
                     raise NotLeasedError(f"job {job_id!r} is not in the dead-letter queue")
                 targets = [(0, view, slot, w)]
             else:
-                targets = self._heads({ST_DEAD})
+                targets = self._heads({ST_DEAD}, as_reclaimed=False)
             recs, olds = [], []
             for _seq, view, slot, word in targets:
                 seg = view.seg
@@ -1279,7 +1326,10 @@ class Queue:
             return n
 
     def stats(self) -> QueueStats:
-        """Counts by state, computed with vectorised numpy over the mapped state tables."""
+        """Counts by state, each segment's from one copy of its state table, plus the cumulative
+        counters.  Read-only: a lease that has expired or whose holder died is counted as what
+        reclaiming it will make it (ready, or dead if its attempts are used up), though nothing is
+        written until some process leases.  Raises QueueClosedError."""
         self._live()
         with self._lock:
             self._refresh()
@@ -1289,7 +1339,11 @@ class Queue:
             for view in self._views.values():
                 seg = view.seg
                 tail = min(seg.load32(OFF_TAIL), seg.slot_count)
-                words = seg.states[:tail, 0]
+                # One copy of the live table: every count below comes from the same instant of
+                # this segment (two reads of the shared words could see a job in two states).
+                tbl = np.array(seg.states[:tail])
+                words = tbl[:, 0]
+                self._as_reclaimed(view, tbl, now)
                 st = words & np.uint64(7)
                 c += np.bincount(st.astype(np.int64), minlength=8)
                 ready = words[st == ST_READY]
@@ -1297,7 +1351,41 @@ class Queue:
                     delayed += int(np.count_nonzero((ready >> np.uint64(TIME_SHIFT)).astype(np.int64) + seg.epoch_ms > now))
             ready = int(c[ST_READY]) - delayed
             total = int(c[ST_READY] + c[ST_LEASED] + c[ST_DONE] + c[ST_DEAD])
-            return QueueStats(ready, delayed, int(c[ST_LEASED]), int(c[ST_DONE]), int(c[ST_DEAD]), total, int(c[ST_BAD]))
+            tot = self._ring.totals()
+            return QueueStats(ready, delayed, int(c[ST_LEASED]), int(c[ST_DONE]), int(c[ST_DEAD]), total,
+                              int(c[ST_BAD]), tot["enqueued"], tot["acked"], tot["dead"])
+
+    def _as_reclaimed(self, view: _View, tbl: np.ndarray, now: int, slots_of: np.ndarray | None = None) -> None:
+        """Rewrite, in ``tbl``, a private copy of rows of ``view``'s state table (state and owner
+        word; row i is slot ``slots_of[i]``, or slot i if None), each lease that a reclaim would end -- expired, or held by a dead process -- as the
+        word the reclaim would write.  Never writes to the queue."""
+        words = tbl[:, 0]
+        leased = np.flatnonzero((words & np.uint64(7)) == ST_LEASED)
+        if not len(leased):
+            return
+        seg = view.seg
+        w = words[leased]
+        own = tbl[leased, 1]
+        lc = (w >> np.uint64(6)) & np.uint64(LC_MASK)
+        expired = (w >> np.uint64(TIME_SHIFT)).astype(np.int64) + seg.epoch_ms < now
+        why = np.where(expired, WHY_EXPIRED, WHY_DIED).astype(np.uint64)
+        idx = own & np.uint64(0xFFFF)
+        tagged = ((own >> np.uint64(16)) & np.uint64(LC_MASK)) == lc
+        mine = self._owners.index if self._owners.pid == os.getpid() else 0
+        gone = np.zeros(len(leased), bool)
+        for i in np.unique(idx[tagged & ~expired & (idx != 0)]).tolist():
+            if i != mine and not self._owners.is_alive(int(i)):
+                gone |= tagged & (idx == i)
+        hit = expired | gone
+        if not hit.any():
+            return
+        rows = leased[hit]
+        slots = rows if slots_of is None else slots_of[rows]
+        maxatt = view.maxatt[slots].astype(np.int64)
+        out_of_tries = (maxatt > 0) & (view.attb[slots].astype(np.int64) + lc[hit].astype(np.int64) >= maxatt)
+        state = np.where(out_of_tries, ST_DEAD, ST_READY).astype(np.uint64)
+        rel = np.uint64(max(now - seg.epoch_ms, 0))
+        words[rows] = state | (why[hit] << np.uint64(3)) | (lc[hit] << np.uint64(6)) | (rel << np.uint64(TIME_SHIFT))
 
     def __len__(self) -> int:
         """Number of retained jobs (``stats().total``)."""

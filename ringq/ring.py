@@ -62,12 +62,16 @@ from .errors import (
 )
 from .job import ST_BAD, ST_CONT, ST_DONE, ST_EMPTY, ST_GONE, ST_READY, pack
 from .segment import (
+    OFF_ACKED_TOTAL,
     OFF_CHANGE,
     OFF_CTL_CHANGE,
+    OFF_DEAD_TOTAL,
+    OFF_ENQUEUED_TOTAL,
     OFF_FINISHED,
     OFF_LAST_SEQ,
     OFF_LOCK_WAITERS,
     OFF_LOCK_WAKE,
+    OFF_MIN_DEADLINE,
     OFF_NEXT_SEQ,
     OFF_NRECORDS,
     OFF_RETIRED,
@@ -854,6 +858,54 @@ class Ring:
 
     def change_counter(self) -> int:
         return self.ctl.load64(OFF_CTL_CHANGE)
+
+    # -- cumulative counters ---------------------------------------------------------------------------
+
+    COUNTERS = {"enqueued": OFF_ENQUEUED_TOTAL, "acked": OFF_ACKED_TOTAL, "dead": OFF_DEAD_TOTAL}
+
+    def count(self, what: str, n: int = 1) -> None:
+        """Add ``n`` to a cumulative counter of the control file (``"enqueued"``, ``"acked"``, ``"dead"``)."""
+        if n:
+            self.ctl.add64(self.COUNTERS[what], n)
+
+    def totals(self) -> dict[str, int]:
+        """The cumulative counters: ``{"enqueued": n, "acked": n, "dead": n}`` since creation."""
+        return {k: self.ctl.load64(off) for k, off in self.COUNTERS.items()}
+
+    # -- the lease-deadline floor ----------------------------------------------------------------------
+    # One control word says when the earliest lease of the queue may expire, so that a reader scans
+    # the state tables for expired leases when that moment comes instead of on a fixed period: an
+    # expired lease is leasable again within milliseconds of its deadline, and nobody scans per
+    # lease.  It packs (deadline ms since the Unix epoch << FLOOR_GEN_BITS) | generation.  Every
+    # claimer lowers the deadline to its own if that is earlier and bumps the generation (one CAS);
+    # a scanner may raise it to the earliest deadline it saw only if the generation did not move
+    # since it read the word *before* its scan -- otherwise a lease it did not see could be hidden.
+
+    FLOOR_GEN_BITS = 20
+    FLOOR_NEVER = (1 << 44) - 1  # ms: no lease known
+
+    def deadline_floor(self) -> tuple[int, int]:
+        """``(word, ms)``: the raw floor word (pass it to :meth:`raise_deadline_floor`) and its deadline."""
+        w = self.ctl.load64(OFF_MIN_DEADLINE)
+        return w, w >> self.FLOOR_GEN_BITS
+
+    def lower_deadline_floor(self, ms: int) -> None:
+        """A lease expiring at ``ms`` (ms since the epoch) was just taken."""
+        ms = min(max(ms, 0), self.FLOOR_NEVER)
+        mask = (1 << self.FLOOR_GEN_BITS) - 1
+        cur = self.ctl.load64(OFF_MIN_DEADLINE)
+        while True:
+            new = (min(cur >> self.FLOOR_GEN_BITS, ms) << self.FLOOR_GEN_BITS) | ((cur + 1) & mask)
+            ok, cur = self.ctl.cas64(OFF_MIN_DEADLINE, cur, new)
+            if ok:
+                return
+
+    def raise_deadline_floor(self, seen: int, ms: int) -> bool:
+        """After a full scan begun when the floor word was ``seen``: set the floor to ``ms`` (the
+        earliest deadline the scan saw), unless a lease was taken since.  True if it was set."""
+        ms = min(max(ms, 0), self.FLOOR_NEVER)
+        mask = (1 << self.FLOOR_GEN_BITS) - 1
+        return self.ctl.cas64(OFF_MIN_DEADLINE, seen, (ms << self.FLOOR_GEN_BITS) | ((seen + 1) & mask))[0]
 
     # -- retirement ------------------------------------------------------------------------------------
 

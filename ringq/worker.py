@@ -202,15 +202,24 @@ class Worker:
             try:
                 self.handler(job)
             except BaseException as exc:  # the handler's failure is data, not ours
+                self._finished_handler(key)
                 self._fail(job, exc)
                 if not isinstance(exc, Exception):  # SystemExit and the like: nack, then stop
                     self._stop.set()
             else:
+                self._finished_handler(key)
                 self._settle(self.queue.ack, job, succeeded=1)
         finally:
             with self._inflight_lock:
                 self._inflight.pop(key, None)
                 self._last_busy = time.monotonic()
+
+    def _finished_handler(self, key: int) -> None:
+        # No more beats for this job: its ack or nack follows, and a beat racing it would fail
+        # on a job that is no longer leased -- an outcome, not a lost lease.
+        with self._inflight_lock:
+            if key in self._inflight:
+                self._inflight[key] = None
 
     def _settle(self, op: Callable[[Job], Any], job: Job, **count: int) -> Any:
         """Run ack/nack; a lost lease or a queue error is counted and logged, never raised."""
@@ -256,7 +265,10 @@ class Worker:
             except QueueClosedError:
                 return
             except Exception as exc:  # lost (expired, purged, reclaimed) or a queue error: stop beating it
-                log.warning("job %s: heartbeat failed: %s", job.id, exc)
+                with self._inflight_lock:
+                    racing = self._inflight.get(key) is not job
+                if not racing:  # (a beat that raced its own handler's ack or nack failed by design)
+                    log.warning("job %s: heartbeat failed: %s", job.id, exc)
                 extended = None
             with self._inflight_lock:
                 if self._inflight.get(key) is job:

@@ -396,6 +396,7 @@ class Queue:
                 if id_bytes is None:
                     raise SerializationError(f"job id {job_ids[i]!r} is not valid Unicode text")
             recs.append(NewRecord(data, kind, id_bytes, priority, delay_ms, attempts))
+        self._ring.check_sizes(recs)  # the whole batch, before a byte of it is allocated or written
         bufs = [self._ring.build(r) for r in recs]
         if not recs:
             return []

@@ -675,21 +675,33 @@ class Ring:
 
     # -- append ------------------------------------------------------------------------------------
 
+    MAX_RECORD_FIELD = 0xFFFFFFFF  # the record header's length fields are 32-bit (docs/format.md)
+    MAX_ID_FIELD = 0xFFFF  # and its id length field 16-bit
+
     def max_record_bytes(self) -> int:
-        """The largest record (64-byte header + id + payload) a segment can hold, in bytes."""
-        return self.ctl.slot_size * self.ctl.slot_count
+        """The largest record (64-byte header + id + payload) this queue stores, in bytes: what a
+        segment holds, capped at the 32-bit length field of the record header (4 GiB - 1)."""
+        return min(self.ctl.slot_size * self.ctl.slot_count, self.MAX_RECORD_FIELD)
+
+    def check_sizes(self, recs: Iterable[NewRecord]) -> None:
+        """Raise RecordTooLargeError if any record of the batch exceeds a limit (nothing allocated)."""
+        limit = self.max_record_bytes()
+        for rec in recs:
+            length = REC_HEADER.size + len(rec.id_bytes) + len(rec.payload)
+            if length > limit:
+                raise RecordTooLargeError(
+                    f"record of {length} bytes (payload {len(rec.payload)} + id {len(rec.id_bytes)} + 64 header) "
+                    f"exceeds the largest record queue {self.name!r} stores: {limit} bytes"
+                    + (" (the 32-bit length field)" if limit == self.MAX_RECORD_FIELD else " (one segment)")
+                )
+            if len(rec.id_bytes) > self.MAX_ID_FIELD:
+                raise RecordTooLargeError(f"job id of {len(rec.id_bytes)} bytes exceeds the 65535-byte limit")
 
     def build(self, rec: NewRecord) -> bytearray:
-        """Record bytes with seq/time left for :meth:`append` to fill.  Raises RecordTooLargeError."""
+        """Record bytes with seq/time left for :meth:`append` to fill.  Raises RecordTooLargeError
+        (before allocating anything)."""
+        self.check_sizes((rec,))
         length = REC_HEADER.size + len(rec.id_bytes) + len(rec.payload)
-        limit = self.max_record_bytes()
-        if length > limit:
-            raise RecordTooLargeError(
-                f"record of {length} bytes (payload {len(rec.payload)} + id {len(rec.id_bytes)} + 64 header) "
-                f"exceeds the largest record a segment of queue {self.name!r} holds: {limit} bytes"
-            )
-        if len(rec.id_bytes) > 0xFFFF:
-            raise RecordTooLargeError(f"job id of {len(rec.id_bytes)} bytes exceeds the 65535-byte limit")
         buf = bytearray(length)
         buf[REC_HEADER.size : REC_HEADER.size + len(rec.id_bytes)] = rec.id_bytes
         buf[REC_HEADER.size + len(rec.id_bytes) :] = rec.payload
@@ -722,6 +734,7 @@ class Ring:
         Until ``finish(ticket)`` returns the records are visible but not yet durable.
         """
         if bufs is None:
+            self.check_sizes(recs)  # the whole batch, before a byte of it is allocated or written
             bufs = [self.build(r) for r in recs]
         slot_size = self.ctl.slot_size
         out: list[tuple[int, int, int, int, int]] = []

@@ -75,3 +75,31 @@ def test_locks_die_with_their_process_whatever_it_forked(qdir, how):
                     os.kill(helper, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+
+
+def test_records_are_capped_at_their_32_bit_length_field_and_batches_checked_whole():
+    # Segments of 4 GiB + 1 MiB: a record may not use all of one, its length field is 32-bit.
+    # On tmpfs (memory), since a segment is written whole when it is created.
+    shm = "/dev/shm"
+    if not os.path.isdir(shm) or os.statvfs(shm).f_bavail * os.statvfs(shm).f_frsize < 9 << 30:
+        pytest.skip("needs 9 GiB free on /dev/shm")
+    import shutil
+    import tempfile
+
+    from ringq import RecordTooLargeError
+
+    d = tempfile.mkdtemp(dir=shm)
+    try:
+        with Queue(d, slot_size=1 << 20, slot_count=4097, durability="none") as q:
+            limit = 2**32 - 1
+            huge = bytes(limit - 64 + 1)  # one byte over the field (calloc'd: no memory touched)
+            with pytest.raises(RecordTooLargeError, match=f"{limit} bytes.*32-bit length field"):
+                q.enqueue_many([b"first", b"second", huge])
+            assert q.stats().total == 0 and q.stats().enqueued_total == 0  # nothing of the batch
+            with pytest.raises(RecordTooLargeError):
+                q.enqueue(huge, job_id="x")
+            assert len(q) == 0
+            q.enqueue(b"fine")
+            assert q.lease_one().payload == b"fine"
+    finally:
+        shutil.rmtree(d)

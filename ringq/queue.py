@@ -48,6 +48,7 @@ from .errors import (
     JobNotFoundError,
     NotLeasedError,
     QueueClosedError,
+    QueueFullError,
     SerializationError,
 )
 from .job import (
@@ -402,7 +403,12 @@ class Queue:
             return []
         if job_ids is None:
             with self._lock:
-                placed, ticket = self._ring.append_nowait(recs, bufs)
+                try:
+                    placed, ticket = self._ring.append_nowait(recs, bufs)
+                except QueueFullError:
+                    if not self._make_room():
+                        raise
+                    placed, ticket = self._ring.append_nowait(recs, bufs)
             # Sync outside our lock, so that other threads append meanwhile (and share the sync).
             self._ring.count("enqueued", len(recs))
             self._ring.finish(ticket)
@@ -424,7 +430,12 @@ class Queue:
                         todo.append(recs[i])
                         todo_bufs.append(bufs[i])
                         todo_idx.append(i)
-                placed = self._ring.append(todo, todo_bufs) if todo else []
+                try:
+                    placed = self._ring.append(todo, todo_bufs) if todo else []
+                except QueueFullError:
+                    if not self._make_room():
+                        raise
+                    placed = self._ring.append(todo, todo_bufs)
                 self._ring.count("enqueued", len(placed))
                 for i, p in zip(todo_idx, placed):
                     result[i] = self._fresh_job(recs[i], p, payloads[i])
@@ -438,6 +449,17 @@ class Queue:
                 else:
                     out.append(self._job_at(*r))
             return out
+
+    def _make_room(self) -> bool:
+        """After a QueueFullError: retire every finished segment, the tail included (a volume
+        with room for one segment), and drop our mappings of them so that their space returns.
+        True if anything was retired (the append is then worth one more try)."""
+        with self._ring.locked():
+            self._refresh(relocate=False)
+            n = self._ring.retire_finished(thorough=True) + self._ring.retire_finished_tail()
+        if n:
+            self._refresh(relocate=False)  # unmaps them: an unlinked file's space returns at its last unmap
+        return bool(n)
 
     def _fresh_job(self, rec: NewRecord, placed: tuple, payload: Any) -> Job:
         segseq, slot, seq, enq_us, avail_ms = placed

@@ -801,10 +801,34 @@ class Ring:
     def _tail_segment(self) -> Segment:
         seq = self.ctl.load64(OFF_TAIL_SEG)
         seg = self.segment(seq)
-        if seg is None:
-            # The tail segment vanished (deleted by hand?): start a fresh one after it.
+        if seg is None or seg.load32(OFF_RETIRED):
+            # The tail segment vanished (deleted by hand?) or was retired to make room (see
+            # retire_finished_tail): start a fresh one after it.
             return self._rotate(None, seq)
         return seg
+
+    def retire_finished_tail(self) -> bool:
+        """Under the lock: retire the tail segment itself if every record in it is finished.
+
+        For a volume with room for one segment: its full tail would otherwise never retire
+        (a segment retires once a newer one took over appends, and the newer one cannot be
+        created), and the queue would refuse work for ever although all its jobs are done.
+        The next append starts a fresh tail segment.  The space returns when every process that
+        mapped the segment has dropped it (each does at its next call on the queue).  True if
+        the tail was retired.
+        """
+        seq = self.ctl.load64(OFF_TAIL_SEG)
+        seg = self.segments.get(seq)
+        if seg is None or seg.mm is None or seg.load64(OFF_NRECORDS) == 0 or not self.finished_all(seg):
+            return False
+        seg.store32(OFF_SEALED, 1)  # nobody appends meanwhile: we hold the writer lock
+        if not seg.cas32(OFF_RETIRED, 0, 1):
+            return False
+        if self.durability != "none":
+            self.ctl.msync(0, 4096)  # the next seq outlives the records that held the last ones
+        self._unlink_segment(seq)
+        self.ctl.add64(OFF_RING_GEN)
+        return True
 
     def _rotate(self, seg: Segment | None, after: int | None = None) -> Segment:
         """Under the lock: seal ``seg`` and link a new tail segment.  Raises QueueFullError."""

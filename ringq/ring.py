@@ -60,7 +60,18 @@ from .errors import (
     RecordTooLargeError,
     UnsupportedFilesystemError,
 )
-from .job import ST_BAD, ST_CONT, ST_DONE, ST_EMPTY, ST_GONE, ST_READY, pack
+from .job import (
+    LC_MASK,
+    ST_BAD,
+    ST_CONT,
+    ST_DEAD,
+    ST_DONE,
+    ST_EMPTY,
+    ST_GONE,
+    ST_LEASED,
+    ST_READY,
+    pack,
+)
 from .segment import (
     OFF_ACKED_TOTAL,
     OFF_CHANGE,
@@ -83,10 +94,12 @@ from .segment import (
     OFF_WAITERS,
     OFF_WAKE,
     Control,
+    Mapped,
     Segment,
     _open_nofollow,
     crc32c,
     fsync_dir,
+    seg_layout,
     segment_name,
 )
 
@@ -394,8 +407,15 @@ class Ring:
                 what = "empty" if os.path.exists(ctl_path) else "missing"
                 self.report.repaired.append((ctl_path, f"{what} control file; rebuilt from the segments"))
             Control.create(ctl_path, slot_size, slot_count, self.mode)
-        self.ctl = Control(ctl_path)
+        try:
+            self.ctl = Control(ctl_path)
+        except CorruptionError as exc:
+            raise CorruptionError(
+                f"{exc}. If the queue's segments are intact, remove {ctl_path}: the next open rebuilds "
+                "it from them (geometry, tail, next seq)"
+            ) from None
         seqs = []
+        salvage: list[tuple[str, str, list[NewRecord], int]] = []
         for entry in os.scandir(self.dir):
             fname = entry.name
             if fname.startswith(self.name + ".") and fname.endswith(".quarantined"):
@@ -422,7 +442,13 @@ class Ring:
             except FormatVersionError:
                 raise
             except CorruptionError as exc:
-                self._quarantine(path, str(exc))
+                # A damaged header need not mean damaged records: each carries its own CRC.  Copy
+                # the intact ones to the tail (below) before the file is set aside.
+                recs, lost = self._salvage(path, seq)
+                if recs or lost:
+                    salvage.append((path, str(exc), recs, lost))
+                else:
+                    self._quarantine(path, str(exc))
                 continue
             if seg.load32(OFF_RETIRED):
                 if self.finished_all(seg):
@@ -474,6 +500,73 @@ class Ring:
             self.ctl.msync(0, 4096)
         self._max_seen = tail_seq
         self._seen_gen = self.ctl.load64(OFF_RING_GEN)
+        for path, reason, recs, lost in salvage:
+            # Copies first, then the rename: a crash in between salvages again at the next open
+            # (a job twice, as at-least-once allows), never loses one.
+            if recs:
+                self.append(recs)
+            what = f"{len(recs)} intact jobs salvaged to the tail (ids, attempts, priority, times kept)"
+            if lost:
+                what += f"; {lost} records failed their CRC and are lost"
+            self._quarantine(path, f"{reason}; {what}")
+            self.report.repaired.append((path, what))
+
+    def _salvage(self, path: str, seq: int) -> tuple[list[NewRecord], int]:
+        """Intact unfinished jobs of segment file ``path`` whose header is unusable, as records to
+        re-append, and how many records there failed their CRC.  Reads only, with the queue's
+        geometry and the seq of the file name (each record's CRC is seeded by both).  A job keeps
+        its id, priority, max attempts and attempts so far (a lease counts as one); it is due at
+        its enqueue-time available-at (a retry's backoff time was relative to the lost header's
+        epoch); a dead job stays dead; finished ones are left out.  ``([], 0)`` if nothing is
+        readable."""
+        state_off, data_off, size = seg_layout(self.ctl.slot_size, self.ctl.slot_count)
+        try:
+            fd = _open_nofollow(path, os.O_RDONLY)
+        except (OSError, CorruptionError):
+            return [], 0
+        try:
+            if os.fstat(fd).st_size < size:
+                os.close(fd)
+                return [], 0
+            m = Mapped(path, fd, size, readonly=True)
+        except OSError:
+            os.close(fd)
+            return [], 0
+        try:
+            geom = ffi.new("ringq_geom *", {"seg_seq": seq, "state_off": state_off, "data_off": data_off,
+                                            "slot_size": self.ctl.slot_size, "slot_count": self.ctl.slot_count})
+            states = np.frombuffer(m.mm, dtype="<u8", count=2 * self.ctl.slot_count, offset=state_off)[0::2]
+            used = np.flatnonzero(states & 7)
+            end = int(used[-1]) + 1 if len(used) else 0
+            if not end:
+                return [], 0
+            out = ffi.new("ringq_rec_info[]", end)
+            nxt = ffi.new("uint32_t *")
+            n = lib.ringq_seg_scan(m.ptr, m.size, geom, 0, end, out, end, nxt)
+            if n < 0:
+                return [], 0
+            infos = np.frombuffer(ffi.buffer(out, n * REC_INFO_DTYPE.itemsize), dtype=REC_INFO_DTYPE).copy()
+            del states
+            recs, lost = [], 0
+            for info in infos:
+                st = int(info["state"]) & 7
+                if info["status"] != 0:
+                    lost += st in (ST_READY, ST_LEASED, ST_DEAD, ST_BAD)
+                    continue
+                if st not in (ST_READY, ST_LEASED, ST_DEAD):
+                    continue
+                base = data_off + int(info["slot"]) * self.ctl.slot_size + REC_HEADER.size
+                id_len, plen = int(info["id_len"]), int(info["payload_len"])
+                jid = bytes(m.mm[base : base + id_len]) if id_len else f"{int(info['seq']):016x}".encode()
+                payload = bytes(m.mm[base + id_len : base + id_len + plen])
+                lc = (int(info["state"]) >> 6) & LC_MASK
+                recs.append(NewRecord(payload, int(info["codec"]), jid, int(info["priority"]), 0,
+                                      int(info["max_attempts"]), min(int(info["attempts_before"]) + lc, 0xFFFF),
+                                      state=ST_DEAD if st == ST_DEAD else ST_READY,
+                                      at_ms=int(info["available_ms"])))
+            return recs, lost
+        finally:
+            m.close()
 
     def _existing_geometry(self, slot_size: int, slot_count: int) -> tuple[int, int]:
         """``(slot_size, slot_count)`` of the newest valid segment of this queue, else the arguments."""

@@ -1,6 +1,7 @@
 """Faults replayed from other queues' public bug reports, each as it was reported and in its kind."""
 
 import fcntl
+import glob
 import os
 import signal
 import subprocess
@@ -103,3 +104,45 @@ def test_records_are_capped_at_their_32_bit_length_field_and_batches_checked_who
             assert q.lease_one().payload == b"fine"
     finally:
         shutil.rmtree(d)
+
+
+def test_an_all_zero_control_file_says_that_removing_it_rebuilds_it(qdir):
+    from ringq.errors import CorruptionError
+
+    with Queue(qdir) as q:
+        q.enqueue_many(["a", "b"])
+    ctl = os.path.join(qdir, "default.ctl")
+    with open(ctl, "r+b") as fh:
+        fh.write(bytes(4096))
+    with pytest.raises(CorruptionError, match=r"remove .*default\.ctl: the next open rebuilds it"):
+        Queue(qdir)
+    os.remove(ctl)  # as the message says
+    with Queue(qdir) as q:
+        assert sorted(j.payload for j in q.lease(5)) == ["a", "b"]
+
+
+def test_a_segment_with_a_zeroed_header_page_gives_back_its_intact_jobs(qdir):
+    with Queue(qdir, slot_size=128, slot_count=16, max_attempts=3) as q:
+        jobs = q.enqueue_many([{"n": i} for i in range(12)], priority=2)
+        q.enqueue("named", job_id="keep-my-id")
+        done = q.lease_one()  # n=0, finished: not salvaged
+        q.ack(done)
+        tried = q.lease_one()  # n=1: one attempt used, then back to ready
+        q.nack(tried, delay=0)
+        held = q.lease_one()  # n=2: leased when the damage happens
+        q.enqueue_many([{"late": i} for i in range(10)])  # rotate: the first segment is sealed
+    first = sorted(glob.glob(os.path.join(qdir, "*.seg")))[0]
+    with open(first, "r+b") as fh:
+        fh.write(bytes(4096))  # the whole header page: magic, geometry, tail, counters
+    with Queue(qdir) as q:
+        assert any("salvaged" in what for _p, what in q.recovery.repaired), q.recovery
+        assert os.path.exists(first + ".quarantined")
+        got = {j.id: j for j in q.lease(100)}
+        assert done.id not in got
+        want = {j.id for j in jobs[1:]} | {"keep-my-id"}
+        assert want <= set(got)
+        assert got[tried.id].attempts == 2 and got[held.id].attempts == 2  # earlier leases count
+        assert all(got[j.id].priority == 2 and got[j.id].payload == j.payload for j in jobs[1:])
+        assert got["keep-my-id"].payload == "named"
+    with Queue(qdir) as q:  # salvaged once, not at every open
+        assert q.stats().total == len(got)

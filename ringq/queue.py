@@ -90,6 +90,11 @@ DEFAULT_VISIBILITY_TIMEOUT = 30.0
 DEFAULT_MAX_ATTEMPTS = 5
 MAX_ATTEMPTS_LIMIT = 0xFFFF
 RELOCATE_AFTER = 5.0  # seconds: a READY job due later than this may be moved out of a finished segment
+# A sealed segment whose live jobs include READY jobs already due (low-priority jobs that others
+# keep overtaking) is relocated only when they are at most 1/RELOCATE_DUE_RATIO of its records: a
+# backlog being worked off is not copied, and disk use stays within about this many times the
+# slots of such jobs (docs/guarantees.md, invariant 7).
+RELOCATE_DUE_RATIO = 16
 REAP_INTERVAL = 0.25  # seconds between scans for expired leases and dead holders
 FLOOR_RESCAN = 0.005  # seconds between scans while the lease-deadline floor stays in the past
 CLAIM_GRACE = 2.0  # seconds a lease may stay without its owner word before it counts as orphaned
@@ -172,7 +177,7 @@ class _Lane:
 class _View:
     """What this process knows of one segment: immutable record fields, lanes, scan position."""
 
-    __slots__ = ("seg", "scanned", "sealed", "change", "lanes", "heads", "head_seqs", "prio", "seq", "maxatt",
+    __slots__ = ("seg", "scanned", "sealed", "change", "lanes", "heads", "head_seqs", "prio", "seq", "enq", "avail", "maxatt",
                  "attb", "idlen", "lanepos", "parkme")
 
     def __init__(self, seg: Segment) -> None:
@@ -186,11 +191,31 @@ class _View:
         n = seg.slot_count
         self.prio = np.zeros(n, "<i4")
         self.seq = np.zeros(n, "<u8")
+        self.enq = np.zeros(n, "<i8")  # enqueued at, µs (a relocated copy keeps its original's)
+        self.avail = np.zeros(n, "<i8")  # available-at from the record header, ms
         self.maxatt = np.zeros(n, "<u2")
         self.attb = np.zeros(n, "<u2")
         self.idlen = np.zeros(n, "<u2")
         self.lanepos = np.zeros(n, "<u4")  # index of each head slot in its lane
         self.parkme = np.zeros(n, bool)  # enqueued with a delay: ordered individually, not by its lane
+
+
+def _order(view: _View, slot: int) -> int:
+    """FIFO rank of a job among jobs of equal priority and available-at: its enqueue time (µs),
+    then its seq.  A relocated copy keeps its original's enqueue time, so it keeps its place."""
+    return (int(view.enq[slot]) << 32) | (int(view.seq[slot]) & 0xFFFFFFFF)
+
+
+def _due(view: _View, slot: int, w: int) -> int:
+    """Available-at (ms since the epoch) of the READY job at ``slot`` with state word ``w``.
+
+    A state word's time cannot go below its segment's epoch: a relocated copy of a job that was
+    due before the copy's segment existed reads as due at that epoch.  Its record header keeps
+    the exact time; use it, so the copy keeps its place among jobs due in between."""
+    rel = w >> TIME_SHIFT
+    if rel == 0 and not (w >> 6) & LC_MASK:
+        return min(view.seg.epoch_ms, int(view.avail[slot]))
+    return view.seg.epoch_ms + rel
 
 
 def _now_ms() -> int:
@@ -532,48 +557,80 @@ class Queue:
         live = nrec - seg.load64(OFF_FINISHED)
         if live <= 0 or 2 * live > nrec:  # moving must at least halve what the segment holds
             return 0
-        slots = self._stragglers(view)
-        if not slots:
+        slots, due = self._stragglers(view)
+        if not slots or (due and RELOCATE_DUE_RATIO * live > nrec):
             return 0
         with self._ring.locked():  # excludes requeue_dead and other relocators
             # Under the writer lock nobody appends: after this refresh we know every copy that any
             # (possibly killed) relocator already wrote, and whose supersede we just completed.
             self._refresh(relocate=False)
-            slots = self._stragglers(view) if not seg.load32(OFF_RETIRED) else []
+            slots, due = self._stragglers(view) if not seg.load32(OFF_RETIRED) else ([], False)
+            if due and RELOCATE_DUE_RATIO * (nrec - seg.load64(OFF_FINISHED)) > nrec:
+                return 0
             return self._relocate(view, slots) if slots else 0
 
-    def _stragglers(self, view: _View) -> list[int]:
-        """Head slots of ``view``'s live jobs if every one of them is a straggler, else []."""
+    def _stragglers(self, view: _View) -> tuple[list[int], bool]:
+        """``(head slots, any due)``: ``view``'s live jobs if none is leased, else ``([], False)``.
+
+        ``any due``: some of them are READY and due within ``RELOCATE_AFTER`` (not only dead or
+        long-delayed ones); those count only if overtaken by a finished job of higher priority,
+        and need a stricter ratio (RELOCATE_DUE_RATIO) and a hold."""
         seg = view.seg
         heads = view.heads.view()
         words = seg.states[heads, 0]
         st = words & np.uint64(7)
         alive = (st != ST_DONE) & (st != ST_GONE)
         if not alive.any():
-            return []
+            return [], False
         lw, lst = words[alive], st[alive]
         due = (lw >> np.uint64(TIME_SHIFT)).astype(np.int64) + seg.epoch_ms
-        movable = (lst == ST_DEAD) | ((lst == ST_READY) & (due > _now_ms() + int(RELOCATE_AFTER * 1000)))
-        return heads[alive].tolist() if movable.all() else []
+        if not ((lst == ST_DEAD) | (lst == ST_READY)).all():
+            return [], False  # a leased (or damaged) job: it finishes, or stays for the operator
+        soon = (lst == ST_READY) & (due <= _now_ms() + int(RELOCATE_AFTER * 1000))
+        if soon.any():
+            # A due READY job is moved only if it was overtaken: a job of higher priority enqueued
+            # after it in this segment has finished.  The rest of a backlog being worked off in
+            # order is about to be leased, and copying it would only double the writes.
+            prios = view.prio[heads].astype(np.int64)
+            floor = np.iinfo(np.int64).min
+            done_prio = np.where(st == ST_DONE, prios, floor)
+            after = np.full(len(heads), floor, np.int64)
+            after[:-1] = np.maximum.accumulate(done_prio[::-1])[::-1][1:]
+            if not (prios[alive][soon] < after[alive][soon]).all():
+                return [], False
+        return heads[alive].tolist(), bool(soon.any())
 
     def _relocate(self, view: _View, slots: list[int]) -> int:
         """Under the writer lock: copy each straggler to the tail, then mark the original GONE.
 
-        No hold is taken on a READY straggler: it is not due for ``RELOCATE_AFTER`` seconds, so no
-        consumer can lease it while the copy is written.  The final CAS expects the exact word seen
-        before the copy; if it fails (purged, or leased after a clock jump) the copy is withdrawn,
-        so at most one live copy remains.  A relocator killed between the append and the CAS leaves
-        two copies until any reader ingests the new one and completes the supersede.
+        A READY straggler due within ``RELOCATE_AFTER`` seconds is first *held*: its available-at
+        is moved ``RELOCATE_AFTER`` ahead by CAS (readers never lease a READY job before its
+        available-at), and the copy keeps the original available-at, so the job keeps its place.
+        A relocator killed after the hold delays that job by at most ``RELOCATE_AFTER``.  Other
+        stragglers are not due for ``RELOCATE_AFTER`` seconds anyway.  The final CAS expects the
+        exact word seen (or held) before the copy; if it fails (purged, or leased after a clock
+        jump) the copy is withdrawn, so at most one live copy remains.  A relocator killed between
+        the append and the CAS leaves two copies until any reader ingests the new one and
+        completes the supersede.
         """
         seg = view.seg
         recs, olds, errs = [], [], []
+        now = _now_ms()
+        hold_ms = now + int(RELOCATE_AFTER * 1000)
         for slot in slots:
             w = seg.load64(seg.state_off_of(slot))
             st, lc = w & 7, (w >> 6) & LC_MASK
             if st not in (ST_READY, ST_DEAD):
                 continue
+            at_ms = _due(view, slot, w)
+            if st == ST_READY and at_ms <= hold_ms:
+                held = pack(ST_READY, (w >> 3) & 3, lc, hold_ms - seg.epoch_ms)
+                ok, _ = seg.cas64(seg.state_off_of(slot), w, held)
+                if not ok:
+                    continue  # leased meanwhile: it is not a straggler any more
+                w = held
             try:
-                info, rec = self._superseding_copy(seg, slot, lc, st, seg.epoch_ms + (w >> TIME_SHIFT))
+                info, rec = self._superseding_copy(seg, slot, lc, st, at_ms)
             except CorruptionError:
                 continue
             recs.append(rec)
@@ -607,7 +664,7 @@ class Queue:
         jid = bytes(id_bytes) if info.id_len else f"{info.seq:016x}".encode()
         carried = 0 if attempts is None else info.attempts_before + attempts
         return info, NewRecord(bytes(payload), info.codec, jid, info.priority, 0, info.max_attempts, carried,
-                               (seg.seq << 24) | slot, state=state, at_ms=at_ms)
+                               (seg.seq << 24) | slot, state=state, at_ms=at_ms, enqueued_us=info.enqueued_us)
 
     def _find_returned(self, view: _View) -> None:
         """Jobs of ``view`` back in READY behind their lane's cursor: give each its own heap entry.
@@ -638,12 +695,12 @@ class Queue:
         w = seg.load64(seg.state_off_of(slot))
         if w & 7 != ST_READY:
             return
-        due = seg.epoch_ms + (w >> TIME_SHIFT)
+        due = _due(view, slot, w)
         self._parked.add(key)
         if due > now:
-            heapq.heappush(self._sched, (due, -int(view.prio[slot]), int(view.seq[slot]), seg.seq, slot))
+            heapq.heappush(self._sched, (due, -int(view.prio[slot]), _order(view, slot), seg.seq, slot))
         else:
-            heapq.heappush(self._heap, (-int(view.prio[slot]), due, int(view.seq[slot]), 1, seg.seq, 0, slot, 0))
+            heapq.heappush(self._heap, (-int(view.prio[slot]), due, _order(view, slot), 1, seg.seq, 0, slot, 0))
 
     def _ingest(self, view: _View) -> None:
         seg = view.seg
@@ -664,10 +721,14 @@ class Queue:
         slots = ok["slot"]
         view.prio[slots] = ok["priority"]
         view.seq[slots] = ok["seq"]
+        view.enq[slots] = ok["enqueued_us"]
+        view.avail[slots] = ok["available_ms"]
         view.maxatt[slots] = ok["max_attempts"]
         view.attb[slots] = ok["attempts_before"]
         view.idlen[slots] = ok["id_len"]
-        view.parkme[slots] = ok["available_ms"] > ok["enqueued_us"] // 1000
+        # Delayed jobs, and relocated copies (appended among younger jobs of their lane), are
+        # ordered individually by their own keys.
+        view.parkme[slots] = (ok["available_ms"] > ok["enqueued_us"] // 1000) | (ok["supersedes"] != 0)
         view.heads.extend(slots)
         view.head_seqs.extend(ok["seq"])
         unusual = ((ok["state"] & 7) == ST_EMPTY) | (ok["id_len"] > 0) | (ok["supersedes"] != 0)
@@ -682,8 +743,12 @@ class Queue:
                 base = seg.data_off + slot * seg.slot_size + 64
                 jid = bytes(seg.mm[base : base + int(row["id_len"])]).decode("utf-8", "replace")
                 self._ids[jid] = (seg.seq, slot)
+            now = _now_ms()
             for row in ok[ok["supersedes"] != 0]:
                 self._complete_supersede(int(row["supersedes"]))
+                # A copy sits in its lane behind younger jobs: give it its own entry now, keyed
+                # by its original place, rather than when the lane's cursor reaches it.
+                self._park(view, int(row["slot"]), now)
         prios = ok["priority"]
         first = int(prios[0])
         groups = [first] if len(prios) == 1 or (prios == first).all() else [int(p) for p in np.unique(prios)]
@@ -727,14 +792,14 @@ class Queue:
                 return None
             slot = int(arr.a[idx])
             w = state[0]
-            if (w >> 6) & LC_MASK or view.parkme[slot]:
+            if (w >> 6) & LC_MASK or view.parkme[slot] or seg.epoch_ms + (w >> TIME_SHIFT) > now:
                 # A retried or delayed job orders by its own available-at, not its lane position.
                 self._park(view, slot, now)
                 lane.cursor = idx + 1
                 continue
-            due = seg.epoch_ms + (w >> TIME_SHIFT)
+            due = _due(view, slot, w)
             lane.cursor = idx
-            return (-lane.prio, due, int(view.seq[slot]), 0, seg.seq, lane.prio, slot, w)
+            return (-lane.prio, due, _order(view, slot), 0, seg.seq, lane.prio, slot, w)
 
     def _queue_lane(self, view: _View, lane: _Lane, now: int | None = None) -> None:
         if lane.queued:
@@ -967,11 +1032,11 @@ class Queue:
                 w = seg.load64(seg.state_off_of(slot))
                 if w & 7 != ST_READY:
                     continue
-                due = seg.epoch_ms + (w >> TIME_SHIFT)
+                due = _due(view, slot, w)
                 if due > now:
                     self._schedule(view, slot, due)
                     continue
-                if (-int(view.prio[slot]), due, int(view.seq[slot])) > entry[:3]:
+                if (-int(view.prio[slot]), due, _order(view, slot)) > entry[:3]:
                     self._park(view, slot, now)  # its available-at moved: re-queue at its real place
                     continue
                 job = self._claim(view, slot, w, now, vt, detach)
@@ -984,7 +1049,7 @@ class Queue:
         if key in self._parked:
             return
         self._parked.add(key)
-        heapq.heappush(self._sched, (due_ms, -int(view.prio[slot]), int(view.seq[slot]), view.seg.seq, slot))
+        heapq.heappush(self._sched, (due_ms, -int(view.prio[slot]), _order(view, slot), view.seg.seq, slot))
 
     def _claim(self, view: _View, slot: int, w: int, now: int, vt: float, detach: bool = False) -> Job | None:
         seg = view.seg
@@ -1262,7 +1327,7 @@ class Queue:
             words = tbl[:, 0]
             sel = np.isin(words & np.uint64(7), wanted)
             for slot, word in zip(heads[sel].tolist(), words[sel].tolist()):
-                rows.append((int(view.seq[slot]), view, slot, word))
+                rows.append((_order(view, slot), view, slot, word))
         rows.sort(key=lambda r: r[0])
         return rows
 

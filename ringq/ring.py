@@ -148,6 +148,7 @@ class NewRecord:
     supersedes: int = 0
     state: int = ST_READY  # the state the record is published in (READY, or DEAD for a relocated dead job)
     at_ms: int | None = None  # absolute available-at (or finish time), ms since the epoch; None: now + delay_ms
+    enqueued_us: int | None = None  # enqueue time, µs since the epoch (a copy keeps its original's); None: now
 
 
 @dataclass
@@ -866,8 +867,9 @@ class Ring:
                     seg = self._link(seg, fresh.pop(0))
                     tail = 0
                 avail_ms = now_ms + rec.delay_ms if rec.at_ms is None else rec.at_ms
+                enq_us = now_us if rec.enqueued_us is None else rec.enqueued_us
                 REC_HEADER.pack_into(
-                    buf, 0, REC_MAGIC, 0, len(buf), span, next_seq, now_us, avail_ms, rec.priority,
+                    buf, 0, REC_MAGIC, 0, len(buf), span, next_seq, enq_us, avail_ms, rec.priority,
                     rec.max_attempts, rec.attempts_before, len(rec.id_bytes), rec.codec, KIND_JOB,
                     len(rec.payload), rec.supersedes,
                 )
@@ -878,7 +880,7 @@ class Ring:
                 )
                 rng = touched.setdefault(seg.seq, [tail, tail + span])
                 rng[1] = tail + span
-                out.append((seg.seq, tail, next_seq, now_us, avail_ms))
+                out.append((seg.seq, tail, next_seq, enq_us, avail_ms))
                 tail += span
                 next_seq += 1
                 count += 1

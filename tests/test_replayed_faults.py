@@ -146,3 +146,28 @@ def test_a_segment_with_a_zeroed_header_page_gives_back_its_intact_jobs(qdir):
         assert got["keep-my-id"].payload == "named"
     with Queue(qdir) as q:  # salvaged once, not at every open
         assert q.stats().total == len(got)
+
+
+def test_low_priority_ready_jobs_do_not_pin_segments_under_steady_load(qdir):
+    # Steady load where 1 job in 50 has a lower priority: the others always overtake it, so it
+    # stays ready while everything around it finishes.
+    rounds, slots = 200, 64
+    with Queue(qdir, slot_size=128, slot_count=slots, durability="none") as q:
+        low = []
+        most = 0
+        for r in range(rounds):
+            low.append(q.enqueue({"low": r}, priority=-1).id)
+            q.enqueue_many([{"r": r, "i": i} for i in range(49)])
+            for job in q.lease(49):
+                assert job.priority == 0
+                q.ack(job)
+            most = max(most, len(glob.glob(os.path.join(qdir, "*.seg"))))
+        st = q.stats()
+        assert st.ready == rounds and st.leased == 0
+        # Pinned, the 200 low jobs would keep about 160 segments of 64 slots; relocated, the
+        # bound is RELOCATE_DUE_RATIO (16) times their slots, and in practice far less.
+        assert most <= 2 + 16 * rounds // slots, most
+        assert len(glob.glob(os.path.join(qdir, "*.seg"))) <= 2 + 16 * rounds // slots
+        # Ids, priority and order kept: they come out oldest first, each once.
+        got = [j.id for j in q.lease(rounds + 10)]
+        assert got == low

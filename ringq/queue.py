@@ -564,7 +564,9 @@ class Queue:
             # Under the writer lock nobody appends: after this refresh we know every copy that any
             # (possibly killed) relocator already wrote, and whose supersede we just completed.
             self._refresh(relocate=False)
-            slots, due = self._stragglers(view) if not seg.load32(OFF_RETIRED) else ([], False)
+            if seg.mm is None or seg.load32(OFF_RETIRED):  # retired and unmapped by that refresh
+                return 0
+            slots, due = self._stragglers(view)
             if due and RELOCATE_DUE_RATIO * (nrec - seg.load64(OFF_FINISHED)) > nrec:
                 return 0
             return self._relocate(view, slots) if slots else 0

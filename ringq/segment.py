@@ -168,6 +168,9 @@ class Mapped:
     def close(self) -> None:
         if self.mm is None:
             return
+        # A stale reference used after this gets a bounds error from the C helper (every access
+        # is checked against the size), never a dereference of the unmapped pages.
+        self.size = 0
         ffi.release(self.ptr)
         try:
             self.mm.close()

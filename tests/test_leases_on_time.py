@@ -47,7 +47,9 @@ def test_an_expired_lease_is_leasable_right_after_its_deadline(qdir):
             # The sleeping waiter wakes at the deadline itself (not at its next periodic look).
             got, at = waiter.communicate(timeout=30)[0].split()
             assert got == jid
-            assert float(at) - deadline < 0.05, f"leased {float(at) - deadline:.3f} s after the deadline"
+            assert float(at) - deadline < 0.05, (
+                f"leased {float(at) - deadline:.3f} s after the deadline"
+            )
         finally:
             holder.kill()
             holder.wait()
@@ -117,14 +119,20 @@ def test_stats_under_load_come_from_one_snapshot(qdir):
     with Queue(qdir, durability="none") as q:
         for i in range(0, n, 1000):
             q.enqueue_many(list(range(i, i + 1000)))
-        consumers = [spawn("""
+        consumers = [
+            spawn(
+                """
 import sys
 from ringq import Queue
 with Queue(sys.argv[1], durability="none") as q:
     while jobs := q.lease(3):
         for j in jobs:
             q.ack(j)
-""", qdir) for _ in range(2)]
+""",
+                qdir,
+            )
+            for _ in range(2)
+        ]
         samples = 0
         try:
             while any(c.poll() is None for c in consumers):
@@ -144,8 +152,14 @@ def test_heartbeats_never_report_a_job_their_worker_acked(qdir, caplog):
     with Queue(qdir, visibility_timeout=0.3, durability="none") as q:
         q.enqueue_many(list(range(3000)))
         # A short heartbeat (10 ms) against short jobs: beats race their own acks all the time.
-        w = Worker(q, lambda job: time.sleep(0.0005), concurrency=4, idle_timeout=0.5, heartbeat=0.01,
-                   handle_signals=False)
+        w = Worker(
+            q,
+            lambda job: time.sleep(0.0005),
+            concurrency=4,
+            idle_timeout=0.5,
+            heartbeat=0.01,
+            handle_signals=False,
+        )
         with caplog.at_level("WARNING", logger="ringq.worker"):
             stats = w.run()
     assert stats.succeeded == 3000 and stats.lost == 0

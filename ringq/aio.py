@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from . import forksafe
 from .backoff import BackoffPolicy
 from .errors import (
     JobNotFoundError,
@@ -226,6 +227,15 @@ class Queue:
         self._chores: list[asyncio.Task] = []
         self._sweep_fd = -1
         self._sweeping: asyncio.Future | None = None
+        self._sweep_lock = threading.Lock()
+        forksafe.register(self)
+
+    def drop_inherited_locks(self) -> None:
+        """In a forked child (ringq/forksafe.py): close the copy of the sweep lock's descriptor,
+        which would otherwise keep a dead parent's flock held."""
+        if self._sweep_fd >= 0:
+            os.close(self._sweep_fd)
+        self._sweep_fd = -1
         self._sweep_lock = threading.Lock()
 
     # -- names ----------------------------------------------------------------------------------

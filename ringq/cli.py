@@ -440,24 +440,21 @@ def cmd_work(args: argparse.Namespace) -> int:
 class _Sampler:
     """Counts by state plus rates between two samples: enqueued/s and finished/s.
 
-    ``finished`` counts jobs that left ready/delayed/leased (acked, dead-lettered or purged): it is
-    derived from the queue-wide enqueue counter, so segment retirement does not disturb it.
+    Rates come from the queue's cumulative counters (``stats()``'s ``enqueued_total``,
+    ``acked_total``, ``dead_lettered_total``), which segment retirement does not disturb;
+    ``finished`` is acked plus dead-lettered.
     """
 
     def __init__(self, q: Any) -> None:
-        from .segment import OFF_NEXT_SEQ, Control
-
         self.q = q
-        self._ctl = Control(os.path.join(q.path, f"{q.name}.ctl"))
-        self._off = OFF_NEXT_SEQ
         self.prev: tuple[float, int, int] | None = None
 
     def sample(self) -> dict[str, Any]:
         st = self.q.stats().to_dict()
         t = time.monotonic()
-        enq = self._ctl.load64(self._off) - 1
-        fin = enq - st["ready"] - st["delayed"] - st["leased"]
-        out: dict[str, Any] = {"time": time.time(), **st, "enqueued_total": enq, "enqueue_rate": None,
+        enq = st["enqueued_total"]
+        fin = st["acked_total"] + st["dead_lettered_total"]
+        out: dict[str, Any] = {"time": time.time(), **st, "finished_total": fin, "enqueue_rate": None,
                                "finish_rate": None}
         if self.prev is not None and t > self.prev[0]:
             dt = t - self.prev[0]
@@ -467,14 +464,16 @@ class _Sampler:
         return out
 
     def close(self) -> None:
-        self._ctl.close()
+        pass
 
 
 def _top_line(s: dict[str, Any]) -> str:
     rate = lambda v: "-" if v is None else f"{v:,.1f}"
     stamp = datetime.fromtimestamp(s["time"]).strftime("%H:%M:%S")
     return (f"{stamp}  ready={s['ready']} delayed={s['delayed']} leased={s['leased']} done={s['done']} "
-            f"dead={s['dead']} total={s['total']}  enq/s={rate(s['enqueue_rate'])} fin/s={rate(s['finish_rate'])}")
+            f"dead={s['dead']} total={s['total']}  enq/s={rate(s['enqueue_rate'])} fin/s={rate(s['finish_rate'])}  "
+            f"since creation: enqueued={s['enqueued_total']} acked={s['acked_total']} "
+            f"dead-lettered={s['dead_lettered_total']}")
 
 
 def _top_curses(args: argparse.Namespace, sampler: _Sampler) -> None:
@@ -499,7 +498,8 @@ def _top_curses(args: argparse.Namespace, sampler: _Sampler) -> None:
                 lines.append(f"{k:<8} {s[k]:>10,}  {bar}")
             lines += [f"{'total':<8} {s['total']:>10,}", f"{'corrupt':<8} {s['corrupt']:>10,}", "",
                       f"enqueued {rate(s['enqueue_rate']):>12}   (since creation: {s['enqueued_total']:,})",
-                      f"finished {rate(s['finish_rate']):>12}",
+                      f"finished {rate(s['finish_rate']):>12}   (since creation: {s['acked_total']:,} acked, "
+                      f"{s['dead_lettered_total']:,} dead-lettered)",
                       "", datetime.fromtimestamp(s["time"]).strftime("updated %H:%M:%S")]
             for y, line in enumerate(lines[: h - 1]):
                 scr.addnstr(y, 0, line, w - 1)

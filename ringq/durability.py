@@ -43,6 +43,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING
 
+from . import forksafe
 from ._native import lib
 from .segment import (
     OFF_SEALED,
@@ -100,6 +101,11 @@ class Strategy:
         self.syncs = 0
         self.covered = 0
         self.state_syncs = 0
+        self._reset()
+        forksafe.register(self)
+
+    def drop_inherited_locks(self) -> None:
+        """In a forked child (ringq/forksafe.py): drop the parent's descriptors and thread locks now."""
         self._reset()
 
     def _reset(self) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from . import errors
+from . import errors, forksafe
 from ._native import lib
 from .segment import _open_nofollow
 
@@ -32,6 +32,17 @@ class OwnerRegistry:
     def __init__(self, path: str, mode: int = 0o600) -> None:
         self.path = path
         self.mode = mode
+        self.fd = -1
+        self.index = 0
+        self.pid = 0
+        forksafe.register(self)
+
+    def drop_inherited_locks(self) -> None:
+        """In a forked child: close the copy of the parent's descriptor at once.  The OFD lock
+        belongs to the open file description; a child keeping its copy would keep the parent's
+        owner index locked (and its leases held) after the parent died."""
+        if self.fd >= 0:
+            os.close(self.fd)
         self.fd = -1
         self.index = 0
         self.pid = 0

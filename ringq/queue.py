@@ -50,6 +50,7 @@ from .errors import (
     JobNotFoundError,
     NotLeasedError,
     QueueClosedError,
+    QueueFullError,
     SerializationError,
 )
 from .job import (
@@ -91,7 +92,13 @@ DEFAULT_VISIBILITY_TIMEOUT = 30.0
 DEFAULT_MAX_ATTEMPTS = 5
 MAX_ATTEMPTS_LIMIT = 0xFFFF
 RELOCATE_AFTER = 5.0  # seconds: a READY job due later than this may be moved out of a finished segment
+# A sealed segment whose live jobs include READY jobs already due (low-priority jobs that others
+# keep overtaking) is relocated only when they are at most 1/RELOCATE_DUE_RATIO of its records: a
+# backlog being worked off is not copied, and disk use stays within about this many times the
+# slots of such jobs (docs/guarantees.md, invariant 7).
+RELOCATE_DUE_RATIO = 16
 REAP_INTERVAL = 0.25  # seconds between scans for expired leases and dead holders
+FLOOR_RESCAN = 0.005  # seconds between scans while the lease-deadline floor stays in the past
 CLAIM_GRACE = 2.0  # seconds a lease may stay without its owner word before it counts as orphaned
 AUTO_ID = re.compile(r"^[0-9a-f]{16}$")
 _NONE = object()
@@ -103,11 +110,21 @@ class _Retired(JobNotFoundError):
 
 @dataclass(frozen=True, slots=True)
 class QueueStats:
-    """Counts of retained jobs by state at one instant (plain loads of the state tables).
+    """Counts of retained jobs by state, and cumulative counters since the queue was created.
 
-    ``delayed`` jobs are READY with a future ``available_at``; ``total`` is the sum of the five job
-    states.  ``corrupt`` counts records quarantined as damaged (not included in ``total``).  Jobs
-    stay counted as ``done`` until their segment retires.
+    ``ready`` .. ``corrupt`` count the jobs retained now, each segment's from one copy of its
+    state table.  ``delayed`` jobs are READY with a future ``available_at``; ``total`` is the sum
+    of the five job states.  ``corrupt`` counts records quarantined as damaged (not included in
+    ``total``).  Jobs stay counted as ``done`` until their segment retires, so ``done`` and
+    ``total`` fall as segments retire.  A lease that expired or whose holder died counts as
+    ``ready`` (``dead`` if its attempts are used up), as reclaiming it will make it.
+
+    ``enqueued_total``, ``acked_total`` and ``dead_lettered_total`` never fall: jobs enqueued
+    (requeues and relocation copies not counted), acks, and moves to the dead-letter queue, since
+    the queue was created, by all processes.  They live in the control file and are bumped right
+    after the state change they count: a process killed between the two leaves its counter one
+    short (never over); a power loss may lose the increments since the control page was last
+    synced (at each segment rotation); a control file rebuilt from the segments restarts them at 0.
     """
 
     ready: int = 0
@@ -117,6 +134,9 @@ class QueueStats:
     dead: int = 0
     total: int = 0
     corrupt: int = 0
+    enqueued_total: int = 0
+    acked_total: int = 0
+    dead_lettered_total: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return {f: getattr(self, f) for f in self.__slots__}
@@ -184,7 +204,7 @@ class _Lane:
 class _View:
     """What this process knows of one segment: immutable record fields, lanes, scan position."""
 
-    __slots__ = ("seg", "scanned", "sealed", "change", "lanes", "heads", "head_seqs", "prio", "seq", "maxatt",
+    __slots__ = ("seg", "scanned", "sealed", "change", "lanes", "heads", "head_seqs", "prio", "seq", "enq", "avail", "maxatt",
                  "attb", "idlen", "lanepos", "parkme")
 
     def __init__(self, seg: Segment) -> None:
@@ -198,11 +218,31 @@ class _View:
         n = seg.slot_count
         self.prio = np.zeros(n, "<i4")
         self.seq = np.zeros(n, "<u8")
+        self.enq = np.zeros(n, "<i8")  # enqueued at, µs (a relocated copy keeps its original's)
+        self.avail = np.zeros(n, "<i8")  # available-at from the record header, ms
         self.maxatt = np.zeros(n, "<u2")
         self.attb = np.zeros(n, "<u2")
         self.idlen = np.zeros(n, "<u2")
         self.lanepos = np.zeros(n, "<u4")  # index of each head slot in its lane
         self.parkme = np.zeros(n, bool)  # enqueued with a delay: ordered individually, not by its lane
+
+
+def _order(view: _View, slot: int) -> int:
+    """FIFO rank of a job among jobs of equal priority and available-at: its enqueue time (µs),
+    then its seq.  A relocated copy keeps its original's enqueue time, so it keeps its place."""
+    return (int(view.enq[slot]) << 32) | (int(view.seq[slot]) & 0xFFFFFFFF)
+
+
+def _due(view: _View, slot: int, w: int) -> int:
+    """Available-at (ms since the epoch) of the READY job at ``slot`` with state word ``w``.
+
+    A state word's time cannot go below its segment's epoch: a relocated copy of a job that was
+    due before the copy's segment existed reads as due at that epoch.  Its record header keeps
+    the exact time; use it, so the copy keeps its place among jobs due in between."""
+    rel = w >> TIME_SHIFT
+    if rel == 0 and not (w >> 6) & LC_MASK:
+        return min(view.seg.epoch_ms, int(view.avail[slot]))
+    return view.seg.epoch_ms + rel
 
 
 def _now_ms() -> int:
@@ -419,13 +459,20 @@ class Queue:
                 if id_bytes is None:
                     raise SerializationError(f"job id {job_ids[i]!r} is not valid Unicode text")
             recs.append(NewRecord(data, kind, id_bytes, priority, delay_ms, attempts))
+        self._ring.check_sizes(recs)  # the whole batch, before a byte of it is allocated or written
         bufs = [self._ring.build(r) for r in recs]
         if not recs:
             return []
         if job_ids is None:
             with self._lock:
-                placed, ticket = self._ring.append_nowait(recs, bufs)
+                try:
+                    placed, ticket = self._ring.append_nowait(recs, bufs)
+                except QueueFullError:
+                    if not self._make_room():
+                        raise
+                    placed, ticket = self._ring.append_nowait(recs, bufs)
             # Sync outside our lock, so that other threads append meanwhile (and share the sync).
+            self._ring.count("enqueued", len(recs))
             self._ring.finish(ticket)
             return [self._fresh_job(r, p, payloads[i]) for i, (r, p) in enumerate(zip(recs, placed))]
         with self._lock:
@@ -445,7 +492,13 @@ class Queue:
                         todo.append(recs[i])
                         todo_bufs.append(bufs[i])
                         todo_idx.append(i)
-                placed = self._ring.append(todo, todo_bufs) if todo else []
+                try:
+                    placed = self._ring.append(todo, todo_bufs) if todo else []
+                except QueueFullError:
+                    if not self._make_room():
+                        raise
+                    placed = self._ring.append(todo, todo_bufs)
+                self._ring.count("enqueued", len(placed))
                 for i, p in zip(todo_idx, placed):
                     result[i] = self._fresh_job(recs[i], p, payloads[i])
                     self._ids[job_ids[i]] = (p[0], p[1])
@@ -506,6 +559,17 @@ class Queue:
                     self._ring.write_error(nseg, p[1], 0, str(err))
             self._refresh()
             return len(todo)
+
+    def _make_room(self) -> bool:
+        """After a QueueFullError: retire every finished segment, the tail included (a volume
+        with room for one segment), and drop our mappings of them so that their space returns.
+        True if anything was retired (the append is then worth one more try)."""
+        with self._ring.locked():
+            self._refresh(relocate=False)
+            n = self._ring.retire_finished(thorough=True) + self._ring.retire_finished_tail()
+        if n:
+            self._refresh(relocate=False)  # unmaps them: an unlinked file's space returns at its last unmap
+        return bool(n)
 
     def _fresh_job(self, rec: NewRecord, placed: tuple, payload: Any) -> Job:
         segseq, slot, seq, enq_us, avail_ms = placed
@@ -578,48 +642,82 @@ class Queue:
         live = nrec - seg.load64(OFF_FINISHED)
         if live <= 0 or 2 * live > nrec:  # moving must at least halve what the segment holds
             return 0
-        slots = self._stragglers(view)
-        if not slots:
+        slots, due = self._stragglers(view)
+        if not slots or (due and RELOCATE_DUE_RATIO * live > nrec):
             return 0
         with self._ring.locked():  # excludes requeue_dead and other relocators
             # Under the writer lock nobody appends: after this refresh we know every copy that any
             # (possibly killed) relocator already wrote, and whose supersede we just completed.
             self._refresh(relocate=False)
-            slots = self._stragglers(view) if not seg.load32(OFF_RETIRED) else []
+            if seg.mm is None or seg.load32(OFF_RETIRED):  # retired and unmapped by that refresh
+                return 0
+            slots, due = self._stragglers(view)
+            if due and RELOCATE_DUE_RATIO * (nrec - seg.load64(OFF_FINISHED)) > nrec:
+                return 0
             return self._relocate(view, slots) if slots else 0
 
-    def _stragglers(self, view: _View) -> list[int]:
-        """Head slots of ``view``'s live jobs if every one of them is a straggler, else []."""
+    def _stragglers(self, view: _View) -> tuple[list[int], bool]:
+        """``(head slots, any due)``: ``view``'s live jobs if none is leased, else ``([], False)``.
+
+        ``any due``: some of them are READY and due within ``RELOCATE_AFTER`` (not only dead or
+        long-delayed ones); those count only if overtaken by a finished job of higher priority,
+        and need a stricter ratio (RELOCATE_DUE_RATIO) and a hold."""
         seg = view.seg
         heads = view.heads.view()
         words = seg.states[heads, 0]
         st = words & np.uint64(7)
         alive = (st != ST_DONE) & (st != ST_GONE)
         if not alive.any():
-            return []
+            return [], False
         lw, lst = words[alive], st[alive]
         due = (lw >> np.uint64(TIME_SHIFT)).astype(np.int64) + seg.epoch_ms
-        movable = (lst == ST_DEAD) | ((lst == ST_READY) & (due > _now_ms() + int(RELOCATE_AFTER * 1000)))
-        return heads[alive].tolist() if movable.all() else []
+        if not ((lst == ST_DEAD) | (lst == ST_READY)).all():
+            return [], False  # a leased (or damaged) job: it finishes, or stays for the operator
+        soon = (lst == ST_READY) & (due <= _now_ms() + int(RELOCATE_AFTER * 1000))
+        if soon.any():
+            # A due READY job is moved only if it was overtaken: a job of higher priority enqueued
+            # after it in this segment has finished.  The rest of a backlog being worked off in
+            # order is about to be leased, and copying it would only double the writes.
+            prios = view.prio[heads].astype(np.int64)
+            floor = np.iinfo(np.int64).min
+            done_prio = np.where(st == ST_DONE, prios, floor)
+            after = np.full(len(heads), floor, np.int64)
+            after[:-1] = np.maximum.accumulate(done_prio[::-1])[::-1][1:]
+            if not (prios[alive][soon] < after[alive][soon]).all():
+                return [], False
+        return heads[alive].tolist(), bool(soon.any())
 
     def _relocate(self, view: _View, slots: list[int]) -> int:
         """Under the writer lock: copy each straggler to the tail, then mark the original GONE.
 
-        No hold is taken on a READY straggler: it is not due for ``RELOCATE_AFTER`` seconds, so no
-        consumer can lease it while the copy is written.  The final CAS expects the exact word seen
-        before the copy; if it fails (purged, or leased after a clock jump) the copy is withdrawn,
-        so at most one live copy remains.  A relocator killed between the append and the CAS leaves
-        two copies until any reader ingests the new one and completes the supersede.
+        A READY straggler due within ``RELOCATE_AFTER`` seconds is first *held*: its available-at
+        is moved ``RELOCATE_AFTER`` ahead by CAS (readers never lease a READY job before its
+        available-at), and the copy keeps the original available-at, so the job keeps its place.
+        A relocator killed after the hold delays that job by at most ``RELOCATE_AFTER``.  Other
+        stragglers are not due for ``RELOCATE_AFTER`` seconds anyway.  The final CAS expects the
+        exact word seen (or held) before the copy; if it fails (purged, or leased after a clock
+        jump) the copy is withdrawn, so at most one live copy remains.  A relocator killed between
+        the append and the CAS leaves two copies until any reader ingests the new one and
+        completes the supersede.
         """
         seg = view.seg
         recs, olds, errs = [], [], []
+        now = _now_ms()
+        hold_ms = now + int(RELOCATE_AFTER * 1000)
         for slot in slots:
             w = seg.load64(seg.state_off_of(slot))
             st, lc = w & 7, (w >> 6) & LC_MASK
             if st not in (ST_READY, ST_DEAD):
                 continue
+            at_ms = _due(view, slot, w)
+            if st == ST_READY and at_ms <= hold_ms:
+                held = pack(ST_READY, (w >> 3) & 3, lc, hold_ms - seg.epoch_ms)
+                ok, _ = seg.cas64(seg.state_off_of(slot), w, held)
+                if not ok:
+                    continue  # leased meanwhile: it is not a straggler any more
+                w = held
             try:
-                info, rec = self._superseding_copy(seg, slot, lc, st, seg.epoch_ms + (w >> TIME_SHIFT))
+                info, rec = self._superseding_copy(seg, slot, lc, st, at_ms)
             except CorruptionError:
                 continue
             recs.append(rec)
@@ -653,7 +751,7 @@ class Queue:
         jid = bytes(id_bytes) if info.id_len else f"{info.seq:016x}".encode()
         carried = 0 if attempts is None else info.attempts_before + attempts
         return info, NewRecord(bytes(payload), info.codec, jid, info.priority, 0, info.max_attempts, carried,
-                               (seg.seq << 24) | slot, state=state, at_ms=at_ms)
+                               (seg.seq << 24) | slot, state=state, at_ms=at_ms, enqueued_us=info.enqueued_us)
 
     def _find_returned(self, view: _View) -> None:
         """Jobs of ``view`` back in READY behind their lane's cursor: give each its own heap entry.
@@ -684,12 +782,12 @@ class Queue:
         w = seg.load64(seg.state_off_of(slot))
         if w & 7 != ST_READY:
             return
-        due = seg.epoch_ms + (w >> TIME_SHIFT)
+        due = _due(view, slot, w)
         self._parked.add(key)
         if due > now:
-            heapq.heappush(self._sched, (due, -int(view.prio[slot]), int(view.seq[slot]), seg.seq, slot))
+            heapq.heappush(self._sched, (due, -int(view.prio[slot]), _order(view, slot), seg.seq, slot))
         else:
-            heapq.heappush(self._heap, (-int(view.prio[slot]), due, int(view.seq[slot]), 1, seg.seq, 0, slot, 0))
+            heapq.heappush(self._heap, (-int(view.prio[slot]), due, _order(view, slot), 1, seg.seq, 0, slot, 0))
 
     def _ingest(self, view: _View) -> None:
         seg = view.seg
@@ -710,10 +808,14 @@ class Queue:
         slots = ok["slot"]
         view.prio[slots] = ok["priority"]
         view.seq[slots] = ok["seq"]
+        view.enq[slots] = ok["enqueued_us"]
+        view.avail[slots] = ok["available_ms"]
         view.maxatt[slots] = ok["max_attempts"]
         view.attb[slots] = ok["attempts_before"]
         view.idlen[slots] = ok["id_len"]
-        view.parkme[slots] = ok["available_ms"] > ok["enqueued_us"] // 1000
+        # Delayed jobs, and relocated copies (appended among younger jobs of their lane), are
+        # ordered individually by their own keys.
+        view.parkme[slots] = (ok["available_ms"] > ok["enqueued_us"] // 1000) | (ok["supersedes"] != 0)
         view.heads.extend(slots)
         view.head_seqs.extend(ok["seq"])
         unusual = ((ok["state"] & 7) == ST_EMPTY) | (ok["id_len"] > 0) | (ok["supersedes"] != 0)
@@ -728,8 +830,12 @@ class Queue:
                 base = seg.data_off + slot * seg.slot_size + 64
                 jid = bytes(seg.mm[base : base + int(row["id_len"])]).decode("utf-8", "replace")
                 self._ids[jid] = (seg.seq, slot)
+            now = _now_ms()
             for row in ok[ok["supersedes"] != 0]:
                 self._complete_supersede(int(row["supersedes"]))
+                # A copy sits in its lane behind younger jobs: give it its own entry now, keyed
+                # by its original place, rather than when the lane's cursor reaches it.
+                self._park(view, int(row["slot"]), now)
         prios = ok["priority"]
         first = int(prios[0])
         groups = [first] if len(prios) == 1 or (prios == first).all() else [int(p) for p in np.unique(prios)]
@@ -773,14 +879,14 @@ class Queue:
                 return None
             slot = int(arr.a[idx])
             w = state[0]
-            if (w >> 6) & LC_MASK or view.parkme[slot]:
+            if (w >> 6) & LC_MASK or view.parkme[slot] or seg.epoch_ms + (w >> TIME_SHIFT) > now:
                 # A retried or delayed job orders by its own available-at, not its lane position.
                 self._park(view, slot, now)
                 lane.cursor = idx + 1
                 continue
-            due = seg.epoch_ms + (w >> TIME_SHIFT)
+            due = _due(view, slot, w)
             lane.cursor = idx
-            return (-lane.prio, due, int(view.seq[slot]), 0, seg.seq, lane.prio, slot, w)
+            return (-lane.prio, due, _order(view, slot), 0, seg.seq, lane.prio, slot, w)
 
     def _queue_lane(self, view: _View, lane: _Lane, now: int | None = None) -> None:
         if lane.queued:
@@ -926,10 +1032,16 @@ class Queue:
             left = deadline - time.monotonic()
             if left <= 0:
                 return got
-            nap = min(left, REAP_INTERVAL * 4)
+            nap = min(left, REAP_INTERVAL * 4, self._until_floor())
             if next_due is not None:
                 nap = min(nap, max(0.0, next_due / 1000 - time.time()) + 0.001)
             self._ring.sleep(seen, nap)
+
+    def _until_floor(self) -> float:
+        """Seconds until the earliest lease of the queue may expire (plus 1 ms), if that is ahead."""
+        floor_ms = self._ring.deadline_floor()[1]
+        ahead = floor_ms / 1000 - time.time()
+        return ahead + 0.001 if ahead > 0 else REAP_INTERVAL
 
     def wake_token(self) -> int:
         """The queue's wake counter: it moves whenever a job is appended or returns to READY.
@@ -951,7 +1063,7 @@ class Queue:
         allowed: callers look for work again and wait again.
         """
         self._live()
-        nap = timeout
+        nap = min(timeout, self._until_floor())
         with self._lock:
             if self._sched:
                 due = self._sched[0][0] / 1000 - time.time()
@@ -1008,11 +1120,11 @@ class Queue:
                 w = seg.load64(seg.state_off_of(slot))
                 if w & 7 != ST_READY:
                     continue
-                due = seg.epoch_ms + (w >> TIME_SHIFT)
+                due = _due(view, slot, w)
                 if due > now:
                     self._schedule(view, slot, due)
                     continue
-                if (-int(view.prio[slot]), due, int(view.seq[slot])) > entry[:3]:
+                if (-int(view.prio[slot]), due, _order(view, slot)) > entry[:3]:
                     self._park(view, slot, now)  # its available-at moved: re-queue at its real place
                     continue
                 job = self._claim(view, slot, w, now, vt, detach)
@@ -1025,7 +1137,7 @@ class Queue:
         if key in self._parked:
             return
         self._parked.add(key)
-        heapq.heappush(self._sched, (due_ms, -int(view.prio[slot]), int(view.seq[slot]), view.seg.seq, slot))
+        heapq.heappush(self._sched, (due_ms, -int(view.prio[slot]), _order(view, slot), view.seg.seq, slot))
 
     def _claim(self, view: _View, slot: int, w: int, now: int, vt: float, detach: bool = False) -> Job | None:
         seg = view.seg
@@ -1044,6 +1156,7 @@ class Queue:
         if not ok:
             self._held.pop(key, None)
             return None
+        self._ring.lower_deadline_floor(seg.epoch_ms + (new >> TIME_SHIFT))
         self._ring.note_state(seg, slot, final=False)
         # The owner word, tagged with the lease count.  A detached lease is tagged with owner
         # index 0: known to have no owner process, so only its visibility timeout ends it -- unlike
@@ -1130,6 +1243,7 @@ class Queue:
                 if ok:
                     break
             self._ring.note_state(seg, slot, final=True)
+            self._ring.count("acked")
             self._held.pop((seg.seq, slot), None)
             self._ring.note_finished(seg)
             if view.sealed:
@@ -1188,6 +1302,8 @@ class Queue:
             self._held.pop((seg.seq, slot), None)
             if new & 7 == ST_READY:
                 self._ring.note_returned(seg)
+            else:
+                self._ring.count("dead")
             job = self._job_at(seg.seq, slot, new)
             if view.sealed:
                 self._maybe_relocate(view)
@@ -1216,10 +1332,16 @@ class Queue:
     def _reap(self, force: bool = False) -> int:
         """Return expired leases and leases of dead holders to READY (or DEAD); retire finished segments."""
         t = time.monotonic()
-        if not force and t - self._last_reap < REAP_INTERVAL:
+        now = _now_ms()
+        floor_word, floor_ms = self._ring.deadline_floor()
+        # Scan when the earliest lease of the queue may have expired (the floor), so an expired
+        # lease is leasable again within milliseconds; otherwise every REAP_INTERVAL, for dead
+        # holders.  FLOOR_RESCAN spaces scans while the floor stays in the past (a scan could not
+        # raise it because leases were taken meanwhile).
+        if not force and t - self._last_reap < REAP_INTERVAL and (now <= floor_ms or t - self._last_reap < FLOOR_RESCAN):
             return 0
         self._last_reap = t
-        now = _now_ms()
+        earliest = Ring.FLOOR_NEVER
         mine = self._owners.index if self._owners.pid == os.getpid() else 0
         reclaimed = 0
         unowned: dict[tuple[int, int, int], float] = {}
@@ -1234,7 +1356,10 @@ class Queue:
                 continue
             w = words[leased]
             owners = tbl[leased, 1]
-            expired = (w >> np.uint64(TIME_SHIFT)).astype(np.int64) + seg.epoch_ms < now
+            deadlines = (w >> np.uint64(TIME_SHIFT)).astype(np.int64) + seg.epoch_ms
+            expired = deadlines < now
+            if not expired.all():
+                earliest = min(earliest, int(deadlines[~expired].min()))
             for slot, word in zip(leased[expired].tolist(), w[expired].tolist()):
                 reclaimed += self._reclaim(view, slot, word, WHY_EXPIRED, now)
             tagged = ((owners >> np.uint64(16)) & np.uint64(LC_MASK)) == ((w >> np.uint64(6)) & np.uint64(LC_MASK))
@@ -1268,6 +1393,7 @@ class Queue:
             finally:
                 self._owners.release(idx)
         self._unowned = unowned
+        self._ring.raise_deadline_floor(floor_word, earliest)
         self._ring.retire_finished(thorough=force)
         for view in list(self._views.values()):
             if view.sealed:
@@ -1284,6 +1410,8 @@ class Queue:
         ok, _ = seg.cas64(seg.state_off_of(slot), word, new)
         if ok and new & 7 == ST_READY:
             self._ring.note_returned(seg)
+        elif ok:
+            self._ring.count("dead")
         return int(ok)
 
     # -- reads and admin -------------------------------------------------------------------------------------
@@ -1294,20 +1422,29 @@ class Queue:
         with self._lock:
             self._refresh()
             view, slot, _ = self._locate(job_id)
-            return self._job_at(view.seg.seq, slot)
+            tbl = np.array(view.seg.states[slot : slot + 1])
+            self._as_reclaimed(view, tbl, _now_ms(), np.array([slot]))
+            return self._job_at(view.seg.seq, slot, int(tbl[0, 0]))
 
-    def _heads(self, states: Iterable[int]) -> list[tuple[int, _View, int, int]]:
-        """(seq, view, slot, word) of retained heads whose state is in ``states``, in seq order."""
+    def _heads(self, states: Iterable[int], as_reclaimed: bool = True) -> list[tuple[int, _View, int, int]]:
+        """(seq, view, slot, word) of retained heads whose state is in ``states``, in seq order.
+
+        ``as_reclaimed``: show leases a reclaim would end as what it would make them (for reads;
+        never for a caller that CASes on the words returned)."""
         wanted = np.array(sorted(states), dtype=np.uint64)
         rows = []
+        now = _now_ms()
         for view in self._views.values():
             heads = view.heads.view()
             if not len(heads):
                 continue
-            words = view.seg.states[heads, 0]
+            tbl = view.seg.states[heads]  # a copy (fancy indexing): reclaims are shown, never written
+            if as_reclaimed:
+                self._as_reclaimed(view, tbl, now, heads)
+            words = tbl[:, 0]
             sel = np.isin(words & np.uint64(7), wanted)
             for slot, word in zip(heads[sel].tolist(), words[sel].tolist()):
-                rows.append((int(view.seq[slot]), view, slot, word))
+                rows.append((_order(view, slot), view, slot, word))
         rows.sort(key=lambda r: r[0])
         return rows
 
@@ -1366,7 +1503,7 @@ class Queue:
                     raise NotLeasedError(f"job {job_id!r} is not in the dead-letter queue")
                 targets = [(0, view, slot, w)]
             else:
-                targets = self._heads({ST_DEAD})
+                targets = self._heads({ST_DEAD}, as_reclaimed=False)
             recs, olds = [], []
             for _seq, view, slot, word in targets:
                 seg = view.seg
@@ -1457,7 +1594,10 @@ class Queue:
         return total
 
     def stats(self) -> QueueStats:
-        """Counts by state, computed with vectorised numpy over the mapped state tables."""
+        """Counts by state, each segment's from one copy of its state table, plus the cumulative
+        counters.  Read-only: a lease that has expired or whose holder died is counted as what
+        reclaiming it will make it (ready, or dead if its attempts are used up), though nothing is
+        written until some process leases.  Raises QueueClosedError."""
         self._live()
         with self._lock:
             self._refresh()
@@ -1467,7 +1607,11 @@ class Queue:
             for view in self._views.values():
                 seg = view.seg
                 tail = min(seg.load32(OFF_TAIL), seg.slot_count)
-                words = seg.states[:tail, 0]
+                # One copy of the live table: every count below comes from the same instant of
+                # this segment (two reads of the shared words could see a job in two states).
+                tbl = np.array(seg.states[:tail])
+                words = tbl[:, 0]
+                self._as_reclaimed(view, tbl, now)
                 st = words & np.uint64(7)
                 c += np.bincount(st.astype(np.int64), minlength=8)
                 ready = words[st == ST_READY]
@@ -1475,7 +1619,41 @@ class Queue:
                     delayed += int(np.count_nonzero((ready >> np.uint64(TIME_SHIFT)).astype(np.int64) + seg.epoch_ms > now))
             ready = int(c[ST_READY]) - delayed
             total = int(c[ST_READY] + c[ST_LEASED] + c[ST_DONE] + c[ST_DEAD])
-            return QueueStats(ready, delayed, int(c[ST_LEASED]), int(c[ST_DONE]), int(c[ST_DEAD]), total, int(c[ST_BAD]))
+            tot = self._ring.totals()
+            return QueueStats(ready, delayed, int(c[ST_LEASED]), int(c[ST_DONE]), int(c[ST_DEAD]), total,
+                              int(c[ST_BAD]), tot["enqueued"], tot["acked"], tot["dead"])
+
+    def _as_reclaimed(self, view: _View, tbl: np.ndarray, now: int, slots_of: np.ndarray | None = None) -> None:
+        """Rewrite, in ``tbl``, a private copy of rows of ``view``'s state table (state and owner
+        word; row i is slot ``slots_of[i]``, or slot i if None), each lease that a reclaim would end -- expired, or held by a dead process -- as the
+        word the reclaim would write.  Never writes to the queue."""
+        words = tbl[:, 0]
+        leased = np.flatnonzero((words & np.uint64(7)) == ST_LEASED)
+        if not len(leased):
+            return
+        seg = view.seg
+        w = words[leased]
+        own = tbl[leased, 1]
+        lc = (w >> np.uint64(6)) & np.uint64(LC_MASK)
+        expired = (w >> np.uint64(TIME_SHIFT)).astype(np.int64) + seg.epoch_ms < now
+        why = np.where(expired, WHY_EXPIRED, WHY_DIED).astype(np.uint64)
+        idx = own & np.uint64(0xFFFF)
+        tagged = ((own >> np.uint64(16)) & np.uint64(LC_MASK)) == lc
+        mine = self._owners.index if self._owners.pid == os.getpid() else 0
+        gone = np.zeros(len(leased), bool)
+        for i in np.unique(idx[tagged & ~expired & (idx != 0)]).tolist():
+            if i != mine and not self._owners.is_alive(int(i)):
+                gone |= tagged & (idx == i)
+        hit = expired | gone
+        if not hit.any():
+            return
+        rows = leased[hit]
+        slots = rows if slots_of is None else slots_of[rows]
+        maxatt = view.maxatt[slots].astype(np.int64)
+        out_of_tries = (maxatt > 0) & (view.attb[slots].astype(np.int64) + lc[hit].astype(np.int64) >= maxatt)
+        state = np.where(out_of_tries, ST_DEAD, ST_READY).astype(np.uint64)
+        rel = np.uint64(max(now - seg.epoch_ms, 0))
+        words[rows] = state | (why[hit] << np.uint64(3)) | (lc[hit] << np.uint64(6)) | (rel << np.uint64(TIME_SHIFT))
 
     def __len__(self) -> int:
         """Number of retained jobs (``stats().total``)."""

@@ -45,14 +45,13 @@ import stat
 import struct
 import threading
 import time
-import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import durability as _durability
-from . import errors
+from . import errors, forksafe
 from ._native import ffi, lib
 from .errors import (
     CorruptionError,
@@ -61,14 +60,29 @@ from .errors import (
     RecordTooLargeError,
     UnsupportedFilesystemError,
 )
-from .job import ST_BAD, ST_CONT, ST_DONE, ST_EMPTY, ST_GONE, ST_READY, pack
+from .job import (
+    LC_MASK,
+    ST_BAD,
+    ST_CONT,
+    ST_DEAD,
+    ST_DONE,
+    ST_EMPTY,
+    ST_GONE,
+    ST_LEASED,
+    ST_READY,
+    pack,
+)
 from .segment import (
+    OFF_ACKED_TOTAL,
     OFF_CHANGE,
     OFF_CTL_CHANGE,
+    OFF_DEAD_TOTAL,
+    OFF_ENQUEUED_TOTAL,
     OFF_FINISHED,
     OFF_LAST_SEQ,
     OFF_LOCK_WAITERS,
     OFF_LOCK_WAKE,
+    OFF_MIN_DEADLINE,
     OFF_NEXT_SEQ,
     OFF_NRECORDS,
     OFF_RETIRED,
@@ -80,10 +94,12 @@ from .segment import (
     OFF_WAITERS,
     OFF_WAKE,
     Control,
+    Mapped,
     Segment,
     _open_nofollow,
     crc32c,
     fsync_dir,
+    seg_layout,
     segment_name,
 )
 
@@ -132,6 +148,7 @@ class NewRecord:
     supersedes: int = 0
     state: int = ST_READY  # the state the record is published in (READY, or DEAD for a relocated dead job)
     at_ms: int | None = None  # absolute available-at (or finish time), ms since the epoch; None: now + delay_ms
+    enqueued_us: int | None = None  # enqueue time, µs since the epoch (a copy keeps its original's); None: now
 
 
 @dataclass
@@ -212,18 +229,6 @@ def fs_type(path: str, mounts_text: str | None = None) -> str:
     return kind
 
 
-def _reset_locks_in_child() -> None:
-    # A flusher thread may hold a ring's maplock at the moment another thread forks; the child
-    # has no such thread, so it would wait on the copy forever.  Give every ring a fresh one.
-    for ring in list(_LIVE_RINGS):
-        ring.maplock = threading.Lock()
-
-
-_LIVE_RINGS: weakref.WeakSet[Ring] = weakref.WeakSet()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_locks_in_child)
-
-
 class Ring:
     """The segments of one queue name in one directory, as this process sees them.
 
@@ -270,7 +275,6 @@ class Ring:
         self.dur = _durability.make(self, durability, flush_interval=flush_interval, sync_acks=sync_acks,
                                     state_flush_interval=state_flush_interval)
         self.maplock = threading.Lock()  # held while syncing or unmapping segments of self.segments
-        _LIVE_RINGS.add(self)
         self.dir = os.fspath(path)
         self.name = name
         self.durability = durability
@@ -298,6 +302,7 @@ class Ring:
             self._lock_fd = _open_nofollow(self.lock_path, os.O_RDWR | os.O_CREAT, mode)
         except OSError as exc:
             raise type(exc)(exc.errno, f"cannot open {self.lock_path}: {exc.strerror}") from None
+        forksafe.register(self)
         self.ctl: Control | None = None
         self._seen_gen = -1
         self._max_seen = 0
@@ -355,10 +360,22 @@ class Ring:
         """Context manager holding the writer lock: this process's threads, then the flock."""
         return Ring._Locked(self)
 
+    def drop_inherited_locks(self) -> None:
+        """In a forked child (ringq/forksafe.py): close the copy of the writer lock's descriptor
+        at once -- flock belongs to the open file description, so a child keeping it would keep a
+        parent's lock held after the parent died -- and replace the thread locks, which a parent
+        thread (an appender, the flusher) may have held at the fork; the child has no such thread."""
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+        self.maplock = threading.Lock()
+        self._tlock = threading.RLock()
+        self._depth = 0
+
     def _after_fork(self) -> None:
-        # flock belongs to the open file description, which a forked child shares with its
-        # parent: the child must open its own, or it would "hold" the parent's lock.
-        os.close(self._lock_fd)
+        # A child opens its own description of the lock file (the parent's was closed at fork).
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
         self._lock_fd = _open_nofollow(self.lock_path, os.O_RDWR | os.O_CREAT, self.mode)
         self._depth = 0
         self._pid = os.getpid()
@@ -416,8 +433,15 @@ class Ring:
                 what = "empty" if os.path.exists(ctl_path) else "missing"
                 self.report.repairs.append((ctl_path, f"{what} control file; rebuilt from the segments"))
             Control.create(ctl_path, slot_size, slot_count, self.mode)
-        self.ctl = Control(ctl_path)
+        try:
+            self.ctl = Control(ctl_path)
+        except CorruptionError as exc:
+            raise CorruptionError(
+                f"{exc}. If the queue's segments are intact, remove {ctl_path}: the next open rebuilds "
+                "it from them (geometry, tail, next seq)"
+            ) from None
         seqs = []
+        salvage: list[tuple[str, str, list[NewRecord], int]] = []
         for entry in os.scandir(self.dir):
             fname = entry.name
             if fname.startswith(self.name + ".") and fname.endswith(".quarantined"):
@@ -444,7 +468,13 @@ class Ring:
             except FormatVersionError:
                 raise
             except CorruptionError as exc:
-                self._quarantine(path, str(exc))
+                # A damaged header need not mean damaged records: each carries its own CRC.  Copy
+                # the intact ones to the tail (below) before the file is set aside.
+                recs, lost = self._salvage(path, seq)
+                if recs or lost:
+                    salvage.append((path, str(exc), recs, lost))
+                else:
+                    self._quarantine(path, str(exc))
                 continue
             if seg.load32(OFF_RETIRED):
                 if self.finished_all(seg):
@@ -496,6 +526,73 @@ class Ring:
             self.ctl.msync(0, 4096)
         self._max_seen = tail_seq
         self._seen_gen = self.ctl.load64(OFF_RING_GEN)
+        for path, reason, recs, lost in salvage:
+            # Copies first, then the rename: a crash in between salvages again at the next open
+            # (a job twice, as at-least-once allows), never loses one.
+            if recs:
+                self.append(recs)
+            what = f"{len(recs)} intact jobs salvaged to the tail (ids, attempts, priority, times kept)"
+            if lost:
+                what += f"; {lost} records failed their CRC and are lost"
+            self._quarantine(path, f"{reason}; {what}")
+            self.report.repairs.append((path, what))
+
+    def _salvage(self, path: str, seq: int) -> tuple[list[NewRecord], int]:
+        """Intact unfinished jobs of segment file ``path`` whose header is unusable, as records to
+        re-append, and how many records there failed their CRC.  Reads only, with the queue's
+        geometry and the seq of the file name (each record's CRC is seeded by both).  A job keeps
+        its id, priority, max attempts and attempts so far (a lease counts as one); it is due at
+        its enqueue-time available-at (a retry's backoff time was relative to the lost header's
+        epoch); a dead job stays dead; finished ones are left out.  ``([], 0)`` if nothing is
+        readable."""
+        state_off, data_off, size = seg_layout(self.ctl.slot_size, self.ctl.slot_count)
+        try:
+            fd = _open_nofollow(path, os.O_RDONLY)
+        except (OSError, CorruptionError):
+            return [], 0
+        try:
+            if os.fstat(fd).st_size < size:
+                os.close(fd)
+                return [], 0
+            m = Mapped(path, fd, size, readonly=True)
+        except OSError:
+            os.close(fd)
+            return [], 0
+        try:
+            geom = ffi.new("ringq_geom *", {"seg_seq": seq, "state_off": state_off, "data_off": data_off,
+                                            "slot_size": self.ctl.slot_size, "slot_count": self.ctl.slot_count})
+            states = np.frombuffer(m.mm, dtype="<u8", count=2 * self.ctl.slot_count, offset=state_off)[0::2]
+            used = np.flatnonzero(states & 7)
+            end = int(used[-1]) + 1 if len(used) else 0
+            if not end:
+                return [], 0
+            out = ffi.new("ringq_rec_info[]", end)
+            nxt = ffi.new("uint32_t *")
+            n = lib.ringq_seg_scan(m.ptr, m.size, geom, 0, end, out, end, nxt)
+            if n < 0:
+                return [], 0
+            infos = np.frombuffer(ffi.buffer(out, n * REC_INFO_DTYPE.itemsize), dtype=REC_INFO_DTYPE).copy()
+            del states
+            recs, lost = [], 0
+            for info in infos:
+                st = int(info["state"]) & 7
+                if info["status"] != 0:
+                    lost += st in (ST_READY, ST_LEASED, ST_DEAD, ST_BAD)
+                    continue
+                if st not in (ST_READY, ST_LEASED, ST_DEAD):
+                    continue
+                base = data_off + int(info["slot"]) * self.ctl.slot_size + REC_HEADER.size
+                id_len, plen = int(info["id_len"]), int(info["payload_len"])
+                jid = bytes(m.mm[base : base + id_len]) if id_len else f"{int(info['seq']):016x}".encode()
+                payload = bytes(m.mm[base + id_len : base + id_len + plen])
+                lc = (int(info["state"]) >> 6) & LC_MASK
+                recs.append(NewRecord(payload, int(info["codec"]), jid, int(info["priority"]), 0,
+                                      int(info["max_attempts"]), min(int(info["attempts_before"]) + lc, 0xFFFF),
+                                      state=ST_DEAD if st == ST_DEAD else ST_READY,
+                                      at_ms=int(info["available_ms"])))
+            return recs, lost
+        finally:
+            m.close()
 
     def _existing_geometry(self, slot_size: int, slot_count: int) -> tuple[int, int]:
         """``(slot_size, slot_count)`` of the newest valid segment of this queue, else the arguments."""
@@ -697,21 +794,33 @@ class Ring:
 
     # -- append ------------------------------------------------------------------------------------
 
+    MAX_RECORD_FIELD = 0xFFFFFFFF  # the record header's length fields are 32-bit (docs/format.md)
+    MAX_ID_FIELD = 0xFFFF  # and its id length field 16-bit
+
     def max_record_bytes(self) -> int:
-        """The largest record (64-byte header + id + payload) a segment can hold, in bytes."""
-        return self.ctl.slot_size * self.ctl.slot_count
+        """The largest record (64-byte header + id + payload) this queue stores, in bytes: what a
+        segment holds, capped at the 32-bit length field of the record header (4 GiB - 1)."""
+        return min(self.ctl.slot_size * self.ctl.slot_count, self.MAX_RECORD_FIELD)
+
+    def check_sizes(self, recs: Iterable[NewRecord]) -> None:
+        """Raise RecordTooLargeError if any record of the batch exceeds a limit (nothing allocated)."""
+        limit = self.max_record_bytes()
+        for rec in recs:
+            length = REC_HEADER.size + len(rec.id_bytes) + len(rec.payload)
+            if length > limit:
+                raise RecordTooLargeError(
+                    f"record of {length} bytes (payload {len(rec.payload)} + id {len(rec.id_bytes)} + 64 header) "
+                    f"exceeds the largest record queue {self.name!r} stores: {limit} bytes"
+                    + (" (the 32-bit length field)" if limit == self.MAX_RECORD_FIELD else " (one segment)")
+                )
+            if len(rec.id_bytes) > self.MAX_ID_FIELD:
+                raise RecordTooLargeError(f"job id of {len(rec.id_bytes)} bytes exceeds the 65535-byte limit")
 
     def build(self, rec: NewRecord) -> bytearray:
-        """Record bytes with seq/time left for :meth:`append` to fill.  Raises RecordTooLargeError."""
+        """Record bytes with seq/time left for :meth:`append` to fill.  Raises RecordTooLargeError
+        (before allocating anything)."""
+        self.check_sizes((rec,))
         length = REC_HEADER.size + len(rec.id_bytes) + len(rec.payload)
-        limit = self.max_record_bytes()
-        if length > limit:
-            raise RecordTooLargeError(
-                f"record of {length} bytes (payload {len(rec.payload)} + id {len(rec.id_bytes)} + 64 header) "
-                f"exceeds the largest record a segment of queue {self.name!r} holds: {limit} bytes"
-            )
-        if len(rec.id_bytes) > 0xFFFF:
-            raise RecordTooLargeError(f"job id of {len(rec.id_bytes)} bytes exceeds the 65535-byte limit")
         buf = bytearray(length)
         buf[REC_HEADER.size : REC_HEADER.size + len(rec.id_bytes)] = rec.id_bytes
         buf[REC_HEADER.size + len(rec.id_bytes) :] = rec.payload
@@ -744,6 +853,7 @@ class Ring:
         Until ``finish(ticket)`` returns the records are visible but not yet durable.
         """
         if bufs is None:
+            self.check_sizes(recs)  # the whole batch, before a byte of it is allocated or written
             bufs = [self.build(r) for r in recs]
         slot_size = self.ctl.slot_size
         out: list[tuple[int, int, int, int, int]] = []
@@ -782,8 +892,9 @@ class Ring:
                     seg = self._link(seg, fresh.pop(0))
                     tail = 0
                 avail_ms = now_ms + rec.delay_ms if rec.at_ms is None else rec.at_ms
+                enq_us = now_us if rec.enqueued_us is None else rec.enqueued_us
                 REC_HEADER.pack_into(
-                    buf, 0, REC_MAGIC, 0, len(buf), span, next_seq, now_us, avail_ms, rec.priority,
+                    buf, 0, REC_MAGIC, 0, len(buf), span, next_seq, enq_us, avail_ms, rec.priority,
                     rec.max_attempts, rec.attempts_before, len(rec.id_bytes), rec.codec, KIND_JOB,
                     len(rec.payload), rec.supersedes,
                 )
@@ -794,7 +905,7 @@ class Ring:
                 )
                 rng = touched.setdefault(seg.seq, [tail, tail + span])
                 rng[1] = tail + span
-                out.append((seg.seq, tail, next_seq, now_us, avail_ms))
+                out.append((seg.seq, tail, next_seq, enq_us, avail_ms))
                 tail += span
                 next_seq += 1
                 count += 1
@@ -810,10 +921,34 @@ class Ring:
     def _tail_segment(self) -> Segment:
         seq = self.ctl.load64(OFF_TAIL_SEG)
         seg = self.segment(seq)
-        if seg is None:
-            # The tail segment vanished (deleted by hand?): start a fresh one after it.
+        if seg is None or seg.load32(OFF_RETIRED):
+            # The tail segment vanished (deleted by hand?) or was retired to make room (see
+            # retire_finished_tail): start a fresh one after it.
             return self._rotate(None, seq)
         return seg
+
+    def retire_finished_tail(self) -> bool:
+        """Under the lock: retire the tail segment itself if every record in it is finished.
+
+        For a volume with room for one segment: its full tail would otherwise never retire
+        (a segment retires once a newer one took over appends, and the newer one cannot be
+        created), and the queue would refuse work for ever although all its jobs are done.
+        The next append starts a fresh tail segment.  The space returns when every process that
+        mapped the segment has dropped it (each does at its next call on the queue).  True if
+        the tail was retired.
+        """
+        seq = self.ctl.load64(OFF_TAIL_SEG)
+        seg = self.segments.get(seq)
+        if seg is None or seg.mm is None or seg.load64(OFF_NRECORDS) == 0 or not self.finished_all(seg):
+            return False
+        seg.store32(OFF_SEALED, 1)  # nobody appends meanwhile: we hold the writer lock
+        if not seg.cas32(OFF_RETIRED, 0, 1):
+            return False
+        if self.durability != "none":
+            self.ctl.msync(0, 4096)  # the next seq outlives the records that held the last ones
+        self._unlink_segment(seq)
+        self.ctl.add64(OFF_RING_GEN)
+        return True
 
     def _rotate(self, seg: Segment | None, after: int | None = None) -> Segment:
         """Under the lock: seal ``seg`` and link a new tail segment.  Raises QueueFullError."""
@@ -880,6 +1015,54 @@ class Ring:
 
     def change_counter(self) -> int:
         return self.ctl.load64(OFF_CTL_CHANGE)
+
+    # -- cumulative counters ---------------------------------------------------------------------------
+
+    COUNTERS = {"enqueued": OFF_ENQUEUED_TOTAL, "acked": OFF_ACKED_TOTAL, "dead": OFF_DEAD_TOTAL}
+
+    def count(self, what: str, n: int = 1) -> None:
+        """Add ``n`` to a cumulative counter of the control file (``"enqueued"``, ``"acked"``, ``"dead"``)."""
+        if n:
+            self.ctl.add64(self.COUNTERS[what], n)
+
+    def totals(self) -> dict[str, int]:
+        """The cumulative counters: ``{"enqueued": n, "acked": n, "dead": n}`` since creation."""
+        return {k: self.ctl.load64(off) for k, off in self.COUNTERS.items()}
+
+    # -- the lease-deadline floor ----------------------------------------------------------------------
+    # One control word says when the earliest lease of the queue may expire, so that a reader scans
+    # the state tables for expired leases when that moment comes instead of on a fixed period: an
+    # expired lease is leasable again within milliseconds of its deadline, and nobody scans per
+    # lease.  It packs (deadline ms since the Unix epoch << FLOOR_GEN_BITS) | generation.  Every
+    # claimer lowers the deadline to its own if that is earlier and bumps the generation (one CAS);
+    # a scanner may raise it to the earliest deadline it saw only if the generation did not move
+    # since it read the word *before* its scan -- otherwise a lease it did not see could be hidden.
+
+    FLOOR_GEN_BITS = 20
+    FLOOR_NEVER = (1 << 44) - 1  # ms: no lease known
+
+    def deadline_floor(self) -> tuple[int, int]:
+        """``(word, ms)``: the raw floor word (pass it to :meth:`raise_deadline_floor`) and its deadline."""
+        w = self.ctl.load64(OFF_MIN_DEADLINE)
+        return w, w >> self.FLOOR_GEN_BITS
+
+    def lower_deadline_floor(self, ms: int) -> None:
+        """A lease expiring at ``ms`` (ms since the epoch) was just taken."""
+        ms = min(max(ms, 0), self.FLOOR_NEVER)
+        mask = (1 << self.FLOOR_GEN_BITS) - 1
+        cur = self.ctl.load64(OFF_MIN_DEADLINE)
+        while True:
+            new = (min(cur >> self.FLOOR_GEN_BITS, ms) << self.FLOOR_GEN_BITS) | ((cur + 1) & mask)
+            ok, cur = self.ctl.cas64(OFF_MIN_DEADLINE, cur, new)
+            if ok:
+                return
+
+    def raise_deadline_floor(self, seen: int, ms: int) -> bool:
+        """After a full scan begun when the floor word was ``seen``: set the floor to ``ms`` (the
+        earliest deadline the scan saw), unless a lease was taken since.  True if it was set."""
+        ms = min(max(ms, 0), self.FLOOR_NEVER)
+        mask = (1 << self.FLOOR_GEN_BITS) - 1
+        return self.ctl.cas64(OFF_MIN_DEADLINE, seen, (ms << self.FLOOR_GEN_BITS) | ((seen + 1) & mask))[0]
 
     # -- retirement ------------------------------------------------------------------------------------
 

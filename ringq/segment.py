@@ -62,6 +62,11 @@ OFF_SYNC_COUNT = 200  # u64: append syncs issued by all processes (any strategy)
 OFF_SYNC_GEN = 208  # u32: futex word; a group-commit leader bumps it after raising OFF_SYNCED
 OFF_LOCK_WAKE = 212  # u32: futex word; a writer releasing the lock bumps it if writers wait
 OFF_LOCK_WAITERS = 216  # u32: writers waiting for the writer lock (registered before they retry)
+# Cumulative counters since the queue was created (statistics only; never used for a decision).
+OFF_ENQUEUED_TOTAL = 224  # u64: jobs enqueued (requeues and relocation copies are not counted)
+OFF_ACKED_TOTAL = 232  # u64: leases acked (LEASED -> DONE)
+OFF_DEAD_TOTAL = 240  # u64: jobs dead-lettered (nack or reclaim with attempts used up)
+OFF_MIN_DEADLINE = 248  # u64: ms since the Unix epoch; no lease of this queue expires before it
 
 
 def segment_name(name: str, seq: int) -> str:
@@ -163,6 +168,9 @@ class Mapped:
     def close(self) -> None:
         if self.mm is None:
             return
+        # A stale reference used after this gets a bounds error from the C helper (every access
+        # is checked against the size), never a dereference of the unmapped pages.
+        self.size = 0
         ffi.release(self.ptr)
         try:
             self.mm.close()

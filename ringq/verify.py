@@ -141,7 +141,8 @@ def _control(path: str, report: QueueFiles) -> None:
     try:
         ctl = Control(path, readonly=True)
     except CorruptionError as exc:
-        report.damage.append(f"control file: {exc}")
+        report.damage.append(f"control file: {exc}. If the segments are intact, removing it makes the next "
+                             "open rebuild it from them")
         return
     try:
         report.control = {
@@ -162,7 +163,8 @@ def _segment(path: str, expect_seq: int, limit: int | None, now_ms: int,
     except FileNotFoundError:
         return None
     except CorruptionError as exc:
-        rep.damage.append(f"segment header: {exc}")
+        rep.damage.append(f"segment header: {exc}. The next open copies the intact unfinished jobs of this "
+                          "file (each record has its own CRC) to the tail, then sets the file aside")
         return rep
     try:
         if seg.seq != expect_seq:

@@ -76,10 +76,16 @@ class Worker:
             after its last beat.  A handler thread stuck while its process runs keeps its lease.
         processes: 0 runs in this process; N >= 1 runs N child processes (forked; each opens
             the queue itself and runs ``concurrency`` threads; ``max_jobs`` and
-            ``idle_timeout`` apply to each process).
+            ``idle_timeout`` apply to each process).  A child that dies of a signal or exits
+            with an error is replaced by a new one (which gets what its predecessor had left of
+            ``max_jobs``), at most ``max_restarts`` times per ``run()`` in all; ``restarts`` says
+            how many.  Children count their work in shared memory as they go, so ``run()``'s
+            stats include what a killed child finished (its in-flight jobs come back to the
+            queue and are counted by whoever runs them again).
+        max_restarts: the restart budget of ``processes`` mode (default 10; 0 never replaces).
 
     Raises:
-        ValueError: concurrency < 1, processes < 0, heartbeat <= 0.
+        ValueError: concurrency < 1, processes < 0, heartbeat <= 0, max_restarts < 0.
     """
 
     def __init__(
@@ -94,6 +100,7 @@ class Worker:
         *,
         heartbeat: float | None = None,
         processes: int = 0,
+        max_restarts: int = 10,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -110,6 +117,10 @@ class Worker:
         if not self.heartbeat > 0:
             raise ValueError(f"heartbeat must be > 0 seconds, got {self.heartbeat!r}")
         self.processes = processes
+        if not isinstance(max_restarts, int) or max_restarts < 0:
+            raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+        self.max_restarts = max_restarts
+        self.restarts = 0  # children replaced during the last run()
         self.stats = WorkerStats()
         self._stop = threading.Event()
         self._drained = threading.Event()  # every handler thread has returned: heartbeats end
@@ -125,7 +136,7 @@ class Worker:
     def stop(self) -> None:
         """Ask the worker to finish in-flight handlers, ack them, and return from ``run()``."""
         self._stop.set()
-        for p in self._children:
+        for p in list(self._children):
             if p.is_alive():
                 os.kill(p.pid, signal.SIGTERM)
 
@@ -209,15 +220,24 @@ class Worker:
             try:
                 self.handler(job)
             except BaseException as exc:  # the handler's failure is data, not ours
+                self._finished_handler(key)
                 self._fail(job, exc)
                 if not isinstance(exc, Exception):  # SystemExit and the like: nack, then stop
                     self._stop.set()
             else:
+                self._finished_handler(key)
                 self._settle(self.queue.ack, job, succeeded=1)
         finally:
             with self._inflight_lock:
                 self._inflight.pop(key, None)
                 self._last_busy = time.monotonic()
+
+    def _finished_handler(self, key: int) -> None:
+        # No more beats for this job: its ack or nack follows, and a beat racing it would fail
+        # on a job that is no longer leased -- an outcome, not a lost lease.
+        with self._inflight_lock:
+            if key in self._inflight:
+                self._inflight[key] = None
 
     def _settle(self, op: Callable[[Job], Any], job: Job, **count: int) -> Any:
         """Run ack/nack; a lost lease or a queue error is counted and logged, never raised."""
@@ -266,7 +286,10 @@ class Worker:
             except QueueClosedError:
                 return
             except Exception as exc:  # lost (expired, purged, reclaimed) or a queue error: stop beating it
-                log.warning("job %s: heartbeat failed: %s", job.id, exc)
+                with self._inflight_lock:
+                    racing = self._inflight.get(key) is not job
+                if not racing:  # (a beat that raced its own handler's ack or nack failed by design)
+                    log.warning("job %s: heartbeat failed: %s", job.id, exc)
                 extended = None
             with self._inflight_lock:
                 if self._inflight.get(key) is job:
@@ -299,41 +322,88 @@ class Worker:
         spec = dict(path=q.path, name=q.name, durability=q.durability, visibility_timeout=q.visibility_timeout,
                     max_attempts=q.max_attempts, backoff=q.backoff)
         ctx = multiprocessing.get_context("fork")
-        results = ctx.SimpleQueue()
-        opts = dict(concurrency=self.concurrency, poll_interval=self.poll_interval, max_jobs=self.max_jobs,
-                    idle_timeout=self.idle_timeout, heartbeat=self.heartbeat)
-        # Children start with SIGINT/SIGTERM blocked: until they install their own handlers they
-        # would run the parent's (copied by fork), or die of a SIGTERM sent by an early stop().
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-        self._children = [ctx.Process(target=_child_main, args=(spec, self.handler, opts, results, mask),
-                                      daemon=False)
-                          for _ in range(self.processes)]
-        try:
-            for p in self._children:
+        # Each child slot has a row of counters in shared memory that its children update as they
+        # go: the work of a child killed by a signal is counted up to its last finished job.
+        fields = list(WorkerStats().to_dict())
+        shared = ctx.Array("q", self.processes * len(fields), lock=False)
+        restarts = self.restarts = 0
+
+        def start(slot: int) -> multiprocessing.Process:
+            opts = dict(concurrency=self.concurrency, poll_interval=self.poll_interval, max_jobs=self.max_jobs,
+                        idle_timeout=self.idle_timeout, heartbeat=self.heartbeat)
+            if self.max_jobs is not None:  # a replacement takes over what its slot had left
+                opts["max_jobs"] = self.max_jobs - shared[slot * len(fields) + fields.index("leased")]
+            # Children start with SIGINT/SIGTERM blocked: until they install their own handlers they
+            # would run the parent's (copied by fork), or die of a SIGTERM sent by an early stop().
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+            try:
+                p = ctx.Process(target=_child_main, args=(spec, self.handler, opts, (shared, slot, fields), mask),
+                                daemon=False)
                 p.start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            return p
+
+        self._children = [start(i) for i in range(self.processes)]
+        running = [True] * self.processes
         if self._stop.is_set():
             self.stop()
         try:
-            for p in self._children:
-                while p.is_alive():
-                    p.join(0.1)
+            while any(running):
+                for slot, p in enumerate(self._children):
+                    if not running[slot] or p.is_alive():
+                        continue
+                    p.join()
+                    running[slot] = False
+                    if p.exitcode == 0:
+                        continue
+                    how = f"killed by signal {-p.exitcode}" if p.exitcode < 0 else f"exited with status {p.exitcode}"
+                    left = None if self.max_jobs is None else (
+                        self.max_jobs - shared[slot * len(fields) + fields.index("leased")])
+                    if self._stop.is_set() or (left is not None and left <= 0):
+                        log.error("worker process %d %s", p.pid, how)
+                    elif restarts >= self.max_restarts:
+                        log.error("worker process %d %s; not replaced: the restart budget (%d) is spent",
+                                  p.pid, how, self.max_restarts)
+                    else:
+                        restarts += 1
+                        self.restarts = restarts
+                        self._children[slot] = start(slot)
+                        running[slot] = True
+                        log.error("worker process %d %s; replaced by %d (restart %d of %d)", p.pid, how,
+                                  self._children[slot].pid, restarts, self.max_restarts)
+                time.sleep(0.05)
         except BaseException:  # a second SIGINT: abort, leaving nobody behind
             for p in self._children:
                 if p.is_alive():
                     os.kill(p.pid, signal.SIGKILL)
                 p.join()
             raise
-        for p in self._children:
-            if p.exitcode:
-                log.error("worker process %d exited with status %s", p.pid, p.exitcode)
-        while not results.empty():
-            self.stats.add(**results.get())
+        self.restarts = restarts
+        for slot in range(self.processes):
+            self.stats.add(**{f: shared[slot * len(fields) + i] for i, f in enumerate(fields)})
         return self.stats
 
 
-def _child_main(spec: dict, handler: Callable, opts: dict, results: Any, mask: set) -> None:
+class _SharedRowStats(WorkerStats):
+    """A child's stats, mirrored into its slot's row of shared counters as they change."""
+
+    def __init__(self, shared: Any, slot: int, fields: list[str]) -> None:
+        super().__init__()
+        self._shared = shared
+        self._base = slot * len(fields)
+        self._index = {f: i for i, f in enumerate(fields)}
+
+    def add(self, **counts: int) -> None:
+        super().add(**counts)
+        with self._lock:
+            for k, v in counts.items():
+                i = self._index.get(k)
+                if i is not None:
+                    self._shared[self._base + i] += v
+
+
+def _child_main(spec: dict, handler: Callable, opts: dict, row: tuple, mask: set) -> None:
     from .connect import connect
 
     stopping = threading.Event()
@@ -350,6 +420,7 @@ def _child_main(spec: dict, handler: Callable, opts: dict, results: Any, mask: s
     parent = os.getppid()
     with connect(spec.pop("path"), spec.pop("name"), **spec) as q:
         worker = Worker(q, handler, handle_signals=False, **opts)
+        worker.stats = _SharedRowStats(*row)
         if stopping.is_set():
             worker.stop()
 
@@ -362,5 +433,4 @@ def _child_main(spec: dict, handler: Callable, opts: dict, results: Any, mask: s
                 time.sleep(0.5)
 
         threading.Thread(target=orphan_watch, name="ringq-orphan-watch", daemon=True).start()
-        stats = worker.run()
-    results.put(stats.to_dict())
+        worker.run()

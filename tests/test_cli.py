@@ -192,7 +192,8 @@ def test_stats_and_list(tmp_path):
     ringq(q, "enqueue", "later", "--delay", "600")
     ringq(q, "lease")
     st = as_json(q, "stats")
-    assert st == {"ready": 2, "delayed": 1, "leased": 1, "done": 0, "dead": 0, "total": 4, "corrupt": 0}
+    assert st == {"ready": 2, "delayed": 1, "leased": 1, "done": 0, "dead": 0, "total": 4, "corrupt": 0,
+                  "enqueued_total": 4, "acked_total": 0, "dead_lettered_total": 0}
     assert ringq(q, "stats").stdout.split() == [f"{k}={v}" for k, v in st.items()]
     everything = as_json(q, "list")
     assert [j["state"] for j in everything] == ["leased", "ready", "ready", "ready"]
@@ -410,6 +411,25 @@ def test_top_once_prints_counts_and_rates(tmp_path):
     assert s["enqueue_rate"] == 0.0 and s["finish_rate"] == 0.0
     line = ringq(q, "top", "--once", "--interval", "0.1").stdout
     assert "ready=3" in line and "enq/s=" in line and "fin/s=" in line
+
+
+def test_top_counters_do_not_fall_when_segments_retire(tmp_path):
+    q = tmp_path / "q"
+    with Queue(str(q), slot_size=128, slot_count=8) as queue:
+        queue.enqueue_many(list(range(20)))
+        while job := queue.lease_one():
+            if job.payload % 5:
+                queue.ack(job)
+            else:
+                queue.nack(job, delay=0) if job.attempts < 2 else queue.ack(job)
+        bad = queue.enqueue("x", max_attempts=1)
+        queue.nack(queue.lease_one(), error="boom")
+        assert queue.get(bad.id).state.value == "dead"
+    s = as_json(q, "top", "--once", "--interval", "0.1")
+    assert s["done"] < 20  # finished segments retired: done and total fell
+    assert (s["enqueued_total"], s["acked_total"], s["dead_lettered_total"], s["finished_total"]) == (21, 20, 1, 21)
+    line = ringq(q, "top", "--once", "--interval", "0.1").stdout
+    assert "enqueued=21 acked=20 dead-lettered=1" in line
 
 
 def test_top_without_a_tty_prints_lines_until_ctrl_c(tmp_path):

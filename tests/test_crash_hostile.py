@@ -288,8 +288,11 @@ def test_bad_segment_header_fields_are_quarantined(tmp_path, field, off, fmt, va
     path = _queue_with_two_segments(tmp_path)
     _patch_header(path, 1, off, fmt, value, fix_crc=field != "header-crc")
     with open_queue(path) as q:
-        assert drain(q) == [8, 9]
+        # The header is unusable, the records are not (each has its own CRC): they are salvaged
+        # to the tail before the file is set aside.
+        assert drain(q) == [8, 9, *range(8)]
         assert len(q.recovery.quarantined) == 1
+        assert any("8 intact jobs salvaged" in what for _p, what in q.recovery.repairs)
 
 
 def test_future_format_version_is_refused(tmp_path):

@@ -15,7 +15,7 @@ import tempfile
 import textwrap
 
 import pytest
-from crashkit import NAME, drain, geometry, open_queue, verify
+from crashkit import NAME, SLOTS, drain, geometry, open_queue, verify
 
 from ringq.errors import QueueFullError
 
@@ -63,6 +63,59 @@ def test_full_tmpfs_rotation_fails_cleanly_and_recovers(small_tmpfs):
         for i in range(2 * 8):  # two more segments: all the 48 KiB holds beside the full tail
             q.enqueue(("again", i))
         assert len(drain(q)) == 16
+
+
+@pytest.fixture
+def one_segment_tmpfs():
+    """A 24 KiB tmpfs: the control page and one 12 KiB segment fit, a second segment does not."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tempfile.mkdtemp(prefix="ringq-one-")
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24k,mode=0700", "tmpfs", mnt],
+                      capture_output=True).returncode != 0:
+        os.rmdir(mnt)
+        pytest.skip("cannot mount a tmpfs here (no CAP_SYS_ADMIN?)")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", mnt], check=False)
+        os.rmdir(mnt)
+
+
+def _fill(q):
+    n = 0
+    with pytest.raises(QueueFullError):
+        while True:
+            q.enqueue(("job", n))
+            n += 1
+    return n
+
+
+def test_a_volume_that_holds_one_segment_takes_work_again_once_its_jobs_finish(one_segment_tmpfs):
+    path = os.path.join(one_segment_tmpfs, "q")
+    with open_queue(path) as q:
+        n = _fill(q)
+        assert n == SLOTS  # the tail segment is full and no second one fits
+        assert len(drain(q)) == n  # every job finished
+        for _round in range(3):  # the same space, again and again
+            assert _fill(q) == SLOTS
+            assert len(drain(q)) == SLOTS
+        _fill(q)
+    # After reopening too: a full, finished tail found at open.
+    with open_queue(path) as q:
+        assert len(drain(q)) == SLOTS
+    with open_queue(path) as q:
+        q.enqueue_many(["a", "b"])
+        q.enqueue("c", job_id="idempotent")
+        assert sorted(map(str, drain(q))) == ["a", "b", "c"]
+        assert q.stats().enqueued_total == 5 * SLOTS + 3
+    with open_queue(path) as q:
+        assert not verify(q).damaged
+        n = _fill(q)  # after the finished a, b, c: their slots stay until the segment retires
+        with pytest.raises(QueueFullError):  # unfinished jobs are never thrown away for room
+            q.enqueue("no room")
+        assert sorted(p[1] for p in drain(q)) == list(range(n))
+        assert _fill(q) == SLOTS
 
 
 RLIMIT_CHILD = textwrap.dedent("""

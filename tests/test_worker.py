@@ -7,6 +7,7 @@ bounded poll for a condition.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -291,3 +292,36 @@ def test_stop_before_children_start_stops_them_cleanly(tmp_path):
         assert [p.exitcode for p in w._children] == [0, 0]
         assert stats.leased == stats.succeeded
         assert q.stats().leased == 0
+
+
+def _note_pid_and_nap(path: str, job) -> None:
+    with open(path, "a") as fh:
+        fh.write(f"{os.getpid()}\n")
+    time.sleep(0.005)
+
+
+def test_a_killed_worker_process_is_replaced_and_its_work_counted(qdir, tmp_path):
+    pids = tmp_path / "pids"
+    pids.touch()
+    with Queue(qdir, visibility_timeout=60) as q:
+        q.enqueue_many(list(range(600)))
+        w = Worker(q, functools.partial(_note_pid_and_nap, str(pids)), concurrency=2, processes=2,
+                   idle_timeout=1.0, handle_signals=False)
+        out = {}
+        runner = threading.Thread(target=lambda: out.setdefault("stats", w.run()))
+        runner.start()
+        deadline = time.monotonic() + 60
+        while len(pids.read_text().split()) < 100 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        victim = int(pids.read_text().split()[0])
+        os.kill(victim, signal.SIGKILL)
+        runner.join(120)
+        assert not runner.is_alive()
+        stats = out["stats"]
+        assert w.restarts == 1
+        assert q.stats().acked_total == 600 and q.stats().ready == 0
+        by_victim = pids.read_text().split().count(str(victim))
+        assert by_victim >= 40  # the victim did a good share before it died...
+        # ...and it is counted: every ack but at most one caught between its ack and its count.
+        assert 599 <= stats.succeeded <= 600, stats
+        assert stats.leased >= stats.succeeded

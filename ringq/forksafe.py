@@ -1,0 +1,46 @@
+"""Locks die with the process that took them, whatever it forks or execs.
+
+``flock`` and OFD (``F_OFD_SETLK``) locks belong to an *open file description*, and ``fork()``
+gives the child a descriptor for the same description.  A child that keeps its copy -- a
+multiprocessing helper started with the default ``fork`` method, a handler's own ``os.fork`` --
+keeps its parent's locks alive after the parent dies: a SIGKILLed holder's leases would stay held
+until their visibility timeout, and a killed writer's lock until the child exits.
+
+So every object that keeps a descriptor carrying a ringq lock registers here, and in a forked
+child each one's :meth:`drop_inherited_locks` closes its copy at once (closing the child's copy
+never releases the parent's lock; the lock goes when the parent's own descriptor closes, at its
+death).  Every such descriptor is also opened ``O_CLOEXEC``, so ``exec`` (``subprocess``, the
+``spawn`` and ``forkserver`` start methods) drops it too.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Protocol
+
+__all__ = ["register"]
+
+
+class _Holder(Protocol):
+    def drop_inherited_locks(self) -> None: ...
+
+
+_HOLDERS: weakref.WeakSet = weakref.WeakSet()
+
+
+def register(holder: _Holder) -> None:
+    """Have ``holder.drop_inherited_locks()`` called in every child forked from now on."""
+    _HOLDERS.add(holder)
+
+
+def _after_fork_in_child() -> None:
+    for holder in list(_HOLDERS):
+        try:
+            holder.drop_inherited_locks()
+        except Exception:  # noqa: BLE001 -- a child must never die in a fork hook
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -4,16 +4,30 @@
  * The question it answers: does syncing a file cost more once a page of it was dirtied through a
  * writable shared mapping, compared with the raw pwrite + fdatasync floor?  Every variant writes
  * N records of R bytes (default 6,000 x 128) into its own preallocated, zero-filled files, and all
- * variants run in ONE interleaved loop (record i of every variant, in a rotating order, before
- * record i+1 of any), so that a disk or a neighbour slowing down hits every variant alike.
+ * variants run in ONE interleaved loop: records [i, i+C) of every variant (C = 50 by default), in
+ * an order that rotates from chunk to chunk, before records [i+C, ...) of any.  A chunk lasts a
+ * few milliseconds, so a disk or a neighbour slowing down hits every variant alike, while within a
+ * chunk each variant writes back to back as one producer does.
  *
  * Build and run (plain C, no dependencies; the directory must be on the file system to measure):
  *
  *     gcc -O2 -o /tmp/pagecost benchmarks/pagecost.c && /tmp/pagecost DIR
  *
- * Options: -n N (records per variant), -r R (record bytes), --json (one JSON object on stdout
- * instead of the table).  The files go into a fresh subdirectory of DIR (default: the current
- * directory), removed at the end.
+ * Options: -n N (records per variant), -r R (record bytes), -c C (chunk), -s BYTES (smallest
+ * file: 4 MiB), -z BYTES (size of the writes that zero-fill the files: 1 MiB), --evict (drop the
+ * files from the page cache after the fill), -v NAME,... (run only these variants and the floor),
+ * --json (one JSON object on stdout instead of the table).  The files go into a fresh
+ * subdirectory of DIR (default: the current directory), removed at the end.  Per variant it
+ * prints ops/s, p50 and p99 latency, the ratios to the floor, and how many KiB the block device
+ * wrote per operation (from its sysfs counters: every process's writes, so rough on a busy disk).
+ *
+ * Why -z and --evict matter: the defaults make the files the way ringq makes a segment (4 MiB,
+ * zero-filled with 1 MiB writes, used while still in the page cache).  On Linux 6.18 / ext4 a sync
+ * after a store through a writable mapping of such a file then writes about as much as one fill
+ * write (KiB/op ~ 1,000), while a sync after pwrite writes a few KiB.  With -z 4096, or --evict
+ * (the pages come back through page faults), it writes a few KiB either way and costs about the
+ * same.  That is what one expects if the page cache holds the file in folios as large as the
+ * writes that filled it, and a write fault through a mapping dirties its whole folio.
  *
  * Variants (the "state word" is the 8-byte word a reader polls to see a record is published):
  *   floor      pwrite of the record + fdatasync
@@ -47,6 +61,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <sys/utsname.h>
 #include <time.h>
@@ -88,10 +103,22 @@ struct variant {
     struct file state; /* the state table in a file of its own */
     struct file jrnl;  /* append-only journal */
     double *lat_us;
+    double dev_bytes; /* bytes the device wrote during this variant's chunks (all processes) */
+    long dev_ops;     /* operations those chunks held */
 };
 
 static char dir_path[4096];
-static int n_records = 6000, rec_size = 128, warmup;
+static int n_records = 6000, rec_size = 128, chunk = 50, warmup;
+/* Every file is at least this big (-s): 4 MiB, the slot area of a default ringq segment. */
+static size_t min_file = 4UL << 20;
+/* Zero-fill write size (-z): 1 MiB, as ringq's segment creation.  It decides the size of the page
+ * cache folios that hold the file afterwards, and a store through a writable mapping dirties a
+ * whole folio (see the comment at the top). */
+static size_t fill_chunk = 1UL << 20;
+/* --evict: drop the files' pages from the page cache after the fill, so that the loop (and the
+ * prefault of the mappings) reads them back, in folios the kernel's readahead chooses. */
+static int evict;
+static const char *only = NULL; /* comma-separated variant names, or NULL for all */
 
 static void die(const char *what)
 {
@@ -114,13 +141,17 @@ static struct file make_file(const char *name, size_t size, int prot)
 {
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", dir_path, name);
+    if (size < min_file)
+        size = round_page(min_file);
     struct file f = {.size = size, .map = NULL};
     f.fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (f.fd < 0)
         die(path);
-    static unsigned char zeros[1 << 16];
+    static unsigned char *zeros;
+    if (!zeros && !(zeros = calloc(1, fill_chunk)))
+        die("calloc");
     for (size_t off = 0; off < size;) {
-        size_t n = size - off < sizeof zeros ? size - off : sizeof zeros;
+        size_t n = size - off < fill_chunk ? size - off : fill_chunk;
         ssize_t w = pwrite(f.fd, zeros, n, (off_t)off);
         if (w < 0)
             die("zero-fill");
@@ -128,6 +159,8 @@ static struct file make_file(const char *name, size_t size, int prot)
     }
     if (fsync(f.fd) != 0)
         die("fsync");
+    if (evict && posix_fadvise(f.fd, 0, 0, POSIX_FADV_DONTNEED) != 0)
+        die("posix_fadvise");
     if (prot) {
         f.map = mmap(NULL, size, prot, MAP_SHARED, f.fd, 0);
         if (f.map == MAP_FAILED)
@@ -336,9 +369,43 @@ static const char *fs_name(long type)
     }
 }
 
+/* True if `name` is in the comma-separated list given with -v (or no list was given). */
+static int selected(const char *name)
+{
+    if (!only)
+        return 1;
+    size_t n = strlen(name);
+    for (const char *p = only; *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && !strncmp(p, name, n))
+            return 1;
+        p += len + (end ? 1 : 0);
+    }
+    return 0;
+}
+
+/* Sectors written so far by the block device holding the directory (field 7 of its sysfs stat
+ * file), or -1 where there is none (tmpfs) or it cannot be read.  Device-wide: it counts every
+ * process's writes, so it is a rough figure on a busy machine. */
+static char dev_stat_path[128];
+
+static long long device_sectors_written(void)
+{
+    if (!dev_stat_path[0])
+        return -1;
+    FILE *fh = fopen(dev_stat_path, "r");
+    if (!fh)
+        return -1;
+    long long f[7];
+    int got = fscanf(fh, "%lld %lld %lld %lld %lld %lld %lld", &f[0], &f[1], &f[2], &f[3], &f[4], &f[5], &f[6]);
+    fclose(fh);
+    return got == 7 ? f[6] : -1;
+}
+
 static void usage(void)
 {
-    fprintf(stderr, "usage: pagecost [-n RECORDS] [-r RECORD_BYTES] [--json] [DIR]\n");
+    fprintf(stderr, "usage: pagecost [-n RECORDS] [-r RECORD_BYTES] [-c CHUNK] [-s MIN_FILE_BYTES] [-z FILL_WRITE_BYTES] [-v VARIANT,...] [--evict] [--json] [DIR]\n");
     exit(2);
 }
 
@@ -349,16 +416,27 @@ int main(int argc, char **argv)
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--json"))
             json = 1;
+        else if (!strcmp(argv[a], "--evict"))
+            evict = 1;
         else if (!strcmp(argv[a], "-n") && a + 1 < argc)
             n_records = atoi(argv[++a]);
         else if (!strcmp(argv[a], "-r") && a + 1 < argc)
             rec_size = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "-c") && a + 1 < argc)
+            chunk = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "-s") && a + 1 < argc)
+            min_file = strtoull(argv[++a], NULL, 0);
+        else if (!strcmp(argv[a], "-z") && a + 1 < argc)
+            fill_chunk = strtoull(argv[++a], NULL, 0);
+        else if (!strcmp(argv[a], "-v") && a + 1 < argc)
+            only = argv[++a];
         else if (argv[a][0] == '-')
             usage();
         else
             parent = argv[a];
     }
-    if (n_records < 1 || rec_size < 16 || rec_size > 65536)
+    if (n_records < 1 || rec_size < 16 || rec_size > 65536 || chunk < 1 || fill_chunk < 1 ||
+        fill_chunk > (1UL << 30) || min_file > (1UL << 34))
         usage();
     warmup = n_records / 20 > 0 ? n_records / 20 : 1;
 
@@ -369,13 +447,22 @@ int main(int argc, char **argv)
     if (statfs(dir_path, &sfs) != 0)
         die("statfs");
     const char *fs = fs_name((long)sfs.f_type);
+    struct stat dst;
+    if (stat(dir_path, &dst) == 0 && major(dst.st_dev) != 0)
+        snprintf(dev_stat_path, sizeof dev_stat_path, "/sys/dev/block/%u:%u/stat", major(dst.st_dev),
+                 minor(dst.st_dev));
     if (!strcmp(fs, "tmpfs"))
         fprintf(stderr, "pagecost: note: %s is on tmpfs; nothing here reaches a disk\n", dir_path);
 
     struct variant v[NKIND];
     memset(v, 0, sizeof v);
-    for (int k = 0; k < NKIND; k++)
+    for (int k = 0; k < NKIND; k++) {
         setup(k, &v[k]);
+        if (k != FLOOR && !selected(NAMES[k])) {
+            v[k].available = 0;
+            v[k].why_not = "not selected (-v)";
+        }
+    }
     sync();
 
     unsigned char *rec = malloc((size_t)rec_size);
@@ -384,19 +471,31 @@ int main(int argc, char **argv)
     for (int b = 0; b < rec_size; b++)
         rec[b] = (unsigned char)(0x41 + b % 26);
 
-    /* Interleaved: record i of every variant before record i+1 of any, starting at a rotating
-     * variant so that none always follows the same one.  The first `warmup` records of each file
-     * are written but not counted. */
-    for (long i = 0; i < n_records + warmup; i++) {
+    /* Interleaved in chunks: records [i, i+chunk) of every variant, in an order that rotates from
+     * one chunk to the next, before records [i+chunk, ...) of any.  Within a chunk a variant runs
+     * its writes back to back, as one producer does; the chunks are short (milliseconds), so a disk
+     * or a neighbour slowing down hits every variant alike.  The first `warmup` records of each
+     * file are written but not counted. */
+    long total = n_records + warmup;
+    for (long i = 0, round = 0; i < total; i += chunk, round++) {
+        long end = i + chunk < total ? i + chunk : total;
         for (int j = 0; j < NKIND; j++) {
-            int k = (int)((i + j) % NKIND);
+            int k = (int)((round + j) % NKIND);
             if (!v[k].available)
                 continue;
-            double t0 = now_us();
-            one_op(k, &v[k], i, rec);
-            double dt = now_us() - t0;
-            if (i >= warmup)
-                v[k].lat_us[i - warmup] = dt;
+            long long sectors = i >= warmup ? device_sectors_written() : -1;
+            for (long r = i; r < end; r++) {
+                double t0 = now_us();
+                one_op(k, &v[k], r, rec);
+                double dt = now_us() - t0;
+                if (r >= warmup)
+                    v[k].lat_us[r - warmup] = dt;
+            }
+            long long after = sectors >= 0 ? device_sectors_written() : -1;
+            if (sectors >= 0 && after >= sectors) {
+                v[k].dev_bytes += (double)(after - sectors) * 512;
+                v[k].dev_ops += end - i;
+            }
         }
     }
 
@@ -421,9 +520,10 @@ int main(int argc, char **argv)
     struct utsname un;
     uname(&un);
     if (json) {
-        printf("{\"records\": %d, \"record_bytes\": %d, \"warmup\": %d, \"kernel\": \"%s %s\", "
+        printf("{\"records\": %d, \"record_bytes\": %d, \"chunk\": %d, \"warmup\": %d, "
+               "\"min_file_bytes\": %zu, \"fill_write_bytes\": %zu, \"evicted\": %s, \"kernel\": \"%s %s\", "
                "\"fs_type\": \"%s\", \"fs_magic\": \"0x%lx\", \"variants\": [",
-               n_records, rec_size, warmup, un.sysname, un.release, fs,
+               n_records, rec_size, chunk, warmup, min_file, fill_chunk, evict ? "true" : "false", un.sysname, un.release, fs,
                (unsigned long)sfs.f_type);
         int first = 1;
         for (int k = 0; k < NKIND; k++) {
@@ -433,28 +533,41 @@ int main(int argc, char **argv)
             if (!v[k].available)
                 printf("\"available\": false, \"why_not\": \"%s\"}", v[k].why_not);
             else
+            {
                 printf("\"available\": true, \"ops_per_s\": %.1f, \"p50_us\": %.1f, "
-                       "\"p99_us\": %.1f, \"ratio_to_floor\": %.3f, \"p50_ratio_to_floor\": %.3f}",
+                       "\"p99_us\": %.1f, \"ratio_to_floor\": %.3f, \"p50_ratio_to_floor\": %.3f, "
+                       "\"device_kib_per_op\": ",
                        ops[k], p50[k], p99[k], ops[k] / floor_ops, floor_p50 / p50[k]);
+                if (v[k].dev_ops)
+                    printf("%.1f}", v[k].dev_bytes / v[k].dev_ops / 1024);
+                else
+                    printf("null}");
+            }
         }
         printf("\n]}\n");
     } else {
-        printf("pagecost: %d records of %d bytes per variant (+%d warm-up), interleaved\n",
-               n_records, rec_size, warmup);
+        printf("pagecost: %d records of %d bytes per variant (+%d warm-up), interleaved in chunks "
+               "of %d\n", n_records, rec_size, warmup, chunk);
+        printf("files of at least %zu bytes, zero-filled with writes of %zu bytes%s\n", min_file,
+               fill_chunk, evict ? ", then evicted from the page cache" : "");
         printf("kernel %s %s, file system %s (magic 0x%lx), directory %s\n\n", un.sysname,
                un.release, fs, (unsigned long)sfs.f_type, parent);
-        printf("%-10s %10s %9s %9s %8s %8s %6s  %s\n", "variant", "ops/s", "p50 us", "p99 us",
-               "x floor", "p50 x", "syncs", "what");
+        printf("%-10s %10s %9s %9s %8s %8s %6s %8s  %s\n", "variant", "ops/s", "p50 us", "p99 us",
+               "x floor", "p50 x", "syncs", "KiB/op", "what");
         for (int k = 0; k < NKIND; k++) {
             if (!v[k].available) {
-                printf("%-10s %10s %9s %9s %8s %8s %6d  %s (unavailable: %s)\n", NAMES[k], "-",
-                       "-", "-", "-", "-", SYNCS[k], WHAT[k], v[k].why_not);
+                printf("%-10s %10s %9s %9s %8s %8s %6d %8s  %s (unavailable: %s)\n", NAMES[k], "-",
+                       "-", "-", "-", "-", SYNCS[k], "-", WHAT[k], v[k].why_not);
                 continue;
             }
-            printf("%-10s %10.0f %9.1f %9.1f %8.2f %8.2f %6d  %s\n", NAMES[k], ops[k], p50[k],
-                   p99[k], ops[k] / floor_ops, floor_p50 / p50[k], SYNCS[k], WHAT[k]);
+            char kib[32] = "-";
+            if (v[k].dev_ops)
+                snprintf(kib, sizeof kib, "%.0f", v[k].dev_bytes / v[k].dev_ops / 1024);
+            printf("%-10s %10.0f %9.1f %9.1f %8.2f %8.2f %6d %8s  %s\n", NAMES[k], ops[k], p50[k],
+                   p99[k], ops[k] / floor_ops, floor_p50 / p50[k], SYNCS[k], kib, WHAT[k]);
         }
-        printf("\nx floor: ops/s over the floor's ops/s; p50 x: the floor's p50 over this p50.\n");
+        printf("\nx floor: ops/s over the floor's ops/s; p50 x: the floor's p50 over this p50.\n"
+               "KiB/op: what the disk wrote (data and journal, all processes) per operation.\n");
     }
 
     for (int k = 0; k < NKIND; k++) {

@@ -49,9 +49,22 @@ def test_prints_every_variant_with_its_ratio_to_the_floor(pagecost, tmp_path):
     assert os.listdir(tmp_path) == []  # its scratch directory is removed
 
 
-def test_json_output_has_every_variant(pagecost, tmp_path):
+def test_json_output_has_every_variant_and_the_file_options(pagecost, tmp_path):
     res = subprocess.run(
-        [pagecost, "-n", "50", "-r", "200", "--json", str(tmp_path)],
+        [
+            pagecost,
+            "-n",
+            "50",
+            "-r",
+            "200",
+            "-s",
+            "65536",
+            "-z",
+            "4096",
+            "--evict",
+            "--json",
+            str(tmp_path),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -59,12 +72,29 @@ def test_json_output_has_every_variant(pagecost, tmp_path):
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
     assert (data["records"], data["record_bytes"]) == (50, 200)
+    assert (data["min_file_bytes"], data["fill_write_bytes"], data["evicted"]) == (
+        65536,
+        4096,
+        True,
+    )
     assert [v["name"] for v in data["variants"]] == VARIANTS
     for v in data["variants"]:
         if v["name"] == "dsync" and not v["available"]:
             continue  # pwritev2(RWF_DSYNC) missing on this kernel or C library: reported, not failed
         assert v["available"] and v["ops_per_s"] > 0 and 0 < v["p50_us"] <= v["p99_us"], v
     assert data["variants"][0]["ratio_to_floor"] == 1.0
+
+
+def test_only_the_selected_variants_run(pagecost, tmp_path):
+    res = subprocess.run(
+        [pagecost, "-n", "20", "-s", "65536", "-v", "mmap,ack-jrnl", "--json", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    ran = [v["name"] for v in json.loads(res.stdout)["variants"] if v["available"]]
+    assert ran == ["floor", "mmap", "ack-jrnl"]
 
 
 def test_bad_arguments_give_usage_and_status_2(pagecost, tmp_path):

@@ -463,6 +463,7 @@ int main(int argc, char **argv)
             v[k].why_not = "not selected (-v)";
         }
     }
+    /* Start the loop with nothing of anyone's earlier writes waiting for write-back. */
     sync();
 
     unsigned char *rec = malloc((size_t)rec_size);

@@ -4,8 +4,8 @@ The delay before retry n (n = attempts so far, >= 1) is ``min(base * factor**(n-
 a fraction ``jitter`` of it is drawn uniformly at random so that a burst of failures does not retry
 in lock-step ("equal jitter" at 0.5, "full jitter" at 1.0: M. Brooker, *Exponential Backoff And
 Jitter*, AWS Architecture Blog, 2015).  The delay is drawn once, when the job is nacked, and stored
-as an absolute time in the job's state word: reopening a queue never re-draws it (DESIGN.md
-invariant 6).  Field names and defaults match ``nobroker.BackoffPolicy``.
+as an absolute time in the job's state word: reopening a queue never re-draws it (docs/design.md,
+Invariants, 6).  Field names and defaults match ``nobroker.BackoffPolicy``.
 """
 
 from __future__ import annotations

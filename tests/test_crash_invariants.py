@@ -1,4 +1,4 @@
-"""Invariants 3, 5, 6 and 7 of DESIGN.md section 4, each with a test that can fail.
+"""Invariants 3, 5, 6 and 7 of docs/design.md (Invariants), each with a test that can fail.
 
 (1, 2 and 4 are enumerated in test_crash_torn.py / test_crash_bits.py and hammered by the torture.)
 """

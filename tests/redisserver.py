@@ -8,6 +8,7 @@ never pass by skipping them.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import shutil
@@ -149,3 +150,25 @@ def spawn_redis(tmp_path):
     yield spawn
     for s in servers:
         s.kill()
+
+
+AIO_DATABASES = 4096  # one Redis database per ringq.aio test: each sees a fresh, empty server
+_aio_db = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def aio_redis_server(tmp_path_factory):
+    """A redis-server with many databases, for tests whose queue names are fixed (ringq.aio)."""
+    require_redis()
+    server = RedisServer(str(tmp_path_factory.mktemp("redis-aio")), "--databases", str(AIO_DATABASES)).start()
+    yield server
+    server.kill(signal.SIGTERM)
+
+
+@pytest.fixture(params=["local", "redis"])
+def target(request, tmp_path):
+    """Where a ringq.aio test keeps its queue: a fresh directory, or a fresh Redis database."""
+    if request.param == "local":
+        return str(tmp_path / "q")
+    server = request.getfixturevalue("aio_redis_server")
+    return f"redis://127.0.0.1:{server.port}/{next(_aio_db) % AIO_DATABASES}"

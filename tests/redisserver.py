@@ -160,7 +160,9 @@ _aio_db = itertools.count(1)
 def aio_redis_server(tmp_path_factory):
     """A redis-server with many databases, for tests whose queue names are fixed (ringq.aio)."""
     require_redis()
-    server = RedisServer(str(tmp_path_factory.mktemp("redis-aio")), "--databases", str(AIO_DATABASES)).start()
+    server = RedisServer(
+        str(tmp_path_factory.mktemp("redis-aio")), "--databases", str(AIO_DATABASES)
+    ).start()
     yield server
     server.kill(signal.SIGTERM)
 

@@ -51,7 +51,12 @@ def test_submit_then_sleep0_shows_done_with_result(target):
             await asyncio.sleep(0)
             job = queue.get(job_id)
             assert job.status is Status.DONE and job.result == 42
-            assert job.id == job_id and job.kind == "double" and job.payload == {"x": 21} and job.error is None
+            assert (
+                job.id == job_id
+                and job.kind == "double"
+                and job.payload == {"x": 21}
+                and job.error is None
+            )
             assert job.created_at.tzinfo is UTC and job.finished_at.tzinfo is UTC
             assert job.created_at <= job.finished_at
             assert queue.running() == []
@@ -171,8 +176,13 @@ def test_job_interrupted_by_closing_mid_handler_is_finished_by_the_next_process(
         return job_id  # closed mid-handler
 
     job_id = run(first())
-    out = subprocess.run([sys.executable, "-c", NEXT_PROCESS, target, job_id], env=child_env(),
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", NEXT_PROCESS, target, job_id],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"finished by the next process ['{job_id}']"
 
@@ -471,7 +481,10 @@ def test_timeout_fails_the_job_with_a_clear_error(target):
             t = time.monotonic()
             await until(lambda: queue.get(slow).status is Status.FAILED)
             assert time.monotonic() - t < 2
-            assert queue.get(slow).error == "TimeoutError: handler for 'sleepy' did not finish within 0.1 s"
+            assert (
+                queue.get(slow).error
+                == "TimeoutError: handler for 'sleepy' did not finish within 0.1 s"
+            )
             await until(lambda: queue.get(fast).status is Status.DONE)
 
     run(main())
@@ -491,7 +504,9 @@ def test_idempotent_ids_return_the_existing_job(target):
             assert queue.submit("charge", {"amount": 5}, id="order-17") == "order-17"
             assert queue.submit("charge", {"amount": 9}, id="order-17") == "order-17"
             await asyncio.sleep(0)
-            assert queue.submit("charge", {"amount": 9}, id="order-17") == "order-17"  # finished: still it
+            assert (
+                queue.submit("charge", {"amount": 9}, id="order-17") == "order-17"
+            )  # finished: still it
             assert queue.get("order-17").result == 5
 
         async with queue:  # across reopen
@@ -525,8 +540,15 @@ def test_delayed_jobs_start_after_their_delay(target):
 
 
 def test_retention_by_count_prunes_the_oldest_and_keeps_disk_bounded(target):
-    queue = Queue(target, keep_jobs=10, keep_seconds=None, durability="none", slot_size=128, slot_count=64,
-                  sweep_interval=3600)
+    queue = Queue(
+        target,
+        keep_jobs=10,
+        keep_seconds=None,
+        durability="none",
+        slot_size=128,
+        slot_count=64,
+        sweep_interval=3600,
+    )
 
     @queue.handler("n", concurrency=8)
     async def n(job):
@@ -549,7 +571,9 @@ def test_retention_by_count_prunes_the_oldest_and_keeps_disk_bounded(target):
             kept = [queue.get(i) for i in ids]
             assert [j is not None for j in kept] == [False] * 90 + [True] * 10
             assert [j.result for j in kept[90:]] == list(range(590, 600))
-            assert peak <= 5  # without pruning: 30 segments (600 jobs, a job record and a result each)
+            assert (
+                peak <= 5
+            )  # without pruning: 30 segments (600 jobs, a job record and a result each)
 
     run(main())
 
@@ -593,7 +617,9 @@ def test_a_job_started_max_attempts_times_without_finishing_gives_up(target):
                 await queue.open()
             await until(lambda: queue.get(job_id).status is Status.FAILED)
             job = queue.get(job_id)
-            assert job.attempts == 3 and job.error.startswith("GaveUp: started 2 times without finishing")
+            assert job.attempts == 3 and job.error.startswith(
+                "GaveUp: started 2 times without finishing"
+            )
             assert "Interrupted" in job.error
 
     run(main())
@@ -618,8 +644,20 @@ def test_a_result_stored_before_a_crash_lost_the_ack_is_not_run_again(target):
     # The state a crash between "append result" and "ack" leaves behind, made by hand.
     with ringq.connect(target, "default-j-pay") as jq, ringq.connect(target, "default-r") as rq:
         jq.enqueue({"kind": "pay", "payload": 1}, job_id="p1")
-        rq.enqueue({"id": "p1", "kind": "pay", "payload": 1, "status": "done", "result": "paid", "error": None,
-                    "created_at": time.time(), "finished_at": time.time(), "attempts": 1}, job_id="p1")
+        rq.enqueue(
+            {
+                "id": "p1",
+                "kind": "pay",
+                "payload": 1,
+                "status": "done",
+                "result": "paid",
+                "error": None,
+                "created_at": time.time(),
+                "finished_at": time.time(),
+                "attempts": 1,
+            },
+            job_id="p1",
+        )
     queue = Queue(target)
     runs = []
 
@@ -651,8 +689,13 @@ def test_jobs_are_visible_to_the_ringq_cli_and_the_cli_can_feed_handlers(target)
 
     def cli(*args):
         where = ["--url" if "://" in target else "--dir", target]
-        out = subprocess.run([sys.executable, "-m", "ringq", *where, *args], env=child_env(),
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-m", "ringq", *where, *args],
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 0, out.stderr
         return out.stdout
 
@@ -661,7 +704,9 @@ def test_jobs_are_visible_to_the_ringq_cli_and_the_cli_can_feed_handlers(target)
     cli("--queue", queue.queue_name("mail"), "enqueue", '{"to": "from the cli"}')
     with ringq.connect(target, queue.queue_name("mail")) as q:  # what `ringq list` shows
         listed = q.list_jobs()
-        assert [j.payload for j in listed][:3] == [{"kind": "mail", "payload": {"to": i}} for i in range(3)]
+        assert [j.payload for j in listed][:3] == [
+            {"kind": "mail", "payload": {"to": i}} for i in range(3)
+        ]
     out = cli("--queue", queue.queue_name("mail"), "list")
     assert all(j.id in out for j in listed)
     if "://" not in target:  # inspect reads a directory's files

@@ -286,8 +286,8 @@ class Queue:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._closing = False
-        self._store.start()
         try:
+            self._store.start()
             self._results = self._store.open(self.results_queue_name, **self._engine_opts)
         except BaseException:
             self._store.close()
@@ -324,9 +324,8 @@ class Queue:
             self._sweeping = None
         for h in self._handlers.values():
             for _task, ej in h.running.values():  # cancelled before their first step
-                _release(
-                    h.queue, ej, "Interrupted: the queue was closed before the handler started"
-                )
+                why = "Interrupted: the queue was closed before the handler started"
+                _quietly(_release, h.queue, ej, why)
             h.running.clear()
             h.stop.set()
         self._lost.clear()
@@ -447,18 +446,15 @@ class Queue:
         h = self._handlers.get(kind)
         if h is None:
             return
-        h.pump_pending = (
-            False  # first: a pump skipped while closing must not silence the next session
-        )
+        # First: a pump skipped while closing must not silence the next session.
+        h.pump_pending = False
         if h.queue is None or self._closing:
             return
         started = 0
         while (free := min(h.free(), LEASE_BATCH)) > 0:
             try:
                 jobs = h.queue.lease(free, visibility_timeout=self.visibility_timeout)
-            except (
-                RingqError
-            ) as exc:  # damage is reported by the engine; keep serving what is sound
+            except RingqError as exc:  # damage, a lost connection: keep serving what is sound
                 log.error("leasing %r jobs at %s failed: %s", kind, self._store.where, exc)
                 return
             for ej in jobs:
@@ -501,9 +497,7 @@ class Queue:
             if error is not None:
                 log.warning("job %s (%s) failed: %s", ej.id, job.kind, error)
             self._finish(q, ej, job, Status.DONE if error is None else Status.FAILED, result, error)
-        except (
-            RingqError
-        ) as exc:  # storing the outcome failed (disk full, lock timeout, connection lost)
+        except RingqError as exc:  # storing the outcome failed (disk full, connection lost, ...)
             log.error(
                 "job %s: could not store its outcome (%s); it runs again after a delay", ej.id, exc
             )
@@ -523,10 +517,8 @@ class Queue:
     def _finish(
         self, q: Any, ej: _EngineJob, job: Job, status: Status, result: Any, error: str | None
     ) -> None:
-        try:
-            q.extend(
-                ej, self.visibility_timeout
-            )  # fencing: a stale holder must not record a result
+        try:  # fencing: a stale holder must not record a result
+            q.extend(ej, self.visibility_timeout)
         except (NotLeasedError, JobNotFoundError):
             log.warning(
                 "job %s: lease lost before its result was stored; the job runs again elsewhere",

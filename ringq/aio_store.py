@@ -210,10 +210,8 @@ class _RedisLock:
     def renew(self) -> bool:
         from redis.exceptions import LockError
 
-        try:
-            self._store._call(
-                self._lock.reacquire
-            )  # PX back to the full TTL, if the token still matches
+        try:  # PX back to the full TTL, if the token still matches
+            self._store._call(self._lock.reacquire)
         except LockError:
             return False
         return True

@@ -504,9 +504,8 @@ def test_idempotent_ids_return_the_existing_job(target):
             assert queue.submit("charge", {"amount": 5}, id="order-17") == "order-17"
             assert queue.submit("charge", {"amount": 9}, id="order-17") == "order-17"
             await asyncio.sleep(0)
-            assert (
-                queue.submit("charge", {"amount": 9}, id="order-17") == "order-17"
-            )  # finished: still it
+            # finished: still it
+            assert queue.submit("charge", {"amount": 9}, id="order-17") == "order-17"
             assert queue.get("order-17").result == 5
 
         async with queue:  # across reopen
@@ -571,9 +570,8 @@ def test_retention_by_count_prunes_the_oldest_and_keeps_disk_bounded(target):
             kept = [queue.get(i) for i in ids]
             assert [j is not None for j in kept] == [False] * 90 + [True] * 10
             assert [j.result for j in kept[90:]] == list(range(590, 600))
-            assert (
-                peak <= 5
-            )  # without pruning: 30 segments (600 jobs, a job record and a result each)
+            # without pruning: 30 segments (600 jobs, a job record and a result each)
+            assert peak <= 5
 
     run(main())
 

@@ -152,6 +152,42 @@ def spawn_redis(tmp_path):
         s.kill()
 
 
+def start_cluster(spawn_redis, masters: int = 3) -> list[RedisServer]:
+    """A Redis Cluster of ``masters`` nodes on loopback ports, every slot served: its nodes."""
+    require_redis()
+    nodes = [
+        spawn_redis(
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "2000",
+        )
+        for _ in range(masters)
+    ]
+    out = subprocess.run(
+        [
+            "redis-cli",
+            "--cluster",
+            "create",
+            *[f"127.0.0.1:{n.port}" for n in nodes],
+            "--cluster-yes",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if out.returncode:
+        raise RuntimeError(f"redis-cli --cluster create failed: {out.stdout}{out.stderr}")
+    deadline = time.monotonic() + 30
+    while not all("cluster_state:ok" in n.cli("CLUSTER", "INFO") for n in nodes):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the cluster did not reach cluster_state:ok")
+        time.sleep(0.05)
+    return nodes
+
+
 AIO_DATABASES = 4096  # one Redis database per ringq.aio test: each sees a fresh, empty server
 _aio_db = itertools.count(1)
 

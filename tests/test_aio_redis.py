@@ -6,7 +6,7 @@ import signal
 import time
 
 import pytest
-from redisserver import free_port, require_redis
+from redisserver import free_port, require_redis, start_cluster
 
 from ringq import ConnectionLostError
 from ringq.aio import Queue, Status
@@ -152,5 +152,34 @@ def test_a_serving_process_survives_a_redis_restart_and_serves_again(spawn_redis
             await until(lambda: queue.get(second).status is Status.DONE)
             assert queue.get(second).result == 3
             assert queue.get(first).result == 1  # appendfsync always: the result outlived the kill
+
+    run(main())
+
+
+def test_an_aio_queue_runs_on_a_three_master_cluster(spawn_redis):
+    nodes = start_cluster(spawn_redis)
+    queue = Queue(nodes[0].url, keep_jobs=5, keep_seconds=None, sweep_interval=3600)
+    kinds = [f"k{i}" for i in range(6)]  # their queues hash to slots on different masters
+    for kind in kinds:
+
+        @queue.handler(kind, concurrency=2)
+        async def handle(job):
+            return job.payload * 2
+
+    async def main():
+        async with queue:
+            ids = [queue.submit(k, i) for i in range(5) for k in kinds]
+            waiting = queue.submit("unserved", 0)
+            await until(lambda: [j.id for j in queue.running()] == [waiting])
+            assert [queue.get(i).result for i in ids] == [i * 2 for i in range(5) for _ in kinds]
+            assert queue.prune() == len(ids) - 5
+            kept = [i for i in ids if queue.get(i) is not None]
+            assert len(kept) == 5  # the five that finished last (finish order spans the kinds)
+
+        async with Queue(nodes[1].url) as other:  # any node: the client follows the slots
+            assert (
+                other.get(waiting).status is Status.RUNNING
+                and other.get(kept[0]).status is Status.DONE
+            )
 
     run(main())

@@ -49,7 +49,6 @@ docs/aio.md has the whole story.
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import inspect
 import logging
@@ -186,11 +185,9 @@ class Queue:
         self.keep_seconds = keep_seconds
         self.keep_jobs = keep_jobs
         self.max_attempts = max_attempts
-        if sweep_interval is None:
-            sweep_interval = (
-                60.0 if keep_seconds is None else min(60.0, max(0.05, keep_seconds / 10))
-            )
-        self.sweep_interval = sweep_interval
+        self.sweep_interval = (
+            _sweep_default(keep_seconds) if sweep_interval is None else sweep_interval
+        )
         self._engine_opts = dict(
             durability=durability,
             visibility_timeout=self.visibility_timeout,
@@ -372,7 +369,10 @@ class Queue:
     def _serve(self, h: _Handler) -> None:
         h.queue = self._open_engine(self.queue_name(h.kind))
         h.pump_pending = False
-        ask_pump = functools.partial(self._loop.call_soon_threadsafe, self._pump, h.kind)
+
+        def ask_pump() -> None:  # looks up _pump at each call: the loop's current one
+            self._loop.call_soon_threadsafe(self._pump, h.kind)
+
         h.waiter = threading.Thread(
             target=h.wait_loop,
             args=(h.stop, ask_pump, self._store.where),
@@ -597,6 +597,11 @@ def _check_settings(
         raise ValueError(
             f"max_attempts must be an int in [1, {ENGINE_MAX_ATTEMPTS - 1}], got {max_attempts!r}"
         )
+
+
+def _sweep_default(keep_seconds: float | None) -> float:
+    """Seconds between retention sweeps: a tenth of ``keep_seconds``, between 0.05 and 60."""
+    return 60.0 if keep_seconds is None else min(60.0, max(0.05, keep_seconds / 10))
 
 
 def _check_handler(concurrency: Any, retries: Any, timeout: Any) -> None:

@@ -52,15 +52,21 @@ class SweepLock(Protocol):
 class Store(Protocol):
     where: str  # the target for messages (a URL's password removed)
 
-    def start(self) -> None: ...
+    def start(self) -> None:
+        """Connect (Redis; ConnectionLostError if unreachable).  Before any other call."""
 
-    def open(self, qname: str, **options: Any) -> Any: ...
+    def open(self, qname: str, **options: Any) -> Any:
+        """Engine queue ``qname`` through :func:`ringq.connect` (``options`` as there), recorded
+        so that :meth:`queue_names` in any process lists it."""
 
-    def queue_names(self, prefixes: tuple[str, ...]) -> list[str]: ...
+    def queue_names(self, prefixes: tuple[str, ...]) -> list[str]:
+        """Names of the engine queues that exist and start with one of ``prefixes``."""
 
-    def sweep_lock(self) -> SweepLock: ...
+    def sweep_lock(self) -> SweepLock:
+        """The lock retention sweeps hold: one holder among all processes."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release what :meth:`start` and :meth:`sweep_lock` took (idempotent)."""
 
 
 def store_for(target: str | os.PathLike[str], name: str) -> Store:

@@ -151,39 +151,22 @@ class RedisQueue:
         self._keys = [f"{{ringq:{name}}}:{s}" for s in _SUFFIXES]
         self._rng = random.Random()
         self._closed = False
+        self._due_at: float | None = None  # time.monotonic() of the next due time seen by a lease
         # No automatic retries: a command re-sent after a dropped connection could run twice
         # (an enqueue without an id would be stored twice).  Callers see ConnectionLostError.
         opts = dict(
             retry=Retry(NoBackoff(), 0), socket_timeout=socket_timeout, socket_connect_timeout=10.0
         )
-        self._r = self._guard(lambda: self._client(url, opts))
+        self._r = guard(url, lambda: client_for(url, **opts))
         self.cluster = not isinstance(self._r, redis.Redis)
         if self.cluster and min_replicas:
             raise ValueError("min_replicas is not supported on Redis Cluster (WAIT is per node)")
         self._sha = {k: None for k in SCRIPTS}
 
-    @staticmethod
-    def _client(url: str, opts: dict) -> Any:
-        r = redis.Redis.from_url(url, **opts)
-        if not url.startswith("unix:") and r.info("cluster").get("cluster_enabled"):
-            r.close()
-            return redis.RedisCluster.from_url(url, **opts)
-        return r
-
     # -- plumbing ----------------------------------------------------------------------------------
 
     def _guard(self, fn: Any) -> Any:
-        try:
-            return fn()
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise ConnectionLostError(
-                f"Redis at {_redact(self.url)}: connection failed ({exc}); the operation may or may not "
-                "have taken effect"
-            ) from exc
-        except redis.ResponseError as exc:
-            raise BackendError(
-                f"Redis at {_redact(self.url)} refused the operation: {exc}"
-            ) from exc
+        return guard(self.url, fn)
 
     def _run(self, script: str, args: Sequence[Any], write: bool = False) -> Any:
         self._live()
@@ -213,7 +196,7 @@ class RedisQueue:
 
     def _live(self) -> None:
         if self._closed:
-            raise QueueClosedError(f"queue {self.name!r} at {_redact(self.url)} is closed")
+            raise QueueClosedError(f"queue {self.name!r} at {redact_url(self.url)} is closed")
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -329,7 +312,8 @@ class RedisQueue:
                     got.append(_job(out[i], out[i + 1]))
                 except SerializationError:
                     continue  # the lease expires and the job dead-letters after max_attempts
-            self._next_due = out[0]
+            # out[0]: ms until the next delayed job or lease deadline (-1: none), as a deadline
+            self._due_at = None if out[0] < 0 else time.monotonic() + out[0] / 1000
             if len(got) >= count or deadline is None:
                 return got
             left = deadline - time.monotonic()
@@ -337,10 +321,15 @@ class RedisQueue:
                 return got
             self._sleep(min(left, MAX_NAP))
 
-    def _sleep(self, nap: float) -> None:
-        due = getattr(self, "_next_due", -1)
-        if due >= 0:
-            nap = min(nap, due / 1000 + 0.002)
+    def _sleep(self, nap: float, *, past_due_wakes: bool = True) -> None:
+        """BLPOP on the wake list for up to ``nap`` seconds, and no later than the next due time
+        seen by the last lease.  With ``past_due_wakes=False`` a due time already passed does not
+        shorten the nap: the caller was woken for it once already."""
+        due = self._due_at
+        if due is not None:
+            left = due - time.monotonic()
+            if left > 0 or past_due_wakes:
+                nap = min(nap, max(left, 0.0) + 0.002)
         if nap > 0.001:
             self._guard(lambda: self._r.blpop([self._keys[8]], timeout=nap))
 
@@ -362,9 +351,14 @@ class RedisQueue:
         return 0
 
     def wait_for_wake(self, token: int, timeout: float) -> None:
-        """Block until a wake-up token arrives, the next known due time, or ``timeout`` seconds."""
+        """Block until a wake-up token arrives, the next delayed job or lease deadline seen by this
+        object's last lease comes, or ``timeout`` seconds (at most ``MAX_NAP``) pass.
+
+        As :meth:`ringq.Queue.wait_for_wake`, a due time that has already passed does not cut the
+        sleep short: the caller was woken for it and may have chosen not to lease (no free
+        capacity), and must not spin.  Spurious returns are allowed."""
         self._live()
-        self._sleep(min(timeout, MAX_NAP))
+        self._sleep(min(timeout, MAX_NAP), past_due_wakes=False)
 
     def wake(self) -> None:
         """Wake one sleeper of this queue (any host) by pushing a token to the wake list."""
@@ -488,7 +482,7 @@ class RedisQueue:
         return int(self._run("import", args, write=True)) if jobs else 0
 
     def __repr__(self) -> str:
-        return f"RedisQueue({_redact(self.url)!r}, name={self.name!r})"
+        return f"RedisQueue({redact_url(self.url)!r}, name={self.name!r})"
 
 
 def _job(meta: bytes, payload: bytes | None, known: Any = None, decode: bool = True) -> Job:
@@ -547,7 +541,32 @@ def _check_attempts(n: int) -> None:
         raise ValueError(f"max_attempts must be an int in [1, {MAX_ATTEMPTS_LIMIT}], got {n!r}")
 
 
-def _redact(url: str) -> str:
+def client_for(url: str, **options: Any) -> Any:
+    """A redis-py client for ``url``: ``redis.RedisCluster`` if the server runs in cluster mode,
+    else ``redis.Redis``; ``options`` go to ``from_url``.  Raises redis-py's errors (see :func:`guard`)."""
+    r = redis.Redis.from_url(url, **options)
+    if not url.startswith("unix:") and r.info("cluster").get("cluster_enabled"):
+        r.close()
+        return redis.RedisCluster.from_url(url, **options)
+    return r
+
+
+def guard(url: str, fn: Any) -> Any:
+    """Call ``fn()`` and turn redis-py's errors into ringq's: ConnectionLostError for a dropped or
+    refused connection or a timeout (the operation may or may not have taken effect),
+    BackendError for a command the server refused."""
+    try:
+        return fn()
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise ConnectionLostError(
+            f"Redis at {redact_url(url)}: connection failed ({exc}); the operation may or may not "
+            "have taken effect"
+        ) from exc
+    except redis.ResponseError as exc:
+        raise BackendError(f"Redis at {redact_url(url)} refused the operation: {exc}") from exc
+
+
+def redact_url(url: str) -> str:
     """The URL without its password, for messages."""
     if "@" in url and "://" in url:
         scheme, rest = url.split("://", 1)

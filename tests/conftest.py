@@ -30,4 +30,4 @@ def qdir(tmp_path):
     return str(tmp_path / "q")
 
 
-from redisserver import redis_server, redis_url, spawn_redis  # noqa: E402, F401  (fixtures)
+from redisserver import aio_redis_server, redis_server, redis_url, spawn_redis, target  # noqa: E402, F401  (fixtures)

@@ -8,6 +8,7 @@ never pass by skipping them.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import shutil
@@ -149,3 +150,63 @@ def spawn_redis(tmp_path):
     yield spawn
     for s in servers:
         s.kill()
+
+
+def start_cluster(spawn_redis, masters: int = 3) -> list[RedisServer]:
+    """A Redis Cluster of ``masters`` nodes on loopback ports, every slot served: its nodes."""
+    require_redis()
+    nodes = [
+        spawn_redis(
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "2000",
+        )
+        for _ in range(masters)
+    ]
+    out = subprocess.run(
+        [
+            "redis-cli",
+            "--cluster",
+            "create",
+            *[f"127.0.0.1:{n.port}" for n in nodes],
+            "--cluster-yes",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if out.returncode:
+        raise RuntimeError(f"redis-cli --cluster create failed: {out.stdout}{out.stderr}")
+    deadline = time.monotonic() + 30
+    while not all("cluster_state:ok" in n.cli("CLUSTER", "INFO") for n in nodes):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the cluster did not reach cluster_state:ok")
+        time.sleep(0.05)
+    return nodes
+
+
+AIO_DATABASES = 4096  # one Redis database per ringq.aio test: each sees a fresh, empty server
+_aio_db = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def aio_redis_server(tmp_path_factory):
+    """A redis-server with many databases, for tests whose queue names are fixed (ringq.aio)."""
+    require_redis()
+    server = RedisServer(
+        str(tmp_path_factory.mktemp("redis-aio")), "--databases", str(AIO_DATABASES)
+    ).start()
+    yield server
+    server.kill(signal.SIGTERM)
+
+
+@pytest.fixture(params=["local", "redis"])
+def target(request, tmp_path):
+    """Where a ringq.aio test keeps its queue: a fresh directory, or a fresh Redis database."""
+    if request.param == "local":
+        return str(tmp_path / "q")
+    server = request.getfixturevalue("aio_redis_server")
+    return f"redis://127.0.0.1:{server.port}/{next(_aio_db) % AIO_DATABASES}"

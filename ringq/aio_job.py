@@ -1,0 +1,205 @@
+"""The job snapshots of :mod:`ringq.aio` and their records in the engine queues.
+
+A job of kind K is a record ``{"kind": K, "payload": ...}`` in the engine queue of K; a finished
+job is a *result record* (the keys of ``RESULT_KEYS``) in the results queue, enqueued with the job's
+id as its job id.  This module finds jobs in those engine queues, turns their records into
+:class:`Job` snapshots and builds result records; it works on open engine queues of either backend
+and knows nothing about where they live.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from .errors import JobNotFoundError
+from .job import Job as EngineJob
+from .job import JobState
+
+__all__ = ["Job", "Status"]
+
+log = logging.getLogger("ringq.aio")
+
+PRUNED = object()  # what locate returns for a job that finished and was pruned
+UNFINISHED = (JobState.READY, JobState.LEASED)
+RESULT_KEYS = {
+    "id",
+    "kind",
+    "payload",
+    "status",
+    "result",
+    "error",
+    "created_at",
+    "finished_at",
+    "attempts",
+}
+
+
+class Status(str, enum.Enum):
+    """Where a job is.  ``RUNNING`` covers every unfinished job: queued, delayed, running, or
+    interrupted and awaiting a rerun."""
+
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A snapshot of one job; changing it changes nothing.
+
+    Attributes:
+        id: the job id (``submit``'s ``id=``, or 32 hex digits).
+        kind: the handler kind it was submitted for.
+        payload: the JSON value given to ``submit``.
+        status: :class:`Status` when the snapshot was taken.
+        result: the handler's return value (JSON) once DONE, else None.
+        error: ``"ExceptionType: message"`` once FAILED, else None.
+        created_at: when it was submitted (timezone-aware UTC).
+        finished_at: when it finished (timezone-aware UTC), else None.
+        attempts: times a handler was started for it (leases, counting ones lost to crashes).
+    """
+
+    id: str
+    kind: str
+    payload: Any
+    status: Status
+    result: Any = None
+    error: str | None = None
+    created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    finished_at: datetime | None = None
+    attempts: int = 0
+
+
+Job.__module__ = Status.__module__ = "ringq.aio"  # their public home, as in reprs and pickles
+
+
+def utc(seconds: float | None) -> datetime | None:
+    return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
+
+
+def decode(ej: EngineJob, qname: str, prefix: str) -> tuple[str, Any]:
+    """(kind, payload) of job record ``ej`` from the engine queue ``qname`` (``prefix + kind``).
+
+    A record put there by other means (``ringq enqueue --queue <name>-j-<kind>``) that is not
+    ``{"kind", "payload"}`` is the payload whole, of the kind its queue's name says."""
+    rec = ej.payload
+    if isinstance(rec, dict) and rec.keys() == {"kind", "payload"}:
+        return rec["kind"], rec["payload"]
+    return (qname[len(prefix) :] if qname.startswith(prefix) else qname), rec
+
+
+def unfinished(ej: EngineJob, kind: str, payload: Any) -> Job:
+    """The RUNNING snapshot of a READY or LEASED job record."""
+    return Job(
+        id=ej.id,
+        kind=kind,
+        payload=payload,
+        status=Status.RUNNING,
+        created_at=utc(ej.enqueued_at),
+        attempts=ej.attempts,
+    )
+
+
+def gave_up(ej: EngineJob, kind: str, payload: Any) -> Job:
+    """The FAILED snapshot of a job record the engine dead-lettered.  Only a record created outside
+    aio (with its own ``max_attempts``) can be: its runs were lost (killed, closed) that many times."""
+    return Job(
+        id=ej.id,
+        kind=kind,
+        payload=payload,
+        status=Status.FAILED,
+        error=(
+            f"GaveUp: started {ej.attempts} times without finishing (the record allowed "
+            f"max_attempts={ej.max_attempts}); last: {ej.last_error}"
+        ),
+        created_at=utc(ej.enqueued_at),
+        attempts=ej.attempts,
+    )
+
+
+def from_result(rec: Any, job_id: str, where: str) -> Job | None:
+    """The finished job stored in result record ``rec``; None (logged) if it is not one."""
+    if not isinstance(rec, dict) or not RESULT_KEYS <= rec.keys():
+        log.error("result record %r in %s is not an aio result; ignored", job_id, where)
+        return None
+    return Job(
+        id=rec["id"],
+        kind=rec["kind"],
+        payload=rec["payload"],
+        status=Status(rec["status"]),
+        result=rec["result"],
+        error=rec["error"],
+        created_at=utc(rec["created_at"]),
+        finished_at=utc(rec["finished_at"]),
+        attempts=rec["attempts"],
+    )
+
+
+def result_record(
+    ej: EngineJob, job: Job, status: Status, result: Any, error: str | None
+) -> dict[str, Any]:
+    """The result record of ``job`` (leased as ``ej``) finishing now with ``status``."""
+    return {
+        "id": job.id,
+        "kind": job.kind,
+        "payload": job.payload,
+        "status": status.value,
+        "result": result,
+        "error": error,
+        "created_at": ej.enqueued_at,
+        "finished_at": time.time(),
+        "attempts": ej.attempts,
+    }
+
+
+def find_result(results: Any, job_id: str) -> Job | object | None:
+    """The finished job ``job_id`` from engine queue ``results``; PRUNED if retention removed it
+    (its record is DONE); None if it has no result."""
+    try:
+        rj = results.get(job_id)
+    except JobNotFoundError:
+        return None
+    if rj.state not in UNFINISHED:
+        return PRUNED
+    return from_result(rj.payload, job_id, results.name) or PRUNED
+
+
+def locate(
+    results: Any, kind_queues: Callable[[], list[Any]], job_id: str, prefix: str
+) -> Job | object | None:
+    """Job ``job_id`` as a snapshot, PRUNED if it finished and was pruned, None if unknown.
+    ``kind_queues()`` lists the open job queues, named ``prefix + kind``; it is called only if
+    the job has no result."""
+    found = find_result(results, job_id)
+    if found is not None:
+        return found
+    for q in kind_queues():
+        try:
+            ej = q.get(job_id)
+        except JobNotFoundError:
+            continue
+        if ej.state in UNFINISHED:
+            return unfinished(ej, *decode(ej, q.name, prefix))
+        if ej.state is JobState.DEAD:
+            return gave_up(ej, *decode(ej, q.name, prefix))
+        # DONE: its result was written first; read again (it may have been written just now).
+        return find_result(results, job_id) or PRUNED
+    return None
+
+
+def unfinished_jobs(results: Any, kind_queues: list[Any], prefix: str) -> list[Job]:
+    """Every unfinished job in ``kind_queues`` (READY or LEASED, with no result), oldest first."""
+    out = []
+    for q in kind_queues:
+        for state in UNFINISHED:
+            for ej in q.list_jobs(state):
+                if not isinstance(find_result(results, ej.id), Job):
+                    out.append(unfinished(ej, *decode(ej, q.name, prefix)))
+    out.sort(key=lambda j: (j.created_at, j.id))
+    return out

@@ -122,6 +122,13 @@ def queue_exists(path: str, name: str) -> bool:
 
 
 def _preview(codec_id: int, payload: bytes) -> str:
+    if codec_id == codec.KEYED:
+        try:
+            key, inner, body = codec.split_key(codec_id, payload)
+        except SerializationError as exc:
+            return f"undecodable keyed payload: {exc}"[:PREVIEW]
+        text = f"[key {key}] " + _preview(inner, bytes(body))
+        return text if len(text) <= PREVIEW else text[: PREVIEW - 3] + "..."
     if codec_id == codec.JSON:
         text = payload.decode("utf-8", "replace")
     elif codec_id == codec.BYTES:

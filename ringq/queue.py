@@ -1735,6 +1735,19 @@ class Queue:
         self._live()
         return self._gate.describe()
 
+    def discard_dead(self, job_id: str) -> None:
+        """Remove one job of the dead-letter queue for good (DEAD -> GONE, as :meth:`purge` does
+        to every job).  Raises JobNotFoundError, or NotLeasedError if the job is not dead."""
+        self._live()
+        with self._lock:
+            view, slot, _ = self._locate(job_id)
+            seg = view.seg
+            off = seg.state_off_of(slot)
+            w = seg.load64(off)
+            if w & 7 != ST_DEAD or not seg.cas64(off, w, (w & ~0x1F) | ST_GONE | (WHY_PURGED << 3))[0]:
+                raise NotLeasedError(f"job {job_id!r} is not in the dead-letter queue")
+            self._ring.note_finished(seg)
+
 
 def _token_number(token: object) -> int | None:
     """A fencing token as the lease count it stands for; -1 for text that no lease ever issued."""

@@ -299,3 +299,72 @@ def test_writer_killed_mid_change_is_repaired_by_the_next_reader(qdir):
     assert q.limits() == []
     q.limit("a", concurrency=1)
     assert [i.name for i in q.limits()] == ["a"]
+
+
+def test_nack_and_an_ended_lease_free_the_slot(qdir):
+    q = Queue(qdir)
+    q.limit("k", concurrency=1)
+    q.enqueue_many(["a", "b"], key="k")
+    first = q.lease_one(visibility_timeout=0.2)
+    assert q.lease_one() is None
+    q.nack(first, delay=60)
+    second = q.lease_one(visibility_timeout=0.3)
+    assert second is not None and second.payload == "b"
+    assert q.lease_one() is None  # at the cap
+    time.sleep(0.4)
+    # the lease expired without ack or nack: this process's next lease frees its slot (and the
+    # expired job is leased again)
+    again = q.lease_one(wait=5)
+    assert again is not None and again.id == second.id and again.attempts == 2
+
+
+def test_an_ack_wakes_a_lease_waiting_for_the_slot(qdir):
+    import threading
+
+    q = Queue(qdir)
+    q.limit("k", concurrency=1)
+    q.enqueue_many(["a", "b"], key="k")
+    held = q.lease_one()
+    other = Queue(
+        qdir
+    )  # another open file description: another holder, as another process would be
+    got = []
+
+    def wait_for_slot():
+        t0 = time.monotonic()
+        got.append((other.lease_one(wait=10), time.monotonic() - t0))
+
+    t = threading.Thread(target=wait_for_slot)
+    t.start()
+    time.sleep(0.3)
+    assert not got  # at the cap: waiting
+    q.ack(held)
+    acked = time.monotonic()
+    t.join(10)
+    job, _waited = got[0]
+    assert job is not None and job.payload == "b"
+    assert time.monotonic() - acked < 0.2
+
+
+def test_docs_example_runs_verbatim(tmp_path):
+    import re
+    import subprocess
+    import sys
+
+    from procs import ROOT, child_env
+
+    text = open(os.path.join(ROOT, "docs", "limits.md")).read()
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "LimitInfo(name='tenant-7', concurrency=3" in res.stdout
+    q = Queue(str(tmp_path / "jobs"))
+    assert [i.name for i in q.limits()] == ["api", "jobs-queue-name"]
+    assert q.stats().ready == 2

@@ -25,7 +25,9 @@ import importlib.util
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -426,11 +428,54 @@ def cmd_work(args: argparse.Namespace) -> int:
     kw = {} if args.visibility_timeout is None else {"visibility_timeout": args.visibility_timeout}
     with _open(args, create=True, **kw) as q:
         w = Worker(q, handler, concurrency=args.concurrency, processes=args.processes, max_jobs=args.max_jobs,
-                   idle_timeout=args.idle_timeout,
+                   idle_timeout=args.idle_timeout, metrics_port=args.metrics_port,
+                   progress=False if args.json else None,
                    **({} if args.poll_interval is None else {"poll_interval": args.poll_interval}))
         stats = w.run()
     st = stats.to_dict()
     _emit(args, st, "  ".join(f"{k}={v}" for k, v in st.items()))
+    return 0
+
+
+# -- metrics and dashboard --------------------------------------------------------------------------
+
+
+def _serving(args: argparse.Namespace, what: str, url: str) -> None:
+    _emit(args, {"serving": what, "url": url}, f"serving {what} at {url} (Ctrl-C stops)")
+    sys.stdout.flush()
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    try:
+        from .metrics import queue_registry, serve
+    except ImportError as exc:
+        raise UserError(str(exc), status=1) from None
+    with _open(args) as q:
+        server, port = serve(queue_registry(q), args.port)
+        _serving(args, "Prometheus metrics", f"http://127.0.0.1:{port}/metrics")
+        stop = threading.Event()
+        previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        try:
+            while not stop.wait(0.5):
+                pass
+        except KeyboardInterrupt:
+            pass  # Ctrl-C is how one stops the server
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            server.shutdown()
+            server.server_close()
+    return 0
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    try:
+        from .dashboard import serve
+    except ImportError as exc:
+        raise UserError(str(exc), status=1) from None
+    with _open(args) as q:
+        mode = "actions allowed" if args.allow_actions else "read-only"
+        serve(q, args.port, allow_actions=args.allow_actions,
+              ready=lambda port: _serving(args, f"the dashboard ({mode})", f"http://127.0.0.1:{port}/"))
     return 0
 
 
@@ -687,6 +732,16 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--visibility-timeout", type=float, help="lease length in seconds (default 30; heartbeats renew it)")
     w.add_argument("--poll-interval", type=float,
                    help="seconds an idle thread sleeps before re-checking stop (default 0.1; new jobs wake it at once)")
+
+    w.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT while working")
+
+    me = cmd("metrics", cmd_metrics, "serve Prometheus metrics of the queue on 127.0.0.1 (needs ringq[metrics])")
+    me.add_argument("--port", type=int, default=9464, help="TCP port (default 9464; 0: a free one)")
+
+    da = cmd("dashboard", cmd_dashboard, "serve a local web dashboard on 127.0.0.1 (needs ringq[dashboard])")
+    da.add_argument("--port", type=int, default=8765, help="TCP port (default 8765; 0: a free one)")
+    da.add_argument("--allow-actions", action="store_true",
+                    help="allow requeue, discard and purge from the browser (default: read-only)")
 
     t = cmd("top", cmd_top, "live view of counts and rates (q or Ctrl-C quits)")
     t.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")

@@ -9,7 +9,13 @@ id      name         bytes on disk
 2       ``bytes``    the raw bytes of a ``bytes``/``bytearray``/``memoryview`` payload
 3       ``ndarray``  u32 header length, a JSON header ``{"dtype", "shape"}``, C-order data
                      (``dtype``: numpy's dtype string, or its ``descr`` list for a structured dtype)
+4       ``keyed``    an envelope around one of the above: u16 key length *k*, *k* bytes of
+                     UTF-8 key, u8 inner codec id (1-3), the inner codec's bytes
 ======  ===========  ===================================================================
+
+The ``keyed`` envelope carries a job's limit key (``enqueue(..., key=...)``, ringq/limits.py)
+inside the payload bytes, so every path that copies a record's payload and codec verbatim
+(relocation, requeue, salvage) keeps the key without knowing about it.
 
 Arrays round-trip exactly -- dtype (including byte order) and shape -- and never through pickle.
 Object arrays are refused.  Decoding checks every length against the record's own length.
@@ -26,11 +32,14 @@ import numpy as np
 
 from .errors import SerializationError
 
-__all__ = ["JSON", "BYTES", "NDARRAY", "encode", "decode"]
+__all__ = ["JSON", "BYTES", "NDARRAY", "KEYED", "MAX_KEY_BYTES", "encode", "decode", "wrap_key", "split_key"]
 
 JSON = 1
 BYTES = 2
 NDARRAY = 3
+KEYED = 4
+MAX_KEY_BYTES = 128  # a key is a limit's name, and a limit's name has 128 bytes in <name>.limits
+_U16 = struct.Struct("<H")
 
 _encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
@@ -89,6 +98,8 @@ def decode(codec: int, data: bytes | bytearray) -> Any:
     Raises:
         SerializationError: unknown codec id, or bytes that do not decode (corrupt or foreign).
     """
+    if codec == KEYED:
+        _key, codec, data = split_key(codec, data)
     try:
         if codec == JSON:
             return _loads(data)
@@ -128,3 +139,42 @@ def _descr(spec: Any) -> Any:
         name = tuple(name) if isinstance(name, list) else name
         out.append((name, kind, tuple(field[2])) if len(field) == 3 else (name, kind))
     return out
+
+
+def wrap_key(key: str, codec: int, data: bytes) -> tuple[int, bytes]:
+    """Put ``key`` in front of encoded payload bytes: returns ``(KEYED, envelope bytes)``.
+
+    Raises:
+        ValueError: ``key`` is not a non-empty string of at most :data:`MAX_KEY_BYTES` UTF-8
+            bytes, or holds a NUL or a lone surrogate.
+    """
+    if not isinstance(key, str) or not key or "\x00" in key:
+        raise ValueError(f"a job key must be a non-empty string without NUL, got {key!r}")
+    try:
+        raw = key.encode("utf-8", "strict")
+    except UnicodeEncodeError:
+        raise ValueError(f"a job key must be valid Unicode text, got {key!r}") from None
+    if len(raw) > MAX_KEY_BYTES:
+        raise ValueError(f"a job key has at most {MAX_KEY_BYTES} UTF-8 bytes, got {len(raw)}")
+    return KEYED, _U16.pack(len(raw)) + raw + bytes((codec,)) + data
+
+
+def split_key(codec: int, data: bytes | bytearray) -> tuple[str | None, int, bytes | bytearray]:
+    """``(key, inner codec, inner bytes)`` of a stored payload; ``(None, codec, data)`` unless
+    ``codec`` is :data:`KEYED`.  Raises SerializationError for a malformed envelope."""
+    if codec != KEYED:
+        return None, codec, data
+    if len(data) < 3:
+        raise SerializationError("stored keyed payload is shorter than its envelope")
+    (k,) = _U16.unpack_from(data, 0)
+    if k == 0 or k > MAX_KEY_BYTES or 2 + k + 1 > len(data):
+        raise SerializationError(f"stored keyed payload has an impossible key length {k}")
+    try:
+        key = bytes(data[2 : 2 + k]).decode("utf-8", "strict")
+    except UnicodeDecodeError:
+        raise SerializationError("stored job key is not valid UTF-8") from None
+    inner = data[2 + k]
+    if inner == KEYED:
+        raise SerializationError("stored keyed payload nests another key")
+    body = data[3 + k :]
+    return key, inner, bytearray(body) if isinstance(data, bytearray) else bytes(body)

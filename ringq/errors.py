@@ -13,6 +13,9 @@ import os
 
 __all__ = [
     "RingqError",
+    "LimitError",
+    "LimitsFileError",
+    "DuplicateJobError",
     "QueueClosedError",
     "NotLeasedError",
     "JobNotFoundError",
@@ -117,6 +120,28 @@ class ForeignQueueError(RingqError):
     ringq does not open them as an empty queue of its own; the message says how to bring the jobs
     over (``ringq import-nobroker DIR``) or where to put the ringq queue instead.
     """
+
+
+class LimitError(RingqError, ValueError):
+    """A limit could not be set: a bad name, cap or rate, or the limits table is full
+    (ringq/limits.py; 64 limits and 1024 live unique windows per queue)."""
+
+
+class LimitsFileError(CorruptionError):
+    """``<name>.limits`` failed validation when opened (bad size, magic, version or CRC).
+
+    Jobs are not affected: the file holds only limit settings and shared counters.  Removing
+    it while no process has the queue open drops every limit and unique window.
+    """
+
+
+class DuplicateJobError(RingqError):
+    """``enqueue(..., unique_for=...)`` found a live unique window for the key, and the job that
+    opened it is no longer retained (its segment retired).  ``job_id`` names that job."""
+
+    def __init__(self, message: str, job_id: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
 
 
 #: ``nobroker``'s name for the base error, so ``except NobrokerError`` keeps working after the

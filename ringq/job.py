@@ -98,6 +98,8 @@ class Job:
         version: changes whenever the job changes state (lease, ack, nack, expiry, dead-letter),
             not on ``extend``; two snapshots of one job with equal versions saw the same state.
             Derived from the lease count: ``2 * leases``, minus one while leased.
+        key: the limit key given to ``enqueue(..., key=...)`` (concurrency caps, rate limits and
+            unique windows apply per key: ringq/limits.py), or None.
     """
 
     id: str
@@ -113,6 +115,7 @@ class Job:
     last_error: str | None = None
     seq: int = 0
     version: int = 0
+    key: str | None = None
     _loc: tuple[int, int] = field(default=(0, 0), repr=False, compare=False)
 
     def snapshot(self) -> Job:
@@ -145,6 +148,7 @@ class Job:
             last_error=data.get("last_error"),
             seq=int(data.get("seq", 0)),
             version=int(data.get("version", 0)),
+            key=None if data.get("key") is None else str(data["key"]),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -154,7 +158,7 @@ class Job:
             payload = {"$bytes": len(payload)}
         elif hasattr(payload, "dtype") and hasattr(payload, "shape"):
             payload = {"$ndarray": {"dtype": payload.dtype.str, "shape": list(payload.shape)}}
-        return {
+        out = {
             "id": self.id,
             "payload": payload,
             "priority": self.priority,
@@ -168,3 +172,6 @@ class Job:
             "last_error": self.last_error,
             "seq": self.seq,
         }
+        if self.key is not None:  # only keyed jobs carry it: nobroker's form stays unchanged
+            out["key"] = self.key
+        return out

@@ -36,7 +36,7 @@ import re
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -48,6 +48,7 @@ from .errors import (
     CompactionError,
     CorruptionError,
     JobNotFoundError,
+    LimitError,
     NotLeasedError,
     QueueClosedError,
     QueueFullError,
@@ -74,6 +75,7 @@ from .job import (
     JobState,
     pack,
 )
+from .limits import LimitGate, LimitInfo
 from .owner import OwnerRegistry
 from .ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, NewRecord, RecoveryReport, Ring
 from .segment import (
@@ -342,6 +344,7 @@ class Queue:
         self._last_reap = 0.0
         self._unowned: dict[tuple[int, int, int], float] = {}  # (seg, slot, word) -> first seen
         self._rng = random.Random()
+        self._gate = LimitGate(self.path, name, mode)  # concurrency caps, rate limits, unique windows
         with self._lock:
             self._refresh()
             self._reap(force=True)
@@ -364,6 +367,7 @@ class Queue:
                 return
             self._closed = True
             self._views.clear()
+            self._gate.close()
             self._ring.close()
             self._owners.close()
 
@@ -399,6 +403,8 @@ class Queue:
         delay: float = 0.0,
         max_attempts: int | None = None,
         job_id: str | None = None,
+        key: str | None = None,
+        unique_for: float | None = None,
     ) -> Job:
         """Add one job; durable (per the durability strategy) when this returns.
 
@@ -409,17 +415,29 @@ class Queue:
             max_attempts: leases allowed before dead-lettering (default: the queue's).
             job_id: idempotency key: if a job with this id is retained, it is returned and nothing
                 is written (across processes and restarts).
+            key: the job's limit key (at most 128 UTF-8 bytes): the concurrency cap and rate
+                limit set by ``limit(key, ...)`` apply to it; ``Job.key`` gives it back.
+            unique_for: with ``key``: seconds of a unique window.  While the window that an
+                enqueue of this key opened is open, another enqueue of the key writes nothing
+                and returns the job that opened it (docs/limits.md).
 
         Returns:
             The job (``state`` READY).
         Raises:
             SerializationError (nothing written), RecordTooLargeError, QueueFullError,
-            LockTimeoutError, QueueClosedError, ValueError for out-of-range arguments.
+            LockTimeoutError, QueueClosedError, ValueError for out-of-range arguments,
+            LimitError (a bad ``unique_for``, or ``unique_for`` without ``key``),
+            DuplicateJobError (a unique window is open and its job already retired).
         """
-        return self.enqueue_many(
-            [payload], priority=priority, delay=delay, max_attempts=max_attempts,
-            job_ids=None if job_id is None else [job_id],
-        )[0]
+        def add() -> Job:
+            return self.enqueue_many([payload], priority=priority, delay=delay, max_attempts=max_attempts,
+                                     job_ids=None if job_id is None else [job_id], key=key)[0]
+        if unique_for is None:
+            return add()
+        if key is None:
+            raise LimitError("unique_for needs a key: enqueue(..., key=..., unique_for=seconds)")
+        self._live()
+        return self._gate.enqueue_unique(key, unique_for, add, self.get)
 
     def enqueue_many(
         self,
@@ -429,8 +447,10 @@ class Queue:
         delay: float = 0.0,
         max_attempts: int | None = None,
         job_ids: Sequence[str] | None = None,
+        key: str | None = None,
     ) -> list[Job]:
-        """Add many jobs with one lock hold and one durability sync.  Same arguments as :meth:`enqueue`.
+        """Add many jobs with one lock hold and one durability sync.  Same arguments as :meth:`enqueue`
+        (``key`` applies to every job of the batch; ``unique_for`` is for single enqueues).
 
         Every payload is encoded before anything is written: if one fails, none is stored.
         """
@@ -453,6 +473,8 @@ class Queue:
         recs = []
         for i, payload in enumerate(payloads):
             kind, data = codec.encode(payload)
+            if key is not None:
+                kind, data = codec.wrap_key(key, kind, data)
             id_bytes = b""
             if job_ids is not None:
                 id_bytes = job_ids[i].encode("utf-8", "strict") if _valid_text(job_ids[i]) else None
@@ -474,7 +496,7 @@ class Queue:
             # Sync outside our lock, so that other threads append meanwhile (and share the sync).
             self._ring.count("enqueued", len(recs))
             self._ring.finish(ticket)
-            return [self._fresh_job(r, p, payloads[i]) for i, (r, p) in enumerate(zip(recs, placed))]
+            return [replace(self._fresh_job(r, p, payloads[i]), key=key) for i, (r, p) in enumerate(zip(recs, placed))]
         with self._lock:
             # Idempotent path: decide under the writer lock, after reading everything published.
             with self._ring.locked():
@@ -500,7 +522,7 @@ class Queue:
                     placed = self._ring.append(todo, todo_bufs)
                 self._ring.count("enqueued", len(placed))
                 for i, p in zip(todo_idx, placed):
-                    result[i] = self._fresh_job(recs[i], p, payloads[i])
+                    result[i] = replace(self._fresh_job(recs[i], p, payloads[i]), key=key)
                     self._ids[job_ids[i]] = (p[0], p[1])
             out = []
             for r in result:
@@ -961,6 +983,7 @@ class Queue:
         when = (seg.epoch_ms + trel) / 1000
         state = STATE_OF[st]
         return Job(
+            key=codec.split_key(info.codec, payload)[0],
             id=id_bytes.decode("utf-8", "replace") if info.id_len else f"{info.seq:016x}",
             payload=codec.decode(info.codec, payload) if decode else None,
             priority=info.priority,
@@ -1035,6 +1058,9 @@ class Queue:
             nap = min(left, REAP_INTERVAL * 4, self._until_floor())
             if next_due is not None:
                 nap = min(nap, max(0.0, next_due / 1000 - time.time()) + 0.001)
+            held_back = self._gate.nap()  # until a limit that holds a job back may let it go
+            if held_back is not None:
+                nap = min(nap, held_back)
             self._ring.sleep(seen, nap)
 
     def _until_floor(self) -> float:
@@ -1091,6 +1117,8 @@ class Queue:
         while sched and sched[0][0] <= now:
             due, nprio, seq, segseq, slot = heapq.heappop(sched)
             heapq.heappush(heap, (nprio, due, seq, 1, segseq, 0, slot, 0))
+        for entry in self._gate.reoffer():  # jobs a limit held back: worth another try
+            heapq.heappush(heap, entry)
         out: list[Job] = []
         while len(out) < want and heap:
             entry = heapq.heappop(heap)
@@ -1111,8 +1139,9 @@ class Queue:
                     heapq.heappush(heap, key)
                     continue
                 job = self._claim(view, slot, w, now, vt, detach)
+                if job is not None or self._gate.blocked(seg.seq, slot):
+                    lane.cursor += 1  # a job held back by a limit waits in the gate, not the lane
                 if job is not None:
-                    lane.cursor += 1
                     out.append(job)
                 self._queue_lane(view, lane, now)
             else:
@@ -1150,12 +1179,18 @@ class Queue:
         # A detached lease has no owner process (owner index 0): reapers leave it to the
         # visibility timeout alone.
         owner = 0 if detach else self._owners.acquire()
+        ticket = self._gate.admit(seg, slot, lambda: (-int(view.prio[slot]), _due(view, slot, w), _order(view, slot),
+                                                     1, seg.seq, 0, slot, 0))
+        if ticket is False:
+            return None  # a limit holds it back: it stays READY
         if owner:
             self._held[key] = lc  # before the CAS: our own reaper must never see this lease unowned
         ok, _cur = seg.cas64(off, w, new)
         if not ok:
+            self._gate.undo(ticket)
             self._held.pop(key, None)
             return None
+        self._gate.bind(ticket, seg, slot, lc)
         self._ring.lower_deadline_floor(seg.epoch_ms + (new >> TIME_SHIFT))
         self._ring.note_state(seg, slot, final=False)
         # The owner word, tagged with the lease count.  A detached lease is tagged with owner
@@ -1166,11 +1201,13 @@ class Queue:
         if seg.load64(off) != new:
             # Stalled past CLAIM_GRACE between the two CAS: the lease was reclaimed as orphaned.
             self._held.pop(key, None)
+            self._gate.release(key)
             return None
         try:
             return self._job_at(seg.seq, slot, new)
         except (CorruptionError, SerializationError) as exc:
             self._held.pop(key, None)
+            self._gate.release(key)
             self._ring.mark_bad(seg, slot, str(exc))
             return None
 
@@ -1234,6 +1271,8 @@ class Queue:
                 return  # its segment retired, so it was finished: a repeated ack
             seg = view.seg
             off = seg.state_off_of(slot)
+            if self._gate.release((seg.seq, slot)):
+                self._ring.wake()  # a cap slot is free: leases waiting for it may go
             while True:
                 if w & 7 == ST_DONE and (token is None or (w >> 6) & LC_MASK == token):
                     return  # a repeated ack; a stale holder's ack of a job done by another is refused below
@@ -1281,6 +1320,8 @@ class Queue:
             view, slot, w, job_id, token = self._word_for(job, "nack")
             seg = view.seg
             off = seg.state_off_of(slot)
+            if self._gate.release((seg.seq, slot)):
+                self._ring.wake()  # a cap slot is free: leases waiting for it may go
             self._require_lease(w, job_id, token, "nack")
             lc = (w >> 6) & LC_MASK
             attempts = int(view.attb[slot]) + lc
@@ -1661,6 +1702,51 @@ class Queue:
 
     def __repr__(self) -> str:
         return f"Queue({str(self.path)!r}, name={self.name!r}, durability={self.durability!r})"
+
+
+    # -- limits (ringq/limits.py) --------------------------------------------------------------------
+
+    def limit(self, name: str, *, concurrency: int | None = None, rate: tuple[int, float] | None = None,
+              burst: int | None = None) -> None:
+        """Set the limit of key ``name`` (or of every job of this queue, when ``name`` is the
+        queue's name), for every process on the host at once; it persists in ``<name>.limits``.
+
+        Args:
+            name: a job key (``enqueue(..., key=name)``) or this queue's name.
+            concurrency: most leases of such jobs held at once (1..4096).  A holder's slot is
+                freed by its ack or nack, or at once when its process dies.
+            rate: ``(count, per)``: ``count`` leases per ``per`` seconds, spaced evenly (a token
+                bucket, exact across processes): in any span of ``t`` seconds at most
+                ``burst + t * count / per`` leases.
+            burst: tokens the bucket holds when full: how many leases may start at once after
+                an idle spell (default: the tokens of 50 ms, at least 2, so that a consumer
+                woken a few ms late does not lose its token).
+            Neither ``concurrency`` nor ``rate``: remove the limit.
+        Raises:
+            LimitError: bad values, or all 64 limits of the queue in use.  LimitsFileError: the
+            limits file is damaged.
+        """
+        self._live()
+        self._gate.set_limit(name, concurrency, rate, burst)
+        self._ring.wake()  # a raised or removed limit may free held-back jobs
+
+    def limits(self) -> list[LimitInfo]:
+        """Every limit of this queue with its live use (``running`` leases, next token)."""
+        self._live()
+        return self._gate.describe()
+
+    def discard_dead(self, job_id: str) -> None:
+        """Remove one job of the dead-letter queue for good (DEAD -> GONE, as :meth:`purge` does
+        to every job).  Raises JobNotFoundError, or NotLeasedError if the job is not dead."""
+        self._live()
+        with self._lock:
+            view, slot, _ = self._locate(job_id)
+            seg = view.seg
+            off = seg.state_off_of(slot)
+            w = seg.load64(off)
+            if w & 7 != ST_DEAD or not seg.cas64(off, w, (w & ~0x1F) | ST_GONE | (WHY_PURGED << 3))[0]:
+                raise NotLeasedError(f"job {job_id!r} is not in the dead-letter queue")
+            self._ring.note_finished(seg)
 
 
 def _token_number(token: object) -> int | None:

@@ -34,6 +34,7 @@ from .segment import (
     OFF_RETIRED,
     OFF_RING_GEN,
     OFF_SEALED,
+    OFF_SYNC_COUNT,
     OFF_TAIL,
     OFF_TAIL_SEG,
     OFF_WAITERS,
@@ -122,6 +123,13 @@ def queue_exists(path: str, name: str) -> bool:
 
 
 def _preview(codec_id: int, payload: bytes) -> str:
+    if codec_id == codec.KEYED:
+        try:
+            key, inner, body = codec.split_key(codec_id, payload)
+        except SerializationError as exc:
+            return f"undecodable keyed payload: {exc}"[:PREVIEW]
+        text = f"[key {key}] " + _preview(inner, bytes(body))
+        return text if len(text) <= PREVIEW else text[: PREVIEW - 3] + "..."
     if codec_id == codec.JSON:
         text = payload.decode("utf-8", "replace")
     elif codec_id == codec.BYTES:
@@ -149,6 +157,7 @@ def _control(path: str, report: QueueFiles) -> None:
             "slot_size": ctl.slot_size, "slot_count": ctl.slot_count, "next_seq": ctl.load64(OFF_NEXT_SEQ),
             "tail_segment": ctl.load64(OFF_TAIL_SEG), "ring_gen": ctl.load64(OFF_RING_GEN),
             "wake": ctl.load32(OFF_WAKE), "waiters": ctl.load32(OFF_WAITERS), "change": ctl.load64(OFF_CTL_CHANGE),
+            "sync_count": ctl.load64(OFF_SYNC_COUNT),
         }
     finally:
         ctl.close()

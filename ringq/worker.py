@@ -83,6 +83,13 @@ class Worker:
             stats include what a killed child finished (its in-flight jobs come back to the
             queue and are counted by whoever runs them again).
         max_restarts: the restart budget of ``processes`` mode (default 10; 0 never replaces).
+        metrics_port: serve Prometheus metrics (the queue's and this worker's: leases, outcomes,
+            handler seconds) at ``http://127.0.0.1:PORT/metrics`` while ``run()`` runs; 0 picks a
+            free port (``metrics_address`` says which).  Needs ``ringq[metrics]``.  With
+            ``processes=N`` the counters are the children's sums; handler seconds are observed
+            only by in-process threads.
+        progress: show live progress (done, failed, rate) on stderr: True, False, or None (the
+            default) for "when stderr is a terminal".  Needs ``ringq[progress]`` (rich).
 
     Raises:
         ValueError: concurrency < 1, processes < 0, heartbeat <= 0, max_restarts < 0.
@@ -101,6 +108,8 @@ class Worker:
         heartbeat: float | None = None,
         processes: int = 0,
         max_restarts: int = 10,
+        metrics_port: int | None = None,
+        progress: bool | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -132,6 +141,12 @@ class Worker:
         self._taken_lock = threading.Lock()
         self._signals = 0
         self._children: list[multiprocessing.Process] = []
+        self.metrics_port = metrics_port
+        self.metrics_address: tuple[str, int] | None = None  # where metrics are served during run()
+        self.progress = progress
+        self._rows: tuple[Any, list[str]] | None = None  # processes mode: the children's shared counters
+        # Called after each handler returns or raises, with ("succeeded" | "failed", seconds).
+        self.observers: list[Callable[[str, float], None]] = []
 
     def stop(self) -> None:
         """Ask the worker to finish in-flight handlers, ack them, and return from ``run()``."""
@@ -147,6 +162,9 @@ class Worker:
     def run(self) -> WorkerStats:
         """Work until stopped, ``max_jobs`` reached or ``idle_timeout`` passed; returns the stats."""
         restore = self._install_signals()
+        from .progress import attach  # metrics endpoint and progress display, for this run only
+
+        detach = attach(self)
         try:
             if self.processes:
                 return self._run_processes()
@@ -165,6 +183,7 @@ class Worker:
             beat.join()
             return self.stats
         finally:
+            detach()
             restore()
 
     # -- threads ----------------------------------------------------------------------------------
@@ -216,16 +235,19 @@ class Worker:
         with self._inflight_lock:
             self._inflight[key] = job
             self._last_busy = time.monotonic()
+        started = time.monotonic()
         try:
             try:
                 self.handler(job)
             except BaseException as exc:  # the handler's failure is data, not ours
                 self._finished_handler(key)
+                self._observe("failed", time.monotonic() - started)
                 self._fail(job, exc)
                 if not isinstance(exc, Exception):  # SystemExit and the like: nack, then stop
                     self._stop.set()
             else:
                 self._finished_handler(key)
+                self._observe("succeeded", time.monotonic() - started)
                 self._settle(self.queue.ack, job, succeeded=1)
         finally:
             with self._inflight_lock:
@@ -326,6 +348,7 @@ class Worker:
         # go: the work of a child killed by a signal is counted up to its last finished job.
         fields = list(WorkerStats().to_dict())
         shared = ctx.Array("q", self.processes * len(fields), lock=False)
+        self._rows = (shared, fields)
         restarts = self.restarts = 0
 
         def start(slot: int) -> multiprocessing.Process:
@@ -380,9 +403,26 @@ class Worker:
                 p.join()
             raise
         self.restarts = restarts
+        self._rows = None
         for slot in range(self.processes):
             self.stats.add(**{f: shared[slot * len(fields) + i] for i, f in enumerate(fields)})
         return self.stats
+
+    # -- live numbers (ringq/progress.py, ringq/metrics.py) ------------------------------------------
+
+    def live_stats(self) -> dict[str, int]:
+        """What this run has done so far (``WorkerStats.to_dict()`` form); in processes mode the
+        sum of the children's shared counters."""
+        rows = self._rows
+        if rows is None:
+            return self.stats.to_dict()
+        shared, fields = rows
+        n = len(fields)
+        return {f: sum(shared[slot * n + i] for slot in range(len(shared) // n)) for i, f in enumerate(fields)}
+
+    def _observe(self, outcome: str, seconds: float) -> None:
+        for fn in self.observers:
+            fn(outcome, seconds)
 
 
 class _SharedRowStats(WorkerStats):
@@ -419,7 +459,7 @@ def _child_main(spec: dict, handler: Callable, opts: dict, row: tuple, mask: set
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # blocked by the parent around fork
     parent = os.getppid()
     with connect(spec.pop("path"), spec.pop("name"), **spec) as q:
-        worker = Worker(q, handler, handle_signals=False, **opts)
+        worker = Worker(q, handler, handle_signals=False, progress=False, **opts)
         worker.stats = _SharedRowStats(*row)
         if stopping.is_set():
             worker.stop()

@@ -1,0 +1,442 @@
+"""A local web dashboard of one queue (extra ``[dashboard]``: Starlette served by uvicorn).
+
+``ringq --dir DIR dashboard --port N`` serves it on 127.0.0.1 only.  It is read-only unless
+started with ``--allow-actions``: requeue, discard and purge are POSTs refused with 403 otherwise.
+Pages refresh live from a server-sent event stream (``/events``) that sends the overview once a
+second; the overview chart (throughput and error rate over time) is inline SVG drawn by the
+page's own script from those events, so nothing is fetched from elsewhere.
+
+JSON endpoints return what the command line prints with ``--json``:
+
+=========================  ==========================================
+endpoint                   same JSON as
+=========================  ==========================================
+``/api/stats``             ``ringq stats --json``
+``/api/list?state=S``      ``ringq list --json --state S``
+``/api/dlq``               ``ringq dlq --json``
+``/api/verify``            ``ringq verify --json`` (runs a verify)
+``/api/overview``          the event stream's payload (ringq/view.py)
+``/api/leases``            in-flight leases with holder and deadline
+``/api/dead-groups``       dead letters grouped by error
+``/api/jobs/{id}``         one job with a payload preview
+``/api/storage``           files and segments, last verify
+=========================  ==========================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import json
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+try:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "the dashboard needs starlette and uvicorn: pip install 'ringq[dashboard]'"
+    ) from exc
+
+from . import view
+from .errors import JobNotFoundError, NotLeasedError
+from .queue import Queue
+
+__all__ = ["make_app", "serve", "EVENT_INTERVAL"]
+
+EVENT_INTERVAL = 1.0  # seconds between server-sent overview events
+
+
+class _State:
+    """The queue, a lock serialising the work done on it from request threads, the last verify."""
+
+    def __init__(self, queue: Queue, allow_actions: bool) -> None:
+        self.queue = queue
+        self.allow_actions = allow_actions
+        self.lock = threading.Lock()
+        self.last_verify: dict[str, Any] | None = None
+
+    async def run(self, fn: Any, *args: Any) -> Any:
+        def call() -> Any:
+            with self.lock:
+                return fn(*args)
+
+        return await asyncio.to_thread(call)
+
+    def verify(self) -> dict[str, Any]:
+        result = view.verify(str(self.queue.dir), self.queue.name)
+        self.last_verify = {"time": time.time(), **result}
+        return result
+
+
+def make_app(queue: Queue, *, allow_actions: bool = False) -> Starlette:
+    """The ASGI application for ``queue``.  ``allow_actions`` enables the POST actions."""
+    st = _State(queue, allow_actions)
+    q = queue
+
+    async def page(request: Request) -> HTMLResponse:
+        name = request.path_params.get("page", "overview")
+        if name not in PAGES:
+            return HTMLResponse(_layout("not found", "<p>No such page.</p>", st), status_code=404)
+        return HTMLResponse(_layout(name, PAGES[name], st))
+
+    async def job_page(request: Request) -> HTMLResponse:
+        jid = request.path_params["job_id"]
+        # A JSON string literal inside <script>: "<" escaped so no id can close the element.
+        body = JOB_PAGE.replace("__JOB_ID__", json.dumps(jid).replace("<", "\\u003c"))
+        return HTMLResponse(_layout("job", body, st))
+
+    async def api_stats(_request: Request) -> JSONResponse:
+        return JSONResponse(await st.run(view.stats, q))
+
+    async def api_list(request: Request) -> JSONResponse:
+        state = request.query_params.get("state")
+        limit = request.query_params.get("limit")
+        if state is not None and state not in ("ready", "leased", "done", "dead", "delayed"):
+            return JSONResponse({"error": f"unknown state {state!r}"}, status_code=400)
+        try:
+            lim = None if limit in (None, "", "0") else int(limit)
+        except ValueError:
+            return JSONResponse(
+                {"error": f"limit must be an integer, got {limit!r}"}, status_code=400
+            )
+        return JSONResponse(await st.run(view.jobs, q, state, lim))
+
+    async def api_dlq(_request: Request) -> JSONResponse:
+        return JSONResponse(await st.run(view.dead, q))
+
+    async def api_verify(_request: Request) -> JSONResponse:
+        return JSONResponse(await st.run(st.verify))
+
+    async def api_overview(_request: Request) -> JSONResponse:
+        return JSONResponse(await st.run(view.overview, q))
+
+    async def api_leases(_request: Request) -> JSONResponse:
+        return JSONResponse(await st.run(view.leases, q))
+
+    async def api_dead_groups(_request: Request) -> JSONResponse:
+        return JSONResponse(await st.run(view.dead_groups, q))
+
+    async def api_job(request: Request) -> JSONResponse:
+        try:
+            return JSONResponse(await st.run(view.job, q, request.path_params["job_id"]))
+        except JobNotFoundError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=404)
+
+    async def api_storage(_request: Request) -> JSONResponse:
+        data = await st.run(view.storage, q)
+        data["last_verify"] = st.last_verify
+        return JSONResponse(data)
+
+    async def events(request: Request) -> StreamingResponse:
+        async def stream() -> AsyncIterator[str]:
+            while not await request.is_disconnected():
+                data = await st.run(view.overview, q)
+                yield f"event: overview\ndata: {json.dumps(data)}\n\n"
+                await asyncio.sleep(EVENT_INTERVAL)
+
+        return StreamingResponse(
+            stream(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+
+    def action(fn: Any) -> Any:
+        async def endpoint(request: Request) -> Response:
+            if not st.allow_actions:
+                return JSONResponse(
+                    {
+                        "error": "read-only dashboard: start it with --allow-actions to change the queue"
+                    },
+                    status_code=403,
+                )
+            try:
+                return JSONResponse(await st.run(fn, request))
+            except JobNotFoundError as exc:
+                return JSONResponse({"error": str(exc)}, status_code=404)
+            except NotLeasedError as exc:
+                return JSONResponse({"error": str(exc)}, status_code=409)
+
+        return endpoint
+
+    def requeue(request: Request) -> dict[str, Any]:
+        jid = request.query_params.get("id")
+        return {
+            "requeued": q.requeue_dead(jid or None)
+        }  # same JSON as `ringq dlq --requeue --json`
+
+    def discard(request: Request) -> dict[str, Any]:
+        ids = request.query_params.getlist("id")
+        for jid in ids:
+            q.discard_dead(jid)
+        return {"discarded": len(ids)}
+
+    def purge(_request: Request) -> dict[str, Any]:
+        return {"purged": q.purge()}  # same JSON as `ringq purge --yes --json`
+
+    routes = [
+        Route("/", page),
+        Route("/page/{page}", page),
+        Route("/job/{job_id:path}", job_page),
+        Route("/events", events),
+        Route("/api/stats", api_stats),
+        Route("/api/list", api_list),
+        Route("/api/dlq", api_dlq),
+        Route("/api/verify", api_verify),
+        Route("/api/overview", api_overview),
+        Route("/api/leases", api_leases),
+        Route("/api/dead-groups", api_dead_groups),
+        Route("/api/jobs/{job_id:path}", api_job),
+        Route("/api/storage", api_storage),
+        Route("/api/actions/requeue", action(requeue), methods=["POST"]),
+        Route("/api/actions/discard", action(discard), methods=["POST"]),
+        Route("/api/actions/purge", action(purge), methods=["POST"]),
+        Route("/favicon.ico", lambda _r: Response(status_code=204)),
+    ]
+    return Starlette(routes=routes)
+
+
+def serve(queue: Queue, port: int, *, allow_actions: bool = False, ready: Any = None) -> None:
+    """Serve the dashboard on ``127.0.0.1:port`` until interrupted (port 0: a free one).
+
+    ``ready(port)`` is called once the socket listens.  Raises OSError if the port is taken.
+    """
+    import socket
+
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(64)
+    config = uvicorn.Config(
+        make_app(queue, allow_actions=allow_actions), log_level="warning", lifespan="off"
+    )
+    server = uvicorn.Server(config)
+    if ready is not None:
+        ready(sock.getsockname()[1])
+    server.run(sockets=[sock])
+
+
+# -- pages ----------------------------------------------------------------------------------------------
+
+NAV = [
+    ("overview", "Overview"),
+    ("leases", "In flight"),
+    ("dead", "Dead letters"),
+    ("storage", "Storage"),
+]
+
+STYLE = """
+body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
+header{background:#1d2330;color:#fff;padding:10px 20px;display:flex;gap:20px;align-items:center}
+header a{color:#cfd6e4;text-decoration:none}header a.on{color:#fff;font-weight:600}
+header .ro{margin-left:auto;font-size:12px;padding:2px 8px;border-radius:9px;background:#3a4357}
+main{padding:16px 20px;max-width:1100px}
+.cards{display:flex;gap:12px;flex-wrap:wrap}.card{background:#fff;border-radius:8px;padding:10px 14px;
+min-width:110px;box-shadow:0 1px 2px #0002}.card b{display:block;font-size:22px}
+table{border-collapse:collapse;background:#fff;width:100%;margin-top:10px}
+td,th{padding:5px 8px;border-bottom:1px solid #e4e7ec;text-align:left;font-size:13px}
+pre{background:#fff;padding:10px;border-radius:6px;overflow:auto;max-height:360px}
+button{font:inherit;padding:3px 10px;border-radius:5px;border:1px solid #99a;background:#fff;cursor:pointer}
+.bar{height:8px;background:#e4e7ec;border-radius:4px;min-width:120px}.bar i{display:block;height:8px;
+border-radius:4px;background:#3b82f6}.warn{color:#b42318}#msg{margin-top:8px;min-height:1.2em}
+svg{background:#fff;border-radius:8px;box-shadow:0 1px 2px #0002}
+"""
+
+# Shared script: the event stream, number formatting, and POST actions.
+SCRIPT = r"""
+const $ = (id) => document.getElementById(id);
+const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({"&":"&amp;","<":"&lt;",">":"&gt;",'"':"&quot;","'":"&#39;"}[c]));
+const fmtAge = (s) => s == null ? "-" : s < 60 ? s.toFixed(1) + " s" : (s / 60).toFixed(1) + " min";
+async function getJSON(url) { const r = await fetch(url); if (!r.ok) throw new Error(url + ": " + r.status); return r.json(); }
+async function act(url) {
+  const r = await fetch(url, {method: "POST"});
+  const body = await r.json();
+  $("msg").textContent = r.ok ? JSON.stringify(body) : ("refused (" + r.status + "): " + body.error);
+  $("msg").className = r.ok ? "" : "warn";
+  if (window.refresh) window.refresh();
+  return r.status;
+}
+const listeners = [];
+function onOverview(fn) { listeners.push(fn); }
+const source = new EventSource("/events");
+source.addEventListener("overview", (ev) => { const d = JSON.parse(ev.data); listeners.forEach((fn) => fn(d)); });
+onOverview((d) => { $("live").textContent = "live " + new Date(d.time * 1000).toLocaleTimeString(); });
+"""
+
+OVERVIEW = r"""
+<div class="cards">
+ <div class="card">ready<b id="c-ready">-</b></div><div class="card">delayed<b id="c-delayed">-</b></div>
+ <div class="card">leased<b id="c-leased">-</b></div><div class="card">done<b id="c-done">-</b></div>
+ <div class="card">dead<b id="c-dead">-</b></div><div class="card">oldest ready<b id="c-oldest">-</b></div>
+</div>
+<h3>Throughput and errors (jobs/s, since the page opened, up to 5 minutes)</h3>
+<svg id="chart" width="900" height="220" role="img" aria-label="throughput chart"></svg>
+<div><span style="color:#3b82f6">&#9632; enqueued/s</span> &nbsp; <span style="color:#16a34a">&#9632; acked/s</span>
+ &nbsp; <span style="color:#dc2626">&#9632; dead-lettered/s</span></div>
+<h3>Limits</h3><table id="limits"><tr><th>name</th><th>running / cap</th><th>rate</th><th>next token</th></tr></table>
+<h3>By priority</h3><table id="prio"><tr><th>state</th><th>priority</th><th>jobs</th></tr></table>
+<script>
+const points = [];
+function draw() {
+  const svg = $("chart"), W = 900, H = 220, P = 30;
+  const series = [["enq", "#3b82f6"], ["ack", "#16a34a"], ["dead", "#dc2626"]];
+  const max = Math.max(1, ...points.flatMap((p) => [p.enq, p.ack, p.dead]));
+  const t1 = points.length ? points[points.length - 1].t : 0;
+  const t0 = Math.max(t1 - 300, points.length ? points[0].t : 0), span = Math.max(t1 - t0, 1);
+  const x = (t) => P + (W - 2 * P) * (t - t0) / span, y = (v) => H - P - (H - 2 * P) * v / max;
+  let out = `<line x1="${P}" y1="${H - P}" x2="${W - P}" y2="${H - P}" stroke="#99a"/>` +
+            `<text x="4" y="${P}" font-size="11">${max.toFixed(1)}</text><text x="4" y="${H - P}" font-size="11">0</text>` +
+            `<text x="${W - P}" y="${H - 8}" font-size="11" text-anchor="end">now</text>` +
+            `<text x="${P}" y="${H - 8}" font-size="11">${Math.round(t1 - t0)} s ago</text>`;
+  for (const [k, color] of series) {
+    const pts = points.filter((p) => p.t >= t0).map((p) => `${x(p.t).toFixed(1)},${y(p[k]).toFixed(1)}`).join(" ");
+    if (pts) out += `<polyline fill="none" stroke="${color}" stroke-width="2" points="${pts}"/>`;
+  }
+  svg.innerHTML = out;
+}
+let prev = null;
+onOverview((d) => {
+  const s = d.stats;
+  for (const k of ["ready", "delayed", "leased", "done", "dead"]) $("c-" + k).textContent = s[k];
+  $("c-oldest").textContent = fmtAge(d.oldest_ready_age);
+  if (prev && d.time > prev.time) {
+    const dt = d.time - prev.time;
+    points.push({t: d.time, enq: (s.enqueued_total - prev.stats.enqueued_total) / dt,
+                 ack: (s.acked_total - prev.stats.acked_total) / dt,
+                 dead: (s.dead_lettered_total - prev.stats.dead_lettered_total) / dt});
+    while (points.length && points[0].t < d.time - 300) points.shift();
+  }
+  prev = d;
+  draw();
+  $("limits").innerHTML = "<tr><th>name</th><th>running / cap</th><th>rate</th><th>next token</th></tr>" +
+    d.limits.map((l) => `<tr><td>${esc(l.name)}</td><td>${l.concurrency ? l.running + " / " + l.concurrency : "-"}</td>` +
+      `<td>${l.rate ? l.rate[0] + " per " + l.rate[1] + " s (burst " + l.burst + ")" : "-"}</td>` +
+      `<td>${l.next_token_in == null ? "-" : l.next_token_in.toFixed(2) + " s"}</td></tr>`).join("");
+  $("prio").innerHTML = "<tr><th>state</th><th>priority</th><th>jobs</th></tr>" +
+    d.by_priority.map((r) => `<tr><td>${r.state}</td><td>${r.priority}</td><td>${r.jobs}</td></tr>`).join("");
+});
+</script>
+"""
+
+LEASES = r"""
+<p>Leases held now: holder process, time left against the queue's visibility timeout (a bar longer than
+the timeout was leased with a longer one, or extended by heartbeats), attempts, fencing token.</p>
+<table id="leases"></table>
+<script>
+async function refresh() {
+  const rows = await getJSON("/api/leases");
+  $("leases").innerHTML = "<tr><th>job</th><th>holder</th><th>lease left</th><th>attempts</th><th>token</th></tr>" +
+    (rows.length ? rows.map((l) => {
+      const left = Math.max(0, l.expires_in), pct = Math.min(100, 100 * left / l.visibility_timeout);
+      return `<tr><td><a href="/job/${encodeURIComponent(l.id)}">${esc(l.id)}</a></td>` +
+        `<td>${l.holder_pid ? "pid " + l.holder_pid : (l.detached ? "detached" : "-")}</td>` +
+        `<td><div class="bar" title="${left.toFixed(1)} s left"><i style="width:${pct}%"></i></div>` +
+        `${left.toFixed(1)} s left (timeout ${l.visibility_timeout} s)</td><td>${l.attempts}/${l.max_attempts}</td>` +
+        `<td>${esc(l.lease_token)}</td></tr>`;
+    }).join("") : "<tr><td colspan=5>(no leases)</td></tr>");
+}
+window.refresh = refresh;
+onOverview(() => refresh());
+refresh();
+</script>
+"""
+
+DEAD = r"""
+<p>Dead letters grouped by their last error. <button id="requeue-all" onclick="act('/api/actions/requeue')">requeue all</button>
+<button id="purge" onclick="if (confirm('Remove every job of the queue?')) act('/api/actions/purge')">purge queue</button></p>
+<table id="groups"></table>
+<script>
+async function refresh() {
+  const groups = await getJSON("/api/dead-groups");
+  $("groups").innerHTML = "<tr><th>error</th><th>jobs</th><th></th></tr>" + (groups.length ? groups.map((g, i) =>
+    `<tr><td>${esc(g.error)}</td><td>${g.count}: ${g.ids.slice(0, 8).map((id) =>
+      `<a href="/job/${encodeURIComponent(id)}">${esc(id)}</a>`).join(", ")}${g.count > 8 ? ", ..." : ""}</td>` +
+    `<td><button class="requeue" data-group="${i}">requeue</button> <button class="discard" data-group="${i}">discard</button></td></tr>`
+  ).join("") : "<tr><td colspan=3>(the dead-letter queue is empty)</td></tr>");
+  for (const b of document.querySelectorAll("button.requeue, button.discard")) {
+    b.onclick = async () => {
+      const g = groups[+b.dataset.group], verb = b.className;
+      const qs = g.ids.map((id) => "id=" + encodeURIComponent(id)).join("&");
+      if (verb === "requeue") { for (const id of g.ids) { if (await act("/api/actions/requeue?id=" + encodeURIComponent(id)) !== 200) break; } }
+      else await act("/api/actions/discard?" + qs);
+    };
+  }
+}
+window.refresh = refresh;
+onOverview(() => refresh());
+refresh();
+</script>
+"""
+
+STORAGE = r"""
+<p><button id="verify" onclick="runVerify()">verify now</button> <span id="verdict"></span></p>
+<div class="cards"><div class="card">segments<b id="s-segments">-</b></div><div class="card">bytes<b id="s-bytes">-</b></div></div>
+<table id="files"></table>
+<script>
+async function runVerify() {
+  $("verdict").textContent = "verifying...";
+  await getJSON("/api/verify");
+  refresh();
+}
+async function refresh() {
+  const s = await getJSON("/api/storage");
+  $("s-segments").textContent = s.segments.length;
+  $("s-bytes").textContent = s.bytes.toLocaleString();
+  const v = s.last_verify;
+  $("verdict").textContent = v ? `last verify ${new Date(v.time * 1000).toLocaleTimeString()}: ` +
+    (v.ok ? `ok, ${v.records} records in ${v.segments} segments` : `${v.damage.length} problem(s)`) : "not verified since the dashboard started";
+  $("verdict").className = v && !v.ok ? "warn" : "";
+  $("files").innerHTML = "<tr><th>file</th><th>bytes</th></tr>" +
+    s.files.map((f) => `<tr><td>${esc(f.name)}</td><td>${f.bytes.toLocaleString()}</td></tr>`).join("") +
+    s.damage.map((d) => `<tr><td class="warn" colspan=2>${esc(d)}</td></tr>`).join("");
+}
+window.refresh = refresh;
+refresh();
+</script>
+"""
+
+JOB_PAGE = r"""
+<div id="job">loading...</div>
+<script>
+const jobId = __JOB_ID__;
+async function refresh() {
+  const r = await fetch("/api/jobs/" + encodeURIComponent(jobId));
+  const j = await r.json();
+  if (!r.ok) { $("job").innerHTML = `<p class="warn">${esc(j.error)}</p>`; return; }
+  $("job").innerHTML = `<h3>${esc(j.id)}</h3><table>` +
+    [["state", j.state], ["key", j.key ?? "-"], ["attempts", j.attempts + " / " + j.max_attempts],
+     ["priority", j.priority], ["enqueued", new Date(j.enqueued_at * 1000).toLocaleString()],
+     ["available at", new Date(j.available_at * 1000).toLocaleString()],
+     ["lease deadline", j.lease_deadline ? new Date(j.lease_deadline * 1000).toLocaleString() : "-"],
+     ["fencing token", j.lease_token ?? "-"], ["last error", j.last_error ?? "-"]]
+    .map(([k, v]) => `<tr><th>${k}</th><td>${esc(v)}</td></tr>`).join("") +
+    `</table><h4>payload</h4><pre>${esc(j.payload_preview)}</pre>`;
+}
+window.refresh = refresh;
+onOverview(() => refresh());
+refresh();
+</script>
+"""
+
+PAGES = {"overview": OVERVIEW, "leases": LEASES, "dead": DEAD, "storage": STORAGE}
+
+
+def _layout(current: str, body: str, st: _State) -> str:
+    nav = "".join(
+        f'<a href="/page/{p}" class="{"on" if p == current else ""}">{t}</a>' for p, t in NAV
+    )
+    mode = "actions allowed" if st.allow_actions else "read-only"
+    title = html.escape(f"ringq: {st.queue.name}")
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
+        f"<style>{STYLE}</style></head><body><header><strong>{title}</strong>{nav}"
+        f'<span id="live">connecting...</span><span class="ro" id="mode">{mode}</span></header>'
+        f'<main><div id="msg"></div><script>{SCRIPT}</script>{body}</main></body></html>'
+    )

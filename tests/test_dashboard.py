@@ -1,0 +1,249 @@
+"""The dashboard in a real headless chromium, served by ``ringq dashboard`` in its own process.
+
+Screenshots go to a temporary directory; with ``RINGQ_UPDATE_SCREENSHOTS=1`` they replace the
+ones under docs/ that docs/dashboard.md shows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import urllib.error
+import urllib.request
+
+import pytest
+from browser import browser  # noqa: F401  (fixture)
+from procs import ROOT, run_py, spawn
+
+from ringq import Queue
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+
+def start_dashboard(qdir: str, *extra: str) -> tuple[subprocess.Popen, str]:
+    proc = spawn(
+        "from ringq.cli import main; raise SystemExit(main())",
+        "--dir",
+        qdir,
+        "dashboard",
+        "--port",
+        "0",
+        "--json",
+        *extra,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    line = proc.stdout.readline()
+    assert line, f"dashboard exited with {proc.wait(10)}"
+    return proc, json.loads(line)["url"]
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def shots(tmp_path):
+    """Where screenshots go: docs/ with RINGQ_UPDATE_SCREENSHOTS=1, else a temporary directory."""
+    if os.environ.get("RINGQ_UPDATE_SCREENSHOTS") == "1":
+        return os.path.join(ROOT, "docs", "images")
+    return str(tmp_path)
+
+
+def fill(qdir: str) -> dict:
+    """A queue with ready, delayed, leased (held by a detached lease), dead and keyed jobs."""
+    q = Queue(qdir, visibility_timeout=120)
+    q.limit("tenant-7", concurrency=3)
+    q.limit("api", rate=(50, 1.0))
+    q.enqueue_many([{"email": f"user{i}@example.com"} for i in range(12)], priority=1)
+    q.enqueue_many([{"report": i} for i in range(3)], key="tenant-7")
+    q.enqueue({"digest": "weekly"}, delay=3600)
+    for i in range(3):
+        job = q.enqueue({"resize": f"/srv/img/{i}.jpg"}, max_attempts=1, priority=10)
+        q.nack(q.lease_one(), error="OSError: disk full" if i < 2 else "ValueError: bad header")
+        assert q.get(job.id).state.value == "dead"
+    held = q.lease(2, detach=True)
+    return {"dead": [j.id for j in q.dlq()], "held": [j.id for j in held]}
+
+
+BUSY = r"""
+import sys, time
+from ringq import Queue
+q = Queue(sys.argv[1])
+end = time.time() + 3
+while time.time() < end:
+    q.enqueue_many([{"tick": i} for i in range(6)], priority=50)
+    for job in q.lease(6):
+        if job.payload["tick"] == 0:
+            q.nack(job, error="TimeoutError: upstream", delay=0)
+        else:
+            q.ack(job)
+    time.sleep(0.1)
+"""
+
+
+HOLDER = r"""
+import sys, time
+from ringq import Queue
+q = Queue(sys.argv[1])
+print(q.lease_one().id, flush=True)
+time.sleep(120)
+"""
+
+
+def watch(page) -> list[str]:
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    return errors
+
+
+def test_pages_load_without_errors_and_counts_are_live(browser, qdir, shots):  # noqa: F811
+    ids = fill(qdir)
+    holder = spawn(HOLDER, qdir, stdout=subprocess.PIPE, text=True)
+    held_by_pid = holder.stdout.readline().strip()
+    proc, url = start_dashboard(qdir)
+    try:
+        page = browser.new_page(viewport={"width": 1100, "height": 700})
+        errors = watch(page)
+        page.goto(url + "page/overview")
+        page.wait_for_function(
+            "document.getElementById('c-ready').textContent === '"
+            + str(Queue(qdir).stats().ready)
+            + "'"
+        )
+        before = int(page.text_content("#c-ready"))
+        # another process enqueues: the count changes without a reload (server-sent events)
+        out = run_py(
+            "import sys; from ringq import Queue; Queue(sys.argv[1]).enqueue_many(list(range(4)))",
+            qdir,
+        )
+        assert out.returncode == 0, out.stderr
+        page.wait_for_function(
+            f"document.getElementById('c-ready').textContent === '{before + 4}'", timeout=15000
+        )
+        # some throughput and errors for the chart, from yet another process
+        busy = run_py(BUSY, qdir, timeout=60)
+        assert busy.returncode == 0, busy.stderr
+        page.wait_for_function(
+            "points.length >= 4 && points.some((p) => p.dead > 0)", timeout=15000
+        )
+        page.wait_for_function(
+            "document.querySelectorAll('#chart polyline').length === 3", timeout=15000
+        )
+        assert "tenant-7" in page.text_content("#limits")
+        page.screenshot(path=os.path.join(shots, "dashboard-overview.png"))
+
+        page.goto(url + "page/leases")
+        page.wait_for_selector("#leases td a")
+        text = page.text_content("#leases")
+        assert all(i in text for i in ids["held"]) and "detached" in text
+        assert f"pid {holder.pid}" in text and held_by_pid in text
+        page.screenshot(path=os.path.join(shots, "dashboard-leases.png"))
+
+        page.goto(url + "page/dead")
+        page.wait_for_selector("button.requeue")
+        groups = page.text_content("#groups")
+        assert "OSError: disk full" in groups and "ValueError: bad header" in groups
+        page.screenshot(path=os.path.join(shots, "dashboard-dead.png"))
+
+        page.goto(url + "job/" + ids["dead"][0])
+        page.wait_for_selector("#job pre")
+        assert "/srv/img/" in page.text_content("#job pre") and "disk full" in page.text_content(
+            "#job"
+        )
+        page.screenshot(path=os.path.join(shots, "dashboard-job.png"))
+
+        page.goto(url + "page/storage")
+        page.click("#verify")
+        page.wait_for_function(
+            "document.getElementById('verdict').textContent.includes('last verify')", timeout=15000
+        )
+        assert "ok," in page.text_content("#verdict")
+        page.screenshot(path=os.path.join(shots, "dashboard-storage.png"))
+        assert errors == []
+    finally:
+        stop(proc)
+        holder.kill()
+        holder.wait()
+
+
+def test_actions_are_refused_without_allow_actions(browser, qdir):  # noqa: F811
+    ids = fill(qdir)
+    proc, url = start_dashboard(qdir)
+    try:
+        page = browser.new_page()
+        page.goto(url + "page/dead")
+        page.wait_for_selector("button.requeue")
+        page.click("#requeue-all")
+        page.wait_for_function(
+            "document.getElementById('msg').textContent.includes('refused (403)')"
+        )
+        page.click("button.discard")
+        page.wait_for_function(
+            "document.getElementById('msg').textContent.includes('refused (403)')"
+        )
+        for action in ("requeue", "discard?id=" + ids["dead"][0], "purge"):
+            req = urllib.request.Request(url + "api/actions/" + action, method="POST")
+            with pytest.raises(urllib.error.HTTPError) as info:
+                urllib.request.urlopen(req, timeout=10)
+            assert info.value.code == 403
+        assert Queue(qdir).stats().dead == 3  # nothing changed
+    finally:
+        stop(proc)
+
+
+def test_actions_with_allow_actions(browser, qdir):  # noqa: F811
+    fill(qdir)
+    proc, url = start_dashboard(qdir, "--allow-actions")
+    try:
+        page = browser.new_page()
+        errors = watch(page)
+        page.goto(url + "page/dead")
+        assert page.text_content("#mode") == "actions allowed"
+        page.wait_for_selector("button.discard")
+        # the largest group first: "disk full" (2 jobs) is discarded, "bad header" requeued
+        page.click("button.discard >> nth=0")
+        page.wait_for_function("document.getElementById('msg').textContent.includes('discarded')")
+        page.wait_for_function("document.querySelectorAll('button.requeue').length === 1")
+        page.click("button.requeue")
+        page.wait_for_function("document.getElementById('msg').textContent.includes('requeued')")
+        st = Queue(qdir).stats()
+        assert st.dead == 0 and st.ready == 10 + 3 + 1  # two emails stay leased
+        assert errors == []
+    finally:
+        stop(proc)
+
+
+def test_json_endpoints_match_the_cli(qdir):
+    fill(qdir)
+    proc, url = start_dashboard(qdir)
+    try:
+        for endpoint, argv in (
+            ("api/stats", ["stats"]),
+            ("api/list?state=dead", ["list", "--state", "dead"]),
+            ("api/list", ["list"]),
+            ("api/dlq", ["dlq"]),
+            ("api/verify", ["verify"]),
+        ):
+            with urllib.request.urlopen(url + endpoint, timeout=10) as resp:
+                served = json.loads(resp.read())
+            cli = run_py(
+                "from ringq.cli import main; raise SystemExit(main())",
+                "--dir",
+                qdir,
+                "--json",
+                *argv,
+            )
+            assert cli.returncode == 0, cli.stderr
+            assert served == json.loads(cli.stdout), endpoint
+    finally:
+        stop(proc)

@@ -1,0 +1,370 @@
+"""Concurrency caps, rate limits and unique windows across real processes (ringq/limits.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+from procs import spawn
+
+import ringq
+from ringq import DuplicateJobError, LimitError, LimitsFileError, Queue
+
+# A consumer that measures concurrency itself: the number of handlers of the key running at once
+# lives in a shared file, changed under flock, and the largest value seen is kept beside it.
+CONSUMER = r"""
+import fcntl, json, os, sys, time
+from ringq import Queue
+
+qdir, counter, until = sys.argv[1], sys.argv[2], float(sys.argv[3])
+
+def bump(delta):
+    with open(counter, "r+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        now, peak = json.loads(f.read() or "[0, 0]")
+        now += delta
+        peak = max(peak, now)
+        f.seek(0); f.truncate(); f.write(json.dumps([now, peak])); f.flush()
+
+q = Queue(qdir)
+done = 0
+while time.time() < until:
+    job = q.lease_one(wait=0.2)
+    if job is None:
+        if not q.stats().ready:
+            break
+        continue
+    if job.key == "tenant-7":
+        bump(+1)
+        time.sleep(0.03)
+        bump(-1)
+    q.ack(job)
+    done += 1
+print(done)
+"""
+
+
+def test_cap_of_three_holds_across_eight_consumers(qdir, tmp_path):
+    q = Queue(qdir)
+    q.limit("tenant-7", concurrency=3)
+    for i in range(60):
+        q.enqueue({"n": i}, key="tenant-7")
+    q.enqueue_many([{"other": i} for i in range(20)])  # unkeyed work flows past the cap
+    counter = tmp_path / "counter.json"
+    counter.write_text("[0, 0]")
+    until = time.time() + 60
+    procs = [
+        spawn(CONSUMER, qdir, str(counter), str(until), stdout=-1, text=True) for _ in range(8)
+    ]
+    done = sum(int(p.communicate(timeout=90)[0]) for p in procs)
+    assert all(p.returncode == 0 for p in procs)
+    assert done == 80
+    now, peak = json.loads(counter.read_text())
+    assert now == 0
+    assert peak == 3, f"observed at most {peak} tenant-7 handlers at once, cap 3"
+    assert q.limits()[0].running == 0
+
+
+HOLDER = r"""
+import sys, time
+from ringq import Queue
+q = Queue(sys.argv[1])
+job = q.lease_one(wait=10)
+assert job is not None and job.key == "k"
+print(job.id, flush=True)
+time.sleep(600)
+"""
+
+
+def test_sigkilled_holder_frees_its_slot_at_once(qdir):
+    q = Queue(qdir, visibility_timeout=300)
+    q.limit("k", concurrency=1)
+    a = q.enqueue("a", key="k")
+    b = q.enqueue("b", key="k")
+    holder = spawn(HOLDER, qdir, stdout=-1, text=True)
+    try:
+        held = holder.stdout.readline().strip()
+        assert held == a.id
+        assert q.lease_one() is None  # "b" is READY but its key is at its cap
+        assert q.get(b.id).state is ringq.JobState.READY
+        assert q.limits()[0].running == 1
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+        t0 = time.monotonic()
+        job = q.lease_one(wait=5)
+        elapsed = time.monotonic() - t0
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+    assert job is not None and job.key == "k"
+    assert elapsed < 1.0, f"the slot came back after {elapsed:.2f} s (visibility timeout is 300 s)"
+    assert q.limits()[0].running == 1
+    q.ack(job)
+    assert q.limits()[0].running == 0
+
+
+RATED = r"""
+import json, sys, time
+from ringq import Queue
+q = Queue(sys.argv[1])
+start, end = float(sys.argv[2]), float(sys.argv[3])
+while time.time() < start:
+    time.sleep(0.005)
+stamps = []
+while time.time() < end:
+    job = q.lease_one(wait=max(0.001, end - time.time()))
+    if job is not None:
+        stamps.append(time.time())
+        q.ack(job)
+print(json.dumps(stamps))
+"""
+
+
+def test_rate_of_50_per_second_admits_250_in_5_seconds(qdir):
+    q = Queue(qdir)
+    q.limit("api", rate=(50, 1.0))
+    q.enqueue_many([{"n": i} for i in range(400)], key="api")
+    start = time.time() + 2.0  # every consumer is up and waiting before the window opens
+    end = start + 5.0
+    procs = [spawn(RATED, qdir, str(start), str(end), stdout=-1, text=True) for _ in range(8)]
+    stamps = [t for p in procs for t in json.loads(p.communicate(timeout=60)[0])]
+    assert all(p.returncode == 0 for p in procs)
+    admitted = sum(start <= t < end for t in stamps)
+    assert 245 <= admitted <= 255, admitted  # 250 +- 2%
+    assert q.limits()[0].burst == 3  # the default: the tokens of 50 ms, at least 2
+
+
+def test_rate_blocked_lease_sleeps_until_the_next_token(qdir):
+    q = Queue(qdir)
+    q.limit("slow", rate=(1, 0.5), burst=1)
+    q.enqueue_many(["a", "b"], key="slow")
+    assert q.lease_one().payload == "a"
+    t0 = time.monotonic()
+    job = q.lease_one(wait=5)
+    waited = time.monotonic() - t0
+    assert job is not None and job.payload == "b"
+    assert 0.35 < waited < 1.0
+    assert q.stats().ready == 0
+
+
+def test_limit_on_the_queue_name_caps_every_job(qdir):
+    q = Queue(qdir, name="emails")
+    q.limit("emails", concurrency=2)
+    q.enqueue_many(list(range(5)))
+    q.enqueue(5, key="x")
+    assert len(q.lease(10)) == 2
+    assert [i.to_dict()["running"] for i in q.limits()] == [2]
+
+
+def test_key_survives_reopen_and_relocation_paths(qdir):
+    q = Queue(qdir)
+    job = q.enqueue(b"\x00raw", key="tenant-ü")
+    assert job.key == "tenant-ü"
+    q.close()
+    q = Queue(qdir)
+    again = q.get(job.id)
+    assert (again.key, again.payload) == ("tenant-ü", b"\x00raw")
+    assert again.to_dict()["key"] == "tenant-ü"
+    assert "key" not in q.enqueue("plain").to_dict()
+    leased = q.lease_one()
+    assert leased.key == "tenant-ü"
+    q.nack(leased, error="boom", delay=0)
+    again = {j.payload: j for j in q.lease(5)}
+    assert again[b"\x00raw"].key == "tenant-ü" and again[b"\x00raw"].last_error == "boom"
+
+
+def test_unique_window(qdir):
+    q = Queue(qdir)
+    first = q.enqueue({"v": 1}, key="report-42", unique_for=0.5)
+    dup = q.enqueue({"v": 2}, key="report-42", unique_for=0.5)
+    assert dup.id == first.id and dup.payload == {"v": 1}
+    assert q.stats().ready == 1
+    other = q.enqueue({"v": 3}, key="report-43", unique_for=0.5)
+    assert other.id != first.id
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        later = q.enqueue({"v": 4}, key="report-42", unique_for=0.5)
+        if later.id != first.id:
+            break
+        time.sleep(0.05)
+    assert later.id != first.id and later.payload == {"v": 4}
+
+
+UNIQUE_RACE = r"""
+import sys
+from ringq import Queue
+q = Queue(sys.argv[1])
+print(q.enqueue({"pid": sys.argv[2]}, key="once", unique_for=60).id)
+"""
+
+
+def test_unique_window_across_processes(qdir):
+    Queue(qdir).close()
+    procs = [spawn(UNIQUE_RACE, qdir, str(i), stdout=-1, text=True) for i in range(6)]
+    ids = {p.communicate(timeout=60)[0].strip() for p in procs}
+    assert len(ids) == 1
+    assert Queue(qdir).stats().ready == 1
+
+
+def test_unique_window_whose_job_retired(qdir):
+    q = Queue(qdir, slot_count=4)
+    first = q.enqueue("x", key="u", unique_for=60)
+    q.ack(q.lease_one())
+    for i in range(8):  # rotate the segment out and retire it
+        q.ack(q.enqueue(i) and q.lease_one())
+    with pytest.raises(DuplicateJobError) as info:
+        q.enqueue("y", key="u", unique_for=60)
+    assert info.value.job_id == first.id
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"concurrency": 0},
+        {"concurrency": 5000},
+        {"concurrency": True},
+        {"rate": (0, 1.0)},
+        {"rate": (5, 0)},
+        {"rate": (5, float("nan"))},
+        {"rate": (1.5, 1.0)},
+        {"rate": "fast"},
+        {"burst": 3},
+    ],
+)
+def test_bad_limits_are_refused(qdir, kw):
+    q = Queue(qdir)
+    with pytest.raises(LimitError):
+        q.limit("k", **kw)
+    assert q.limits() == []
+
+
+def test_bad_keys_and_windows_are_refused(qdir):
+    q = Queue(qdir)
+    for key in ("", "a\x00b", "x" * 200, 7):
+        with pytest.raises(ValueError):
+            q.enqueue(1, key=key)
+    with pytest.raises(LimitError):
+        q.enqueue(1, unique_for=5)
+    with pytest.raises(LimitError):
+        q.enqueue(1, key="k", unique_for=-1)
+    assert q.stats().ready == 0
+
+
+def test_limit_table_full_and_removal(qdir):
+    q = Queue(qdir)
+    for i in range(64):
+        q.limit(f"k{i}", concurrency=1)
+    with pytest.raises(LimitError, match="64 limits"):
+        q.limit("one-more", concurrency=1)
+    q.limit("k3")  # neither cap nor rate: removed
+    q.limit("one-more", rate=(10, 1.0), burst=5)
+    names = {i.name: i for i in q.limits()}
+    assert (
+        "k3" not in names and names["one-more"].rate == (10, 1.0) and names["one-more"].burst == 5
+    )
+
+
+def test_damaged_limits_file_is_a_typed_error(qdir):
+    q = Queue(qdir)
+    q.limit("k", concurrency=2)
+    q.close()
+    path = os.path.join(qdir, "default.limits")
+    with open(path, "r+b") as f:
+        f.seek(4096 + 64)  # entry 0's name: its CRC no longer matches
+        f.write(b"#")
+    q = Queue(qdir)
+    with pytest.raises(LimitsFileError, match="entry 0"):
+        q.limits()
+    with open(path, "r+b") as f:
+        f.truncate(100)
+    q2 = Queue(qdir)
+    with pytest.raises(LimitsFileError, match="100 bytes"):
+        q2.limit("k", concurrency=1)
+
+
+def test_writer_killed_mid_change_is_repaired_by_the_next_reader(qdir):
+    q = Queue(qdir)
+    q.limit("a", concurrency=1)
+    q.close()
+    path = os.path.join(qdir, "default.limits")
+    with open(path, "r+b") as f:  # what a writer killed between its two generation stores leaves
+        f.seek(64)
+        f.write((7).to_bytes(8, "little"))
+        f.seek(4096 + 64)
+        f.write(b"zz")  # and a torn entry
+    q = Queue(qdir)
+    assert q.limits() == []
+    q.limit("a", concurrency=1)
+    assert [i.name for i in q.limits()] == ["a"]
+
+
+def test_nack_and_an_ended_lease_free_the_slot(qdir):
+    q = Queue(qdir)
+    q.limit("k", concurrency=1)
+    q.enqueue_many(["a", "b"], key="k")
+    first = q.lease_one(visibility_timeout=0.2)
+    assert q.lease_one() is None
+    q.nack(first, delay=60)
+    second = q.lease_one(visibility_timeout=0.3)
+    assert second is not None and second.payload == "b"
+    assert q.lease_one() is None  # at the cap
+    time.sleep(0.4)
+    # the lease expired without ack or nack: this process's next lease frees its slot (and the
+    # expired job is leased again)
+    again = q.lease_one(wait=5)
+    assert again is not None and again.id == second.id and again.attempts == 2
+
+
+def test_an_ack_wakes_a_lease_waiting_for_the_slot(qdir):
+    import threading
+
+    q = Queue(qdir)
+    q.limit("k", concurrency=1)
+    q.enqueue_many(["a", "b"], key="k")
+    held = q.lease_one()
+    other = Queue(
+        qdir
+    )  # another open file description: another holder, as another process would be
+    got = []
+
+    def wait_for_slot():
+        t0 = time.monotonic()
+        got.append((other.lease_one(wait=10), time.monotonic() - t0))
+
+    t = threading.Thread(target=wait_for_slot)
+    t.start()
+    time.sleep(0.3)
+    assert not got  # at the cap: waiting
+    q.ack(held)
+    acked = time.monotonic()
+    t.join(10)
+    job, _waited = got[0]
+    assert job is not None and job.payload == "b"
+    assert time.monotonic() - acked < 0.2
+
+
+def test_docs_example_runs_verbatim(tmp_path):
+    import re
+    import subprocess
+    import sys
+
+    from procs import ROOT, child_env
+
+    text = open(os.path.join(ROOT, "docs", "limits.md")).read()
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "LimitInfo(name='tenant-7', concurrency=3" in res.stdout
+    q = Queue(str(tmp_path / "jobs"))
+    assert [i.name for i in q.limits()] == ["api", "jobs-queue-name"]
+    assert q.stats().ready == 2

@@ -10,6 +10,7 @@ must never share its parent's lock or owner identity) with ``concurrency`` threa
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import os
 import signal
@@ -139,7 +140,7 @@ class Worker:
         self._children: list[multiprocessing.Process] = []
         # Periodic jobs (docs/schedules.md): fired from the lease loop of a local queue.
         self._schedules = callable(getattr(queue, "run_schedules", None))
-        self._schedule_error_logged = 0.0
+        self._schedule_error_logged = -math.inf
 
     def stop(self) -> None:
         """Ask the worker to finish in-flight handlers, ack them, and return from ``run()``."""

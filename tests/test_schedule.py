@@ -16,7 +16,7 @@ import pytest
 from procs import run_py, spawn
 
 from ringq import Queue, Worker
-from ringq.errors import FormatVersionError, SerializationError
+from ringq.errors import FormatVersionError, RingqError, SerializationError
 from ringq.schedule import ScheduleFileError, ScheduleNotFoundError, job_id_for
 
 
@@ -337,7 +337,7 @@ def _damaged(path, how):
 
 
 @pytest.mark.parametrize("how", ["flip", "header", "truncate", "foreign", "version"])
-def test_damaged_definitions_file_is_a_typed_error(tmp_path, how):
+def test_damaged_definitions_file_is_a_typed_error(tmp_path, how, caplog):
     q = Queue(tmp_path)
     q.schedule("a", 1, every=0.05)
     q.close()
@@ -357,9 +357,12 @@ def test_damaged_definitions_file_is_a_typed_error(tmp_path, how):
         with pytest.raises(ScheduleFileError, match="remove"):
             q.schedules()
     # A worker keeps serving jobs (and logs the schedule error).
+    _until(lambda: q.next_schedule_fire() <= 0)
     got = []
-    Worker(q, lambda j: got.append(j.payload), max_jobs=1, handle_signals=False).run()
+    with caplog.at_level("ERROR", logger="ringq.worker"):
+        Worker(q, lambda j: got.append(j.payload), max_jobs=1, handle_signals=False).run()
     assert got == ["job"]
+    assert "periodic jobs could not be fired" in caplog.text
 
 
 @pytest.mark.parametrize("how", ["header", "truncate", "foreign", "version"])
@@ -417,4 +420,60 @@ def test_cli_schedule_add_list_rm(tmp_path):
     assert r.returncode == 2 and "bad cron expression" in r.stderr
     r = cli("schedule", "add", "x", "1")
     assert r.returncode == 2
+    r = cli("--url", "redis://localhost:1", "schedule", "list")
+    assert r.returncode == 2 and "--url" in r.stderr
     assert [s.name for s in Queue(tmp_path).schedules()] == ["nightly"]
+
+
+def test_a_failed_enqueue_gives_the_tick_back(tmp_path):
+    from ringq.errors import LockTimeoutError
+
+    q = Queue(tmp_path, lock_timeout=0.2)
+    q.schedule("g", 1, every=0.05)
+    _until(lambda: q.next_schedule_fire() <= 0)
+    fd = os.open(tmp_path / "default.lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # the writers' lock, held elsewhere: the enqueue times out
+        with pytest.raises(LockTimeoutError):
+            q.run_schedules()
+    finally:
+        os.close(fd)
+    s = q.schedules()[0]
+    assert not s.firing and s.last_fire is None and s.next_fire <= time.time()
+    assert len(q.run_schedules()) == 1
+
+
+def test_a_schedule_added_while_a_worker_runs_is_fired(tmp_path, caplog):
+    import threading
+
+    q = Queue(tmp_path)
+    got = []
+    w = Worker(q, lambda job: got.append(job.id), max_jobs=1, handle_signals=False)
+    t = threading.Thread(target=w.run)
+    t.start()
+    try:
+        time.sleep(0.3)  # the worker is idle, with no schedule files yet
+        out = run_py(
+            "import sys\nfrom ringq import Queue\nQueue(sys.argv[1]).schedule('late', 1, every=0.1)",
+            str(tmp_path),
+        )
+        assert out.returncode == 0, out.stderr
+        t.join(30)
+    finally:
+        w.stop()
+        t.join(30)
+    assert got and got[0].startswith("schedule:late:")
+
+
+@pytest.mark.slow  # about 20 s: every add rewrites and fsyncs the definitions file
+def test_the_schedule_table_holds_capacity_schedules(tmp_path):
+    from ringq.schedule import CAPACITY
+
+    q = Queue(tmp_path, durability="none")
+    for i in range(CAPACITY):
+        q.schedule(f"s{i}", i, every=3600)
+    with pytest.raises(RingqError, match="in use"):
+        q.schedule("one-more", 0, every=3600)
+    q.unschedule("s7")
+    q.schedule("one-more", 0, every=3600)
+    assert len(q.schedules()) == CAPACITY

@@ -119,7 +119,10 @@ def encode(payload: Any) -> tuple[int, bytes]:
         return MIXED, _encode_mixed(payload)
     except (TypeError, ValueError, RecursionError) as exc:
         # Walk it again (only on this failing path) for a message that says where the culprit is.
-        _encode_mixed(payload)
+        try:
+            _encode_mixed(payload)
+        except SerializationError as located:
+            raise SerializationError(f"payload is not JSON-serialisable: {located}") from None
         raise SerializationError(f"payload is not JSON-serialisable: {exc}") from None
     except UnicodeEncodeError as exc:
         raise SerializationError(f"payload holds text that is not valid Unicode: {exc}") from None

@@ -277,15 +277,22 @@ def test_random_sigkills_of_serving_processes(tmp_path):
     import random
 
     rng = random.Random(13)
-    procs = [spawn(SERVE, str(tmp_path), "30", stdout=subprocess.DEVNULL) for _ in range(3)]
+
+    def start():
+        p = spawn(SERVE, str(tmp_path), "60", stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "ready"
+        return p
+
+    procs = [start() for _ in range(3)]
     try:
-        end = time.monotonic() + 3.0
-        while time.monotonic() < end:
+        # Fifteen kills, each at a random moment; a replacement is serving before the next kill,
+        # so two processes always serve and every tick is fired by someone.
+        for _ in range(15):
             time.sleep(rng.uniform(0.02, 0.15))
             i = rng.randrange(3)
             procs[i].send_signal(signal.SIGKILL)
             procs[i].wait(10)
-            procs[i] = spawn(SERVE, str(tmp_path), "30", stdout=subprocess.DEVNULL)
+            procs[i] = start()
     finally:
         for p in procs:
             p.send_signal(signal.SIGKILL)

@@ -760,11 +760,60 @@ def _parser() -> argparse.ArgumentParser:
     mg.add_argument("dst", metavar="DST")
     mg.add_argument("--purge-source", action="store_true", help="then purge SRC (refused while it has leased jobs)")
 
+    sc = cmd("schedule", cmd_schedule, "periodic jobs: add, list or remove (fired by `ringq work`)")
+    scs = sc.add_subparsers(dest="schedule_cmd", metavar="ACTION")
+    sca = scs.add_parser("add", parents=[common], help="create or replace a periodic job")
+    sca.add_argument("name", help="schedule name [A-Za-z0-9_.-]{1,64}")
+    sca.add_argument("payload", help="JSON value or text (as for enqueue)")
+    sca.add_argument("--text", action="store_true", help="take the payload as a string, never as JSON")
+    when = sca.add_mutually_exclusive_group(required=True)
+    when.add_argument("--every", type=float, help="seconds between ticks")
+    when.add_argument("--cron", help="cron expression, e.g. '0 2 * * *' (6 fields: seconds first)")
+    sca.add_argument("--tz", default="UTC", help="time zone of --cron (IANA name; default UTC)")
+    sca.add_argument("--priority", type=int, default=0, help="priority of each job (default 0)")
+    sca.add_argument("--max-attempts", type=int, help="leases per job before dead-lettering (default: 5)")
+    scs.add_parser("list", parents=[common], help="periodic jobs with their next and last tick")
+    scr = scs.add_parser("rm", parents=[common], help="remove a periodic job (its enqueued jobs stay)")
+    scr.add_argument("name")
+
     # Everything after `bench` belongs to ringq.bench; main() splits it off before parsing.
     b = sub.add_parser("bench", help="run the benchmark harness (arguments after 'bench' go to ringq.bench)",
                        add_help=False)
     b.set_defaults(func=cmd_bench, args=[])
     return p
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    action = getattr(args, "schedule_cmd", None)
+    if action is None:
+        raise UserError("say what to do: ringq schedule add|list|rm (ringq schedule --help)")
+    if getattr(args, "url", None):
+        raise UserError("periodic jobs live in a local queue directory; --url is not supported here")
+    if action == "add":
+        payload = _payload(args.payload, args.text)
+        with _open(args, create=True) as q:
+            s = q.schedule(args.name, payload, every=args.every, cron=args.cron, tz=args.tz, priority=args.priority,
+                           max_attempts=args.max_attempts)
+        _emit(args, s.to_dict(), _schedule_line(s))
+        return 0
+    with _open(args) as q:
+        if action == "rm":
+            q.unschedule(args.name)
+            _emit(args, {"removed": args.name}, None)
+            return 0
+        items = q.schedules()
+    _emit(args, [s.to_dict() for s in items], "\n".join(_schedule_line(s) for s in items) if items else None)
+    return 0
+
+
+def _schedule_line(s: Any) -> str:
+    when = f"every {s.every:g}s" if s.every is not None else f"cron '{s.cron}' {s.tz}"
+
+    def at(t: float | None) -> str:
+        return "-" if t is None else datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
+
+    nxt = f"firing {at(s.firing_tick)}" if s.firing else f"next={at(s.next_fire)}"
+    return f"{s.name}  {when}  {nxt}  last={at(s.last_fire)}  priority={s.priority}  payload={_short(s.to_dict()['payload'])}"
 
 
 def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -9,16 +9,19 @@ id      name         bytes on disk
 2       ``bytes``    the raw bytes of a ``bytes``/``bytearray``/``memoryview`` payload
 3       ``ndarray``  u32 header length, a JSON header ``{"dtype", "shape"}``, C-order data
                      (``dtype``: numpy's dtype string, or its ``descr`` list for a structured dtype)
-4       ``keyed``    an envelope around one of the above: u16 key length *k*, *k* bytes of
-                     UTF-8 key, u8 inner codec id (1-3), the inner codec's bytes
+4       ``mixed``    u32 tree length, a JSON tree, then binary blocks: dicts and lists holding
+                     arrays, numpy scalars and bytes anywhere inside (see :func:`encode`)
+5       ``keyed``    an envelope around one of the above: u16 key length *k*, *k* bytes of
+                     UTF-8 key, u8 inner codec id (1-4), the inner codec's bytes
 ======  ===========  ===================================================================
 
 The ``keyed`` envelope carries a job's limit key (``enqueue(..., key=...)``, ringq/limits.py)
 inside the payload bytes, so every path that copies a record's payload and codec verbatim
 (relocation, requeue, salvage) keeps the key without knowing about it.
 
-Arrays round-trip exactly -- dtype (including byte order) and shape -- and never through pickle.
-Object arrays are refused.  Decoding checks every length against the record's own length.
+Arrays round-trip exactly -- dtype (including byte order and structured fields) and shape -- and
+never through pickle.  Object arrays are refused.  Decoding checks every length against the
+record's own length.
 """
 
 from __future__ import annotations
@@ -32,16 +35,41 @@ import numpy as np
 
 from .errors import SerializationError
 
-__all__ = ["JSON", "BYTES", "NDARRAY", "KEYED", "MAX_KEY_BYTES", "encode", "decode", "wrap_key", "split_key"]
+__all__ = ["JSON", "BYTES", "NDARRAY", "MIXED", "KEYED", "MAX_KEY_BYTES", "encode", "decode", "jsonable",
+           "wrap_key", "split_key"]
 
 JSON = 1
 BYTES = 2
 NDARRAY = 3
-KEYED = 4
+MIXED = 4
+KEYED = 5
 MAX_KEY_BYTES = 128  # a key is a limit's name, and a limit's name has 128 bytes in <name>.limits
 _U16 = struct.Struct("<H")
 
-_encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+# Blocks of a mixed payload start at multiples of this many bytes from the payload's start, so a
+# decoded array is aligned for any dtype numpy has (the largest itemsize of a builtin is 16).
+_ALIGN = 16
+# Tags of a mixed payload's tree: a dict with exactly one key that starts with "$" is a tag.
+_TAG_BYTES, _TAG_ARRAY, _TAG_SCALAR, _TAG_DICT = "$b", "$a", "$s", "$d"
+
+
+class _NotJSON(Exception):
+    """Raised inside the JSON encoder when the payload holds an array, a numpy scalar or bytes."""
+
+
+def _not_json(obj: Any) -> Any:
+    if isinstance(obj, (np.ndarray, np.generic, bytes, bytearray, memoryview)):
+        raise _NotJSON
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+
+# One encoder for both paths: a payload of plain JSON values never leaves the C encoder; one that
+# holds an array or bytes is detected there (``default`` is only called for unknown types) and
+# re-encoded as a mixed payload.
+_encoder = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_not_json
+)
+_tree_encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 try:  # optional: a faster parser for decoding only (~0.2 us instead of ~1.7 us per small payload)
     import orjson as _orjson
@@ -63,33 +91,144 @@ def _loads(data: bytes | bytearray) -> Any:
         except _orjson.JSONDecodeError:
             pass
     return json.loads(data)
+
+
 _U32 = struct.Struct("<I")
 
 
 def encode(payload: Any) -> tuple[int, bytes]:
     """Encode ``payload``; returns ``(codec id, bytes)``.
 
+    ``payload`` is a JSON value (dict, list, tuple, str, int, float, bool, None), ``bytes``, a numpy
+    array, or dicts and lists holding any of these -- arrays, numpy scalars and bytes included --
+    at any depth.  What comes back from :func:`decode`:
+
+    * arrays keep dtype (byte order, structured fields), shape and values; they come back
+      C-contiguous and writable;
+    * numpy scalars keep their type (``np.int8(3)`` stays ``np.int8``), except ``np.float64``,
+      ``np.str_`` and ``np.bytes_``, which *are* Python ``float``, ``str`` and ``bytes``
+      (subclasses) and come back as those, wherever they are;
+    * ``bytes``, ``bytearray`` and ``memoryview`` come back as ``bytes``, never confused with text;
+    * tuples come back as lists and dict keys are strings, as in JSON.
+
     Raises:
-        SerializationError: the payload is not a JSON value, bytes, or a non-object numpy array
-            (the message names the offending type or value).
+        SerializationError: the payload holds something else (a set, an object array, a NaN
+            Python float, a cycle, ...); the message names the offending type and where it is.
     """
     if isinstance(payload, (bytes, bytearray, memoryview)):
         return BYTES, bytes(payload)
     if isinstance(payload, np.ndarray):
         if payload.dtype.hasobject:
             raise SerializationError("numpy arrays of dtype object cannot be stored (no pickle)")
-        dt = payload.dtype
-        # A structured dtype keeps its field names (and offsets) through numpy's descr list.
-        spec = dt.descr if dt.fields is not None else dt.str
-        header = json.dumps({"dtype": spec, "shape": list(payload.shape)}).encode()
+        header = json.dumps({"dtype": _spec(payload.dtype), "shape": list(payload.shape)}).encode()
         data = np.ascontiguousarray(payload).tobytes()
         return NDARRAY, _U32.pack(len(header)) + header + data
     try:
         return JSON, _encoder.encode(payload).encode("utf-8")
+    except _NotJSON:
+        return MIXED, _encode_mixed(payload)
     except (TypeError, ValueError, RecursionError) as exc:
+        # Walk it again (only on this failing path) for a message that says where the culprit is.
+        try:
+            _encode_mixed(payload)
+        except SerializationError as located:
+            raise SerializationError(f"payload is not JSON-serialisable: {located}") from None
         raise SerializationError(f"payload is not JSON-serialisable: {exc}") from None
     except UnicodeEncodeError as exc:
         raise SerializationError(f"payload holds text that is not valid Unicode: {exc}") from None
+
+
+def _spec(dt: np.dtype) -> Any:
+    # A structured dtype keeps its field names (and offsets) through numpy's descr list.
+    return dt.descr if dt.fields is not None else dt.str
+
+
+class _Blocks:
+    """The binary blocks of a mixed payload, each padded to ``_ALIGN`` bytes."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.size = 0
+
+    def add(self, data: bytes) -> list[int]:
+        at = self.size
+        self.parts.append(data)
+        pad = -len(data) % _ALIGN
+        if pad:
+            self.parts.append(b"\0" * pad)
+        self.size += len(data) + pad
+        return [at, len(data)]
+
+
+def _encode_mixed(payload: Any) -> bytes:
+    blocks = _Blocks()
+    try:
+        tree = _to_tree(payload, blocks, "payload", set())
+        text = _tree_encoder.encode(tree).encode("utf-8")
+    except SerializationError:
+        raise
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise SerializationError(f"payload is not serialisable: {exc}") from None
+    except UnicodeEncodeError as exc:
+        raise SerializationError(f"payload holds text that is not valid Unicode: {exc}") from None
+    # Spaces after the tree (valid JSON whitespace) put the first block on an aligned offset.
+    text += b" " * (-(4 + len(text)) % _ALIGN)
+    return b"".join([_U32.pack(len(text)), text, *blocks.parts])
+
+
+def _to_tree(obj: Any, blocks: _Blocks, where: str, stack: set[int]) -> Any:
+    """The JSON tree of ``obj``: arrays, numpy scalars and bytes become tags that point at blocks."""
+    if obj is None or isinstance(obj, (str, int, float)):  # bool is an int; np.float64 a float
+        return obj
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return {_TAG_BYTES: blocks.add(bytes(obj))}
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.hasobject:
+            raise SerializationError(
+                f"{where} is a numpy array of dtype object, which cannot be stored (no pickle)"
+            )
+        return {
+            _TAG_ARRAY: [
+                *blocks.add(np.ascontiguousarray(obj).tobytes()),
+                _spec(obj.dtype),
+                list(obj.shape),
+            ]
+        }
+    if isinstance(obj, np.generic):
+        arr = np.asarray(obj)
+        if arr.dtype.hasobject:
+            raise SerializationError(
+                f"{where} is a numpy object scalar, which cannot be stored (no pickle)"
+            )
+        return {_TAG_SCALAR: [*blocks.add(arr.tobytes()), _spec(arr.dtype)]}
+    if isinstance(obj, (dict, list, tuple)):
+        if id(obj) in stack:
+            raise SerializationError(f"{where} contains itself (a circular reference)")
+        stack.add(id(obj))
+        try:
+            if isinstance(obj, dict):
+                out = {}
+                for k, v in obj.items():
+                    if not isinstance(k, (str, int, float, bool)) and k is not None:
+                        raise SerializationError(
+                            f"{where} has a key of type {type(k).__name__} (keys must be str, int, float, bool or None)"
+                        )
+                    out[k] = _to_tree(v, blocks, f"{where}[{k!r}]", stack)
+                # A one-key dict whose key starts with "$" would read as a tag: wrap it.
+                if (
+                    len(out) == 1
+                    and isinstance(next(iter(out)), str)
+                    and next(iter(out)).startswith("$")
+                ):
+                    return {_TAG_DICT: out}
+                return out
+            return [_to_tree(v, blocks, f"{where}[{i}]", stack) for i, v in enumerate(obj)]
+        finally:
+            stack.discard(id(obj))
+    raise SerializationError(
+        f"{where} is of type {type(obj).__name__}, which a payload cannot hold "
+        "(JSON values, bytes, numpy arrays and numpy scalars only; no pickle)"
+    )
 
 
 def decode(codec: int, data: bytes | bytearray) -> Any:
@@ -110,19 +249,66 @@ def decode(codec: int, data: bytes | bytearray) -> Any:
             if hlen > len(data) - 4:
                 raise ValueError("array header longer than the record")
             header = json.loads(bytes(data[4 : 4 + hlen]))
-            dtype = np.dtype(_descr(header["dtype"]))
-            if dtype.hasobject:
-                raise ValueError("object dtype")
-            shape = tuple(int(n) for n in header["shape"])
-            buf = data if isinstance(data, bytearray) else bytearray(data)  # writable, no copy when given one
-            body = memoryview(buf)[4 + hlen :]
-            count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-            if count * dtype.itemsize != len(body):
-                raise ValueError("array data length does not match dtype and shape")
-            return np.frombuffer(body, dtype=dtype, count=count).reshape(shape)
-    except (ValueError, KeyError, TypeError, struct.error, RecursionError) as exc:
+            buf = (
+                data if isinstance(data, bytearray) else bytearray(data)
+            )  # writable, no copy when given one
+            return _array(memoryview(buf)[4 + hlen :], header["dtype"], header["shape"])
+        if codec == MIXED:
+            (tlen,) = _U32.unpack_from(data, 0)
+            if tlen > len(data) - 4:
+                raise ValueError("tree longer than the record")
+            tree = _loads(bytes(data[4 : 4 + tlen]))
+            buf = data if isinstance(data, bytearray) else bytearray(data)
+            return _from_tree(tree, memoryview(buf)[4 + tlen :])
+    except (ValueError, KeyError, TypeError, IndexError, struct.error, RecursionError) as exc:
         raise SerializationError(f"stored payload (codec {codec}) does not decode: {exc}") from None
     raise SerializationError(f"unknown payload codec {codec}")
+
+
+def _array(body: memoryview, spec: Any, shape: Any) -> np.ndarray:
+    dtype = np.dtype(_descr(spec))
+    if dtype.hasobject:
+        raise ValueError("object dtype")
+    if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise ValueError(f"bad shape {shape!r}")
+    shape = tuple(shape)
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if count * dtype.itemsize != len(body):
+        raise ValueError("array data length does not match dtype and shape")
+    return np.frombuffer(body, dtype=dtype, count=count).reshape(shape)
+
+
+def _block(blocks: memoryview, ref: Any) -> memoryview:
+    if not (
+        isinstance(ref, list)
+        and len(ref) >= 2
+        and all(isinstance(n, int) and n >= 0 for n in ref[:2])
+    ):
+        raise ValueError(f"bad block reference {ref!r}")
+    at, n = ref[0], ref[1]
+    if at + n > len(blocks):
+        raise ValueError("block outside the record")
+    return blocks[at : at + n]
+
+
+def _from_tree(node: Any, blocks: memoryview) -> Any:
+    if isinstance(node, list):
+        return [_from_tree(v, blocks) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if len(node) == 1:
+        ((key, value),) = node.items()
+        if key.startswith("$"):
+            if key == _TAG_DICT and isinstance(value, dict):
+                return {k: _from_tree(v, blocks) for k, v in value.items()}
+            if key == _TAG_BYTES:
+                return bytes(_block(blocks, value))
+            if key == _TAG_ARRAY and isinstance(value, list) and len(value) == 4:
+                return _array(_block(blocks, value), value[2], value[3])
+            if key == _TAG_SCALAR and isinstance(value, list) and len(value) == 3:
+                return _array(_block(blocks, value), value[2], [])[()]
+            raise ValueError(f"unknown tag {key!r}")
+    return {k: _from_tree(v, blocks) for k, v in node.items()}
 
 
 def _descr(spec: Any) -> Any:
@@ -178,3 +364,20 @@ def split_key(codec: int, data: bytes | bytearray) -> tuple[str | None, int, byt
         raise SerializationError("stored keyed payload nests another key")
     body = data[3 + k :]
     return key, inner, bytearray(body) if isinstance(data, bytearray) else bytes(body)
+
+
+def jsonable(payload: Any) -> Any:
+    """A JSON-friendly view of a decoded payload for display: bytes, arrays and numpy scalars
+    inside it are described (``{"$bytes": n}``, ``{"$ndarray": {"dtype", "shape"}}``,
+    ``{"$scalar": {"dtype", "value"}}``), not embedded."""
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        return {"$bytes": len(payload)}
+    if isinstance(payload, np.ndarray):
+        return {"$ndarray": {"dtype": payload.dtype.str, "shape": list(payload.shape)}}
+    if isinstance(payload, np.generic) and not isinstance(payload, (float, str)):
+        return {"$scalar": {"dtype": payload.dtype.str, "value": str(payload)}}
+    if isinstance(payload, dict):
+        return {k: jsonable(v) for k, v in payload.items()}
+    if isinstance(payload, (list, tuple)):
+        return [jsonable(v) for v in payload]
+    return payload

@@ -23,6 +23,8 @@ import enum
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .codec import jsonable
+
 __all__ = ["Job", "JobState", "TRANSITIONS"]
 
 ST_EMPTY, ST_READY, ST_LEASED, ST_DONE, ST_DEAD, ST_GONE, ST_CONT, ST_BAD = range(8)
@@ -153,14 +155,9 @@ class Job:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly view (bytes and arrays are described, not embedded)."""
-        payload = self.payload
-        if isinstance(payload, (bytes, bytearray)):
-            payload = {"$bytes": len(payload)}
-        elif hasattr(payload, "dtype") and hasattr(payload, "shape"):
-            payload = {"$ndarray": {"dtype": payload.dtype.str, "shape": list(payload.shape)}}
         out = {
             "id": self.id,
-            "payload": payload,
+            "payload": jsonable(self.payload),
             "priority": self.priority,
             "state": self.state.value,
             "attempts": self.attempts,

@@ -1703,6 +1703,66 @@ class Queue:
     def __repr__(self) -> str:
         return f"Queue({str(self.path)!r}, name={self.name!r}, durability={self.durability!r})"
 
+    # -- periodic jobs (ringq/schedule.py) -----------------------------------------------------------
+
+    def _scheduler(self) -> Any:
+        with self._lock:
+            sch = self.__dict__.get("_schedules_obj")
+            if sch is None:
+                from .schedule import Scheduler
+
+                sch = self._schedules_obj = Scheduler(self)
+            return sch
+
+    def schedule(self, name: str, payload: Any, *, cron: str | None = None, every: float | None = None,
+                 tz: str = "UTC", priority: int = 0, max_attempts: int | None = None) -> Any:
+        """Create or replace the periodic job ``name``: one job with ``payload`` per tick.
+
+        Give exactly one of ``every`` (seconds; ticks at creation + k * every) or ``cron`` (a
+        5-field cron expression, or 6 with seconds first, evaluated in time zone ``tz``, an IANA
+        name).  Every tick enqueues exactly one job, whichever and however many processes serve
+        the queue (a ``Worker``, or :meth:`run_schedules`), with the idempotent id
+        ``schedule:<name>:<tick ms since the Unix epoch>``; ticks missed while nothing ran give one
+        catch-up job.  Calling it again with the same arguments changes nothing; with another
+        payload, priority or max_attempts it replaces those and keeps the ticks; with other
+        timing it starts the ticks afresh.  Stored durably in ``<name>.sched`` (docs/schedules.md).
+
+        Returns:
+            The :class:`ringq.schedule.Schedule` (``next_fire``: seconds since the Unix epoch).
+        Raises:
+            ValueError for a bad name, cron expression, time zone, interval or priority;
+            SerializationError for the payload; ScheduleFileError for a damaged schedule file.
+        """
+        return self._scheduler().add(name, payload, cron=cron, every=every, tz=tz, priority=priority,
+                                     max_attempts=max_attempts)
+
+    def schedules(self) -> list[Any]:
+        """The periodic jobs of this queue (:class:`ringq.schedule.Schedule`), oldest first."""
+        return self._scheduler().list()
+
+    def unschedule(self, name: str) -> None:
+        """Delete the periodic job ``name`` (jobs it already enqueued stay).
+
+        Raises:
+            ScheduleNotFoundError (a KeyError) if there is none.
+        """
+        self._scheduler().remove(name)
+
+    def run_schedules(self) -> list[Job]:
+        """Enqueue the job of every periodic job whose tick is due; returns those enqueued.
+
+        ``Worker`` calls this itself; scripts without a worker call it now and then (at the latest
+        by :meth:`next_schedule_fire`).  Safe to call from any number of processes at once.
+        """
+        self._live()
+        return self._scheduler().run_due()
+
+    def next_schedule_fire(self) -> float | None:
+        """Seconds until the earliest tick of any periodic job (<= 0: due now), or None if there
+        are none.  Cheap: one read of shared memory."""
+        self._live()
+        return self._scheduler().due_in()
+
 
     # -- limits (ringq/limits.py) --------------------------------------------------------------------
 

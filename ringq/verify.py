@@ -14,6 +14,7 @@ recovery repairs by itself (records published beyond a stale tail, counters behi
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -140,6 +141,11 @@ def _preview(codec_id: int, payload: bytes) -> str:
             text = f"ndarray dtype={arr.dtype.str} shape={list(arr.shape)}"
         except SerializationError as exc:
             text = f"undecodable array: {exc}"
+    elif codec_id == codec.MIXED:
+        try:
+            text = "mixed " + json.dumps(codec.jsonable(codec.decode(codec_id, payload)), default=str)
+        except SerializationError as exc:
+            text = f"undecodable mixed payload: {exc}"
     else:
         text = f"codec {codec_id}, {len(payload)} bytes"
     return text if len(text) <= PREVIEW else text[: PREVIEW - 3] + "..."

@@ -10,6 +10,7 @@ must never share its parent's lock or owner identity) with ``concurrency`` threa
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import os
 import signal
@@ -91,6 +92,11 @@ class Worker:
         progress: show live progress (done, failed, rate) on stderr: True, False, or None (the
             default) for "when stderr is a terminal".  Needs ``ringq[progress]`` (rich).
 
+    Periodic jobs (:meth:`ringq.Queue.schedule`) are fired by every Worker of a local queue: each
+    lease-loop iteration reads the earliest next tick (one load from shared memory), fires what is
+    due, and waits for a lease no longer than until the next tick.  However many workers serve
+    the queue, each tick enqueues one job (docs/schedules.md).
+
     Raises:
         ValueError: concurrency < 1, processes < 0, heartbeat <= 0, max_restarts < 0.
     """
@@ -147,6 +153,9 @@ class Worker:
         self._rows: tuple[Any, list[str]] | None = None  # processes mode: the children's shared counters
         # Called after each handler returns or raises, with ("succeeded" | "failed", seconds).
         self.observers: list[Callable[[str, float], None]] = []
+        # Periodic jobs (docs/schedules.md): fired from the lease loop of a local queue.
+        self._schedules = callable(getattr(queue, "run_schedules", None))
+        self._schedule_error_logged = -math.inf
 
     def stop(self) -> None:
         """Ask the worker to finish in-flight handlers, ack them, and return from ``run()``."""
@@ -205,7 +214,8 @@ class Worker:
                 self._stop.set()
                 return
             try:
-                job = self.queue.lease_one(wait=self.poll_interval)
+                wait = self._fire_schedules() if self._schedules else self.poll_interval
+                job = self.queue.lease_one(wait=wait)
             except QueueClosedError:
                 self._unreserve()
                 self._stop.set()
@@ -222,6 +232,25 @@ class Worker:
                 continue
             self.stats.add(leased=1)
             self._run_one(job)
+
+    def _fire_schedules(self) -> float:
+        """Fire due periodic jobs; returns how long the next lease may wait (seconds): the poll
+        interval, cut short by the next tick.  A failure is logged (once a minute) and retried on
+        the next iteration; jobs keep being served meanwhile."""
+        try:
+            due = self.queue.next_schedule_fire()  # one read of shared memory
+            if due is not None and due <= 0:
+                self.queue.run_schedules()
+                due = self.queue.next_schedule_fire()
+        except QueueClosedError:
+            raise
+        except Exception:
+            now = time.monotonic()
+            if now - self._schedule_error_logged > 60:
+                self._schedule_error_logged = now
+                log.exception("periodic jobs could not be fired")
+            return self.poll_interval
+        return self.poll_interval if due is None else min(self.poll_interval, max(due, 0.0) + 0.001)
 
     def _idle_for(self) -> float:
         """Seconds since a handler last started or finished; 0 while any handler runs."""

@@ -260,7 +260,8 @@ def test_bytes_and_arrays_round_trip_exactly(q):
         {1, 2},
         float("nan"),
         math.inf,
-        {"k": b"bytes inside json"},
+        {"k": [1, {"set inside"}]},
+        {"k": np.array([object()]), "b": b"bytes"},
         "\ud800 lone surrogate",
         np.array([object()]),
     ],
@@ -272,6 +273,15 @@ def test_unserialisable_payload_writes_nothing_and_queue_stays_usable(q, bad):
     assert q.stats().total == 1
     q.enqueue("after")
     assert [j.payload for j in drain(q)] == ["before", "after"]
+
+
+def test_mixed_payloads_round_trip(q):
+    arr = np.arange(6, dtype=">i4").reshape(2, 3)
+    q.enqueue({"image": arr, "meta": {"raw": b"\x00\xff", "n": np.uint8(7), "s": "text"}})
+    (job,) = drain(q)
+    p = job.payload
+    assert p["image"].dtype.str == ">i4" and p["image"].shape == (2, 3) and p["image"].tolist() == arr.tolist()
+    assert p["meta"] == {"raw": b"\x00\xff", "n": 7, "s": "text"} and type(p["meta"]["n"]) is np.uint8
 
 
 def test_idempotent_job_ids(q):

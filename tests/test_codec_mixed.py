@@ -1,0 +1,230 @@
+"""Mixed payloads: dicts and lists holding arrays, numpy scalars and bytes round-trip exactly."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from ringq import Queue, codec
+from ringq.errors import SerializationError
+
+# numpy's float64, str_ and bytes_ are subclasses of Python float, str and bytes and come back as
+# those (docs: codec.encode); every other numpy scalar keeps its type.
+_PYTHON_SUBCLASSES = (np.float64, np.str_, np.bytes_)
+
+
+def expected(value):
+    """What decode(encode(value)) must give."""
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, np.float64):
+        return float(value)
+    if isinstance(value, np.str_):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: expected(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [expected(v) for v in value]
+    return value
+
+
+def same(a, b) -> bool:
+    """Exact equality: types, dtypes (byte order, fields), shapes and bytes."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, np.ndarray):
+        return (
+            a.dtype == b.dtype
+            and a.dtype.str == b.dtype.str
+            and a.shape == b.shape
+            and a.tobytes() == b.tobytes()
+        )
+    if isinstance(a, np.generic):
+        return a.dtype == b.dtype and a.dtype.str == b.dtype.str and a.tobytes() == b.tobytes()
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float):
+        return a == b and math.copysign(1, a) == math.copysign(1, b)
+    return a == b
+
+
+def round_trip(value):
+    kind, data = codec.encode(value)
+    return kind, codec.decode(kind, data), codec.decode(kind, bytearray(data))
+
+
+DTYPES = st.one_of(
+    hnp.scalar_dtypes(),
+    hnp.byte_string_dtypes(),
+    hnp.unicode_string_dtypes(),
+    hnp.integer_dtypes(endianness="="),
+    hnp.integer_dtypes(endianness=">"),
+    hnp.floating_dtypes(endianness=">"),
+    hnp.array_dtypes(allow_subarrays=True),  # structured, with subarray fields
+)
+ARRAYS = DTYPES.flatmap(
+    lambda dt: hnp.arrays(dt, hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4))
+)
+SCALARS = (
+    hnp.from_dtype(np.dtype("i1"))
+    | hnp.from_dtype(np.dtype(">u8"))
+    | hnp.from_dtype(np.dtype("f4"))
+    | hnp.from_dtype(np.dtype("c16"))
+    | hnp.from_dtype(np.dtype("?"))
+    | hnp.from_dtype(np.dtype("M8[s]"))
+    | hnp.from_dtype(np.dtype("f8"), allow_nan=False, allow_infinity=False)
+)
+JSON_LEAVES = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text()
+)
+LEAVES = JSON_LEAVES | st.binary(max_size=40) | ARRAYS | SCALARS
+KEYS = st.text(max_size=6) | st.sampled_from(["$a", "$b", "$s", "$d", "$", "$x"])
+TREES = st.recursive(
+    LEAVES,
+    lambda kids: (
+        st.lists(kids, max_size=4) | st.tuples(kids, kids) | st.dictionaries(KEYS, kids, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(TREES)
+def test_nested_payloads_round_trip_exactly(value):
+    _kind, out, out2 = round_trip(value)
+    want = expected(value)
+    assert same(out, want), (value, out)
+    assert same(out2, want)
+
+
+def test_image_with_metadata():
+    image = np.arange(2 * 3 * 4, dtype=">u2").reshape(2, 3, 4)
+    payload = {
+        "image": image,
+        "meta": {
+            "name": "cat.png",
+            "size": [2, 3],
+            "raw": b"\x00\xff",
+            "gain": np.float32(1.5),
+            "ok": np.bool_(True),
+            "text": "\x00\xff",
+        },
+    }
+    kind, out, _ = round_trip(payload)
+    assert kind == codec.MIXED
+    assert out["image"].dtype.str == ">u2" and out["image"].shape == (2, 3, 4)
+    np.testing.assert_array_equal(out["image"], image)
+    assert out["meta"]["raw"] == b"\x00\xff" and type(out["meta"]["raw"]) is bytes
+    assert out["meta"]["text"] == "\x00\xff" and type(out["meta"]["text"]) is str
+    assert type(out["meta"]["gain"]) is np.float32 and type(out["meta"]["ok"]) is np.bool_
+    out["image"][0, 0, 0] = 7  # decoded arrays are writable
+
+
+def test_structured_array_and_scalar_inside_a_list():
+    dt = np.dtype([("x", "<f4"), ("name", "S5"), ("v", ">i2", (2,))])
+    arr = np.array([(1.5, b"ab", [1, 2]), (2.5, b"cd", [3, 4])], dtype=dt)
+    _kind, out, _ = round_trip([arr, arr[1], {"zero_d": np.array(5, dtype="<i8")}])
+    assert out[0].dtype == dt and out[0].tobytes() == arr.tobytes()
+    assert type(out[1]) is np.void and out[1].tobytes() == arr[1].tobytes()
+    assert type(out[2]["zero_d"]) is np.ndarray and out[2]["zero_d"].shape == ()
+
+
+def test_dicts_that_look_like_tags_stay_dicts():
+    for d in ({"$a": [0, 1, "<i4", [1]]}, {"$b": [0, 0]}, {"$d": {"$b": 1}}, {"$zzz": 1}):
+        _kind, out, _ = round_trip({"arr": np.zeros(1), "user": d})
+        assert out["user"] == d
+
+
+def test_plain_json_payloads_keep_the_json_codec():
+    for value in ({"n": 1, "kind": "resize"}, [1, "a", None], "text", 3, np.float64(1.5)):
+        assert codec.encode(value)[0] == codec.JSON
+    assert codec.encode(b"ab")[0] == codec.BYTES
+    assert codec.encode(np.zeros(3))[0] == codec.NDARRAY
+    assert codec.encode({"b": b"ab"})[0] == codec.MIXED
+    assert codec.encode(np.int64(3))[0] == codec.MIXED
+
+
+@pytest.mark.parametrize(
+    "payload, where",
+    [
+        ({"a": np.zeros(1), "s": {1, 2}}, "payload['s'] is of type set"),
+        ({"s": [1, {2}]}, "payload['s'][1] is of type set"),
+        ({"o": np.array([None, 1], dtype=object)}, "payload['o'] is a numpy array of dtype object"),
+        ([b"x", object()], "payload[1] is of type object"),
+        ({"a": np.zeros(1), (1, 2): 3}, "has a key of type tuple"),
+        ({"a": np.zeros(1), "f": float("nan")}, "Out of range float"),
+    ],
+)
+def test_what_cannot_be_encoded_is_a_serialization_error(payload, where):
+    with pytest.raises(SerializationError, match=r".*" + __import__("re").escape(where)):
+        codec.encode(payload)
+
+
+def test_a_cycle_is_a_serialization_error():
+    d: dict = {"a": np.zeros(1)}
+    d["self"] = d
+    with pytest.raises(SerializationError, match="circular"):
+        codec.encode(d)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\x05\x00\x00\x00{}",  # tree longer than the record
+        b'\x10\x00\x00\x00{"$a":[0,8,"<f8",[1]]}',  # (truncated tree)
+        b'\x17\x00\x00\x00{"$a":[0,80,"<f8",[10]]}',  # block outside the record
+        b'\x16\x00\x00\x00{"$a":[0,8,"|O",[1]]}\0\0\0\0\0\0\0\0',  # object dtype
+        b'\x0e\x00\x00\x00{"$q":[0,0]}  ',  # unknown tag
+        b'\x16\x00\x00\x00{"$a":[0,8,"<f8",[2]]}\0\0\0\0\0\0\0\0',  # length does not match the shape
+    ],
+)
+def test_damaged_mixed_payloads_are_serialization_errors(data):
+    with pytest.raises(SerializationError):
+        codec.decode(codec.MIXED, data)
+
+
+def test_mixed_payload_through_a_queue_and_another_process(tmp_path):
+    import subprocess
+    import sys
+
+    from procs import child_env
+
+    q = Queue(tmp_path)
+    arr = np.linspace(0, 1, 7, dtype=">f4")
+    q.enqueue(
+        {"image": arr, "meta": {"id": 7, "blob": b"\x01\x02", "k": np.uint16(9)}}, job_id="m1"
+    )
+    code = (
+        "import sys, numpy as np; from ringq import Queue\n"
+        "j = Queue(sys.argv[1]).lease_one()\n"
+        "p = j.payload\n"
+        "assert p['image'].dtype.str == '>f4' and p['image'].shape == (7,), p\n"
+        "assert p['meta'] == {'id': 7, 'blob': b'\\x01\\x02', 'k': np.uint16(9)} and type(p['meta']['k']) is np.uint16\n"
+        "print('ok', j.id)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok m1"
+    assert q.get("m1").to_dict()["payload"] == {
+        "image": {"$ndarray": {"dtype": ">f4", "shape": [7]}},
+        "meta": {"id": 7, "blob": {"$bytes": 2}, "k": {"$scalar": {"dtype": "<u2", "value": "9"}}},
+    }

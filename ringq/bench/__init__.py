@@ -123,7 +123,7 @@ def _loadavg() -> str:
 
 
 def environment(scratch: str) -> dict[str, Any]:
-    from .ring import fs_type
+    from ..ring import fs_type
 
     cpu = ""
     with contextlib.suppress(OSError):
@@ -137,7 +137,7 @@ def environment(scratch: str) -> dict[str, Any]:
         except md.PackageNotFoundError:
             versions[pkg] = None
     if versions["ringq"] is None:  # run from a source checkout
-        from . import __version__
+        from .. import __version__
 
         versions["ringq"] = f"{__version__} (source)"
     import sqlite3
@@ -268,7 +268,7 @@ class _RingqAdapter:
 
 
 def _open_ringq(path: str, durability: str, **kw: Any):
-    from .queue import Queue
+    from ..queue import Queue
 
     return Queue(path, durability=durability, **kw)
 
@@ -293,7 +293,7 @@ def _contestants(kind: str, scratch: str, sz: Sizes, stack: contextlib.ExitStack
     else:
         out += [(f"ringq {d}", d in DURABLE, (lambda d: lambda p: _RingqAdapter(p, d))(d)) for d in STRATEGIES]  # noqa: B023
     if with_peers:
-        from . import _bench_peers as bp
+        from . import peers as bp
 
         for peer in bp.PEERS:
             why = peer.missing()
@@ -426,7 +426,7 @@ def producer_processes(scratch: str, sz: Sizes, log: Callable[[str], None]) -> l
                 secs[k] += t
         for k in keys:
             q = _open_ringq(paths[k], "none")
-            nsync = q._ring.sync_count()
+            nsync = q.sync_counters()["queue_append_syncs"]
             q.close()
             jobs = len(lat[k]) * (BATCH if mode == "many" else 1)
             row = _lat_row("processes", f"ringq {k[0]}", variant, k[0] in DURABLE, lat[k], jobs, secs[k], k[1],
@@ -499,7 +499,7 @@ def _fan_ringq(scratch: str, n: int) -> list[int]:
 def _futex_page(path: str):
     import mmap
 
-    from ._native import ffi
+    from .._native import ffi
 
     fd = os.open(path, os.O_RDWR)
     mm = mmap.mmap(fd, 4096)
@@ -509,7 +509,7 @@ def _futex_page(path: str):
 
 
 def _fan_futex_consumer(path: str, n: int, ready, out) -> None:
-    from ._native import lib
+    from .._native import lib
 
     _mm, ptr, word, stamp = _futex_page(path)
     lat = []
@@ -528,7 +528,7 @@ def _fan_futex_consumer(path: str, n: int, ready, out) -> None:
 
 
 def _fan_futex(scratch: str, n: int) -> list[int]:
-    from ._native import ffi, lib
+    from .._native import ffi, lib
 
     path = os.path.join(scratch, "futex.page")
     with open(path, "wb") as fh:
@@ -605,7 +605,7 @@ def _rss() -> dict[str, int]:
 def _child_cold(system: str, path: str) -> dict[str, Any]:
     """In a fresh process: open the queue, lease one job; time, peak RSS, RSS growth, stats()."""
     if system == "ringq":
-        from .queue import Queue as Q
+        from ..queue import Queue as Q
     else:
         Q = importlib.import_module("nobroker").Queue
     import gc

@@ -1,0 +1,40 @@
+"""The settings a :class:`ringq.Queue` was opened with, frozen, so they can be handed on whole."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .backoff import BackoffPolicy
+
+__all__ = ["QueueOptions"]
+
+
+@dataclass(frozen=True)
+class QueueOptions:
+    """Every setting of an open queue (``Queue.options``); the meaning of each is the Queue
+    argument of the same name.  ``state_flush_interval`` is the resolved value (None: off).
+
+    ``Queue(path, name, **opts.to_kwargs())`` opens the same queue with the same settings; this is
+    how ``Worker(processes=N)`` configures its children.
+    """
+
+    durability: str = "msync"
+    flush_interval: float = 0.05
+    sync_acks: bool = False
+    state_flush_interval: float | None = 1.0
+    visibility_timeout: float = 30.0
+    max_attempts: int = 5
+    backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
+    lock_timeout: float = 10.0
+    slot_size: int = 256
+    slot_count: int = 16384
+    mode: int = 0o600
+    allow_network_fs: bool = False
+    allow_foreign: bool = False
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The settings as Queue keyword arguments."""
+        out = asdict(self)
+        out["backoff"] = self.backoff  # the policy object itself, not a dict of its fields
+        return out

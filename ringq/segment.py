@@ -1,7 +1,7 @@
 """Segment and control files: creation, validation, mapping.  Byte layouts: ``docs/format.md``.
 
-A segment is created whole (``posix_fallocate``, then zero-filled so that later msyncs never have to
-convert unwritten extents), its header written and fsynced, and only then renamed to its final
+A segment is created whole (``posix_fallocate``, then zero-filled page by page so that later msyncs
+never have to convert unwritten extents, and write back only the pages an append changed), its header written and fsynced, and only then renamed to its final
 name and the directory fsynced: a crash at any point leaves either no segment or a complete empty
 one.  A file is validated from ``pread`` bytes *before* it is mapped, and only the length its
 header declares -- checked against the file's real size -- is ever mapped, so a truncated or
@@ -27,6 +27,11 @@ PAGE = 4096
 FORMAT_VERSION = 1
 SEG_MAGIC = 0x3147455351474E52  # b"RNGQSEG1"
 MAX_SLOT_SIZE = 1 << 20
+# Bytes per write of the zero fill.  The page cache keeps a file in folios as large as the writes
+# that filled it, and a store through a writable mapping dirties its whole folio: with 1 MiB fill
+# writes every msync after an append wrote about 1 MiB (benchmarks/pagecost.c, docs/benchmarks.md).
+# Page-sized fill writes keep each sync to the pages actually changed.
+FILL_WRITE = 4096
 MAX_SLOT_COUNT = 1 << 24  # slot numbers must fit the 24 bits of a ``supersedes`` reference
 
 # Segment header, static part (CRC-covered): magic, version, header size, seq, slot size, slot
@@ -88,10 +93,10 @@ class Segment(Mapped):
         try:
             try:
                 os.posix_fallocate(fd, 0, size)
-                zeros = bytes(1 << 20)
+                zeros = bytes(FILL_WRITE)
                 done = 0
                 while done < size:
-                    done += os.pwrite(fd, zeros[: min(len(zeros), size - done)], done)
+                    done += os.pwrite(fd, zeros[: min(FILL_WRITE, size - done)], done)
             except OSError as exc:
                 if exc.errno in (28, 27, 122):  # ENOSPC, EFBIG, EDQUOT
                     raise QueueFullError(

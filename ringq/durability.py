@@ -43,7 +43,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING
 
-from . import forksafe
+from . import ackjournal, forksafe
 from .control import OFF_SYNC_COUNT, OFF_SYNC_GEN, OFF_SYNCED
 from .segment import Segment
 from .words import SLOT_BITS, SLOT_MASK, position
@@ -148,24 +148,10 @@ class Strategy:
         """
         self._sync_touched(touched)
 
-    def note_state(self, seg: Segment, slot: int, final: bool = True) -> None:
-        """A state word of ``seg`` was changed by this process.
-
-        ``final`` is True for an ack or nack (the outcome of a lease), False for a lease or an
-        extend: losing one of those to a power loss only returns the job to READY sooner, which
-        at-least-once allows, so ``sync_acks`` does not pay a sync for them.  Under ``sync_acks``
-        an outcome is made durable by :meth:`sync_acks_now`, which the caller runs before it
-        returns (after its locks are released: a batch of acks shares one sync).
-        """
-        if self.sync_acks and final:
-            pend = self._acks.pending
-            rng = pend.get(seg.seq)
-            if rng is None:
-                pend[seg.seq] = [seg, slot, slot + 1]
-            else:
-                rng[1] = min(rng[1], slot)
-                rng[2] = max(rng[2], slot + 1)
-            return
+    def note_state(self, seg: Segment, slot: int, final: bool = False) -> None:
+        """A lease or an extend of this process changed a state word of ``seg``: flush it within
+        ``state_flush_interval``.  Losing one to a power loss only returns the job to READY sooner,
+        which at-least-once allows, so it is never synced on its own."""
         if self.state_flush_interval is None:
             return
         self._forked()
@@ -174,22 +160,30 @@ class Strategy:
                 self._dirty_state.add(seg.seq)
             self._ensure_flusher()
 
-    def note_ack(self, seg: Segment, slot: int) -> None:
-        """An ack or nack of this thread changed the state word of ``slot``."""
-        self.note_state(seg, slot, True)
+    def note_ack(self, seg: Segment, slot: int, word: int) -> None:
+        """An ack or nack of this thread wrote state word ``word`` into ``slot``.  Under
+        ``sync_acks`` it is journaled (ringq/ackjournal.py) by :meth:`sync_acks_now`, which the
+        caller runs before it returns, after its locks are released: a batch shares one sync."""
+        if self.sync_acks:
+            pend = self._acks.pending
+            item = pend.get(seg.seq)
+            if item is None:
+                pend[seg.seq] = (seg, [(slot, word)])
+            else:
+                item[1].append((slot, word))
+        self.note_state(seg, slot)
 
     def sync_acks_now(self) -> None:
         """Make the acks and nacks this thread noted since its last call durable (``sync_acks``):
-        one msync per segment, from the first state word changed to the last."""
+        one journal write and one fdatasync per segment."""
         pend = self._acks.pending
         if not pend:
             return
         self._acks.pending = {}
-        with self.ring.segs.maplock:
-            for seg, lo, hi in pend.values():
-                if seg.mm is not None:
-                    off = seg.state_off_of(lo)
-                    seg.msync(off, seg.state_off_of(hi) - off)
+        ring = self.ring
+        for seg, entries in pend.values():
+            if seg.mm is not None:
+                ackjournal.append(seg, entries, ring.lock, ring.mode)
         self.state_syncs += 1
 
     def counters(self) -> dict[str, int]:

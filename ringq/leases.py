@@ -134,10 +134,11 @@ class Leases:
             if state(w) == ST_DONE and (token is None or lease_count(w) == token):
                 return None  # a repeated ack; a stale holder's ack of a job done by another is refused below
             transitions.require_lease(w, job_id, token, "ack")
-            ok, w = seg.cas_state(slot, w, transitions.acked(w, now_ms() - seg.epoch_ms))
+            done = transitions.acked(w, now_ms() - seg.epoch_ms)
+            ok, w = seg.cas_state(slot, w, done)
             if ok:
                 break
-        self.ring.dur.note_ack(seg, slot)
+        self.ring.dur.note_ack(seg, slot, done)
         self.ring.ctl.count("acked")
         self.owners.held.pop((seg.seq, slot), None)
         self.ring.segs.note_finished(seg)
@@ -171,7 +172,7 @@ class Leases:
                 break
             transitions.require_lease(w2, job_id, token, "nack")
             w = w2
-        self.ring.dur.note_ack(seg, slot)
+        self.ring.dur.note_ack(seg, slot, new)
         self.owners.held.pop((seg.seq, slot), None)
         if dead:
             self.ring.ctl.count("dead")

@@ -15,10 +15,12 @@ points; tests/test_crash_*.py enumerate them.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import ackjournal
 from ._native import ffi, lib
 from .control import Control
 from .errors import CorruptionError, FormatVersionError
@@ -61,6 +63,8 @@ class RecoveryReport:
             ``(segment path, slot, reason)``.
         readopted: records published beyond a stale tail and taken back, as ``(segment path, count)``.
         removed_temp: leftover temporary files of an interrupted segment creation that were removed.
+        replayed: journaled acks and nacks (``sync_acks``) whose state words were lost and were
+            applied again, as ``(segment path, count)``.
         repairs: impossible values (a tail word, a retired flag, a control-file field) that
             recovery replaced by what the records say, as ``(path, what was done)``.
         quarantined_earlier: ``*.quarantined`` files of this queue left by an earlier open, still
@@ -70,6 +74,7 @@ class RecoveryReport:
     quarantined: list[tuple[str, str]] = field(default_factory=list)
     corrupt_records: list[tuple[str, int, str]] = field(default_factory=list)
     readopted: list[tuple[str, int]] = field(default_factory=list)
+    replayed: list[tuple[str, int]] = field(default_factory=list)
     removed_temp: list[str] = field(default_factory=list)
     repairs: list[tuple[str, str]] = field(default_factory=list)
     quarantined_earlier: list[str] = field(default_factory=list)
@@ -96,6 +101,8 @@ class RecoveryReport:
         notes = []
         if self.readopted:
             notes.append(f"{sum(n for _p, n in self.readopted)} record(s) re-adopted")
+        if self.replayed:
+            notes.append(f"{sum(n for _p, n in self.replayed)} journaled ack(s) replayed")
         if self.removed_temp:
             notes.append(f"{len(self.removed_temp)} temporary file(s) removed")
         if self.quarantined_earlier:
@@ -175,9 +182,13 @@ def recover_segments(segs: SegmentSet, mode: int, report: RecoveryReport) -> lis
     """
     ctl = segs.ctl
     seqs = []
+    journals = []
     salvage: list[Salvage] = []
     for entry in os.scandir(segs.dir):
         fname = entry.name
+        if fname.startswith(segs.name + ".") and fname.endswith(".acks"):
+            journals.append(entry.path)
+            continue
         if fname.startswith(segs.name + ".") and fname.endswith(".quarantined"):
             report.quarantined_earlier.append(entry.path)
             continue
@@ -225,7 +236,18 @@ def recover_segments(segs: SegmentSet, mode: int, report: RecoveryReport) -> lis
     # syncs) the full one's tail, so a crash or a power loss can leave published records beyond the
     # stored tail of a segment that is no longer the newest; sealing it unrepaired would hide them.
     for seg in segs.ordered():
-        repair_tail(seg, report)
+        applied = ackjournal.replay(seg, repair_tail(seg, report))
+        if applied:
+            report.replayed.append((seg.path, applied))
+    for path in journals:
+        # A journal whose segment is gone: the segment retired (every job finished) and a late
+        # ack created the journal again.  Nothing in it can matter.
+        seq = path[len(os.path.join(segs.dir, segs.name)) + 1 : -len(".acks")]
+        if not (re.fullmatch(r"[0-9a-f]{16}", seq) and int(seq, 16) in segs):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
     for seq in live[:-1]:
         seg = segs.get(seq)
         if not seg.sealed():

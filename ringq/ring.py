@@ -350,9 +350,9 @@ class Ring:
             self.segs.try_retire(seg)
         return new
 
-    def note_state(self, seg: Segment, slot: int, final: bool) -> None:
-        """This process changed the state word of ``slot``: let the durability strategy sync it now
-        (``sync_acks`` and ``final``: an ack or nack) or within ``state_flush_interval``."""
+    def note_state(self, seg: Segment, slot: int, final: bool = False) -> None:
+        """A lease or extend of this process changed the state word of ``slot``: the durability
+        strategy flushes it within ``state_flush_interval`` (acks and nacks: ``dur.note_ack``)."""
         self.dur.note_state(seg, slot, final)
 
     def note_returned(self, seg: Segment) -> None:

@@ -47,6 +47,8 @@ OFF_RETIRED = 144  # u32: 1 once retirement began (the file is about to be unlin
 OFF_FINISHED = 152  # u64: records that reached DONE or GONE
 OFF_NRECORDS = 160  # u64: records published (heads below the tail)
 OFF_LAST_SEQ = 168  # u64: seq of the last record published here
+OFF_JTAIL = 176  # u64: bytes of the ack journal reserved by writers (ringq/ackjournal.py)
+OFF_JSIZE = 184  # u64: bytes of the ack journal zero-filled so far
 
 
 def segment_name(name: str, seq: int) -> str:

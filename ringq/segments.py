@@ -54,6 +54,9 @@ class SegmentSet:
     def err_path(self, seq: int) -> str:
         return os.path.join(self.dir, f"{self.name}.{seq:016x}.err")
 
+    def acks_path(self, seq: int) -> str:
+        return os.path.join(self.dir, f"{self.name}.{seq:016x}.acks")
+
     def listed_seqs(self) -> list[int]:
         """Seqs of this queue's segment files in the directory now."""
         out = []
@@ -207,8 +210,8 @@ class SegmentSet:
         return n
 
     def unlink(self, seq: int) -> None:
-        """Remove segment ``seq``'s files (segment, error side file) and make that durable."""
-        for p in (self.path(seq), self.err_path(seq)):
+        """Remove segment ``seq``'s files (segment, error side file, ack journal) durably."""
+        for p in (self.path(seq), self.err_path(seq), self.acks_path(seq)):
             try:
                 os.unlink(p)
             except FileNotFoundError:

@@ -193,13 +193,8 @@ class Queue:
             lock_timeout=lock_timeout, mode=mode, allow_network_fs=allow_network_fs,
         )
         self.durability = durability
-        self.options = QueueOptions(
-            durability=durability, flush_interval=float(flush_interval), sync_acks=bool(sync_acks),
-            state_flush_interval=self._ring.dur.state_flush_interval, visibility_timeout=self.visibility_timeout,
-            max_attempts=max_attempts, backoff=self.backoff, lock_timeout=lock_timeout,
-            slot_size=self._ring.ctl.slot_size, slot_count=self._ring.ctl.slot_count, mode=mode,
-            allow_network_fs=allow_network_fs, allow_foreign=allow_foreign,
-        )
+        self.options = QueueOptions.of_queue(self, self._ring, flush_interval, sync_acks, lock_timeout, mode,
+                                             allow_network_fs, allow_foreign)
         self._owners = OwnerRegistry(os.path.join(self.path, f"{name}.owners"), mode)
         self._lock = threading.RLock()
         self._closed = False
@@ -252,20 +247,16 @@ class Queue:
             raise QueueClosedError(f"queue {self.name!r} in {self.path} is closed")
 
     def sync_counters(self) -> dict[str, int]:
-        """Durability counters, for tests and tools: ``append_syncs``, ``covered`` (appends that
-        returned on another producer's sync), ``state_syncs`` (syncs of state changes and acks),
-        ``pending`` (appends and state tables this process has not synced yet), ``flusher`` (1 while
-        this process's flusher thread runs) -- all this process's -- and ``queue_append_syncs``
-        (append syncs by every process since the queue was created)."""
+        """Durability counters (for tests and tools): this process's ``append_syncs``, ``covered``
+        (appends another producer's sync covered), ``state_syncs``, ``pending`` and ``flusher``
+        (1 while its flusher runs), and ``queue_append_syncs`` by every process since creation."""
         self._live()
         return {**self._ring.dur.counters(), "queue_append_syncs": self._ring.ctl.sync_count()}
 
     def introspect(self) -> dict[str, Any]:
-        """A read-only snapshot of the engine's shared words, for tests and tools: ``tail_segment``,
-        ``next_seq``, ``slot_size``, ``slot_count``, ``lock_waiters``, ``synced_position`` (group
-        commit's watermark), ``segments`` (seq -> ``{"tail", "records", "sealed", "retired"}``
-        of the segments this process has mapped) and ``known_ids`` (explicit job ids this
-        process's reader index remembers)."""
+        """Read-only engine words (for tests and tools): ``tail_segment``, ``next_seq``,
+        ``slot_size``, ``slot_count``, ``lock_waiters``, ``synced_position``, ``segments`` (seq ->
+        tail, records, sealed, retired) and ``known_ids`` (ids this process's index remembers)."""
         self._live()
         with self._lock:
             self._refresh(relocate=False)

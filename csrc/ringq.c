@@ -23,6 +23,7 @@
 #include "ringq.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdatomic.h>
@@ -312,6 +313,10 @@ int ringq_owner_probe(int fd, uint32_t idx) {
  *   0 u32 magic  4 u32 crc  8 u32 record_len  12 u32 span  16 u64 seq  24 i64 enqueued_us
  *   32 i64 available_ms  40 i32 priority  44 u16 max_attempts  46 u16 attempts_before
  *   48 u16 id_len  50 u8 codec  51 u8 kind  52 u32 payload_len  56 u64 supersedes            */
+_Static_assert(sizeof(ringq_rec_header) == RINGQ_REC_HEADER, "record header size");
+_Static_assert(offsetof(ringq_rec_header, seq) == 16 && offsetof(ringq_rec_header, priority) == 40 &&
+               offsetof(ringq_rec_header, id_len) == 48 && offsetof(ringq_rec_header, payload_len) == 52 &&
+               offsetof(ringq_rec_header, supersedes) == 56, "record header offsets");
 static inline uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 static inline uint64_t rd64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }

@@ -4,7 +4,7 @@
  * (MAP_SHARED).  Every function that takes a mapping takes its base address *and* its length, and
  * checks every offset and length -- including the ones it reads out of the file itself -- before it
  * touches memory.  Nothing here allocates, and nothing here decides what a queue does; the Python
- * engine (ringq/ring.py) and queue (ringq/queue.py) own the policy.
+ * engine (ringq/ring.py and the modules under it) and the queue (ringq/queue.py) own the policy.
  *
  * Return convention (after LMDB): 0 or a positive count on success; a negative errno value (-EINTR,
  * -ENOSPC, ...) for an OS error; or one of the RINGQ_E* codes below, all of which lie in a reserved
@@ -61,6 +61,27 @@ typedef struct {
     uint32_t slot_size;  /* bytes per slot, a multiple of 64 */
     uint32_t slot_count; /* slots in the segment */
 } ringq_geom;
+
+/* The fixed header of a record (little-endian, RINGQ_REC_HEADER bytes, natural alignment, no padding;
+ * docs/format.md "record").  The Python side takes its layout from this declaration (cffi), so the
+ * format is written down once.  ringq.c checks the offsets at compile time. */
+typedef struct {
+    uint32_t magic;           /* RINGQ_REC_MAGIC */
+    uint32_t crc;             /* CRC32C of bytes 8..len, seeded with (seg_seq, slot) */
+    uint32_t record_len;      /* bytes of the record, header included */
+    uint32_t span;            /* slots it occupies */
+    uint64_t seq;             /* queue-wide enqueue sequence number */
+    int64_t  enqueued_us;     /* microseconds since the Unix epoch */
+    int64_t  available_ms;    /* initial available-at, milliseconds since the Unix epoch */
+    int32_t  priority;        /* higher leases first */
+    uint16_t max_attempts;    /* leases allowed before dead-lettering */
+    uint16_t attempts_before; /* attempts carried over from a superseded record */
+    uint16_t id_len;          /* bytes of explicit job id following the header */
+    uint8_t  codec;           /* payload codec (ringq/codec.py) */
+    uint8_t  kind;            /* 1 = job */
+    uint32_t payload_len;     /* bytes of payload following the id */
+    uint64_t supersedes;      /* (seg_seq << 24) | slot of the record this one replaces, or 0 */
+} ringq_rec_header;
 
 /* What ringq_rec_check / ringq_seg_scan learn about one record (static fields only). */
 typedef struct {

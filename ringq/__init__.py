@@ -40,7 +40,7 @@ from .errors import (
 )
 from .job import Job, JobState
 from .queue import CompactionResult, Queue, QueueStats
-from .ring import RecoveryReport
+from .recovery import RecoveryReport
 from .worker import Worker, WorkerStats
 
 __version__ = "0.1.0"

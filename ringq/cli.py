@@ -104,7 +104,7 @@ def _open(args: argparse.Namespace, *, create: bool = False, **kw: Any):
     """Open the queue of --dir/--queue; unless ``create``, refuse to conjure up a missing one."""
     from .connect import connect
     from .queue import Queue
-    from .ring import NAME_RE
+    from .segments import NAME_RE
     from .verify import queue_exists
 
     if not NAME_RE.match(args.queue):

@@ -22,8 +22,9 @@ import zlib
 
 import numpy as np
 
-from .job import ST_LEASED, JobState
+from .job import JobState
 from .queue import Queue
+from .verify import examine
 from .worker import Worker
 
 QUEUE = "files"
@@ -72,13 +73,8 @@ def _worker_main(qdir: str, ledger_dir: str, threads: int) -> None:
 
 def _leases_of(q: Queue, pid: int) -> int:
     """Leases currently recorded under process ``pid`` (owner word, for display and the kill)."""
-    n = 0
-    q.stats()  # refresh the view of segments
-    for view in q._views.values():
-        tbl = view.seg.states
-        leased = (tbl[:, 0] & np.uint64(7)) == ST_LEASED
-        n += int(np.count_nonzero(leased & ((tbl[:, 1] >> np.uint64(34)) == np.uint64(pid & 0x3FFFFFFF))))
-    return n
+    files = examine(str(q.path), q.name)
+    return sum(1 for seg in files.segments for rec in seg.records if rec.state == "leased" and rec.owner_pid == pid)
 
 
 def run(source: str | None = None, limit: int | None = None, workers: int | None = None, qdir: str | None = None,

@@ -43,17 +43,10 @@ import time
 import weakref
 from typing import TYPE_CHECKING
 
-from . import forksafe
-from ._native import lib
-from .segment import (
-    OFF_SEALED,
-    OFF_SYNC_COUNT,
-    OFF_SYNC_GEN,
-    OFF_SYNCED,
-    OFF_TAIL,
-    OFF_TAIL_SEG,
-    Segment,
-)
+from . import ackjournal, forksafe
+from .control import OFF_SYNC_COUNT, OFF_SYNC_GEN, OFF_SYNCED
+from .segment import Segment
+from .words import SLOT_BITS, SLOT_MASK, position
 
 if TYPE_CHECKING:  # pragma: no cover
     from .ring import Ring
@@ -70,14 +63,7 @@ __all__ = [
 STRATEGIES = ("none", "msync", "fdatasync", "group", "interval")
 DEFAULT_FLUSH_INTERVAL = 0.05  # seconds: the loss window of durability="interval"
 DEFAULT_STATE_FLUSH_INTERVAL = 1.0  # seconds: the loss window of unsynced state changes
-LEADER_WAIT_NS = 5_000_000  # a follower re-checks at least this often, in case its leader died
-SLOT_BITS = 24
-SLOT_MASK = (1 << SLOT_BITS) - 1
-
-
-def position(seg_seq: int, slot: int) -> int:
-    """The queue-wide position of ``slot`` in segment ``seg_seq``; positions order all slots."""
-    return (seg_seq << SLOT_BITS) | slot
+LEADER_WAIT = 0.005  # seconds: a follower re-checks at least this often, in case its leader died
 
 
 class Strategy:
@@ -117,6 +103,7 @@ class Strategy:
         self._dirty_state: set[int] = set()  # seg seqs whose state words this process changed
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
+        self._acks = _AckBatch()  # per thread: acks noted under sync_acks, not yet synced
 
     def _forked(self) -> bool:
         if self._pid != os.getpid():
@@ -137,10 +124,10 @@ class Strategy:
         seg.msync(start, seg.data_off + hi * seg.slot_size - start)
 
     def _sync_touched(self, touched: dict[int, list[int]]) -> None:
-        ring = self.ring
-        with ring.maplock:
+        segs = self.ring.segs
+        with segs.maplock:
             for seq, (lo, hi) in touched.items():
-                seg = ring.segments.get(seq)
+                seg = segs.get(seq)
                 if seg is not None and seg.mm is not None and hi > lo:
                     self.sync_slots(seg, lo, hi)
         self._count_sync()
@@ -161,20 +148,10 @@ class Strategy:
         """
         self._sync_touched(touched)
 
-    def note_state(self, seg: Segment, slot: int, final: bool = True) -> None:
-        """A state word of ``seg`` was changed by this process.
-
-        ``final`` is True for an ack or nack (the outcome of a lease), False for a lease or an
-        extend: losing one of those to a power loss only returns the job to READY sooner, which
-        at-least-once allows, so ``sync_acks`` does not pay a sync for them.
-        """
-        if self.sync_acks and final:
-            with self.ring.maplock:
-                if seg.mm is not None:
-                    off = seg.state_off_of(slot)
-                    seg.msync(off, 16)
-            self.state_syncs += 1
-            return
+    def note_state(self, seg: Segment, slot: int, final: bool = False) -> None:
+        """A lease or an extend of this process changed a state word of ``seg``: flush it within
+        ``state_flush_interval``.  Losing one to a power loss only returns the job to READY sooner,
+        which at-least-once allows, so it is never synced on its own."""
         if self.state_flush_interval is None:
             return
         self._forked()
@@ -182,6 +159,42 @@ class Strategy:
             with self._mutex:
                 self._dirty_state.add(seg.seq)
             self._ensure_flusher()
+
+    def note_ack(self, seg: Segment, slot: int, word: int) -> None:
+        """An ack or nack of this thread wrote state word ``word`` into ``slot``.  Under
+        ``sync_acks`` it is journaled (ringq/ackjournal.py) by :meth:`sync_acks_now`, which the
+        caller runs before it returns, after its locks are released: a batch shares one sync."""
+        if self.sync_acks:
+            pend = self._acks.pending
+            item = pend.get(seg.seq)
+            if item is None:
+                pend[seg.seq] = (seg, [(slot, word)])
+            else:
+                item[1].append((slot, word))
+        self.note_state(seg, slot)
+
+    def sync_acks_now(self) -> None:
+        """Make the acks and nacks this thread noted since its last call durable (``sync_acks``):
+        one journal write and one fdatasync per segment."""
+        pend = self._acks.pending
+        if not pend:
+            return
+        self._acks.pending = {}
+        ring = self.ring
+        for seg, entries in pend.values():
+            if seg.mm is not None:
+                ackjournal.append(seg, entries, ring.lock, ring.mode)
+        self.state_syncs += 1
+
+    def counters(self) -> dict[str, int]:
+        """This process's counters (see Queue.sync_counters)."""
+        return {"append_syncs": self.syncs, "covered": self.covered, "state_syncs": self.state_syncs,
+                "pending": len(self._pending) + len(self._dirty_state),
+                "flusher": int(self._flusher is not None and self._flusher.is_alive())}
+
+    def synced_position(self) -> int:
+        """Group commit's synced-up-to watermark (a position, ringq/words.py); 0 if never raised."""
+        return self.ring.ctl.load64(OFF_SYNCED)
 
     # -- the flusher ----------------------------------------------------------------------------
 
@@ -210,10 +223,10 @@ class Strategy:
         if pending:
             self._sync_touched(pending)
         if dirty:
-            ring = self.ring
-            with ring.maplock:
+            segs = self.ring.segs
+            with segs.maplock:
                 for seq in dirty:
-                    seg = ring.segments.get(seq)
+                    seg = segs.get(seq)
                     if seg is not None and seg.mm is not None:
                         seg.msync(seg.state_off, seg.data_off - seg.state_off)
             self.state_syncs += 1
@@ -225,6 +238,11 @@ class Strategy:
         if t is not None and t is not threading.current_thread() and self._pid == os.getpid():
             t.join(timeout=5.0)
         self.flush()
+
+
+class _AckBatch(threading.local):
+    def __init__(self) -> None:
+        self.pending: dict[int, list] = {}  # seg seq -> [segment, first slot, end slot]
 
 
 def _flusher_main(ref: weakref.ReferenceType[Strategy], stop: threading.Event, period: float) -> None:
@@ -305,9 +323,7 @@ class Group(Strategy):
             # Another producer is leading.  Sleep until it finishes (it bumps the generation), then
             # look again: its sync has likely covered us.  Bounded, in case the leader was killed
             # (the kernel then released its flock and somebody must take over).
-            rc = lib.ringq_futex_wait(ctl.ptr, ctl.size, OFF_SYNC_GEN, gen, LEADER_WAIT_NS)
-            if rc == lib.RINGQ_ENOFUTEX:
-                time.sleep(0.0001)
+            ctl.futex_wait(OFF_SYNC_GEN, gen, LEADER_WAIT)
 
     def _try_lead(self, end: int, contended: bool) -> bool:
         """Become the leader if nobody is: sync up to the tail, raise the watermark.  False if busy.
@@ -345,39 +361,38 @@ class Group(Strategy):
                 fcntl.flock(fd, fcntl.LOCK_UN)
             # After the unlock, so that a woken producer that is not covered can lead at once.
             ctl.add32(OFF_SYNC_GEN)
-            lib.ringq_futex_wake(ctl.ptr, ctl.size, OFF_SYNC_GEN, 0x7FFFFFFF)
+            ctl.futex_wake(OFF_SYNC_GEN)
             return True
         finally:
             self._leading.release()
 
     def _segment(self, seq: int) -> tuple[Segment | None, bool]:
         """``(segment, opened here)``: mapped by this process, or opened just for this sync."""
-        seg = self.ring.segments.get(seq)
+        seg = self.ring.segs.get(seq)
         if seg is not None:
             return seg, False
         try:
-            return Segment(self.ring.seg_path(seq)), True
+            return Segment(self.ring.segs.path(seq)), True
         except Exception:  # noqa: BLE001 - retired or quarantined meanwhile: nothing to sync there
             return None, False
 
     def _tail_position(self) -> int:
-        ctl = self.ring.ctl
-        seq = ctl.load64(OFF_TAIL_SEG)
+        seq = self.ring.ctl.tail_seq()
         seg, opened = self._segment(seq)
         if seg is None:
             return 0
         try:
-            return position(seq, min(seg.load32(OFF_TAIL), seg.slot_count))
+            return position(seq, seg.bounded_tail())
         finally:
             if opened:
                 seg.close()
 
     def _sync_between(self, lo_pos: int, hi_pos: int) -> None:
-        ring = self.ring
+        segs = self.ring.segs
         lo_seq, lo_slot = lo_pos >> SLOT_BITS, lo_pos & SLOT_MASK
         hi_seq, hi_slot = hi_pos >> SLOT_BITS, hi_pos & SLOT_MASK
-        first = min(ring.segments, default=hi_seq)
-        with ring.maplock:
+        first = min(segs.seqs(), default=hi_seq)
+        with segs.maplock:
             for seq in range(max(lo_seq, first), hi_seq + 1):
                 seg, opened = self._segment(seq)
                 if seg is None or seg.mm is None:
@@ -387,8 +402,8 @@ class Group(Strategy):
                     if seq == hi_seq:
                         hi = hi_slot
                     else:  # a sealed segment: its final tail, stored before the seal
-                        seg.load32(OFF_SEALED)
-                        hi = min(seg.load32(OFF_TAIL), seg.slot_count)
+                        seg.sealed()
+                        hi = seg.bounded_tail()
                     if hi > lo:
                         self.sync_slots(seg, lo, hi)
                 finally:

@@ -169,6 +169,13 @@ def _register_codes() -> None:
     )
 
 
+def futex_missing(rc: int) -> bool:
+    """True if a futex call of the C helper returned RINGQ_ENOFUTEX (the caller then polls)."""
+    if not _CODES:
+        _register_codes()
+    return _CODES.get(rc, (None, ""))[1] == "futex is not available"
+
+
 def check(rc: int, what: str) -> int:
     """Return ``rc`` if it is >= 0; otherwise raise the matching error, naming ``what``.
 

@@ -14,7 +14,8 @@ compare-and-swap through the C helper.  It packs everything that must change tog
 A lease is ``READY(n, t<=now) -> LEASED(n+1, deadline)``; an ack is ``LEASED(n) -> DONE(n)`` and
 succeeds only for the holder of token n.  Because claim, deadline and token change in one CAS there
 is never a moment where a job is leased without a deadline, and a stale holder can never complete
-somebody else's lease.  The transitions allowed are the table :data:`TRANSITIONS`.
+somebody else's lease.  The bits are defined in ringq/words.py; the transitions allowed are the
+table :data:`ringq.transitions.TRANSITIONS`, which every CAS consults.
 """
 
 from __future__ import annotations
@@ -24,44 +25,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .codec import jsonable
+from .transitions import TRANSITIONS
+from .words import ST_DEAD, ST_DONE, ST_LEASED, ST_READY
 
 __all__ = ["Job", "JobState", "TRANSITIONS"]
-
-ST_EMPTY, ST_READY, ST_LEASED, ST_DONE, ST_DEAD, ST_GONE, ST_CONT, ST_BAD = range(8)
-WHY_NONE, WHY_EXPIRED, WHY_DIED, WHY_PURGED = range(4)
-LC_BITS = 18
-LC_MASK = (1 << LC_BITS) - 1
-TIME_SHIFT = 24
-TIME_MAX = (1 << 40) - 1  # ms: about 34.8 years after a segment's epoch
-TERMINAL = (ST_DONE, ST_GONE)  # states that let a segment retire
-
-# (from, to) -> operation.  Anything not listed is refused.
-TRANSITIONS: dict[tuple[int, int], str] = {
-    (ST_EMPTY, ST_READY): "publish",
-    (ST_READY, ST_LEASED): "lease",
-    (ST_LEASED, ST_LEASED): "extend",
-    (ST_LEASED, ST_DONE): "ack",
-    (ST_LEASED, ST_READY): "nack / expire / holder died",
-    (ST_LEASED, ST_DEAD): "nack or expire with attempts exhausted",
-    (ST_DEAD, ST_GONE): "requeue (superseded) / purge",
-    (ST_READY, ST_GONE): "purge",
-    (ST_LEASED, ST_GONE): "purge",
-    (ST_BAD, ST_GONE): "purge",
-}
-
-
-def pack(state: int, why: int, lc: int, time_rel: int) -> int:
-    """Build a state word; ``time_rel`` is clamped to [0, TIME_MAX] ms."""
-    if time_rel < 0:
-        time_rel = 0
-    elif time_rel > TIME_MAX:
-        time_rel = TIME_MAX
-    return state | (why << 3) | ((lc & LC_MASK) << 6) | (time_rel << TIME_SHIFT)
-
-
-def unpack(word: int) -> tuple[int, int, int, int]:
-    """Split a state word into ``(state, reason, lease count, time ms since epoch)``."""
-    return word & 7, (word >> 3) & 3, (word >> 6) & LC_MASK, word >> TIME_SHIFT
 
 
 class JobState(str, enum.Enum):

@@ -47,8 +47,10 @@ from typing import Any
 from . import codec, errors, forksafe
 from ._native import lib
 from .errors import LimitError, LimitsFileError
-from .job import LC_MASK, ST_LEASED
-from .segment import Mapped, Segment, _open_nofollow, crc32c, fsync_dir
+from .mapped import Mapped, crc32c, fsync_dir
+from .mapped import open_nofollow as _open_nofollow
+from .segment import Segment
+from .words import LC_MASK, ST_LEASED
 
 __all__ = ["LimitGate", "LimitInfo", "MAX_LIMITS", "MAX_CONCURRENCY", "MAX_UNIQUE"]
 
@@ -746,3 +748,38 @@ class _Flock:
 
     def __exit__(self, *exc: object) -> None:
         fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+
+class LimitMethods:
+    """The limits part of :class:`ringq.Queue`'s API (a mixin: ``Queue`` owns ``_gate``)."""
+
+    _gate: LimitGate
+
+    def limit(self, name: str, *, concurrency: int | None = None, rate: tuple[int, float] | None = None,
+              burst: int | None = None) -> None:
+        """Set the limit of key ``name`` (or of every job of this queue, when ``name`` is the
+        queue's name), for every process on the host at once; it persists in ``<name>.limits``.
+
+        Args:
+            name: a job key (``enqueue(..., key=name)``) or this queue's name.
+            concurrency: most leases of such jobs held at once (1..4096).  A holder's slot is
+                freed by its ack or nack, or at once when its process dies.
+            rate: ``(count, per)``: ``count`` leases per ``per`` seconds, spaced evenly (a token
+                bucket, exact across processes): in any span of ``t`` seconds at most
+                ``burst + t * count / per`` leases.
+            burst: tokens the bucket holds when full: how many leases may start at once after
+                an idle spell (default: the tokens of 50 ms, at least 2, so that a consumer
+                woken a few ms late does not lose its token).
+            Neither ``concurrency`` nor ``rate``: remove the limit.
+        Raises:
+            LimitError: bad values, or all 64 limits of the queue in use.  LimitsFileError: the
+            limits file is damaged.  QueueClosedError.
+        """
+        self._live()  # type: ignore[attr-defined]
+        self._gate.set_limit(name, concurrency, rate, burst)
+        self.wake()  # type: ignore[attr-defined]  # a raised or removed limit may free held-back jobs
+
+    def limits(self) -> list[LimitInfo]:
+        """Every limit of this queue with its live use (``running`` leases, next token)."""
+        self._live()  # type: ignore[attr-defined]
+        return self._gate.describe()

@@ -19,7 +19,7 @@ import os
 
 from . import errors, forksafe
 from ._native import lib
-from .segment import _open_nofollow
+from .mapped import open_nofollow
 
 __all__ = ["OwnerRegistry", "MAX_OWNERS"]
 
@@ -35,6 +35,9 @@ class OwnerRegistry:
         self.fd = -1
         self.index = 0
         self.pid = 0
+        # Leases this process holds, (segment seq, slot) -> lease count: a lease under our index
+        # that is not here was left by a dead process that had the index before us.
+        self.held: dict[tuple[int, int], int] = {}
         forksafe.register(self)
 
     def drop_inherited_locks(self) -> None:
@@ -46,10 +49,15 @@ class OwnerRegistry:
         self.fd = -1
         self.index = 0
         self.pid = 0
+        self.held = {}
+
+    def mine(self) -> int:
+        """This process's owner index, or 0 if it has none (yet, or since a fork)."""
+        return self.index if self.pid == os.getpid() else 0
 
     def _ensure_fd(self) -> int:
         if self.fd < 0:
-            self.fd = _open_nofollow(self.path, os.O_RDWR | os.O_CREAT, self.mode)
+            self.fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, self.mode)
         return self.fd
 
     def acquire(self) -> int:

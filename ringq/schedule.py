@@ -46,8 +46,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import codec
 from .errors import CorruptionError, FormatVersionError, RingqError
+from .mapped import Mapped, crc32c, fsync_dir
 from .owner import OwnerRegistry
-from .segment import Mapped, crc32c, fsync_dir
 
 if TYPE_CHECKING:
     from .job import Job
@@ -770,3 +770,67 @@ def _uid(defs: list[_Def]) -> int:
         u = int.from_bytes(os.urandom(8), "little")
         if u and u not in taken:
             return u
+
+
+_SCHEDULER_LOCK = threading.Lock()  # creates each queue's Scheduler once, on first use
+
+
+class ScheduleMethods:
+    """The periodic-jobs part of :class:`ringq.Queue`'s API (a mixin).  Each queue's
+    :class:`Scheduler` is made on first use, so a queue without schedules never maps their files."""
+
+    def _scheduler(self) -> Scheduler:
+        with _SCHEDULER_LOCK:
+            sch = self.__dict__.get("_schedules_obj")
+            if sch is None:
+                sch = self.__dict__["_schedules_obj"] = Scheduler(self)  # type: ignore[arg-type]
+            return sch
+
+    def schedule(self, name: str, payload: Any, *, cron: str | None = None, every: float | None = None,
+                 tz: str = "UTC", priority: int = 0, max_attempts: int | None = None) -> Schedule:
+        """Create or replace the periodic job ``name``: one job with ``payload`` per tick.
+
+        Give exactly one of ``every`` (seconds; ticks at creation + k * every) or ``cron`` (a
+        5-field cron expression, or 6 with seconds first, evaluated in time zone ``tz``, an IANA
+        name).  Every tick enqueues exactly one job, whichever and however many processes serve
+        the queue (a ``Worker``, or :meth:`run_schedules`), with the idempotent id
+        ``schedule:<name>:<tick ms since the Unix epoch>``; ticks missed while nothing ran give one
+        catch-up job.  Calling it again with the same arguments changes nothing; with another
+        payload, priority or max_attempts it replaces those and keeps the ticks; with other
+        timing it starts the ticks afresh.  Stored durably in ``<name>.sched`` (docs/schedules.md).
+
+        Returns:
+            The :class:`Schedule` (``next_fire``: seconds since the Unix epoch).
+        Raises:
+            ValueError for a bad name, cron expression, time zone, interval or priority;
+            SerializationError for the payload; ScheduleFileError for a damaged schedule file.
+        """
+        return self._scheduler().add(name, payload, cron=cron, every=every, tz=tz, priority=priority,
+                                     max_attempts=max_attempts)
+
+    def schedules(self) -> list[Schedule]:
+        """The periodic jobs of this queue (:class:`Schedule`), oldest first."""
+        return self._scheduler().list()
+
+    def unschedule(self, name: str) -> None:
+        """Delete the periodic job ``name`` (jobs it already enqueued stay).
+
+        Raises:
+            ScheduleNotFoundError (a KeyError) if there is none.
+        """
+        self._scheduler().remove(name)
+
+    def run_schedules(self) -> list[Job]:
+        """Enqueue the job of every periodic job whose tick is due; returns those enqueued.
+
+        ``Worker`` calls this itself; scripts without a worker call it now and then (at the latest
+        by :meth:`next_schedule_fire`).  Safe to call from any number of processes at once.
+        """
+        self._live()  # type: ignore[attr-defined]
+        return self._scheduler().run_due()
+
+    def next_schedule_fire(self) -> float | None:
+        """Seconds until the earliest tick of any periodic job (<= 0: due now), or None if there
+        are none.  Cheap: one read of shared memory."""
+        self._live()  # type: ignore[attr-defined]
+        return self._scheduler().due_in()

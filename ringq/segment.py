@@ -1,7 +1,7 @@
 """Segment and control files: creation, validation, mapping.  Byte layouts: ``docs/format.md``.
 
-A segment is created whole (``posix_fallocate``, then zero-filled so that later msyncs never have to
-convert unwritten extents), its header written and fsynced, and only then renamed to its final
+A segment is created whole (``posix_fallocate``, then zero-filled page by page so that later msyncs
+never have to convert unwritten extents, and write back only the pages an append changed), its header written and fsynced, and only then renamed to its final
 name and the directory fsynced: a crash at any point leaves either no segment or a complete empty
 one.  A file is validated from ``pread`` bytes *before* it is mapped, and only the length its
 header declares -- checked against the file's real size -- is ever mapped, so a truncated or
@@ -10,27 +10,28 @@ foreign file is refused instead of raising SIGBUS later.
 
 from __future__ import annotations
 
-import errno
-import mmap
 import os
-import stat
 import struct
-import threading
 import time
 
 import numpy as np
 
-from . import errors
-from ._native import ffi, lib
+from . import transitions
+from ._native import ffi
 from .errors import CorruptionError, FormatVersionError, QueueFullError
+from .mapped import Mapped, crc32c, fsync_dir, open_nofollow
 
-__all__ = ["Segment", "Control", "PAGE", "FORMAT_VERSION", "segment_name"]
+__all__ = ["Segment", "PAGE", "FORMAT_VERSION", "segment_name", "seg_layout", "check_geometry"]
 
 PAGE = 4096
 FORMAT_VERSION = 1
 SEG_MAGIC = 0x3147455351474E52  # b"RNGQSEG1"
-CTL_MAGIC = 0x314C544351474E52  # b"RNGQCTL1"
 MAX_SLOT_SIZE = 1 << 20
+# Bytes per write of the zero fill.  The page cache keeps a file in folios as large as the writes
+# that filled it, and a store through a writable mapping dirties its whole folio: with 1 MiB fill
+# writes every msync after an append wrote about 1 MiB (benchmarks/pagecost.c, docs/benchmarks.md).
+# Page-sized fill writes keep each sync to the pages actually changed.
+FILL_WRITE = 4096
 MAX_SLOT_COUNT = 1 << 24  # slot numbers must fit the 24 bits of a ``supersedes`` reference
 
 # Segment header, static part (CRC-covered): magic, version, header size, seq, slot size, slot
@@ -46,151 +47,13 @@ OFF_RETIRED = 144  # u32: 1 once retirement began (the file is about to be unlin
 OFF_FINISHED = 152  # u64: records that reached DONE or GONE
 OFF_NRECORDS = 160  # u64: records published (heads below the tail)
 OFF_LAST_SEQ = 168  # u64: seq of the last record published here
-
-# Control file: static part (CRC-covered) then mutable words.
-_CTL_STATIC = struct.Struct("<QIII")
-OFF_CTL_CRC = 20
-OFF_NEXT_SEQ = 64  # u64: next job seq to assign (reserved before records are written)
-OFF_TAIL_SEG = 72  # u64: seq of the segment appends go to
-OFF_RING_GEN = 80  # u64: bumped on every rotation and retirement
-OFF_WAKE = 88  # u32: futex word; producers bump it and wake sleepers
-OFF_WAITERS = 92  # u32: number of consumers asleep on OFF_WAKE
-OFF_CTL_CHANGE = 96  # u64: bumped whenever any job returns to READY (hint to rescan)
-# Durability words (ringq/durability.py), in the free space after 104.
-OFF_SYNCED = 192  # u64: group commit's synced-up-to watermark, a position (seg seq << 24) | slot
-OFF_SYNC_COUNT = 200  # u64: append syncs issued by all processes (any strategy); for tests and bench
-OFF_SYNC_GEN = 208  # u32: futex word; a group-commit leader bumps it after raising OFF_SYNCED
-OFF_LOCK_WAKE = 212  # u32: futex word; a writer releasing the lock bumps it if writers wait
-OFF_LOCK_WAITERS = 216  # u32: writers waiting for the writer lock (registered before they retry)
-# Cumulative counters since the queue was created (statistics only; never used for a decision).
-OFF_ENQUEUED_TOTAL = 224  # u64: jobs enqueued (requeues and relocation copies are not counted)
-OFF_ACKED_TOTAL = 232  # u64: leases acked (LEASED -> DONE)
-OFF_DEAD_TOTAL = 240  # u64: jobs dead-lettered (nack or reclaim with attempts used up)
-OFF_MIN_DEADLINE = 248  # u64: ms since the Unix epoch; no lease of this queue expires before it
+OFF_JTAIL = 176  # u64: bytes of the ack journal reserved by writers (ringq/ackjournal.py)
+OFF_JSIZE = 184  # u64: bytes of the ack journal zero-filled so far
 
 
 def segment_name(name: str, seq: int) -> str:
     """File name of segment ``seq`` of queue ``name``: ``<name>.<seq as 16 hex digits>.seg``."""
     return f"{name}.{seq:016x}.seg"
-
-
-def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
-    """CRC32C (Castagnoli) of ``data``, continuing from ``crc``."""
-    buf = ffi.from_buffer(data)
-    return lib.ringq_crc32c(crc, buf, len(buf))
-
-
-def _open_nofollow(path: str, flags: int, mode: int = 0o600) -> int:
-    """Open a queue file without following a symbolic link; refuse anything but a regular file.
-
-    Raises CorruptionError for a link, a directory, a FIFO, a device or a socket in the place of a
-    queue file (O_NONBLOCK: opening a FIFO must not hang); OSError for other failures.
-    """
-    try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise CorruptionError(f"{path}: is a symbolic link; ringq does not follow links in a queue directory") from None
-        if exc.errno in (errno.EISDIR, errno.ENXIO):
-            raise CorruptionError(f"{path}: is not a regular file") from None
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise CorruptionError(f"{path}: is not a regular file")
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def fsync_dir(path: str) -> None:
-    """fsync a directory so that names created or removed in it are durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-class Mapped:
-    """A MAP_SHARED mapping of a whole file prefix, with the pointer the C helper needs."""
-
-    __slots__ = ("path", "fd", "mm", "ptr", "size")
-
-    def __init__(self, path: str, fd: int, size: int, readonly: bool = False) -> None:
-        self.path = path
-        self.fd = fd
-        self.size = size
-        prot = mmap.PROT_READ if readonly else mmap.PROT_READ | mmap.PROT_WRITE
-        self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
-        self.ptr = ffi.from_buffer("uint8_t[]", self.mm)
-
-    # Atomic word access (acquire loads, release stores, seq-cst RMW), offsets checked in C.
-    def load64(self, off: int) -> int:
-        out = _scratch.u64
-        errors.check(lib.ringq_load64(self.ptr, self.size, off, out), self.path)
-        return out[0]
-
-    def store64(self, off: int, value: int) -> None:
-        errors.check(lib.ringq_store64(self.ptr, self.size, off, value), self.path)
-
-    def cas64(self, off: int, expected: int, desired: int) -> tuple[bool, int]:
-        out = _scratch.u64
-        rc = errors.check(lib.ringq_cas64(self.ptr, self.size, off, expected, desired, out), self.path)
-        return rc == 1, out[0]
-
-    def add64(self, off: int, delta: int = 1) -> int:
-        out = _scratch.u64
-        errors.check(lib.ringq_fetch_add64(self.ptr, self.size, off, delta, out), self.path)
-        return out[0]
-
-    def load32(self, off: int) -> int:
-        out = _scratch.u32
-        errors.check(lib.ringq_load32(self.ptr, self.size, off, out), self.path)
-        return out[0]
-
-    def store32(self, off: int, value: int) -> None:
-        errors.check(lib.ringq_store32(self.ptr, self.size, off, value), self.path)
-
-    def cas32(self, off: int, expected: int, desired: int) -> bool:
-        rc = errors.check(lib.ringq_cas32(self.ptr, self.size, off, expected, desired, ffi.NULL), self.path)
-        return rc == 1
-
-    def add32(self, off: int, delta: int = 1) -> int:
-        out = _scratch.u32
-        errors.check(lib.ringq_fetch_add32(self.ptr, self.size, off, delta & 0xFFFFFFFF, out), self.path)
-        return out[0]
-
-    def msync(self, off: int, length: int) -> None:
-        errors.check(lib.ringq_msync(self.ptr, self.size, off, length), f"msync {self.path}")
-
-    def close(self) -> None:
-        if self.mm is None:
-            return
-        # A stale reference used after this gets a bounds error from the C helper (every access
-        # is checked against the size), never a dereference of the unmapped pages.
-        self.size = 0
-        ffi.release(self.ptr)
-        try:
-            self.mm.close()
-        except BufferError:
-            # A numpy view still exports the buffer; the mapping goes when the view does.
-            pass
-        os.close(self.fd)
-        self.mm = None
-
-
-class _Scratch(threading.local):
-    """Per-thread out-words for the atomics: no allocation per operation.  Per thread, because
-    cffi releases the GIL during the C call, so another thread may run while one is in use."""
-
-    def __init__(self) -> None:
-        self.u64 = ffi.new("uint64_t *")
-        self.u32 = ffi.new("uint32_t *")
-
-
-_scratch = _Scratch()
 
 
 def seg_layout(slot_size: int, slot_count: int) -> tuple[int, int, int]:
@@ -228,14 +91,14 @@ class Segment(Mapped):
             os.unlink(tmp)  # a leftover of a crash during an earlier creation
         except FileNotFoundError:
             pass
-        fd = _open_nofollow(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
+        fd = open_nofollow(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
         try:
             try:
                 os.posix_fallocate(fd, 0, size)
-                zeros = bytes(1 << 20)
+                zeros = bytes(FILL_WRITE)
                 done = 0
                 while done < size:
-                    done += os.pwrite(fd, zeros[: min(len(zeros), size - done)], done)
+                    done += os.pwrite(fd, zeros[: min(FILL_WRITE, size - done)], done)
             except OSError as exc:
                 if exc.errno in (28, 27, 122):  # ENOSPC, EFBIG, EDQUOT
                     raise QueueFullError(
@@ -262,7 +125,7 @@ class Segment(Mapped):
 
     def __init__(self, path: str, readonly: bool = False) -> None:
         """Open, validate and map a segment.  ``readonly`` maps it PROT_READ (loads only: for verify)."""
-        fd = _open_nofollow(path, os.O_RDONLY if readonly else os.O_RDWR)
+        fd = open_nofollow(path, os.O_RDONLY if readonly else os.O_RDWR)
         try:
             st = os.fstat(fd)
             head = os.pread(fd, 68, 0)
@@ -318,61 +181,86 @@ class Segment(Mapped):
     def state_off_of(self, slot: int) -> int:
         return self.state_off + slot * 16
 
+    def load_state(self, slot: int) -> int:
+        """The state word of ``slot`` (acquire load)."""
+        return self.load64(self.state_off + slot * 16)
+
+    def cas_state(self, slot: int, expected: int, desired: int) -> tuple[bool, int]:
+        """CAS the state word of ``slot``; ``(swapped, current word)``.  The change must be a
+        transition of ringq/transitions.py (StateTransitionError otherwise)."""
+        transitions.check(expected, desired)
+        return self.cas64(self.state_off + slot * 16, expected, desired)
+
+    def load_owner(self, slot: int) -> int:
+        return self.load64(self.state_off + slot * 16 + 8)
+
+    def cas_owner(self, slot: int, expected: int, desired: int) -> tuple[bool, int]:
+        return self.cas64(self.state_off + slot * 16 + 8, expected, desired)
+
+    # -- header words (acquire loads, release stores, atomic updates) -------------------------------
+
+    def tail(self) -> int:
+        """Next free slot (the stored value; recovery repairs one beyond slot_count)."""
+        return self.load32(OFF_TAIL)
+
+    def bounded_tail(self) -> int:
+        return min(self.load32(OFF_TAIL), self.slot_count)
+
+    def set_tail(self, tail: int) -> None:
+        self.store32(OFF_TAIL, tail)
+
+    def sealed(self) -> bool:
+        """True once a newer segment took over appends (acquire: the final tail is visible after)."""
+        return bool(self.load32(OFF_SEALED))
+
+    def seal(self) -> None:
+        self.store32(OFF_SEALED, 1)
+
+    def retired(self) -> bool:
+        return bool(self.load32(OFF_RETIRED))
+
+    def begin_retirement(self) -> bool:
+        """Set the retired flag; True if this call set it (only one retirer wins)."""
+        return self.cas32(OFF_RETIRED, 0, 1)
+
+    def clear_retired(self) -> None:
+        self.store32(OFF_RETIRED, 0)
+
+    def change(self) -> int:
+        """Bumped whenever a job of this segment returns to READY."""
+        return self.load64(OFF_CHANGE)
+
+    def bump_change(self) -> None:
+        self.add64(OFF_CHANGE)
+
+    def finished(self) -> int:
+        """Records that reached DONE or GONE (may lag after a crash; never decides alone)."""
+        return self.load64(OFF_FINISHED)
+
+    def add_finished(self, n: int = 1) -> int:
+        """Add ``n``; returns the new count."""
+        return self.add64(OFF_FINISHED, n) + n
+
+    def nrecords(self) -> int:
+        """Records published (heads below the tail)."""
+        return self.load64(OFF_NRECORDS)
+
+    def last_seq(self) -> int:
+        """Seq of the last record published here."""
+        return self.load64(OFF_LAST_SEQ)
+
+    def publish_tail(self, tail: int, count: int, last_seq: int) -> None:
+        """Under the writer lock: ``count`` more records are published, up to slot ``tail``."""
+        if count:
+            self.add64(OFF_NRECORDS, count)
+            self.store64(OFF_LAST_SEQ, last_seq)
+            self.store32(OFF_TAIL, tail)
+
+    def sync_header(self) -> None:
+        self.msync(0, PAGE)
+
     def close(self) -> None:
         self._states = None
         super().close()
 
 
-class Control(Mapped):
-    """The queue's control file ``<name>.ctl``: one page of shared words (docs/format.md)."""
-
-    __slots__ = ("slot_size", "slot_count")
-
-    @staticmethod
-    def create(path: str, slot_size: int, slot_count: int, mode: int = 0o600) -> None:
-        """Create the control file durably (write to a temp name, fsync, rename, fsync dir)."""
-        check_geometry(slot_size, slot_count)
-        static = _CTL_STATIC.pack(CTL_MAGIC, FORMAT_VERSION, slot_size, slot_count)
-        page = bytearray(PAGE)
-        page[:20] = static
-        struct.pack_into("<I", page, OFF_CTL_CRC, crc32c(static))
-        struct.pack_into("<Q", page, OFF_NEXT_SEQ, 1)
-        tmp = path + ".tmp"
-        try:
-            os.unlink(tmp)  # a leftover; never open it: it could be a link to someone else's file
-        except FileNotFoundError:
-            pass
-        fd = _open_nofollow(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
-        try:
-            os.pwrite(fd, bytes(page), 0)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, path)
-        fsync_dir(os.path.dirname(path) or ".")
-
-    def __init__(self, path: str, readonly: bool = False) -> None:
-        fd = _open_nofollow(path, os.O_RDONLY if readonly else os.O_RDWR)
-        try:
-            size = os.fstat(fd).st_size
-            head = os.pread(fd, 24, 0)
-            if size < PAGE or len(head) < 24:
-                raise CorruptionError(f"{path}: control file is {size} bytes, expected {PAGE}")
-            magic, version, slot_size, slot_count = _CTL_STATIC.unpack_from(head)
-            if magic != CTL_MAGIC:
-                raise CorruptionError(f"{path}: not a ringq control file (bad magic {head[:8]!r})")
-            if version != FORMAT_VERSION:
-                raise FormatVersionError(f"{path}: control format version {version}; this ringq reads {FORMAT_VERSION}")
-            (crc,) = struct.unpack_from("<I", head, OFF_CTL_CRC)
-            if crc != crc32c(head[:20]):
-                raise CorruptionError(f"{path}: control file header CRC mismatch")
-            check_geometry(slot_size, slot_count)
-        except ValueError as exc:
-            os.close(fd)
-            raise CorruptionError(f"{path}: impossible geometry: {exc}") from None
-        except BaseException:
-            os.close(fd)
-            raise
-        super().__init__(path, fd, PAGE, readonly)
-        self.slot_size = slot_size
-        self.slot_count = slot_count

@@ -2,7 +2,7 @@
 
 Nothing here takes the writer lock, repairs, quarantines or creates anything: it opens the control
 file and each segment as they are, validates every segment header, scans every published record
-(heads below each segment's tail) with the C helper's CRC check (:meth:`ringq.ring.Ring.scan`), and
+(heads below each segment's tail) with the C helper's CRC check (:func:`ringq.records.scan`), and
 reads state words with plain loads.  A queue in use may change while it is read; a record being
 written is never counted as damage because only heads below the published tail are checked.
 
@@ -22,27 +22,30 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import codec
-from .errors import CorruptionError, SerializationError
-from .job import LC_MASK, ST_BAD, ST_CONT, ST_EMPTY, ST_LEASED, ST_READY, TIME_SHIFT
-from .ring import NAME_RE, SEG_RE, Ring
-from .segment import (
-    OFF_CHANGE,
+from .control import (
     OFF_CTL_CHANGE,
-    OFF_FINISHED,
-    OFF_LAST_SEQ,
     OFF_NEXT_SEQ,
-    OFF_NRECORDS,
-    OFF_RETIRED,
     OFF_RING_GEN,
-    OFF_SEALED,
     OFF_SYNC_COUNT,
-    OFF_TAIL,
     OFF_TAIL_SEG,
     OFF_WAITERS,
     OFF_WAKE,
     Control,
+)
+from .errors import CorruptionError, SerializationError
+from .records import scan
+from .segment import (
+    OFF_CHANGE,
+    OFF_FINISHED,
+    OFF_LAST_SEQ,
+    OFF_NRECORDS,
+    OFF_RETIRED,
+    OFF_SEALED,
+    OFF_TAIL,
     Segment,
 )
+from .segments import NAME_RE, SEG_RE
+from .words import LC_MASK, ST_BAD, ST_CONT, ST_EMPTY, ST_LEASED, ST_READY, TIME_SHIFT
 
 __all__ = ["QueueFiles", "SegmentReport", "RecordReport", "examine", "queue_exists"]
 
@@ -200,7 +203,7 @@ def _segment(path: str, expect_seq: int, limit: int | None, now_ms: int,
             return rep
         if rep.header["retired"]:
             rep.notes.append("retired: every job finished; the file is about to be unlinked")
-        infos, _next = Ring.scan(seg, 0)
+        infos, _next = scan(seg, 0)
         states = seg.states
         heads = 0
         for row in infos:

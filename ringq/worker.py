@@ -370,8 +370,14 @@ class Worker:
 
     def _run_processes(self) -> WorkerStats:
         q = self.queue
-        spec = dict(path=q.path, name=q.name, durability=q.durability, visibility_timeout=q.visibility_timeout,
-                    max_attempts=q.max_attempts, backoff=q.backoff)
+        # Every setting the queue was opened with (a local queue's frozen options), so that the
+        # children behave as the parent's queue does.
+        options = getattr(q, "options", None)
+        if options is not None:
+            spec = dict(path=q.path, name=q.name, **options.to_kwargs())
+        else:
+            spec = dict(path=q.path, name=q.name, visibility_timeout=q.visibility_timeout,
+                        max_attempts=q.max_attempts, backoff=q.backoff)
         ctx = multiprocessing.get_context("fork")
         # Each child slot has a row of counters in shared memory that its children update as they
         # go: the work of a child killed by a signal is counted up to its last finished job.

@@ -30,13 +30,14 @@ from crashkit import (
 
 import ringq
 from ringq import codec
+from ringq.control import OFF_TAIL_SEG
 from ringq.errors import (
     CorruptionError,
     FormatVersionError,
     RecordTooLargeError,
     SerializationError,
 )
-from ringq.segment import OFF_RETIRED, OFF_TAIL, OFF_TAIL_SEG
+from ringq.segment import OFF_RETIRED, OFF_TAIL
 
 # -- payloads -------------------------------------------------------------------------------------------
 
@@ -263,7 +264,7 @@ def test_unusable_segment_is_quarantined_and_reported(tmp_path, kind):
 
 
 def _patch_header(path, seq, off, fmt, value, fix_crc=True):
-    from ringq.segment import crc32c
+    from ringq.mapped import crc32c
 
     data = bytearray(open(_seg(path, seq), "rb").read())
     struct.pack_into(fmt, data, off, value)
@@ -319,7 +320,7 @@ def test_truncated_tail_segment_gets_a_new_tail(tmp_path):
         assert drain(q) == list(range(8))
         q.enqueue("new")
         assert drain(q) == ["new"]
-        assert q._ring.tail_seq() == 3  # never the seq of the segment that vanished
+        assert q.introspect()["tail_segment"] == 3  # never the seq of the segment that vanished
     with open_queue(path) as q:
         q.enqueue("again")
         assert drain(q) == ["again"]
@@ -415,7 +416,7 @@ def test_empty_control_file_is_rebuilt_from_the_segments(tmp_path):
         q.enqueue_many(list(range(6)))
     _write(os.path.join(path, f"{NAME}.ctl"), b"")
     with open_queue(path) as q:  # default geometry asked for: the segments' one wins
-        assert q._ring.ctl.slot_size == 192 and q._ring.ctl.slot_count == 4
+        assert (q.options.slot_size, q.options.slot_count) == (192, 4)
         new = q.enqueue("new")
         assert new.seq == 7
         assert drain(q) == list(range(6)) + ["new"]
@@ -442,13 +443,15 @@ def test_impossible_tail_word_is_rebuilt(tmp_path):
 def test_absurd_tail_segment_in_control_file(tmp_path):
     path = _queue_with_two_segments(tmp_path)
     with open_queue(path) as q:
-        q._ring.ctl.store64(OFF_TAIL_SEG, 1 << 60)  # another process sees this at its next refresh
+        fd = os.open(os.path.join(path, f"{NAME}.ctl"), os.O_WRONLY)
+        os.pwrite(fd, struct.pack("<Q", 1 << 60), OFF_TAIL_SEG)  # the mapping sees it at the next refresh
+        os.close(fd)
         assert q.stats().ready == 10  # does not try 2**60 file names
     with open_queue(path) as q:
         assert drain(q) == list(range(10))
         q.enqueue("new")
         assert drain(q) == ["new"]
-        assert q._ring.tail_seq() == 2  # the damaged word is ignored, the real tail kept
+        assert q.introspect()["tail_segment"] == 2  # the damaged word is ignored, the real tail kept
         assert any("impossible" in why for _p, why in q.recovery.repairs)
 
 

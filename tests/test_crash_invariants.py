@@ -161,17 +161,17 @@ def test_claimer_killed_between_its_two_cas_does_not_strand_the_job(tmp_path):
     """Regression (found by the 300 s torture, seed 7): a claim stores the state word, then the
     owner word; a claimer SIGKILLed in between left a lease with no owner, freed only by the
     visibility timeout (600 s here).  It now comes back after CLAIM_GRACE."""
-    from ringq.job import ST_LEASED, pack
-    from ringq.queue import CLAIM_GRACE
+    from ringq.reaper import CLAIM_GRACE
+    from ringq.segment import Segment, segment_name
+    from ringq.words import ST_LEASED, pack
 
     with open_queue(str(tmp_path)) as q:
         q.enqueue("stranded")
-        seg = q._ring.segments[1]
-        w = seg.load64(seg.state_off_of(0))
+        seg = Segment(os.path.join(str(tmp_path), segment_name(q.name, q.introspect()["tail_segment"])))
+        w = seg.load_state(0)
         far = int(time.time() * 1000) + 600_000 - seg.epoch_ms
-        assert seg.cas64(seg.state_off_of(0), w, pack(ST_LEASED, 0, 1, far))[
-            0
-        ]  # ...and then the kill
+        assert seg.cas_state(0, w, pack(ST_LEASED, 0, 1, far))[0]  # ...and then the kill
+        seg.close()
     with open_queue(str(tmp_path)) as q:
         t = time.monotonic()
         job = q.lease_one(wait=CLAIM_GRACE + 3)

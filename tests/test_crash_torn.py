@@ -29,7 +29,8 @@ from crashkit import (
     snapshot,
 )
 
-from ringq.segment import OFF_LAST_SEQ, OFF_NEXT_SEQ, OFF_NRECORDS, OFF_TAIL, OFF_TAIL_SEG
+from ringq.control import OFF_NEXT_SEQ, OFF_TAIL_SEG
+from ringq.segment import OFF_LAST_SEQ, OFF_NRECORDS, OFF_TAIL
 
 BIG = "x" * 150  # a JSON payload whose record spans two 128-byte slots
 

@@ -16,8 +16,10 @@ import time
 import pytest
 
 from ringq import Queue
+from ringq.codec import JSON
 from ringq.durability import STRATEGIES, position
-from ringq.segment import OFF_SYNCED, OFF_TAIL, OFF_TAIL_SEG
+from ringq.records import NewRecord
+from ringq.ring import Ring
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -65,16 +67,16 @@ def test_fsync_false_still_means_none(tmp_path):
     with Queue(tmp_path, fsync=False) as q:
         assert q.durability == "none"
         q.enqueue(1)
-        assert q._ring.sync_count() == 0
+        assert q.sync_counters()["queue_append_syncs"] == 0
 
 
 @pytest.mark.parametrize("durability", ["msync", "fdatasync", "group"])
 def test_durable_strategies_sync_before_returning(tmp_path, durability):
     with Queue(tmp_path, durability=durability) as q:
         q.enqueue("a")
-        assert q._ring.sync_count() == 1
+        assert q.sync_counters()["queue_append_syncs"] == 1
         q.enqueue_many(["b"] * 10)  # one sync per call, not per job
-        assert q._ring.sync_count() == 2
+        assert q.sync_counters()["queue_append_syncs"] == 2
 
 
 def _group_producer(path: str, who: int, n: int, go) -> None:
@@ -102,11 +104,11 @@ def test_group_commit_four_processes_loses_nothing_and_shares_syncs(tmp_path):
         while (j := q.lease_one()) is not None:
             seen.setdefault(j.payload["p"], []).append(j.payload["i"])
             q.ack(j)
-        syncs = q._ring.sync_count()
+        syncs = q.sync_counters()["queue_append_syncs"]
         # The watermark covers every record appended (the last producer's sync did).
-        seq = q._ring.ctl.load64(OFF_TAIL_SEG)
-        tail = q._ring.segments[seq].load32(OFF_TAIL)
-        assert q._ring.ctl.load64(OFF_SYNCED) >= position(seq, tail)
+        info = q.introspect()
+        seq = info["tail_segment"]
+        assert info["synced_position"] >= position(seq, info["segments"][seq]["tail"])
     assert sorted(seen) == list(range(procs))
     for w in range(procs):
         assert seen[w] == list(range(n)), f"producer {w} lost or reordered jobs"
@@ -128,9 +130,9 @@ def test_group_commit_threads_share_syncs(tmp_path):
         for t in ts:
             t.join()
         assert len(q) == n * threads
-        dur = q._ring.dur
-        assert dur.syncs + dur.covered == n * threads
-        assert q._ring.sync_count() == dur.syncs
+        c = q.sync_counters()
+        assert c["append_syncs"] + c["covered"] == n * threads
+        assert c["queue_append_syncs"] == c["append_syncs"]
 
 
 def test_group_commit_in_forked_child_uses_its_own_leader_lock(tmp_path):
@@ -139,8 +141,9 @@ def test_group_commit_in_forked_child_uses_its_own_leader_lock(tmp_path):
         pid = os.fork()
         if pid == 0:
             try:
-                q.enqueue("child")
-                os._exit(0 if q._ring.dur._leader_fd >= 0 else 3)
+                before = q.sync_counters()["queue_append_syncs"]
+                q.enqueue("child")  # leads its own sync: the parent's leader lock is not the child's
+                os._exit(0 if q.sync_counters()["queue_append_syncs"] == before + 1 else 3)
             except BaseException:
                 os._exit(4)
         _, status = os.waitpid(pid, 0)
@@ -153,46 +156,46 @@ def test_group_commit_in_forked_child_uses_its_own_leader_lock(tmp_path):
 def test_interval_flusher_syncs_in_the_background(tmp_path):
     with Queue(tmp_path, durability="interval", flush_interval=0.01) as q:
         q.enqueue_many(list(range(10)))
-        assert q._ring.sync_count() == 0 or q._ring.dur.syncs <= 1  # returned without syncing
-        assert _wait_for(lambda: q._ring.sync_count() >= 1), "the flusher never synced"
-        assert q._ring.dur._pending == {}
+        assert q.sync_counters()["append_syncs"] <= 1  # returned without syncing
+        assert _wait_for(lambda: q.sync_counters()["queue_append_syncs"] >= 1), "the flusher never synced"
+        assert _wait_for(lambda: q.sync_counters()["pending"] == 0)
 
 
 def test_interval_close_flushes_what_is_pending(tmp_path):
     q = Queue(tmp_path, durability="interval", flush_interval=3600)
     q.enqueue("x")
-    assert q._ring.dur._pending
-    ring = q._ring
-    syncs_before = ring.dur.syncs
+    assert q.sync_counters()["pending"]
+    syncs_before = q.sync_counters()["queue_append_syncs"]
     q.close()
-    assert ring.dur.syncs == syncs_before + 1
+    with Queue(tmp_path) as again:
+        assert again.sync_counters()["queue_append_syncs"] == syncs_before + 1
 
 
 def test_sync_acks_syncs_acks_and_nacks(tmp_path):
     with Queue(tmp_path, sync_acks=True) as q:
         q.enqueue_many([1, 2])
         a, b = q.lease(2)
-        assert q._ring.dur.state_syncs == 0  # a lost lease only means an earlier redelivery
+        assert q.sync_counters()["state_syncs"] == 0  # a lost lease only means an earlier redelivery
         q.extend(a, 10)
-        assert q._ring.dur.state_syncs == 0
+        assert q.sync_counters()["state_syncs"] == 0
         q.ack(a)
         q.nack(b, delay=0)
-        assert q._ring.dur.state_syncs == 2
+        assert q.sync_counters()["state_syncs"] == 2
 
 
 def test_state_changes_are_flushed_within_the_interval(tmp_path):
     with Queue(tmp_path, state_flush_interval=0.01) as q:
         q.enqueue(1)
         q.ack(q.lease_one())
-        assert _wait_for(lambda: q._ring.dur.state_syncs >= 1), "state changes were never flushed"
-        assert q._ring.dur._dirty_state == set()
+        assert _wait_for(lambda: q.sync_counters()["state_syncs"] >= 1), "state changes were never flushed"
+        assert _wait_for(lambda: q.sync_counters()["pending"] == 0)
 
 
 def test_none_strategy_never_syncs_state_by_default(tmp_path):
     with Queue(tmp_path, durability="none") as q:
         q.enqueue(1)
         q.ack(q.lease_one())
-        assert q._ring.dur._flusher is None
+        assert q.sync_counters()["flusher"] == 0
 
 
 def _one_group_enqueue(path: str, inherited_fd: int) -> None:
@@ -218,41 +221,42 @@ def test_group_commit_follower_takes_over_from_a_dead_leader(tmp_path):
     p.join(30)
     assert p.exitcode == 0
     with Queue(tmp_path) as q:
-        assert q._ring.sync_count() == 1
-        seq = q._ring.ctl.load64(OFF_TAIL_SEG)
-        assert q._ring.ctl.load64(OFF_SYNCED) >= position(seq, q._ring.segments[seq].load32(OFF_TAIL))
+        assert q.sync_counters()["queue_append_syncs"] == 1
+        info = q.introspect()
+        seq = info["tail_segment"]
+        assert info["synced_position"] >= position(seq, info["segments"][seq]["tail"])
         assert [j.payload for j in q.lease(5)] == ["after the leader died"]
 
 
 def test_fork_while_the_flusher_holds_the_map_lock_does_not_deadlock_the_child(tmp_path):
-    with Queue(tmp_path, durability="interval", flush_interval=3600) as q:
-        q.enqueue("x")
-        q._ring.maplock.acquire()  # as the flusher thread would, mid-sync
-        try:
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    job = q.lease_one()
-                    q.ack(job)
-                    q._ring.dur.flush()
-                    with q._ring.maplock:
-                        pass
-                    os._exit(0)
-                except BaseException:
-                    os._exit(5)
-        finally:
-            q._ring.maplock.release()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            time.sleep(0.01)
-        else:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            raise AssertionError("the forked child deadlocked on the map lock")
-        assert os.waitstatus_to_exitcode(status) == 0
+    ring = Ring(tmp_path, durability="interval", flush_interval=3600)
+    ring.append([NewRecord(b'"x"', JSON)])
+    ring.segs.maplock.acquire()  # as the flusher thread would, mid-sync
+    try:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                ring.append([NewRecord(b'"y"', JSON)])
+                ring.dur.flush()
+                with ring.segs.maplock:
+                    pass
+                os._exit(0)
+            except BaseException:
+                os._exit(5)
+    finally:
+        ring.segs.maplock.release()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.01)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        raise AssertionError("the forked child deadlocked on the map lock")
+    assert os.waitstatus_to_exitcode(status) == 0
+    ring.close()
 
 
 def _group_checker(path: str, who: int, n: int, go, out) -> None:
@@ -263,7 +267,7 @@ def _group_checker(path: str, who: int, n: int, go, out) -> None:
         job = q.enqueue({"p": who, "i": i})
         seq, slot = job._loc
         # The postcondition of every durable return: a completed sync covers the record.
-        if q._ring.ctl.load64(OFF_SYNCED) < position(seq, slot + 1):
+        if q.introspect()["synced_position"] < position(seq, slot + 1):
             bad += 1
     out.send(bad)
     q.close()

@@ -7,9 +7,10 @@ import pytest
 
 from ringq import BackoffPolicy, Queue, RecordTooLargeError
 from ringq.codec import JSON
-from ringq.job import ST_DONE, ST_READY
-from ringq.ring import NewRecord, Ring
-from ringq.segment import OFF_SEALED, OFF_TAIL
+from ringq.records import NewRecord, read_record, scan
+from ringq.ring import Ring
+from ringq.segment import Segment, segment_name
+from ringq.words import ST_DONE, ST_READY
 
 
 def recs(n, size=10):
@@ -18,11 +19,11 @@ def recs(n, size=10):
 
 def all_records(ring):
     out = []
-    for seg in ring.all_segments():
-        infos, nxt = ring.scan(seg, 0)
+    for seg in ring.segs.ordered():
+        infos, nxt = scan(seg, 0)
         assert (infos["status"] == 0).all()
         for row in infos:
-            _, _, payload = ring.read_record(seg, int(row["slot"]))
+            _, _, payload = read_record(seg, int(row["slot"]))
             out.append((int(row["seq"]), payload))
     return out
 
@@ -35,8 +36,8 @@ def test_append_scan_round_trip_across_rotation(qdir):
     got = all_records(ring)
     assert [s for s, _ in got] == list(range(1, 101))
     assert [p for _, p in got] == [f"{i:010d}".encode() for i in range(100)]
-    segs = ring.all_segments()
-    assert all(s.load32(OFF_SEALED) for s in segs[:-1]) and not segs[-1].load32(OFF_SEALED)
+    segs = ring.segs.ordered()
+    assert all(s.sealed() for s in segs[:-1]) and not segs[-1].sealed()
     ring.close()
 
 
@@ -45,10 +46,10 @@ def test_record_spanning_slots(qdir):
     big = NewRecord(bytes(range(256)) * 3, JSON)  # 64 + 768 bytes = 7 slots of 128
     placed = ring.append([NewRecord(b"1", JSON), big, NewRecord(b"2", JSON)])
     assert [p[1] for p in placed] == [0, 1, 8]
-    seg = ring.all_segments()[0]
-    infos, nxt = ring.scan(seg, 0)
+    seg = ring.segs.ordered()[0]
+    infos, nxt = scan(seg, 0)
     assert list(infos["span"]) == [1, 7, 1] and nxt == 9
-    assert ring.read_record(seg, 1)[2] == bytes(range(256)) * 3
+    assert read_record(seg, 1)[2] == bytes(range(256)) * 3
     # continuation slots are marked CONT, never READY
     assert ((seg.states[2:8, 0] & 7) == 6).all()
     ring.close()
@@ -134,13 +135,14 @@ def test_two_names_share_a_directory_independently(qdir):
 def test_state_table_is_vectorisable(qdir):
     q = Queue(qdir, "v", slot_count=1024)
     q.enqueue_many(list(range(500)))
-    view = next(iter(q._views.values()))
-    st = view.seg.states[:500, 0] & np.uint64(7)
+    seg = Segment(os.path.join(qdir, segment_name("v", q.introspect()["tail_segment"])), readonly=True)
+    st = seg.states[:500, 0] & np.uint64(7)
     assert (st == ST_READY).all()
     for j in q.lease(10):
         q.ack(j)
-    assert int(((view.seg.states[:, 0] & np.uint64(7)) == ST_DONE).sum()) == 10
-    assert view.seg.load32(OFF_TAIL) == 500
+    assert int(((seg.states[:, 0] & np.uint64(7)) == ST_DONE).sum()) == 10
+    assert seg.tail() == 500
+    seg.close()
     q.close()
 
 
@@ -161,3 +163,23 @@ def test_straggler_relocation_keeps_attempts_error_and_time(qdir):
     assert moved.available_at == back.available_at and moved.state.value == "ready"
     assert moved.seq != job.seq and moved.id == job.id
     q.close()
+
+
+def test_every_state_word_cas_consults_the_transition_table(qdir):
+    from ringq.segment import Segment
+    from ringq.transitions import TRANSITIONS, StateTransitionError
+    from ringq.words import ST_DONE, ST_GONE, ST_READY, pack
+
+    with Queue(qdir, "t") as q:
+        job = q.enqueue("x")
+        q.ack(q.lease_one())
+        seg = Segment(os.path.join(qdir, segment_name("t", job._loc[0])))
+        done = seg.load_state(job._loc[1])
+        assert done & 7 == ST_DONE
+        assert (ST_DONE, ST_READY) not in TRANSITIONS
+        with pytest.raises(StateTransitionError):
+            seg.cas_state(job._loc[1], done, pack(ST_READY, 0, 1, 0))  # an acked job never comes back
+        assert seg.load_state(job._loc[1]) == done  # refused before the CAS
+        assert (ST_DONE, ST_GONE) in TRANSITIONS
+        assert q.purge() == 1  # purging a finished job is a transition of the table
+        seg.close()

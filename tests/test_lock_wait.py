@@ -11,7 +11,6 @@ import time
 import pytest
 
 from ringq import LockTimeoutError, Queue
-from ringq.segment import OFF_LOCK_WAITERS
 
 
 def test_lock_timeout_still_raises_and_leaves_no_waiter_registered(tmp_path):
@@ -25,7 +24,7 @@ def test_lock_timeout_still_raises_and_leaves_no_waiter_registered(tmp_path):
             assert time.monotonic() - t >= 0.2
         finally:
             os.close(fd)
-        assert q._ring.ctl.load32(OFF_LOCK_WAITERS) == 0
+        assert q.introspect()["lock_waiters"] == 0
         q.enqueue("after the holder let go")
         assert len(q) == 1
 
@@ -50,7 +49,7 @@ def test_contended_writers_lose_nothing(tmp_path):
         assert len(jobs) == 1200
         for w in range(4):
             assert [j.payload["i"] for j in jobs if j.payload["w"] == w] == list(range(300))
-        assert q._ring.ctl.load32(OFF_LOCK_WAITERS) == 0
+        assert q.introspect()["lock_waiters"] == 0
 
 
 def test_a_waiting_writer_proceeds_when_a_killed_holder_releases(tmp_path):

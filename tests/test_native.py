@@ -31,7 +31,7 @@ def test_crc32c_known_answers(fn, data, expected):
 
 @pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
 def test_crc32c_buffer_kinds(kind):
-    from ringq.segment import crc32c
+    from ringq.mapped import crc32c
 
     assert crc32c(kind(b"123456789")) == 0xE3069283
 
@@ -164,7 +164,7 @@ time.sleep(60)
 
 
 def test_rec_check_rejects_garbage_without_crashing():
-    from ringq.ring import REC_INFO_DTYPE  # noqa: F401  (layout asserted at import)
+    from ringq.records import REC_INFO_DTYPE  # noqa: F401  (layout read from the C header)
 
     size = 4096 + 4096 + 8 * 256
     buf = ffi.new("uint8_t[]", os.urandom(size))

@@ -210,17 +210,20 @@ def test_relocation_killed_after_its_append_leaves_one_live_copy(tmp_path):
     original left two live copies of a delayed job (one leasable at once) or of a dead job.
     The image is built as that kill leaves it: the copy appended, the original untouched."""
     from ringq.codec import JSON
-    from ringq.ring import NewRecord
+    from ringq.records import NewRecord
+    from ringq.ring import Ring
 
     qdir = str(tmp_path / "q")
     with Queue(qdir, max_attempts=1) as q:
         late = q.enqueue("late", delay=3600)
         dead = q.enqueue("dead")
         q.nack(q.lease_one(), error="boom")
-        for job, state, at in ((late, 1, int(late.available_at * 1000)), (dead, 4, int(time.time() * 1000))):
-            seg, slot = job._loc
-            q._ring.append([NewRecord(json.dumps(job.payload).encode(), JSON, job.id.encode(), 0, 0, 1, 1 if state == 4 else 0,
-                                      (seg << 24) | slot, state=state, at_ms=at)])
+    ring = Ring(qdir)
+    for job, state, at in ((late, 1, int(late.available_at * 1000)), (dead, 4, int(time.time() * 1000))):
+        seg, slot = job._loc
+        ring.append([NewRecord(json.dumps(job.payload).encode(), JSON, job.id.encode(), 0, 0, 1, 1 if state == 4 else 0,
+                               (seg << 24) | slot, state=state, at_ms=at)])
+    ring.close()
     with Queue(qdir) as q:
         st = q.stats()
         assert (st.delayed, st.dead, st.ready) == (1, 1, 0)

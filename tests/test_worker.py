@@ -218,6 +218,39 @@ def test_processes_mode_processes_every_job_exactly_once(tmp_path):
         assert q.stats().done == 60
 
 
+def _record_child_options(out: str, parent_queue: int, job) -> None:
+    # Runs in a forked child: the options of the queue that child opened itself (not the parent's
+    # object, which fork copied into the child).
+    import dataclasses
+    import gc
+    import json
+
+    mine = [o for o in gc.get_objects() if isinstance(o, Queue) and not o.closed and id(o) != parent_queue]
+    opts = [dataclasses.asdict(o.options) for o in mine]
+    with open(out, "a") as fh:
+        fh.write(json.dumps({"pid": os.getpid(), "options": opts}) + "\n")
+
+
+def test_processes_mode_children_open_the_queue_with_every_option_of_the_parent(tmp_path):
+    import dataclasses
+    import json
+
+    out = tmp_path / "opts.jsonl"
+    qdir = tmp_path / "q"
+    with Queue(qdir, durability="fdatasync", sync_acks=True, flush_interval=0.2, state_flush_interval=None,
+               lock_timeout=3.0, mode=0o640, allow_network_fs=True, visibility_timeout=12.0, max_attempts=7,
+               backoff=BackoffPolicy(base=0.5, jitter=0.0), slot_size=128, slot_count=64) as q:
+        q.enqueue_many([1, 2])
+        Worker(q, functools.partial(_record_child_options, str(out), id(q)), processes=1, idle_timeout=0.5,
+               handle_signals=False).run()
+        expected = json.loads(json.dumps(dataclasses.asdict(q.options)))
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows and all(r["pid"] != os.getpid() for r in rows)
+    for r in rows:
+        assert r["options"] == [expected]
+    assert expected["sync_acks"] and expected["state_flush_interval"] is None and expected["mode"] == 0o640
+
+
 # -- real signals to a worker process started with the CLI ---------------------------------------------
 
 HANDLERS = textwrap.dedent("""

@@ -42,6 +42,7 @@ PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STRATEGIES = ("none", "msync", "fdatasync", "group", "interval")
 DURABLE = {"msync", "fdatasync", "group"}  # an enqueue that returned survives power loss
 BATCH = 1000
+ACK_BATCH = 100  # jobs per lease(n) + ack_many call
 
 
 def payload(i: int) -> dict[str, Any]:
@@ -123,7 +124,7 @@ def _loadavg() -> str:
 
 
 def environment(scratch: str) -> dict[str, Any]:
-    from .ring import fs_type
+    from ..ring import fs_type
 
     cpu = ""
     with contextlib.suppress(OSError):
@@ -137,7 +138,7 @@ def environment(scratch: str) -> dict[str, Any]:
         except md.PackageNotFoundError:
             versions[pkg] = None
     if versions["ringq"] is None:  # run from a source checkout
-        from . import __version__
+        from .. import __version__
 
         versions["ringq"] = f"{__version__} (source)"
     import sqlite3
@@ -263,12 +264,16 @@ class _RingqAdapter:
         q = self.q
         q.ack(q.lease_one())
 
+    def lease_ack_many(self) -> None:
+        q = self.q
+        q.ack_many(q.lease(ACK_BATCH))
+
     def close(self) -> None:
         self.q.close()
 
 
 def _open_ringq(path: str, durability: str, **kw: Any):
-    from .queue import Queue
+    from ..queue import Queue
 
     return Queue(path, durability=durability, **kw)
 
@@ -286,6 +291,9 @@ def _contestants(kind: str, scratch: str, sz: Sizes, stack: contextlib.ExitStack
     if kind == "one":
         out += [(FLOOR, True, lambda p: _FloorAdapter(p, FLOOR, sz.ops)),
                 (MMAP_FLOOR, True, lambda p: _FloorAdapter(p, MMAP_FLOOR, sz.ops))]
+    if kind == "leasemany":
+        return [("ringq msync (default)", True, lambda p: _RingqAdapter(p, "msync")),
+                ("ringq msync, sync_acks", True, lambda p: _RingqAdapter(p, "msync", sync_acks=True))]
     if kind == "lease":
         out += [("ringq none", False, lambda p: _RingqAdapter(p, "none")),
                 ("ringq msync (default)", True, lambda p: _RingqAdapter(p, "msync")),
@@ -293,7 +301,7 @@ def _contestants(kind: str, scratch: str, sz: Sizes, stack: contextlib.ExitStack
     else:
         out += [(f"ringq {d}", d in DURABLE, (lambda d: lambda p: _RingqAdapter(p, d))(d)) for d in STRATEGIES]  # noqa: B023
     if with_peers:
-        from . import _bench_peers as bp
+        from . import peers as bp
 
         for peer in bp.PEERS:
             why = peer.missing()
@@ -310,7 +318,8 @@ def _contestants(kind: str, scratch: str, sz: Sizes, stack: contextlib.ExitStack
 
 def single_producer(scratch: str, sz: Sizes, log: Callable[[str], None], with_peers: bool) -> list[Row]:
     rows = []
-    for kind, variant in (("one", "enqueue x1"), ("many", f"enqueue_many x{BATCH}"), ("lease", "lease_one+ack")):
+    for kind, variant in (("one", "enqueue x1"), ("many", f"enqueue_many x{BATCH}"), ("lease", "lease_one+ack"),
+                          ("leasemany", f"lease({ACK_BATCH})+ack_many")):
         log(f"{variant} (one producer, {sz.rounds} interleaved rounds):")
         with contextlib.ExitStack() as stack:
             opened = []
@@ -325,6 +334,9 @@ def single_producer(scratch: str, sz: Sizes, log: Callable[[str], None], with_pe
                 stack.callback(q.close)
                 if kind == "many" and q.enqueue_many is None:
                     continue
+                if kind == "leasemany":
+                    for _ in range(-(-sz.batches * ACK_BATCH // BATCH)):
+                        q.enqueue_many([payload(i) for i in range(BATCH)])
                 if kind == "lease":
                     if q.enqueue_many is not None:
                         q.enqueue_many([payload(i) for i in range(sz.ops)])
@@ -332,7 +344,7 @@ def single_producer(scratch: str, sz: Sizes, log: Callable[[str], None], with_pe
                         for i in range(sz.ops):
                             q.enqueue(payload(i))
                 opened.append((label, durable, q))
-            calls = sz.ops if kind != "many" else sz.batches
+            calls = sz.ops if kind in ("one", "lease") else sz.batches
             chunk = max(1, calls // sz.rounds)
             batch = [payload(i) for i in range(BATCH)]
             lat: dict[str, list[int]] = {label: [] for label, _d, _q in opened}
@@ -344,13 +356,15 @@ def single_producer(scratch: str, sz: Sizes, log: Callable[[str], None], with_pe
                         fn = lambda i, q=q: q.enqueue(payload(i))  # noqa: E731
                     elif kind == "many":
                         fn = lambda i, q=q: q.enqueue_many(batch)  # noqa: E731, B023
+                    elif kind == "leasemany":
+                        fn = lambda i, q=q: q.lease_ack_many()  # noqa: E731
                     else:
                         fn = lambda i, q=q: q.lease_ack()  # noqa: E731
                     got, t = _timed(fn, chunk)
                     lat[label] += got
                     secs[label] += t
             for label, durable, _q in opened:
-                jobs = len(lat[label]) * (BATCH if kind == "many" else 1)
+                jobs = len(lat[label]) * {"many": BATCH, "leasemany": ACK_BATCH}.get(kind, 1)
                 scenario = "floor" if label in (FLOOR, MMAP_FLOOR) else "single"
                 row = _lat_row(scenario, label, variant, durable, lat[label], jobs, secs[label])
                 rows.append(row)
@@ -426,7 +440,7 @@ def producer_processes(scratch: str, sz: Sizes, log: Callable[[str], None]) -> l
                 secs[k] += t
         for k in keys:
             q = _open_ringq(paths[k], "none")
-            nsync = q._ring.sync_count()
+            nsync = q.sync_counters()["queue_append_syncs"]
             q.close()
             jobs = len(lat[k]) * (BATCH if mode == "many" else 1)
             row = _lat_row("processes", f"ringq {k[0]}", variant, k[0] in DURABLE, lat[k], jobs, secs[k], k[1],
@@ -499,7 +513,7 @@ def _fan_ringq(scratch: str, n: int) -> list[int]:
 def _futex_page(path: str):
     import mmap
 
-    from ._native import ffi
+    from .._native import ffi
 
     fd = os.open(path, os.O_RDWR)
     mm = mmap.mmap(fd, 4096)
@@ -509,7 +523,7 @@ def _futex_page(path: str):
 
 
 def _fan_futex_consumer(path: str, n: int, ready, out) -> None:
-    from ._native import lib
+    from .._native import lib
 
     _mm, ptr, word, stamp = _futex_page(path)
     lat = []
@@ -528,7 +542,7 @@ def _fan_futex_consumer(path: str, n: int, ready, out) -> None:
 
 
 def _fan_futex(scratch: str, n: int) -> list[int]:
-    from ._native import ffi, lib
+    from .._native import ffi, lib
 
     path = os.path.join(scratch, "futex.page")
     with open(path, "wb") as fh:
@@ -605,7 +619,7 @@ def _rss() -> dict[str, int]:
 def _child_cold(system: str, path: str) -> dict[str, Any]:
     """In a fresh process: open the queue, lease one job; time, peak RSS, RSS growth, stats()."""
     if system == "ringq":
-        from .queue import Queue as Q
+        from ..queue import Queue as Q
     else:
         Q = importlib.import_module("nobroker").Queue
     import gc

@@ -1,0 +1,215 @@
+"""Whole-queue operations: listing, counting, requeueing the dead, purging, compaction, introspection.
+
+Reads show a lease that a reclaim would end (expired, or held by a dead process) as what the
+reclaim would make it, without writing (ringq/reaper.py, ``show_reclaimed``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import snapshot, transitions
+from .errors import CompactionError, CorruptionError, SerializationError
+from .index import Index, View, now_ms
+from .job import STATE_OF, JobState
+from .reaper import Reaper
+from .relocate import Relocator, superseding_copy
+from .words import (
+    ST_BAD,
+    ST_CONT,
+    ST_DEAD,
+    ST_DONE,
+    ST_EMPTY,
+    ST_GONE,
+    ST_LEASED,
+    ST_READY,
+    np_rel_time,
+    np_state,
+    rel_time,
+    state,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .ring import Ring
+    from .segment import Segment
+
+__all__ = [
+    "list_jobs",
+    "counts",
+    "requeue",
+    "purge",
+    "segment_bytes",
+    "introspect",
+    "shown_word",
+    "compact",
+]
+
+
+def shown_word(reaper: Reaper, view: View, slot: int) -> int:
+    """The state word of ``slot`` as a read shows it."""
+    tbl = np.array(view.seg.states[slot : slot + 1])
+    reaper.show_reclaimed(view, tbl, np.array([slot]))
+    return int(tbl[0, 0])
+
+
+def list_jobs(
+    ring: Ring, index: Index, reaper: Reaper, which: JobState | str | None, limit: int | None
+) -> list:
+    """Retained jobs in enqueue order (see Queue.list_jobs).  Raises ValueError for an unknown state."""
+    want = {ST_READY, ST_LEASED, ST_DONE, ST_DEAD}
+    delayed = which == "delayed"
+    if delayed:
+        want = {ST_READY}
+    elif which is not None:
+        try:
+            js = JobState(which)
+        except ValueError:
+            raise ValueError(
+                f"state must be one of {[s.value for s in JobState] + ['delayed']}, got {which!r}"
+            ) from None
+        want = {k for k, v in STATE_OF.items() if v is js}
+    now = now_ms()
+    out = []
+    for _rank, view, slot, word in index.heads(want, reaper.show_reclaimed):
+        if limit is not None and len(out) >= limit:
+            break
+        if delayed and view.seg.epoch_ms + rel_time(word) <= now:
+            continue
+        try:
+            out.append(snapshot.job_at(ring, view.seg, slot, word))
+        except (CorruptionError, SerializationError):
+            continue
+    return out
+
+
+def counts(ring: Ring, index: Index, reaper: Reaper) -> tuple[int, ...]:
+    """The fields of QueueStats: each segment's counts from one copy of its state table."""
+    now = now_ms()
+    c = np.zeros(8, np.int64)
+    delayed = 0
+    for view in index.views.values():
+        seg = view.seg
+        # One copy of the live table: every count below comes from the same instant of this
+        # segment (two reads of the shared words could see a job in two states).
+        tbl = np.array(seg.states[: seg.bounded_tail()])
+        reaper.show_reclaimed(view, tbl)
+        words = tbl[:, 0]
+        st = np_state(words)
+        c += np.bincount(st.astype(np.int64), minlength=8)
+        ready = words[st == ST_READY]
+        if len(ready):
+            delayed += int(np.count_nonzero(np_rel_time(ready) + seg.epoch_ms > now))
+    total = int(c[ST_READY] + c[ST_LEASED] + c[ST_DONE] + c[ST_DEAD])
+    tot = ring.ctl.totals()
+    return (
+        int(c[ST_READY]) - delayed,
+        delayed,
+        int(c[ST_LEASED]),
+        int(c[ST_DONE]),
+        int(c[ST_DEAD]),
+        total,
+        int(c[ST_BAD]),
+        tot["enqueued"],
+        tot["acked"],
+        tot["dead"],
+    )
+
+
+def requeue(ring: Ring, targets: list[tuple[int, View, int, int]]) -> int:
+    """Under the writer lock: re-append each dead job (attempts reset) superseding it; how many."""
+    recs, olds = [], []
+    for _rank, view, slot, word in targets:
+        recs.append(superseding_copy(ring, view.seg, slot)[1])
+        olds.append((view.seg, slot, word))
+    if not recs:
+        return 0
+    ring.append(recs)
+    for seg, slot, word in olds:
+        if seg.cas_state(slot, word, transitions.gone(word))[0]:
+            ring.segs.note_finished(seg)
+    return len(recs)
+
+
+def purge(ring: Ring, index: Index) -> int:
+    """GONE (with the purge reason) for every retained or damaged record; returns the jobs purged."""
+    n = 0
+    for view in list(index.views.values()):
+        seg = view.seg
+        finished = 0
+        for slot in view.heads.view().tolist():
+            while True:
+                w = seg.load_state(slot)
+                st = state(w)
+                if st in (ST_GONE, ST_EMPTY, ST_CONT):
+                    break
+                if seg.cas_state(slot, w, transitions.gone(w, purged=True))[0]:
+                    n += st != ST_BAD
+                    finished += st != ST_DONE
+                    break
+        if finished:
+            ring.segs.note_finished(seg, finished)
+    return n
+
+
+def discard_dead(ring: Ring, seg: Segment, slot: int) -> bool:
+    """GONE (with the purge reason) for the DEAD job at ``slot``; False if it is not DEAD."""
+    w = seg.load_state(slot)
+    if state(w) != ST_DEAD or not seg.cas_state(slot, w, transitions.gone(w, purged=True))[0]:
+        return False
+    ring.segs.note_finished(seg)
+    return True
+
+
+def compact(queue: Any, ring: Ring, index: Index, relocator: Relocator, refresh: Callable[[], None]) -> None:
+    """Relocate stragglers of every sealed segment, then retire every finished one (thorough).
+
+    Raises CompactionError (no job moved or lost) if a file operation fails.
+    """
+    try:
+        for view in list(index.views.values()):
+            if view.sealed:
+                relocator.offer(view)
+        ring.segs.retire_finished(thorough=True)
+        refresh()
+    except OSError as exc:
+        raise CompactionError(
+            f"compacting queue {queue.name!r} in {queue.path}: {exc}; no job was moved or lost"
+        ) from exc
+
+
+def segment_bytes(ring: Ring) -> int:
+    """Bytes of the queue's segment files (those this process has mapped)."""
+    total = 0
+    for seg in ring.segs.ordered():
+        try:
+            total += os.path.getsize(seg.path)
+        except OSError:
+            pass  # retired meanwhile by another process
+    return total
+
+
+def introspect(ring: Ring) -> dict[str, Any]:
+    """See Queue.introspect."""
+    ctl = ring.ctl
+    return {
+        "tail_segment": ctl.tail_seq(),
+        "next_seq": ctl.next_seq(),
+        "slot_size": ctl.slot_size,
+        "slot_count": ctl.slot_count,
+        "lock_waiters": ctl.lock_waiters(),
+        "synced_position": ring.dur.synced_position(),
+        "segments": {
+            seg.seq: {
+                "tail": seg.tail(),
+                "records": seg.nrecords(),
+                "sealed": seg.sealed(),
+                "retired": seg.retired(),
+            }
+            for seg in ring.segs.ordered()
+            if seg.mm is not None
+        },
+    }

@@ -1,0 +1,225 @@
+"""The life of a lease: claim, ack, nack, extend -- each one CAS on the job's state word.
+
+A claim CASes ``READY(n, due)`` to ``LEASED(n+1, now + visibility timeout)`` (a failed CAS means
+another process got there first), then tags the owner word with this process's owner index and
+``n+1`` (ringq/owner.py).  Ack, nack and extend CAS from ``LEASED(n)`` and are refused with
+NotLeasedError, saying what happened, when the word is not a lease held with the caller's token.
+The words written are computed by ringq/transitions.py; durability of acks is ringq/durability.py's.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import snapshot, transitions
+from .backoff import BackoffPolicy
+from .errors import CorruptionError, JobNotFoundError, SerializationError
+from .index import Index, View, due, now_ms, order
+from .job import Job
+from .limits import LimitGate
+from .owner import OwnerRegistry
+from .relocate import Relocator
+from .segment import Segment
+from .words import ST_DONE, lease_count, owner_pack, rel_time, state
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .ring import Ring
+
+__all__ = ["Leases", "Retired", "token_number"]
+
+
+class Retired(JobNotFoundError):
+    """The job's segment was retired: every job in it had finished."""
+
+
+class Leases:
+    """Claims and settles leases for one queue in this process.  ``refresh`` catches the index up
+    with other processes (the queue's refresh)."""
+
+    def __init__(
+        self,
+        ring: Ring,
+        index: Index,
+        owners: OwnerRegistry,
+        relocator: Relocator,
+        refresh: Callable[[], None],
+        gate: LimitGate,
+    ) -> None:
+        self.ring = ring
+        self.gate = gate  # concurrency caps and rate limits (ringq/limits.py)
+        self.index = index
+        self.owners = owners
+        self.relocator = relocator
+        self.refresh = refresh
+
+    def locate(self, job: Job | str, queue: str) -> tuple[View, int, str]:
+        """``(view, slot, id)`` of a job given as a snapshot or an id.  Raises JobNotFoundError
+        (Retired if the snapshot's segment retired)."""
+        index = self.index
+        if isinstance(job, Job):
+            segseq, slot = job._loc
+            view = index.views.get(segseq)
+            if view is None:
+                self.refresh()
+                view = index.views.get(segseq)
+            if view is not None and (job.seq == 0 or int(view.seq[slot]) == job.seq):
+                return view, slot, job.id
+            if (
+                view is None
+                and segseq
+                and segseq < self.ring.ctl.tail_seq()
+                and not os.path.exists(self.ring.segs.path(segseq))
+            ):
+                raise Retired(job.id)
+            job_id = job.id
+        else:
+            job_id = job
+        loc = index.find(job_id)
+        if loc is None:
+            self.refresh()
+            loc = index.find(job_id)
+        if loc is None:
+            raise JobNotFoundError(
+                f"no job {job_id!r} in queue {queue!r} (never enqueued, or retired)"
+            )
+        return index.views[loc[0]], loc[1], job_id
+
+    def _word_for(self, job: Job | str, queue: str) -> tuple[View, int, int, str, int | None]:
+        view, slot, job_id = self.locate(job, queue)
+        token = token_number(job.lease_token) if isinstance(job, Job) else None
+        return view, slot, view.seg.load_state(slot), job_id, token
+
+    def claim(self, view: View, slot: int, w: int, now: int, vt: float, detach: bool) -> Job | None:
+        """Lease the READY job with word ``w`` for ``vt`` seconds; None if another process won."""
+        seg = view.seg
+        new = transitions.leased(w, now + int(vt * 1000) - seg.epoch_ms)
+        if new is None:
+            return None
+        lc = lease_count(new)
+        key = (seg.seq, slot)
+        # A detached lease has no owner process (owner index 0): reapers leave it to the
+        # visibility timeout alone.
+        owner = 0 if detach else self.owners.acquire()
+        ticket = self.gate.admit(
+            seg, slot, lambda: (-int(view.prio[slot]), due(view, slot, w), order(view, slot), 1, seg.seq, 0, slot, 0)
+        )
+        if ticket is False:
+            return None  # a limit holds it back: it stays READY
+        held = self.owners.held
+        if owner:
+            held[key] = lc  # before the CAS: our own reaper must never see this lease unowned
+        if not seg.cas_state(slot, w, new)[0]:
+            self.gate.undo(ticket)
+            held.pop(key, None)
+            return None
+        self.gate.bind(ticket, seg, slot, lc)
+        self.ring.ctl.lower_deadline_floor(seg.epoch_ms + rel_time(new))
+        self.ring.note_state(seg, slot, final=False)
+        # The owner word, tagged with the lease count.  A detached lease is tagged with owner index
+        # 0: known to have no owner process, so only its visibility timeout ends it -- unlike a
+        # lease whose claimer died before this store (left untagged: see CLAIM_GRACE in the reaper).
+        seg.cas_owner(slot, seg.load_owner(slot), owner_pack(owner, lc, os.getpid()))
+        if seg.load_state(slot) != new:
+            # Stalled past CLAIM_GRACE between the two CAS: the lease was reclaimed as orphaned.
+            held.pop(key, None)
+            self.gate.release(key)
+            return None
+        try:
+            return snapshot.job_at(self.ring, seg, slot, new)
+        except (CorruptionError, SerializationError) as exc:
+            held.pop(key, None)
+            self.gate.release(key)
+            self.ring.mark_bad(seg, slot, str(exc))
+            return None
+
+    def ack(self, job: Job | str, queue: str) -> Segment | None:
+        """CAS one job to DONE; returns its segment, or None for a repeated ack.  The durability
+        strategy is told (it syncs under ``sync_acks`` when the caller calls ``sync_acks_now``)."""
+        try:
+            view, slot, w, job_id, token = self._word_for(job, queue)
+        except Retired:
+            return None  # its segment retired, so it was finished: a repeated ack
+        seg = view.seg
+        self._release_slot(seg, slot)
+        while True:
+            if state(w) == ST_DONE and (token is None or lease_count(w) == token):
+                return None  # a repeated ack; a stale holder's ack of a job done by another is refused below
+            transitions.require_lease(w, job_id, token, "ack")
+            done = transitions.acked(w, now_ms() - seg.epoch_ms)
+            ok, w = seg.cas_state(slot, w, done)
+            if ok:
+                break
+        self.ring.dur.note_ack(seg, slot, done)
+        self.ring.ctl.count("acked")
+        self.owners.held.pop((seg.seq, slot), None)
+        self.ring.segs.note_finished(seg)
+        if view.sealed:
+            self.relocator.offer(view)
+        return seg
+
+    def nack(
+        self,
+        job: Job | str,
+        queue: str,
+        error: str | None,
+        delay: float | None,
+        backoff: BackoffPolicy,
+        rng: Any,
+    ) -> Job:
+        """Return a leased job to READY after a backoff delay, or dead-letter it; the new snapshot."""
+        view, slot, w, job_id, token = self._word_for(job, queue)
+        seg = view.seg
+        self._release_slot(seg, slot)
+        transitions.require_lease(w, job_id, token, "nack")
+        lc = lease_count(w)
+        attempts = int(view.attb[slot]) + lc
+        if error is not None:
+            self.ring.write_error(seg, slot, lc, str(error))
+        dead = attempts >= int(view.maxatt[slot])
+        wait = 0.0 if dead else backoff.delay_for(attempts, rng) if delay is None else delay
+        new = transitions.failed(w, 0, dead, now_ms() + int(wait * 1000) - seg.epoch_ms)
+        while True:
+            ok, w2 = seg.cas_state(slot, w, new)
+            if ok:
+                break
+            transitions.require_lease(w2, job_id, token, "nack")
+            w = w2
+        self.ring.dur.note_ack(seg, slot, new)
+        self.owners.held.pop((seg.seq, slot), None)
+        if dead:
+            self.ring.ctl.count("dead")
+        else:
+            self.ring.note_returned(seg)
+        out = snapshot.job_at(self.ring, seg, slot, new)
+        if view.sealed:
+            self.relocator.offer(view)
+        return out
+
+    def _release_slot(self, seg: Segment, slot: int) -> None:
+        if self.gate.release((seg.seq, slot)):
+            self.ring.ctl.wake()  # a cap slot is free: leases waiting for it may go
+
+    def extend(self, job: Job | str, queue: str, seconds: float) -> Job:
+        """Push a lease's deadline to ``max(deadline, now) + seconds``; the new snapshot."""
+        view, slot, w, job_id, token = self._word_for(job, queue)
+        seg = view.seg
+        while True:
+            transitions.require_lease(w, job_id, token, "extend")
+            deadline = max(seg.epoch_ms + rel_time(w), now_ms()) + int(seconds * 1000)
+            new = transitions.extended(w, deadline - seg.epoch_ms)
+            ok, w = seg.cas_state(slot, w, new)
+            if ok:
+                self.ring.note_state(seg, slot, final=False)
+                return snapshot.job_at(self.ring, seg, slot, new)
+
+
+def token_number(token: object) -> int | None:
+    """A fencing token as the lease count it stands for; -1 for text that no lease ever issued."""
+    if token is None:
+        return None
+    if isinstance(token, int) and not isinstance(token, bool):
+        return token
+    text = str(token)
+    return int(text) if text.isdigit() and len(text) < 12 else -1

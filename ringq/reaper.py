@@ -1,0 +1,189 @@
+"""Reclaiming leases: expired ones, and those whose holder process died.
+
+A vectorised pass over the state tables finds LEASED words whose deadline passed (reclaimed as
+*expired*) and leases whose holder is gone (reclaimed as *holder died*): the owner index in the
+owner word is probed with ``F_OFD_GETLK`` (ringq/owner.py); an unlocked index means the holder is
+dead.  The reclaimer holds that index's lock itself while it reclaims, so no new process can adopt
+the index mid-way.  Reclaiming CASes ``LEASED(n)`` to ``READY(n)`` with the reason, or to ``DEAD(n)``
+when the attempts are used up.  Reads show leases a reclaim would end as what it would make them
+(:meth:`Reaper.show_reclaimed`), without writing.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import transitions
+from .control import Control
+from .index import Index, View, now_ms
+from .owner import OwnerRegistry
+from .words import (
+    ST_DEAD,
+    ST_LEASED,
+    ST_READY,
+    WHY_DIED,
+    WHY_EXPIRED,
+    lease_count,
+    np_lease_count,
+    np_owner_index,
+    np_owner_lease_count,
+    np_pack,
+    np_rel_time,
+    np_state,
+    owner_index,
+    state,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .ring import Ring
+
+__all__ = ["Reaper", "REAP_INTERVAL", "CLAIM_GRACE"]
+
+REAP_INTERVAL = 0.25  # seconds between scans for expired leases and dead holders
+FLOOR_RESCAN = 0.005  # seconds between scans while the lease-deadline floor stays in the past
+CLAIM_GRACE = 2.0  # seconds a lease may stay without its owner word before it counts as orphaned
+
+
+class Reaper:
+    """Reclaims leases of one queue for this process.  ``owners.held`` are the leases this process
+    holds (never reclaimed as a dead predecessor's)."""
+
+    def __init__(self, ring: Ring, index: Index, owners: OwnerRegistry) -> None:
+        self.ring = ring
+        self.index = index
+        self.owners = owners
+        self.last = 0.0
+        self.unowned: dict[tuple[int, int, int], float] = {}  # (seg, slot, word) -> first seen
+
+    def until_floor(self) -> float:
+        """Seconds until the earliest lease of the queue may expire (plus 1 ms), if that is ahead."""
+        ahead = self.ring.ctl.deadline_floor()[1] / 1000 - time.time()
+        return ahead + 0.001 if ahead > 0 else REAP_INTERVAL
+
+    def reap(self, force: bool = False) -> int:
+        """Return expired leases and leases of dead holders to READY (or DEAD); returns how many.
+
+        Runs when the earliest lease of the queue may have expired (the control file's deadline
+        floor), so an expired lease is leasable again within milliseconds; otherwise every
+        REAP_INTERVAL, for dead holders.  FLOOR_RESCAN spaces scans while the floor stays in the
+        past (a scan could not raise it because leases were taken meanwhile)."""
+        ctl: Control = self.ring.ctl
+        t = time.monotonic()
+        now = now_ms()
+        floor_word, floor_ms = ctl.deadline_floor()
+        if (
+            not force
+            and t - self.last < REAP_INTERVAL
+            and (now <= floor_ms or t - self.last < FLOOR_RESCAN)
+        ):
+            return 0
+        self.last = t
+        earliest = Control.FLOOR_NEVER
+        mine = self.owners.mine()
+        held = self.owners.held
+        reclaimed = 0
+        unowned: dict[tuple[int, int, int], float] = {}
+        suspects: dict[int, list[tuple[View, int, int]]] = {}
+        for view in list(self.index.views.values()):
+            seg = view.seg
+            tbl = seg.states[: seg.bounded_tail()]
+            words = tbl[:, 0]
+            leased = np.flatnonzero(np_state(words) == ST_LEASED)
+            if not len(leased):
+                continue
+            w = words[leased]
+            owners = tbl[leased, 1]
+            deadlines = np_rel_time(w) + seg.epoch_ms
+            expired = deadlines < now
+            if not expired.all():
+                earliest = min(earliest, int(deadlines[~expired].min()))
+            for slot, word in zip(leased[expired].tolist(), w[expired].tolist()):
+                reclaimed += self.reclaim(view, slot, word, WHY_EXPIRED, now)
+            tagged = np_owner_lease_count(owners) == np_lease_count(w)
+            # A claim is two CAS: the state word, then the owner word.  A claimer killed between
+            # them leaves a lease nobody owns, which only the visibility timeout would free.  A
+            # claimer is alive for microseconds there: a lease still unowned after CLAIM_GRACE
+            # seconds is orphaned, and reclaimed as its holder's death.
+            for slot, word in zip(
+                leased[~expired & ~tagged].tolist(), w[~expired & ~tagged].tolist()
+            ):
+                key = (seg.seq, slot, word)
+                first = unowned[key] = self.unowned.get(key, t)
+                if t - first >= CLAIM_GRACE:
+                    reclaimed += self.reclaim(view, slot, word, WHY_DIED, now)
+            live = ~expired & tagged
+            for slot, word, own in zip(
+                leased[live].tolist(), w[live].tolist(), owners[live].tolist()
+            ):
+                idx = owner_index(own)
+                if not idx:
+                    continue  # a detached lease: only its visibility timeout ends it
+                if idx == mine:
+                    if (seg.seq, slot) not in held:  # left by a dead process that had our index
+                        reclaimed += self.reclaim(view, slot, word, WHY_DIED, now)
+                else:
+                    suspects.setdefault(idx, []).append((view, slot, word))
+        for idx, leases in suspects.items():
+            if self.owners.is_alive(idx) or not self.owners.try_hold(idx):
+                continue  # alive, or a new process took the index in between: it reclaims these itself
+            try:
+                for view, slot, word in leases:
+                    reclaimed += self.reclaim(view, slot, word, WHY_DIED, now)
+            finally:
+                self.owners.release(idx)
+        self.unowned = unowned
+        ctl.raise_deadline_floor(floor_word, earliest)
+        self.ring.segs.retire_finished(thorough=force)
+        return reclaimed
+
+    def reclaim(self, view: View, slot: int, word: int, reason: int, now: int) -> int:
+        """CAS one lease ``word`` back to READY (DEAD if its attempts are used up); 1 if done."""
+        seg = view.seg
+        dead = int(view.attb[slot]) + lease_count(word) >= int(view.maxatt[slot])
+        new = transitions.failed(word, reason, dead, now - seg.epoch_ms)
+        ok, _ = seg.cas_state(slot, word, new)
+        if ok and state(new) == ST_READY:
+            self.ring.note_returned(seg)
+        elif ok:
+            self.ring.ctl.count("dead")
+        return int(ok)
+
+    def show_reclaimed(
+        self, view: View, tbl: np.ndarray, slots_of: np.ndarray | None = None
+    ) -> None:
+        """Rewrite, in ``tbl`` -- a private copy of rows of ``view``'s state table (state and owner
+        word; row i is slot ``slots_of[i]``, or slot i if None) -- each lease that a reclaim would
+        end (expired, or held by a dead process) as the word the reclaim would write.  Never writes
+        to the queue."""
+        words = tbl[:, 0]
+        leased = np.flatnonzero(np_state(words) == ST_LEASED)
+        if not len(leased):
+            return
+        now = now_ms()
+        seg = view.seg
+        w = words[leased]
+        own = tbl[leased, 1]
+        lc = np_lease_count(w)
+        expired = np_rel_time(w) + seg.epoch_ms < now
+        why = np.where(expired, WHY_EXPIRED, WHY_DIED)
+        idx = np_owner_index(own)
+        tagged = np_owner_lease_count(own) == lc
+        mine = self.owners.mine()
+        dead_owner = np.zeros(len(leased), bool)
+        for i in np.unique(idx[tagged & ~expired & (idx != 0)]).tolist():
+            if i != mine and not self.owners.is_alive(int(i)):
+                dead_owner |= tagged & (idx == i)
+        hit = expired | dead_owner
+        if not hit.any():
+            return
+        rows = leased[hit]
+        slots = rows if slots_of is None else slots_of[rows]
+        maxatt = view.maxatt[slots].astype(np.int64)
+        out_of_tries = (maxatt > 0) & (
+            view.attb[slots].astype(np.int64) + lc[hit].astype(np.int64) >= maxatt
+        )
+        st = np.where(out_of_tries, ST_DEAD, ST_READY)
+        words[rows] = np_pack(st, why[hit], lc[hit], max(now - seg.epoch_ms, 0))

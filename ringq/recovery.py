@@ -1,0 +1,409 @@
+"""Recovery on open (under the writer lock): whatever a crash or a power loss left becomes a queue.
+
+Unfinished temp files are removed; a segment that fails validation is renamed ``*.quarantined``
+and reported (its intact records are salvaged first: each carries its own CRC); a half-retired
+segment is unlinked (a retired flag over unfinished jobs is damage: cleared and reported).  Records
+published beyond a stale tail (crash between publish and tail store, or a power loss that kept the
+record pages but not the header page) are re-adopted in *every* segment, then every segment but the
+newest is sealed -- a rotation creates the next segment before it stores the full one's tail, so
+the full one may hold such records too.  If the newest segment is sealed or older than the control
+file's tail, a fresh tail segment is started; the next seq is raised past every retained record.
+Damaged records are marked BAD, reported and never delivered.  docs/guarantees.md lists the crash
+points; tests/test_crash_*.py enumerate them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import ackjournal
+from ._native import ffi, lib
+from .control import Control
+from .errors import CorruptionError, FormatVersionError
+from .mapped import Mapped, open_nofollow
+from .records import REC_HEADER, REC_INFO_DTYPE, NewRecord, check_one
+from .segment import Segment, seg_layout
+from .segments import SEG_RE, SegmentSet
+from .words import (
+    ST_BAD,
+    ST_CONT,
+    ST_DEAD,
+    ST_EMPTY,
+    ST_LEASED,
+    ST_READY,
+    lease_count,
+    np_state,
+    state,
+)
+
+__all__ = [
+    "RecoveryReport",
+    "Salvage",
+    "open_control",
+    "recover_segments",
+    "repair_tail",
+    "quarantine",
+]
+
+MAX_SEQ_GAP = 1 << 20  # segment seqs further apart than this are damage, not history
+
+
+@dataclass
+class RecoveryReport:
+    """What opening (and later scanning) found and did.  Damage is listed here, never hidden.
+
+    Attributes:
+        quarantined: files renamed to ``*.quarantined`` because they are not valid segments,
+            as ``(path, reason)``.
+        corrupt_records: records that failed validation and are marked BAD, as
+            ``(segment path, slot, reason)``.
+        readopted: records published beyond a stale tail and taken back, as ``(segment path, count)``.
+        removed_temp: leftover temporary files of an interrupted segment creation that were removed.
+        replayed: journaled acks and nacks (``sync_acks``) whose state words were lost and were
+            applied again, as ``(segment path, count)``.
+        repairs: impossible values (a tail word, a retired flag, a control-file field) that
+            recovery replaced by what the records say, as ``(path, what was done)``.
+        quarantined_earlier: ``*.quarantined`` files of this queue left by an earlier open, still
+            waiting for an operator (they do not make the report unclean: they were reported then).
+    """
+
+    quarantined: list[tuple[str, str]] = field(default_factory=list)
+    corrupt_records: list[tuple[str, int, str]] = field(default_factory=list)
+    readopted: list[tuple[str, int]] = field(default_factory=list)
+    replayed: list[tuple[str, int]] = field(default_factory=list)
+    removed_temp: list[str] = field(default_factory=list)
+    repairs: list[tuple[str, str]] = field(default_factory=list)
+    quarantined_earlier: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        """True if nothing was damaged (re-adopting records and removing temp files are normal)."""
+        return not (self.quarantined or self.corrupt_records or self.repairs)
+
+    @property
+    def repaired(self) -> bool:
+        """True if opening found damage and acted on it (nobroker's flag): ``not clean``."""
+        return not self.clean
+
+    def describe(self) -> str:
+        """One line for people and logs: ``clean: ...`` or ``repaired: ...`` with what was done."""
+        parts = []
+        if self.quarantined:
+            parts.append(f"{len(self.quarantined)} file(s) quarantined ({self.quarantined[0][1]})")
+        if self.corrupt_records:
+            parts.append(f"{len(self.corrupt_records)} damaged record(s) marked BAD")
+        if self.repairs:
+            parts.append(f"{len(self.repairs)} repair(s) ({self.repairs[0][1]})")
+        notes = []
+        if self.readopted:
+            notes.append(f"{sum(n for _p, n in self.readopted)} record(s) re-adopted")
+        if self.replayed:
+            notes.append(f"{sum(n for _p, n in self.replayed)} journaled ack(s) replayed")
+        if self.removed_temp:
+            notes.append(f"{len(self.removed_temp)} temporary file(s) removed")
+        if self.quarantined_earlier:
+            notes.append(
+                f"{len(self.quarantined_earlier)} file(s) quarantined earlier await an operator"
+            )
+        if parts:
+            return "repaired: " + "; ".join(parts + notes)
+        return "clean: no damage found" + (f" ({'; '.join(notes)})" if notes else "")
+
+    def note_bad(self, path: str, slot: int, reason: str) -> None:
+        """Record a damaged record once."""
+        if not any(p == path and s == slot for p, s, _r in self.corrupt_records):
+            self.corrupt_records.append((path, slot, reason))
+
+
+@dataclass
+class Salvage:
+    """Intact jobs of a segment whose header is unusable: appended to the tail, then the file is
+    quarantined (copies first: a crash in between salvages again, never loses a job)."""
+
+    path: str
+    reason: str
+    records: list[NewRecord]
+    lost: int
+
+
+def open_control(
+    segs: SegmentSet, slot_size: int, slot_count: int, mode: int, report: RecoveryReport
+) -> Control:
+    """Open ``<name>.ctl``, creating it (with the geometry of the segments already there, if any).
+
+    Raises CorruptionError (saying how to rebuild it) for a damaged control file.
+    """
+    ctl_path = os.path.join(segs.dir, f"{segs.name}.ctl")
+    if os.path.lexists(ctl_path) and os.path.islink(ctl_path):
+        raise CorruptionError(f"{ctl_path}: is a symbolic link")
+    if not os.path.exists(ctl_path) or os.path.getsize(ctl_path) == 0:
+        # A missing or empty control file next to existing segments (its creation is atomic, so
+        # this is damage or a deletion): rebuild it with the geometry of the segments already
+        # there, never the caller's.  recover_segments restores the tail and the next seq.
+        found = _existing_geometry(segs)
+        if found is not None:
+            slot_size, slot_count = found
+            what = "empty" if os.path.exists(ctl_path) else "missing"
+            report.repairs.append((ctl_path, f"{what} control file; rebuilt from the segments"))
+        Control.create(ctl_path, slot_size, slot_count, mode)
+    try:
+        return Control(ctl_path)
+    except CorruptionError as exc:
+        if isinstance(exc, FormatVersionError):
+            raise
+        raise CorruptionError(
+            f"{exc}. If the queue's segments are intact, remove {ctl_path}: the next open rebuilds "
+            "it from them (geometry, tail, next seq)"
+        ) from None
+
+
+def _existing_geometry(segs: SegmentSet) -> tuple[int, int] | None:
+    """``(slot_size, slot_count)`` of the newest valid segment of this queue, or None."""
+    for seq in sorted(segs.listed_seqs(), reverse=True):
+        try:
+            seg = Segment(segs.path(seq))
+        except (OSError, CorruptionError):
+            continue
+        try:
+            return seg.slot_size, seg.slot_count
+        finally:
+            seg.close()
+    return None
+
+
+def recover_segments(segs: SegmentSet, mode: int, report: RecoveryReport) -> list[Salvage]:
+    """Bring the segments and the control words to a consistent state (see the module docstring).
+
+    Returns the salvage the caller appends (then quarantines each file with :func:`quarantine`).
+    """
+    ctl = segs.ctl
+    seqs = []
+    journals = []
+    salvage: list[Salvage] = []
+    for entry in os.scandir(segs.dir):
+        fname = entry.name
+        if fname.startswith(segs.name + ".") and fname.endswith(".acks"):
+            journals.append(entry.path)
+            continue
+        if fname.startswith(segs.name + ".") and fname.endswith(".quarantined"):
+            report.quarantined_earlier.append(entry.path)
+            continue
+        if fname.startswith(segs.name + ".") and fname.endswith(".seg.tmp"):
+            try:
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                continue
+            report.removed_temp.append(entry.path)
+            continue
+        m = SEG_RE.match(fname)
+        if m and m.group("name") == segs.name:
+            seqs.append(int(m.group("seq"), 16))
+    seqs.sort()
+    for seq in seqs:
+        path = segs.path(seq)
+        try:
+            seg = segs.open(seq)
+        except FileNotFoundError:
+            continue  # retired (unlinked) by another process since the listing: retirement takes no lock
+        except FormatVersionError:
+            raise
+        except CorruptionError as exc:
+            # A damaged header need not mean damaged records: each carries its own CRC.
+            recs, lost = _salvage(path, seq, ctl.slot_size, ctl.slot_count)
+            if recs or lost:
+                salvage.append(Salvage(path, str(exc), recs, lost))
+            else:
+                quarantine(path, str(exc), report)
+            continue
+        if seg.retired():
+            if segs.finished_all(seg):
+                seg.close()
+                segs.unlink(seq)  # a retirement interrupted between flag and unlink
+                continue
+            # Retirement is only ever begun on a finished segment: a retired flag over jobs that
+            # are not finished is damage.  Keep the jobs; clear the flag.
+            seg.clear_retired()
+            report.repairs.append(
+                (path, "retired flag set on a segment with unfinished jobs; cleared")
+            )
+        segs.add(seg)
+    live = segs.seqs()
+    # Every tail first, then the seals: a rotation creates the next segment before it stores (and
+    # syncs) the full one's tail, so a crash or a power loss can leave published records beyond the
+    # stored tail of a segment that is no longer the newest; sealing it unrepaired would hide them.
+    for seg in segs.ordered():
+        applied = ackjournal.replay(seg, repair_tail(seg, report))
+        if applied:
+            report.replayed.append((seg.path, applied))
+    for path in journals:
+        # A journal whose segment is gone: the segment retired (every job finished) and a late
+        # ack created the journal again.  Nothing in it can matter.
+        seq = path[len(os.path.join(segs.dir, segs.name)) + 1 : -len(".acks")]
+        if not (re.fullmatch(r"[0-9a-f]{16}", seq) and int(seq, 16) in segs):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+    for seq in live[:-1]:
+        seg = segs.get(seq)
+        if not seg.sealed():
+            seg.seal()
+    ctl_tail = ctl.tail_seq()
+    if ctl_tail > max(seqs, default=0) + MAX_SEQ_GAP:
+        report.repairs.append((ctl.path, f"tail segment {ctl_tail} is impossible; ignored"))
+        ctl_tail = 0
+    tail_seq = live[-1] if live else 0
+    if not live or tail_seq < ctl_tail or segs.get(tail_seq).sealed():
+        # No usable tail: none at all, the control file's tail segment vanished (deleted or
+        # quarantined), or the newest one is sealed.  Appending to a sealed segment would hide the
+        # records from readers that finished with it, and reusing the seq of a vanished one would
+        # collide with the mapping other processes still hold of it.
+        if live:
+            segs.get(tail_seq).seal()
+        tail_seq = max(ctl_tail, max(seqs, default=0)) + 1
+        segs.add(
+            Segment(
+                Segment.create(segs.dir, segs.name, tail_seq, ctl.slot_size, ctl.slot_count, mode)
+            )
+        )
+    # Never hand out a seq (a job's default id) that a retained record already has: the control
+    # page may be older than the segments after a power loss, or recreated.
+    top = max(seg.last_seq() for seg in segs) + 1
+    dirty = False
+    if ctl.next_seq() < top:
+        ctl.set_next_seq(top)
+        dirty = True
+    if ctl.tail_seq() != tail_seq:
+        ctl.set_tail_seq(tail_seq)
+        dirty = True
+    if dirty:
+        ctl.sync_page()
+    segs.max_seen = tail_seq
+    segs.seen_gen = ctl.ring_gen()
+    return salvage
+
+
+def quarantine(path: str, reason: str, report: RecoveryReport) -> None:
+    """Rename ``path`` to ``*.quarantined`` (evidence for an operator) and report it."""
+    target = path + ".quarantined"
+    try:
+        os.rename(path, target)
+    except OSError as exc:
+        reason += f" (could not rename: {exc.strerror})"
+        target = path
+    report.quarantined.append((target, reason))
+
+
+def repair_tail(seg: Segment, report: RecoveryReport) -> int:
+    """Under the lock: adopt valid records published beyond the stored tail.  Returns the tail."""
+    tail = seg.tail()
+    if tail > seg.slot_count:
+        # A damaged tail word: rebuild it from the state table (everything up to the last slot that
+        # was ever written); the walk below then adopts anything after that.
+        used = np.flatnonzero(np_state(seg.states[:, 0]))
+        rebuilt = int(used[-1]) + 1 if len(used) else 0
+        report.repairs.append(
+            (seg.path, f"tail {tail} beyond {seg.slot_count} slots; rebuilt as {rebuilt}")
+        )
+        seg.set_tail(rebuilt)
+        tail = rebuilt
+    if tail == seg.slot_count or state(seg.load_state(tail)) == ST_EMPTY:
+        return tail  # the common case: nothing beyond the tail, one load
+    start = tail
+    last_seq = seg.last_seq()
+    adopted = 0
+    while tail < seg.slot_count:
+        if state(seg.load_state(tail)) in (ST_EMPTY, ST_CONT):
+            break
+        info = check_one(seg, tail)
+        if info is None:
+            break  # a damaged unconfirmed record: the next append overwrites it
+        tail += info.span
+        last_seq = max(last_seq, info.seq)
+        adopted += 1
+    if tail != start:
+        seg.publish_tail(tail, adopted, last_seq)
+        report.readopted.append((seg.path, adopted))
+    return tail
+
+
+def _salvage(path: str, seq: int, slot_size: int, slot_count: int) -> tuple[list[NewRecord], int]:
+    """Intact unfinished jobs of segment file ``path`` whose header is unusable, as records to
+    re-append, and how many records there failed their CRC.  Reads only, with the queue's geometry
+    and the seq of the file name (each record's CRC is seeded by both).  A job keeps its id,
+    priority, max attempts and attempts so far (a lease counts as one); it is due at its
+    enqueue-time available-at (a retry's backoff time was relative to the lost header's epoch); a
+    dead job stays dead; finished ones are left out.  ``([], 0)`` if nothing is readable."""
+    state_off, data_off, size = seg_layout(slot_size, slot_count)
+    try:
+        fd = open_nofollow(path, os.O_RDONLY)
+    except (OSError, CorruptionError):
+        return [], 0
+    try:
+        if os.fstat(fd).st_size < size:
+            os.close(fd)
+            return [], 0
+        m = Mapped(path, fd, size, readonly=True)
+    except OSError:
+        os.close(fd)
+        return [], 0
+    try:
+        geom = ffi.new(
+            "ringq_geom *",
+            {
+                "seg_seq": seq,
+                "state_off": state_off,
+                "data_off": data_off,
+                "slot_size": slot_size,
+                "slot_count": slot_count,
+            },
+        )
+        states = np.frombuffer(m.mm, dtype="<u8", count=2 * slot_count, offset=state_off)[0::2]
+        used = np.flatnonzero(np_state(states))
+        end = int(used[-1]) + 1 if len(used) else 0
+        del states
+        if not end:
+            return [], 0
+        out = ffi.new("ringq_rec_info[]", end)
+        nxt = ffi.new("uint32_t *")
+        n = lib.ringq_seg_scan(m.ptr, m.size, geom, 0, end, out, end, nxt)
+        if n < 0:
+            return [], 0
+        infos = np.frombuffer(
+            ffi.buffer(out, n * REC_INFO_DTYPE.itemsize), dtype=REC_INFO_DTYPE
+        ).copy()
+        recs, lost = [], 0
+        for info in infos:
+            st = state(int(info["state"]))
+            if info["status"] != 0:
+                lost += st in (ST_READY, ST_LEASED, ST_DEAD, ST_BAD)
+                continue
+            if st not in (ST_READY, ST_LEASED, ST_DEAD):
+                continue
+            base = data_off + int(info["slot"]) * slot_size + REC_HEADER.size
+            id_len, plen = int(info["id_len"]), int(info["payload_len"])
+            jid = (
+                bytes(m.mm[base : base + id_len]) if id_len else f"{int(info['seq']):016x}".encode()
+            )
+            payload = bytes(m.mm[base + id_len : base + id_len + plen])
+            lc = lease_count(int(info["state"]))
+            recs.append(
+                NewRecord(
+                    payload,
+                    int(info["codec"]),
+                    jid,
+                    int(info["priority"]),
+                    0,
+                    int(info["max_attempts"]),
+                    min(int(info["attempts_before"]) + lc, 0xFFFF),
+                    state=ST_DEAD if st == ST_DEAD else ST_READY,
+                    at_ms=int(info["available_ms"]),
+                )
+            )
+        return recs, lost
+    finally:
+        m.close()

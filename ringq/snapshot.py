@@ -1,0 +1,71 @@
+"""Job snapshots: a :class:`ringq.job.Job` built from a record and a state word."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import codec, records
+from .errors import CorruptionError, JobNotFoundError
+from .job import STATE_OF, Job
+from .segment import Segment
+from .words import ST_LEASED, ST_READY, WHY_DIED, WHY_EXPIRED, lease_count, rel_time, state, why
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .ring import Ring
+
+__all__ = ["job_at", "last_error"]
+
+
+def job_at(
+    ring: Ring, seg: Segment, slot: int, word: int | None = None, decode: bool = True
+) -> Job:
+    """The job at ``slot`` of ``seg`` as of state word ``word`` (read now if None).
+
+    Raises CorruptionError (the record is then marked BAD), SerializationError, JobNotFoundError
+    (the slot holds no retained job).
+    """
+    try:
+        info, id_bytes, payload = records.read_record(seg, slot)
+    except CorruptionError:
+        ring.mark_bad(seg, slot, "failed validation on read")
+        raise
+    if word is None:
+        word = seg.load_state(slot)
+    st, reason, lc = state(word), why(word), lease_count(word)
+    if st not in STATE_OF:
+        raise JobNotFoundError(f"job at {seg.path} slot {slot} is no longer retained")
+    when = (seg.epoch_ms + rel_time(word)) / 1000
+    return Job(
+        id=records.job_id(info, id_bytes),
+        key=codec.split_key(info.codec, payload)[0],
+        payload=codec.decode(info.codec, payload) if decode else None,
+        priority=info.priority,
+        state=STATE_OF[st],
+        attempts=info.attempts_before + lc,
+        max_attempts=info.max_attempts,
+        available_at=when if st == ST_READY else info.available_ms / 1000,
+        enqueued_at=info.enqueued_us / 1e6,
+        lease_deadline=when if st == ST_LEASED else None,
+        lease_token=str(lc) if lc else None,
+        last_error=last_error(ring, seg, slot, reason, lc, st, info.attempts_before),
+        seq=info.seq,
+        version=2 * lc - (st == ST_LEASED),
+        _loc=(seg.seq, slot),
+    )
+
+
+def last_error(
+    ring: Ring, seg: Segment, slot: int, reason: int, lc: int, st: int, carried: int = 0
+) -> str | None:
+    """The job's last error: why its last lease was lost, or the text of its latest nack."""
+    if reason == WHY_EXPIRED:
+        return "lease expired: visibility timeout passed before ack"
+    if reason == WHY_DIED:
+        return "lease holder died: its process exited without ack"
+    if not carried and (lc == 0 or (st == ST_LEASED and lc == 1)):
+        return None  # in its first lease no nack can have happened: spare the side-file read
+    entries = ring.read_errors(seg.seq).get(slot)
+    if not entries:
+        return None
+    best = [e for e in entries if e[0] <= lc]
+    return max(best)[1] if best else None

@@ -1,0 +1,203 @@
+"""The shared words of a segment: the state word, the owner word, and queue-wide positions.
+
+Every bit of these words is defined here, once, with a scalar form (Python ints) and a numpy form
+(vectors of words copied out of a state table).  Nothing else spells a mask or a shift.  The state
+and reason numbers come from the C header (``RINGQ_ST_*``, ``RINGQ_WHY_*`` in ``csrc/ringq.h``),
+which the C helper shares.  Byte layouts: ``docs/format.md``.
+
+State word (u64, changed only by CAS after it is published)::
+
+    bits 0-2   state        EMPTY READY LEASED DONE DEAD GONE CONT BAD
+    bits 3-4   reason       why the job last left LEASED: none, lease expired, holder died, purged
+    bits 6-23  lease count  leases so far: the job's fencing token
+    bits 24-63 time         ms since the segment's epoch: available-at (READY), lease deadline
+                            (LEASED), finish time (DONE, DEAD)
+
+Owner word (u64, next to each state word)::
+
+    bits 0-15  owner index  the lease holder's byte in ``<name>.owners`` (0: detached lease)
+    bits 16-33 lease count  the lease the owner word belongs to (a stale owner word is recognised)
+    bits 34-63 pid          for people reading the file; never an identity
+
+Position (u64): ``(segment seq << 24) | slot``; orders every slot of the queue.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._native import lib
+
+__all__ = [
+    "ST_EMPTY",
+    "ST_READY",
+    "ST_LEASED",
+    "ST_DONE",
+    "ST_DEAD",
+    "ST_GONE",
+    "ST_CONT",
+    "ST_BAD",
+    "WHY_NONE",
+    "WHY_EXPIRED",
+    "WHY_DIED",
+    "WHY_PURGED",
+    "LC_MASK",
+    "TIME_SHIFT",
+    "TIME_MAX",
+    "SLOT_BITS",
+    "pack",
+    "unpack",
+    "state",
+    "why",
+    "lease_count",
+    "rel_time",
+    "with_state",
+    "with_time",
+    "owner_pack",
+    "owner_index",
+    "owner_lease_count",
+    "position",
+    "split_position",
+    "np_state",
+    "np_lease_count",
+    "np_rel_time",
+    "np_owner_index",
+    "np_owner_lease_count",
+    "np_pack",
+]
+
+ST_EMPTY = lib.RINGQ_ST_EMPTY
+ST_READY = lib.RINGQ_ST_READY
+ST_LEASED = lib.RINGQ_ST_LEASED
+ST_DONE = lib.RINGQ_ST_DONE
+ST_DEAD = lib.RINGQ_ST_DEAD
+ST_GONE = lib.RINGQ_ST_GONE
+ST_CONT = lib.RINGQ_ST_CONT
+ST_BAD = lib.RINGQ_ST_BAD
+WHY_NONE = lib.RINGQ_WHY_NONE
+WHY_EXPIRED = lib.RINGQ_WHY_EXPIRED
+WHY_DIED = lib.RINGQ_WHY_DIED
+WHY_PURGED = lib.RINGQ_WHY_PURGED
+
+STATE_MASK = 0x7
+WHY_SHIFT = 3
+WHY_MASK = 0x3
+LC_SHIFT = 6
+LC_BITS = 18
+LC_MASK = (1 << LC_BITS) - 1
+TIME_SHIFT = 24
+TIME_MAX = (1 << 40) - 1  # ms: about 34.8 years after a segment's epoch
+LOW_MASK = (1 << TIME_SHIFT) - 1  # state, reason and lease count: everything but the time
+
+OWNER_IDX_MASK = 0xFFFF
+OWNER_LC_SHIFT = 16
+OWNER_PID_SHIFT = 34
+OWNER_PID_MASK = 0x3FFFFFFF
+
+SLOT_BITS = 24  # slot counts are below 2**24 (segment.MAX_SLOT_COUNT)
+SLOT_MASK = (1 << SLOT_BITS) - 1
+
+
+# -- scalar forms ------------------------------------------------------------------------------------
+
+
+def pack(st: int, reason: int, lc: int, time_rel: int) -> int:
+    """Build a state word; ``time_rel`` (ms since the segment's epoch) is clamped to [0, TIME_MAX]."""
+    if time_rel < 0:
+        time_rel = 0
+    elif time_rel > TIME_MAX:
+        time_rel = TIME_MAX
+    return st | (reason << WHY_SHIFT) | ((lc & LC_MASK) << LC_SHIFT) | (time_rel << TIME_SHIFT)
+
+
+def unpack(word: int) -> tuple[int, int, int, int]:
+    """Split a state word into ``(state, reason, lease count, time ms since the segment's epoch)``."""
+    return state(word), why(word), lease_count(word), word >> TIME_SHIFT
+
+
+def state(word: int) -> int:
+    return word & STATE_MASK
+
+
+def why(word: int) -> int:
+    return (word >> WHY_SHIFT) & WHY_MASK
+
+
+def lease_count(word: int) -> int:
+    return (word >> LC_SHIFT) & LC_MASK
+
+
+def rel_time(word: int) -> int:
+    """The word's time, ms since its segment's epoch."""
+    return word >> TIME_SHIFT
+
+
+def with_state(word: int, st: int, reason: int | None = None) -> int:
+    """``word`` with its state replaced (and its reason, if given); lease count and time kept."""
+    if reason is None:
+        return (word & ~STATE_MASK) | st
+    return (word & ~(STATE_MASK | (WHY_MASK << WHY_SHIFT))) | st | (reason << WHY_SHIFT)
+
+
+def with_time(word: int, time_rel: int) -> int:
+    """``word`` with its time replaced (clamped to [0, TIME_MAX] ms)."""
+    return (word & LOW_MASK) | (min(max(time_rel, 0), TIME_MAX) << TIME_SHIFT)
+
+
+def owner_pack(index: int, lc: int, pid: int) -> int:
+    """An owner word: owner index, the lease count it belongs to, and the holder's pid."""
+    return index | ((lc & LC_MASK) << OWNER_LC_SHIFT) | ((pid & OWNER_PID_MASK) << OWNER_PID_SHIFT)
+
+
+def owner_index(word: int) -> int:
+    return word & OWNER_IDX_MASK
+
+
+def owner_lease_count(word: int) -> int:
+    return (word >> OWNER_LC_SHIFT) & LC_MASK
+
+
+def position(seg_seq: int, slot: int) -> int:
+    """The queue-wide position of ``slot`` in segment ``seg_seq``; positions order all slots."""
+    return (seg_seq << SLOT_BITS) | slot
+
+
+def split_position(pos: int) -> tuple[int, int]:
+    """``(segment seq, slot)`` of a position (also the form of a record's ``supersedes`` field)."""
+    return pos >> SLOT_BITS, pos & SLOT_MASK
+
+
+# -- numpy forms (vectors of uint64 words) ---------------------------------------------------------
+
+_U = np.uint64
+
+
+def np_state(words: np.ndarray) -> np.ndarray:
+    return words & _U(STATE_MASK)
+
+
+def np_lease_count(words: np.ndarray) -> np.ndarray:
+    return (words >> _U(LC_SHIFT)) & _U(LC_MASK)
+
+
+def np_rel_time(words: np.ndarray) -> np.ndarray:
+    """Times of the words as int64 ms since the segment's epoch."""
+    return (words >> _U(TIME_SHIFT)).astype(np.int64)
+
+
+def np_owner_index(owners: np.ndarray) -> np.ndarray:
+    return owners & _U(OWNER_IDX_MASK)
+
+
+def np_owner_lease_count(owners: np.ndarray) -> np.ndarray:
+    return (owners >> _U(OWNER_LC_SHIFT)) & _U(LC_MASK)
+
+
+def np_pack(st: np.ndarray, reason: np.ndarray, lc: np.ndarray, time_rel: int) -> np.ndarray:
+    """Vector :func:`pack` with one time (ms since the epoch, >= 0) for every word."""
+    return (
+        st.astype(_U)
+        | (reason.astype(_U) << _U(WHY_SHIFT))
+        | (lc.astype(_U) << _U(LC_SHIFT))
+        | (_U(time_rel) << _U(TIME_SHIFT))
+    )

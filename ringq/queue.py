@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import pathlib
 import random
+import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -240,9 +241,19 @@ class Queue(LimitMethods, ScheduleMethods):
         self.close()
 
     def __del__(self) -> None:
+        # Never blocks.  During interpreter shutdown daemon threads (a worker's, a flusher's) are
+        # frozen wherever they stood and may hold any lock close() takes, so nothing is done
+        # there: the exit hook of ringq/durability.py already flushed, and the OS drops the
+        # descriptors, mappings and flocks.  Otherwise close only if the queue lock is free.
         try:
-            if not self._closed:
+            if self._closed or sys.is_finalizing():
+                return
+            if not self._lock.acquire(blocking=False):
+                return
+            try:
                 self.close()
+            finally:
+                self._lock.release()
         except Exception:
             pass
 

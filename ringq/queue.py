@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import admin, snapshot
+from . import admin, ids, snapshot
 from .backoff import BackoffPolicy
 from .errors import JobNotFoundError, LimitError, NotLeasedError, QueueClosedError
 from .index import Index
@@ -289,7 +289,9 @@ class Queue(LimitMethods, ScheduleMethods):
             delay: seconds before the job may be leased (>= 0).
             max_attempts: leases allowed before dead-lettering (default: the queue's).
             job_id: idempotency key: if a job with this id is retained, it is returned and nothing
-                is written (across processes and restarts).
+                is written (across processes and restarts).  Without one the job gets an automatic
+                id, its sequence number as 16 hex digits; so an id of 16 hex digits is refused
+                (ValueError), or it could name a second job (ringq/ids.py).
             key: the job's limit key (at most 128 UTF-8 bytes): the concurrency cap and rate
                 limit set by ``limit(key, ...)`` apply to it; ``Job.key`` gives it back.
             unique_for: with ``key``: seconds of a unique window.  While the window that an
@@ -328,8 +330,13 @@ class Queue(LimitMethods, ScheduleMethods):
         return self._producer.enqueue(list(payloads), priority, delay, attempts,
                                       None if job_ids is None else list(job_ids), key)
 
-    def import_jobs(self, jobs: Sequence[Job]) -> int:
+    def import_jobs(self, jobs: Sequence[Job], *, source: str | None = None) -> int:
         """Store jobs brought from elsewhere (another queue's snapshot), keeping their state.
+
+        ``source`` names the queue they come from (``ringq.ids.source_tag(queue)``): a job whose id
+        has the automatic form (16 hex digits, unique only within its own queue) is stored as
+        ``<source>-<id>`` (``ringq.ids.migrated_id``), the same on every run.  Without ``source``
+        such an id is refused (ValueError, nothing written).
 
         Each job keeps its ``id``, ``payload``, ``priority``, ``attempts``, ``max_attempts``,
         ``last_error`` and ``available_at`` (an absolute time: a past one is due at once); a DEAD
@@ -345,7 +352,7 @@ class Queue(LimitMethods, ScheduleMethods):
             RecordTooLargeError, QueueFullError, QueueClosedError.
         """
         self._live()
-        return self._producer.import_jobs(list(jobs))
+        return self._producer.import_jobs(ids.renamed(jobs, source))
 
     # -- catching up ----------------------------------------------------------------------------------
 

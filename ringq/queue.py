@@ -372,6 +372,15 @@ class Queue(LimitMethods, ScheduleMethods):
                     self._relocator.offer(view)
         return n
 
+    def _settle(self, force: bool = True) -> None:
+        """Catch up and reclaim expired and dead holders' leases, before a call that changes
+        state: read-only calls already show such a lease as what reclaiming makes it (READY or
+        DEAD), so a change must act on that state, not on the word still stored.  ``force``
+        scans now; otherwise the reaper's own schedule decides (cheap: the hot ack path)."""
+        self._refresh()
+        if self._reap(force):
+            self._refresh()
+
     def _job_at(self, segseq: int, slot: int, word: int | None = None) -> Job:
         return snapshot.job_at(self._ring, self._index.views[segseq].seg, slot, word)
 
@@ -480,6 +489,7 @@ class Queue(LimitMethods, ScheduleMethods):
         """
         self._live()
         with self._lock:
+            self._settle(force=False)
             self._leases.ack(job, self.name)
         self._ring.dur.sync_acks_now()
 
@@ -490,6 +500,7 @@ class Queue(LimitMethods, ScheduleMethods):
         self._live()
         first: Exception | None = None
         with self._lock:
+            self._settle(force=False)
             for job in jobs:
                 try:
                     self._leases.ack(job, self.name)
@@ -516,6 +527,7 @@ class Queue(LimitMethods, ScheduleMethods):
         if delay is not None and not 0 <= delay <= MAX_DELAY:
             raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
         with self._lock:
+            self._settle(force=False)
             out = self._leases.nack(job, self.name, error, delay, self.backoff, self._rng)
         self._ring.dur.sync_acks_now()
         return out
@@ -526,6 +538,7 @@ class Queue(LimitMethods, ScheduleMethods):
         if not 0 < seconds < TIME_MAX / 1000:
             raise ValueError(f"seconds must be > 0 (and finite), got {seconds!r}")
         with self._lock:
+            self._settle(force=False)
             return self._leases.extend(job, self.name, seconds)
 
     # -- reads and admin ----------------------------------------------------------------------------
@@ -563,6 +576,8 @@ class Queue(LimitMethods, ScheduleMethods):
         Raises JobNotFoundError, or NotLeasedError if ``job_id`` is not dead.
         """
         self._live()
+        with self._lock:
+            self._settle()
         with self._lock, self._ring.locked():
             self._refresh()
             if job_id is not None:
@@ -582,6 +597,7 @@ class Queue(LimitMethods, ScheduleMethods):
         to every job).  Raises JobNotFoundError, or NotLeasedError if the job is not dead."""
         self._live()
         with self._lock:
+            self._settle()
             view, slot, _ = self._leases.locate(job_id, self.name)
             if not admin.discard_dead(self._ring, view.seg, slot):
                 raise NotLeasedError(f"job {job_id!r} is not in the dead-letter queue")
@@ -590,7 +606,7 @@ class Queue(LimitMethods, ScheduleMethods):
         """Remove every retained job (ready, delayed, leased, done, dead); returns how many."""
         self._live()
         with self._lock:
-            self._refresh()
+            self._settle()
             n = admin.purge(self._ring, self._index)
             self._owners.held.clear()
             self._ring.segs.retire_finished()
@@ -616,7 +632,7 @@ class Queue(LimitMethods, ScheduleMethods):
         """
         self._live()
         with self._lock:
-            self._refresh()
+            self._settle()
             before_bytes, before = admin.segment_bytes(self._ring), self.stats()
             admin.compact(self, self._ring, self._index, self._relocator, self._refresh)
             after = self.stats()

@@ -36,6 +36,7 @@ seconds later (the same flusher thread), which bounds the window docs/durability
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import os
 import threading
@@ -89,6 +90,7 @@ class Strategy:
         self.state_syncs = 0
         self._reset()
         forksafe.register(self)
+        _LIVE.add(self)
 
     def drop_inherited_locks(self) -> None:
         """In a forked child (ringq/forksafe.py): drop the parent's descriptors and thread locks now."""
@@ -205,7 +207,7 @@ class Strategy:
         if self._flusher is not None and self._flusher.is_alive():
             return
         with self._mutex:
-            if self._flusher is not None and self._flusher.is_alive():
+            if _exiting or (self._flusher is not None and self._flusher.is_alive()):
                 return
             # The thread holds only a weak reference, so an unclosed queue can still be collected.
             t = threading.Thread(target=_flusher_main, args=(weakref.ref(self), self._stop, self._period()),
@@ -238,6 +240,41 @@ class Strategy:
         if t is not None and t is not threading.current_thread() and self._pid == os.getpid():
             t.join(timeout=5.0)
         self.flush()
+
+
+    def stop_at_exit(self) -> None:
+        """Before interpreter shutdown: stop the flusher and flush what is pending.
+
+        A daemon flusher is frozen wherever it stands once shutdown begins, possibly holding
+        ``_mutex`` or the segment set's ``maplock``; anything run after that (a ``__del__``)
+        would wait for those locks forever.  Stopping it here, while threads still run, means
+        no flusher holds a lock when shutdown freezes threads.
+        """
+        if self._pid != os.getpid():
+            return
+        self._stop.set()
+        t = self._flusher
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=5.0)
+        if self.ring.ctl is not None:
+            self.flush()
+
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # every Strategy of this process (for the exit hook)
+_exiting = False  # set by the exit hook: no flusher starts after it
+
+
+@atexit.register
+def _stop_flushers_at_exit() -> None:
+    # atexit hooks run before the interpreter freezes daemon threads (Py_FinalizeEx), so the
+    # flushers can still be joined here and none is left holding a lock.
+    global _exiting
+    _exiting = True
+    for strategy in list(_LIVE):
+        try:
+            strategy.stop_at_exit()
+        except Exception:  # noqa: BLE001 -- an exit hook must not raise; a closed mapping has nothing pending
+            pass
 
 
 class _AckBatch(threading.local):

@@ -22,6 +22,7 @@ record that is torn or fails its checksum (nobroker itself truncates the log the
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -272,7 +273,9 @@ def import_nobroker(source: str | os.PathLike[str], into: str | os.PathLike[str]
                 counts["ready"] += 1
             todo.append(job)
         with Queue(into, name, allow_foreign=True, **queue_options) as q:
-            counts["imported"] = q.import_jobs(todo) if todo else 0
+            # nobroker's ids are uuid4 hex; a caller's id of 16 hex digits is renamed per source
+            tag = f"{name}-{hashlib.sha256(os.path.realpath(source).encode()).hexdigest()[:8]}"
+            counts["imported"] = q.import_jobs(todo, source=tag) if todo else 0
         counts["existing"] = len(todo) - counts["imported"]
         result.queues[name] = counts
     return result

@@ -5,6 +5,11 @@ Jobs are read from the source with ``list_jobs`` and written to the destination 
 last error, and skips ids the destination already retains.  So a migration killed halfway is
 finished by running it again, and a second run adds nothing.  Leased jobs are not copied (their
 holder may still ack them); done jobs are history and stay behind.
+
+An automatic id (16 hex digits, the job's sequence number) is unique only within its own queue,
+so such a job is copied as ``<source queue name>-<8 hex digits naming the source location>-<id>``
+(ringq/ids.py): deterministic, so a rerun still adds nothing, and two sources merged into one
+queue never collide.  Ids a caller gave are kept.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import RingqError
+from .ids import migrated_id, source_tag
 from .job import JobState
 
 __all__ = ["migrate"]
@@ -34,11 +40,12 @@ def migrate(src: Any, dst: Any, *, purge_source: bool = False) -> dict[str, int]
         when ``purge_source`` is asked.
     """
     jobs = src.list_jobs(JobState.READY) + src.list_jobs(JobState.DEAD)
+    tag = source_tag(src)
     added = 0
     for i in range(0, len(jobs), BATCH):
-        added += dst.import_jobs(jobs[i : i + BATCH])
+        added += dst.import_jobs(jobs[i : i + BATCH], source=tag)
     for job in jobs:
-        dst.get(job.id)  # JobNotFoundError if the copy is not there
+        dst.get(migrated_id(tag, job.id))  # JobNotFoundError if the copy is not there
     leased = src.stats().leased
     purged = 0
     if purge_source:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import codec, snapshot
 from .errors import QueueFullError, SerializationError
+from .ids import check_caller_id
 from .index import Index, now_ms
 from .job import Job, JobState
 from .records import NewRecord
@@ -152,8 +153,7 @@ def new_records(
         if len(job_ids) != len(payloads):
             raise ValueError(f"job_ids has {len(job_ids)} ids for {len(payloads)} payloads")
         for jid in job_ids:
-            if not isinstance(jid, str) or not jid:
-                raise ValueError(f"job ids must be non-empty strings, got {jid!r}")
+            check_caller_id(jid)  # never the automatic form (ringq/ids.py)
     if not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
         raise ValueError(f"priority must be a 32-bit signed int, got {priority!r}")
     if not 0 <= delay <= MAX_DELAY:
@@ -178,6 +178,7 @@ def imported_record(job: Job) -> NewRecord:
     """The record of a job brought from elsewhere, keeping its state (see Queue.import_jobs)."""
     if not isinstance(job.id, str) or not job.id or not valid_text(job.id):
         raise ValueError(f"job ids must be non-empty Unicode strings, got {job.id!r}")
+    check_caller_id(job.id)  # another queue's automatic id: import_jobs(source=) renames it
     check_attempts(job.max_attempts)
     kind, data = codec.encode(job.payload)
     if job.key is not None:

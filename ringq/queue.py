@@ -22,13 +22,14 @@ from __future__ import annotations
 import os
 import pathlib
 import random
+import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import admin, snapshot
+from . import admin, ids, snapshot
 from .backoff import BackoffPolicy
 from .errors import JobNotFoundError, LimitError, NotLeasedError, QueueClosedError
 from .index import Index
@@ -240,9 +241,19 @@ class Queue(LimitMethods, ScheduleMethods):
         self.close()
 
     def __del__(self) -> None:
+        # Never blocks.  During interpreter shutdown daemon threads (a worker's, a flusher's) are
+        # frozen wherever they stood and may hold any lock close() takes, so nothing is done
+        # there: the exit hook of ringq/durability.py already flushed, and the OS drops the
+        # descriptors, mappings and flocks.  Otherwise close only if the queue lock is free.
         try:
-            if not self._closed:
+            if self._closed or sys.is_finalizing():
+                return
+            if not self._lock.acquire(blocking=False):
+                return
+            try:
                 self.close()
+            finally:
+                self._lock.release()
         except Exception:
             pass
 
@@ -278,7 +289,9 @@ class Queue(LimitMethods, ScheduleMethods):
             delay: seconds before the job may be leased (>= 0).
             max_attempts: leases allowed before dead-lettering (default: the queue's).
             job_id: idempotency key: if a job with this id is retained, it is returned and nothing
-                is written (across processes and restarts).
+                is written (across processes and restarts).  Without one the job gets an automatic
+                id, its sequence number as 16 hex digits; so an id of 16 hex digits is refused
+                (ValueError), or it could name a second job (ringq/ids.py).
             key: the job's limit key (at most 128 UTF-8 bytes): the concurrency cap and rate
                 limit set by ``limit(key, ...)`` apply to it; ``Job.key`` gives it back.
             unique_for: with ``key``: seconds of a unique window.  While the window that an
@@ -317,8 +330,13 @@ class Queue(LimitMethods, ScheduleMethods):
         return self._producer.enqueue(list(payloads), priority, delay, attempts,
                                       None if job_ids is None else list(job_ids), key)
 
-    def import_jobs(self, jobs: Sequence[Job]) -> int:
+    def import_jobs(self, jobs: Sequence[Job], *, source: str | None = None) -> int:
         """Store jobs brought from elsewhere (another queue's snapshot), keeping their state.
+
+        ``source`` names the queue they come from (``ringq.ids.source_tag(queue)``): a job whose id
+        has the automatic form (16 hex digits, unique only within its own queue) is stored as
+        ``<source>-<id>`` (``ringq.ids.migrated_id``), the same on every run.  Without ``source``
+        such an id is refused (ValueError, nothing written).
 
         Each job keeps its ``id``, ``payload``, ``priority``, ``attempts``, ``max_attempts``,
         ``last_error`` and ``available_at`` (an absolute time: a past one is due at once); a DEAD
@@ -334,7 +352,7 @@ class Queue(LimitMethods, ScheduleMethods):
             RecordTooLargeError, QueueFullError, QueueClosedError.
         """
         self._live()
-        return self._producer.import_jobs(list(jobs))
+        return self._producer.import_jobs(ids.renamed(jobs, source))
 
     # -- catching up ----------------------------------------------------------------------------------
 
@@ -353,6 +371,15 @@ class Queue(LimitMethods, ScheduleMethods):
                 if view.sealed:
                     self._relocator.offer(view)
         return n
+
+    def _settle(self, force: bool = True) -> None:
+        """Catch up and reclaim expired and dead holders' leases, before a call that changes
+        state: read-only calls already show such a lease as what reclaiming makes it (READY or
+        DEAD), so a change must act on that state, not on the word still stored.  ``force``
+        scans now; otherwise the reaper's own schedule decides (cheap: the hot ack path)."""
+        self._refresh()
+        if self._reap(force):
+            self._refresh()
 
     def _job_at(self, segseq: int, slot: int, word: int | None = None) -> Job:
         return snapshot.job_at(self._ring, self._index.views[segseq].seg, slot, word)
@@ -462,6 +489,7 @@ class Queue(LimitMethods, ScheduleMethods):
         """
         self._live()
         with self._lock:
+            self._settle(force=False)
             self._leases.ack(job, self.name)
         self._ring.dur.sync_acks_now()
 
@@ -472,6 +500,7 @@ class Queue(LimitMethods, ScheduleMethods):
         self._live()
         first: Exception | None = None
         with self._lock:
+            self._settle(force=False)
             for job in jobs:
                 try:
                     self._leases.ack(job, self.name)
@@ -498,6 +527,7 @@ class Queue(LimitMethods, ScheduleMethods):
         if delay is not None and not 0 <= delay <= MAX_DELAY:
             raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
         with self._lock:
+            self._settle(force=False)
             out = self._leases.nack(job, self.name, error, delay, self.backoff, self._rng)
         self._ring.dur.sync_acks_now()
         return out
@@ -508,6 +538,7 @@ class Queue(LimitMethods, ScheduleMethods):
         if not 0 < seconds < TIME_MAX / 1000:
             raise ValueError(f"seconds must be > 0 (and finite), got {seconds!r}")
         with self._lock:
+            self._settle(force=False)
             return self._leases.extend(job, self.name, seconds)
 
     # -- reads and admin ----------------------------------------------------------------------------
@@ -545,6 +576,8 @@ class Queue(LimitMethods, ScheduleMethods):
         Raises JobNotFoundError, or NotLeasedError if ``job_id`` is not dead.
         """
         self._live()
+        with self._lock:
+            self._settle()
         with self._lock, self._ring.locked():
             self._refresh()
             if job_id is not None:
@@ -564,6 +597,7 @@ class Queue(LimitMethods, ScheduleMethods):
         to every job).  Raises JobNotFoundError, or NotLeasedError if the job is not dead."""
         self._live()
         with self._lock:
+            self._settle()
             view, slot, _ = self._leases.locate(job_id, self.name)
             if not admin.discard_dead(self._ring, view.seg, slot):
                 raise NotLeasedError(f"job {job_id!r} is not in the dead-letter queue")
@@ -572,7 +606,7 @@ class Queue(LimitMethods, ScheduleMethods):
         """Remove every retained job (ready, delayed, leased, done, dead); returns how many."""
         self._live()
         with self._lock:
-            self._refresh()
+            self._settle()
             n = admin.purge(self._ring, self._index)
             self._owners.held.clear()
             self._ring.segs.retire_finished()
@@ -598,7 +632,7 @@ class Queue(LimitMethods, ScheduleMethods):
         """
         self._live()
         with self._lock:
-            self._refresh()
+            self._settle()
             before_bytes, before = admin.segment_bytes(self._ring), self.stats()
             admin.compact(self, self._ring, self._index, self._relocator, self._refresh)
             after = self.stats()

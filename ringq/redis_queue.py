@@ -40,6 +40,7 @@ from .errors import (
     ReplicationTimeoutError,
     SerializationError,
 )
+from .ids import check_caller_id, renamed
 from .job import Job, JobState
 from .queue import DEFAULT_MAX_ATTEMPTS, DEFAULT_VISIBILITY_TIMEOUT, MAX_ATTEMPTS_LIMIT, QueueStats
 
@@ -254,8 +255,7 @@ class RedisQueue:
             raise ValueError(f"job_ids has {len(ids)} ids for {len(payloads)} payloads")
         if job_ids is not None:
             for jid in ids:
-                if not isinstance(jid, str) or not jid:
-                    raise ValueError(f"job ids must be non-empty strings, got {jid!r}")
+                check_caller_id(jid)  # never the automatic form (ringq/ids.py)
         if not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
             raise ValueError(f"priority must be a 32-bit signed int, got {priority!r}")
         if not 0 <= delay <= MAX_DELAY:
@@ -461,10 +461,15 @@ class RedisQueue:
         """Number of retained jobs (``stats().total``)."""
         return self.stats().total
 
-    def import_jobs(self, jobs: Sequence[Job]) -> int:
+    def import_jobs(self, jobs: Sequence[Job], *, source: str | None = None) -> int:
         """Store copies of ``jobs`` (READY, delayed or DEAD) keeping id, payload, priority, attempts,
         max attempts, available-at, enqueue time and last error; a job whose id is retained is
-        skipped, so importing twice adds nothing.  Returns how many were added (for migrate)."""
+        skipped, so importing twice adds nothing.  Returns how many were added (for migrate).
+        ``source``: as :meth:`ringq.Queue.import_jobs` (an automatic-form id becomes
+        ``<source>-<id>``; without ``source`` it is refused with ValueError, nothing written)."""
+        jobs = renamed(jobs, source)
+        for j in jobs:
+            check_caller_id(j.id)
         args: list[Any] = [len(jobs)]
         for j in jobs:
             kind, data = codec.encode(j.payload)

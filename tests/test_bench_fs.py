@@ -35,7 +35,58 @@ def _why_not() -> str | None:
     return None
 
 
-pytestmark = pytest.mark.skipif(_why_not() is not None, reason=f"loop-device matrix: {_why_not()}")
+needs_loop = pytest.mark.skipif(_why_not() is not None, reason=f"loop-device matrix: {_why_not()}")
+
+
+def test_a_missing_mkfs_names_its_package():
+    from ringq.bench.fs import FsSpec, why_not
+
+    specs = {"zfs": FsSpec("zfs", ("mkfs.no-such-fs-here",), "zfsutils-linux")}
+    why = why_not("zfs", specs)
+    if os.geteuid() == 0 and os.path.exists("/dev/loop-control"):
+        assert why == "mkfs.no-such-fs-here is not installed (apt-get install zfsutils-linux)"
+    else:
+        assert why in (
+            "needs root (loop devices and mount)",
+            "no loop devices (/dev/loop-control is missing)",
+        )
+
+
+NOT_ROOT = """
+import os, sys
+import ringq.bench, ringq.bench.fs, ringq.bench.here
+os.seteuid(65534)
+sys.exit(ringq.bench.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="drops root to show the non-root message; runs as root"
+)
+def test_without_root_the_matrix_is_skipped_in_one_line(tmp_path):
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            NOT_ROOT,
+            "--fs",
+            "ext4,tmpfs",
+            "--smoke",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    assert (
+        res.stderr
+        == "skipped the file-system matrix (ext4,tmpfs): needs root (loop devices and mount)\n"
+    )
+    assert res.stdout == "" and not (tmp_path / "out").exists()
 
 
 def _leftovers(under) -> list[str]:
@@ -74,6 +125,7 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
+@needs_loop
 def test_tiny_ext4_and_tmpfs_matrix_then_nothing_left_mounted(tmp_path):
     res = subprocess.run(
         _argv(tmp_path), capture_output=True, text=True, env=_env(), timeout=120, cwd=tmp_path
@@ -108,6 +160,7 @@ def test_tiny_ext4_and_tmpfs_matrix_then_nothing_left_mounted(tmp_path):
     assert list((tmp_path / "scratch").iterdir()) == []
 
 
+@needs_loop
 @pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupted_mid_run_unmounts_and_detaches(tmp_path, sig, status):
     # Many repeats: the run is still measuring when the signal comes.

@@ -114,3 +114,31 @@ def test_here_refuses_a_missing_directory_in_one_line(tmp_path):
     res = _run("ringq.bench", "--here", str(tmp_path / "nope"), "--ops", "10", cwd=tmp_path)
     assert res.returncode == 2
     assert res.stderr.strip() == f"ringq bench --here: {tmp_path / 'nope'} is not a directory"
+
+
+def test_cheapest_is_the_fastest_keeper_of_each_promise_and_names_ties():
+    from ringq.bench import FLOOR, Row
+    from ringq.bench.here import summarize
+
+    def row(system: str, variant: str, ops: float) -> Row:
+        return Row(
+            "single", system, variant, True, ops_per_s=ops, p50_us=1e6 / ops, p99_us=2e6 / ops
+        )
+
+    rows = [
+        row(FLOOR, "enqueue x1", 1000.0),
+        row("ringq none", "enqueue x1", 9000.0),
+        row("ringq msync", "enqueue x1", 600.0),
+        row("ringq fdatasync", "enqueue x1", 650.0),
+        row("ringq group", "enqueue x1", 500.0),
+        row("ringq interval", "enqueue x1", 8500.0),
+        row("ringq msync, sync_acks", "lease_one+ack", 400.0),
+    ]
+    got = {c["goal"]: c for c in summarize(rows)["cheapest"]}
+    power = got["an enqueue that returned survives power loss"]
+    assert (power["strategy"], power["ties"], power["x_floor"]) == ("fdatasync", ["msync"], 0.65)
+    window = got["a power loss loses at most the last flush_interval of enqueues"]
+    assert (window["strategy"], window["ties"]) == ("interval", [])
+    crash = got["an enqueue that returned survives a process crash"]
+    assert (crash["strategy"], crash["ties"]) == ("none", ["interval"])
+    assert got["an acked job is not redelivered after power loss"]["strategy"] == "sync_acks"

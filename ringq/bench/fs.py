@@ -115,9 +115,9 @@ def _tool(name: str) -> str | None:
     return shutil.which(name, path=os.environ.get("PATH", "") + os.pathsep + SBIN)
 
 
-def why_not(name: str) -> str | None:
-    """Why ``name`` cannot be measured here (one line), or None when it can."""
-    spec = FILE_SYSTEMS[name]
+def why_not(name: str, specs: dict[str, FsSpec] = FILE_SYSTEMS) -> str | None:
+    """Why file system ``name`` (a key of ``specs``) cannot be measured here (one line), or None."""
+    spec = specs[name]
     if os.geteuid() != 0:
         return "needs root (loop devices and mount)"
     for tool in ("mount", "umount") + (("losetup",) if spec.mkfs else ()):

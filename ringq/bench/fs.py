@@ -27,6 +27,7 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -166,20 +167,22 @@ def _sigterm_exits() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
-def _is_mounted(path: str) -> bool:
-    real = os.path.realpath(path)
-    with open("/proc/self/mounts", encoding="utf-8") as fh:
-        return any(line.split()[1] == real for line in fh if len(line.split()) > 1)
-
-
 def _mount_line(path: str) -> str:
+    """``"DEV on PATH type FS (OPTIONS)"`` for the mount at ``path``, or "" if none."""
     real = os.path.realpath(path)
     with open("/proc/self/mounts", encoding="utf-8") as fh:
         for line in fh:
-            p = line.split()
+            # /proc/self/mounts writes a space, tab, newline or backslash in a path as \ooo.
+            p = [
+                re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), f) for f in line.split()
+            ]
             if len(p) >= 4 and p[1] == real:
                 return f"{p[0]} on {p[1]} type {p[2]} ({p[3]})"
     return ""
+
+
+def _is_mounted(path: str) -> bool:
+    return _mount_line(path) != ""
 
 
 def _unmount(mnt: str, log: Callable[[str], None]) -> bool:
@@ -536,7 +539,12 @@ def run(args: argparse.Namespace, mode: str, sz: Sizes) -> int:
                     if n in skipped:
                         continue
                     try:
-                        info[n] = stack.enter_context(mounted(n, scratch, args.fs_image_mib, log))
+                        # Held so that no interrupt falls between the mount and the
+                        # registration of its cleanup (mkfs waits for it, too).
+                        with _signals_held():
+                            info[n] = stack.enter_context(
+                                mounted(n, scratch, args.fs_image_mib, log)
+                            )
                     except (FsSetupError, subprocess.TimeoutExpired) as exc:
                         skipped[n] = str(exc)
                         log(f"skipped {n}: {exc}")

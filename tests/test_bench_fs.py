@@ -102,23 +102,12 @@ def _leftovers(under) -> list[str]:
     return found
 
 
-def _argv(tmp_path, *extra: str) -> list[str]:
+def _argv(tmp_path, *extra: str, plots: bool = False) -> list[str]:
     return [
-        sys.executable,
-        "-m",
-        "ringq.bench",
-        "--smoke",
-        "--fs",
-        "ext4,tmpfs",
-        "--fs-image-mib",
-        "256",
-        "--dir",
-        str(tmp_path / "scratch"),
-        "--out",
-        str(tmp_path / "out"),
-        "--no-plots",
-        *extra,
-    ]
+        sys.executable, "-m", "ringq.bench", "--smoke", "--fs", "ext4,tmpfs", "--fs-image-mib", "256",
+        "--dir", str(tmp_path / "scratch"), "--out", str(tmp_path / "out"),
+        *([] if plots else ["--no-plots"]), *extra,
+    ]  # fmt: skip
 
 
 def _env() -> dict[str, str]:
@@ -128,7 +117,12 @@ def _env() -> dict[str, str]:
 @needs_loop
 def test_tiny_ext4_and_tmpfs_matrix_then_nothing_left_mounted(tmp_path):
     res = subprocess.run(
-        _argv(tmp_path), capture_output=True, text=True, env=_env(), timeout=120, cwd=tmp_path
+        _argv(tmp_path, plots=True),
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=120,
+        cwd=tmp_path,
     )
     assert res.returncode == 0, res.stderr[-3000:]
     assert (
@@ -156,6 +150,8 @@ def test_tiny_ext4_and_tmpfs_matrix_then_nothing_left_mounted(tmp_path):
     assert cells[("enqueue x1", "raw pwrite+fdatasync")]["ext4"]["x_floor"] == 1
     assert cells[("lease_one+ack", "ringq msync, sync_acks")]["tmpfs"]["ops_per_s"] > 0
     assert (tmp_path / "out" / "fs-matrix.md").read_text().startswith("| operation | system |")
+    plotted = (tmp_path / "out" / "fs-matrix.png").exists()
+    assert plotted or "no plot: matplotlib is not installed" in res.stderr
     assert _leftovers(tmp_path) == []
     assert list((tmp_path / "scratch").iterdir()) == []
 

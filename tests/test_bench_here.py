@@ -21,13 +21,19 @@ def _plain(cell: str) -> str:
 
 
 def _strategy_table() -> dict[str, list[str]]:
-    """docs/durability.md's strategies table: durability= value -> its other cells."""
-    rows = {}
+    """docs/durability.md's strategies table (the one whose header has "an `enqueue` returns
+    after"): durability= value -> its other cells."""
     with open(DOC, encoding="utf-8") as fh:
-        for line in fh:
-            if line.startswith('| `"'):
-                cells = [_plain(c) for c in line.strip().strip("|").split("|")]
-                rows[re.search(r"\w+", cells[0]).group(0)] = cells[1:]
+        lines = fh.read().splitlines()
+    start = next(
+        i for i, ln in enumerate(lines) if ln.startswith("|") and "an `enqueue` returns after" in ln
+    )
+    rows = {}
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = [_plain(c) for c in line.strip().strip("|").split("|")]
+        rows[re.search(r"\w+", cells[0]).group(0)] = cells[1:]
     return rows
 
 

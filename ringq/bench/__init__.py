@@ -860,6 +860,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--quiet", action="store_true", help="only the table")
     p.add_argument("--replot", metavar="RESULTS_JSON", help="redraw the table and plots of an earlier run into --out")
+    from . import fs, here  # their options live with their code
+
+    fs.add_arguments(p)
+    here.add_arguments(p)
     return p
 
 
@@ -874,8 +878,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         for p in plots(rows, args.out, old["floor_ops_per_s"], lambda s: print(s, file=sys.stderr)):
             print(f"plot: {p}", file=sys.stderr)
         return 0
+    if args.here:
+        from . import here
+
+        return here.run(args.here, ops=args.ops, as_json=args.json, quiet=args.quiet)
     mode = "smoke" if args.smoke else "full" if args.full else "short"
     sz = SIZES[mode]
+    if args.fs:
+        from . import fs
+
+        return fs.run(args, mode, sz)
     if args.cold_jobs:
         sz = Sizes(**{**asdict(sz), "cold": args.cold_jobs})
     only = set(SCENARIOS if not args.only else args.only.split(","))

@@ -113,6 +113,8 @@ class Job:
         created_at: when it was submitted (timezone-aware UTC).
         finished_at: when it finished (timezone-aware UTC), else None.
         attempts: times a handler was started for it (leases, counting ones lost to crashes).
+        progress: the fraction in [0, 1] its running handler last reported with
+            :meth:`Queue.progress`, else None.
     """
 
     id: str
@@ -124,6 +126,10 @@ class Job:
     created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     finished_at: datetime | None = None
     attempts: int = 0
+    progress: float | None = None
+
+
+CANCELLED_ERROR = "Cancelled: cancelled by Queue.cancel"
 
 
 def _utc(seconds: float | None) -> datetime | None:
@@ -224,6 +230,7 @@ class Queue:
         self._loop_thread = 0
         self._closing = False
         self._lost: set[tuple[str, int]] = set()
+        self._cancelling: set[tuple[str, int]] = set()  # running jobs whose cancel was requested
         self._chores: list[asyncio.Task] = []
         self._sweep_fd = -1
         self._sweeping: asyncio.Future | None = None
@@ -493,6 +500,11 @@ class Queue:
                 continue
             if ej.state in (JobState.READY, JobState.LEASED):
                 return self._unfinished(ej, q)
+            if ej.state in (JobState.CANCELLED, JobState.EXPIRED):
+                kind, payload = self._decode(ej, q)
+                return Job(id=ej.id, kind=kind, payload=payload, status=Status.FAILED, result=None,
+                           error=CANCELLED_ERROR, created_at=_utc(ej.enqueued_at), finished_at=None,
+                           attempts=ej.attempts)
             if ej.state is JobState.DEAD:
                 # Only a record created outside aio (its own max_attempts) can be dead-lettered by
                 # the engine: its runs were lost (killed, closed) that many times.  It has failed.
@@ -517,7 +529,49 @@ class Queue:
     def _unfinished(self, ej: _EngineJob, q: _SyncQueue) -> Job:
         kind, payload = self._decode(ej, q)
         return Job(id=ej.id, kind=kind, payload=payload, status=Status.RUNNING,
-                   created_at=_utc(ej.enqueued_at), attempts=ej.attempts)
+                   created_at=_utc(ej.enqueued_at), attempts=ej.attempts, progress=ej.progress)
+
+    # -- lifecycle: cancel, pause, progress (docs/lifecycle.md) ---------------------------------
+
+    def cancel(self, id: str) -> bool:
+        """Cancel job ``id``: a queued or delayed one never runs (FAILED, error ``"Cancelled: ..."``);
+        a running one has its handler task cancelled at the next heartbeat, in whichever process
+        runs it, and is recorded the same way.  Returns False if the job is unknown or finished."""
+        self._check_open()
+        if isinstance(self._result(id), Job):
+            return False
+        for q in self._kind_queues():
+            try:
+                q.cancel(id)
+                return True
+            except JobNotFoundError:
+                continue
+            except RingqError:  # finished meanwhile
+                return False
+        return False
+
+    def pause(self, kind: str) -> None:
+        """Stop starting jobs of ``kind`` in every process (a pause of its engine queue, durable
+        across restarts) until :meth:`resume`.  Running handlers finish; submits still succeed."""
+        self._check_open()
+        self._open_engine(self.queue_name(kind)).pause()
+
+    def resume(self, kind: str) -> None:
+        """Undo :meth:`pause` for ``kind``; waiting processes start its jobs at once."""
+        self._check_open()
+        self._open_engine(self.queue_name(kind)).resume()
+
+    def progress(self, job: Job, fraction: float, message: str | None = None) -> None:
+        """Report the progress of a job this process is running (``fraction`` in [0, 1]); shown as
+        ``Job.progress`` by :meth:`get`.  Raises JobNotFoundError if this process does not run it,
+        NotLeasedError if its lease was lost, ValueError for a fraction outside [0, 1]."""
+        self._check_open()
+        for h in self._handlers.values():
+            for _task, ej in list(h.running.values()):
+                if ej.id == job.id:
+                    h.queue.progress(ej, fraction, message)
+                    return
+        raise JobNotFoundError(f"job {job.id!r} is not running in this process")
 
     # -- running --------------------------------------------------------------------------------
 
@@ -605,6 +659,10 @@ class Queue:
             except RingqError:
                 pass  # the lease then expires after the visibility timeout
         except asyncio.CancelledError:
+            if key in self._cancelling and not self._closing:  # Queue.cancel asked for it
+                asyncio.current_task().uncancel()
+                self._finish(q, ej, job, Status.FAILED, None, CANCELLED_ERROR)
+                return
             if key not in self._lost:  # interrupted (closing): let the job run again, anywhere
                 try:
                     q.nack(ej, error="Interrupted: the queue was closed while the handler ran", delay=0)
@@ -614,6 +672,7 @@ class Queue:
         finally:
             h.running.pop(key, None)
             self._lost.discard(key)
+            self._cancelling.discard(key)
             if not self._closing:
                 self._loop.call_soon(self._pump, h.kind)
 
@@ -647,7 +706,10 @@ class Queue:
             for h in list(self._handlers.values()):
                 for key, (task, ej) in list(h.running.items()):
                     try:
-                        h.queue.extend(ej, self.visibility_timeout)
+                        ext = h.queue.extend(ej, self.visibility_timeout)
+                        if ext.cancel_requested and key not in self._cancelling:
+                            self._cancelling.add(key)
+                            task.cancel()
                     except (NotLeasedError, JobNotFoundError):
                         log.warning("job %s: lease lost (this process was stuck longer than the visibility "
                                     "timeout); cancelling its handler here", ej.id)

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import codec, snapshot
+from . import codec, lifecycle, snapshot
 from .errors import QueueFullError, SerializationError
 from .index import Index, now_ms
 from .job import Job, JobState
@@ -53,9 +53,16 @@ class Producer:
         delay: float,
         attempts: int,
         job_ids: Sequence[str] | None,
+        expires_at_ms: int | None = None,
     ) -> list[Job]:
         ring = self.ring
         recs = new_records(payloads, priority, delay, attempts, job_ids)
+        if expires_at_ms is not None:  # lifecycle: the expiry goes in front of the codec's bytes
+            for r in recs:
+                r.payload, r.kind = (
+                    lifecycle.wrap_expiry(r.payload, expires_at_ms),
+                    lifecycle.KIND_EXPIRES,
+                )
         ring.check_sizes(recs)  # the whole batch, before a byte of it is allocated or written
         bufs = [ring.build(r) for r in recs]
         if not recs:
@@ -66,7 +73,10 @@ class Producer:
             # Sync outside our lock, so that other threads append meanwhile (and share the sync).
             ring.ctl.count("enqueued", len(recs))
             ring.finish(ticket)
-            return [fresh_job(r, p, payloads[i]) for i, (r, p) in enumerate(zip(recs, placed))]
+            return [
+                fresh_job(r, p, payloads[i], expires_at_ms)
+                for i, (r, p) in enumerate(zip(recs, placed))
+            ]
         with self.lock, ring.locked():
             self.refresh(True)
             found: dict[int, tuple[int, int]] = {}
@@ -89,7 +99,7 @@ class Producer:
             ring.ctl.count("enqueued", len(placed))
             made: dict[int, Job] = {}
             for i, p in zip(todo, placed):
-                made[i] = fresh_job(recs[i], p, payloads[i])
+                made[i] = fresh_job(recs[i], p, payloads[i], expires_at_ms)
                 self.index.ids[job_ids[i]] = (p[0], p[1])
             out = []
             for i, jid in enumerate(job_ids):
@@ -185,7 +195,9 @@ def imported_record(job: Job) -> NewRecord:
     )
 
 
-def fresh_job(rec: NewRecord, placed: Placement, payload: Any) -> Job:
+def fresh_job(
+    rec: NewRecord, placed: Placement, payload: Any, expires_at_ms: int | None = None
+) -> Job:
     """The snapshot of a job just appended (no read back)."""
     segseq, slot, seq, enq_us, avail_ms = placed
     return Job(
@@ -198,6 +210,7 @@ def fresh_job(rec: NewRecord, placed: Placement, payload: Any) -> Job:
         available_at=avail_ms / 1000,
         enqueued_at=enq_us / 1e6,
         seq=seq,
+        expires_at=None if expires_at_ms is None else expires_at_ms / 1000,
         _loc=(segseq, slot),
     )
 

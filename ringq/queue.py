@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import admin, snapshot
+from . import admin, lifecycle, snapshot
 from .backoff import BackoffPolicy
 from .errors import JobNotFoundError, NotLeasedError, QueueClosedError
 from .index import Index
@@ -54,8 +54,9 @@ DEFAULT_MAX_ATTEMPTS = 5
 class QueueStats:
     """Counts of retained jobs by state, and cumulative counters since the queue was created.
 
-    ``ready`` .. ``corrupt`` count the jobs retained now, each segment's from one copy of its
-    state table.  ``delayed`` jobs are READY with a future ``available_at``; ``total`` is the sum
+    ``ready`` .. ``corrupt``, ``cancelled`` and ``expired`` count the jobs retained now, each
+    segment's from one copy of its state table (``done`` counts neither cancelled nor expired jobs;
+    ``total`` includes them).  ``delayed`` jobs are READY with a future ``available_at``; ``total`` is the sum
     of the five job states.  ``corrupt`` counts records quarantined as damaged (not included in
     ``total``).  Jobs stay counted as ``done`` until their segment retires, so ``done`` and
     ``total`` fall as segments retire.  A lease that expired or whose holder died counts as
@@ -79,6 +80,8 @@ class QueueStats:
     enqueued_total: int = 0
     acked_total: int = 0
     dead_lettered_total: int = 0
+    cancelled: int = 0
+    expired: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return {f: getattr(self, f) for f in self.__slots__}
@@ -203,6 +206,7 @@ class Queue:
         self._relocator = Relocator(self._ring, self._index, lambda: self._refresh(relocate=False))
         self._leases = Leases(self._ring, self._index, self._owners, self._relocator, self._refresh)
         self._producer = Producer(self._ring, self._index, self._lock, self._refresh)
+        self._pause = lifecycle.PauseFile(self._ring)
         self._rng = random.Random()
         with self._lock:
             self._refresh()
@@ -228,6 +232,7 @@ class Queue:
             self._index.clear()
             self._ring.close()
             self._owners.close()
+            self._pause.close()
 
     def __enter__(self) -> Queue:
         return self
@@ -265,7 +270,8 @@ class Queue:
     # -- enqueue ------------------------------------------------------------------------------------
 
     def enqueue(self, payload: Any, *, priority: int = 0, delay: float = 0.0, max_attempts: int | None = None,
-                job_id: str | None = None) -> Job:
+                job_id: str | None = None, expires_in: float | None = None,
+                expires_at: float | None = None) -> Job:
         """Add one job; durable (per the durability strategy) when this returns.
 
         Args:
@@ -275,6 +281,9 @@ class Queue:
             max_attempts: leases allowed before dead-lettering (default: the queue's).
             job_id: idempotency key: if a job with this id is retained, it is returned and nothing
                 is written (across processes and restarts).
+            expires_in: seconds from now after which the job, if nobody leased it yet, is never
+                leased: it becomes EXPIRED (docs/lifecycle.md).  ``expires_at``: the same as a time,
+                seconds since the Unix epoch.  Give at most one.
 
         Returns:
             The job (``state`` READY).
@@ -283,10 +292,12 @@ class Queue:
             LockTimeoutError, QueueClosedError, ValueError for out-of-range arguments.
         """
         return self.enqueue_many([payload], priority=priority, delay=delay, max_attempts=max_attempts,
-                                 job_ids=None if job_id is None else [job_id])[0]
+                                 job_ids=None if job_id is None else [job_id], expires_in=expires_in,
+                                 expires_at=expires_at)[0]
 
     def enqueue_many(self, payloads: Sequence[Any], *, priority: int = 0, delay: float = 0.0,
-                     max_attempts: int | None = None, job_ids: Sequence[str] | None = None) -> list[Job]:
+                     max_attempts: int | None = None, job_ids: Sequence[str] | None = None,
+                     expires_in: float | None = None, expires_at: float | None = None) -> list[Job]:
         """Add many jobs with one lock hold and one durability sync.  Same arguments as :meth:`enqueue`.
 
         Every payload is encoded before anything is written: if one fails, none is stored.
@@ -294,7 +305,8 @@ class Queue:
         self._live()
         attempts = self.max_attempts if max_attempts is None else max_attempts
         return self._producer.enqueue(list(payloads), priority, delay, attempts,
-                                      None if job_ids is None else list(job_ids))
+                                      None if job_ids is None else list(job_ids),
+                                      expiry_ms(expires_in, expires_at))
 
     def import_jobs(self, jobs: Sequence[Job]) -> int:
         """Store jobs brought from elsewhere (another queue's snapshot), keeping their state.
@@ -369,6 +381,8 @@ class Queue:
         got: list[Job] = []
         ctl = self._ring.ctl
         claim = self._leases.claim
+        pause = self._pause
+        skip = lambda v, s: pause.blocks(v.seg, s)  # noqa: E731  (per-key pause)
         while True:
             seen = ctl.wake_word()
             with self._lock:
@@ -376,7 +390,9 @@ class Queue:
                 self._refresh()
                 if self._reap():
                     self._refresh()  # the reclaimed jobs moved their segments' change counters
-                got.extend(self._index.take(count - len(got), lambda v, s, w, now: claim(v, s, w, now, vt, detach)))
+                if not pause.queue_paused():  # a paused queue leases nothing; resume wakes sleepers
+                    got.extend(self._index.take(count - len(got),
+                                                lambda v, s, w, now: claim(v, s, w, now, vt, detach), skip))
                 next_due = self._index.next_due_ms()
             if len(got) >= count or deadline is None:
                 return got
@@ -485,6 +501,58 @@ class Queue:
         with self._lock:
             return self._leases.extend(job, self.name, seconds)
 
+    # -- lifecycle: cancel, pause, progress (ringq/lifecycle.py, docs/lifecycle.md) -------------------
+
+    def cancel(self, job: Job | str) -> Job:
+        """Cancel a job.  A READY (pending or delayed) job becomes CANCELLED: terminal, never
+        leased.  A LEASED job is marked cancel-requested: its holder sees ``cancel_requested``
+        on its next :meth:`extend` (a Worker's heartbeat sets ``job.cancelled``), and its ack, nack
+        or lost lease ends it CANCELLED instead of DONE or a retry.  Cancelling again is harmless.
+
+        Returns:
+            The job's snapshot after the cancel (CANCELLED, or LEASED with ``cancel_requested``).
+        Raises:
+            JobFinishedError (done, expired or dead-lettered), JobNotFoundError, QueueClosedError.
+        """
+        self._live()
+        with self._lock:
+            self._refresh()
+            return self._leases.cancel(job, self.name)
+
+    def pause(self, key: str | None = None) -> None:
+        """Stop leases of the whole queue (``key=None``) or of the jobs of one key, in every
+        process at once and across restarts, until :meth:`resume`.  Enqueues still succeed.
+        Raises ValueError for a key longer than 56 bytes or when 63 keys are paused already."""
+        self._live()
+        if key is None:
+            self._pause.set_queue(True)
+        else:
+            self._pause.set_key(str(key), True)
+
+    def resume(self, key: str | None = None) -> None:
+        """Undo :meth:`pause` (of the queue, or of one key) and wake every sleeping lease."""
+        self._live()
+        if key is None:
+            self._pause.set_queue(False)
+        else:
+            self._pause.set_key(str(key), False)
+        self._ring.ctl.wake()
+
+    def paused(self) -> dict[str, Any]:
+        """``{"queue": bool, "keys": sorted list of paused keys}``."""
+        self._live()
+        return {"queue": self._pause.queue_paused(), "keys": sorted(self._pause.paused_keys())}
+
+    def progress(self, job: Job | str, fraction: float, message: str | None = None) -> None:
+        """Report a leased job's progress: ``fraction`` in [0, 1] and an optional message, shown
+        as ``Job.progress``/``progress_message`` by :meth:`get` and :meth:`list_jobs` for the rest
+        of this lease.  Fenced like :meth:`ack`: a stale holder is refused with NotLeasedError.
+        Raises ValueError for a fraction outside [0, 1], JobNotFoundError."""
+        self._live()
+        fraction = lifecycle.check_fraction(fraction)
+        with self._lock:
+            self._leases.progress(job, self.name, fraction, message)
+
     # -- reads and admin ----------------------------------------------------------------------------
 
     def get(self, job_id: str) -> Job:
@@ -587,3 +655,19 @@ class Queue:
 
     def __repr__(self) -> str:
         return f"Queue({str(self.path)!r}, name={self.name!r}, durability={self.durability!r})"
+
+
+def expiry_ms(expires_in: float | None, expires_at: float | None) -> int | None:
+    """The absolute expiry (ms since the Unix epoch) of ``expires_in``/``expires_at``; ValueError
+    for both, a negative or non-finite value."""
+    if expires_in is not None and expires_at is not None:
+        raise ValueError("give expires_in or expires_at, not both")
+    if expires_in is not None:
+        if not 0 <= expires_in < TIME_MAX / 1000:
+            raise ValueError(f"expires_in must be >= 0 seconds, got {expires_in!r}")
+        return int(time.time() * 1000 + expires_in * 1000)
+    if expires_at is not None:
+        if not 0 <= expires_at < 2**62 / 1000:
+            raise ValueError(f"expires_at must be seconds since the Unix epoch, got {expires_at!r}")
+        return int(expires_at * 1000)
+    return None

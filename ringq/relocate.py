@@ -81,6 +81,7 @@ def superseding_copy(
         state=st,
         at_ms=at_ms,
         enqueued_us=info.enqueued_us,
+        kind=info.kind,
     )
 
 

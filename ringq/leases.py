@@ -102,7 +102,8 @@ class Leases:
         seg = view.seg
         # -- lifecycle: a job never leased before its expires-at never runs (ringq/lifecycle.py);
         # one leased in time has started, so its retries are not expiries.
-        exp = None if lease_count(w) else lifecycle.expires_ms(seg, slot)
+        # (A relocated copy carries its attempts in the record, not in its fresh lease count.)
+        exp = None if lease_count(w) or view.attb[slot] else lifecycle.expires_ms(seg, slot)
         if exp is not None and now > exp:
             self.expire(seg, slot, w, now)
             return None

@@ -453,3 +453,64 @@ def test_damaged_progress_frames_are_ignored(tmp_path):
         seg.write_bytes(b"\xff" * 7)
         assert q.get(job.id).progress is None
         q.ack(job)
+
+
+# -- verify -----------------------------------------------------------------------------------------
+
+
+def test_verify_counts_cancelled_and_expired_and_flags_a_damaged_pause_file(tmp_path):
+    from ringq.verify import examine
+
+    with Queue(tmp_path, "v") as q:
+        q.cancel(q.enqueue("c"))
+        e = q.enqueue({"exp": 1}, expires_at=time.time() - 1)
+        q.enqueue("plain")
+        assert q.lease_one().payload == "plain"
+        assert q.get(e.id).state is JobState.EXPIRED
+        q.pause()
+    rep = examine(str(tmp_path), "v")
+    counts = {}
+    for seg in rep.segments:
+        for k, v in seg.counts.items():
+            counts[k] = counts.get(k, 0) + v
+    assert counts == {"cancelled": 1, "expired": 1, "leased": 1}
+    assert not rep.damaged
+    previews = [r.preview for seg in rep.segments for r in seg.records]
+    assert '{"exp":1}' in previews  # the expiry field is not shown as payload
+    path = tmp_path / "v.pause"
+    path.write_bytes(b"\0" * 4096)
+    assert any("damaged pause file" in d for d in examine(str(tmp_path), "v").damaged)
+
+
+def test_bit_flips_in_the_pause_and_progress_files_never_crash_a_reader(tmp_path):
+    import random
+    import shutil
+
+    base = tmp_path / "base"
+    with Queue(base, "b") as q:
+        q.enqueue_many(["a", "b"])
+        job = q.lease_one(detach=True)
+        q.progress(job, 0.5, "half")
+        q.pause(key="k")
+        q.pause()
+    files = [base / "b.pause", *base.glob("b.*.prog")]
+    assert len(files) == 2
+    rng = random.Random(7)
+    for f in files:
+        size = f.stat().st_size
+        for off in sorted(rng.sample(range(size), 24)) + [0, size - 1]:
+            work = tmp_path / f"w-{f.name}-{off}"
+            shutil.copytree(base, work)
+            target = work / f.name
+            data = bytearray(target.read_bytes())
+            data[off] ^= 1 << rng.randrange(8)
+            target.write_bytes(bytes(data))
+            with Queue(work, "b") as q:
+                state = q.paused()
+                assert isinstance(state["queue"], bool)
+                got = q.get(job.id)
+                assert got.progress in (None, 0.5) or 0 <= got.progress <= 1
+                assert q.stats().total == 2
+                q.resume()
+                q.lease(2)
+            shutil.rmtree(work)

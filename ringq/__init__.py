@@ -39,6 +39,7 @@ from .errors import (
 from .job import Job, JobState
 from .queue import CompactionResult, Queue, QueueStats
 from .recovery import RecoveryReport
+from .results import ResultNotFoundError
 from .worker import Worker, WorkerStats
 
 __version__ = "0.1.0"
@@ -66,6 +67,7 @@ __all__ = [
     "QueueStats",
     "RecordTooLargeError",
     "RecoveryReport",
+    "ResultNotFoundError",
     "ReplicationTimeoutError",
     "RingqError",
     "SerializationError",

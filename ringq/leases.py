@@ -92,6 +92,10 @@ class Leases:
             )
         return index.views[loc[0]], loc[1], job_id
 
+    def word_for(self, job: Job | str, queue: str) -> tuple[View, int, int, str, int | None]:
+        """``(view, slot, state word, id, fencing token or None)`` of a job (see :meth:`locate`)."""
+        return self._word_for(job, queue)
+
     def _word_for(self, job: Job | str, queue: str) -> tuple[View, int, int, str, int | None]:
         view, slot, job_id = self.locate(job, queue)
         token = token_number(job.lease_token) if isinstance(job, Job) else None

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import admin, lifecycle, snapshot
+from . import admin, lifecycle, snapshot, transitions
 from .backoff import BackoffPolicy
 from .errors import JobNotFoundError, NotLeasedError, QueueClosedError
 from .index import Index
@@ -40,12 +40,14 @@ from .producer import MAX_ATTEMPTS_LIMIT, MAX_DELAY, Producer, check_attempts
 from .reaper import REAP_INTERVAL, Reaper
 from .recovery import RecoveryReport
 from .relocate import Relocator
+from .results import DEFAULT_RESULT_TTL, Results
 from .ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, Ring
 from .words import ST_DEAD, TIME_MAX, state
 
 __all__ = ["CompactionResult", "Queue", "QueueStats", "QueueOptions", "DEFAULT_VISIBILITY_TIMEOUT", "MAX_ATTEMPTS_LIMIT",
            "DEFAULT_MAX_ATTEMPTS"]
 
+_NO_RESULT: Any = object()  # ack() without a result (None is a result: JSON null)
 DEFAULT_VISIBILITY_TIMEOUT = 30.0
 DEFAULT_MAX_ATTEMPTS = 5
 
@@ -207,6 +209,7 @@ class Queue:
         self._leases = Leases(self._ring, self._index, self._owners, self._relocator, self._refresh)
         self._producer = Producer(self._ring, self._index, self._lock, self._refresh)
         self._pause = lifecycle.PauseFile(self._ring)
+        self._results = Results(name, self._companion)
         self._rng = random.Random()
         with self._lock:
             self._refresh()
@@ -233,6 +236,11 @@ class Queue:
             self._ring.close()
             self._owners.close()
             self._pause.close()
+            self._results.close()
+
+    def _companion(self, name: str) -> Queue:
+        """A queue in the same directory with this one's settings (the results queue)."""
+        return Queue(self.path, name, **self.options.to_kwargs())
 
     def __enter__(self) -> Queue:
         return self
@@ -444,14 +452,26 @@ class Queue:
 
     # -- ack / nack / extend ------------------------------------------------------------------------
 
-    def ack(self, job: Job | str) -> None:
+    def ack(self, job: Job | str, *, result: Any = _NO_RESULT, result_ttl: float = DEFAULT_RESULT_TTL) -> None:
         """Mark a leased job done.  Acking it again (same token, or by bare id) is harmless.
 
         Passing the :class:`Job` checks its fencing token; passing a bare id does not (for
-        operators).  With ``sync_acks=True`` the ack is durable when this returns.  Raises
-        NotLeasedError (not leased, or stale token), JobNotFoundError.
+        operators).  With ``sync_acks=True`` the ack is durable when this returns.
+
+        ``result`` (any payload ringq stores: JSON, bytes, a numpy array) is kept for
+        ``result_ttl`` seconds (default 3600) in the companion queue ``<name>-results``, where
+        :meth:`result` finds it.  It is stored after the lease is checked and before the ack, so a
+        result is never lost to a crash after the ack; the first result stored for a job is kept.
+
+        Raises NotLeasedError (not leased, or stale token), JobNotFoundError, SerializationError
+        (a result that cannot be stored: the job is not acked).
         """
         self._live()
+        if result is not _NO_RESULT:
+            with self._lock:  # fencing first: a stale holder must not store a result
+                view, slot, w, job_id, token = self._leases.word_for(job, self.name)
+                transitions.require_lease(w, job_id, token, "ack")
+            self._results.store(job_id, result, result_ttl)
         with self._lock:
             self._leases.ack(job, self.name)
         self._ring.dur.sync_acks_now()
@@ -552,6 +572,35 @@ class Queue:
         fraction = lifecycle.check_fraction(fraction)
         with self._lock:
             self._leases.progress(job, self.name, fraction, message)
+
+    def result(self, job_id: str | Job, *, wait: float | None = None) -> Any:
+        """The result stored by ``ack(job, result=...)`` for ``job_id``.
+
+        Args:
+            job_id: the job (or its id).
+            wait: seconds to block until the result is stored (woken by the storing process's
+                futex wake, not by polling); None or 0 returns at once.
+
+        Raises:
+            ResultNotFoundError (a JobNotFoundError): none stored within ``wait``, its ``result_ttl``
+            passed, or the job finished without one (dead-lettered, cancelled, expired, or acked
+            without a result: then it is raised at once).  QueueClosedError.
+        """
+        self._live()
+        jid = job_id.id if isinstance(job_id, Job) else job_id
+        return self._results.wait(jid, wait, lambda: self._finished_without_result(jid))
+
+    def _finished_without_result(self, job_id: str) -> str | None:
+        try:
+            job = self.get(job_id)
+        except JobNotFoundError:
+            return None  # not enqueued yet, or retired: a result may still come or be kept
+        if job.state in (JobState.READY, JobState.LEASED):
+            return None
+        if job.state is JobState.DONE:
+            found, _ = self._results.lookup(job_id)
+            return None if found else "it was acked without a result, or its result expired"
+        return f"it is {job.state.value}"
 
     # -- reads and admin ----------------------------------------------------------------------------
 

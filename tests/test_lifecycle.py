@@ -514,3 +514,128 @@ def test_bit_flips_in_the_pause_and_progress_files_never_crash_a_reader(tmp_path
                 q.resume()
                 q.lease(2)
             shutil.rmtree(work)
+
+
+# -- results ----------------------------------------------------------------------------------------
+
+
+def test_ack_with_a_result_keeps_it_for_result(tmp_path):
+    import numpy as np
+
+    from ringq import ResultNotFoundError
+
+    with Queue(tmp_path, "r") as q:
+        q.enqueue_many(["a", "b", "c", "d"])
+        a, b, c, d = q.lease(4)
+        with pytest.raises(ResultNotFoundError):
+            q.result(a.id)
+        q.ack(a, result={"sum": 3})
+        q.ack(b, result=np.arange(6, dtype=">i2").reshape(2, 3))
+        q.ack(c, result=None)  # JSON null is a result
+        q.ack(d)
+        assert q.result(a.id) == {"sum": 3}
+        arr = q.result(b)
+        assert arr.dtype == np.dtype(">i2") and arr.tolist() == [[0, 1, 2], [3, 4, 5]]
+        assert q.result(c.id) is None
+        with pytest.raises(ResultNotFoundError, match="without a result"):
+            q.result(d.id, wait=30)  # finished without one: no wait
+        assert q.get(a.id).state is JobState.DONE
+        assert (tmp_path / "r-results.ctl").exists()
+
+
+def test_a_stale_holder_stores_no_result_and_a_bad_result_acks_nothing(tmp_path):
+    from ringq import ResultNotFoundError, SerializationError
+
+    with Queue(tmp_path, "r", visibility_timeout=0.2) as q:
+        q.enqueue("x")
+        job = q.lease_one()
+        with pytest.raises(SerializationError):
+            q.ack(job, result=object())
+        assert q.get(job.id).state is JobState.LEASED
+        time.sleep(0.25)
+        again = q.lease_one(wait=2)
+        with pytest.raises(NotLeasedError):
+            q.ack(job, result="stale")
+        with pytest.raises(ResultNotFoundError):
+            q.result(job.id)
+        q.ack(again, result="fresh")
+        assert q.result(job.id) == "fresh"
+
+
+def test_a_result_expires_after_its_ttl(tmp_path):
+
+    with Queue(tmp_path, "r") as q:
+        q.enqueue("x")
+        job = q.lease_one()
+        q.ack(job, result=1, result_ttl=0.2)
+        assert q.result(job.id) == 1
+        _wait_for(lambda: _no_result(q, job.id), what="the result to expire")
+        with pytest.raises(ValueError):
+            q.enqueue("y")
+            q.ack(q.lease_one(), result=1, result_ttl=0)
+
+
+def _no_result(q, job_id):
+    from ringq import ResultNotFoundError
+
+    try:
+        q.result(job_id)
+    except ResultNotFoundError:
+        return True
+    return False
+
+
+def test_result_wait_is_woken_by_an_ack_in_another_process(tmp_path):
+    import subprocess
+
+    from ringq import ResultNotFoundError
+
+    with Queue(tmp_path, "r") as q:
+        job = q.enqueue({"n": 20})
+        with pytest.raises(ResultNotFoundError, match="within"):
+            q.result(job.id, wait=0.05)
+        worker = spawn(
+            """
+            import sys, time, ringq
+            with ringq.Queue(sys.argv[1], "r") as q:
+                print("ready", flush=True)
+                sys.stdin.readline()
+                job = q.lease_one(wait=30)
+                q.ack(job, result=job.payload["n"] * 2)
+                print(time.time(), flush=True)
+            """,
+            str(tmp_path),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert worker.stdout.readline().strip() == "ready"
+        got = {}
+        waiter = threading.Thread(target=lambda: got.setdefault("r", q.result(job.id, wait=60)))
+        waiter.start()
+        time.sleep(0.2)
+        assert waiter.is_alive()  # blocked, not returned early
+        worker.stdin.write("go\n")
+        worker.stdin.flush()
+        acked_at = float(worker.stdout.readline())
+        waiter.join(60)
+        woke_at = time.time()
+        assert got["r"] == 40
+        assert worker.wait(60) == 0
+        assert woke_at - acked_at < 30  # woken by the ack, far before the 60 s wait ran out
+
+
+def test_result_of_a_cancelled_or_dead_job_raises_at_once(tmp_path):
+    from ringq import ResultNotFoundError
+
+    with Queue(tmp_path, "r", max_attempts=1) as q:
+        c = q.enqueue("c")
+        q.cancel(c)
+        t0 = time.monotonic()
+        with pytest.raises(ResultNotFoundError, match="cancelled"):
+            q.result(c.id, wait=30)
+        q.enqueue("d")
+        q.nack(q.lease_one())
+        with pytest.raises(ResultNotFoundError, match="dead"):
+            q.result(q.dlq()[0].id, wait=30)
+        assert time.monotonic() - t0 < 20

@@ -7,6 +7,7 @@ compare-and-swap through the C helper.  It packs everything that must change tog
 
     bits 0-2   state        EMPTY READY LEASED DONE DEAD GONE CONT BAD   (RINGQ_ST_* in ringq.h)
     bits 3-4   reason       why the job last left LEASED: none, lease expired, holder died, purged
+    bit 5      cancel flag  LEASED: cancel requested; DONE: CANCELLED or EXPIRED (by the reason)
     bits 6-23  lease count  leases so far; this is the job's fencing token
     bits 24-63 time         ms since the segment's epoch: available-at (READY), lease deadline
                             (LEASED), finish time (DONE, DEAD)

@@ -42,7 +42,7 @@ from .recovery import RecoveryReport
 from .relocate import Relocator
 from .results import DEFAULT_RESULT_TTL, Results
 from .ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, Ring
-from .words import ST_DEAD, TIME_MAX, state
+from .words import ST_DEAD, ST_DONE, TIME_MAX, lease_count, state
 
 __all__ = ["CompactionResult", "Queue", "QueueStats", "QueueOptions", "DEFAULT_VISIBILITY_TIMEOUT", "MAX_ATTEMPTS_LIMIT",
            "DEFAULT_MAX_ATTEMPTS"]
@@ -470,8 +470,11 @@ class Queue:
         if result is not _NO_RESULT:
             with self._lock:  # fencing first: a stale holder must not store a result
                 view, slot, w, job_id, token = self._leases.word_for(job, self.name)
-                transitions.require_lease(w, job_id, token, "ack")
-            self._results.store(job_id, result, result_ttl)
+                repeated = state(w) == ST_DONE and (token is None or lease_count(w) == token)
+                if not repeated:
+                    transitions.require_lease(w, job_id, token, "ack")
+            if not repeated:  # a repeated ack is harmless and stores nothing
+                self._results.store(job_id, result, result_ttl)
         with self._lock:
             self._leases.ack(job, self.name)
         self._ring.dur.sync_acks_now()

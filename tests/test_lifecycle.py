@@ -252,13 +252,16 @@ def test_a_paused_queue_leases_nothing_in_any_process_until_resumed(tmp_path):
     import subprocess
 
     with Queue(tmp_path) as q:
+        q.enqueue("running")
+        running = q.lease_one()
         q.pause()
+        q.ack(running)  # jobs leased before the pause run on and are acked as usual
         procs = [spawn(_LEASER, str(tmp_path), stdout=subprocess.PIPE, text=True) for _ in range(3)]
         for p in procs:
             assert p.stdout.readline().strip() == "ready"
         q.enqueue_many([1, 2, 3])
         time.sleep(0.5)  # the claim under test is that nothing happens meanwhile
-        assert q.stats().ready == 3 and q.stats().leased == 0 and q.stats().done == 0
+        assert q.stats().ready == 3 and q.stats().leased == 0 and q.stats().done == 1
         assert q.lease_one() is None
         resumed = time.time()
         q.resume()
@@ -267,7 +270,7 @@ def test_a_paused_queue_leases_nothing_in_any_process_until_resumed(tmp_path):
         got = sorted(int(o.split()[1]) for o in outs if o.split()[1:])
         assert got == [1, 2, 3]
         assert all(float(o.split()[2]) >= resumed for o in outs)
-        assert q.stats().done == 3
+        assert q.stats().done == 4
 
 
 def test_pause_is_durable_across_reopen_and_seen_by_other_processes(tmp_path):
@@ -559,6 +562,7 @@ def test_a_stale_holder_stores_no_result_and_a_bad_result_acks_nothing(tmp_path)
         with pytest.raises(ResultNotFoundError):
             q.result(job.id)
         q.ack(again, result="fresh")
+        q.ack(again, result="other")  # a repeated ack: harmless, stores nothing
         assert q.result(job.id) == "fresh"
 
 
@@ -639,3 +643,56 @@ def test_result_of_a_cancelled_or_dead_job_raises_at_once(tmp_path):
         with pytest.raises(ResultNotFoundError, match="dead"):
             q.result(q.dlq()[0].id, wait=30)
         assert time.monotonic() - t0 < 20
+
+
+def test_progress_files_go_with_their_segment(tmp_path):
+    with Queue(tmp_path, "s", slot_size=128, slot_count=8) as q:
+        q.enqueue_many(list(range(8)))
+        for job in q.lease(8):
+            q.progress(job, 1.0)
+            q.ack(job)
+        q.enqueue_many(list(range(8)))  # rotates: the first segment is sealed, finished, retired
+        q.compact()
+        first = sorted(tmp_path.glob("s.*.prog"))
+        assert all(p.name != "s.0000000000000001.prog" for p in first)
+
+
+def test_cli_cancel_pause_resume_get_and_expiry(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from procs import child_env
+
+    def cli(*args):
+        p = subprocess.run(
+            [sys.executable, "-m", "ringq", "--dir", str(tmp_path), *args],
+            capture_output=True,
+            text=True,
+            env=child_env(),
+            timeout=60,
+        )
+        assert p.returncode == 0, p.stderr
+        return p.stdout
+
+    a = cli("enqueue", "a").strip()
+    cli("enqueue", "b", "--expires-in", "0.01")
+    assert cli("pause").strip() == "queue paused"
+    assert cli("lease").strip() == ""
+    assert json.loads(cli("--json", "pause", "--key", "pdf")) == {"queue": True, "keys": ["pdf"]}
+    cli("resume", "--key", "pdf")
+    assert cli("resume").strip() == "queue resumed"
+    time.sleep(0.02)
+    leased = cli("lease")
+    assert leased.startswith(a) and "leased" in leased
+    assert cli("lease").strip() == ""  # b expired before anyone leased it
+    with Queue(tmp_path) as q:
+        q.progress(q.get(a), 0.5, "half")  # the snapshot carries the current token
+    assert "progress=50% half" in cli("get", a)
+    assert cli("cancel", a).strip() == f"{a} cancel requested (its holder is told)"
+    assert "cancel requested" in cli("list")
+    cli("ack", a)
+    assert json.loads(cli("--json", "get", a))["state"] == "cancelled"
+    assert [j["id"] for j in json.loads(cli("--json", "list", "--state", "cancelled"))] == [a]
+    stats = json.loads(cli("--json", "stats"))
+    assert (stats["cancelled"], stats["expired"]) == (1, 1)

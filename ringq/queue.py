@@ -40,7 +40,7 @@ from .producer import MAX_ATTEMPTS_LIMIT, MAX_DELAY, Producer, check_attempts
 from .reaper import REAP_INTERVAL, Reaper
 from .recovery import RecoveryReport
 from .relocate import Relocator
-from .results import DEFAULT_RESULT_TTL, Results
+from .results import DEFAULT_RESULT_TTL, Results, finished_without
 from .ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, Ring
 from .words import ST_DEAD, ST_DONE, TIME_MAX, lease_count, state
 
@@ -591,19 +591,7 @@ class Queue:
         """
         self._live()
         jid = job_id.id if isinstance(job_id, Job) else job_id
-        return self._results.wait(jid, wait, lambda: self._finished_without_result(jid))
-
-    def _finished_without_result(self, job_id: str) -> str | None:
-        try:
-            job = self.get(job_id)
-        except JobNotFoundError:
-            return None  # not enqueued yet, or retired: a result may still come or be kept
-        if job.state in (JobState.READY, JobState.LEASED):
-            return None
-        if job.state is JobState.DONE:
-            found, _ = self._results.lookup(job_id)
-            return None if found else "it was acked without a result, or its result expired"
-        return f"it is {job.state.value}"
+        return self._results.wait(jid, wait, lambda: finished_without(self, self._results, jid))
 
     # -- reads and admin ----------------------------------------------------------------------------
 

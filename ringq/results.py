@@ -17,7 +17,13 @@ from typing import Any
 from .errors import JobNotFoundError, NotLeasedError
 from .job import JobState
 
-__all__ = ["Results", "ResultNotFoundError", "DEFAULT_RESULT_TTL", "results_queue_name"]
+__all__ = [
+    "Results",
+    "ResultNotFoundError",
+    "DEFAULT_RESULT_TTL",
+    "results_queue_name",
+    "finished_without",
+]
 
 DEFAULT_RESULT_TTL = 3600.0  # seconds a result is kept by default
 PRUNE_EVERY = 1.0  # seconds between removals of expired results by one process
@@ -36,12 +42,27 @@ def results_queue_name(name: str) -> str:
     return out
 
 
+def finished_without(queue: Any, results: Results, job_id: str) -> str | None:
+    """Why no result can come for ``job_id`` of ``queue`` (dead, cancelled, expired, acked without
+    one), or None while one still may (not enqueued yet, ready, leased, retired)."""
+    try:
+        job = queue.get(job_id)
+    except JobNotFoundError:
+        return None
+    if job.state in (JobState.READY, JobState.LEASED):
+        return None
+    if job.state is JobState.DONE:
+        found, _ = results.lookup(job_id)
+        return None if found else "it was acked without a result, or its result expired"
+    return f"it is {job.state.value}"
+
+
 class Results:
     """The results of one queue, for this process.  ``open_queue(name)`` opens a companion queue
     with the owning queue's settings; ``job_state(id)`` reads the owning queue's job state."""
 
     def __init__(self, name: str, open_queue: Callable[[str], Any]) -> None:
-        self.name = results_queue_name(name)
+        self.owner = name  # the companion's name is checked at first use, not at open
         self._open_queue = open_queue
         self._q: Any = None
         self._pruned = 0.0
@@ -49,7 +70,7 @@ class Results:
     @property
     def queue(self) -> Any:
         if self._q is None:
-            self._q = self._open_queue(self.name)
+            self._q = self._open_queue(results_queue_name(self.owner))
         return self._q
 
     def close(self) -> None:

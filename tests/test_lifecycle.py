@@ -696,3 +696,13 @@ def test_cli_cancel_pause_resume_get_and_expiry(tmp_path):
     assert [j["id"] for j in json.loads(cli("--json", "list", "--state", "cancelled"))] == [a]
     stats = json.loads(cli("--json", "stats"))
     assert (stats["cancelled"], stats["expired"]) == (1, 1)
+
+
+def test_a_long_queue_name_opens_and_refuses_only_results(tmp_path):
+    name = "n" * 64
+    with Queue(tmp_path, name) as q:
+        q.enqueue("x")
+        job = q.lease_one()
+        with pytest.raises(ValueError, match="56 characters"):
+            q.ack(job, result=1)
+        q.ack(job)

@@ -128,6 +128,22 @@ class QueueModel(RuleBasedStateMachine):
         assert job.state is JobState.LEASED and job.lease_token == self.held[jid].lease_token
         assert job.cancel_requested == self.jobs[jid]["cancel"]
 
+    @rule()
+    def paused_queue_leases_nothing(self):
+        self.q.pause()
+        try:
+            assert self.q.lease(4) == []
+        finally:
+            self.q.resume()
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data(), fraction=st.sampled_from([0.0, 0.5, 1.0]))
+    def progress(self, data, fraction):
+        jid = data.draw(st.sampled_from(sorted(self.held)))
+        self.q.progress(self.held[jid], fraction, f"at {fraction}")
+        job = self.q.get(jid)
+        assert (job.progress, job.progress_message) == (fraction, f"at {fraction}")
+
     @precondition(lambda self: self.jobs)
     @rule(data=st.data())
     def cancel(self, data):

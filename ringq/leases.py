@@ -13,24 +13,15 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import lifecycle, records, snapshot, transitions
+from . import cancel, lifecycle, snapshot, transitions
 from .backoff import BackoffPolicy
-from .errors import CorruptionError, JobFinishedError, JobNotFoundError, SerializationError
+from .errors import CorruptionError, JobNotFoundError, SerializationError
 from .index import Index, View, now_ms
 from .job import Job
 from .owner import OwnerRegistry
 from .relocate import Relocator
 from .segment import Segment
-from .words import (
-    ST_DONE,
-    ST_LEASED,
-    ST_READY,
-    cancel_flag,
-    lease_count,
-    owner_pack,
-    rel_time,
-    state,
-)
+from .words import ST_DONE, lease_count, owner_pack, rel_time, state
 
 if TYPE_CHECKING:  # pragma: no cover
     from .ring import Ring
@@ -109,7 +100,7 @@ class Leases:
         # (A relocated copy carries its attempts in the record, not in its fresh lease count.)
         exp = None if lease_count(w) or view.attb[slot] else lifecycle.expires_ms(seg, slot)
         if exp is not None and now > exp:
-            self.expire(seg, slot, w, now)
+            cancel.expire(self.ring, seg, slot, w, now)
             return None
         new = transitions.leased(w, now + int(vt * 1000) - seg.epoch_ms)
         if new is None:
@@ -141,45 +132,6 @@ class Leases:
             held.pop(key, None)
             self.ring.mark_bad(seg, slot, str(exc))
             return None
-
-    def expire(self, seg: Segment, slot: int, w: int, now: int) -> bool:
-        """CAS the READY job with word ``w`` to EXPIRED (its record re-validated first: a damaged
-        expiry field must not end a job); True if this call did it."""
-        if records.check_one(seg, slot) is None:
-            self.ring.mark_bad(seg, slot, "record failed validation (magic, length or CRC)")
-            return False
-        if seg.cas_state(slot, w, transitions.expired(w, now - seg.epoch_ms))[0]:
-            self.ring.segs.note_finished(seg)
-            return True
-        return False
-
-    def cancel(self, job: Job | str, queue: str) -> Job:
-        """CANCELLED for a pending or delayed job; cancel requested for a leased one (the flag is
-        set; its holder sees it).  Idempotent for a job already cancelled or cancel-requested.
-        Raises JobFinishedError for a job that is done, expired or dead-lettered."""
-        view, slot, job_id = self.locate(job, queue)
-        seg = view.seg
-        w = seg.load_state(slot)
-        while True:
-            st = state(w)
-            if st == ST_READY:
-                new = transitions.cancelled(w, now_ms() - seg.epoch_ms)
-            elif st == ST_LEASED and not cancel_flag(w):
-                new = transitions.cancel_requested(w)
-            elif st == ST_LEASED or transitions.ended_unrun(w) == "cancelled":
-                return snapshot.job_at(self.ring, seg, slot, w)
-            else:
-                unrun = transitions.ended_unrun(w)
-                what = unrun or transitions.STATE_NAMES.get(st, "not a job")
-                raise JobFinishedError(f"cannot cancel job {job_id!r}: it is already {what}")
-            ok, w2 = seg.cas_state(slot, w, new)
-            if ok:
-                if st == ST_READY:
-                    self.ring.segs.note_finished(seg)
-                    if view.sealed:
-                        self.relocator.offer(view)
-                return snapshot.job_at(self.ring, seg, slot, new)
-            w = w2
 
     def ack(self, job: Job | str, queue: str) -> Segment | None:
         """CAS one job to DONE; returns its segment, or None for a repeated ack.  The durability
@@ -243,15 +195,6 @@ class Leases:
         if view.sealed:
             self.relocator.offer(view)
         return out
-
-    def progress(self, job: Job | str, queue: str, fraction: float, message: str | None) -> None:
-        """Record the holder's progress for its lease: refused (NotLeasedError) unless the job is
-        leased with the caller's token, exactly as an ack would be."""
-        view, slot, w, job_id, token = self._word_for(job, queue)
-        transitions.require_lease(w, job_id, token, "report progress of")
-        why = lifecycle.write_progress(self.ring, view.seg, slot, lease_count(w), fraction, message)
-        if why is not None:
-            self.ring.report.repairs.append((lifecycle.progress_path(self.ring, view.seg.seq), why))
 
     def extend(self, job: Job | str, queue: str, seconds: float) -> Job:
         """Push a lease's deadline to ``max(deadline, now) + seconds``; the new snapshot."""

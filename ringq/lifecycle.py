@@ -22,9 +22,10 @@ import os
 import struct
 from typing import TYPE_CHECKING, Any
 
-from . import errtext
+from . import errtext, transitions
 from .errors import CorruptionError
 from .mapped import Mapped, crc32c, open_nofollow
+from .words import lease_count
 
 if TYPE_CHECKING:  # pragma: no cover
     from .job import Job
@@ -252,6 +253,25 @@ def write_progress(
     """Append a progress frame for (slot, lease count); None, or why it was not kept."""
     text = repr(fraction) + "\t" + ("" if message is None else str(message))
     return errtext.write_error(progress_path(ring, seg.seq), slot, lc, text, ring.mode)
+
+
+def report_progress(
+    ring: Ring,
+    view_seg: Segment,
+    slot: int,
+    w: int,
+    job_id: str,
+    token: int | None,
+    fraction: float,
+    message: str | None,
+) -> None:
+    """The holder's progress report for the lease in word ``w``: refused (NotLeasedError) unless
+    the job is leased with ``token``, exactly as an ack would be.  A frame that cannot be written
+    is noted in the recovery report, never raised."""
+    transitions.require_lease(w, job_id, token, "report progress of")
+    why = write_progress(ring, view_seg, slot, lease_count(w), fraction, message)
+    if why is not None:
+        ring.report.repairs.append((progress_path(ring, view_seg.seq), why))
 
 
 def read_progress(ring: Ring, seq: int) -> dict[int, list[tuple[int, str]]]:

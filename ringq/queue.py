@@ -30,6 +30,7 @@ from typing import Any
 
 from . import admin, lifecycle, snapshot, transitions
 from .backoff import BackoffPolicy
+from .cancel import cancel as cancel_job
 from .errors import JobNotFoundError, NotLeasedError, QueueClosedError
 from .index import Index
 from .job import Job, JobState
@@ -540,7 +541,7 @@ class Queue:
         self._live()
         with self._lock:
             self._refresh()
-            return self._leases.cancel(job, self.name)
+            return cancel_job(self._leases, job, self.name)
 
     def pause(self, key: str | None = None) -> None:
         """Stop leases of the whole queue (``key=None``) or of the jobs of one key, in every
@@ -574,7 +575,8 @@ class Queue:
         self._live()
         fraction = lifecycle.check_fraction(fraction)
         with self._lock:
-            self._leases.progress(job, self.name, fraction, message)
+            view, slot, w, job_id, token = self._leases.word_for(job, self.name)
+            lifecycle.report_progress(self._ring, view.seg, slot, w, job_id, token, fraction, message)
 
     def result(self, job_id: str | Job, *, wait: float | None = None) -> Any:
         """The result stored by ``ack(job, result=...)`` for ``job_id``.

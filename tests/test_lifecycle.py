@@ -727,3 +727,55 @@ def test_a_paused_key_is_passed_over_and_leased_after_resume(tmp_path, monkeypat
         rest = q.lease(20)
         assert sorted(map(str, (j.payload for j in rest))) == ["0", "2", "4", "6", "8", "late"]
         assert len(jobs) == 10
+
+
+_AIO_SERVER = """
+import asyncio, sys
+from ringq.aio import Queue
+
+queue = Queue(sys.argv[1], visibility_timeout=0.6)
+
+@queue.handler("slow")
+async def slow(job):
+    print("started", job.id, flush=True)
+    try:
+        await asyncio.sleep(60)
+    except asyncio.CancelledError:
+        print("cancelled", job.id, flush=True)
+        raise
+
+async def main():
+    async with queue:
+        jid = queue.submit("slow", {})
+        while queue.get(jid).error is None:
+            await asyncio.sleep(0.02)
+
+asyncio.run(asyncio.wait_for(main(), 60))
+"""
+
+
+def test_aio_cancel_from_another_process_cancels_the_running_task(tmp_path):
+    import asyncio
+    import subprocess
+
+    from ringq.aio import Queue as AioQueue
+    from ringq.aio import Status
+
+    server = spawn(_AIO_SERVER, str(tmp_path), stdout=subprocess.PIPE, text=True)
+    first = server.stdout.readline().split()
+    assert first[0] == "started", first
+    jid = first[1]
+
+    async def main():
+        async with AioQueue(tmp_path) as queue:
+            assert queue.cancel(jid)
+            t0 = time.monotonic()
+            while queue.get(jid).status is Status.RUNNING:
+                assert time.monotonic() - t0 < 20
+                await asyncio.sleep(0.02)
+            assert queue.get(jid).error.startswith("Cancelled")
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    out, _ = server.communicate(timeout=60)
+    assert server.returncode == 0
+    assert f"cancelled {jid}" in out

@@ -689,6 +689,7 @@ def test_cli_cancel_pause_resume_get_and_expiry(tmp_path):
     with Queue(tmp_path) as q:
         q.progress(q.get(a), 0.5, "half")  # the snapshot carries the current token
     assert "progress=50% half" in cli("get", a)
+    assert "50% half" in cli("list")
     assert cli("cancel", a).strip() == f"{a} cancel requested (its holder is told)"
     assert "cancel requested" in cli("list")
     cli("ack", a)

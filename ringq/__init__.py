@@ -24,6 +24,7 @@ from .errors import (
     DuplicateJobError,
     ForeignQueueError,
     FormatVersionError,
+    JobFinishedError,
     JobNotFoundError,
     LimitError,
     LimitsFileError,
@@ -41,6 +42,7 @@ from .errors import (
 from .job import Job, JobState
 from .queue import CompactionResult, Queue, QueueStats
 from .recovery import RecoveryReport
+from .results import ResultNotFoundError
 from .worker import Worker, WorkerStats
 
 __version__ = "0.1.0"
@@ -57,6 +59,7 @@ __all__ = [
     "ForeignQueueError",
     "FormatVersionError",
     "Job",
+    "JobFinishedError",
     "JobNotFoundError",
     "JobState",
     "LimitError",
@@ -70,6 +73,7 @@ __all__ = [
     "QueueStats",
     "RecordTooLargeError",
     "RecoveryReport",
+    "ResultNotFoundError",
     "ReplicationTimeoutError",
     "RingqError",
     "SerializationError",

@@ -6,7 +6,7 @@ touches is passed in ``KEYS`` and shares the hash tag ``{ringq:<name>}``, so on 
 of one queue lives in one hash slot.  Time is the server's (``TIME``): lease deadlines and delays
 are compared on one clock whatever the clients' clocks say.
 
-Keys (``KEYS[1..10]``)::
+Keys (``KEYS[1..13]``)::
 
     ready    ZSET, score 0: due jobs; the member sorts lexically by (-priority, available_at, seq)
              followed by the job id, so ZRANGE 0 n-1 is the lease order
@@ -19,16 +19,22 @@ Keys (``KEYS[1..10]``)::
     payload  HASH: id -> one codec byte + the encoded payload
     wake     LIST: wake-up tokens for consumers blocked in BLPOP
     seq      STRING: the enqueue counter (auto ids are its 16 hex digits)
+    pause    STRING: "1" while the whole queue is paused (leases return nothing)
+    cancelled ZSET: cancelled jobs scored by finish time (ms), trimmed like ``done``
+    expired  ZSET: jobs that expired before anyone leased them, scored by finish time (ms)
 
 Job fields in ``meta``: id, p (priority), s (seq), st (ready/leased/done/dead), a (attempts),
 m (max attempts), av (available at, ms), enq (enqueued at, ms), dl (lease deadline, ms),
 t (fencing token: leases so far), why ("expired" when the last lease ran out), e (last error),
-rk (the job's member in ``ready``), fin (finish time, ms).
+rk (the job's member in ``ready``), fin (finish time, ms), cx (1: cancel requested while leased),
+ex (expires-at, ms: never leased after it), pg / pm (progress fraction / message of the current lease).
+States (st): ready, leased, done, dead, cancelled, expired.
 """
 
 PRELUDE = r"""
 local K_READY, K_DELAYED, K_LEASED, K_DEAD, K_DONE, K_ALL, K_META, K_PAY, K_WAKE, K_SEQ =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local K_PAUSE, K_CANCELLED, K_EXPIRED = KEYS[11], KEYS[12], KEYS[13]
 local T = redis.call('TIME')
 local now = tonumber(T[1]) * 1000 + math.floor(tonumber(T[2]) / 1000)
 local WAKE_CAP = 256
@@ -69,6 +75,15 @@ local function make_dead(m)
   m.fin = now
   redis.call('ZADD', K_DEAD, m.s, m.id)
 end
+-- A job that ends without completing: cancelled, or expired before it was leased.
+local function make_ended(m, st)
+  m.st = st
+  m.dl = nil
+  m.rk = nil
+  m.cx = nil
+  m.fin = now
+  redis.call('ZADD', st == 'expired' and K_EXPIRED or K_CANCELLED, now, m.id)
+end
 -- Delayed jobs that came due become ready; expired leases return (or dead-letter).
 local function promote()
   local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, 1000)
@@ -83,7 +98,8 @@ local function promote()
     local m = load(id)
     if m then
       m.why = 'expired'
-      if m.a >= m.m then make_dead(m) else m.av = now; make_ready(m) end
+      if m.cx then make_ended(m, 'cancelled')
+      elseif m.a >= m.m then make_dead(m) else m.av = now; make_ready(m) end
       save(m)
     end
   end
@@ -100,13 +116,23 @@ local function forget(id)
   redis.call('HDEL', K_PAY, id)
   redis.call('ZREM', K_ALL, id)
   redis.call('ZREM', K_DONE, id)
+  redis.call('ZREM', K_CANCELLED, id)
+  redis.call('ZREM', K_EXPIRED, id)
+end
+local function trim(keep)
+  for _, k in ipairs({K_DONE, K_CANCELLED, K_EXPIRED}) do
+    local old = redis.call('ZRANGEBYSCORE', k, '-inf', now - keep, 'LIMIT', 0, 100)
+    for _, id in ipairs(old) do forget(id) end
+  end
 end
 """
 
-# ARGV: priority, delay_ms, max_attempts, n, then n pairs (id or "", codec byte + payload).
+# ARGV: priority, delay_ms, max_attempts, n, then n pairs (id or "", codec byte + payload), then
+# expires-at ms (0: none).
 # Returns per job {"new"|"old", meta JSON, payload or false (for new jobs the caller has it)}.
 ENQUEUE = r"""
 local prio, delay, maxatt, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local ex = tonumber(ARGV[5 + 2 * n] or '0')
 local out, due = {}, 0
 for i = 1, n do
   local id, pay = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
@@ -124,6 +150,7 @@ for i = 1, n do
       end
     end
     local m = {id = id, p = prio, s = s, a = 0, m = maxatt, av = now + delay, enq = now, t = 0}
+    if ex > 0 then m.ex = ex end
     if make_ready(m) then due = due + 1 end
     redis.call('HSET', K_PAY, id, pay)
     redis.call('ZADD', K_ALL, s, id)
@@ -142,23 +169,34 @@ LEASE = r"""
 promote()
 local count, vt = tonumber(ARGV[1]), tonumber(ARGV[2])
 local out = {-1}
-local members = redis.call('ZRANGE', K_READY, 0, count - 1)
-for _, member in ipairs(members) do
-  redis.call('ZREM', K_READY, member)
-  local m = load(string.sub(member, 42))
-  if m then
-    m.st = 'leased'
-    m.rk = nil
-    m.t = m.t + 1
-    m.a = m.a + 1
-    m.dl = now + vt
-    redis.call('ZADD', K_LEASED, m.dl, m.id)
-    out[#out + 1] = save(m)
-    out[#out + 1] = redis.call('HGET', K_PAY, m.id)
+if redis.call('GET', K_PAUSE) == '1' then return out end
+local taken = 0
+while taken < count do
+  local members = redis.call('ZRANGE', K_READY, 0, count - taken - 1)
+  if #members == 0 then break end
+  for _, member in ipairs(members) do
+    redis.call('ZREM', K_READY, member)
+    local m = load(string.sub(member, 42))
+    if m and m.ex and m.t == 0 and m.ex < now then
+      make_ended(m, 'expired')  -- never leased before its expiry: it never runs
+      save(m)
+    elseif m then
+      m.st = 'leased'
+      m.rk = nil
+      m.t = m.t + 1
+      m.a = m.a + 1
+      m.dl = now + vt
+      m.pg = nil
+      m.pm = nil
+      redis.call('ZADD', K_LEASED, m.dl, m.id)
+      out[#out + 1] = save(m)
+      out[#out + 1] = redis.call('HGET', K_PAY, m.id)
+      taken = taken + 1
+    end
   end
 end
 -- pass the wake-up on while due jobs remain, so other sleepers take them
-if #members == count and redis.call('ZCARD', K_READY) > 0 and redis.call('LLEN', K_WAKE) == 0 then wake(1) end
+if taken == count and redis.call('ZCARD', K_READY) > 0 and redis.call('LLEN', K_WAKE) == 0 then wake(1) end
 local nxt = nil
 for _, k in ipairs({K_DELAYED, K_LEASED}) do
   local first = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
@@ -178,23 +216,26 @@ local out = {}
 for i = 1, n do
   local id, tok = ARGV[1 + 2 * i], tonumber(ARGV[2 + 2 * i])
   local m = load(id)
-  if m and m.st == 'done' and (tok < 0 or m.t == tok) then
+  if m and (m.st == 'done' or m.st == 'cancelled' or m.st == 'expired') and (tok < 0 or m.t == tok) then
     out[i] = 'ok'
   else
     local st = check_lease(m, tok)
     if st == 'ok' then
       redis.call('ZREM', K_LEASED, id)
-      m.st = 'done'
-      m.dl = nil
-      m.fin = now
-      redis.call('ZADD', K_DONE, now, id)
+      if m.cx then
+        make_ended(m, 'cancelled')  -- the ack of a cancel-requested lease
+      else
+        m.st = 'done'
+        m.dl = nil
+        m.fin = now
+        redis.call('ZADD', K_DONE, now, id)
+      end
       save(m)
     end
     out[i] = st
   end
 end
-local old = redis.call('ZRANGEBYSCORE', K_DONE, '-inf', now - keep, 'LIMIT', 0, 100)
-for _, id in ipairs(old) do forget(id) end
+trim(keep)
 return out
 """
 
@@ -207,7 +248,9 @@ if st ~= 'ok' then return {st} end
 redis.call('ZREM', K_LEASED, id)
 if ARGV[4] == '1' then m.e = ARGV[3] end
 m.why = nil
-if m.a >= m.m then
+if m.cx then
+  make_ended(m, 'cancelled')  -- a cancel-requested lease is never retried
+elseif m.a >= m.m then
   make_dead(m)
 else
   m.av = now + delay
@@ -282,16 +325,58 @@ return #ids
 
 PURGE = r"""
 local n = redis.call('ZCARD', K_ALL)
-redis.call('DEL', K_READY, K_DELAYED, K_LEASED, K_DEAD, K_DONE, K_ALL, K_META, K_PAY)
+redis.call('DEL', K_READY, K_DELAYED, K_LEASED, K_DEAD, K_DONE, K_ALL, K_META, K_PAY, K_CANCELLED, K_EXPIRED)
 return n
 """
 
-# ARGV: done retention ms.  Returns {ready, delayed, leased, done, dead}.
+# ARGV: done retention ms.  Returns {ready, delayed, leased, done, dead, cancelled, expired}.
 STATS = r"""
 local keep = tonumber(ARGV[1])
 local due = redis.call('ZCOUNT', K_DELAYED, '-inf', now)
 return {redis.call('ZCARD', K_READY) + due, redis.call('ZCARD', K_DELAYED) - due, redis.call('ZCARD', K_LEASED),
-        redis.call('ZCOUNT', K_DONE, now - keep, '+inf'), redis.call('ZCARD', K_DEAD)}
+        redis.call('ZCOUNT', K_DONE, now - keep, '+inf'), redis.call('ZCARD', K_DEAD),
+        redis.call('ZCOUNT', K_CANCELLED, now - keep, '+inf'), redis.call('ZCOUNT', K_EXPIRED, now - keep, '+inf')}
+"""
+
+# ARGV: id.  Returns {status, meta, payload}: a ready or delayed job is cancelled, a leased one
+# marked cancel-requested; 'fin:<state>' for a finished job.
+CANCEL = r"""
+local id = ARGV[1]
+local m = load(id)
+if not m then return {'nf'} end
+if m.st == 'ready' then
+  if m.rk then redis.call('ZREM', K_READY, m.rk) else redis.call('ZREM', K_DELAYED, id) end
+  make_ended(m, 'cancelled')
+elseif m.st == 'leased' then
+  m.cx = 1
+elseif m.st ~= 'cancelled' then
+  return {'fin:' .. m.st}
+end
+return {'ok', save(m), redis.call('HGET', K_PAY, id)}
+"""
+
+# ARGV: "1" to pause, "0" to resume.  Resuming wakes sleepers for every due job.
+PAUSE = r"""
+if ARGV[1] == '1' then
+  redis.call('SET', K_PAUSE, '1')
+else
+  redis.call('DEL', K_PAUSE)
+  promote()
+  wake(math.max(1, redis.call('ZCARD', K_READY)))
+end
+return 1
+"""
+
+# ARGV: id, token or -1, fraction, message or "", has_message 0/1.  Fenced like an ack.
+PROGRESS = r"""
+local id, tok = ARGV[1], tonumber(ARGV[2])
+local m = load(id)
+local st = check_lease(m, tok)
+if st ~= 'ok' then return st end
+m.pg = tonumber(ARGV[3])
+if ARGV[5] == '1' then m.pm = ARGV[4] else m.pm = nil end
+save(m)
+return 'ok'
 """
 
 # ARGV: n, then n tuples (id, codec byte + payload, priority, attempts, max_attempts,
@@ -330,4 +415,7 @@ SCRIPTS = {
     "purge": PURGE,
     "stats": STATS,
     "import": IMPORT,
+    "cancel": CANCEL,
+    "pause": PAUSE,
+    "progress": PROGRESS,
 }

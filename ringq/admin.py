@@ -15,10 +15,11 @@ import numpy as np
 from . import snapshot, transitions
 from .errors import CompactionError, CorruptionError, SerializationError
 from .index import Index, View, now_ms
-from .job import STATE_OF, JobState
+from .job import STATE_OF, JobState, state_of
 from .reaper import Reaper
 from .relocate import Relocator, superseding_copy
 from .words import (
+    END_EXPIRED,
     ST_BAD,
     ST_CONT,
     ST_DEAD,
@@ -27,8 +28,10 @@ from .words import (
     ST_GONE,
     ST_LEASED,
     ST_READY,
+    np_cancel_flag,
     np_rel_time,
     np_state,
+    np_why,
     rel_time,
     state,
 )
@@ -71,7 +74,10 @@ def list_jobs(
             raise ValueError(
                 f"state must be one of {[s.value for s in JobState] + ['delayed']}, got {which!r}"
             ) from None
-        want = {k for k, v in STATE_OF.items() if v is js}
+        if js in (JobState.CANCELLED, JobState.EXPIRED):
+            want = {ST_DONE}
+        else:
+            want = {k for k, v in STATE_OF.items() if v is js}
     now = now_ms()
     out = []
     for _rank, view, slot, word in index.heads(want, reaper.show_reclaimed):
@@ -79,6 +85,8 @@ def list_jobs(
             break
         if delayed and view.seg.epoch_ms + rel_time(word) <= now:
             continue
+        if which is not None and not delayed and state_of(word) is not JobState(which):
+            continue  # DONE words include cancelled and expired jobs
         try:
             out.append(snapshot.job_at(ring, view.seg, slot, word))
         except (CorruptionError, SerializationError):
@@ -90,7 +98,7 @@ def counts(ring: Ring, index: Index, reaper: Reaper) -> tuple[int, ...]:
     """The fields of QueueStats: each segment's counts from one copy of its state table."""
     now = now_ms()
     c = np.zeros(8, np.int64)
-    delayed = 0
+    delayed = cancelled = expired = 0
     for view in index.views.values():
         seg = view.seg
         # One copy of the live table: every count below comes from the same instant of this
@@ -103,19 +111,26 @@ def counts(ring: Ring, index: Index, reaper: Reaper) -> tuple[int, ...]:
         ready = words[st == ST_READY]
         if len(ready):
             delayed += int(np.count_nonzero(np_rel_time(ready) + seg.epoch_ms > now))
+        unrun = words[(st == ST_DONE) & np_cancel_flag(words)]
+        if len(unrun):
+            n_exp = int(np.count_nonzero(np_why(unrun) == END_EXPIRED))
+            expired += n_exp
+            cancelled += len(unrun) - n_exp
     total = int(c[ST_READY] + c[ST_LEASED] + c[ST_DONE] + c[ST_DEAD])
     tot = ring.ctl.totals()
     return (
         int(c[ST_READY]) - delayed,
         delayed,
         int(c[ST_LEASED]),
-        int(c[ST_DONE]),
+        int(c[ST_DONE]) - cancelled - expired,
         int(c[ST_DEAD]),
         total,
         int(c[ST_BAD]),
         tot["enqueued"],
         tot["acked"],
         tot["dead"],
+        cancelled,
+        expired,
     )
 
 

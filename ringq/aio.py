@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from . import aio_job
-from .aio_job import Job, Status
+from .aio_job import CANCELLED_ERROR, Job, Status
 from .aio_retention import prune_results
 from .aio_store import store_for
 from .backoff import BackoffPolicy
@@ -203,6 +203,7 @@ class Queue:
         self._loop_thread = 0
         self._closing = False
         self._lost: set[tuple[str, int]] = set()
+        self._cancelling: set[tuple[str, int]] = set()  # running jobs whose cancel was requested
         self._chores: list[asyncio.Task] = []
         self._sweeping: asyncio.Future | None = None
         self._sweep_lock = threading.Lock()
@@ -285,14 +286,14 @@ class Queue:
         self._closing = False
         try:
             self._store.start()
-            self._results = self._store.open(self.results_queue_name, **self._engine_opts)
+            self._results = self._store.open(self.results_queue_name, **self._engine_opts, auto_ids=False)
         except BaseException:
             self._store.close()
             raise
         try:
             self._chores = [
                 asyncio.create_task(
-                    _heartbeat(self._handlers, self.visibility_timeout, self._lost),
+                    _heartbeat(self._handlers, self.visibility_timeout, self._lost, self._cancelling),
                     name="ringq.aio heartbeat",
                 ),
                 asyncio.create_task(self._retention(), name="ringq.aio retention"),
@@ -439,6 +440,46 @@ class Queue:
         """The job as a snapshot, aio_job.PRUNED if it finished and was pruned, None if unknown."""
         return aio_job.locate(self._results, self._kind_queues, job_id, self._prefix)
 
+    def cancel(self, id: str) -> bool:
+        """Cancel job ``id``: a queued or delayed one never runs (FAILED, error ``"Cancelled: ..."``);
+        a running one has its handler task cancelled at the next heartbeat, in whichever process
+        runs it, and is recorded the same way.  Returns False if the job is unknown or finished."""
+        self._check_open()
+        if isinstance(aio_job.find_result(self._results, id), Job):
+            return False
+        for q in self._kind_queues():
+            try:
+                q.cancel(id)
+                return True
+            except JobNotFoundError:
+                continue
+            except RingqError:  # finished meanwhile
+                return False
+        return False
+
+    def pause(self, kind: str) -> None:
+        """Stop starting jobs of ``kind`` in every process (a pause of its engine queue, durable
+        across restarts) until :meth:`resume`.  Running handlers finish; submits still succeed."""
+        self._check_open()
+        self._open_engine(self.queue_name(kind)).pause()
+
+    def resume(self, kind: str) -> None:
+        """Undo :meth:`pause` for ``kind``; waiting processes start its jobs at once."""
+        self._check_open()
+        self._open_engine(self.queue_name(kind)).resume()
+
+    def progress(self, job: Job, fraction: float, message: str | None = None) -> None:
+        """Report the progress of a job this process is running (``fraction`` in [0, 1]); shown as
+        ``Job.progress`` by :meth:`get`.  Raises JobNotFoundError if this process does not run it,
+        NotLeasedError if its lease was lost, ValueError for a fraction outside [0, 1]."""
+        self._check_open()
+        for h in self._handlers.values():
+            for _task, ej in list(h.running.values()):
+                if ej.id == job.id:
+                    h.queue.progress(ej, fraction, message)
+                    return
+        raise JobNotFoundError(f"job {job.id!r} is not running in this process")
+
     # -- running --------------------------------------------------------------------------------
 
     def _pump(self, kind: str) -> None:
@@ -505,12 +546,17 @@ class Queue:
                 _release, q, ej, f"{type(exc).__name__}: storing the outcome failed: {exc}", 1.0
             )
         except asyncio.CancelledError:
+            if key in self._cancelling and not self._closing:  # Queue.cancel asked for it
+                asyncio.current_task().uncancel()
+                self._finish(q, ej, job, Status.FAILED, None, CANCELLED_ERROR)
+                return
             if key not in self._lost:  # interrupted (closing): let the job run again, anywhere
                 _quietly(_release, q, ej, "Interrupted: the queue was closed while the handler ran")
             raise
         finally:
             h.running.pop(key, None)
             self._lost.discard(key)
+            self._cancelling.discard(key)
             if not self._closing:
                 self._loop.call_soon(self._pump, h.kind)
 
@@ -613,15 +659,21 @@ def _check_handler(concurrency: Any, retries: Any, timeout: Any) -> None:
         raise ValueError(f"timeout must be > 0 seconds or None, got {timeout!r}")
 
 
-async def _heartbeat(handlers: dict[str, _Handler], vt: float, lost: set[tuple[str, int]]) -> None:
+async def _heartbeat(
+    handlers: dict[str, _Handler], vt: float, lost: set[tuple[str, int]], cancelling: set[tuple[str, int]]
+) -> None:
     """Every ``vt / 3`` seconds extend the leases of running handlers by ``vt``; cancel a handler
-    whose lease was lost (adding its key to ``lost``, so its job is not released again)."""
+    whose lease was lost (adding its key to ``lost``, so its job is not released again), or whose
+    job's cancel was requested (adding its key to ``cancelling``: it ends FAILED, cancelled)."""
     while True:
         await asyncio.sleep(max(0.02, vt / 3))
         for h in list(handlers.values()):
             for key, (task, ej) in list(h.running.items()):
                 try:
-                    h.queue.extend(ej, vt)
+                    ext = h.queue.extend(ej, vt)
+                    if getattr(ext, "cancel_requested", False) and key not in cancelling:
+                        cancelling.add(key)
+                        task.cancel()
                 except (NotLeasedError, JobNotFoundError):
                     log.warning(
                         "job %s: lease lost (this process was stuck longer than the visibility "

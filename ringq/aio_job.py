@@ -63,6 +63,8 @@ class Job:
         created_at: when it was submitted (timezone-aware UTC).
         finished_at: when it finished (timezone-aware UTC), else None.
         attempts: times a handler was started for it (leases, counting ones lost to crashes).
+        progress: the fraction in [0, 1] its running handler last reported with
+            :meth:`ringq.aio.Queue.progress`, else None.
     """
 
     id: str
@@ -74,9 +76,13 @@ class Job:
     created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     finished_at: datetime | None = None
     attempts: int = 0
+    progress: float | None = None
 
 
 Job.__module__ = Status.__module__ = "ringq.aio"  # their public home, as in reprs and pickles
+
+
+CANCELLED_ERROR = "Cancelled: cancelled by Queue.cancel"
 
 
 def utc(seconds: float | None) -> datetime | None:
@@ -101,6 +107,20 @@ def unfinished(ej: EngineJob, kind: str, payload: Any) -> Job:
         kind=kind,
         payload=payload,
         status=Status.RUNNING,
+        created_at=utc(ej.enqueued_at),
+        attempts=ej.attempts,
+        progress=ej.progress,
+    )
+
+
+def cancelled(ej: EngineJob, kind: str, payload: Any) -> Job:
+    """The FAILED snapshot of a job record cancelled (or expired) before it finished."""
+    return Job(
+        id=ej.id,
+        kind=kind,
+        payload=payload,
+        status=Status.FAILED,
+        error=CANCELLED_ERROR,
         created_at=utc(ej.enqueued_at),
         attempts=ej.attempts,
     )
@@ -186,6 +206,8 @@ def locate(
             continue
         if ej.state in UNFINISHED:
             return unfinished(ej, *decode(ej, q.name, prefix))
+        if ej.state in (JobState.CANCELLED, JobState.EXPIRED):
+            return cancelled(ej, *decode(ej, q.name, prefix))
         if ej.state is JobState.DEAD:
             return gave_up(ej, *decode(ej, q.name, prefix))
         # DONE: its result was written first; read again (it may have been written just now).

@@ -83,6 +83,10 @@ def _job_line(job: Job) -> str:
         parts += [f"token={job.lease_token}", f"deadline={_ago(job.lease_deadline)}"]
     elif job.state is JobState.READY and job.available_at > time.time():
         parts.append(f"due={_ago(job.available_at)}")
+    if job.cancel_requested:
+        parts.append("cancel-requested")
+    if job.progress is not None:
+        parts.append(f"progress={job.progress:.0%}" + (f" {_short(job.progress_message, 40)}" if job.progress_message else ""))
     parts.append(f"payload={_short(d['payload'])}")
     if job.last_error:
         parts.append(f"error={_short(job.last_error, 80)}")
@@ -180,6 +184,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         payloads = [_payload(args.payload, args.text)] * args.count
     with _open(args, create=True) as q:
         kw = dict(priority=args.priority, delay=args.delay, max_attempts=args.max_attempts)
+        if args.expires_in is not None:
+            kw["expires_in"] = args.expires_in
         if args.job_id is not None:
             jobs = [q.enqueue(payloads[0], job_id=args.job_id, **kw)]
         else:
@@ -216,6 +222,31 @@ def cmd_nack(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_get(args: argparse.Namespace) -> int:
+    with _open(args) as q:
+        job = q.get(args.id)
+    _emit(args, job.to_dict(), _job_line(job))
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with _open(args) as q:
+        jobs = [q.cancel(i) for i in args.ids]
+    _emit(args, [j.to_dict() for j in jobs],
+          "\n".join(f"{j.id} cancel requested (its holder is told)" if j.cancel_requested else f"{j.id} cancelled"
+                    for j in jobs))
+    return 0
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    with _open(args) as q:
+        (q.pause if args.cmd == "pause" else q.resume)(args.key)
+        state = q.paused()
+    what = "queue" if args.key is None else f"key {args.key!r}"
+    _emit(args, state, f"{what} {'paused' if args.cmd == 'pause' else 'resumed'}")
+    return 0
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     with _open(args) as q:
         st = q.stats().to_dict()
@@ -230,6 +261,10 @@ def _job_rows(jobs: list[Job]) -> str:
         state = j.state.value
         if j.state is JobState.LEASED:
             when = f"deadline {_ago(j.lease_deadline, now)}"
+            if j.cancel_requested:
+                state = "leased (cancel requested)"
+            if j.progress is not None:
+                when += f", {j.progress:.0%}" + (f" {_short(j.progress_message, 30)}" if j.progress_message else "")
         elif j.state is JobState.READY:
             if j.available_at > now:
                 state, when = "delayed", f"due {_ago(j.available_at, now)}"
@@ -673,6 +708,8 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--job-id", "--id", dest="job_id",
                    help="idempotency key: an existing job with this id is returned, nothing written")
     e.add_argument("--max-attempts", type=int, help="leases before dead-lettering (default: 5)")
+    e.add_argument("--expires-in", type=float,
+                   help="seconds: a job not leased by then becomes expired and never runs")
 
     le = cmd("lease", cmd_lease, "lease jobs; the lease outlives this command (until ack, nack or its timeout)")
     le.add_argument("-n", "--count", type=int, default=1, help="most jobs to lease (default 1)")
@@ -691,6 +728,17 @@ def _parser() -> argparse.ArgumentParser:
     n.add_argument("--token", type=int, help="fencing token printed by lease; refused if stale")
 
     cmd("stats", cmd_stats, "counts of jobs by state")
+
+    g = cmd("get", cmd_get, "one job: state, attempts, progress, payload")
+    g.add_argument("id", metavar="ID")
+
+    ca = cmd("cancel", cmd_cancel, "cancel jobs: pending ones never run; a leased one's holder is told to stop")
+    ca.add_argument("ids", nargs="+", metavar="ID")
+
+    for verb, text in (("pause", "stop leases of the queue (or of one key) in every process until resumed"),
+                       ("resume", "let leases of the queue (or of one key) go on")):
+        pz = cmd(verb, cmd_pause, text)
+        pz.add_argument("--key", help="only jobs of this key (default: the whole queue)")
 
     li = cmd("list", cmd_list, "retained jobs in enqueue order")
     li.add_argument("--state", choices=[*(s.value for s in JobState), "delayed"],

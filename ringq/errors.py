@@ -30,6 +30,7 @@ __all__ = [
     "ConnectionLostError",
     "ReplicationTimeoutError",
     "CompactionError",
+    "JobFinishedError",
     "ForeignQueueError",
     "NobrokerError",
     "CorruptLogError",
@@ -108,6 +109,10 @@ class ReplicationTimeoutError(BackendError):
 
     The write is on the primary; it may be lost if the primary fails before a replica has it.
     """
+
+
+class JobFinishedError(RingqError):
+    """The job already finished (done, cancelled, expired or dead-lettered): it cannot be cancelled."""
 
 
 class CompactionError(RingqError):

@@ -44,11 +44,13 @@ def is_auto_id(job_id: object) -> bool:
     return isinstance(job_id, str) and AUTO_ID.fullmatch(job_id) is not None
 
 
-def check_caller_id(job_id: object) -> None:
-    """Raise ValueError unless ``job_id`` is a non-empty string a caller may give."""
+def check_caller_id(job_id: object, allow_auto_form: bool = False) -> None:
+    """Raise ValueError unless ``job_id`` is a non-empty string a caller may give.  A queue that
+    makes no automatic ids (``auto_ids=False``) passes ``allow_auto_form``: there the form names
+    a job of another queue and cannot collide."""
     if not isinstance(job_id, str) or not job_id:
         raise ValueError(f"job ids must be non-empty strings, got {job_id!r}")
-    if is_auto_id(job_id):
+    if is_auto_id(job_id) and not allow_auto_form:
         raise ValueError(
             f"job id {job_id!r} refused: {RESERVED} (pick another form, e.g. a prefix)"
         )

@@ -398,15 +398,24 @@ class Index:
         """When the earliest scheduled (delayed) job this process knows of comes due, or None."""
         return self.sched[0][0] if self.sched else None
 
-    def take(self, want: int, claim: Callable[[View, int, int, int], Any], held_back: Any) -> list[Any]:
+    def take(
+        self,
+        want: int,
+        claim: Callable[[View, int, int, int], Any],
+        held_back: Any,
+        skip: Callable[[View, int], bool] | None = None,
+    ) -> list[Any]:
         """Try candidates best first until ``want`` claims succeed or none is left.
 
         ``claim(view, slot, word, now)`` attempts one job and returns a result or None (lost the
         race, or not leasable after all).  ``held_back`` is the limits gate (ringq/limits.py):
         jobs it held back are offered again (``reoffer()``), and a lane moves past a job it holds
         (``blocked(segseq, slot)``), which then waits in the gate, not in the lane.
+        ``skip(view, slot)``, if given, passes over a job for this call (a paused key): it keeps
+        an individual entry and is tried again next time.
         """
         now = now_ms()
+        passed: list[tuple[View, int]] = []
         sched, heap = self.sched, self.heap
         while sched and sched[0][0] <= now:
             at, nprio, seq, segseq, slot = heapq.heappop(sched)
@@ -431,6 +440,11 @@ class Index:
                     lane.queued = True
                     heapq.heappush(heap, key)
                     continue
+                if skip is not None and skip(view, slot):
+                    lane.cursor += 1
+                    passed.append((view, slot))
+                    self._queue_lane(view, lane, now)
+                    continue
                 got = claim(view, slot, w, now)
                 if got is not None or held_back.blocked(segseq, slot):
                     lane.cursor += 1
@@ -449,9 +463,14 @@ class Index:
                 if (-int(view.prio[slot]), at, order(view, slot)) > entry[:3]:
                     self.park(view, slot, now)  # its available-at moved: re-queue at its real place
                     continue
+                if skip is not None and skip(view, slot):
+                    passed.append((view, slot))
+                    continue
                 got = claim(view, slot, w, now)
                 if got is not None:
                     out.append(got)
+        for view, slot in passed:
+            self.park(view, slot, now)
         return out
 
     # -- finding jobs ---------------------------------------------------------------------------

@@ -7,6 +7,7 @@ compare-and-swap through the C helper.  It packs everything that must change tog
 
     bits 0-2   state        EMPTY READY LEASED DONE DEAD GONE CONT BAD   (RINGQ_ST_* in ringq.h)
     bits 3-4   reason       why the job last left LEASED: none, lease expired, holder died, purged
+    bit 5      cancel flag  LEASED: cancel requested; DONE: CANCELLED or EXPIRED (by the reason)
     bits 6-23  lease count  leases so far; this is the job's fencing token
     bits 24-63 time         ms since the segment's epoch: available-at (READY), lease deadline
                             (LEASED), finish time (DONE, DEAD)
@@ -26,9 +27,9 @@ from typing import Any
 
 from .codec import jsonable
 from .transitions import TRANSITIONS
-from .words import ST_DEAD, ST_DONE, ST_LEASED, ST_READY
+from .words import END_EXPIRED, FLAG_CANCEL, ST_DEAD, ST_DONE, ST_LEASED, ST_READY, why
 
-__all__ = ["Job", "JobState", "TRANSITIONS"]
+__all__ = ["Job", "JobState", "TRANSITIONS", "state_of"]
 
 
 class JobState(str, enum.Enum):
@@ -41,9 +42,20 @@ class JobState(str, enum.Enum):
     LEASED = "leased"
     DONE = "done"
     DEAD = "dead"
+    CANCELLED = "cancelled"  # terminal: cancelled before it ran, or its holder was asked to stop
+    EXPIRED = "expired"  # terminal: its expires-at passed before it was leased; it never ran
 
 
 STATE_OF = {ST_READY: JobState.READY, ST_LEASED: JobState.LEASED, ST_DONE: JobState.DONE, ST_DEAD: JobState.DEAD}
+
+
+def state_of(word: int) -> JobState | None:
+    """The JobState of a state word (None: not a retained job).  A DONE word with the cancel flag
+    is CANCELLED or EXPIRED (ringq/words.py)."""
+    st = STATE_OF.get(word & 7)
+    if st is JobState.DONE and word & FLAG_CANCEL:
+        return JobState.EXPIRED if why(word) == END_EXPIRED else JobState.CANCELLED
+    return st
 
 
 @dataclass(slots=True)
@@ -69,6 +81,13 @@ class Job:
             Derived from the lease count: ``2 * leases``, minus one while leased.
         key: the limit key given to ``enqueue(..., key=...)`` (concurrency caps, rate limits and
             unique windows apply per key: ringq/limits.py), or None.
+        cancel_requested: True while LEASED if :meth:`Queue.cancel` asked its holder to stop
+            (``extend`` and the worker's heartbeat return snapshots that show it).
+        expires_at: seconds since the Unix epoch after which it is never leased (EXPIRED), or None.
+        progress: the fraction in [0, 1] its holder last reported with ``Queue.progress``, or None.
+        progress_message: the text reported with it, or None.
+        cancelled: set by :class:`ringq.Worker` on the job handed to a handler: a
+            ``threading.Event`` that is set when a cancel is requested (None elsewhere).
     """
 
     id: str
@@ -85,6 +104,11 @@ class Job:
     seq: int = 0
     version: int = 0
     key: str | None = None
+    cancel_requested: bool = False
+    expires_at: float | None = None
+    progress: float | None = None
+    progress_message: str | None = None
+    cancelled: Any = field(default=None, repr=False, compare=False)
     _loc: tuple[int, int] = field(default=(0, 0), repr=False, compare=False)
 
     def snapshot(self) -> Job:
@@ -118,6 +142,10 @@ class Job:
             seq=int(data.get("seq", 0)),
             version=int(data.get("version", 0)),
             key=None if data.get("key") is None else str(data["key"]),
+            cancel_requested=bool(data.get("cancel_requested", False)),
+            expires_at=None if data.get("expires_at") is None else float(data["expires_at"]),
+            progress=None if data.get("progress") is None else float(data["progress"]),
+            progress_message=data.get("progress_message"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -135,6 +163,10 @@ class Job:
             "lease_token": self.lease_token,
             "last_error": self.last_error,
             "seq": self.seq,
+            "cancel_requested": self.cancel_requested,
+            "expires_at": self.expires_at,
+            "progress": self.progress,
+            "progress_message": self.progress_message,
         }
         if self.key is not None:  # only keyed jobs carry it: nobroker's form stays unchanged
             out["key"] = self.key

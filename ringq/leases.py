@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import snapshot, transitions
+from . import cancel, lifecycle, snapshot, transitions
 from .backoff import BackoffPolicy
 from .errors import CorruptionError, JobNotFoundError, SerializationError
 from .index import Index, View, due, now_ms, order
@@ -86,6 +86,10 @@ class Leases:
             )
         return index.views[loc[0]], loc[1], job_id
 
+    def word_for(self, job: Job | str, queue: str) -> tuple[View, int, int, str, int | None]:
+        """``(view, slot, state word, id, fencing token or None)`` of a job (see :meth:`locate`)."""
+        return self._word_for(job, queue)
+
     def _word_for(self, job: Job | str, queue: str) -> tuple[View, int, int, str, int | None]:
         view, slot, job_id = self.locate(job, queue)
         token = token_number(job.lease_token) if isinstance(job, Job) else None
@@ -94,6 +98,13 @@ class Leases:
     def claim(self, view: View, slot: int, w: int, now: int, vt: float, detach: bool) -> Job | None:
         """Lease the READY job with word ``w`` for ``vt`` seconds; None if another process won."""
         seg = view.seg
+        # -- lifecycle: a job never leased before its expires-at never runs (ringq/lifecycle.py);
+        # one leased in time has started, so its retries are not expiries.
+        # (A relocated copy carries its attempts in the record, not in its fresh lease count.)
+        exp = None if lease_count(w) or view.attb[slot] else lifecycle.expires_ms(seg, slot)
+        if exp is not None and now > exp:
+            cancel.expire(self.ring, seg, slot, w, now)
+            return None
         new = transitions.leased(w, now + int(vt * 1000) - seg.epoch_ms)
         if new is None:
             return None
@@ -188,7 +199,9 @@ class Leases:
             w = w2
         self.ring.dur.note_ack(seg, slot, new)
         self.owners.held.pop((seg.seq, slot), None)
-        if dead:
+        if state(new) == ST_DONE:  # a cancel-requested lease ends cancelled, never retried
+            self.ring.segs.note_finished(seg)
+        elif dead:
             self.ring.ctl.count("dead")
         else:
             self.ring.note_returned(seg)

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import codec, errors, forksafe
+from . import codec, errors, forksafe, lifecycle
 from ._native import lib
 from .errors import LimitError, LimitsFileError
 from .mapped import Mapped, crc32c, fsync_dir
@@ -85,7 +85,6 @@ LATE_SLACK = (
 )
 CAP_RECHECK = 0.25  # seconds a lease blocked only by caps sleeps before trying again
 REOFFER = 8  # blocked jobs per limit offered again per lease attempt
-_KEY_HDR = struct.Struct("<HBBI")  # at record offset 48: id length, codec, kind, payload length
 
 
 @dataclass(frozen=True)
@@ -478,19 +477,7 @@ class LimitGate:
         loc = (seg.seq, slot)
         if loc in self._keys:
             return self._keys[loc]
-        base = seg.data_off + slot * seg.slot_size
-        key = None
-        if base + 64 <= seg.size:
-            id_len, codec_id, _kind, plen = _KEY_HDR.unpack_from(seg.mm, base + 48)
-            start = base + 64 + id_len
-            if codec_id == codec.KEYED and start + 3 <= seg.size:
-                try:
-                    key = codec.split_key(
-                        codec_id,
-                        bytes(seg.mm[start : min(start + 3 + MAX_NAME, start + plen, seg.size)]),
-                    )[0]
-                except errors.SerializationError:
-                    key = None
+        key = lifecycle.key_of(seg, slot)
         if len(self._keys) > 1 << 16:
             self._keys.clear()
         self._keys[loc] = key

@@ -32,10 +32,11 @@ class QueueOptions:
     mode: int = 0o600
     allow_network_fs: bool = False
     allow_foreign: bool = False
+    auto_ids: bool = True
 
     @classmethod
     def of_queue(cls, queue: Any, ring: Any, flush_interval: float, sync_acks: bool, lock_timeout: float,
-                 mode: int, allow_network_fs: bool, allow_foreign: bool) -> QueueOptions:
+                 mode: int, allow_network_fs: bool, allow_foreign: bool, auto_ids: bool = True) -> QueueOptions:
         """The options of a queue just opened: the resolved strategy settings and the geometry the
         queue really has (an existing queue keeps its own, whatever was asked)."""
         return cls(
@@ -43,7 +44,7 @@ class QueueOptions:
             state_flush_interval=ring.dur.state_flush_interval, visibility_timeout=queue.visibility_timeout,
             max_attempts=queue.max_attempts, backoff=queue.backoff, lock_timeout=lock_timeout,
             slot_size=ring.ctl.slot_size, slot_count=ring.ctl.slot_count, mode=mode,
-            allow_network_fs=allow_network_fs, allow_foreign=allow_foreign,
+            allow_network_fs=allow_network_fs, allow_foreign=allow_foreign, auto_ids=bool(auto_ids),
         )
 
     def to_kwargs(self) -> dict[str, Any]:

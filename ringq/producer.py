@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import codec, snapshot
+from . import codec, lifecycle, snapshot
 from .errors import QueueFullError, SerializationError
 from .ids import check_caller_id
 from .index import Index, now_ms
@@ -40,8 +40,14 @@ class Producer:
     ``refresh(relocate)`` catches the index up with other processes."""
 
     def __init__(
-        self, ring: Ring, index: Index, lock: threading.RLock, refresh: Callable[[bool], None]
+        self,
+        ring: Ring,
+        index: Index,
+        lock: threading.RLock,
+        refresh: Callable[[bool], None],
+        auto_ids: bool = True,
     ) -> None:
+        self.auto_ids = auto_ids  # False: every job has a caller id, of any form (Queue(auto_ids=))
         self.ring = ring
         self.index = index
         self.lock = lock
@@ -55,9 +61,16 @@ class Producer:
         attempts: int,
         job_ids: Sequence[str] | None,
         key: str | None = None,
+        expires_at_ms: int | None = None,
     ) -> list[Job]:
         ring = self.ring
-        recs = new_records(payloads, priority, delay, attempts, job_ids, key)
+        recs = new_records(payloads, priority, delay, attempts, job_ids, key, self.auto_ids)
+        if expires_at_ms is not None:  # lifecycle: the expiry goes in front of the codec's bytes
+            for r in recs:
+                r.payload, r.kind = (
+                    lifecycle.wrap_expiry(r.payload, expires_at_ms),
+                    lifecycle.KIND_EXPIRES,
+                )
         ring.check_sizes(recs)  # the whole batch, before a byte of it is allocated or written
         bufs = [ring.build(r) for r in recs]
         if not recs:
@@ -68,7 +81,10 @@ class Producer:
             # Sync outside our lock, so that other threads append meanwhile (and share the sync).
             ring.ctl.count("enqueued", len(recs))
             ring.finish(ticket)
-            return [fresh_job(r, p, payloads[i], key) for i, (r, p) in enumerate(zip(recs, placed))]
+            return [
+                fresh_job(r, p, payloads[i], key, expires_at_ms)
+                for i, (r, p) in enumerate(zip(recs, placed))
+            ]
         with self.lock, ring.locked():
             self.refresh(True)
             found: dict[int, tuple[int, int]] = {}
@@ -91,7 +107,7 @@ class Producer:
             ring.ctl.count("enqueued", len(placed))
             made: dict[int, Job] = {}
             for i, p in zip(todo, placed):
-                made[i] = fresh_job(recs[i], p, payloads[i], key)
+                made[i] = fresh_job(recs[i], p, payloads[i], key, expires_at_ms)
                 self.index.ids[job_ids[i]] = (p[0], p[1])
             out = []
             for i, jid in enumerate(job_ids):
@@ -142,6 +158,7 @@ def new_records(
     attempts: int,
     job_ids: Sequence[str] | None,
     key: str | None = None,
+    auto_ids: bool = True,
 ) -> list[NewRecord]:
     """Validate the arguments of an enqueue and encode every payload (nothing is written yet);
     a ``key`` (ringq/limits.py) is wrapped around each payload (codec.wrap_key).
@@ -149,11 +166,13 @@ def new_records(
     Raises ValueError for out-of-range arguments, SerializationError for a payload or id that
     cannot be encoded.
     """
+    if job_ids is None and not auto_ids:
+        raise ValueError("this queue takes jobs with caller ids only (auto_ids=False): give job_id")
     if job_ids is not None:
         if len(job_ids) != len(payloads):
             raise ValueError(f"job_ids has {len(job_ids)} ids for {len(payloads)} payloads")
         for jid in job_ids:
-            check_caller_id(jid)  # never the automatic form (ringq/ids.py)
+            check_caller_id(jid, allow_auto_form=not auto_ids)  # ringq/ids.py
     if not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
         raise ValueError(f"priority must be a 32-bit signed int, got {priority!r}")
     if not 0 <= delay <= MAX_DELAY:
@@ -197,7 +216,13 @@ def imported_record(job: Job) -> NewRecord:
     )
 
 
-def fresh_job(rec: NewRecord, placed: Placement, payload: Any, key: str | None = None) -> Job:
+def fresh_job(
+    rec: NewRecord,
+    placed: Placement,
+    payload: Any,
+    key: str | None = None,
+    expires_at_ms: int | None = None,
+) -> Job:
     """The snapshot of a job just appended (no read back)."""
     segseq, slot, seq, enq_us, avail_ms = placed
     return Job(
@@ -211,6 +236,7 @@ def fresh_job(rec: NewRecord, placed: Placement, payload: Any, key: str | None =
         enqueued_at=enq_us / 1e6,
         seq=seq,
         key=key,
+        expires_at=None if expires_at_ms is None else expires_at_ms / 1000,
         _loc=(segseq, slot),
     )
 

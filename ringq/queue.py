@@ -29,8 +29,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import admin, ids, snapshot
+from . import admin, ids, lifecycle, snapshot, transitions
 from .backoff import BackoffPolicy
+from .cancel import cancel as cancel_job
 from .errors import JobNotFoundError, LimitError, NotLeasedError, QueueClosedError
 from .index import Index
 from .job import Job, JobState
@@ -42,13 +43,15 @@ from .producer import MAX_ATTEMPTS_LIMIT, MAX_DELAY, Producer, check_attempts
 from .reaper import REAP_INTERVAL, Reaper
 from .recovery import RecoveryReport
 from .relocate import Relocator
+from .results import DEFAULT_RESULT_TTL, Results, finished_without
 from .ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, Ring
 from .schedule import ScheduleMethods
-from .words import ST_DEAD, TIME_MAX, state
+from .words import ST_DEAD, ST_DONE, TIME_MAX, lease_count, state
 
 __all__ = ["CompactionResult", "Queue", "QueueStats", "QueueOptions", "DEFAULT_VISIBILITY_TIMEOUT", "MAX_ATTEMPTS_LIMIT",
            "DEFAULT_MAX_ATTEMPTS"]
 
+_NO_RESULT: Any = object()  # ack() without a result (None is a result: JSON null)
 DEFAULT_VISIBILITY_TIMEOUT = 30.0
 DEFAULT_MAX_ATTEMPTS = 5
 
@@ -57,8 +60,9 @@ DEFAULT_MAX_ATTEMPTS = 5
 class QueueStats:
     """Counts of retained jobs by state, and cumulative counters since the queue was created.
 
-    ``ready`` .. ``corrupt`` count the jobs retained now, each segment's from one copy of its
-    state table.  ``delayed`` jobs are READY with a future ``available_at``; ``total`` is the sum
+    ``ready`` .. ``corrupt``, ``cancelled`` and ``expired`` count the jobs retained now, each
+    segment's from one copy of its state table (``done`` counts neither cancelled nor expired jobs;
+    ``total`` includes them).  ``delayed`` jobs are READY with a future ``available_at``; ``total`` is the sum
     of the five job states.  ``corrupt`` counts records quarantined as damaged (not included in
     ``total``).  Jobs stay counted as ``done`` until their segment retires, so ``done`` and
     ``total`` fall as segments retire.  A lease that expired or whose holder died counts as
@@ -82,6 +86,8 @@ class QueueStats:
     enqueued_total: int = 0
     acked_total: int = 0
     dead_lettered_total: int = 0
+    cancelled: int = 0
+    expired: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return {f: getattr(self, f) for f in self.__slots__}
@@ -144,6 +150,9 @@ class Queue(LimitMethods, ScheduleMethods):
         allow_foreign: create the queue even where another library's queue of the same name lives
             (a nobroker log ``<name>.NNNNNN.log``); refused by default with ForeignQueueError,
             whose message says to run ``ringq import-nobroker DIR``.
+        auto_ids: False for a queue whose every job has a caller id (a companion queue keyed by
+            another queue's job ids, such as a results queue): enqueue without an id is refused,
+            and ids of the automatic form are allowed, since none is ever made here (ringq/ids.py).
 
     Attributes:
         options: the frozen :class:`~ringq.options.QueueOptions` the queue was opened with.
@@ -174,6 +183,7 @@ class Queue(LimitMethods, ScheduleMethods):
         mode: int = 0o600,
         allow_network_fs: bool = False,
         allow_foreign: bool = False,
+        auto_ids: bool = True,
     ) -> None:
         if not allow_foreign and not os.path.exists(os.path.join(path, f"{name}.ctl")):
             from .foreign import check_not_foreign
@@ -197,7 +207,7 @@ class Queue(LimitMethods, ScheduleMethods):
         )
         self.durability = durability
         self.options = QueueOptions.of_queue(self, self._ring, flush_interval, sync_acks, lock_timeout, mode,
-                                             allow_network_fs, allow_foreign)
+                                             allow_network_fs, allow_foreign, auto_ids)
         self._owners = OwnerRegistry(os.path.join(self.path, f"{name}.owners"), mode)
         self._lock = threading.RLock()
         self._closed = False
@@ -206,7 +216,9 @@ class Queue(LimitMethods, ScheduleMethods):
         self._relocator = Relocator(self._ring, self._index, lambda: self._refresh(relocate=False))
         self._gate = LimitGate(self.path, name, mode)  # concurrency caps, rate limits, unique windows
         self._leases = Leases(self._ring, self._index, self._owners, self._relocator, self._refresh, self._gate)
-        self._producer = Producer(self._ring, self._index, self._lock, self._refresh)
+        self._producer = Producer(self._ring, self._index, self._lock, self._refresh, auto_ids)
+        self._pause = lifecycle.PauseFile(self._ring)
+        self._results = Results(name, self._companion)
         self._rng = random.Random()
         with self._lock:
             self._refresh()
@@ -233,6 +245,12 @@ class Queue(LimitMethods, ScheduleMethods):
             self._gate.close()
             self._ring.close()
             self._owners.close()
+            self._pause.close()
+            self._results.close()
+
+    def _companion(self, name: str) -> Queue:
+        """A queue in the same directory with this one's settings (the results queue)."""
+        return Queue(self.path, name, **{**self.options.to_kwargs(), "auto_ids": False})
 
     def __enter__(self) -> Queue:
         return self
@@ -280,7 +298,8 @@ class Queue(LimitMethods, ScheduleMethods):
     # -- enqueue ------------------------------------------------------------------------------------
 
     def enqueue(self, payload: Any, *, priority: int = 0, delay: float = 0.0, max_attempts: int | None = None,
-                job_id: str | None = None, key: str | None = None, unique_for: float | None = None) -> Job:
+                job_id: str | None = None, key: str | None = None, unique_for: float | None = None,
+                expires_in: float | None = None, expires_at: float | None = None) -> Job:
         """Add one job; durable (per the durability strategy) when this returns.
 
         Args:
@@ -297,6 +316,9 @@ class Queue(LimitMethods, ScheduleMethods):
             unique_for: with ``key``: seconds of a unique window.  While the window that an
                 enqueue of this key opened is open, another enqueue of the key writes nothing
                 and returns the job that opened it (docs/limits.md).
+            expires_in: seconds from now after which the job, if nobody leased it yet, is never
+                leased: it becomes EXPIRED (docs/lifecycle.md).  ``expires_at``: the same as a time,
+                seconds since the Unix epoch.  Give at most one.
 
         Returns:
             The job (``state`` READY).
@@ -308,7 +330,8 @@ class Queue(LimitMethods, ScheduleMethods):
         """
         def add() -> Job:
             return self.enqueue_many([payload], priority=priority, delay=delay, max_attempts=max_attempts,
-                                     job_ids=None if job_id is None else [job_id], key=key)[0]
+                                     job_ids=None if job_id is None else [job_id], key=key,
+                                     expires_in=expires_in, expires_at=expires_at)[0]
 
         if unique_for is None:
             return add()
@@ -319,7 +342,8 @@ class Queue(LimitMethods, ScheduleMethods):
 
     def enqueue_many(self, payloads: Sequence[Any], *, priority: int = 0, delay: float = 0.0,
                      max_attempts: int | None = None, job_ids: Sequence[str] | None = None,
-                     key: str | None = None) -> list[Job]:
+                     key: str | None = None, expires_in: float | None = None,
+                     expires_at: float | None = None) -> list[Job]:
         """Add many jobs with one lock hold and one durability sync.  Same arguments as :meth:`enqueue`
         (``key`` applies to every job of the batch; ``unique_for`` is for single enqueues).
 
@@ -328,7 +352,8 @@ class Queue(LimitMethods, ScheduleMethods):
         self._live()
         attempts = self.max_attempts if max_attempts is None else max_attempts
         return self._producer.enqueue(list(payloads), priority, delay, attempts,
-                                      None if job_ids is None else list(job_ids), key)
+                                      None if job_ids is None else list(job_ids), key,
+                                      expiry_ms(expires_in, expires_at))
 
     def import_jobs(self, jobs: Sequence[Job], *, source: str | None = None) -> int:
         """Store jobs brought from elsewhere (another queue's snapshot), keeping their state.
@@ -417,6 +442,8 @@ class Queue(LimitMethods, ScheduleMethods):
         got: list[Job] = []
         ctl = self._ring.ctl
         claim = self._leases.claim
+        pause = self._pause
+        skip = lambda v, s: pause.blocks(v.seg, s)  # noqa: E731  (per-key pause)
         while True:
             seen = ctl.wake_word()
             with self._lock:
@@ -424,8 +451,10 @@ class Queue(LimitMethods, ScheduleMethods):
                 self._refresh()
                 if self._reap():
                     self._refresh()  # the reclaimed jobs moved their segments' change counters
-                got.extend(self._index.take(count - len(got), lambda v, s, w, now: claim(v, s, w, now, vt, detach),
-                                            self._gate))
+                if not pause.queue_paused():  # a paused queue leases nothing; resume wakes sleepers
+                    got.extend(self._index.take(count - len(got),
+                                                lambda v, s, w, now: claim(v, s, w, now, vt, detach), self._gate,
+                                                skip))
                 next_due = self._index.next_due_ms()
             if len(got) >= count or deadline is None:
                 return got
@@ -480,14 +509,29 @@ class Queue(LimitMethods, ScheduleMethods):
 
     # -- ack / nack / extend ------------------------------------------------------------------------
 
-    def ack(self, job: Job | str) -> None:
+    def ack(self, job: Job | str, *, result: Any = _NO_RESULT, result_ttl: float = DEFAULT_RESULT_TTL) -> None:
         """Mark a leased job done.  Acking it again (same token, or by bare id) is harmless.
 
         Passing the :class:`Job` checks its fencing token; passing a bare id does not (for
-        operators).  With ``sync_acks=True`` the ack is durable when this returns.  Raises
-        NotLeasedError (not leased, or stale token), JobNotFoundError.
+        operators).  With ``sync_acks=True`` the ack is durable when this returns.
+
+        ``result`` (any payload ringq stores: JSON, bytes, a numpy array) is kept for
+        ``result_ttl`` seconds (default 3600) in the companion queue ``<name>-results``, where
+        :meth:`result` finds it.  It is stored after the lease is checked and before the ack, so a
+        result is never lost to a crash after the ack; the first result stored for a job is kept.
+
+        Raises NotLeasedError (not leased, or stale token), JobNotFoundError, SerializationError
+        (a result that cannot be stored: the job is not acked).
         """
         self._live()
+        if result is not _NO_RESULT:
+            with self._lock:  # fencing first: a stale holder must not store a result
+                view, slot, w, job_id, token = self._leases.word_for(job, self.name)
+                repeated = state(w) == ST_DONE and (token is None or lease_count(w) == token)
+                if not repeated:
+                    transitions.require_lease(w, job_id, token, "ack")
+            if not repeated:  # a repeated ack is harmless and stores nothing
+                self._results.store(job_id, result, result_ttl)
         with self._lock:
             self._settle(force=False)
             self._leases.ack(job, self.name)
@@ -540,6 +584,76 @@ class Queue(LimitMethods, ScheduleMethods):
         with self._lock:
             self._settle(force=False)
             return self._leases.extend(job, self.name, seconds)
+
+    # -- lifecycle: cancel, pause, progress (ringq/lifecycle.py, docs/lifecycle.md) -------------------
+
+    def cancel(self, job: Job | str) -> Job:
+        """Cancel a job.  A READY (pending or delayed) job becomes CANCELLED: terminal, never
+        leased.  A LEASED job is marked cancel-requested: its holder sees ``cancel_requested``
+        on its next :meth:`extend` (a Worker's heartbeat sets ``job.cancelled``), and its ack, nack
+        or lost lease ends it CANCELLED instead of DONE or a retry.  Cancelling again is harmless.
+
+        Returns:
+            The job's snapshot after the cancel (CANCELLED, or LEASED with ``cancel_requested``).
+        Raises:
+            JobFinishedError (done, expired or dead-lettered), JobNotFoundError, QueueClosedError.
+        """
+        self._live()
+        with self._lock:
+            self._refresh()
+            return cancel_job(self._leases, job, self.name)
+
+    def pause(self, key: str | None = None) -> None:
+        """Stop leases of the whole queue (``key=None``) or of the jobs of one key, in every
+        process at once and across restarts, until :meth:`resume`.  Enqueues still succeed.
+        Raises ValueError for a key longer than 56 bytes or when 63 keys are paused already."""
+        self._live()
+        if key is None:
+            self._pause.set_queue(True)
+        else:
+            self._pause.set_key(str(key), True)
+
+    def resume(self, key: str | None = None) -> None:
+        """Undo :meth:`pause` (of the queue, or of one key) and wake every sleeping lease."""
+        self._live()
+        if key is None:
+            self._pause.set_queue(False)
+        else:
+            self._pause.set_key(str(key), False)
+        self._ring.ctl.wake()
+
+    def paused(self) -> dict[str, Any]:
+        """``{"queue": bool, "keys": sorted list of paused keys}``."""
+        self._live()
+        return {"queue": self._pause.queue_paused(), "keys": sorted(self._pause.paused_keys())}
+
+    def progress(self, job: Job | str, fraction: float, message: str | None = None) -> None:
+        """Report a leased job's progress: ``fraction`` in [0, 1] and an optional message, shown
+        as ``Job.progress``/``progress_message`` by :meth:`get` and :meth:`list_jobs` for the rest
+        of this lease.  Fenced like :meth:`ack`: a stale holder is refused with NotLeasedError.
+        Raises ValueError for a fraction outside [0, 1], JobNotFoundError."""
+        self._live()
+        fraction = lifecycle.check_fraction(fraction)
+        with self._lock:
+            view, slot, w, job_id, token = self._leases.word_for(job, self.name)
+            lifecycle.report_progress(self._ring, view.seg, slot, w, job_id, token, fraction, message)
+
+    def result(self, job_id: str | Job, *, wait: float | None = None) -> Any:
+        """The result stored by ``ack(job, result=...)`` for ``job_id``.
+
+        Args:
+            job_id: the job (or its id).
+            wait: seconds to block until the result is stored (woken by the storing process's
+                futex wake, not by polling); None or 0 returns at once.
+
+        Raises:
+            ResultNotFoundError (a JobNotFoundError): none stored within ``wait``, its ``result_ttl``
+            passed, or the job finished without one (dead-lettered, cancelled, expired, or acked
+            without a result: then it is raised at once).  QueueClosedError.
+        """
+        self._live()
+        jid = job_id.id if isinstance(job_id, Job) else job_id
+        return self._results.wait(jid, wait, lambda: finished_without(self, self._results, jid))
 
     # -- reads and admin ----------------------------------------------------------------------------
 
@@ -655,3 +769,19 @@ class Queue(LimitMethods, ScheduleMethods):
 
     def __repr__(self) -> str:
         return f"Queue({str(self.path)!r}, name={self.name!r}, durability={self.durability!r})"
+
+
+def expiry_ms(expires_in: float | None, expires_at: float | None) -> int | None:
+    """The absolute expiry (ms since the Unix epoch) of ``expires_in``/``expires_at``; ValueError
+    for both, a negative or non-finite value."""
+    if expires_in is not None and expires_at is not None:
+        raise ValueError("give expires_in or expires_at, not both")
+    if expires_in is not None:
+        if not 0 <= expires_in < TIME_MAX / 1000:
+            raise ValueError(f"expires_in must be >= 0 seconds, got {expires_in!r}")
+        return int(time.time() * 1000 + expires_in * 1000)
+    if expires_at is not None:
+        if not 0 <= expires_at < 2**62 / 1000:
+            raise ValueError(f"expires_at must be seconds since the Unix epoch, got {expires_at!r}")
+        return int(expires_at * 1000)
+    return None

@@ -21,12 +21,15 @@ from .control import Control
 from .index import Index, View, now_ms
 from .owner import OwnerRegistry
 from .words import (
+    FLAG_CANCEL,
     ST_DEAD,
+    ST_DONE,
     ST_LEASED,
     ST_READY,
     WHY_DIED,
     WHY_EXPIRED,
     lease_count,
+    np_cancel_flag,
     np_lease_count,
     np_owner_index,
     np_owner_lease_count,
@@ -147,6 +150,8 @@ class Reaper:
         ok, _ = seg.cas_state(slot, word, new)
         if ok and state(new) == ST_READY:
             self.ring.note_returned(seg)
+        elif ok and state(new) == ST_DONE:  # a cancel-requested lease ends cancelled
+            self.ring.segs.note_finished(seg)
         elif ok:
             self.ring.ctl.count("dead")
         return int(ok)
@@ -186,4 +191,14 @@ class Reaper:
             view.attb[slots].astype(np.int64) + lc[hit].astype(np.int64) >= maxatt
         )
         st = np.where(out_of_tries, ST_DEAD, ST_READY)
-        words[rows] = np_pack(st, why[hit], lc[hit], max(now - seg.epoch_ms, 0))
+        shown = np_pack(st, why[hit], lc[hit], max(now - seg.epoch_ms, 0))
+        # A cancel-requested lease that a reclaim ends is cancelled (transitions.failed).
+        cancel = np_cancel_flag(w[hit])
+        if cancel.any():
+            shown[cancel] = np_pack(
+                np.full(int(cancel.sum()), ST_DONE),
+                np.zeros(int(cancel.sum()), np.int64),
+                lc[hit][cancel],
+                max(now - seg.epoch_ms, 0),
+            ) | np.uint64(FLAG_CANCEL)
+        words[rows] = shown

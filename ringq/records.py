@@ -112,6 +112,7 @@ class NewRecord:
     enqueued_us: int | None = (
         None  # enqueue time, µs since the epoch (a copy keeps its original's); None: now
     )
+    kind: int = KIND_JOB  # header byte 51: 1 job, 2 job whose payload starts with its expires-at
 
     def length(self) -> int:
         """Bytes of the record: header, id and payload."""
@@ -162,7 +163,7 @@ def fill_header(
         rec.attempts_before,
         len(rec.id_bytes),
         rec.codec,
-        KIND_JOB,
+        rec.kind,
         len(rec.payload),
         rec.supersedes,
     )

@@ -34,6 +34,7 @@ from .backoff import BackoffPolicy
 from .errors import (
     BackendError,
     ConnectionLostError,
+    JobFinishedError,
     JobNotFoundError,
     NotLeasedError,
     QueueClosedError,
@@ -42,7 +43,16 @@ from .errors import (
 )
 from .ids import check_caller_id, renamed
 from .job import Job, JobState
-from .queue import DEFAULT_MAX_ATTEMPTS, DEFAULT_VISIBILITY_TIMEOUT, MAX_ATTEMPTS_LIMIT, QueueStats
+from .lifecycle import check_fraction
+from .queue import (
+    _NO_RESULT,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_VISIBILITY_TIMEOUT,
+    MAX_ATTEMPTS_LIMIT,
+    QueueStats,
+    expiry_ms,
+)
+from .results import DEFAULT_RESULT_TTL, Results, finished_without
 
 try:
     import redis
@@ -60,8 +70,24 @@ _STATES = {
     "leased": JobState.LEASED,
     "done": JobState.DONE,
     "dead": JobState.DEAD,
+    "cancelled": JobState.CANCELLED,
+    "expired": JobState.EXPIRED,
 }
-_SUFFIXES = ("ready", "delayed", "leased", "dead", "done", "all", "meta", "payload", "wake", "seq")
+_SUFFIXES = (
+    "ready",
+    "delayed",
+    "leased",
+    "dead",
+    "done",
+    "all",
+    "meta",
+    "payload",
+    "wake",
+    "seq",
+    "pause",
+    "cancelled",
+    "expired",
+)
 
 
 def _name_ok(name: str) -> bool:
@@ -121,6 +147,7 @@ class RedisQueue:
         min_replicas: int = 0,
         replica_timeout: float = 5.0,
         socket_timeout: float = 30.0,
+        auto_ids: bool = True,
         **local_options: Any,
     ) -> None:
         if redis is None:
@@ -140,6 +167,7 @@ class RedisQueue:
         if not replica_timeout > 0:
             raise ValueError(f"replica_timeout must be > 0 seconds, got {replica_timeout!r}")
         self.url = url
+        self.auto_ids = bool(auto_ids)  # as Queue(auto_ids=): False for a results queue
         self.path = url  # where the queue lives, as the local queue's attribute says
         self.name = name
         self.durability = "redis"
@@ -163,6 +191,11 @@ class RedisQueue:
         if self.cluster and min_replicas:
             raise ValueError("min_replicas is not supported on Redis Cluster (WAIT is per node)")
         self._sha = {k: None for k in SCRIPTS}
+        self._results = Results(
+            name,
+            lambda n: RedisQueue(url, n, auto_ids=False, socket_timeout=socket_timeout, min_replicas=min_replicas,
+                                 replica_timeout=replica_timeout),
+        )
 
     # -- plumbing ----------------------------------------------------------------------------------
 
@@ -210,6 +243,7 @@ class RedisQueue:
         if not self._closed:
             self._closed = True
             self._r.close()
+            self._results.close()
 
     def __enter__(self) -> RedisQueue:
         return self
@@ -227,6 +261,8 @@ class RedisQueue:
         delay: float = 0.0,
         max_attempts: int | None = None,
         job_id: str | None = None,
+        expires_in: float | None = None,
+        expires_at: float | None = None,
     ) -> Job:
         """Add one job; as :meth:`ringq.Queue.enqueue`.  Raises ConnectionLostError (outcome
         unknown: re-send with a ``job_id`` to make a retry safe), ReplicationTimeoutError."""
@@ -236,6 +272,8 @@ class RedisQueue:
             delay=delay,
             max_attempts=max_attempts,
             job_ids=None if job_id is None else [job_id],
+            expires_in=expires_in,
+            expires_at=expires_at,
         )[0]
 
     def enqueue_many(
@@ -246,16 +284,23 @@ class RedisQueue:
         delay: float = 0.0,
         max_attempts: int | None = None,
         job_ids: Sequence[str] | None = None,
+        expires_in: float | None = None,
+        expires_at: float | None = None,
     ) -> list[Job]:
-        """Add many jobs in one atomic script: all are stored or none.  As :meth:`ringq.Queue.enqueue_many`."""
+        """Add many jobs in one atomic script: all are stored or none.  As :meth:`ringq.Queue.enqueue_many`
+        (``expires_in`` is turned into a time on this host's clock; the lease script compares it
+        with the server's)."""
         self._live()
+        ex = expiry_ms(expires_in, expires_at) or 0
         payloads = list(payloads)
         ids = [""] * len(payloads) if job_ids is None else list(job_ids)
         if len(ids) != len(payloads):
             raise ValueError(f"job_ids has {len(ids)} ids for {len(payloads)} payloads")
+        if job_ids is None and not self.auto_ids:
+            raise ValueError("this queue takes jobs with caller ids only (auto_ids=False): give job_id")
         if job_ids is not None:
             for jid in ids:
-                check_caller_id(jid)  # never the automatic form (ringq/ids.py)
+                check_caller_id(jid, allow_auto_form=not self.auto_ids)  # ringq/ids.py
         if not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
             raise ValueError(f"priority must be a 32-bit signed int, got {priority!r}")
         if not 0 <= delay <= MAX_DELAY:
@@ -273,6 +318,7 @@ class RedisQueue:
                 raise SerializationError(f"job id {jid!r} is not valid Unicode text") from None
         if not payloads:
             return []
+        args.append(ex)
         rows = self._run("enqueue", args, write=True)
         return [
             _job(meta, pay, (payloads[i],) if tag == b"new" else None)
@@ -367,9 +413,27 @@ class RedisQueue:
 
     # -- ack / nack / extend ---------------------------------------------------------------------------
 
-    def ack(self, job: Job | str) -> None:
-        """Mark a leased job done; as :meth:`ringq.Queue.ack` (acking again is harmless)."""
+    def ack(
+        self, job: Job | str, *, result: Any = _NO_RESULT, result_ttl: float = DEFAULT_RESULT_TTL
+    ) -> None:
+        """Mark a leased job done; as :meth:`ringq.Queue.ack` (acking again is harmless).  A
+        ``result`` is kept in the companion queue ``<name>-results`` on the same server."""
+        if result is not _NO_RESULT:
+            jid, tok = (job.id, int(job.lease_token or 0)) if isinstance(job, Job) else (job, -1)
+            cur = self.get(jid)
+            repeated = cur.state is JobState.DONE and (tok < 0 or int(cur.lease_token or 0) == tok)
+            if not repeated:
+                if cur.state is not JobState.LEASED or (tok >= 0 and int(cur.lease_token or 0) != tok):
+                    self.ack_many([job])  # refused: raises NotLeasedError saying why
+                self._results.store(jid, result, result_ttl)
         self.ack_many([job])
+
+    def result(self, job_id: str | Job, *, wait: float | None = None) -> Any:
+        """As :meth:`ringq.Queue.result`.  A waiting call sleeps in BLPOP on the results queue's
+        wake list (at most a second at a time)."""
+        self._live()
+        jid = job_id.id if isinstance(job_id, Job) else job_id
+        return self._results.wait(jid, wait, lambda: finished_without(self, self._results, jid))
 
     def ack_many(self, jobs: Sequence[Job | str]) -> None:
         """Ack several jobs in one script.  Every job that can be acked is; then the first refusal
@@ -451,11 +515,62 @@ class RedisQueue:
         return int(self._run("purge", [], write=True))
 
     def stats(self) -> QueueStats:
-        """Counts by state (one script, so one consistent instant)."""
-        ready, delayed, leased, done, dead = self._run("stats", [int(self.retain_done * 1000)])
-        return QueueStats(
-            ready, delayed, leased, done, dead, ready + delayed + leased + done + dead, 0
+        """Counts by state (one script, so one consistent instant).  Cancelled and expired jobs
+        are kept ``retain_done`` seconds, like done ones."""
+        ready, delayed, leased, done, dead, cancelled, expired = self._run(
+            "stats", [int(self.retain_done * 1000)]
         )
+        total = ready + delayed + leased + done + dead + cancelled + expired
+        return QueueStats(
+            ready, delayed, leased, done, dead, total, 0, cancelled=cancelled, expired=expired
+        )
+
+    # -- lifecycle: cancel, pause, progress (docs/lifecycle.md) ---------------------------------------
+
+    def cancel(self, job: Job | str) -> Job:
+        """As :meth:`ringq.Queue.cancel`: CANCELLED if ready or delayed, cancel-requested if
+        leased.  Raises JobFinishedError, JobNotFoundError."""
+        self._live()
+        jid = job.id if isinstance(job, Job) else job
+        out = self._run("cancel", [jid], write=True)
+        status = out[0].decode() if isinstance(out[0], bytes) else out[0]
+        if status.startswith("fin:"):
+            raise JobFinishedError(f"cannot cancel job {jid!r}: it is already {status[4:]}")
+        _refuse(self.name, status, jid, "cancel")
+        return _job(out[1], out[2])
+
+    def pause(self, key: str | None = None) -> None:
+        """Stop leases of the whole queue on every host until :meth:`resume`.  Per-key pause is
+        not available on Redis (ValueError)."""
+        self._live()
+        if key is not None:
+            raise ValueError(
+                "pausing one key is not available on the Redis backend; pause the queue"
+            )
+        self._run("pause", ["1"], write=True)
+
+    def resume(self, key: str | None = None) -> None:
+        """Undo :meth:`pause`; sleeping leases are woken."""
+        self._live()
+        if key is not None:
+            raise ValueError(
+                "pausing one key is not available on the Redis backend; pause the queue"
+            )
+        self._run("pause", ["0"], write=True)
+
+    def paused(self) -> dict[str, Any]:
+        """``{"queue": bool, "keys": []}``."""
+        self._live()
+        return {"queue": self._guard(lambda: self._r.get(self._keys[10])) == b"1", "keys": []}
+
+    def progress(self, job: Job | str, fraction: float, message: str | None = None) -> None:
+        """As :meth:`ringq.Queue.progress`: fenced like an ack; shown by get and list_jobs."""
+        self._live()
+        f = check_fraction(fraction)
+        jid, tok = (job.id, int(job.lease_token or 0)) if isinstance(job, Job) else (job, -1)
+        text = "" if message is None else str(message).encode("utf-8", "replace").decode()
+        status = self._run("progress", [jid, tok, repr(f), text, int(message is not None)])
+        _refuse(self.name, status, jid, "report progress of")
 
     def __len__(self) -> int:
         """Number of retained jobs (``stats().total``)."""
@@ -514,6 +629,10 @@ def _job(meta: bytes, payload: bytes | None, known: Any = None, decode: bool = T
         if m.get("why")
         else m.get("e"),
         seq=int(m["s"]),
+        cancel_requested=bool(m.get("cx")) and st is JobState.LEASED,
+        expires_at=m["ex"] / 1000 if m.get("ex") else None,
+        progress=float(m["pg"]) if st is JobState.LEASED and m.get("pg") is not None else None,
+        progress_message=m.get("pm") if st is JobState.LEASED else None,
     )
 
 
@@ -534,6 +653,8 @@ def _refuse(name: str, status: bytes | str, job_id: str, op: str) -> None:
     st, why, tok = parts[1], parts[2], parts[3]
     if st == "ready" and tok == "0":
         cause = "it was never leased"
+    elif st in ("cancelled", "expired"):
+        cause = f"it was {st}"
     elif why == "expired":
         cause = "its last lease expired (visibility timeout)"
     else:

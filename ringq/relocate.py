@@ -51,6 +51,9 @@ RELOCATE_AFTER = (
 RELOCATE_DUE_RATIO = 16
 
 
+MAX_CARRIED = 0xFFFF  # the record header's attempts-carried-over field is 16-bit
+
+
 def superseding_copy(
     ring: Ring,
     seg: Segment,
@@ -68,7 +71,9 @@ def superseding_copy(
         ring.mark_bad(seg, slot, "failed validation on read")
         raise
     jid = bytes(id_bytes) if info.id_len else f"{info.seq:016x}".encode()
-    carried = 0 if attempts is None else info.attempts_before + attempts
+    # The record's field is 16 bits; a damaged state word can claim far more leases.  Past 65535
+    # every max_attempts is used up, so the clamped count means the same.
+    carried = 0 if attempts is None else min(info.attempts_before + attempts, MAX_CARRIED)
     return info, NewRecord(
         bytes(payload),
         info.codec,
@@ -81,6 +86,7 @@ def superseding_copy(
         state=st,
         at_ms=at_ms,
         enqueued_us=info.enqueued_us,
+        kind=info.kind,
     )
 
 

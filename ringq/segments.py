@@ -210,8 +210,9 @@ class SegmentSet:
         return n
 
     def unlink(self, seq: int) -> None:
-        """Remove segment ``seq``'s files (segment, error side file, ack journal) durably."""
-        for p in (self.path(seq), self.err_path(seq), self.acks_path(seq)):
+        """Remove segment ``seq``'s files (segment, error and progress side files, ack journal) durably."""
+        prog = os.path.join(self.dir, f"{self.name}.{seq:016x}.prog")
+        for p in (self.path(seq), self.err_path(seq), self.acks_path(seq), prog):
             try:
                 os.unlink(p)
             except FileNotFoundError:

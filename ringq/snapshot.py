@@ -4,11 +4,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import codec, records
+from . import codec, lifecycle, records
 from .errors import CorruptionError, JobNotFoundError
-from .job import STATE_OF, Job
+from .job import Job, state_of
 from .segment import Segment
-from .words import ST_LEASED, ST_READY, WHY_DIED, WHY_EXPIRED, lease_count, rel_time, state, why
+from .words import (
+    FLAG_CANCEL,
+    ST_DONE,
+    ST_LEASED,
+    ST_READY,
+    WHY_DIED,
+    WHY_EXPIRED,
+    lease_count,
+    rel_time,
+    state,
+    why,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .ring import Ring
@@ -32,15 +43,21 @@ def job_at(
     if word is None:
         word = seg.load_state(slot)
     st, reason, lc = state(word), why(word), lease_count(word)
-    if st not in STATE_OF:
+    js = state_of(word)
+    if js is None:
         raise JobNotFoundError(f"job at {seg.path} slot {slot} is no longer retained")
+    if st == ST_DONE and word & FLAG_CANCEL:
+        reason = (
+            0  # the reason field says how it ended unrun (in ``state``), not why a lease was lost
+        )
     when = (seg.epoch_ms + rel_time(word)) / 1000
-    return Job(
+    payload, expires_at = lifecycle.unwrap(info, payload)
+    job = Job(
         id=records.job_id(info, id_bytes),
         key=codec.split_key(info.codec, payload)[0],
         payload=codec.decode(info.codec, payload) if decode else None,
         priority=info.priority,
-        state=STATE_OF[st],
+        state=js,
         attempts=info.attempts_before + lc,
         max_attempts=info.max_attempts,
         available_at=when if st == ST_READY else info.available_ms / 1000,
@@ -50,8 +67,12 @@ def job_at(
         last_error=last_error(ring, seg, slot, reason, lc, st, info.attempts_before),
         seq=info.seq,
         version=2 * lc - (st == ST_LEASED),
+        cancel_requested=st == ST_LEASED and bool(word & FLAG_CANCEL),
+        expires_at=expires_at,
         _loc=(seg.seq, slot),
     )
+    lifecycle.show_progress(ring, seg, slot, lc, job)
+    return job
 
 
 def last_error(

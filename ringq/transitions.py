@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from .errors import NotLeasedError, RingqError
 from .words import (
+    END_CANCELLED,
+    END_EXPIRED,
+    FLAG_CANCEL,
     LC_MASK,
     ST_BAD,
     ST_CONT,
@@ -44,8 +47,8 @@ TRANSITIONS: dict[tuple[int, int], str] = {
     (ST_EMPTY, ST_DEAD): "publish a relocated dead-lettered job",
     (ST_READY, ST_LEASED): "lease",
     (ST_READY, ST_READY): "relocation holds a due job back while it copies it",
-    (ST_LEASED, ST_LEASED): "extend",
-    (ST_LEASED, ST_DONE): "ack",
+    (ST_LEASED, ST_LEASED): "extend; cancel requested (sets the cancel flag)",
+    (ST_LEASED, ST_DONE): "ack; cancelled: ack, nack or reclaim of a cancel-requested lease",
     (ST_LEASED, ST_READY): "nack with attempts left; lease expired; holder died",
     (ST_LEASED, ST_DEAD): "nack, expiry or holder death with attempts used up",
     (ST_READY, ST_GONE): "purge; superseded by a relocated copy; a withdrawn copy",
@@ -54,7 +57,8 @@ TRANSITIONS: dict[tuple[int, int], str] = {
     (ST_DEAD, ST_GONE): "purge; requeue or relocation (superseded); a withdrawn copy",
     (ST_BAD, ST_GONE): "purge",
     (ST_EMPTY, ST_DONE): "recovery replays a journaled ack whose state words were lost",
-    (ST_READY, ST_DONE): "recovery replays a journaled ack whose lease was lost",
+    (ST_READY, ST_DONE): "cancel of a pending or delayed job; expiry before start (both carry the "
+    "cancel flag); recovery replays a journaled ack whose lease was lost",
     (ST_READY, ST_DEAD): "recovery replays a journaled nack that dead-lettered a job whose lease was lost",
     (ST_EMPTY, ST_BAD): "a record below the tail fails validation",
     (ST_READY, ST_BAD): "a record fails validation when read",
@@ -100,12 +104,40 @@ def leased(w: int, deadline_rel: int) -> int | None:
 
 
 def acked(w: int, now_rel: int) -> int:
+    """DONE; the ack of a cancel-requested lease is recorded as cancelled."""
+    if w & FLAG_CANCEL:
+        return cancelled(w, now_rel)
     return pack(ST_DONE, why(w), lease_count(w), now_rel)
 
 
 def failed(w: int, reason: int, dead: bool, at_rel: int) -> int:
-    """A lease ended without an ack: READY again at ``at_rel``, or DEAD (finished at ``at_rel``)."""
+    """A lease ended without an ack: READY again at ``at_rel``, or DEAD (finished at ``at_rel``).
+    A cancel-requested lease never runs again: it ends cancelled."""
+    if w & FLAG_CANCEL and state(w) == ST_LEASED:
+        return cancelled(w, at_rel)
     return pack(ST_DEAD if dead else ST_READY, reason, lease_count(w), at_rel)
+
+
+def cancelled(w: int, now_rel: int) -> int:
+    """CANCELLED: DONE with the cancel flag and reason END_CANCELLED, finished at ``now_rel``."""
+    return pack(ST_DONE, END_CANCELLED, lease_count(w), now_rel) | FLAG_CANCEL
+
+
+def expired(w: int, now_rel: int) -> int:
+    """EXPIRED (never leased in time): DONE with the cancel flag and reason END_EXPIRED."""
+    return pack(ST_DONE, END_EXPIRED, lease_count(w), now_rel) | FLAG_CANCEL
+
+
+def cancel_requested(w: int) -> int:
+    """A LEASED word with the cancel flag: same token and deadline, the holder is asked to stop."""
+    return w | FLAG_CANCEL
+
+
+def ended_unrun(w: int) -> str | None:
+    """"cancelled" or "expired" for a DONE word that carries the cancel flag, else None."""
+    if state(w) != ST_DONE or not w & FLAG_CANCEL:
+        return None
+    return "expired" if why(w) == END_EXPIRED else "cancelled"
 
 
 def extended(w: int, deadline_rel: int) -> int:
@@ -156,7 +188,8 @@ def require_lease(w: int, job_id: str, token: int | None, op: str) -> None:
         else:
             cause = "it was nacked and waits for its retry"
     elif st == ST_DONE:
-        cause = "it was already acked"
+        unrun = ended_unrun(w)
+        cause = f"it was {unrun}" if unrun else "it was already acked"
     elif st == ST_DEAD:
         cause = "it used up its attempts and is in the dead-letter queue"
     elif st == ST_GONE:

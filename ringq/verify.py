@@ -33,7 +33,8 @@ from .control import (
     Control,
 )
 from .errors import CorruptionError, SerializationError
-from .records import scan
+from .lifecycle import KIND_EXPIRES, PAUSE_SIZE, valid_pause_header
+from .records import KIND_JOB, scan
 from .segment import (
     OFF_CHANGE,
     OFF_FINISHED,
@@ -45,7 +46,19 @@ from .segment import (
     Segment,
 )
 from .segments import NAME_RE, SEG_RE
-from .words import LC_MASK, ST_BAD, ST_CONT, ST_EMPTY, ST_LEASED, ST_READY, TIME_SHIFT
+from .transitions import ended_unrun
+from .words import (
+    FLAG_CANCEL,
+    LC_MASK,
+    ST_BAD,
+    ST_CONT,
+    ST_DONE,
+    ST_EMPTY,
+    ST_GONE,
+    ST_LEASED,
+    ST_READY,
+    TIME_SHIFT,
+)
 
 __all__ = ["QueueFiles", "SegmentReport", "RecordReport", "examine", "queue_exists"]
 
@@ -218,6 +231,9 @@ def _segment(path: str, expect_seq: int, limit: int | None, now_ms: int,
             t = seg.epoch_ms + (word >> TIME_SHIFT)
             if st == ST_READY and t > now_ms:
                 name = "delayed"
+            unrun = ended_unrun(word)
+            if unrun:
+                name = unrun  # DONE with the cancel flag: cancelled or expired (ringq/words.py)
             rep.counts[name] = rep.counts.get(name, 0) + 1
             offset = seg.data_off + slot * seg.slot_size
             if not ok:
@@ -226,6 +242,12 @@ def _segment(path: str, expect_seq: int, limit: int | None, now_ms: int,
                 rep.damage.append(f"slot {slot}: implausible state word {word:#x}: more attempts than max_attempts")
             elif st == ST_LEASED and t > now_ms + 10 * 365 * 86400 * 1000:
                 rep.damage.append(f"slot {slot}: implausible state word {word:#x}: a lease deadline years away")
+            elif word & FLAG_CANCEL and st not in (ST_LEASED, ST_DONE, ST_GONE, ST_BAD):
+                rep.damage.append(f"slot {slot}: implausible state word {word:#x}: the cancel flag on a {name} job")
+            elif int(row["kind"]) not in (KIND_JOB, KIND_EXPIRES):
+                rep.damage.append(f"slot {slot}: unknown record kind {int(row['kind'])}")
+            elif int(row["kind"]) == KIND_EXPIRES and int(row["payload_len"]) < 8:
+                rep.damage.append(f"slot {slot}: an expiring job's record is too short for its expiry field")
             elif st == ST_BAD:
                 rep.damage.append(f"slot {slot} (byte {offset}): marked BAD by a reader (payload does not decode)")
             elif st == ST_EMPTY:
@@ -242,7 +264,8 @@ def _segment(path: str, expect_seq: int, limit: int | None, now_ms: int,
                 rec.id = bytes(seg.mm[base : base + id_len]).decode("utf-8", "replace") if id_len else f"{rec.seq:016x}"
                 rec.codec, rec.payload_len = int(row["codec"]), plen
                 rec.time_ms = t if st not in (ST_EMPTY, ST_BAD) else None
-                rec.preview = _preview(rec.codec, bytes(seg.mm[base + id_len : base + id_len + plen]))
+                skip = 8 if int(row["kind"]) == KIND_EXPIRES else 0  # the expiry field, then the payload
+                rec.preview = _preview(rec.codec, bytes(seg.mm[base + id_len + skip : base + id_len + plen]))
                 if st == ST_LEASED and ((owner >> 16) & LC_MASK) == lc:
                     rec.owner, rec.owner_pid = owner & 0xFFFF, owner >> 34
                 elif st == ST_LEASED:
@@ -292,6 +315,11 @@ def examine(path: str, name: str = "default", *, limit: int | None = None) -> Qu
             report.files.append((entry.name, entry.stat(follow_symlinks=False).st_size))
         except FileNotFoundError:  # retired (or a temp file renamed) while we listed
             continue
+        if entry.name == f"{name}.pause":
+            with open(entry.path, "rb") as fh:
+                if not valid_pause_header(fh.read(PAUSE_SIZE + 1)):
+                    report.damage.append(f"{entry.path}: damaged pause file (set aside at the next open; "
+                                         "the queue then runs unpaused)")
         if entry.name.endswith(".quarantined"):
             report.damage.append(f"{entry.path}: quarantined earlier as damaged; its jobs are not served")
         m = SEG_RE.match(entry.name)

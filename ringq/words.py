@@ -8,7 +8,10 @@ which the C helper shares.  Byte layouts: ``docs/format.md``.
 State word (u64, changed only by CAS after it is published)::
 
     bits 0-2   state        EMPTY READY LEASED DONE DEAD GONE CONT BAD
-    bits 3-4   reason       why the job last left LEASED: none, lease expired, holder died, purged
+    bits 3-4   reason       why the job last left LEASED: none, lease expired, holder died, purged;
+                            in a DONE word with the cancel flag: why it ended unrun (cancelled, expired)
+    bit 5      cancel flag  LEASED: cancel requested (the holder should stop); DONE: the job ended
+                            without completing (cancelled, or expired before it was leased)
     bits 6-23  lease count  leases so far: the job's fencing token
     bits 24-63 time         ms since the segment's epoch: available-at (READY), lease deadline
                             (LEASED), finish time (DONE, DEAD)
@@ -41,6 +44,12 @@ __all__ = [
     "WHY_EXPIRED",
     "WHY_DIED",
     "WHY_PURGED",
+    "FLAG_CANCEL",
+    "END_CANCELLED",
+    "END_EXPIRED",
+    "cancel_flag",
+    "np_cancel_flag",
+    "np_why",
     "LC_MASK",
     "TIME_SHIFT",
     "TIME_MAX",
@@ -82,6 +91,11 @@ WHY_PURGED = lib.RINGQ_WHY_PURGED
 STATE_MASK = 0x7
 WHY_SHIFT = 3
 WHY_MASK = 0x3
+# Bit 5 is Python's alone (the C helper masks states with 0x7 and never builds a word with it).
+FLAG_CANCEL = 1 << 5
+# The reason field of a DONE word carrying FLAG_CANCEL: how the job ended without completing.
+END_CANCELLED = 0  # cancelled (pending, or its holder acked/nacked/lost a cancel-requested lease)
+END_EXPIRED = 1  # its expires-at passed before anyone leased it
 LC_SHIFT = 6
 LC_BITS = 18
 LC_MASK = (1 << LC_BITS) - 1
@@ -121,6 +135,11 @@ def state(word: int) -> int:
 
 def why(word: int) -> int:
     return (word >> WHY_SHIFT) & WHY_MASK
+
+
+def cancel_flag(word: int) -> bool:
+    """True if the word carries the cancel flag (see the module docstring)."""
+    return bool(word & FLAG_CANCEL)
 
 
 def lease_count(word: int) -> int:
@@ -174,6 +193,14 @@ _U = np.uint64
 
 def np_state(words: np.ndarray) -> np.ndarray:
     return words & _U(STATE_MASK)
+
+
+def np_cancel_flag(words: np.ndarray) -> np.ndarray:
+    return (words & _U(FLAG_CANCEL)) != 0
+
+
+def np_why(words: np.ndarray) -> np.ndarray:
+    return (words >> _U(WHY_SHIFT)) & _U(WHY_MASK)
 
 
 def np_lease_count(words: np.ndarray) -> np.ndarray:

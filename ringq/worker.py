@@ -63,6 +63,9 @@ class Worker:
         queue: a :class:`ringq.Queue` or a Redis queue from :func:`ringq.connect`.
         handler: callable taking a :class:`Job`; its return acks, an exception nacks with
             ``"ExceptionType: message"`` as ``last_error``.
+            The job's ``cancelled`` attribute is a ``threading.Event`` that the heartbeat sets
+            when :meth:`Queue.cancel` asks for the job to stop (seen within one heartbeat); a
+            handler that checks it and returns ends the job CANCELLED (docs/lifecycle.md).
         concurrency: handler threads (per process).
         poll_interval: seconds; the longest a thread sleeps before re-checking ``stop()`` when
             idle.  Wake-ups for new jobs come from the producer's futex wake, not from polling.
@@ -261,6 +264,8 @@ class Worker:
 
     def _run_one(self, job: Job) -> None:
         key = threading.get_ident()
+        # Set by the heartbeat when Queue.cancel asks this job's holder to stop (docs/lifecycle.md).
+        job.cancelled = threading.Event()
         with self._inflight_lock:
             self._inflight[key] = job
             self._last_busy = time.monotonic()
@@ -342,6 +347,10 @@ class Worker:
                 if not racing:  # (a beat that raced its own handler's ack or nack failed by design)
                     log.warning("job %s: heartbeat failed: %s", job.id, exc)
                 extended = None
+            if extended is not None:
+                extended.cancelled = job.cancelled
+                if extended.cancel_requested and job.cancelled is not None:
+                    job.cancelled.set()
             with self._inflight_lock:
                 if self._inflight.get(key) is job:
                     self._inflight[key] = extended

@@ -193,7 +193,8 @@ def test_stats_and_list(tmp_path):
     ringq(q, "lease")
     st = as_json(q, "stats")
     assert st == {"ready": 2, "delayed": 1, "leased": 1, "done": 0, "dead": 0, "total": 4, "corrupt": 0,
-                  "enqueued_total": 4, "acked_total": 0, "dead_lettered_total": 0}
+                  "enqueued_total": 4, "acked_total": 0, "dead_lettered_total": 0,
+                  "cancelled": 0, "expired": 0}
     assert ringq(q, "stats").stdout.split() == [f"{k}={v}" for k, v in st.items()]
     everything = as_json(q, "list")
     assert [j["state"] for j in everything] == ["leased", "ready", "ready", "ready"]

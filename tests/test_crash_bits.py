@@ -116,3 +116,30 @@ def test_quarantined_job_is_reported_by_id_lookup_not_delivered(tmp_path):
         assert all(j.id != "job-42" for j in q.list_jobs())
         assert q.stats().done == 2 and q.stats().corrupt == 1
         assert NAME in q.recovery.corrupt_records[0][0]
+
+
+def test_a_damaged_lease_count_beyond_16_bits_survives_relocation(tmp_path):
+    # The shrunk example of the mutation fuzzer: slot 0's state word overwritten with 4962369, a
+    # READY word claiming 77,537 leases.  Its nack dead-letters it, and relocating the dead job
+    # must not overflow the record's 16-bit attempts-carried-over field.
+    from ringq import JobState, Queue
+
+    qdir = tmp_path / "q"
+    with Queue(qdir, "q", slot_size=128, slot_count=8) as q:
+        q.enqueue_many(list(range(12)))  # the first segment fills and is sealed
+    seg = qdir / "q.0000000000000001.seg"
+    with open(seg, "r+b") as fh:
+        fh.seek(4096)  # the state table: slot 0's state word
+        fh.write(struct.pack("<Q", 4962369))
+    with Queue(qdir, "q", slot_size=128, slot_count=8) as q:
+        jobs = q.lease(12)
+        first = next(j for j in jobs if j.payload == 0)
+        assert first.attempts == 77538
+        assert q.nack(first, error="again").state is JobState.DEAD
+        for j in jobs:
+            if j is not first:
+                q.ack(j)
+        q.compact()
+        dead = q.get(first.id)
+        assert dead.state is JobState.DEAD and dead.attempts >= dead.max_attempts
+        assert [j.id for j in q.dlq()] == [first.id]

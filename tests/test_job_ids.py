@@ -144,3 +144,19 @@ def test_a_nobroker_id_of_sixteen_hex_digits_is_renamed_on_import(tmp_path):
         assert len(q) == 3
     assert ids["auto"] == auto
     assert ids["mine"].startswith("default-") and ids["mine"].endswith("-0000000000000001")
+
+
+def test_a_job_with_an_automatic_id_can_store_a_result(tmp_path):
+    # The results queue is keyed by the source queue's ids, automatic ones included.
+    with Queue(tmp_path / "q") as q:
+        job = q.enqueue("x")
+        q.ack(q.lease_one(), result={"ok": 1})
+        assert q.result(job.id) == {"ok": 1}
+
+
+def test_a_queue_without_automatic_ids_needs_ids_and_takes_any_form(tmp_path):
+    with Queue(tmp_path / "q", "companion", auto_ids=False) as q:
+        with pytest.raises(ValueError, match="caller ids only"):
+            q.enqueue("no id")
+        assert q.enqueue("x", job_id="0000000000000001").id == "0000000000000001"
+        assert q.options.auto_ids is False

@@ -13,10 +13,11 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from ringq import BackoffPolicy, JobNotFoundError, JobState, NotLeasedError, Queue
+from ringq import BackoffPolicy, JobFinishedError, JobNotFoundError, JobState, NotLeasedError, Queue
 
 HOUR = 3600.0
 MAX_ATTEMPTS = 3
+FINISHED = ("done", "cancelled", "expired")  # retire with their segments
 
 
 class QueueModel(RuleBasedStateMachine):
@@ -50,7 +51,7 @@ class QueueModel(RuleBasedStateMachine):
 
     def _forget_retired(self):
         """Done jobs whose segment retired are gone, as documented; only small segments retire."""
-        for jid in [k for k, j in self.jobs.items() if j["state"] == "done"]:
+        for jid in [k for k, j in self.jobs.items() if j["state"] in FINISHED]:
             try:
                 self.q.get(jid)
             except JobNotFoundError:
@@ -58,23 +59,33 @@ class QueueModel(RuleBasedStateMachine):
 
     # -- rules ---------------------------------------------------------------------------------
     @rule(prio=st.sampled_from([-1, 0, 0, 1]), delayed=st.booleans(),
-          key=st.sampled_from([None, None, None, "k1", "k2", "k3"]))
-    def enqueue(self, prio, delayed, key):
+          key=st.sampled_from([None, None, None, "k1", "k2", "k3"]),
+          expiring=st.sampled_from([False, False, False, True]))
+    def enqueue(self, prio, delayed, key, expiring=False):
         self._forget_retired()  # a retired job's id is free again
         payload = self.next_payload
         self.next_payload += 1
-        job = self.q.enqueue(payload, priority=prio, delay=HOUR if delayed else 0.0, job_id=key)
+        # an expiring job's expires-at is already past: the first claim that reaches it expires it
+        job = self.q.enqueue(payload, priority=prio, delay=HOUR if delayed else 0.0, job_id=key,
+                             expires_at=time.time() - 1 if expiring else None)
         if key is not None and key in self.jobs:
             assert job.payload == self.jobs[key]["payload"]
             return
         assert job.seq > self.max_seq
         self.max_seq = job.seq
         self.jobs[job.id] = dict(payload=payload, prio=prio, state="ready", attempts=0, avail=job.available_at,
-                                 seq=job.seq)
+                                 seq=job.seq, expiring=expiring, cancel=False)
 
     @rule(count=st.integers(1, 4))
     def lease(self, count):
-        expected = self._due()[:count]
+        expected = []
+        for m in self._due():
+            if len(expected) == count:
+                break
+            if m["expiring"] and m["attempts"] == 0:
+                m["state"] = "expired"  # reached by a claim after its expires-at: never leased
+            else:
+                expected.append(m)
         got = self.q.lease(count)
         assert [j.payload for j in got] == [e["payload"] for e in expected]
         for j in got:
@@ -89,7 +100,7 @@ class QueueModel(RuleBasedStateMachine):
     def ack(self, data):
         jid = data.draw(st.sampled_from(sorted(self.held)))
         self.q.ack(self.held.pop(jid))
-        self.jobs[jid]["state"] = "done"
+        self.jobs[jid]["state"] = "cancelled" if self.jobs[jid]["cancel"] else "done"
 
     @precondition(lambda self: self.held)
     @rule(data=st.data(), later=st.booleans())
@@ -97,6 +108,10 @@ class QueueModel(RuleBasedStateMachine):
         jid = data.draw(st.sampled_from(sorted(self.held)))
         job = self.q.nack(self.held.pop(jid), error=f"err {jid}", delay=HOUR if later else 0.0)
         m = self.jobs[jid]
+        if m["cancel"]:  # a cancel-requested lease is never retried
+            assert job.state is JobState.CANCELLED
+            m["state"] = "cancelled"
+            return
         if m["attempts"] >= MAX_ATTEMPTS:
             assert job.state is JobState.DEAD
             m["state"] = "dead"
@@ -111,6 +126,45 @@ class QueueModel(RuleBasedStateMachine):
         jid = data.draw(st.sampled_from(sorted(self.held)))
         job = self.q.extend(self.held[jid], 10)
         assert job.state is JobState.LEASED and job.lease_token == self.held[jid].lease_token
+        assert job.cancel_requested == self.jobs[jid]["cancel"]
+
+    @rule()
+    def paused_queue_leases_nothing(self):
+        self.q.pause()
+        try:
+            assert self.q.lease(4) == []
+        finally:
+            self.q.resume()
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data(), fraction=st.sampled_from([0.0, 0.5, 1.0]))
+    def progress(self, data, fraction):
+        jid = data.draw(st.sampled_from(sorted(self.held)))
+        self.q.progress(self.held[jid], fraction, f"at {fraction}")
+        job = self.q.get(jid)
+        assert (job.progress, job.progress_message) == (fraction, f"at {fraction}")
+
+    @precondition(lambda self: self.jobs)
+    @rule(data=st.data())
+    def cancel(self, data):
+        self._forget_retired()
+        if not self.jobs:
+            return
+        jid = data.draw(st.sampled_from(sorted(self.jobs)))
+        m = self.jobs[jid]
+        if m["state"] in ("done", "dead", "expired"):
+            try:
+                self.q.cancel(jid)
+            except JobFinishedError:
+                return
+            raise AssertionError(f"cancel of a {m['state']} job accepted")
+        job = self.q.cancel(jid)
+        if m["state"] == "leased":
+            m["cancel"] = True
+            assert job.state is JobState.LEASED and job.cancel_requested
+        else:
+            m["state"] = "cancelled"
+            assert job.state is JobState.CANCELLED
 
     @precondition(lambda self: any(j["state"] != "leased" for j in self.jobs.values()))
     @rule(data=st.data())
@@ -119,7 +173,7 @@ class QueueModel(RuleBasedStateMachine):
         if not any(j["state"] != "leased" for j in self.jobs.values()):
             return
         jid = data.draw(st.sampled_from(sorted(k for k, j in self.jobs.items() if j["state"] != "leased")))
-        if self.jobs[jid]["state"] == "done":
+        if self.jobs[jid]["state"] in FINISHED:
             self.q.ack(jid)  # harmless
             return
         try:
@@ -156,6 +210,10 @@ class QueueModel(RuleBasedStateMachine):
         for jid in self.held:  # our leases' owner is gone: they come back at once
             m = self.jobs[jid]
             job = self.q.get(jid)
+            if m["cancel"]:  # a cancel-requested lease whose holder is gone ends cancelled
+                assert job.state is JobState.CANCELLED
+                m["state"] = "cancelled"
+                continue
             assert "died" in job.last_error
             if m["attempts"] >= MAX_ATTEMPTS:
                 assert job.state is JobState.DEAD
@@ -180,7 +238,7 @@ class QueueModel(RuleBasedStateMachine):
     def stats_match(self):
         st_ = self.q.stats()
         now = time.time()
-        want = {"ready": 0, "delayed": 0, "leased": 0, "done": 0, "dead": 0}
+        want = {"ready": 0, "delayed": 0, "leased": 0, "done": 0, "dead": 0, "cancelled": 0, "expired": 0}
         for j in self.jobs.values():
             k = j["state"]
             if k == "ready" and j["avail"] > now:
@@ -188,7 +246,8 @@ class QueueModel(RuleBasedStateMachine):
             want[k] += 1
         got = st_.to_dict()
         if not self.check_done:
-            want.pop("done")
+            for k in FINISHED:
+                want.pop(k)
         assert {k: got[k] for k in want} == want
         assert st_.corrupt == 0
 

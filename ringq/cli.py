@@ -602,10 +602,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     from .connect import connect, is_url
-    from .migrate import migrate
+    from .migrate import migrate, refuse_same_queue
 
     if not is_url(args.src) and not os.path.isdir(args.src):
         raise UserError(f"no queue directory {args.src}")
+    try:
+        refuse_same_queue(args.src, args.dst, args.queue)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     with connect(args.src, args.queue) as src, connect(args.dst, args.queue) as dst:
         out = migrate(src, dst, purge_source=args.purge_source)
     _emit(args, out, "  ".join(f"{k}={v}" for k, v in out.items()))

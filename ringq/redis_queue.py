@@ -481,6 +481,23 @@ class RedisQueue:
             ]
         return int(self._run("import", args, write=True)) if jobs else 0
 
+    def server_identity(self) -> str:
+        """Which server and database hold this queue, however the URL spells them:
+        ``"<run_id>/<db>"`` (Redis' ``INFO server`` run_id is unique per server process; on a
+        cluster, that of the node serving the queue's hash slot).  Raises ConnectionLostError."""
+
+        def ask() -> str:
+            if self.cluster:
+                node = self._r.get_node_from_key(self._keys[0])
+                info = self._r.info("server", target_nodes=node)
+                if "run_id" not in info:  # keyed by node name when the client asked several
+                    info = next(iter(info.values()))
+                return f"{info['run_id']}/0"
+            db = self._r.connection_pool.connection_kwargs.get("db", 0)
+            return f"{self._r.info('server')['run_id']}/{db}"
+
+        return self._guard(ask)
+
     def __repr__(self) -> str:
         return f"RedisQueue({redact_url(self.url)!r}, name={self.name!r})"
 

@@ -1,6 +1,7 @@
 """The command line on a Redis queue (--url) and ``ringq migrate`` between the two backends."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -101,6 +102,69 @@ def test_migrate_local_to_redis_and_back_keeps_jobs_and_reruns_add_nothing(redis
 def test_migrate_refuses_a_missing_source_in_one_line(tmp_path):
     err = cli("migrate", str(tmp_path / "nope"), str(tmp_path / "dst"), rc=2).stderr
     assert "no queue directory" in err and len(err.splitlines()) == 1
+
+
+def _five_jobs(path):
+    with ringq.Queue(path, "thumbnails") as q:
+        q.enqueue_many([f"img{i}" for i in range(5)])
+
+
+@pytest.mark.parametrize(
+    "spell", [lambda d: d + "/", lambda d: d + "/../" + os.path.basename(d), "link"]
+)
+def test_migrate_refuses_the_same_directory_however_spelled_and_keeps_every_job(tmp_path, spell):
+    src = str(tmp_path / "back2")
+    _five_jobs(src)
+    if spell == "link":
+        os.symlink(src, tmp_path / "alias")
+        dst = str(tmp_path / "alias")
+    else:
+        dst = spell(src)
+    proc = cli("migrate", src, dst, "-q", "thumbnails", "--purge-source", rc=2)
+    assert "same place" in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
+    with ringq.Queue(src, "thumbnails") as q:
+        assert q.stats().ready == 5
+
+
+def test_migrate_refuses_the_same_redis_queue_however_the_url_is_spelled(redis_server):
+    name = f"t{uuid.uuid4().hex[:12]}"
+    with ringq.connect(redis_server.url, name) as q:
+        q.enqueue_many(["a", "b", "c", "d", "e"])
+    port = redis_server.port
+    for src, dst in [
+        (redis_server.url, redis_server.url),
+        (f"redis://127.0.0.1:{port}/0", f"redis://localhost:{port}"),
+        (f"redis://127.0.0.1:{port}", f"redis://127.0.0.1:{port}/?db=0"),
+    ]:
+        proc = cli("migrate", src, dst, "-q", name, "--purge-source", rc=2)
+        assert "same place" in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
+    # Spellings no URL rule can equate (another address of this host) are caught by asking the
+    # server who it is, in migrate() itself.
+    from ringq.migrate import migrate
+
+    with (
+        ringq.connect(redis_server.url, name) as a,
+        ringq.connect(f"redis://0.0.0.0:{port}/0", name) as b,
+    ):
+        with pytest.raises(ValueError, match="same queue"):
+            migrate(a, b, purge_source=True)
+        assert a.stats().ready == 5
+    # Another database of the same server is another queue.
+    out = json.loads(
+        cli("migrate", redis_server.url, f"redis://127.0.0.1:{port}/3", "-q", name, "--json").stdout
+    )
+    assert out["copied"] == 5
+
+
+def test_migrate_function_refuses_one_directory_opened_twice(tmp_path):
+    from ringq.migrate import migrate
+
+    src = str(tmp_path / "q")
+    _five_jobs(src)
+    with ringq.Queue(src, "thumbnails") as a, ringq.Queue(src + "/", "thumbnails") as b:
+        with pytest.raises(ValueError, match="same queue"):
+            migrate(a, b, purge_source=True)
+        assert a.stats().ready == 5
 
 
 if __name__ == "__main__":

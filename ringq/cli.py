@@ -284,8 +284,6 @@ def cmd_purge(args: argparse.Namespace) -> int:
 def _examine(args: argparse.Namespace, limit: int | None):
     from .verify import examine
 
-    if getattr(args, "url", None):
-        raise UserError(f"{args.cmd} reads a queue directory's files; it does not apply to --url")
     try:
         return examine(args.dir, args.queue, limit=limit)
     except FileNotFoundError as exc:
@@ -654,7 +652,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = _Parser(prog="ringq", description="ringq: a durable job queue for one host, no broker.",
                                 epilog="Examples for every command: docs/cli.md")
-    p.add_argument("-d", "--dir", default="./.ringq", help="queue directory (default ./.ringq)")
+    p.add_argument("-d", "--dir", default=None, help="queue directory (default ./.ringq)")
     p.add_argument("--url", default=None, help="a Redis queue instead: redis://, rediss://, unix://")
     p.add_argument("-q", "--queue", default="default", help="queue name (default 'default')")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -791,8 +789,6 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     action = getattr(args, "schedule_cmd", None)
     if action is None:
         raise UserError("say what to do: ringq schedule add|list|rm (ringq schedule --help)")
-    if getattr(args, "url", None):
-        raise UserError("periodic jobs live in a local queue directory; --url is not supported here")
     if action == "add":
         payload = _payload(args.payload, args.text)
         with _open(args, create=True) as q:
@@ -855,9 +851,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.cmd == "bench":
         args.args = rest
-    if getattr(args, "url", None):
-        args.dir = args.url  # messages name where the queue lives
     try:
+        _check_target(args)
         rc = args.func(args)
         sys.stdout.flush()  # inside the try: a closed pipe is reported here, not at exit
         return rc
@@ -875,6 +870,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             return exc.status
         # ValueError is a bad option value (usage); the queue's own errors and I/O errors are failures
         return 2 if isinstance(exc, ValueError) and not isinstance(exc, RingqError) else 1
+
+
+# Commands that do not apply to a Redis queue, and why; every other command takes --url.
+URL_REFUSED = {
+    "inspect": "it reads a queue directory's files",
+    "verify": "it reads a queue directory's files",
+    "compact": "it gives back a queue directory's disk space (Redis frees memory as jobs expire)",
+    "recover": "it reports the repairs made on opening a queue directory (a Redis queue has no files)",
+    "schedule": "periodic jobs live in a local queue directory",
+    "import-nobroker": "it imports into a queue directory (then `ringq migrate DIR URL`)",
+    "migrate": "give the Redis URL as SRC or DST",
+    "metrics": "its per-priority counts and holders are read from a queue directory's records "
+               "(on Redis, scrape `ringq --url URL top --json` or the server's own exporter)",
+    "dashboard": "its pages read a queue directory's records and storage (on Redis, use `top`)",
+    "demo": "the demo runs on a temporary queue directory of its own",
+    "bench": "the benchmarks take their own options",
+}
+
+
+def _check_target(args: argparse.Namespace) -> None:
+    """--url or --dir, never both; a command that cannot use --url refuses it in one line."""
+    url = getattr(args, "url", None)
+    if url and args.dir is not None:
+        raise UserError("give either --dir or --url, not both")
+    if url and args.cmd in URL_REFUSED:
+        raise UserError(f"{args.cmd} does not apply to --url: {URL_REFUSED[args.cmd]}")
+    args.dir = url or args.dir or "./.ringq"  # with --url, messages name where the queue lives
 
 
 def _error(args: argparse.Namespace, text: str) -> None:

@@ -110,6 +110,11 @@ class ReplicationTimeoutError(BackendError):
     """
 
 
+class MissingExtraError(RingqError, ImportError):
+    """A feature needs an optional dependency that is not installed; the message names the
+    ``pip install 'ringq[extra]'`` command that adds it."""
+
+
 class CompactionError(RingqError):
     """:meth:`ringq.Queue.compact` could not finish; every job is where it was (nobroker's name)."""
 

@@ -35,6 +35,7 @@ from .errors import (
     BackendError,
     ConnectionLostError,
     JobNotFoundError,
+    MissingExtraError,
     NotLeasedError,
     QueueClosedError,
     ReplicationTimeoutError,
@@ -60,6 +61,7 @@ _STATES = {
     "done": JobState.DONE,
     "dead": JobState.DEAD,
 }
+_READS = frozenset({"get", "list", "stats"})  # scripts that change no job: safe to simply retry
 _SUFFIXES = ("ready", "delayed", "leased", "dead", "done", "all", "meta", "payload", "wake", "seq")
 
 
@@ -89,7 +91,8 @@ class RedisQueue:
         (``durability``, ``fsync``, ...), which do not apply and are ignored.
 
     Raises:
-        ImportError: redis-py is not installed (``pip install 'ringq[redis]'``).
+        MissingExtraError: redis-py is not installed (``pip install 'ringq[redis]'``); a subclass
+            of ImportError.
         ValueError: bad name or setting.  ConnectionLostError: the server cannot be reached.
     """
 
@@ -123,7 +126,9 @@ class RedisQueue:
         **local_options: Any,
     ) -> None:
         if redis is None:
-            raise ImportError("the Redis backend needs redis-py: pip install 'ringq[redis]'")
+            raise MissingExtraError(
+                "the Redis backend needs redis-py, which is not installed: pip install 'ringq[redis]'"
+            )
         unknown = set(local_options) - self._LOCAL_ONLY
         if unknown:
             raise TypeError(f"RedisQueue got unexpected keyword arguments {sorted(unknown)}")
@@ -157,7 +162,7 @@ class RedisQueue:
         opts = dict(
             retry=Retry(NoBackoff(), 0), socket_timeout=socket_timeout, socket_connect_timeout=10.0
         )
-        self._r = guard(url, lambda: client_for(url, **opts))
+        self._r = guard(url, lambda: client_for(url, **opts), changes=False)
         self.cluster = not isinstance(self._r, redis.Redis)
         if self.cluster and min_replicas:
             raise ValueError("min_replicas is not supported on Redis Cluster (WAIT is per node)")
@@ -165,12 +170,14 @@ class RedisQueue:
 
     # -- plumbing ----------------------------------------------------------------------------------
 
-    def _guard(self, fn: Any) -> Any:
-        return guard(self.url, fn)
+    def _guard(self, fn: Any, *, changes: bool = True) -> Any:
+        return guard(self.url, fn, changes=changes)
 
     def _run(self, script: str, args: Sequence[Any], write: bool = False) -> Any:
         self._live()
-        return self._guard(lambda: self._eval(script, list(args), write))
+        return self._guard(
+            lambda: self._eval(script, list(args), write), changes=script not in _READS
+        )
 
     def _eval(self, script: str, args: list, write: bool) -> Any:
         for _ in range(2):
@@ -331,7 +338,7 @@ class RedisQueue:
             if left > 0 or past_due_wakes:
                 nap = min(nap, max(left, 0.0) + 0.002)
         if nap > 0.001:
-            self._guard(lambda: self._r.blpop([self._keys[8]], timeout=nap))
+            self._guard(lambda: self._r.blpop([self._keys[8]], timeout=nap), changes=False)
 
     def lease_one(
         self,
@@ -496,7 +503,7 @@ class RedisQueue:
             db = self._r.connection_pool.connection_kwargs.get("db", 0)
             return f"{self._r.info('server')['run_id']}/{db}"
 
-        return self._guard(ask)
+        return self._guard(ask, changes=False)
 
     def __repr__(self) -> str:
         return f"RedisQueue({redact_url(self.url)!r}, name={self.name!r})"
@@ -568,16 +575,17 @@ def client_for(url: str, **options: Any) -> Any:
     return r
 
 
-def guard(url: str, fn: Any) -> Any:
+def guard(url: str, fn: Any, *, changes: bool = True) -> Any:
     """Call ``fn()`` and turn redis-py's errors into ringq's: ConnectionLostError for a dropped or
-    refused connection or a timeout (the operation may or may not have taken effect),
-    BackendError for a command the server refused."""
+    refused connection or a timeout, BackendError for a command the server refused.  ``changes``:
+    ``fn`` would change the queue, so a lost reply leaves its effect unknown and the message says
+    so; a read (``changes=False``) changed nothing either way."""
     try:
         return fn()
     except (redis.ConnectionError, redis.TimeoutError) as exc:
+        unknown = "; the operation may or may not have taken effect" if changes else ""
         raise ConnectionLostError(
-            f"Redis at {redact_url(url)}: connection failed ({exc}); the operation may or may not "
-            "have taken effect"
+            f"Redis at {redact_url(url)}: connection failed ({exc}){unknown}"
         ) from exc
     except redis.ResponseError as exc:
         raise BackendError(f"Redis at {redact_url(url)} refused the operation: {exc}") from exc

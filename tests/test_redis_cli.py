@@ -169,3 +169,104 @@ def test_migrate_function_refuses_one_directory_opened_twice(tmp_path):
 
 if __name__ == "__main__":
     pytest.main([__file__])
+
+
+URL_REFUSED = {
+    "inspect": [],
+    "verify": [],
+    "compact": [],
+    "recover": [],
+    "schedule": ["list"],
+    "import-nobroker": ["."],
+    "migrate": ["a", "b"],
+    "metrics": [],
+    "dashboard": [],
+    "demo": [],
+    "bench": [],
+}
+
+
+def _subcommands():
+    """The commands `ringq --help` lists, so a command added later is covered or this fails."""
+    text = cli("--help").stdout
+    block = text.split("COMMAND\n", 2)[-1]
+    return {
+        line.split()[0]
+        for line in block.splitlines()
+        if line.startswith("    ") and not line.startswith("     ")
+    }
+
+
+def test_every_command_takes_url_or_refuses_it_in_one_line(redis_url, tmp_path):
+    name = f"t{uuid.uuid4().hex[:12]}"
+    common = ["--url", redis_url, "--queue", name, "--json"]
+    works = {}
+
+    def run(cmd, *args, rc=0):
+        proc = cli(*common, cmd, *args, rc=rc)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        works[cmd] = True
+        return proc
+
+    run("enqueue", "a")
+    [job] = json.loads(run("lease").stdout)
+    run("ack", job["id"], "--token", str(job["lease_token"]))
+    run("enqueue", "b")
+    [job] = json.loads(run("lease").stdout)
+    run("nack", job["id"], "--delay", "0")
+    run("stats")
+    run("list")
+    run("dlq")
+    run("top", "--once", "--interval", "0.05")
+    run("work", "builtins:id", "--max-jobs", "1")
+    run("purge", "--yes")
+    for command, args in URL_REFUSED.items():
+        err = run(command, *args, rc=2).stderr
+        assert "does not apply to --url" in err and len(err.splitlines()) == 1, err
+    assert set(works) == _subcommands()
+    # Both docs name each refusing command.
+    root = os.path.join(os.path.dirname(__file__), "..", "docs")
+    for doc in ("cli.md", "scale-out.md"):
+        with open(os.path.join(root, doc)) as f:
+            text = " ".join(f.read().split())
+        for command in URL_REFUSED:
+            assert f"`{command}`" in text.split("refuse")[1][:600], (doc, command)
+
+
+def test_url_with_dir_is_a_usage_error(redis_url, tmp_path):
+    for args in (
+        ["--url", redis_url, "-d", str(tmp_path), "stats"],
+        ["-d", str(tmp_path), "stats", "--url", redis_url],
+    ):
+        err = cli(*args, rc=2).stderr
+        assert "either --dir or --url" in err and len(err.splitlines()) == 1
+
+
+def test_a_redis_url_without_redis_py_is_one_typed_line():
+    hide = "import sys; sys.modules['redis'] = None\n"
+    code = (
+        hide
+        + "from ringq.cli import main; sys.exit(main(['--url', 'redis://127.0.0.1:1/1', 'stats']))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=60
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "pip install 'ringq[redis]'" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    code = hide + (
+        "import ringq\n"
+        "try:\n    ringq.connect('redis://127.0.0.1:1/1')\n"
+        "except ringq.MissingExtraError as e:\n    assert isinstance(e, ImportError); print(e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=60
+    )
+    assert "pip install 'ringq[redis]'" in out.stdout, out.stderr
+
+
+def test_a_read_on_a_refused_connection_does_not_say_it_may_have_taken_effect():
+    from redisserver import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    err = cli("--url", url, "stats", rc=1).stderr
+    assert "connection failed" in err and "may or may not" not in err and len(err.splitlines()) == 1

@@ -6,7 +6,7 @@ touches is passed in ``KEYS`` and shares the hash tag ``{ringq:<name>}``, so on 
 of one queue lives in one hash slot.  Time is the server's (``TIME``): lease deadlines and delays
 are compared on one clock whatever the clients' clocks say.
 
-Keys (``KEYS[1..10]``)::
+Keys (``KEYS[1..11]``)::
 
     ready    ZSET, score 0: due jobs; the member sorts lexically by (-priority, available_at, seq)
              followed by the job id, so ZRANGE 0 n-1 is the lease order
@@ -19,6 +19,9 @@ Keys (``KEYS[1..10]``)::
     payload  HASH: id -> one codec byte + the encoded payload
     wake     LIST: wake-up tokens for consumers blocked in BLPOP
     seq      STRING: the enqueue counter (auto ids are its 16 hex digits)
+    counts   HASH: cumulative counters since creation, never lowered (purge keeps them):
+             enqueued (new jobs stored by enqueue; imports and requeues not counted), acked,
+             dead (moves to the dead-letter queue by nack or lease expiry)
 
 Job fields in ``meta``: id, p (priority), s (seq), st (ready/leased/done/dead), a (attempts),
 m (max attempts), av (available at, ms), enq (enqueued at, ms), dl (lease deadline, ms),
@@ -27,8 +30,8 @@ rk (the job's member in ``ready``), fin (finish time, ms).
 """
 
 PRELUDE = r"""
-local K_READY, K_DELAYED, K_LEASED, K_DEAD, K_DONE, K_ALL, K_META, K_PAY, K_WAKE, K_SEQ =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local K_READY, K_DELAYED, K_LEASED, K_DEAD, K_DONE, K_ALL, K_META, K_PAY, K_WAKE, K_SEQ, K_CNT =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
 local T = redis.call('TIME')
 local now = tonumber(T[1]) * 1000 + math.floor(tonumber(T[2]) / 1000)
 local WAKE_CAP = 256
@@ -83,7 +86,12 @@ local function promote()
     local m = load(id)
     if m then
       m.why = 'expired'
-      if m.a >= m.m then make_dead(m) else m.av = now; make_ready(m) end
+      if m.a >= m.m then
+        make_dead(m)
+        redis.call('HINCRBY', K_CNT, 'dead', 1)
+      else
+        m.av = now; make_ready(m)
+      end
       save(m)
     end
   end
@@ -107,7 +115,7 @@ end
 # Returns per job {"new"|"old", meta JSON, payload or false (for new jobs the caller has it)}.
 ENQUEUE = r"""
 local prio, delay, maxatt, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local out, due = {}, 0
+local out, due, added = {}, 0, 0
 for i = 1, n do
   local id, pay = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
   local old = nil
@@ -128,8 +136,10 @@ for i = 1, n do
     redis.call('HSET', K_PAY, id, pay)
     redis.call('ZADD', K_ALL, s, id)
     out[i] = {'new', save(m), false}
+    added = added + 1
   end
 end
+if added > 0 then redis.call('HINCRBY', K_CNT, 'enqueued', added) end
 -- a delayed job wakes one sleeper too, so that it recomputes how long to sleep
 if due == 0 and n > 0 then due = 1 end
 wake(due)
@@ -189,6 +199,7 @@ for i = 1, n do
       m.fin = now
       redis.call('ZADD', K_DONE, now, id)
       save(m)
+      redis.call('HINCRBY', K_CNT, 'acked', 1)
     end
     out[i] = st
   end
@@ -209,6 +220,7 @@ if ARGV[4] == '1' then m.e = ARGV[3] end
 m.why = nil
 if m.a >= m.m then
   make_dead(m)
+  redis.call('HINCRBY', K_CNT, 'dead', 1)
 else
   m.av = now + delay
   if make_ready(m) then wake(1) end
@@ -286,12 +298,15 @@ redis.call('DEL', K_READY, K_DELAYED, K_LEASED, K_DEAD, K_DONE, K_ALL, K_META, K
 return n
 """
 
-# ARGV: done retention ms.  Returns {ready, delayed, leased, done, dead}.
+# ARGV: done retention ms.  Returns {ready, delayed, leased, done, dead, enqueued_total,
+# acked_total, dead_lettered_total}.
 STATS = r"""
 local keep = tonumber(ARGV[1])
 local due = redis.call('ZCOUNT', K_DELAYED, '-inf', now)
+local c = redis.call('HMGET', K_CNT, 'enqueued', 'acked', 'dead')
 return {redis.call('ZCARD', K_READY) + due, redis.call('ZCARD', K_DELAYED) - due, redis.call('ZCARD', K_LEASED),
-        redis.call('ZCOUNT', K_DONE, now - keep, '+inf'), redis.call('ZCARD', K_DEAD)}
+        redis.call('ZCOUNT', K_DONE, now - keep, '+inf'), redis.call('ZCARD', K_DEAD),
+        tonumber(c[1] or 0), tonumber(c[2] or 0), tonumber(c[3] or 0)}
 """
 
 # ARGV: n, then n tuples (id, codec byte + payload, priority, attempts, max_attempts,

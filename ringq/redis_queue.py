@@ -62,7 +62,19 @@ _STATES = {
     "dead": JobState.DEAD,
 }
 _READS = frozenset({"get", "list", "stats"})  # scripts that change no job: safe to simply retry
-_SUFFIXES = ("ready", "delayed", "leased", "dead", "done", "all", "meta", "payload", "wake", "seq")
+_SUFFIXES = (
+    "ready",
+    "delayed",
+    "leased",
+    "dead",
+    "done",
+    "all",
+    "meta",
+    "payload",
+    "wake",
+    "seq",
+    "counts",
+)
 
 
 def _name_ok(name: str) -> bool:
@@ -458,10 +470,25 @@ class RedisQueue:
         return int(self._run("purge", [], write=True))
 
     def stats(self) -> QueueStats:
-        """Counts by state (one script, so one consistent instant)."""
-        ready, delayed, leased, done, dead = self._run("stats", [int(self.retain_done * 1000)])
+        """Counts by state and the cumulative counters (one script, so one consistent instant).
+
+        ``enqueued_total``, ``acked_total`` and ``dead_lettered_total`` count, since the queue's
+        first use, new jobs stored by enqueue, acks, and moves to the dead-letter queue (by nack
+        or lease expiry, the latter counted when a lease call reclaims it); purge keeps them."""
+        ready, delayed, leased, done, dead, enq, acked, dl = self._run(
+            "stats", [int(self.retain_done * 1000)]
+        )
         return QueueStats(
-            ready, delayed, leased, done, dead, ready + delayed + leased + done + dead, 0
+            ready,
+            delayed,
+            leased,
+            done,
+            dead,
+            ready + delayed + leased + done + dead,
+            0,
+            enq,
+            acked,
+            dl,
         )
 
     def __len__(self) -> int:

@@ -214,10 +214,11 @@ def test_every_command_takes_url_or_refuses_it_in_one_line(redis_url, tmp_path):
     run("enqueue", "b")
     [job] = json.loads(run("lease").stdout)
     run("nack", job["id"], "--delay", "0")
-    run("stats")
+    st = json.loads(run("stats").stdout)
+    assert (st["enqueued_total"], st["acked_total"]) == (2, 1), st
     run("list")
     run("dlq")
-    run("top", "--once", "--interval", "0.05")
+    assert json.loads(run("top", "--once", "--interval", "0.05").stdout)["enqueued_total"] == 2
     run("work", "builtins:id", "--max-jobs", "1")
     run("purge", "--yes")
     for command, args in URL_REFUSED.items():

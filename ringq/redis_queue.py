@@ -42,7 +42,13 @@ from .errors import (
     SerializationError,
 )
 from .job import Job, JobState
-from .queue import DEFAULT_MAX_ATTEMPTS, DEFAULT_VISIBILITY_TIMEOUT, MAX_ATTEMPTS_LIMIT, QueueStats
+from .queue import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_VISIBILITY_TIMEOUT,
+    MAX_ATTEMPTS_LIMIT,
+    QueueStats,
+    due_delay,
+)
 
 try:
     import redis
@@ -277,6 +283,7 @@ class RedisQueue:
                     raise ValueError(f"job ids must be non-empty strings, got {jid!r}")
         if not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
             raise ValueError(f"priority must be a 32-bit signed int, got {priority!r}")
+        delay = due_delay(delay)
         if not 0 <= delay <= MAX_DELAY:
             raise ValueError(
                 f"delay must be between 0 and about 33 years (in seconds), got {delay!r}"

@@ -343,7 +343,7 @@ def test_close_is_idempotent_and_use_after_close_raises(queue_factory):
 
 def test_bad_arguments_are_value_errors(q, queue_factory):
     for call in (
-        lambda: q.enqueue(1, delay=-1),
+        lambda: q.enqueue(1, delay=float("nan")),
         lambda: q.enqueue(1, max_attempts=0),
         lambda: q.lease(0),
         lambda: q.enqueue(1, priority=2**40),
@@ -404,3 +404,14 @@ def test_cumulative_counters_count_enqueues_acks_and_dead_letters(queue_factory)
     q.purge()  # the counters are since creation: purge and requeue leave them
     st = q.stats()
     assert (st.enqueued_total, st.acked_total, st.dead_lettered_total) == (5, 2, 3), st
+
+
+def test_a_negative_delay_means_now(q):
+    run_at = time.time() - 5  # a due time that has passed: delay = run_at - time.time() < 0
+    late = q.enqueue("late", delay=run_at - time.time())
+    [also] = q.enqueue_many(["also"], delay=-0.001)
+    assert late.available_at <= time.time() and also.available_at <= time.time()
+    assert {j.id for j in q.lease(2)} == {late.id, also.id}
+    for bad in (float("nan"), float("-inf")):
+        with pytest.raises(ValueError):
+            q.enqueue("x", delay=bad)

@@ -6,7 +6,7 @@ touches is passed in ``KEYS`` and shares the hash tag ``{ringq:<name>}``, so on 
 of one queue lives in one hash slot.  Time is the server's (``TIME``): lease deadlines and delays
 are compared on one clock whatever the clients' clocks say.
 
-Keys (``KEYS[1..13]``)::
+Keys (``KEYS[1..14]``)::
 
     ready    ZSET, score 0: due jobs; the member sorts lexically by (-priority, available_at, seq)
              followed by the job id, so ZRANGE 0 n-1 is the lease order
@@ -22,6 +22,9 @@ Keys (``KEYS[1..13]``)::
     pause    STRING: "1" while the whole queue is paused (leases return nothing)
     cancelled ZSET: cancelled jobs scored by finish time (ms), trimmed like ``done``
     expired  ZSET: jobs that expired before anyone leased them, scored by finish time (ms)
+    counts   HASH: cumulative counters since creation, never lowered (purge keeps them):
+             enqueued (new jobs stored by enqueue; imports and requeues not counted), acked,
+             dead (moves to the dead-letter queue by nack or lease expiry)
 
 Job fields in ``meta``: id, p (priority), s (seq), st (ready/leased/done/dead), a (attempts),
 m (max attempts), av (available at, ms), enq (enqueued at, ms), dl (lease deadline, ms),
@@ -35,6 +38,7 @@ PRELUDE = r"""
 local K_READY, K_DELAYED, K_LEASED, K_DEAD, K_DONE, K_ALL, K_META, K_PAY, K_WAKE, K_SEQ =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local K_PAUSE, K_CANCELLED, K_EXPIRED = KEYS[11], KEYS[12], KEYS[13]
+local K_CNT = KEYS[14]
 local T = redis.call('TIME')
 local now = tonumber(T[1]) * 1000 + math.floor(tonumber(T[2]) / 1000)
 local WAKE_CAP = 256
@@ -99,7 +103,12 @@ local function promote()
     if m then
       m.why = 'expired'
       if m.cx then make_ended(m, 'cancelled')
-      elseif m.a >= m.m then make_dead(m) else m.av = now; make_ready(m) end
+      elseif m.a >= m.m then
+        make_dead(m)
+        redis.call('HINCRBY', K_CNT, 'dead', 1)
+      else
+        m.av = now; make_ready(m)
+      end
       save(m)
     end
   end
@@ -133,7 +142,7 @@ end
 ENQUEUE = r"""
 local prio, delay, maxatt, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ex = tonumber(ARGV[5 + 2 * n] or '0')
-local out, due = {}, 0
+local out, due, added = {}, 0, 0
 for i = 1, n do
   local id, pay = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
   local old = nil
@@ -155,8 +164,10 @@ for i = 1, n do
     redis.call('HSET', K_PAY, id, pay)
     redis.call('ZADD', K_ALL, s, id)
     out[i] = {'new', save(m), false}
+    added = added + 1
   end
 end
+if added > 0 then redis.call('HINCRBY', K_CNT, 'enqueued', added) end
 -- a delayed job wakes one sleeper too, so that it recomputes how long to sleep
 if due == 0 and n > 0 then due = 1 end
 wake(due)
@@ -231,6 +242,7 @@ for i = 1, n do
         redis.call('ZADD', K_DONE, now, id)
       end
       save(m)
+      redis.call('HINCRBY', K_CNT, 'acked', 1)
     end
     out[i] = st
   end
@@ -252,6 +264,7 @@ if m.cx then
   make_ended(m, 'cancelled')  -- a cancel-requested lease is never retried
 elseif m.a >= m.m then
   make_dead(m)
+  redis.call('HINCRBY', K_CNT, 'dead', 1)
 else
   m.av = now + delay
   if make_ready(m) then wake(1) end
@@ -329,13 +342,16 @@ redis.call('DEL', K_READY, K_DELAYED, K_LEASED, K_DEAD, K_DONE, K_ALL, K_META, K
 return n
 """
 
-# ARGV: done retention ms.  Returns {ready, delayed, leased, done, dead, cancelled, expired}.
+# ARGV: done retention ms.  Returns {ready, delayed, leased, done, dead, cancelled, expired,
+# enqueued_total, acked_total, dead_lettered_total}.
 STATS = r"""
 local keep = tonumber(ARGV[1])
 local due = redis.call('ZCOUNT', K_DELAYED, '-inf', now)
+local c = redis.call('HMGET', K_CNT, 'enqueued', 'acked', 'dead')
 return {redis.call('ZCARD', K_READY) + due, redis.call('ZCARD', K_DELAYED) - due, redis.call('ZCARD', K_LEASED),
         redis.call('ZCOUNT', K_DONE, now - keep, '+inf'), redis.call('ZCARD', K_DEAD),
-        redis.call('ZCOUNT', K_CANCELLED, now - keep, '+inf'), redis.call('ZCOUNT', K_EXPIRED, now - keep, '+inf')}
+        redis.call('ZCOUNT', K_CANCELLED, now - keep, '+inf'), redis.call('ZCOUNT', K_EXPIRED, now - keep, '+inf'),
+        tonumber(c[1] or '0'), tonumber(c[2] or '0'), tonumber(c[3] or '0')}
 """
 
 # ARGV: id.  Returns {status, meta, payload}: a ready or delayed job is cancelled, a leased one

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from . import forksafe
 from .connect import connect, is_url
+from .errors import MissingExtraError
 
 __all__ = ["Store", "SweepLock", "store_for"]
 
@@ -154,7 +155,9 @@ class RedisStore:
         from . import redis_queue
 
         if redis_queue.redis is None:
-            raise ImportError("ringq.aio on Redis needs redis-py: pip install 'ringq[redis]'")
+            raise MissingExtraError(
+                "ringq.aio on Redis needs redis-py, which is not installed: pip install 'ringq[redis]'"
+            )
         self.url = url
         self.where = redis_queue.redact_url(url)
         self._name = name

@@ -24,7 +24,9 @@ import importlib
 import importlib.util
 import json
 import logging
+import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -319,8 +321,6 @@ def cmd_purge(args: argparse.Namespace) -> int:
 def _examine(args: argparse.Namespace, limit: int | None):
     from .verify import examine
 
-    if getattr(args, "url", None):
-        raise UserError(f"{args.cmd} reads a queue directory's files; it does not apply to --url")
     try:
         return examine(args.dir, args.queue, limit=limit)
     except FileNotFoundError as exc:
@@ -637,10 +637,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     from .connect import connect, is_url
-    from .migrate import migrate
+    from .migrate import migrate, refuse_same_queue
 
     if not is_url(args.src) and not os.path.isdir(args.src):
         raise UserError(f"no queue directory {args.src}")
+    try:
+        refuse_same_queue(args.src, args.dst, args.queue)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     with connect(args.src, args.queue) as src, connect(args.dst, args.queue) as dst:
         out = migrate(src, dst, purge_source=args.purge_source)
     _emit(args, out, "  ".join(f"{k}={v}" for k, v in out.items()))
@@ -664,12 +668,44 @@ class _Parser(argparse.ArgumentParser):
     json_errors = False
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        # "argument --wait: --wait must be ..." says the option's name once
+        message = re.sub(r"^argument [^:]+: (-\S+ must)", r"\1", message)
         text = " ".join(f"{message} (see '{self.prog} --help')".split())
         if _Parser.json_errors:
             print(json.dumps({"error": text, "command": self.prog}), file=sys.stderr)
         else:
             print(f"{self.prog}: {text}", file=sys.stderr)
         raise SystemExit(2)
+
+
+def _ranged(option: str, kind: type = float, lo: float | None = None, hi: float | None = None, *,
+            above: bool = False) -> Callable[[str], Any]:
+    """An argparse ``type``: a finite ``kind`` (int or float) no less than ``lo`` (greater, when
+    ``above``) and no more than ``hi``; anything else is a usage error naming ``option``."""
+    if lo is None:
+        desc = "a finite number"
+    elif hi is not None:
+        desc = f"in [{lo}, {hi}]"
+    elif above:
+        desc = f"> {lo:g}" + (" seconds" if kind is float else "")
+    elif kind is int and lo == 1:
+        desc = "at least 1"
+    else:
+        desc = f">= {lo:g}" + (" seconds" if kind is float else "")
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{option} must be a{'n integer' if kind is int else ' number'}, "
+                                             f"got {text!r}") from None
+        if kind is float and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{option} must be a finite number, got {text!r}")
+        if lo is not None and (value <= lo if above else value < lo) or hi is not None and value > hi:
+            raise argparse.ArgumentTypeError(f"{option} must be {desc}, got {text}")
+        return value
+
+    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -685,7 +721,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = _Parser(prog="ringq", description="ringq: a durable job queue for one host, no broker.",
                                 epilog="Examples for every command: docs/cli.md")
-    p.add_argument("-d", "--dir", default="./.ringq", help="queue directory (default ./.ringq)")
+    p.add_argument("-d", "--dir", default=None, help="queue directory (default ./.ringq)")
     p.add_argument("--url", default=None, help="a Redis queue instead: redis://, rediss://, unix://")
     p.add_argument("-q", "--queue", default="default", help="queue name (default 'default')")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -703,8 +739,8 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("payload", help="JSON value or text; '-' reads one payload per line from stdin")
     e.add_argument("--text", action="store_true", help="take the payload as a string, never as JSON")
     e.add_argument("--priority", type=int, default=0, help="higher leases first (default 0)")
-    e.add_argument("--delay", type=float, default=0.0, help="seconds before the job may be leased")
-    e.add_argument("--count", type=int, default=1, help="enqueue N copies (default 1)")
+    e.add_argument("--delay", type=_ranged("--delay"), default=0.0, help="seconds before the job may be leased")
+    e.add_argument("--count", type=_ranged("--count", int, 1), default=1, help="enqueue N copies (default 1)")
     e.add_argument("--job-id", "--id", dest="job_id",
                    help="idempotency key: an existing job with this id is returned, nothing written")
     e.add_argument("--max-attempts", type=int, help="leases before dead-lettering (default: 5)")
@@ -712,20 +748,21 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds: a job not leased by then becomes expired and never runs")
 
     le = cmd("lease", cmd_lease, "lease jobs; the lease outlives this command (until ack, nack or its timeout)")
-    le.add_argument("-n", "--count", type=int, default=1, help="most jobs to lease (default 1)")
-    le.add_argument("--visibility-timeout", "--timeout", dest="visibility_timeout", type=float,
+    le.add_argument("-n", "--count", type=_ranged("--count", int, 1), default=1, help="most jobs to lease (default 1)")
+    le.add_argument("--visibility-timeout", "--timeout", dest="visibility_timeout",
+                    type=_ranged("--visibility-timeout", float, 0, above=True),
                     help="seconds the lease lasts (default 30)")
-    le.add_argument("--wait", type=float, help="block up to this many seconds for a job")
+    le.add_argument("--wait", type=_ranged("--wait", float, 0), help="block up to this many seconds for a job")
 
     a = cmd("ack", cmd_ack, "mark leased jobs done (by id: no fencing-token check unless --token)")
     a.add_argument("ids", nargs="+", metavar="ID")
-    a.add_argument("--token", type=int, help="fencing token printed by lease; refused if stale")
+    a.add_argument("--token", type=_ranged("--token", int, 1), help="fencing token printed by lease; refused if stale")
 
     n = cmd("nack", cmd_nack, "report a leased job failed: retry after backoff, or dead-letter it")
     n.add_argument("id", metavar="ID")
     n.add_argument("--error", help="text kept as the job's last_error")
-    n.add_argument("--delay", type=float, help="seconds before the retry (default: the backoff policy)")
-    n.add_argument("--token", type=int, help="fencing token printed by lease; refused if stale")
+    n.add_argument("--delay", type=_ranged("--delay", float, 0), help="seconds before the retry (default: the backoff policy)")
+    n.add_argument("--token", type=_ranged("--token", int, 1), help="fencing token printed by lease; refused if stale")
 
     cmd("stats", cmd_stats, "counts of jobs by state")
 
@@ -743,18 +780,18 @@ def _parser() -> argparse.ArgumentParser:
     li = cmd("list", cmd_list, "retained jobs in enqueue order")
     li.add_argument("--state", choices=[*(s.value for s in JobState), "delayed"],
                     help="only jobs in this state ('ready' includes delayed jobs; 'delayed' is only those not yet due)")
-    li.add_argument("--limit", type=int, help="at most N jobs (0 or omitted: all)")
+    li.add_argument("--limit", type=_ranged("--limit", int, 0), help="at most N jobs (0 or omitted: all)")
 
     d = cmd("dlq", cmd_dlq, "list the dead-letter queue, or requeue from it")
     d.add_argument("--requeue", nargs="?", const=ALL, metavar="ID",
                    help="move dead jobs back to ready with attempts reset: all, or just ID")
-    d.add_argument("--limit", type=int, help="list at most N jobs (0 or omitted: all)")
+    d.add_argument("--limit", type=_ranged("--limit", int, 0), help="list at most N jobs (0 or omitted: all)")
 
     pu = cmd("purge", cmd_purge, "remove every job of the queue (needs --yes)")
     pu.add_argument("--yes", action="store_true", help="really remove them")
 
     i = cmd("inspect", cmd_inspect, "segments and slots as stored: header fields, offsets, states, CRC, payloads")
-    i.add_argument("--limit", type=int, default=20, help="records shown per segment (default 20; 0 = all)")
+    i.add_argument("--limit", type=_ranged("--limit", int, 0), default=20, help="records shown per segment (default 20; 0 = all)")
 
     cmd("verify", cmd_verify, "check every published record and header; exit 1 on any damage")
 
@@ -773,33 +810,33 @@ def _parser() -> argparse.ArgumentParser:
 
     w = cmd("work", cmd_work, "run a handler (module:function) on leased jobs until stopped")
     w.add_argument("handler", metavar="module:function")
-    w.add_argument("-c", "--concurrency", type=int, default=1, help="handler threads per process (default 1)")
-    w.add_argument("--processes", type=int, default=0, help="worker processes (default 0: this process)")
-    w.add_argument("--max-jobs", type=int, help="stop after N jobs (per process)")
-    w.add_argument("--idle-timeout", type=float, help="stop after this many seconds without work")
-    w.add_argument("--visibility-timeout", type=float, help="lease length in seconds (default 30; heartbeats renew it)")
-    w.add_argument("--poll-interval", type=float,
+    w.add_argument("-c", "--concurrency", type=_ranged("--concurrency", int, 1), default=1, help="handler threads per process (default 1)")
+    w.add_argument("--processes", type=_ranged("--processes", int, 0), default=0, help="worker processes (default 0: this process)")
+    w.add_argument("--max-jobs", type=_ranged("--max-jobs", int, 1), help="stop after N jobs (per process)")
+    w.add_argument("--idle-timeout", type=_ranged("--idle-timeout", float, 0), help="stop after this many seconds without work")
+    w.add_argument("--visibility-timeout", type=_ranged("--visibility-timeout", float, 0, above=True), help="lease length in seconds (default 30; heartbeats renew it)")
+    w.add_argument("--poll-interval", type=_ranged("--poll-interval", float, 0, above=True),
                    help="seconds an idle thread sleeps before re-checking stop (default 0.1; new jobs wake it at once)")
 
-    w.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT while working")
+    w.add_argument("--metrics-port", type=_ranged("--metrics-port", int, 0, 65535), help="serve Prometheus metrics on 127.0.0.1:PORT while working")
 
     me = cmd("metrics", cmd_metrics, "serve Prometheus metrics of the queue on 127.0.0.1 (needs ringq[metrics])")
-    me.add_argument("--port", type=int, default=9464, help="TCP port (default 9464; 0: a free one)")
+    me.add_argument("--port", type=_ranged("--port", int, 0, 65535), default=9464, help="TCP port (default 9464; 0: a free one)")
 
     da = cmd("dashboard", cmd_dashboard, "serve a local web dashboard on 127.0.0.1 (needs ringq[dashboard])")
-    da.add_argument("--port", type=int, default=8765, help="TCP port (default 8765; 0: a free one)")
+    da.add_argument("--port", type=_ranged("--port", int, 0, 65535), default=8765, help="TCP port (default 8765; 0: a free one)")
     da.add_argument("--allow-actions", action="store_true",
                     help="allow requeue, discard and purge from the browser (default: read-only)")
 
     t = cmd("top", cmd_top, "live view of counts and rates (q or Ctrl-C quits)")
-    t.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    t.add_argument("--interval", type=_ranged("--interval", float, 0, above=True), default=1.0, help="seconds between refreshes (default 1)")
     t.add_argument("--once", action="store_true", help="print one sample (rates over one interval) and exit")
 
     dm = cmd("demo", cmd_demo, "fan real files out to worker processes, SIGKILL one, lose nothing")
     dm.add_argument("--source", help="directory tree to process (default: this Python's standard library)")
-    dm.add_argument("--limit", type=int, help="process at most N files")
-    dm.add_argument("--workers", type=int, help="worker processes (default: one per core)")
-    dm.add_argument("--threads", type=int, default=2, help="handler threads per worker process (default 2)")
+    dm.add_argument("--limit", type=_ranged("--limit", int, 1), help="process at most N files")
+    dm.add_argument("--workers", type=_ranged("--workers", int, 1), help="worker processes (default: one per core)")
+    dm.add_argument("--threads", type=_ranged("--threads", int, 1), default=2, help="handler threads per worker process (default 2)")
     dm.add_argument("--no-kill", action="store_true", help="do not SIGKILL a worker midway")
     dm.add_argument("--keep", metavar="DIR", help="keep the queue directory at DIR for inspection")
 
@@ -815,7 +852,7 @@ def _parser() -> argparse.ArgumentParser:
     sca.add_argument("payload", help="JSON value or text (as for enqueue)")
     sca.add_argument("--text", action="store_true", help="take the payload as a string, never as JSON")
     when = sca.add_mutually_exclusive_group(required=True)
-    when.add_argument("--every", type=float, help="seconds between ticks")
+    when.add_argument("--every", type=_ranged("--every", float, 0, above=True), help="seconds between ticks")
     when.add_argument("--cron", help="cron expression, e.g. '0 2 * * *' (6 fields: seconds first)")
     sca.add_argument("--tz", default="UTC", help="time zone of --cron (IANA name; default UTC)")
     sca.add_argument("--priority", type=int, default=0, help="priority of each job (default 0)")
@@ -835,8 +872,6 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     action = getattr(args, "schedule_cmd", None)
     if action is None:
         raise UserError("say what to do: ringq schedule add|list|rm (ringq schedule --help)")
-    if getattr(args, "url", None):
-        raise UserError("periodic jobs live in a local queue directory; --url is not supported here")
     if action == "add":
         payload = _payload(args.payload, args.text)
         with _open(args, create=True) as q:
@@ -899,9 +934,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.cmd == "bench":
         args.args = rest
-    if getattr(args, "url", None):
-        args.dir = args.url  # messages name where the queue lives
     try:
+        _check_target(args)
         rc = args.func(args)
         sys.stdout.flush()  # inside the try: a closed pipe is reported here, not at exit
         return rc
@@ -919,6 +953,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             return exc.status
         # ValueError is a bad option value (usage); the queue's own errors and I/O errors are failures
         return 2 if isinstance(exc, ValueError) and not isinstance(exc, RingqError) else 1
+
+
+# Commands that do not apply to a Redis queue, and why; every other command takes --url.
+URL_REFUSED = {
+    "inspect": "it reads a queue directory's files",
+    "verify": "it reads a queue directory's files",
+    "compact": "it gives back a queue directory's disk space (Redis frees memory as jobs expire)",
+    "recover": "it reports the repairs made on opening a queue directory (a Redis queue has no files)",
+    "schedule": "periodic jobs live in a local queue directory",
+    "import-nobroker": "it imports into a queue directory (then `ringq migrate DIR URL`)",
+    "migrate": "give the Redis URL as SRC or DST",
+    "metrics": "its per-priority counts and holders are read from a queue directory's records "
+               "(on Redis, scrape `ringq --url URL top --json` or the server's own exporter)",
+    "dashboard": "its pages read a queue directory's records and storage (on Redis, use `top`)",
+    "demo": "the demo runs on a temporary queue directory of its own",
+    "bench": "the benchmarks take their own options",
+}
+
+
+def _check_target(args: argparse.Namespace) -> None:
+    """--url or --dir, never both; a command that cannot use --url refuses it in one line."""
+    url = getattr(args, "url", None)
+    if url and args.dir is not None:
+        raise UserError("give either --dir or --url, not both")
+    if url and args.cmd in URL_REFUSED:
+        raise UserError(f"{args.cmd} does not apply to --url: {URL_REFUSED[args.cmd]}")
+    args.dir = url or args.dir or "./.ringq"  # with --url, messages name where the queue lives
 
 
 def _error(args: argparse.Namespace, text: str) -> None:

@@ -25,7 +25,8 @@ def connect(target: str | os.PathLike[str], name: str = "default", **options: An
 
     Raises:
         ValueError: an unknown URL scheme (``something://``), bad name or setting.
-        ImportError: a Redis URL without redis-py installed (``pip install 'ringq[redis]'``).
+        MissingExtraError: a Redis URL without redis-py installed (the message says
+            ``pip install 'ringq[redis]'``); a RingqError and an ImportError.
     """
     if is_url(target):
         from .redis_queue import RedisQueue

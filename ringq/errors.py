@@ -115,6 +115,11 @@ class JobFinishedError(RingqError):
     """The job already finished (done, cancelled, expired or dead-lettered): it cannot be cancelled."""
 
 
+class MissingExtraError(RingqError, ImportError):
+    """A feature needs an optional dependency that is not installed; the message names the
+    ``pip install 'ringq[extra]'`` command that adds it."""
+
+
 class CompactionError(RingqError):
     """:meth:`ringq.Queue.compact` could not finish; every job is where it was (nobroker's name)."""
 

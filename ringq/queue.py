@@ -19,12 +19,14 @@ otherwise when its visibility timeout passes.
 
 from __future__ import annotations
 
+import math
 import os
 import pathlib
 import random
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +48,7 @@ from .relocate import Relocator
 from .results import DEFAULT_RESULT_TTL, Results, finished_without
 from .ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, Ring
 from .schedule import ScheduleMethods
+from .segment import check_geometry
 from .words import ST_DEAD, ST_DONE, TIME_MAX, lease_count, state
 
 __all__ = ["CompactionResult", "Queue", "QueueStats", "QueueOptions", "DEFAULT_VISIBILITY_TIMEOUT", "MAX_ATTEMPTS_LIMIT",
@@ -91,6 +94,19 @@ class QueueStats:
 
     def to_dict(self) -> dict[str, int]:
         return {f: getattr(self, f) for f in self.__slots__}
+
+
+class GeometryWarning(UserWarning):
+    """Queue() was given a slot geometry other than the existing queue's; the queue keeps its own."""
+
+
+def due_delay(delay: Any) -> Any:
+    """An enqueue's ``delay`` as stored: a negative number of seconds means "due now" (nobroker's
+    rule, so ``run_at - time.time()`` works once ``run_at`` passed); anything else unchanged, for
+    the caller's range check (NaN and values past the limit stay errors)."""
+    if isinstance(delay, (int, float)) and not isinstance(delay, bool) and -math.inf < delay < 0:
+        return 0.0
+    return delay
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +160,10 @@ class Queue(LimitMethods, ScheduleMethods):
         backoff: retry delay policy for nack (default ``BackoffPolicy()``).
         lock_timeout: seconds to wait for the writer lock (LockTimeoutError after).
         slot_size: bytes per slot for a new queue (multiple of 64, default 256).
-        slot_count: slots per segment for a new queue (default 16384; 4 MiB of slots).
+        slot_count: slots per segment for a new queue (default 16384; 4 MiB of slots).  Both are
+            validated on every open (ValueError); on an existing queue a value other than the
+            default that differs from the queue's own is ignored with a :class:`GeometryWarning`
+            (the geometry is fixed at creation; ``q.options`` shows the one in use).
         mode: permission bits of files created (default 0o600; directories get matching x bits).
         allow_network_fs: allow NFS/SMB (refused by default: flock does not work across hosts).
         allow_foreign: create the queue even where another library's queue of the same name lives
@@ -194,6 +213,11 @@ class Queue(LimitMethods, ScheduleMethods):
         if not 0 < visibility_timeout < TIME_MAX / 1000:
             raise ValueError(f"visibility_timeout must be > 0 seconds, got {visibility_timeout!r}")
         check_attempts(max_attempts)
+        # Checked on every open, not only at creation, so a bad argument never passes silently.
+        for arg, value in (("slot_size", slot_size), ("slot_count", slot_count)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{arg} must be an int, got {value!r}")
+        check_geometry(slot_size, slot_count)
         self.path = pathlib.Path(path)  # the queue directory (nobroker: its log file; ringq has none)
         self.dir = self.path
         self.name = name
@@ -205,6 +229,13 @@ class Queue(LimitMethods, ScheduleMethods):
             flush_interval=flush_interval, sync_acks=sync_acks, state_flush_interval=state_flush_interval,
             lock_timeout=lock_timeout, mode=mode, allow_network_fs=allow_network_fs,
         )
+        ctl = self._ring.ctl
+        for arg, given, default, stored in (("slot_size", slot_size, DEFAULT_SLOT_SIZE, ctl.slot_size),
+                                            ("slot_count", slot_count, DEFAULT_SLOT_COUNT, ctl.slot_count)):
+            if given not in (default, stored):  # asked for explicitly, yet the queue has another
+                warnings.warn(f"queue {name!r} in {path} was created with {arg}={stored}; {arg}={given} is "
+                              "ignored (the geometry is fixed when a queue is created)", GeometryWarning,
+                              stacklevel=2)
         self.durability = durability
         self.options = QueueOptions.of_queue(self, self._ring, flush_interval, sync_acks, lock_timeout, mode,
                                              allow_network_fs, allow_foreign, auto_ids)
@@ -305,7 +336,8 @@ class Queue(LimitMethods, ScheduleMethods):
         Args:
             payload: a JSON value, ``bytes``, or a numpy array.
             priority: higher leases first (a signed 32-bit int).
-            delay: seconds before the job may be leased (>= 0).
+            delay: seconds before the job may be leased; a negative delay means now (as nobroker),
+                so ``run_at - time.time()`` may be passed once ``run_at`` has passed.
             max_attempts: leases allowed before dead-lettering (default: the queue's).
             job_id: idempotency key: if a job with this id is retained, it is returned and nothing
                 is written (across processes and restarts).  Without one the job gets an automatic
@@ -351,7 +383,7 @@ class Queue(LimitMethods, ScheduleMethods):
         """
         self._live()
         attempts = self.max_attempts if max_attempts is None else max_attempts
-        return self._producer.enqueue(list(payloads), priority, delay, attempts,
+        return self._producer.enqueue(list(payloads), priority, due_delay(delay), attempts,
                                       None if job_ids is None else list(job_ids), key,
                                       expiry_ms(expires_in, expires_at))
 

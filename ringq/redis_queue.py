@@ -36,6 +36,7 @@ from .errors import (
     ConnectionLostError,
     JobFinishedError,
     JobNotFoundError,
+    MissingExtraError,
     NotLeasedError,
     QueueClosedError,
     ReplicationTimeoutError,
@@ -50,6 +51,7 @@ from .queue import (
     DEFAULT_VISIBILITY_TIMEOUT,
     MAX_ATTEMPTS_LIMIT,
     QueueStats,
+    due_delay,
     expiry_ms,
 )
 from .results import DEFAULT_RESULT_TTL, Results, finished_without
@@ -73,6 +75,7 @@ _STATES = {
     "cancelled": JobState.CANCELLED,
     "expired": JobState.EXPIRED,
 }
+_READS = frozenset({"get", "list", "stats"})  # scripts that change no job: safe to simply retry
 _SUFFIXES = (
     "ready",
     "delayed",
@@ -87,6 +90,7 @@ _SUFFIXES = (
     "pause",
     "cancelled",
     "expired",
+    "counts",
 )
 
 
@@ -116,7 +120,8 @@ class RedisQueue:
         (``durability``, ``fsync``, ...), which do not apply and are ignored.
 
     Raises:
-        ImportError: redis-py is not installed (``pip install 'ringq[redis]'``).
+        MissingExtraError: redis-py is not installed (``pip install 'ringq[redis]'``); a subclass
+            of ImportError.
         ValueError: bad name or setting.  ConnectionLostError: the server cannot be reached.
     """
 
@@ -151,7 +156,9 @@ class RedisQueue:
         **local_options: Any,
     ) -> None:
         if redis is None:
-            raise ImportError("the Redis backend needs redis-py: pip install 'ringq[redis]'")
+            raise MissingExtraError(
+                "the Redis backend needs redis-py, which is not installed: pip install 'ringq[redis]'"
+            )
         unknown = set(local_options) - self._LOCAL_ONLY
         if unknown:
             raise TypeError(f"RedisQueue got unexpected keyword arguments {sorted(unknown)}")
@@ -186,7 +193,7 @@ class RedisQueue:
         opts = dict(
             retry=Retry(NoBackoff(), 0), socket_timeout=socket_timeout, socket_connect_timeout=10.0
         )
-        self._r = guard(url, lambda: client_for(url, **opts))
+        self._r = guard(url, lambda: client_for(url, **opts), changes=False)
         self.cluster = not isinstance(self._r, redis.Redis)
         if self.cluster and min_replicas:
             raise ValueError("min_replicas is not supported on Redis Cluster (WAIT is per node)")
@@ -199,12 +206,14 @@ class RedisQueue:
 
     # -- plumbing ----------------------------------------------------------------------------------
 
-    def _guard(self, fn: Any) -> Any:
-        return guard(self.url, fn)
+    def _guard(self, fn: Any, *, changes: bool = True) -> Any:
+        return guard(self.url, fn, changes=changes)
 
     def _run(self, script: str, args: Sequence[Any], write: bool = False) -> Any:
         self._live()
-        return self._guard(lambda: self._eval(script, list(args), write))
+        return self._guard(
+            lambda: self._eval(script, list(args), write), changes=script not in _READS
+        )
 
     def _eval(self, script: str, args: list, write: bool) -> Any:
         for _ in range(2):
@@ -303,6 +312,7 @@ class RedisQueue:
                 check_caller_id(jid, allow_auto_form=not self.auto_ids)  # ringq/ids.py
         if not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
             raise ValueError(f"priority must be a 32-bit signed int, got {priority!r}")
+        delay = due_delay(delay)
         if not 0 <= delay <= MAX_DELAY:
             raise ValueError(
                 f"delay must be between 0 and about 33 years (in seconds), got {delay!r}"
@@ -377,7 +387,7 @@ class RedisQueue:
             if left > 0 or past_due_wakes:
                 nap = min(nap, max(left, 0.0) + 0.002)
         if nap > 0.001:
-            self._guard(lambda: self._r.blpop([self._keys[8]], timeout=nap))
+            self._guard(lambda: self._r.blpop([self._keys[8]], timeout=nap), changes=False)
 
     def lease_one(
         self,
@@ -515,14 +525,18 @@ class RedisQueue:
         return int(self._run("purge", [], write=True))
 
     def stats(self) -> QueueStats:
-        """Counts by state (one script, so one consistent instant).  Cancelled and expired jobs
-        are kept ``retain_done`` seconds, like done ones."""
-        ready, delayed, leased, done, dead, cancelled, expired = self._run(
+        """Counts by state and the cumulative counters (one script, so one consistent instant).
+        Cancelled and expired jobs are kept ``retain_done`` seconds, like done ones.
+
+        ``enqueued_total``, ``acked_total`` and ``dead_lettered_total`` count, since the queue's
+        first use, new jobs stored by enqueue, acks, and moves to the dead-letter queue (by nack
+        or lease expiry, the latter counted when a lease call reclaims it); purge keeps them."""
+        ready, delayed, leased, done, dead, cancelled, expired, enq, acked, dl = self._run(
             "stats", [int(self.retain_done * 1000)]
         )
         total = ready + delayed + leased + done + dead + cancelled + expired
         return QueueStats(
-            ready, delayed, leased, done, dead, total, 0, cancelled=cancelled, expired=expired
+            ready, delayed, leased, done, dead, total, 0, enq, acked, dl, cancelled=cancelled, expired=expired
         )
 
     # -- lifecycle: cancel, pause, progress (docs/lifecycle.md) ---------------------------------------
@@ -601,6 +615,23 @@ class RedisQueue:
             ]
         return int(self._run("import", args, write=True)) if jobs else 0
 
+    def server_identity(self) -> str:
+        """Which server and database hold this queue, however the URL spells them:
+        ``"<run_id>/<db>"`` (Redis' ``INFO server`` run_id is unique per server process; on a
+        cluster, that of the node serving the queue's hash slot).  Raises ConnectionLostError."""
+
+        def ask() -> str:
+            if self.cluster:
+                node = self._r.get_node_from_key(self._keys[0])
+                info = self._r.info("server", target_nodes=node)
+                if "run_id" not in info:  # keyed by node name when the client asked several
+                    info = next(iter(info.values()))
+                return f"{info['run_id']}/0"
+            db = self._r.connection_pool.connection_kwargs.get("db", 0)
+            return f"{self._r.info('server')['run_id']}/{db}"
+
+        return self._guard(ask, changes=False)
+
     def __repr__(self) -> str:
         return f"RedisQueue({redact_url(self.url)!r}, name={self.name!r})"
 
@@ -677,16 +708,17 @@ def client_for(url: str, **options: Any) -> Any:
     return r
 
 
-def guard(url: str, fn: Any) -> Any:
+def guard(url: str, fn: Any, *, changes: bool = True) -> Any:
     """Call ``fn()`` and turn redis-py's errors into ringq's: ConnectionLostError for a dropped or
-    refused connection or a timeout (the operation may or may not have taken effect),
-    BackendError for a command the server refused."""
+    refused connection or a timeout, BackendError for a command the server refused.  ``changes``:
+    ``fn`` would change the queue, so a lost reply leaves its effect unknown and the message says
+    so; a read (``changes=False``) changed nothing either way."""
     try:
         return fn()
     except (redis.ConnectionError, redis.TimeoutError) as exc:
+        unknown = "; the operation may or may not have taken effect" if changes else ""
         raise ConnectionLostError(
-            f"Redis at {redact_url(url)}: connection failed ({exc}); the operation may or may not "
-            "have taken effect"
+            f"Redis at {redact_url(url)}: connection failed ({exc}){unknown}"
         ) from exc
     except redis.ResponseError as exc:
         raise BackendError(f"Redis at {redact_url(url)} refused the operation: {exc}") from exc

@@ -516,3 +516,26 @@ def test_bench_passes_its_arguments_to_ringq_bench_main(tmp_path):
 def test_bench_subcommand_reaches_the_harness(tmp_path):
     proc = ringq(tmp_path, "bench", "--help")
     assert "--smoke" in proc.stdout and "fdatasync" in proc.stdout
+
+
+BAD_NUMBERS = [
+    ("lease", "--wait", "-1"), ("lease", "--wait", "nan"), ("lease", "-n", "0"), ("lease", "--timeout", "0"),
+    ("lease", "--visibility-timeout", "-3"), ("enqueue x", "--count", "0"), ("enqueue x", "--delay", "inf"),
+    ("ack 1", "--token", "0"), ("nack 1", "--token", "-2"), ("nack 1", "--delay", "-1"),
+    ("list", "--limit", "-1"), ("dlq", "--limit", "-1"), ("inspect", "--limit", "-1"),
+    ("work m:f", "--idle-timeout", "-1"), ("work m:f", "--max-jobs", "0"), ("work m:f", "-c", "0"),
+    ("work m:f", "--processes", "-1"), ("work m:f", "--visibility-timeout", "0"), ("work m:f", "--poll-interval", "0"),
+    ("work m:f", "--metrics-port", "65536"), ("metrics", "--port", "-1"), ("dashboard", "--port", "70000"),
+    ("top", "--interval", "0"), ("demo", "--workers", "0"), ("schedule add s x", "--every", "0"),
+    ("lease", "--wait", "soon"),
+]
+
+
+@pytest.mark.parametrize("command,option,value", BAD_NUMBERS)
+def test_every_numeric_option_out_of_range_is_a_usage_error(tmp_path, capsys, command, option, value):
+    from ringq.cli import main
+
+    assert main(["-d", str(tmp_path / "q"), *command.split(), option, value]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "must be" in err and value in err, err
+    assert not (tmp_path / "q").exists()  # refused before anything ran

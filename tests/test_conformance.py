@@ -280,8 +280,14 @@ def test_mixed_payloads_round_trip(q):
     q.enqueue({"image": arr, "meta": {"raw": b"\x00\xff", "n": np.uint8(7), "s": "text"}})
     (job,) = drain(q)
     p = job.payload
-    assert p["image"].dtype.str == ">i4" and p["image"].shape == (2, 3) and p["image"].tolist() == arr.tolist()
-    assert p["meta"] == {"raw": b"\x00\xff", "n": 7, "s": "text"} and type(p["meta"]["n"]) is np.uint8
+    assert (
+        p["image"].dtype.str == ">i4"
+        and p["image"].shape == (2, 3)
+        and p["image"].tolist() == arr.tolist()
+    )
+    assert (
+        p["meta"] == {"raw": b"\x00\xff", "n": 7, "s": "text"} and type(p["meta"]["n"]) is np.uint8
+    )
 
 
 def test_idempotent_job_ids(q):
@@ -337,7 +343,7 @@ def test_close_is_idempotent_and_use_after_close_raises(queue_factory):
 
 def test_bad_arguments_are_value_errors(q, queue_factory):
     for call in (
-        lambda: q.enqueue(1, delay=-1),
+        lambda: q.enqueue(1, delay=float("nan")),
         lambda: q.enqueue(1, max_attempts=0),
         lambda: q.lease(0),
         lambda: q.enqueue(1, priority=2**40),
@@ -376,3 +382,36 @@ def test_the_worker_runs_on_every_backend(queue_factory):
         handle_signals=False,
     ).run()
     assert sorted(seen) == list(range(20)) and stats.succeeded == 20 and q.stats().done == 20
+
+
+def test_cumulative_counters_count_enqueues_acks_and_dead_letters(queue_factory):
+    q = queue_factory(max_attempts=1, visibility_timeout=0.1)
+    q.enqueue_many(["a", "b", "c", "d"])
+    q.enqueue("keyed", job_id="k")
+    q.enqueue("again", job_id="k")  # an existing id stores nothing: not counted
+    a, b, c, d, k = q.lease(5)
+    q.ack(a)
+    q.ack_many([b])
+    q.nack(c, error="boom")  # its only attempt: dead-lettered
+    # d and k are left to expire; a lease call reclaims them, dead-lettering both (1 attempt)
+    deadline = time.monotonic() + 30
+    while q.stats().dead_lettered_total < 3:
+        assert time.monotonic() < deadline, q.stats()
+        assert q.lease(1, wait=0.05) == []
+    st = q.stats()
+    assert (st.enqueued_total, st.acked_total, st.dead_lettered_total) == (5, 2, 3), st
+    q.requeue_dead()
+    q.purge()  # the counters are since creation: purge and requeue leave them
+    st = q.stats()
+    assert (st.enqueued_total, st.acked_total, st.dead_lettered_total) == (5, 2, 3), st
+
+
+def test_a_negative_delay_means_now(q):
+    run_at = time.time() - 5  # a due time that has passed: delay = run_at - time.time() < 0
+    late = q.enqueue("late", delay=run_at - time.time())
+    [also] = q.enqueue_many(["also"], delay=-0.001)
+    assert late.available_at <= time.time() and also.available_at <= time.time()
+    assert {j.id for j in q.lease(2)} == {late.id, also.id}
+    for bad in (float("nan"), float("-inf")):
+        with pytest.raises(ValueError):
+            q.enqueue("x", delay=bad)

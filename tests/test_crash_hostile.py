@@ -92,7 +92,7 @@ def test_bad_job_ids(tmp_path):
     [
         dict(delay=float("nan")),
         dict(delay=float("inf")),
-        dict(delay=-1),
+        dict(delay=float("-inf")),
         dict(priority=2**31),
         dict(priority=1.5),
         dict(max_attempts=0),

@@ -5,6 +5,7 @@ import os
 import numpy as np
 import pytest
 
+import ringq
 from ringq import (
     BackoffPolicy,
     Queue,
@@ -55,7 +56,7 @@ def test_record_too_large_names_the_limit_in_bytes(qdir):
 
 
 def test_bad_arguments_are_value_errors(q):
-    for call in (lambda: q.enqueue(1, delay=-1), lambda: q.enqueue(1, max_attempts=0), lambda: q.lease(0),
+    for call in (lambda: q.enqueue(1, delay=float("nan")), lambda: q.enqueue(1, max_attempts=0), lambda: q.lease(0),
                  lambda: q.enqueue(1, priority=2**40), lambda: q.enqueue_many([1], job_ids=["a", "b"])):
         with pytest.raises(ValueError):
             call()
@@ -92,3 +93,23 @@ def test_array_payload_is_read_with_one_copy_out_of_the_mapping(q):
     # wraps the buffer copied out of the segment: no second copy, and writable
     assert not arr.flags.owndata and arr.flags.writeable
     assert arr.sum() == 499500.0
+
+
+@pytest.mark.parametrize(
+    "kw", [dict(slot_size=0), dict(slot_count=0), dict(slot_size=100), dict(slot_size=-64), dict(slot_count=1.5)]
+)
+def test_invalid_geometry_is_refused_even_when_the_queue_exists(tmp_path, kw):
+    ringq.Queue(str(tmp_path)).close()
+    with pytest.raises(ValueError, match="slot_"):
+        ringq.Queue(str(tmp_path), **kw)
+
+
+def test_another_valid_geometry_on_an_existing_queue_is_ignored_with_a_warning(tmp_path):
+    with ringq.Queue(str(tmp_path), slot_size=512) as q:
+        q.enqueue("kept")
+    from ringq.queue import GeometryWarning
+
+    with pytest.warns(GeometryWarning, match="created with slot_size=512; slot_size=1024 is ignored"):
+        ringq.Queue(str(tmp_path), slot_size=1024).close()
+    with ringq.Queue(str(tmp_path), slot_size=512) as q, ringq.Queue(str(tmp_path)) as default:
+        assert q.stats().ready == default.stats().ready == 1

@@ -1,6 +1,7 @@
 """The command line on a Redis queue (--url) and ``ringq migrate`` between the two backends."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -107,5 +108,175 @@ def test_migrate_refuses_a_missing_source_in_one_line(tmp_path):
     assert "no queue directory" in err and len(err.splitlines()) == 1
 
 
+def _five_jobs(path):
+    with ringq.Queue(path, "thumbnails") as q:
+        q.enqueue_many([f"img{i}" for i in range(5)])
+
+
+@pytest.mark.parametrize(
+    "spell", [lambda d: d + "/", lambda d: d + "/../" + os.path.basename(d), "link"]
+)
+def test_migrate_refuses_the_same_directory_however_spelled_and_keeps_every_job(tmp_path, spell):
+    src = str(tmp_path / "back2")
+    _five_jobs(src)
+    if spell == "link":
+        os.symlink(src, tmp_path / "alias")
+        dst = str(tmp_path / "alias")
+    else:
+        dst = spell(src)
+    proc = cli("migrate", src, dst, "-q", "thumbnails", "--purge-source", rc=2)
+    assert "same place" in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
+    with ringq.Queue(src, "thumbnails") as q:
+        assert q.stats().ready == 5
+
+
+def test_migrate_refuses_the_same_redis_queue_however_the_url_is_spelled(redis_server):
+    name = f"t{uuid.uuid4().hex[:12]}"
+    with ringq.connect(redis_server.url, name) as q:
+        q.enqueue_many(["a", "b", "c", "d", "e"])
+    port = redis_server.port
+    for src, dst in [
+        (redis_server.url, redis_server.url),
+        (f"redis://127.0.0.1:{port}/0", f"redis://localhost:{port}"),
+        (f"redis://127.0.0.1:{port}", f"redis://127.0.0.1:{port}/?db=0"),
+    ]:
+        proc = cli("migrate", src, dst, "-q", name, "--purge-source", rc=2)
+        assert "same place" in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
+    # Spellings no URL rule can equate (another address of this host) are caught by asking the
+    # server who it is, in migrate() itself.
+    from ringq.migrate import migrate
+
+    with (
+        ringq.connect(redis_server.url, name) as a,
+        ringq.connect(f"redis://0.0.0.0:{port}/0", name) as b,
+    ):
+        with pytest.raises(ValueError, match="same queue"):
+            migrate(a, b, purge_source=True)
+        assert a.stats().ready == 5
+    # Another database of the same server is another queue.
+    out = json.loads(
+        cli("migrate", redis_server.url, f"redis://127.0.0.1:{port}/3", "-q", name, "--json").stdout
+    )
+    assert out["copied"] == 5
+
+
+def test_migrate_function_refuses_one_directory_opened_twice(tmp_path):
+    from ringq.migrate import migrate
+
+    src = str(tmp_path / "q")
+    _five_jobs(src)
+    with ringq.Queue(src, "thumbnails") as a, ringq.Queue(src + "/", "thumbnails") as b:
+        with pytest.raises(ValueError, match="same queue"):
+            migrate(a, b, purge_source=True)
+        assert a.stats().ready == 5
+
+
 if __name__ == "__main__":
     pytest.main([__file__])
+
+
+URL_REFUSED = {
+    "inspect": [],
+    "verify": [],
+    "compact": [],
+    "recover": [],
+    "schedule": ["list"],
+    "import-nobroker": ["."],
+    "migrate": ["a", "b"],
+    "metrics": [],
+    "dashboard": [],
+    "demo": [],
+    "bench": [],
+}
+
+
+def _subcommands():
+    """The commands `ringq --help` lists, so a command added later is covered or this fails."""
+    text = cli("--help").stdout
+    block = text.split("COMMAND\n", 2)[-1]
+    return {
+        line.split()[0]
+        for line in block.splitlines()
+        if line.startswith("    ") and not line.startswith("     ")
+    }
+
+
+def test_every_command_takes_url_or_refuses_it_in_one_line(redis_url, tmp_path):
+    name = f"t{uuid.uuid4().hex[:12]}"
+    common = ["--url", redis_url, "--queue", name, "--json"]
+    works = {}
+
+    def run(cmd, *args, rc=0):
+        proc = cli(*common, cmd, *args, rc=rc)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        works[cmd] = True
+        return proc
+
+    run("enqueue", "a")
+    [job] = json.loads(run("lease").stdout)
+    run("ack", job["id"], "--token", str(job["lease_token"]))
+    run("enqueue", "b")
+    [job] = json.loads(run("lease").stdout)
+    run("nack", job["id"], "--delay", "0")
+    st = json.loads(run("stats").stdout)
+    assert (st["enqueued_total"], st["acked_total"]) == (2, 1), st
+    run("list")
+    run("dlq")
+    assert json.loads(run("top", "--once", "--interval", "0.05").stdout)["enqueued_total"] == 2
+    run("work", "builtins:id", "--max-jobs", "1")
+    run("enqueue", "c", "--id", "job-c")
+    run("get", "job-c")
+    run("cancel", "job-c")
+    run("pause")
+    run("resume")
+    run("purge", "--yes")
+    for command, args in URL_REFUSED.items():
+        err = run(command, *args, rc=2).stderr
+        assert "does not apply to --url" in err and len(err.splitlines()) == 1, err
+    assert set(works) == _subcommands()
+    # Both docs name each refusing command.
+    root = os.path.join(os.path.dirname(__file__), "..", "docs")
+    for doc in ("cli.md", "scale-out.md"):
+        with open(os.path.join(root, doc)) as f:
+            text = " ".join(f.read().split())
+        for command in URL_REFUSED:
+            assert f"`{command}`" in text.split("refuse")[1][:600], (doc, command)
+
+
+def test_url_with_dir_is_a_usage_error(redis_url, tmp_path):
+    for args in (
+        ["--url", redis_url, "-d", str(tmp_path), "stats"],
+        ["-d", str(tmp_path), "stats", "--url", redis_url],
+    ):
+        err = cli(*args, rc=2).stderr
+        assert "either --dir or --url" in err and len(err.splitlines()) == 1
+
+
+def test_a_redis_url_without_redis_py_is_one_typed_line():
+    hide = "import sys; sys.modules['redis'] = None\n"
+    code = (
+        hide
+        + "from ringq.cli import main; sys.exit(main(['--url', 'redis://127.0.0.1:1/1', 'stats']))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=60
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "pip install 'ringq[redis]'" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    code = hide + (
+        "import ringq\n"
+        "try:\n    ringq.connect('redis://127.0.0.1:1/1')\n"
+        "except ringq.MissingExtraError as e:\n    assert isinstance(e, ImportError); print(e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=60
+    )
+    assert "pip install 'ringq[redis]'" in out.stdout, out.stderr
+
+
+def test_a_read_on_a_refused_connection_does_not_say_it_may_have_taken_effect():
+    from redisserver import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    err = cli("--url", url, "stats", rc=1).stderr
+    assert "connection failed" in err and "may or may not" not in err and len(err.splitlines()) == 1

@@ -42,7 +42,9 @@ from .segment import (
     OFF_RETIRED,
     OFF_SEALED,
     OFF_TAIL,
+    REC_DATA_OFF,
     Segment,
+    StateFileError,
 )
 from .segments import NAME_RE, SEG_RE
 from .words import LC_MASK, ST_BAD, ST_CONT, ST_EMPTY, ST_LEASED, ST_READY, TIME_SHIFT
@@ -177,9 +179,13 @@ def _segment(path: str, expect_seq: int, limit: int | None, now_ms: int,
     """The report of one segment, or None if it was retired (unlinked) while we looked."""
     try:
         rep = SegmentReport(path=path, file_size=os.path.getsize(path))
-        seg = Segment(path, readonly=True)
+        seg = Segment(path, readonly=True, expect_seq=expect_seq, expect_geometry=geometry)
     except FileNotFoundError:
         return None
+    except StateFileError as exc:
+        rep.damage.append(f"state file: {exc}. The next open gives the segment a fresh state file from its "
+                          "record file (every intact record ready again)")
+        return rep
     except CorruptionError as exc:
         rep.damage.append(f"segment header: {exc}. The next open copies the intact unfinished jobs of this "
                           "file (each record has its own CRC) to the tail, then sets the file aside")
@@ -193,7 +199,8 @@ def _segment(path: str, expect_seq: int, limit: int | None, now_ms: int,
         tail = seg.load32(OFF_TAIL)
         rep.header = {
             "seq": seg.seq, "slot_size": seg.slot_size, "slot_count": seg.slot_count, "epoch_ms": seg.epoch_ms,
-            "state_off": seg.state_off, "data_off": seg.data_off, "size": seg.size, "tail": tail,
+            # Offsets in the files: the state table's in the state file, slot 0's in the record file.
+            "state_off": seg.state_off, "data_off": REC_DATA_OFF, "size": rep.file_size, "tail": tail,
             "sealed": seg.load32(OFF_SEALED), "retired": seg.load32(OFF_RETIRED),
             "records": seg.load64(OFF_NRECORDS), "finished": seg.load64(OFF_FINISHED),
             "last_seq": seg.load64(OFF_LAST_SEQ), "change": seg.load64(OFF_CHANGE),
@@ -219,7 +226,7 @@ def _segment(path: str, expect_seq: int, limit: int | None, now_ms: int,
             if st == ST_READY and t > now_ms:
                 name = "delayed"
             rep.counts[name] = rep.counts.get(name, 0) + 1
-            offset = seg.data_off + slot * seg.slot_size
+            offset = seg.record_file_off(slot)
             if not ok:
                 rep.damage.append(f"slot {slot} (byte {offset}): record fails its magic/length/CRC check")
             elif st in (ST_READY, ST_LEASED) and int(row["attempts_before"]) + ((word >> 6) & LC_MASK) > int(row["max_attempts"]):

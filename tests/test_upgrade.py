@@ -69,6 +69,13 @@ def test_ringq_upgrade_keeps_every_job_state_and_order(tmp_path):
         assert [j.payload for j in dead] == ["x1"]
     # A second run finds nothing to do.
     assert upgrade(path).upgraded == []
+    again = subprocess.run(
+        [sys.executable, "-m", "ringq", "upgrade", path],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0 and "nothing to upgrade" in again.stdout
 
 
 def test_upgrade_cut_short_at_every_step_keeps_every_job(tmp_path):

@@ -426,7 +426,7 @@ def single_producer(scratch: str, sz: Sizes, log: Callable[[str], None], with_pe
                     secs[label] += t
             for label, durable, _q in opened:
                 jobs = len(lat[label]) * {"many": BATCH, "leasemany": ACK_BATCH}.get(kind, 1)
-                scenario = "floor" if label in (FLOOR, MMAP_FLOOR) else "single"
+                scenario = "floor" if label in (FLOOR, MMAP_FLOOR, FORMAT1) else "single"
                 row = _lat_row(scenario, label, variant, durable, lat[label], jobs, secs[label])
                 rows.append(row)
                 log(f"  {label:38s} {row.ops_per_s:12,.0f} jobs/s  p50 {row.p50_us or 0:9.1f} µs")

@@ -242,7 +242,7 @@ def _segment(path: str, expect_seq: int, limit: int | None, now_ms: int,
             rec = RecordReport(slot=slot, span=int(row["span"]), offset=offset, state=name, crc_ok=ok)
             if ok:
                 lc = (word >> 6) & LC_MASK
-                base = offset + 64
+                base = seg.data_off + slot * seg.slot_size + 64  # in the mapping, not the file
                 id_len, plen = int(row["id_len"]), int(row["payload_len"])
                 rec.seq, rec.priority = int(row["seq"]), int(row["priority"])
                 rec.attempts, rec.max_attempts = int(row["attempts_before"]) + lc, int(row["max_attempts"])

@@ -218,14 +218,19 @@ def test_processes_mode_processes_every_job_exactly_once(tmp_path):
         assert q.stats().done == 60
 
 
-def _record_child_options(out: str, parent_queue: int, job) -> None:
+def _record_child_options(out: str, parent_queue: int, qdir: str, job) -> None:
     # Runs in a forked child: the options of the queue that child opened itself (not the parent's
-    # object, which fork copied into the child).
+    # object, which fork copied into the child, nor a queue of another directory that an earlier
+    # test left open in the parent process).
     import dataclasses
     import gc
     import json
 
-    mine = [o for o in gc.get_objects() if isinstance(o, Queue) and not o.closed and id(o) != parent_queue]
+    mine = [
+        o
+        for o in gc.get_objects()
+        if isinstance(o, Queue) and not o.closed and id(o) != parent_queue and str(o.path) == qdir
+    ]
     opts = [dataclasses.asdict(o.options) for o in mine]
     with open(out, "a") as fh:
         fh.write(json.dumps({"pid": os.getpid(), "options": opts}) + "\n")
@@ -241,7 +246,7 @@ def test_processes_mode_children_open_the_queue_with_every_option_of_the_parent(
                lock_timeout=3.0, mode=0o640, allow_network_fs=True, visibility_timeout=12.0, max_attempts=7,
                backoff=BackoffPolicy(base=0.5, jitter=0.0), slot_size=128, slot_count=64) as q:
         q.enqueue_many([1, 2])
-        Worker(q, functools.partial(_record_child_options, str(out), id(q)), processes=1, idle_timeout=0.5,
+        Worker(q, functools.partial(_record_child_options, str(out), id(q), str(qdir)), processes=1, idle_timeout=0.5,
                handle_signals=False).run()
         expected = json.loads(json.dumps(dataclasses.asdict(q.options)))
     rows = [json.loads(line) for line in out.read_text().splitlines()]

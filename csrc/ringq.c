@@ -255,6 +255,36 @@ int ringq_msync(uint8_t *base, size_t maplen, size_t off, size_t len) {
     return 0;
 }
 
+/* ---- the two files of a format-2 segment ------------------------------------------------------ */
+
+int ringq_map_pair(int state_fd, size_t state_len, int rec_fd, uint64_t rec_off, size_t rec_len,
+                   int writable, uint8_t **out) {
+    long pg = sysconf(_SC_PAGESIZE);
+    if (pg <= 0) pg = 4096;
+    if (!out || state_len == 0 || rec_len == 0 || state_len % (size_t)pg || rec_off % (uint64_t)pg)
+        return RINGQ_EINVAL;
+    if (state_len > SIZE_MAX - rec_len) return RINGQ_EINVAL;
+    size_t total = state_len + rec_len;
+    /* The reservation makes the two MAP_FIXED mappings below land in address space that is ours. */
+    void *base = mmap(NULL, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) return -errno;
+    int prot = PROT_READ | (writable ? PROT_WRITE : 0);
+    if (mmap(base, state_len, prot, MAP_SHARED | MAP_FIXED, state_fd, 0) == MAP_FAILED ||
+        mmap((uint8_t *)base + state_len, rec_len, PROT_READ, MAP_SHARED | MAP_FIXED, rec_fd,
+             (off_t)rec_off) == MAP_FAILED) {
+        int e = errno;
+        munmap(base, total);
+        return -e;
+    }
+    *out = (uint8_t *)base;
+    return 0;
+}
+
+int ringq_unmap(uint8_t *base, size_t len) {
+    if (!base || len == 0) return RINGQ_EINVAL;
+    return munmap(base, len) == 0 ? 0 : -errno;
+}
+
 /* ---- owner locks ------------------------------------------------------------------------------- */
 static int ofd_lock(int fd, uint32_t idx, int cmd, short type, struct flock *out) {
 #ifdef F_OFD_SETLK
@@ -352,6 +382,36 @@ int ringq_rec_write(uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t 
     memcpy(dst, rec, len);
     uint32_t crc = record_crc(g, slot, dst, len);
     memcpy(dst + 4, &crc, 4);
+    for (uint32_t i = 1; i < span; i++)
+        atomic_store_explicit(A64(base, g->state_off + (size_t)(slot + i) * RINGQ_STATE_ENTRY),
+                              (uint64_t)RINGQ_ST_CONT, memory_order_relaxed);
+    atomic_store_explicit(A64(base, g->state_off + (size_t)slot * RINGQ_STATE_ENTRY), state,
+                          memory_order_release);
+    return (int)span;
+}
+
+int ringq_rec_pwrite(int fd, uint64_t data_file_off, uint8_t *base, size_t maplen, const ringq_geom *g,
+                     uint32_t slot, uint8_t *rec, uint32_t len, uint64_t state) {
+    int rc = geom_check(maplen, g);
+    if (rc) return rc;
+    if (!rec || len < RINGQ_REC_HEADER || fd < 0) return RINGQ_EINVAL;
+    if ((state & 7u) == RINGQ_ST_EMPTY || (state & 7u) == RINGQ_ST_CONT) return RINGQ_EINVAL;
+    uint32_t span = (uint32_t)((len + g->slot_size - 1) / g->slot_size);
+    if (slot >= g->slot_count || span > g->slot_count - slot) return RINGQ_EBOUNDS;
+    if (rd32(rec + 8) != len || rd32(rec + 12) != span) return RINGQ_EINVAL;
+    uint32_t crc = record_crc(g, slot, rec, len);
+    memcpy(rec + 4, &crc, 4);
+    uint64_t off = data_file_off + (uint64_t)slot * g->slot_size;
+    uint32_t done = 0;
+    while (done < len) {
+        ssize_t n = pwrite(fd, rec + done, len - done, (off_t)(off + done));
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        if (n == 0) return -EIO;
+        done += (uint32_t)n;
+    }
     for (uint32_t i = 1; i < span; i++)
         atomic_store_explicit(A64(base, g->state_off + (size_t)(slot + i) * RINGQ_STATE_ENTRY),
                               (uint64_t)RINGQ_ST_CONT, memory_order_relaxed);

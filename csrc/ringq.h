@@ -140,6 +140,17 @@ int ringq_futex_available(void);
 /* msync(MS_SYNC) the pages covering [off, off+len) of the mapping (rounded out to page bounds). */
 int ringq_msync(uint8_t *base, size_t maplen, size_t off, size_t len);
 
+/* ---- the two files of a format-2 segment, mapped as one range ------------------------------------ */
+/* Reserve state_len + rec_len bytes of address space, map the state file (bytes [0, state_len),
+ * read-write unless writable == 0) at its start and the record file (bytes [rec_off, rec_off +
+ * rec_len), always PROT_READ) right after it, all MAP_SHARED.  The other functions here then see one
+ * mapping whose state table and slots lie at the offsets of a ringq_geom.  state_len and rec_off
+ * must be multiples of the page size (RINGQ_EINVAL otherwise).  *out receives the base; release it
+ * with ringq_unmap(base, state_len + rec_len).  Returns 0 or -errno. */
+int ringq_map_pair(int state_fd, size_t state_len, int rec_fd, uint64_t rec_off, size_t rec_len,
+                   int writable, uint8_t **out);
+int ringq_unmap(uint8_t *base, size_t len);
+
 /* ---- owner locks: open-file-description byte-range locks (F_OFD_SETLK) ------------------------ */
 /* One byte per owner index in a shared owners file; the kernel drops the lock when the last fd of
  * the open file description closes, i.e. when the holding process dies.  trylock returns 1 if
@@ -155,6 +166,14 @@ int ringq_owner_probe(int fd, uint32_t idx);
  * Returns the number of slots used, or RINGQ_EBOUNDS if it does not fit before slot_count. */
 int ringq_rec_write(uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t slot,
                     const uint8_t *rec, uint32_t len, uint64_t state);
+/* The same for format 2, where the slots are a file that every process maps read-only: fills the CRC
+ * into rec (the caller's buffer), pwrite(2)s the record to the record file `fd` at file offset
+ * data_file_off + slot * slot_size (retrying short writes and EINTR), then marks continuation slots
+ * CONT and publishes by release-storing `state` into the head slot's state word of the mapping.
+ * Returns the number of slots used, RINGQ_EBOUNDS, RINGQ_EINVAL, or -errno of a failed pwrite
+ * (nothing is published then). */
+int ringq_rec_pwrite(int fd, uint64_t data_file_off, uint8_t *base, size_t maplen, const ringq_geom *g,
+                     uint32_t slot, uint8_t *rec, uint32_t len, uint64_t state);
 /* Validate the record whose head is at `slot` (published or not) and fill *out.  Returns 0 if it is
  * valid, RINGQ_ECORRUPT if not (out->span is then 1 and out->status says so), or RINGQ_EBOUNDS. */
 int ringq_rec_check(const uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t slot,

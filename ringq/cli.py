@@ -347,6 +347,18 @@ def cmd_recover(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_upgrade(args: argparse.Namespace) -> int:
+    from .upgrade import upgrade
+
+    if not os.path.isdir(args.target):
+        raise UserError(f"{args.target}: no such directory")
+    rep = upgrade(args.target, args.upgrade_queue)
+    lines = [f"upgraded {p}" for p in rep.upgraded] + [f"quarantined {p}: {why}" for p, why in rep.quarantined]
+    text = "\n".join(lines) if lines else f"{args.target}: nothing to upgrade (no format-1 segments)"
+    _emit(args, {"upgraded": rep.upgraded, "quarantined": rep.quarantined}, text)
+    return 0
+
+
 def cmd_import_nobroker(args: argparse.Namespace) -> int:
     from .foreign import import_nobroker
 
@@ -794,6 +806,14 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--limit", type=_ranged("--limit", int, 0), default=20, help="records shown per segment (default 20; 0 = all)")
 
     cmd("verify", cmd_verify, "check every published record and header; exit 1 on any damage")
+
+    up = sub.add_parser("upgrade", help="upgrade a directory's format-1 queues to format 2 in place (stop every "
+                        "process using them first)", description="upgrade a directory's format-1 queues to format 2 "
+                        "in place, crash-safely (rerun it after a crash); stop every process using them first")
+    up.set_defaults(func=cmd_upgrade)
+    up.add_argument("target", metavar="DIR", help="the queue directory")
+    up.add_argument("-q", "--queue", dest="upgrade_queue", default=None, help="only this queue (default: every queue)")
+    up.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
 
     cmd("compact", cmd_compact, "give back disk space now: retire finished segments, relocate stragglers")
     cmd("recover", cmd_recover, "open the queue and report what recovery found and did, with the counts")

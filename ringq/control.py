@@ -12,7 +12,9 @@ import struct
 
 from .errors import CorruptionError, FormatVersionError
 from .mapped import Mapped, crc32c, fsync_dir, open_nofollow
-from .segment import FORMAT_VERSION, PAGE, check_geometry
+from .segment import PAGE, check_geometry
+
+CTL_VERSION = 1  # the control page's own layout (unchanged by segment format 2)
 
 __all__ = ["Control"]
 
@@ -50,7 +52,7 @@ class Control(Mapped):
     def create(path: str, slot_size: int, slot_count: int, mode: int = 0o600) -> None:
         """Create the control file durably (write to a temp name, fsync, rename, fsync dir)."""
         check_geometry(slot_size, slot_count)
-        static = _CTL_STATIC.pack(CTL_MAGIC, FORMAT_VERSION, slot_size, slot_count)
+        static = _CTL_STATIC.pack(CTL_MAGIC, CTL_VERSION, slot_size, slot_count)
         page = bytearray(PAGE)
         page[:20] = static
         struct.pack_into("<I", page, OFF_CTL_CRC, crc32c(static))
@@ -79,9 +81,9 @@ class Control(Mapped):
             magic, version, slot_size, slot_count = _CTL_STATIC.unpack_from(head)
             if magic != CTL_MAGIC:
                 raise CorruptionError(f"{path}: not a ringq control file (bad magic {head[:8]!r})")
-            if version != FORMAT_VERSION:
+            if version != CTL_VERSION:
                 raise FormatVersionError(
-                    f"{path}: control format version {version}; this ringq reads {FORMAT_VERSION}"
+                    f"{path}: control format version {version}; this ringq reads {CTL_VERSION}"
                 )
             (crc,) = struct.unpack_from("<I", head, OFF_CTL_CRC)
             if crc != crc32c(head[:20]):

@@ -2,15 +2,18 @@
 
 Theory of operation
 -------------------
-A record is *published* when its state word is release-stored into the shared mapping
-(ringq/ring.py).  From then on every process sees it and a process crash cannot lose it: the page
-cache owns the bytes.  Only a kernel crash or a power loss can, until the pages are written back.
+A record is written with ``pwrite`` into its segment's record file, then *published* by the
+release-store of its state word into the state file's shared mapping (ringq/ring.py).  From then on
+every process sees it and a process crash cannot lose it: the page cache owns the bytes.  The record
+bytes on disk are the commit point: recovery makes an intact record READY whatever its state word
+says, so only the record file is synced for an append.  Only a kernel crash or a power loss can, until the pages are written back.
 A strategy decides when that write-back is forced, and who waits for it:
 
 ==============  ===========================================================================
 ``none``        never forced by ringq (the kernel writes back when it likes). Not durable.
-``msync``       each append msyncs (MS_SYNC) the state words and slots it wrote, then returns.
-``fdatasync``   each append fdatasyncs the segment files it wrote to, then returns.
+``msync``       each append msyncs (MS_SYNC) the slots it wrote (the record file's read-only
+                mapping), then returns.
+``fdatasync``   each append fdatasyncs the record files it wrote to, then returns.
 ``group``       group commit: an append returns as soon as *some* completed sync covers its
                 record.  One producer (thread or process) at a time is the sync *leader*
                 (``<name>.sync``'s flock); it syncs everything published between the shared
@@ -116,14 +119,10 @@ class Strategy:
     # -- the sync primitive ---------------------------------------------------------------------
 
     def sync_slots(self, seg: Segment, lo: int, hi: int) -> None:
-        """Force slots ``[lo, hi)`` of ``seg`` to disk: their state words and their bytes.
-
-        One msync from the first state word to the last data byte; clean pages in between cost
-        a page-table walk, no I/O.  The header page is not included: its tail is re-derived on
-        recovery from the state words (Ring._repair_tail).
-        """
-        start = seg.state_off_of(lo)
-        seg.msync(start, seg.data_off + hi * seg.slot_size - start)
+        """Force the record bytes of slots ``[lo, hi)`` of ``seg`` to disk: msync(MS_SYNC) of
+        that range of the read-only record mapping.  The state file is not synced: recovery
+        rebuilds what a lost state word leaves out (an intact record is READY again)."""
+        seg.sync_records(lo, hi)
 
     def _sync_touched(self, touched: dict[int, list[int]]) -> None:
         segs = self.ring.segs
@@ -230,7 +229,7 @@ class Strategy:
                 for seq in dirty:
                     seg = segs.get(seq)
                     if seg is not None and seg.mm is not None:
-                        seg.msync(seg.state_off, seg.data_off - seg.state_off)
+                        seg.sync_state()
             self.state_syncs += 1
 
     def close(self) -> None:
@@ -314,7 +313,7 @@ class FDataSync(Strategy):
     name = "fdatasync"
 
     def sync_slots(self, seg: Segment, lo: int, hi: int) -> None:
-        os.fdatasync(seg.fd)
+        os.fdatasync(seg.rfd)
 
 
 class Group(Strategy):

@@ -24,9 +24,17 @@ from . import ackjournal
 from ._native import ffi, lib
 from .control import Control
 from .errors import CorruptionError, FormatVersionError
-from .mapped import Mapped, open_nofollow
-from .records import REC_HEADER, REC_INFO_DTYPE, NewRecord, check_one
-from .segment import Segment, seg_layout
+from .mapped import open_nofollow
+from .records import REC_HEADER, REC_INFO_DTYPE, NewRecord, check_one, scan
+from .segment import (
+    REC_DATA_OFF,
+    STATE_MAGIC,
+    Segment,
+    StateFileError,
+    read_static,
+    seg_layout,
+    state_path_of,
+)
 from .segments import SEG_RE, SegmentSet
 from .words import (
     ST_BAD,
@@ -35,8 +43,10 @@ from .words import (
     ST_EMPTY,
     ST_LEASED,
     ST_READY,
+    WHY_NONE,
     lease_count,
     np_state,
+    pack,
     state,
 )
 
@@ -183,6 +193,7 @@ def recover_segments(segs: SegmentSet, mode: int, report: RecoveryReport) -> lis
     ctl = segs.ctl
     seqs = []
     journals = []
+    states = []
     salvage: list[Salvage] = []
     for entry in os.scandir(segs.dir):
         fname = entry.name
@@ -192,21 +203,47 @@ def recover_segments(segs: SegmentSet, mode: int, report: RecoveryReport) -> lis
         if fname.startswith(segs.name + ".") and fname.endswith(".quarantined"):
             report.quarantined_earlier.append(entry.path)
             continue
-        if fname.startswith(segs.name + ".") and fname.endswith(".seg.tmp"):
+        if fname.startswith(segs.name + ".") and fname.endswith((".seg.tmp", ".state.tmp")):
             try:
                 os.unlink(entry.path)
             except FileNotFoundError:
                 continue
             report.removed_temp.append(entry.path)
             continue
+        if fname.startswith(segs.name + ".") and fname.endswith(".state"):
+            states.append(entry.path)
+            continue
         m = SEG_RE.match(fname)
         if m and m.group("name") == segs.name:
             seqs.append(int(m.group("seq"), 16))
     seqs.sort()
+    for path in states:
+        # A state file without its record file: a creation cut short before the record file was
+        # renamed into place, or a retirement after it unlinked the record file.  No job lives in
+        # a state file alone.
+        if not os.path.exists(path[: -len(".state")] + ".seg"):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+            report.removed_temp.append(path)
     for seq in seqs:
         path = segs.path(seq)
         try:
-            seg = segs.open(seq)
+            try:
+                seg = segs.open(seq)
+            except StateFileError as exc:
+                # The record file is the commit point; the state file only says what happened to
+                # the jobs since.  Without a usable one every intact record is READY again (a lost
+                # ack or lease is a redelivery; the ack journal replays what was journaled).
+                spath = state_path_of(path)
+                if os.path.exists(spath):
+                    quarantine(spath, str(exc), report)
+                Segment.create_state(path, mode)
+                report.repairs.append(
+                    (spath, f"{exc}; a fresh state file was made from the record file")
+                )
+                seg = segs.open(seq)
         except FileNotFoundError:
             continue  # retired (unlinked) by another process since the listing: retirement takes no lock
         except FormatVersionError:
@@ -236,7 +273,9 @@ def recover_segments(segs: SegmentSet, mode: int, report: RecoveryReport) -> lis
     # syncs) the full one's tail, so a crash or a power loss can leave published records beyond the
     # stored tail of a segment that is no longer the newest; sealing it unrepaired would hide them.
     for seg in segs.ordered():
-        applied = ackjournal.replay(seg, repair_tail(seg, report))
+        tail = repair_tail(seg, report, durable_records=True)
+        republish(seg, tail, report)
+        applied = ackjournal.replay(seg, tail)
         if applied:
             report.replayed.append((seg.path, applied))
     for path in journals:
@@ -296,10 +335,23 @@ def quarantine(path: str, reason: str, report: RecoveryReport) -> None:
         reason += f" (could not rename: {exc.strerror})"
         target = path
     report.quarantined.append((target, reason))
+    if path.endswith(".seg"):
+        # The segment's state file goes with it: evidence too, and it must not outlive its
+        # record file (a state file alone is removed at open).
+        try:
+            os.rename(state_path_of(path), state_path_of(path) + ".quarantined")
+        except OSError:
+            pass
 
 
-def repair_tail(seg: Segment, report: RecoveryReport) -> int:
-    """Under the lock: adopt valid records published beyond the stored tail.  Returns the tail."""
+def repair_tail(seg: Segment, report: RecoveryReport, durable_records: bool = False) -> int:
+    """Under the lock: adopt valid records published beyond the stored tail.  Returns the tail.
+
+    A writer (``durable_records`` False) adopts the records whose state word says published: an
+    unpublished record beyond the tail is an append whose writer died before it returned, and the
+    next append overwrites it.  Recovery at open (True) adopts every intact record beyond the
+    tail, published or not: after a power loss the record file is the commit point and the state
+    file may be older than it (:func:`republish` then makes their state words READY)."""
     tail = seg.tail()
     if tail > seg.slot_count:
         # A damaged tail word: rebuild it from the state table (everything up to the last slot that
@@ -311,13 +363,14 @@ def repair_tail(seg: Segment, report: RecoveryReport) -> int:
         )
         seg.set_tail(rebuilt)
         tail = rebuilt
-    if tail == seg.slot_count or state(seg.load_state(tail)) == ST_EMPTY:
+    if tail == seg.slot_count or (not durable_records and state(seg.load_state(tail)) == ST_EMPTY):
         return tail  # the common case: nothing beyond the tail, one load
     start = tail
     last_seq = seg.last_seq()
     adopted = 0
     while tail < seg.slot_count:
-        if state(seg.load_state(tail)) in (ST_EMPTY, ST_CONT):
+        st = state(seg.load_state(tail))
+        if st == ST_CONT or (st == ST_EMPTY and not durable_records):
             break
         info = check_one(seg, tail)
         if info is None:
@@ -331,26 +384,66 @@ def repair_tail(seg: Segment, report: RecoveryReport) -> int:
     return tail
 
 
+def republish(seg: Segment, tail: int, report: RecoveryReport) -> int:
+    """Under the lock, at open: make every intact record below ``tail`` whose state word was lost
+    (EMPTY: the state file is older than the record file, or new) READY at its initial
+    available-at, and its continuation slots CONT.  Returns how many.  One vectorised look at the
+    state table when nothing was lost."""
+    st = np_state(seg.states[:tail, 0])
+    if not len(st) or not (st == ST_EMPTY).any():
+        return 0
+    infos, _nxt = scan(seg, 0, end=tail)
+    n = 0
+    for info in infos[(infos["status"] == 0) & (np_state(infos["state"]) == ST_EMPTY)]:
+        slot = int(info["slot"])
+        for i in range(1, int(info["span"])):
+            seg.store64(seg.state_off_of(slot + i), ST_CONT)
+        word = pack(ST_READY, WHY_NONE, 0, max(int(info["available_ms"]) - seg.epoch_ms, 0))
+        n += seg.cas_state(slot, 0, word)[0]
+    if n:
+        report.readopted.append((seg.path, n))
+    return n
+
+
 def _salvage(path: str, seq: int, slot_size: int, slot_count: int) -> tuple[list[NewRecord], int]:
-    """Intact unfinished jobs of segment file ``path`` whose header is unusable, as records to
-    re-append, and how many records there failed their CRC.  Reads only, with the queue's geometry
-    and the seq of the file name (each record's CRC is seeded by both).  A job keeps its id,
-    priority, max attempts and attempts so far (a lease counts as one); it is due at its
+    """Intact unfinished jobs of segment ``path`` whose record file header is unusable, as records
+    to re-append, and how many records there failed their CRC.  Reads only, with the queue's
+    geometry and the seq of the file name (each record's CRC is seeded by both).  A job keeps its
+    id, priority, max attempts and attempts so far (a lease counts as one); it is due at its
     enqueue-time available-at (a retry's backoff time was relative to the lost header's epoch); a
-    dead job stays dead; finished ones are left out.  ``([], 0)`` if nothing is readable."""
+    dead job stays dead; finished ones are left out.  Without a valid state file of the same
+    geometry every intact record counts as ready.  ``([], 0)`` if nothing is readable."""
     state_off, data_off, size = seg_layout(slot_size, slot_count)
+    nbytes = size - data_off
     try:
         fd = open_nofollow(path, os.O_RDONLY)
     except (OSError, CorruptionError):
         return [], 0
     try:
-        if os.fstat(fd).st_size < size:
-            os.close(fd)
-            return [], 0
-        m = Mapped(path, fd, size, readonly=True)
+        slots = os.pread(fd, nbytes, REC_DATA_OFF)
     except OSError:
-        os.close(fd)
         return [], 0
+    finally:
+        os.close(fd)
+    if len(slots) < nbytes:
+        return [], 0
+    table = b""
+    spath = state_path_of(path)
+    try:
+        sfd = open_nofollow(spath, os.O_RDONLY)
+        try:
+            table = os.pread(sfd, data_off, 0)
+            fields = read_static(spath, table[:68], os.fstat(sfd).st_size, STATE_MAGIC)
+            if fields[3:6] != (seq, slot_size, slot_count):
+                table = b""
+        finally:
+            os.close(sfd)
+    except (OSError, CorruptionError):
+        table = b""
+    # One buffer laid out like the mapped range: state file (or zeros), then the slots.
+    buf = bytearray(data_off) if len(table) < data_off else bytearray(table)
+    buf += slots
+    m_ptr = ffi.from_buffer("uint8_t[]", buf)
     try:
         geom = ffi.new(
             "ringq_geom *",
@@ -362,15 +455,18 @@ def _salvage(path: str, seq: int, slot_size: int, slot_count: int) -> tuple[list
                 "slot_count": slot_count,
             },
         )
-        states = np.frombuffer(m.mm, dtype="<u8", count=2 * slot_count, offset=state_off)[0::2]
-        used = np.flatnonzero(np_state(states))
-        end = int(used[-1]) + 1 if len(used) else 0
+        states = np.frombuffer(buf, dtype="<u8", count=2 * slot_count, offset=state_off)[0::2]
+        if table:
+            used = np.flatnonzero(np_state(states))
+            end = int(used[-1]) + 1 if len(used) else 0
+        else:
+            end = slot_count  # no state words: look at every slot
         del states
         if not end:
             return [], 0
         out = ffi.new("ringq_rec_info[]", end)
         nxt = ffi.new("uint32_t *")
-        n = lib.ringq_seg_scan(m.ptr, m.size, geom, 0, end, out, end, nxt)
+        n = lib.ringq_seg_scan(m_ptr, len(buf), geom, 0, end, out, end, nxt)
         if n < 0:
             return [], 0
         infos = np.frombuffer(
@@ -378,8 +474,12 @@ def _salvage(path: str, seq: int, slot_size: int, slot_count: int) -> tuple[list
         ).copy()
         recs, lost = [], 0
         for info in infos:
-            st = state(int(info["state"]))
+            st = state(int(info["state"])) if table else ST_READY
             if info["status"] != 0:
+                if not table and not slots[
+                    (int(info["slot"])) * slot_size : (int(info["slot"])) * slot_size + 4
+                ].strip(b"\0"):
+                    continue  # an unwritten slot
                 lost += st in (ST_READY, ST_LEASED, ST_DEAD, ST_BAD)
                 continue
             if st not in (ST_READY, ST_LEASED, ST_DEAD):
@@ -387,10 +487,10 @@ def _salvage(path: str, seq: int, slot_size: int, slot_count: int) -> tuple[list
             base = data_off + int(info["slot"]) * slot_size + REC_HEADER.size
             id_len, plen = int(info["id_len"]), int(info["payload_len"])
             jid = (
-                bytes(m.mm[base : base + id_len]) if id_len else f"{int(info['seq']):016x}".encode()
+                bytes(buf[base : base + id_len]) if id_len else f"{int(info['seq']):016x}".encode()
             )
-            payload = bytes(m.mm[base + id_len : base + id_len + plen])
-            lc = lease_count(int(info["state"]))
+            payload = bytes(buf[base + id_len : base + id_len + plen])
+            lc = lease_count(int(info["state"])) if table else 0
             recs.append(
                 NewRecord(
                     payload,
@@ -406,4 +506,4 @@ def _salvage(path: str, seq: int, slot_size: int, slot_count: int) -> tuple[list
             )
         return recs, lost
     finally:
-        m.close()
+        ffi.release(m_ptr)

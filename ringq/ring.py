@@ -5,7 +5,8 @@ Files of queue ``<name>`` in its directory (byte layouts in ``docs/format.md``):
     <name>.lock            flock target for writers; never holds data (ringq/lock.py)
     <name>.ctl             one page of shared words (ringq/control.py)
     <name>.owners          one byte per lease owner, each held by an OFD lock (ringq/owner.py)
-    <name>.<seq>.seg       segments: header page, state table, fixed-size slots (ringq/segment.py)
+    <name>.<seq>.seg       record files: header page, fixed-size slots of records (ringq/segment.py)
+    <name>.<seq>.state     state files: header words and the state table of segment <seq>
     <name>.<seq>.err       per-segment side file of nack error texts (ringq/errtext.py)
 
 *Append* (producers): take the writer lock -> read the tail segment and its tail from the shared
@@ -34,7 +35,7 @@ from .errors import UnsupportedFilesystemError
 from .lock import WriterLock
 from .records import NewRecord
 from .recovery import RecoveryReport
-from .segment import Segment
+from .segment import REC_DATA_OFF, Segment
 from .segments import NAME_RE, SegmentSet
 from .transitions import bad
 from .words import ST_BAD, ST_CONT, ST_GONE, pack, position, state
@@ -264,8 +265,11 @@ class Ring:
                 enq_us = now_us if rec.enqueued_us is None else rec.enqueued_us
                 records.fill_header(buf, rec, span, next_seq, enq_us, avail_ms)
                 word = pack(rec.state, 0, 0, avail_ms - seg.epoch_ms)
+                # pwrite into the record file (mapped read-only everywhere), then the release-store
+                # of the state word: the record's bytes are in the page cache before it is visible.
                 errors.check(
-                    lib.ringq_rec_write(seg.ptr, seg.size, seg.geom, tail, ffi.from_buffer(buf), len(buf), word),
+                    lib.ringq_rec_pwrite(seg.rfd, REC_DATA_OFF, seg.ptr, seg.size, seg.geom, tail,
+                                         ffi.from_buffer(buf), len(buf), word),
                     f"write record to {seg.path}",
                 )
                 rng = touched.setdefault(seg.seq, [tail, tail + span])

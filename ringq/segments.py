@@ -19,7 +19,7 @@ import numpy as np
 from .control import Control
 from .errors import CorruptionError
 from .mapped import fsync_dir
-from .segment import Segment, segment_name
+from .segment import Segment, segment_name, state_name
 from .words import ST_CONT, ST_DONE, ST_EMPTY, ST_GONE, np_state
 
 __all__ = ["SegmentSet", "SEG_RE", "NAME_RE"]
@@ -50,6 +50,9 @@ class SegmentSet:
 
     def path(self, seq: int) -> str:
         return os.path.join(self.dir, segment_name(self.name, seq))
+
+    def state_path(self, seq: int) -> str:
+        return os.path.join(self.dir, state_name(self.name, seq))
 
     def err_path(self, seq: int) -> str:
         return os.path.join(self.dir, f"{self.name}.{seq:016x}.err")
@@ -101,20 +104,9 @@ class SegmentSet:
         path = self.path(seq)
         if stat.S_ISLNK(os.lstat(path).st_mode):
             raise CorruptionError(f"{path}: is a symbolic link, not a segment")
-        seg = Segment(path)
-        if seg.seq != seq:
-            seg.close()
-            raise CorruptionError(f"{path}: header says segment {seg.seq}, name says {seq}")
         if geometry is None and self.ctl is not None:
             geometry = (self.ctl.slot_size, self.ctl.slot_count)
-        if geometry is not None and (seg.slot_size, seg.slot_count) != geometry:
-            found = (seg.slot_size, seg.slot_count)
-            seg.close()
-            raise CorruptionError(
-                f"{path}: geometry {found} (slot size, slot count) differs from queue {self.name!r}'s "
-                f"{geometry}: a segment of another queue"
-            )
-        return seg
+        return Segment(path, expect_seq=seq, expect_geometry=geometry)
 
     def segment(self, seq: int) -> Segment | None:
         """The mapped segment ``seq``, opening it if it exists but is not mapped yet; None if gone."""
@@ -210,9 +202,12 @@ class SegmentSet:
         return n
 
     def unlink(self, seq: int) -> None:
-        """Remove segment ``seq``'s files (segment, error and progress side files, ack journal) durably."""
+        """Remove segment ``seq``'s files durably: the record file first (a state file left alone
+        by a crash is removed at the next open; a record file without its state file would come
+        back with every job READY), then the state file, the error and progress side files and the
+        ack journal."""
         prog = os.path.join(self.dir, f"{self.name}.{seq:016x}.prog")
-        for p in (self.path(seq), self.err_path(seq), self.acks_path(seq), prog):
+        for p in (self.path(seq), self.state_path(seq), self.err_path(seq), self.acks_path(seq), prog):
             try:
                 os.unlink(p)
             except FileNotFoundError:

@@ -43,7 +43,9 @@ from .segment import (
     OFF_RETIRED,
     OFF_SEALED,
     OFF_TAIL,
+    REC_DATA_OFF,
     Segment,
+    StateFileError,
 )
 from .segments import NAME_RE, SEG_RE
 from .transitions import ended_unrun
@@ -190,9 +192,13 @@ def _segment(path: str, expect_seq: int, limit: int | None, now_ms: int,
     """The report of one segment, or None if it was retired (unlinked) while we looked."""
     try:
         rep = SegmentReport(path=path, file_size=os.path.getsize(path))
-        seg = Segment(path, readonly=True)
+        seg = Segment(path, readonly=True, expect_seq=expect_seq, expect_geometry=geometry)
     except FileNotFoundError:
         return None
+    except StateFileError as exc:
+        rep.damage.append(f"state file: {exc}. The next open gives the segment a fresh state file from its "
+                          "record file (every intact record ready again)")
+        return rep
     except CorruptionError as exc:
         rep.damage.append(f"segment header: {exc}. The next open copies the intact unfinished jobs of this "
                           "file (each record has its own CRC) to the tail, then sets the file aside")
@@ -206,7 +212,8 @@ def _segment(path: str, expect_seq: int, limit: int | None, now_ms: int,
         tail = seg.load32(OFF_TAIL)
         rep.header = {
             "seq": seg.seq, "slot_size": seg.slot_size, "slot_count": seg.slot_count, "epoch_ms": seg.epoch_ms,
-            "state_off": seg.state_off, "data_off": seg.data_off, "size": seg.size, "tail": tail,
+            # Offsets in the files: the state table's in the state file, slot 0's in the record file.
+            "state_off": seg.state_off, "data_off": REC_DATA_OFF, "size": rep.file_size, "tail": tail,
             "sealed": seg.load32(OFF_SEALED), "retired": seg.load32(OFF_RETIRED),
             "records": seg.load64(OFF_NRECORDS), "finished": seg.load64(OFF_FINISHED),
             "last_seq": seg.load64(OFF_LAST_SEQ), "change": seg.load64(OFF_CHANGE),
@@ -235,7 +242,7 @@ def _segment(path: str, expect_seq: int, limit: int | None, now_ms: int,
             if unrun:
                 name = unrun  # DONE with the cancel flag: cancelled or expired (ringq/words.py)
             rep.counts[name] = rep.counts.get(name, 0) + 1
-            offset = seg.data_off + slot * seg.slot_size
+            offset = seg.record_file_off(slot)
             if not ok:
                 rep.damage.append(f"slot {slot} (byte {offset}): record fails its magic/length/CRC check")
             elif st in (ST_READY, ST_LEASED) and int(row["attempts_before"]) + ((word >> 6) & LC_MASK) > int(row["max_attempts"]):
@@ -257,7 +264,7 @@ def _segment(path: str, expect_seq: int, limit: int | None, now_ms: int,
             rec = RecordReport(slot=slot, span=int(row["span"]), offset=offset, state=name, crc_ok=ok)
             if ok:
                 lc = (word >> 6) & LC_MASK
-                base = offset + 64
+                base = seg.data_off + slot * seg.slot_size + 64  # in the mapping, not the file
                 id_len, plen = int(row["id_len"]), int(row["payload_len"])
                 rec.seq, rec.priority = int(row["seq"]), int(row["priority"])
                 rec.attempts, rec.max_attempts = int(row["attempts_before"]) + lc, int(row["max_attempts"])

@@ -5,7 +5,7 @@ crash tests build images (by recording a real operation step by step, or by edit
 segment byte by byte), write each into a fresh directory, reopen it and check what comes out.
 
 The recorder follows SQLite's ``crash.test``: enumerate, don't sample.  It wraps every call by which
-the engine changes a file -- ``os`` file operations, atomic stores into a mapping, ``ringq_rec_write``
+the engine changes a file -- ``os`` file operations, atomic stores into a mapping, ``ringq_rec_pwrite``
 -- and snapshots the directory after each one.  Each snapshot is exactly what a process SIGKILLed
 after that step leaves behind (the page cache keeps every store that happened; nothing else).
 """
@@ -24,7 +24,7 @@ import ringq
 from ringq import ring as ring_mod
 from ringq import segment as seg_mod
 from ringq.queue import Queue
-from ringq.segment import seg_layout, segment_name
+from ringq.segment import REC_DATA_OFF, seg_layout, segment_name, state_name
 
 NAME = "q"
 SLOT = 128  # bytes per slot in the small test geometry
@@ -71,15 +71,24 @@ def restore(image: Image, path: str) -> str:
 
 
 def seg_file(seq: int) -> str:
+    """Name of segment ``seq``'s record file."""
     return segment_name(NAME, seq)
 
 
+def state_file(seq: int) -> str:
+    """Name of segment ``seq``'s state file."""
+    return state_name(NAME, seq)
+
+
 def geometry(slot_size: int = SLOT, slot_count: int = SLOTS) -> tuple[int, int, int]:
-    """``(state_off, data_off, file size)`` of a test segment."""
-    return seg_layout(slot_size, slot_count)
+    """``(state_off, data_off, state file size)`` of a test segment: the state table's offset in
+    the state file, and slot 0's offset in the record file."""
+    state_off, data_off, _ = seg_layout(slot_size, slot_count)
+    return state_off, REC_DATA_OFF, data_off
 
 
 def state_word(img: bytes, slot: int) -> int:
+    """The state word of ``slot`` in the bytes of a state file."""
     state_off, _, _ = geometry()
     return struct.unpack_from("<Q", img, state_off + 16 * slot)[0]
 
@@ -141,7 +150,7 @@ class Step:
 class Recorder:
     """Snapshot ``path`` after every file-changing step the engine takes while active.
 
-    ``published`` follows ``ringq_rec_write``: after it returns, the record it wrote is published
+    ``published`` follows ``ringq_rec_pwrite``: after it returns, the record it wrote is published
     (its state word release-stored).  ``key_of(record bytes)`` names the record for the test.
     """
 
@@ -198,11 +207,16 @@ class Recorder:
                 return getattr(real_lib, attr)
 
             @staticmethod
-            def ringq_rec_write(base_ptr, size, geom, slot, rec, length, word):  # noqa: ANN001
-                rc = real_lib.ringq_rec_write(base_ptr, size, geom, slot, rec, length, word)
+            def ringq_rec_pwrite(fd, file_off, base_ptr, size, geom, slot, rec, length, word):  # noqa: ANN001
+                # One step, although the C call both writes the record and publishes its state
+                # word: the images in between (record written, state word not) are built by hand in
+                # test_crash_format2.py.
+                rc = real_lib.ringq_rec_pwrite(
+                    fd, file_off, base_ptr, size, geom, slot, rec, length, word
+                )
                 if rc > 0:
                     recorder.published.add(recorder.key_of(bytes(seg_mod.ffi.buffer(rec, length))))
-                    recorder.mark(f"rec_write slot {slot}")
+                    recorder.mark(f"rec_pwrite slot {slot}")
                 return rc
 
         patches.append((ring_mod, "lib", real_lib))
@@ -243,6 +257,7 @@ __all__ = [
     "ringq",
     "seg_file",
     "snapshot",
+    "state_file",
     "state_word",
     "verify",
 ]

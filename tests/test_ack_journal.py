@@ -16,7 +16,7 @@ from ringq.ackjournal import ENTRY, encode
 
 
 def _seg_name(img):
-    return next(n for n in img if n.endswith(".seg"))
+    return next(n for n in img if n.endswith(".state"))
 
 
 def test_ack_many_of_a_hundred_is_one_sync(tmp_path):

@@ -264,13 +264,16 @@ def test_unusable_segment_is_quarantined_and_reported(tmp_path, kind):
 
 
 def _patch_header(path, seq, off, fmt, value, fix_crc=True):
+    """Patch the static header of segment ``seq``'s record file, or (``off`` >= 128, the mutable
+    words) its state file's header."""
     from ringq.mapped import crc32c
 
-    data = bytearray(open(_seg(path, seq), "rb").read())
+    target = _seg(path, seq) if off < 128 else _seg(path, seq)[: -len(".seg")] + ".state"
+    data = bytearray(open(target, "rb").read())
     struct.pack_into(fmt, data, off, value)
     if fix_crc:
         struct.pack_into("<I", data, 64, crc32c(bytes(data[:64])))
-    _write(_seg(path, seq), bytes(data))
+    _write(target, bytes(data))
 
 
 @pytest.mark.parametrize(
@@ -298,15 +301,15 @@ def test_bad_segment_header_fields_are_quarantined(tmp_path, field, off, fmt, va
 
 def test_future_format_version_is_refused(tmp_path):
     path = _queue_with_two_segments(tmp_path)
-    _patch_header(path, 1, 8, "<I", 2)
-    with pytest.raises(FormatVersionError, match="version 2"):
+    _patch_header(path, 1, 8, "<I", 3)
+    with pytest.raises(FormatVersionError, match="version 3"):
         open_queue(path)
     assert os.path.exists(_seg(path, 1))  # refused, not quarantined: a newer ringq can read it
 
 
 def test_truncated_segment_is_refused_before_mapping(tmp_path):
     path = _queue_with_two_segments(tmp_path)
-    os.truncate(_seg(path, 1), geometry()[2] - 1)
+    os.truncate(_seg(path, 1), geometry()[1] + 2 * SLOT)  # the record file, records 2.. cut off
     with open_queue(path) as q:
         [(where, why)] = q.recovery.quarantined
         assert "truncated" in why and "declares" in why
@@ -444,14 +447,18 @@ def test_absurd_tail_segment_in_control_file(tmp_path):
     path = _queue_with_two_segments(tmp_path)
     with open_queue(path) as q:
         fd = os.open(os.path.join(path, f"{NAME}.ctl"), os.O_WRONLY)
-        os.pwrite(fd, struct.pack("<Q", 1 << 60), OFF_TAIL_SEG)  # the mapping sees it at the next refresh
+        os.pwrite(
+            fd, struct.pack("<Q", 1 << 60), OFF_TAIL_SEG
+        )  # the mapping sees it at the next refresh
         os.close(fd)
         assert q.stats().ready == 10  # does not try 2**60 file names
     with open_queue(path) as q:
         assert drain(q) == list(range(10))
         q.enqueue("new")
         assert drain(q) == ["new"]
-        assert q.introspect()["tail_segment"] == 2  # the damaged word is ignored, the real tail kept
+        assert (
+            q.introspect()["tail_segment"] == 2
+        )  # the damaged word is ignored, the real tail kept
         assert any("impossible" in why for _p, why in q.recovery.repairs)
 
 

@@ -27,6 +27,7 @@ from crashkit import (
     restore,
     seg_file,
     snapshot,
+    state_file,
 )
 
 from ringq.control import OFF_NEXT_SEQ, OFF_TAIL_SEG
@@ -48,24 +49,32 @@ def _record_images(tmp_path):
 
 
 def _mix(before, after, *, data, state, header):
-    """An image of segment 1 holding: record bytes ``data`` (indexes copied from ``after``),
-    the record's state words per ``state`` ("none", "cont", "all"), the header page if ``header``.
-    The control file is always the later one (seqs are reserved before any record byte is written).
+    """An image of segment 1 holding: record bytes ``data`` (indexes copied from ``after``) in
+    the record file, the record's state words per ``state`` ("none", "cont", "all") and the state
+    file's header page if ``header``.  The control file is always the later one (seqs are reserved
+    before any record byte is written).
     """
     state_off, data_off, _ = geometry()
     seg = bytearray(before[seg_file(1)])
     new = after[seg_file(1)]
+    st = bytearray(before[state_file(1)])
+    new_st = after[state_file(1)]
     rec_off = data_off + 2 * SLOT
     for i in data:
         seg[rec_off + i] = new[rec_off + i]
     if state in ("cont", "all"):
-        seg[state_off + 3 * 16 : state_off + 4 * 16] = new[state_off + 3 * 16 : state_off + 4 * 16]
+        st[state_off + 3 * 16 : state_off + 4 * 16] = new_st[
+            state_off + 3 * 16 : state_off + 4 * 16
+        ]
     if state == "all":
-        seg[state_off + 2 * 16 : state_off + 3 * 16] = new[state_off + 2 * 16 : state_off + 3 * 16]
+        st[state_off + 2 * 16 : state_off + 3 * 16] = new_st[
+            state_off + 2 * 16 : state_off + 3 * 16
+        ]
     if header:
-        seg[:4096] = new[:4096]
+        st[:4096] = new_st[:4096]
     image = dict(after)
     image[seg_file(1)] = bytes(seg)
+    image[state_file(1)] = bytes(st)
     return image
 
 
@@ -76,8 +85,10 @@ def _rec_len(after):
 
 def _check_mix(tmp_path, image, complete, state, header):
     out = reopen_and_drain(restore(image, str(tmp_path / "img")))
-    published = state == "all" or header
-    expected = [0, 1, BIG] if complete and published else [0, 1]
+    # Format 2: the record file is the commit point.  A complete record is delivered whatever its
+    # state word and the tail say (a power loss may keep the record file and lose the state file);
+    # an incomplete one never is.
+    expected = [0, 1, BIG] if complete else [0, 1]
     assert out.delivered == expected
     assert out.after == ["probe"]
     damaged = header and not complete  # the tail covers a record that fails its CRC
@@ -153,6 +164,8 @@ def test_every_step_of_append_and_rotation(tmp_path, nbase, nbatch):
     whats = " | ".join(s.what for s in steps)
     # The recording really went through every step of a rotation.
     for part in (
+        "create q.0000000000000002.state.tmp",
+        "rename q.0000000000000002.state.tmp",
         "create q.0000000000000002.seg.tmp",
         "fallocate",
         "rename q.0000000000000002.seg.tmp",
@@ -185,6 +198,9 @@ def test_retirement_steps_never_resurrect_or_lose(tmp_path):
         assert out.corrupt == [] and out.quarantined == []
         assert "unlink q.0000000000000001.seg" in " | ".join(s.what for s in rec.steps)
         assert seg_file(1) not in out.files, f"step {i}: {step.what}: finished segment not retired"
+        assert state_file(1) not in out.files, (
+            f"step {i}: {step.what}: state file outlived its segment"
+        )
 
 
 # -- power-loss images: header and pages disagree --------------------------------------------------------
@@ -204,9 +220,9 @@ def _two_segment_power_loss(tmp_path):
             q.enqueue(8)
     created = next(s for s in rec.steps if s.what.startswith("rename q.0000000000000002.seg.tmp"))
     image = dict(created.image)
-    seg1 = bytearray(image[seg_file(1)])
-    seg1[:4096] = early[seg_file(1)][:4096]  # stale header: tail 2, nrecords 2
-    image[seg_file(1)] = bytes(seg1)
+    st1 = bytearray(image[state_file(1)])
+    st1[:4096] = early[state_file(1)][:4096]  # stale header: tail 2, nrecords 2
+    image[state_file(1)] = bytes(st1)
     image[f"{NAME}.ctl"] = early[f"{NAME}.ctl"]  # stale control page: next seq 3, tail segment 1
     return image
 
@@ -245,9 +261,10 @@ def test_power_loss_tail_advanced_over_zero_pages(tmp_path):
     """The header page (tail) reached the disk, the state and data pages of the last records did not."""
     before, after = _two_batches(tmp_path)
     image = dict(after)
-    seg = bytearray(before[seg_file(1)])
-    seg[:4096] = after[seg_file(1)][:4096]
-    image[seg_file(1)] = bytes(seg)
+    st = bytearray(before[state_file(1)])
+    st[:4096] = after[state_file(1)][:4096]
+    image[state_file(1)] = bytes(st)
+    image[seg_file(1)] = before[seg_file(1)]
     out = reopen_and_drain(restore(image, str(tmp_path / "img")))
     assert out.delivered == [0, 1]
     assert sorted(slot for _p, slot, _r in out.corrupt) == [2, 3]
@@ -259,10 +276,11 @@ def test_power_loss_state_present_data_zero(tmp_path):
     """State words reached the disk, record pages did not, tail stale: an unfinished append, silently reused."""
     before, after = _two_batches(tmp_path)
     state_off, _, _ = geometry()
-    seg = bytearray(before[seg_file(1)])
-    seg[state_off : state_off + 4096] = after[seg_file(1)][state_off : state_off + 4096]
+    st = bytearray(before[state_file(1)])
+    st[state_off : state_off + 4096] = after[state_file(1)][state_off : state_off + 4096]
     image = dict(after)
-    image[seg_file(1)] = bytes(seg)
+    image[state_file(1)] = bytes(st)
+    image[seg_file(1)] = before[seg_file(1)]
     out = reopen_and_drain(restore(image, str(tmp_path / "img")))
     assert out.delivered == [0, 1]
     assert out.corrupt == [] and out.stats_corrupt == 0
@@ -272,11 +290,11 @@ def test_power_loss_state_present_data_zero(tmp_path):
 def test_power_loss_data_present_state_stale(tmp_path):
     """Record pages and tail reached the disk, the state page did not: the tail vouches, republished."""
     before, after = _two_batches(tmp_path)
-    state_off, data_off, _ = geometry()
-    seg = bytearray(after[seg_file(1)])
-    seg[state_off:data_off] = before[seg_file(1)][state_off:data_off]
+    state_off, _, state_size = geometry()
+    st = bytearray(after[state_file(1)])
+    st[state_off:state_size] = before[state_file(1)][state_off:state_size]
     image = dict(after)
-    image[seg_file(1)] = bytes(seg)
+    image[state_file(1)] = bytes(st)
     out = reopen_and_drain(restore(image, str(tmp_path / "img")))
     assert out.delivered == [0, 1, 2, 3]
     assert out.corrupt == []

@@ -254,6 +254,66 @@ class _FloorAdapter:
         os.close(self.fd)
 
 
+FORMAT1 = "format 1 write path (mapping store+msync)"
+
+
+class _Format1Adapter:
+    """Format 1's append, kept as a contestant to show what format 2 saves: a segment-shaped file
+    (4 KiB header page, state table, slots; zero-filled with 4 KiB writes) mapped read-write; each
+    ``enqueue`` encodes the payload, builds the record, lets ``ringq_rec_write`` copy it into the
+    mapping, fill its CRC and release-store the state word in the same file, then msyncs from that
+    state word to the record's end (format 1's ``msync``).  No queue around it (no lock, no index):
+    a floor for the old design rather than the old queue."""
+
+    enqueue_many = None
+
+    def __init__(self, path: str, n: int) -> None:
+        import mmap
+
+        from .. import codec, records
+        from .._native import ffi, lib
+        from ..segment import seg_layout
+
+        self._ffi, self._lib, self._codec, self._records = ffi, lib, codec, records
+        self.slot_size = 256
+        self.slot_count = max(n + 8, 1024)
+        self.state_off, self.data_off, self.size = seg_layout(self.slot_size, self.slot_count)
+        self.path = os.path.join(path, "format1.seg")
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.posix_fallocate(self.fd, 0, self.size)
+        zeros = bytes(4096)
+        for off in range(0, self.size, 4096):
+            os.pwrite(self.fd, zeros[: min(4096, self.size - off)], off)
+        os.fsync(self.fd)
+        self.mm = mmap.mmap(self.fd, self.size)
+        self.ptr = ffi.from_buffer("uint8_t[]", self.mm)
+        self.geom = ffi.new("ringq_geom *", {"seg_seq": 1, "state_off": self.state_off, "data_off": self.data_off,
+                                             "slot_size": self.slot_size, "slot_count": self.slot_count})
+        self.tail = 0
+        self.seq = 0
+
+    def enqueue(self, payload: Any) -> None:
+        cid, data = self._codec.encode(payload)
+        rec = self._records.NewRecord(data, cid)
+        buf = self._records.build(rec)
+        span = -(-len(buf) // self.slot_size)
+        self.seq += 1
+        now_us = time.time_ns() // 1000
+        self._records.fill_header(buf, rec, span, self.seq, now_us, now_us // 1000)
+        slot = self.tail
+        rc = self._lib.ringq_rec_write(self.ptr, self.size, self.geom, slot, self._ffi.from_buffer(buf), len(buf), 1)
+        if rc <= 0:
+            raise RuntimeError(f"ringq_rec_write returned {rc}")
+        self.tail += span
+        start = self.state_off + slot * 16
+        self._lib.ringq_msync(self.ptr, self.size, start, self.data_off + self.tail * self.slot_size - start)
+
+    def close(self) -> None:
+        self._ffi.release(self.ptr)
+        self.mm.close()
+        os.close(self.fd)
+
+
 class _RingqAdapter:
     def __init__(self, path: str, durability: str, **kw: Any) -> None:
         self.q = _open_ringq(path, durability, **kw)
@@ -290,7 +350,8 @@ def _contestants(kind: str, scratch: str, sz: Sizes, stack: contextlib.ExitStack
     out: list[tuple[str, bool, Callable[[str], Any]]] = []
     if kind == "one":
         out += [(FLOOR, True, lambda p: _FloorAdapter(p, FLOOR, sz.ops)),
-                (MMAP_FLOOR, True, lambda p: _FloorAdapter(p, MMAP_FLOOR, sz.ops))]
+                (MMAP_FLOOR, True, lambda p: _FloorAdapter(p, MMAP_FLOOR, sz.ops)),
+                (FORMAT1, True, lambda p: _Format1Adapter(p, sz.ops))]
     if kind == "leasemany":
         return [("ringq msync (default)", True, lambda p: _RingqAdapter(p, "msync")),
                 ("ringq msync, sync_acks", True, lambda p: _RingqAdapter(p, "msync", sync_acks=True))]
@@ -365,7 +426,7 @@ def single_producer(scratch: str, sz: Sizes, log: Callable[[str], None], with_pe
                     secs[label] += t
             for label, durable, _q in opened:
                 jobs = len(lat[label]) * {"many": BATCH, "leasemany": ACK_BATCH}.get(kind, 1)
-                scenario = "floor" if label in (FLOOR, MMAP_FLOOR) else "single"
+                scenario = "floor" if label in (FLOOR, MMAP_FLOOR, FORMAT1) else "single"
                 row = _lat_row(scenario, label, variant, durable, lat[label], jobs, secs[label])
                 rows.append(row)
                 log(f"  {label:38s} {row.ops_per_s:12,.0f} jobs/s  p50 {row.p50_us or 0:9.1f} µs")

@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 static unsigned long checks, failures;
 #define CHECK(cond)                                                                      \
@@ -175,11 +177,56 @@ static void fuzz_once(void) {
     free(m);
 }
 
+/* Format 2: a state file and a record file mapped as one range; a record written with pwrite into
+ * the record file is seen (and validates) through the read-only part of the range. */
+static void pair_mapping(void) {
+    char spath[] = "/tmp/ringq-selftest-state-XXXXXX", rpath[] = "/tmp/ringq-selftest-rec-XXXXXX";
+    int sfd = mkstemp(spath), rfd = mkstemp(rpath);
+    CHECK(sfd >= 0 && rfd >= 0);
+    if (sfd < 0 || rfd < 0) return;
+    unlink(spath);
+    unlink(rpath);
+    const size_t page = 4096, state_len = 2 * page, nslots = 8, slot = 128;
+    CHECK(ftruncate(sfd, (off_t)state_len) == 0 && ftruncate(rfd, (off_t)(page + page)) == 0);
+    uint8_t *base = NULL;
+    CHECK(ringq_map_pair(sfd, state_len + 1, rfd, page, nslots * slot, 1, &base) == RINGQ_EINVAL);
+    CHECK(ringq_map_pair(sfd, state_len, rfd, page + 1, nslots * slot, 1, &base) == RINGQ_EINVAL);
+    CHECK(ringq_map_pair(sfd, state_len, rfd, page, nslots * slot, 1, NULL) == RINGQ_EINVAL);
+    CHECK(ringq_map_pair(sfd, state_len, rfd, page, nslots * slot, 1, &base) == 0);
+    size_t maplen = state_len + nslots * slot;
+    ringq_geom g = {.seg_seq = 3, .state_off = page, .data_off = state_len, .slot_size = slot, .slot_count = nslots};
+    uint32_t plen = 150, len = RINGQ_REC_HEADER + plen, span = 2;
+    uint8_t *rec = calloc(1, len);
+    uint32_t magic = RINGQ_REC_MAGIC;
+    memcpy(rec, &magic, 4);
+    memcpy(rec + 8, &len, 4);
+    memcpy(rec + 12, &span, 4);
+    memcpy(rec + 52, &plen, 4);
+    CHECK(ringq_rec_pwrite(rfd, page, base, maplen, &g, 7, rec, len, RINGQ_ST_READY) == RINGQ_EBOUNDS);
+    CHECK(ringq_rec_pwrite(rfd, page, base, maplen, &g, 2, rec, len, RINGQ_ST_EMPTY) == RINGQ_EINVAL);
+    CHECK(ringq_rec_pwrite(-1, page, base, maplen, &g, 2, rec, len, RINGQ_ST_READY) == RINGQ_EINVAL);
+    CHECK(ringq_rec_pwrite(rfd, page, base, maplen, &g, 2, rec, len, RINGQ_ST_READY) == 2);
+    ringq_rec_info info;
+    CHECK(ringq_rec_check(base, maplen, &g, 2, &info) == 0 && info.span == 2 && info.payload_len == plen);
+    uint64_t w = 0;
+    CHECK(ringq_load64(base, maplen, page + 2 * RINGQ_STATE_ENTRY, &w) == 0 && w == RINGQ_ST_READY);
+    CHECK(ringq_load64(base, maplen, page + 3 * RINGQ_STATE_ENTRY, &w) == 0 && w == RINGQ_ST_CONT);
+    uint8_t back[4] = {0};
+    CHECK(pread(rfd, back, 4, (off_t)(page + 2 * slot)) == 4 && memcmp(back, &magic, 4) == 0);
+    CHECK(ringq_msync(base, maplen, state_len + 2 * slot, len) == 0);
+    free(rec);
+    CHECK(ringq_unmap(base, maplen) == 0);
+    CHECK(ringq_unmap(NULL, maplen) == RINGQ_EINVAL);
+    close(sfd);
+    close(rfd);
+}
+
 int main(int argc, char **argv) {
     long iterations = argc > 1 ? atol(argv[1]) : 20000;
     rng_state = argc > 2 ? strtoull(argv[2], NULL, 10) * 2 + 1 : 0x9E3779B97F4A7C15ULL;
     known_answers();
     atomics();
+    pair_mapping();
     for (long i = 0; i < iterations; i++) fuzz_once();
     printf("selftest: %lu passed, %lu failed\n", checks - failures, failures);
     return failures ? 1 : 0;

@@ -275,8 +275,11 @@ def make_app(queue: Queue, *, allow_actions: bool = False, port: int | None = No
 def serve(queue: Queue, port: int, *, allow_actions: bool = False, ready: Any = None) -> None:
     """Serve the dashboard on ``127.0.0.1:port`` until interrupted (port 0: a free one).
 
-    ``ready(port)`` is called once the socket listens.  Raises OSError if the port is taken.
+    ``ready(port)`` is called once the socket listens.  Raises OSError if the port is taken,
+    ValueError if ``port`` is not an int from 0 to 65535.
     """
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"port must be a TCP port 0..65535, got {port!r}")
     import socket
 
     import uvicorn

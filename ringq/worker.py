@@ -98,7 +98,8 @@ class Worker:
     the queue, each tick enqueues one job (docs/schedules.md).
 
     Raises:
-        ValueError: concurrency < 1, processes < 0, heartbeat <= 0, max_restarts < 0.
+        ValueError: concurrency < 1, processes < 0, heartbeat <= 0, max_restarts < 0,
+            metrics_port not an int from 0 to 65535.
     """
 
     def __init__(
@@ -121,6 +122,12 @@ class Worker:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         if processes < 0:
             raise ValueError(f"processes must be >= 0, got {processes}")
+        if metrics_port is not None and (
+            isinstance(metrics_port, bool)
+            or not isinstance(metrics_port, int)
+            or not 0 <= metrics_port <= 65535
+        ):
+            raise ValueError(f"metrics_port must be a TCP port 0..65535, got {metrics_port!r}")
         self.queue = queue
         self.handler = handler
         self.concurrency = concurrency

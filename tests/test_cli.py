@@ -515,3 +515,35 @@ def test_bench_passes_its_arguments_to_ringq_bench_main(tmp_path):
 def test_bench_subcommand_reaches_the_harness(tmp_path):
     proc = ringq(tmp_path, "bench", "--help")
     assert "--smoke" in proc.stdout and "fdatasync" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("dashboard", "--port", "99999"),
+        ("dashboard", "--port", "-1"),
+        ("dashboard", "--port", "http"),
+        ("metrics", "--port", "99999"),
+        ("metrics", "--port", "65536"),
+        ("work", "json:loads", "--metrics-port", "70000"),
+    ],
+)
+def test_a_port_out_of_range_is_a_one_line_error(tmp_path, args):
+    err = one_line_error(ringq(tmp_path / "q", *args, rc=None))
+    assert "invalid port" in err and "65535" in err
+
+
+def test_worker_and_servers_refuse_a_port_out_of_range(tmp_path):
+    from ringq import Worker
+
+    with Queue(str(tmp_path / "q")) as q:
+        for bad in (-1, 65536, 99999, True, 1.5, "8080"):
+            with pytest.raises(ValueError, match="0..65535"):
+                Worker(q, print, metrics_port=bad)
+            for module in ("ringq.dashboard", "ringq.metrics"):
+                try:
+                    serve = importlib.import_module(module).serve
+                except ImportError:
+                    continue  # the extra is not installed
+                with pytest.raises(ValueError, match="0..65535"):
+                    serve(q, bad) if module == "ringq.dashboard" else serve(None, bad)

@@ -251,11 +251,20 @@ class Worker:
                 due = self.queue.next_schedule_fire()
         except QueueClosedError:
             raise
-        except Exception:
+        except Exception as exc:
             now = time.monotonic()
             if now - self._schedule_error_logged > 60:
                 self._schedule_error_logged = now
-                log.exception("periodic jobs could not be fired")
+                # One line (the error says what is damaged and what to do); the traceback only
+                # when debugging (-v or RINGQ_DEBUG=1), since the loop retries this every poll.
+                debug = log.isEnabledFor(logging.DEBUG) or bool(os.environ.get("RINGQ_DEBUG"))
+                log.error(
+                    "periodic jobs could not be fired (retried; logged at most once a minute): "
+                    "%s: %s",
+                    type(exc).__name__,
+                    exc,
+                    exc_info=exc if debug else None,
+                )
             return self.poll_interval
         return self.poll_interval if due is None else min(self.poll_interval, max(due, 0.0) + 0.001)
 

@@ -484,3 +484,48 @@ def test_the_schedule_table_holds_capacity_schedules(tmp_path):
     q.unschedule("s7")
     q.schedule("one-more", 0, every=3600)
     assert len(q.schedules()) == CAPACITY
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_ringq_work_logs_a_damaged_schedule_file_in_one_line(tmp_path, debug):
+    qdir = tmp_path / "qy"
+    q = Queue(qdir)
+    q.schedule("a", 1, every=0.05)
+    q.enqueue("job")
+    q.close()
+    _damaged(qdir / "default.sched", "flip")
+    _until(lambda: Queue(qdir).next_schedule_fire() <= 0)
+    (tmp_path / "h.py").write_text("def handle(job):\n    print('handled', job.payload)\n")
+    env = dict(os.environ)
+    env.pop("RINGQ_DEBUG", None)
+    if debug:
+        env["RINGQ_DEBUG"] = "1"
+    # idle for 1 s after the job: about ten lease-loop iterations, each retrying the schedules
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ringq",
+            "--dir",
+            str(qdir),
+            "work",
+            "h:handle",
+            "--idle-timeout",
+            "1",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "handled job" in proc.stdout
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    logged = [ln for ln in lines if "periodic jobs could not be fired" in ln]
+    assert len(logged) == 1, proc.stderr  # once, not once per loop
+    assert "ScheduleFileError" in logged[0] and "remove" in logged[0]
+    if debug:
+        assert "Traceback" in proc.stderr
+    else:
+        assert "Traceback" not in proc.stderr and lines == logged, proc.stderr

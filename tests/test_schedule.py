@@ -140,6 +140,17 @@ def test_cron_ticks_in_a_time_zone(tmp_path):
     assert [x.name for x in q.schedules()] == ["nightly", "sec"]
 
 
+@pytest.mark.parametrize(
+    "tz", [None, 0, 1.5, b"UTC", ZoneInfo("UTC"), ["UTC"], "", "UTC/", "../etc/passwd", "A" * 5000]
+)
+@pytest.mark.parametrize("timing", [{"cron": "* * * * *"}, {"every": 60}])
+def test_a_bad_time_zone_is_a_value_error(tmp_path, tz, timing):
+    q = Queue(tmp_path)
+    with pytest.raises(ValueError, match="time zone"):
+        q.schedule("bad", 1, tz=tz, **timing)
+    assert q.schedules() == []
+
+
 def test_arguments_are_checked(tmp_path):
     q = Queue(tmp_path)
     for kw in [

@@ -438,6 +438,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if damage else 0
 
 
+def _port(text: str) -> int:
+    """An argparse type: a TCP port number, 0 (a free one) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}: not an integer 0 to 65535") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"invalid port {port}: must be 0 (a free one) to 65535")
+    return port
+
+
 def _load_handler(spec: str) -> Callable[[Job], Any]:
     """Import ``module:function`` (dotted attributes allowed after the colon) from the cwd or sys.path."""
     mod_name, sep, attr = spec.partition(":")
@@ -838,13 +849,13 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--poll-interval", type=_ranged("--poll-interval", float, 0, above=True),
                    help="seconds an idle thread sleeps before re-checking stop (default 0.1; new jobs wake it at once)")
 
-    w.add_argument("--metrics-port", type=_ranged("--metrics-port", int, 0, 65535), help="serve Prometheus metrics on 127.0.0.1:PORT while working")
+    w.add_argument("--metrics-port", type=_port, help="serve Prometheus metrics on 127.0.0.1:PORT while working")
 
     me = cmd("metrics", cmd_metrics, "serve Prometheus metrics of the queue on 127.0.0.1 (needs ringq[metrics])")
-    me.add_argument("--port", type=_ranged("--port", int, 0, 65535), default=9464, help="TCP port (default 9464; 0: a free one)")
+    me.add_argument("--port", type=_port, default=9464, help="TCP port (default 9464; 0: a free one)")
 
     da = cmd("dashboard", cmd_dashboard, "serve a local web dashboard on 127.0.0.1 (needs ringq[dashboard])")
-    da.add_argument("--port", type=_ranged("--port", int, 0, 65535), default=8765, help="TCP port (default 8765; 0: a free one)")
+    da.add_argument("--port", type=_port, default=8765, help="TCP port (default 8765; 0: a free one)")
     da.add_argument("--allow-actions", action="store_true",
                     help="allow requeue, discard and purge from the browser (default: read-only)")
 

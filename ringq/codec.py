@@ -104,7 +104,9 @@ def encode(payload: Any) -> tuple[int, bytes]:
     at any depth.  What comes back from :func:`decode`:
 
     * arrays keep dtype (byte order, structured fields), shape and values; they come back
-      C-contiguous and writable;
+      C-contiguous and writable, as ``numpy.ndarray`` (a ``numpy.memmap`` too).  Other ndarray
+      subclasses (``numpy.ma.MaskedArray``, ``numpy.matrix``, ...) carry state the bytes do not,
+      and are refused;
     * numpy scalars keep their type (``np.int8(3)`` stays ``np.int8``), except ``np.float64``,
       ``np.str_`` and ``np.bytes_``, which *are* Python ``float``, ``str`` and ``bytes``
       (subclasses) and come back as those, wherever they are;
@@ -112,14 +114,14 @@ def encode(payload: Any) -> tuple[int, bytes]:
     * tuples come back as lists and dict keys are strings, as in JSON.
 
     Raises:
-        SerializationError: the payload holds something else (a set, an object array, a NaN
-            Python float, a cycle, ...); the message names the offending type and where it is.
+        SerializationError: the payload holds something else (a set, an object array, an
+            ndarray subclass, a NaN Python float, a cycle, ...); the message names the offending
+            type and where it is.
     """
     if isinstance(payload, (bytes, bytearray, memoryview)):
         return BYTES, bytes(payload)
     if isinstance(payload, np.ndarray):
-        if payload.dtype.hasobject:
-            raise SerializationError("numpy arrays of dtype object cannot be stored (no pickle)")
+        _check_array(payload, "payload")
         header = json.dumps({"dtype": _spec(payload.dtype), "shape": list(payload.shape)}).encode()
         data = np.ascontiguousarray(payload).tobytes()
         return NDARRAY, _U32.pack(len(header)) + header + data
@@ -136,6 +138,23 @@ def encode(payload: Any) -> tuple[int, bytes]:
         raise SerializationError(f"payload is not JSON-serialisable: {exc}") from None
     except UnicodeEncodeError as exc:
         raise SerializationError(f"payload holds text that is not valid Unicode: {exc}") from None
+
+
+def _check_array(obj: np.ndarray, where: str) -> None:
+    """Refuse what a plain array's dtype, shape and bytes cannot carry back exactly."""
+    if type(obj) is not np.ndarray and not isinstance(obj, np.memmap):
+        # A subclass keeps state outside the data (a masked array's mask, a matrix's 2-d
+        # semantics); stored as its data it would come back as a plain array and lose it.
+        cls = type(obj)
+        raise SerializationError(
+            f"{where} is a {cls.__module__}.{cls.__qualname__}, a numpy array subclass, which "
+            "cannot be stored exactly (plain numpy.ndarray only; convert it, e.g. a masked "
+            "array to its .data and .mask arrays)"
+        )
+    if obj.dtype.hasobject:
+        raise SerializationError(
+            f"{where} is a numpy array of dtype object, which cannot be stored (no pickle)"
+        )
 
 
 def _spec(dt: np.dtype) -> Any:
@@ -183,10 +202,7 @@ def _to_tree(obj: Any, blocks: _Blocks, where: str, stack: set[int]) -> Any:
     if isinstance(obj, (bytes, bytearray, memoryview)):
         return {_TAG_BYTES: blocks.add(bytes(obj))}
     if isinstance(obj, np.ndarray):
-        if obj.dtype.hasobject:
-            raise SerializationError(
-                f"{where} is a numpy array of dtype object, which cannot be stored (no pickle)"
-            )
+        _check_array(obj, where)
         return {
             _TAG_ARRAY: [
                 *blocks.add(np.ascontiguousarray(obj).tobytes()),

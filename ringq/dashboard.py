@@ -2,6 +2,14 @@
 
 ``ringq --dir DIR dashboard --port N`` serves it on 127.0.0.1 only.  It is read-only unless
 started with ``--allow-actions``: requeue, discard and purge are POSTs refused with 403 otherwise.
+
+Every request must name the dashboard itself in its ``Host`` header (``127.0.0.1:PORT``,
+``localhost:PORT`` or ``[::1]:PORT``), else 403: a page of another site that rebinds its own name
+to 127.0.0.1 (DNS rebinding) is refused.  Every state-changing request (any method but GET, HEAD,
+OPTIONS) must also come from the dashboard's own origin (``Origin`` header, or ``Referer`` when a
+browser sends no ``Origin``) and carry the per-process secret token of the served pages in the
+``X-Ringq-CSRF`` header, else 403: a cross-site form post or ``fetch`` cannot supply it
+(cross-site request forgery, OWASP's "synchronizer token" defence).
 Pages refresh live from a server-sent event stream (``/events``) that sends the overview once a
 second; the overview chart (throughput and error rate over time) is inline SVG drawn by the
 page's own script from those events, so nothing is fetched from elsewhere.
@@ -26,8 +34,10 @@ endpoint                   same JSON as
 from __future__ import annotations
 
 import asyncio
+import hmac
 import html
 import json
+import secrets
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -47,9 +57,65 @@ from . import view
 from .errors import JobNotFoundError, NotLeasedError
 from .queue import Queue
 
-__all__ = ["make_app", "serve", "EVENT_INTERVAL"]
+__all__ = ["make_app", "serve", "EVENT_INTERVAL", "CSRF_HEADER", "LOOPBACK_NAMES"]
 
 EVENT_INTERVAL = 1.0  # seconds between server-sent overview events
+CSRF_HEADER = "X-Ringq-CSRF"  # request header carrying the page's secret token on POSTs
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")  # host names a request may use
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class _Guard:
+    """ASGI middleware: the Host check on every request, origin and token on state changes.
+
+    ``port`` None accepts a loopback name with any port (for an application not yet bound).
+    """
+
+    def __init__(self, app: Any, port: int | None, token: str) -> None:
+        self.app = app
+        self.port = port
+        self.token = token
+
+    def _host_ok(self, host: str) -> bool:
+        name, sep, port = host.rpartition(":")
+        if not sep or name.lower() not in LOOPBACK_NAMES or not port.isdigit():
+            return False
+        return self.port is None or int(port) == self.port
+
+    def refusal(self, scope: dict[str, Any]) -> str | None:
+        """Why the request is refused, or None to let it through."""
+        headers: dict[str, str] = {}
+        for k, v in scope.get("headers", []):
+            headers.setdefault(k.decode("latin-1").lower(), v.decode("latin-1"))
+        host = headers.get("host", "")
+        if not self._host_ok(host):
+            return f"Host header {host!r} is not this dashboard (use http://127.0.0.1:PORT/)"
+        if scope.get("method", "GET") in SAFE_METHODS:
+            return None
+        own = f"http://{host}"
+        origin = headers.get("origin")
+        if origin is not None:
+            if origin.lower() != own.lower():
+                return f"cross-origin request from {origin!r} refused"
+        else:
+            referer = headers.get("referer")
+            if referer is None or not (referer.lower() + "/").startswith(own.lower() + "/"):
+                return "a state-changing request needs a same-origin Origin or Referer header"
+        sent = headers.get(CSRF_HEADER.lower(), "")
+        if not hmac.compare_digest(sent.encode("latin-1"), self.token.encode()):
+            return f"missing or wrong {CSRF_HEADER} token (actions are sent from the dashboard's pages)"
+        return None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] in ("http", "websocket"):
+            why = self.refusal(scope)
+            if why is not None:
+                if scope["type"] == "websocket":
+                    await send({"type": "websocket.close", "code": 1008})
+                    return
+                await JSONResponse({"error": why}, status_code=403)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class _State:
@@ -58,6 +124,7 @@ class _State:
     def __init__(self, queue: Queue, allow_actions: bool) -> None:
         self.queue = queue
         self.allow_actions = allow_actions
+        self.token = secrets.token_urlsafe(32)  # this process's CSRF token, embedded in pages
         self.lock = threading.Lock()
         self.last_verify: dict[str, Any] | None = None
 
@@ -74,8 +141,12 @@ class _State:
         return result
 
 
-def make_app(queue: Queue, *, allow_actions: bool = False) -> Starlette:
-    """The ASGI application for ``queue``.  ``allow_actions`` enables the POST actions."""
+def make_app(queue: Queue, *, allow_actions: bool = False, port: int | None = None) -> Any:
+    """The ASGI application for ``queue``.  ``allow_actions`` enables the POST actions.
+
+    ``port``: the TCP port the application is served on; requests whose ``Host`` header names
+    another port, or a name other than ``LOOPBACK_NAMES``, get 403 (None: any port).
+    """
     st = _State(queue, allow_actions)
     q = queue
 
@@ -198,14 +269,17 @@ def make_app(queue: Queue, *, allow_actions: bool = False) -> Starlette:
         Route("/api/actions/purge", action(purge), methods=["POST"]),
         Route("/favicon.ico", lambda _r: Response(status_code=204)),
     ]
-    return Starlette(routes=routes)
+    return _Guard(Starlette(routes=routes), port, st.token)
 
 
 def serve(queue: Queue, port: int, *, allow_actions: bool = False, ready: Any = None) -> None:
     """Serve the dashboard on ``127.0.0.1:port`` until interrupted (port 0: a free one).
 
-    ``ready(port)`` is called once the socket listens.  Raises OSError if the port is taken.
+    ``ready(port)`` is called once the socket listens.  Raises OSError if the port is taken,
+    ValueError if ``port`` is not an int from 0 to 65535.
     """
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"port must be a TCP port 0..65535, got {port!r}")
     import socket
 
     import uvicorn
@@ -215,7 +289,9 @@ def serve(queue: Queue, port: int, *, allow_actions: bool = False, ready: Any = 
     sock.bind(("127.0.0.1", port))
     sock.listen(64)
     config = uvicorn.Config(
-        make_app(queue, allow_actions=allow_actions), log_level="warning", lifespan="off"
+        make_app(queue, allow_actions=allow_actions, port=sock.getsockname()[1]),
+        log_level="warning",
+        lifespan="off",
     )
     server = uvicorn.Server(config)
     if ready is not None:
@@ -256,7 +332,7 @@ const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({"&":"&amp;","<":"&lt;"
 const fmtAge = (s) => s == null ? "-" : s < 60 ? s.toFixed(1) + " s" : (s / 60).toFixed(1) + " min";
 async function getJSON(url) { const r = await fetch(url); if (!r.ok) throw new Error(url + ": " + r.status); return r.json(); }
 async function act(url) {
-  const r = await fetch(url, {method: "POST"});
+  const r = await fetch(url, {method: "POST", headers: {[CSRF_HEADER]: CSRF_TOKEN}});
   const body = await r.json();
   $("msg").textContent = r.ok ? JSON.stringify(body) : ("refused (" + r.status + "): " + body.error);
   $("msg").className = r.ok ? "" : "warn";
@@ -434,9 +510,10 @@ def _layout(current: str, body: str, st: _State) -> str:
     )
     mode = "actions allowed" if st.allow_actions else "read-only"
     title = html.escape(f"ringq: {st.queue.name}")
+    consts = f"const CSRF_HEADER = {json.dumps(CSRF_HEADER)}, CSRF_TOKEN = {json.dumps(st.token)};"
     return (
         f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
         f"<style>{STYLE}</style></head><body><header><strong>{title}</strong>{nav}"
         f'<span id="live">connecting...</span><span class="ro" id="mode">{mode}</span></header>'
-        f'<main><div id="msg"></div><script>{SCRIPT}</script>{body}</main></body></html>'
+        f'<main><div id="msg"></div><script>{consts}{SCRIPT}</script>{body}</main></body></html>'
     )

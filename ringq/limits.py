@@ -35,6 +35,7 @@ import fcntl
 import hashlib
 import heapq
 import math
+import numbers
 import os
 import random
 import struct
@@ -83,6 +84,8 @@ U_EXPIRES, U_ID = 8, 32
 LATE_SLACK = (
     0.05  # seconds of tokens the default burst holds: a consumer woken late keeps its token
 )
+MAX_UNIQUE_FOR = 86400 * 366 * 30  # seconds: the longest unique window (about 30 years)
+BUCKET_SLACK_NS = 1_000_000_000  # a bucket time this far past its possible maximum is damage
 CAP_RECHECK = 0.25  # seconds a lease blocked only by caps sleeps before trying again
 REOFFER = 8  # blocked jobs per limit offered again per lease attempt
 
@@ -96,7 +99,7 @@ class LimitInfo:
         concurrency: most leases of jobs with this key held at once, or None.
         rate: ``(count, per seconds)``, or None.
         burst: tokens the bucket holds when full: how many jobs may start at once after an idle
-            spell (default: the tokens of 50 ms, at least 2).
+            spell (default: the tokens of 50 ms, at least 2); None without a rate.
         running: leases holding a cap slot now (0 without a cap).
         next_token_in: seconds until the next token is due (0 if one is available; None without a rate).
     """
@@ -104,7 +107,7 @@ class LimitInfo:
     name: str
     concurrency: int | None
     rate: tuple[int, float] | None
-    burst: int
+    burst: int | None
     running: int
     next_token_in: float | None
 
@@ -138,6 +141,28 @@ class _Ticket:
 
     slots: list[tuple[int, int]] = field(default_factory=list)
     tokens: list[tuple[int, int]] = field(default_factory=list)
+
+
+def _check_rate(rate: Any) -> tuple[int, float]:
+    """``(count, per)`` of a rate: a 2-tuple (or list) of an int >= 1 and finite seconds > 0."""
+    ok = isinstance(rate, (tuple, list)) and len(rate) == 2
+    if ok:
+        n, per = rate
+        ok = (
+            isinstance(n, numbers.Integral)
+            and not isinstance(n, bool)
+            and 1 <= n <= 0xFFFFFFFF
+            and isinstance(per, numbers.Real)
+            and not isinstance(per, bool)
+            and math.isfinite(per)
+            and per > 0
+        )
+    if not ok:
+        raise LimitError(
+            "rate must be a 2-tuple (count, per): an int count in [1, 2**32 - 1] and a finite "
+            f"number of seconds per > 0, got {rate!r}"
+        )
+    return int(n), float(per)
 
 
 def _lock_off(index: int, j: int) -> int:
@@ -378,18 +403,10 @@ class LimitGate:
             )
         rate_n, per = 0, 0.0
         if rate is not None:
-            try:
-                rate_n, per = int(rate[0]), float(rate[1])
-                bad = (
-                    rate_n != rate[0]
-                    or not 1 <= rate_n <= 0xFFFFFFFF
-                    or not (math.isfinite(per) and per > 0)
-                )
-            except (TypeError, ValueError, IndexError):
-                bad = True
-            if bad:
-                raise LimitError(f"rate must be (count >= 1, per seconds > 0), got {rate!r}")
-        if burst is not None and (not isinstance(burst, int) or not 1 <= burst <= 0xFFFFFFFF):
+            rate_n, per = _check_rate(rate)
+        if burst is not None and (
+            not isinstance(burst, int) or isinstance(burst, bool) or not 1 <= burst <= 0xFFFFFFFF
+        ):
             raise LimitError(f"burst must be an int >= 1, got {burst!r}")
         if burst is not None and rate is None:
             raise LimitError("burst applies to a rate limit: give rate=(count, per) too")
@@ -439,14 +456,14 @@ class LimitGate:
                 nxt = None
                 if lim.rate_n and m is not None:
                     tau = (lim.burst - 1) * lim.interval_ns
-                    tat = m.load64(OFF_ENTRIES + lim.index * ENTRY + E_BUCKET)
-                    nxt = max(0.0, (tat - tau - time.time_ns()) / 1e9)
+                    tat, now = self._bucket(lim)
+                    nxt = max(0.0, (tat - tau - now) / 1e9)
                 out.append(
                     LimitInfo(
                         name,
                         lim.concurrency or None,
                         (lim.rate_n, lim.per) if lim.rate_n else None,
-                        lim.burst,
+                        lim.burst if lim.rate_n else None,
                         running,
                         nxt,
                     )
@@ -562,13 +579,35 @@ class LimitGate:
         interval = lim.interval_ns
         tau = (lim.burst - 1) * interval
         while True:
-            tat = m.load64(off)
-            now = time.time_ns()
+            tat, now = self._bucket(lim)
             base = max(tat, now)
             if base - now > tau:
                 return base - tau
             if m.cas64(off, tat, base + interval)[0]:
                 return 0
+
+    def _bucket(self, lim: _Limit) -> tuple[int, int]:
+        """``(bucket word, now)`` of ``lim``, the word repaired if it is further ahead than any run
+        of takes can put it.  ``now`` is read after the word, so another process's take between
+        the two never makes the word look further ahead than it is.
+
+        Taking a token sets the word to at most ``now + burst * per / n``; a word beyond that (by
+        more than ``BUCKET_SLACK_NS``, for clocks of processes read a moment apart) is damage
+        (the word is outside the entry's CRC), which would hold the key back for as long.  It is
+        set to that maximum, an empty bucket: no token is granted that a real history could not
+        have left.
+        """
+        m = self._map
+        assert m is not None
+        off = OFF_ENTRIES + lim.index * ENTRY + E_BUCKET
+        while True:
+            tat = m.load64(off)
+            now = time.time_ns()
+            most = now + lim.burst * lim.interval_ns
+            if tat <= most + BUCKET_SLACK_NS:
+                return tat, now
+            if m.cas64(off, tat, most)[0]:
+                return most, now
 
     def _refund(self, index: int, interval: int) -> None:
         m = self._map
@@ -671,9 +710,12 @@ class LimitGate:
         if (
             isinstance(unique_for, bool)
             or not isinstance(unique_for, (int, float))
-            or not 0 < unique_for < 86400 * 366 * 30
+            or not 0 < unique_for < MAX_UNIQUE_FOR
         ):
-            raise LimitError(f"unique_for must be seconds > 0, got {unique_for!r}")
+            raise LimitError(
+                f"unique_for must be seconds > 0 and below {MAX_UNIQUE_FOR} (about 30 years), "
+                f"got {unique_for!r}"
+            )
         h = (
             int.from_bytes(hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest(), "little")
             | 1
@@ -742,8 +784,14 @@ class LimitMethods:
 
     _gate: LimitGate
 
-    def limit(self, name: str, *, concurrency: int | None = None, rate: tuple[int, float] | None = None,
-              burst: int | None = None) -> None:
+    def limit(
+        self,
+        name: str,
+        *,
+        concurrency: int | None = None,
+        rate: tuple[int, float] | None = None,
+        burst: int | None = None,
+    ) -> None:
         """Set the limit of key ``name`` (or of every job of this queue, when ``name`` is the
         queue's name), for every process on the host at once; it persists in ``<name>.limits``.
 
@@ -753,7 +801,8 @@ class LimitMethods:
                 freed by its ack or nack, or at once when its process dies.
             rate: ``(count, per)``: ``count`` leases per ``per`` seconds, spaced evenly (a token
                 bucket, exact across processes): in any span of ``t`` seconds at most
-                ``burst + t * count / per`` leases.
+                ``burst + t * count / per`` leases.  A 2-tuple: an int count (not a bool) in
+                1..2**32-1 and a finite number of seconds > 0.
             burst: tokens the bucket holds when full: how many leases may start at once after
                 an idle spell (default: the tokens of 50 ms, at least 2, so that a consumer
                 woken a few ms late does not lose its token).

@@ -176,7 +176,9 @@ def serve(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> tu
     """Serve ``registry`` at ``http://addr:port/metrics`` from a daemon thread.
 
     Returns ``(server, port)``; ``port=0`` picks a free port.  ``server.shutdown()`` stops it.
-    Raises OSError if the port is taken.
+    Raises OSError if the port is taken, ValueError if ``port`` is not an int from 0 to 65535.
     """
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"port must be a TCP port 0..65535, got {port!r}")
     server, _thread = start_http_server(port, addr=addr, registry=registry)
     return server, server.server_address[1]

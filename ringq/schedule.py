@@ -245,11 +245,17 @@ class _Def:
 
 
 def _zone(tz: str) -> Any:
+    """The ``ZoneInfo`` of ``tz``; ValueError for anything but the name of a known time zone."""
     from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+    if not isinstance(tz, str):
+        raise ValueError(
+            f"tz must be the name of a time zone (a str such as 'UTC' or 'Europe/Paris'), "
+            f"got {type(tz).__name__} {tz!r}"
+        )
     try:
         return ZoneInfo(tz)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
         raise ValueError(
             f"unknown time zone {tz!r} (an IANA name such as 'UTC' or 'Europe/Paris'): {exc}"
         ) from None
@@ -786,8 +792,17 @@ class ScheduleMethods:
                 sch = self.__dict__["_schedules_obj"] = Scheduler(self)  # type: ignore[arg-type]
             return sch
 
-    def schedule(self, name: str, payload: Any, *, cron: str | None = None, every: float | None = None,
-                 tz: str = "UTC", priority: int = 0, max_attempts: int | None = None) -> Schedule:
+    def schedule(
+        self,
+        name: str,
+        payload: Any,
+        *,
+        cron: str | None = None,
+        every: float | None = None,
+        tz: str = "UTC",
+        priority: int = 0,
+        max_attempts: int | None = None,
+    ) -> Schedule:
         """Create or replace the periodic job ``name``: one job with ``payload`` per tick.
 
         Give exactly one of ``every`` (seconds; ticks at creation + k * every) or ``cron`` (a
@@ -802,11 +817,19 @@ class ScheduleMethods:
         Returns:
             The :class:`Schedule` (``next_fire``: seconds since the Unix epoch).
         Raises:
-            ValueError for a bad name, cron expression, time zone, interval or priority;
+            ValueError for a bad name, cron expression, time zone (not a str naming a known
+            IANA zone), interval or priority;
             SerializationError for the payload; ScheduleFileError for a damaged schedule file.
         """
-        return self._scheduler().add(name, payload, cron=cron, every=every, tz=tz, priority=priority,
-                                     max_attempts=max_attempts)
+        return self._scheduler().add(
+            name,
+            payload,
+            cron=cron,
+            every=every,
+            tz=tz,
+            priority=priority,
+            max_attempts=max_attempts,
+        )
 
     def schedules(self) -> list[Schedule]:
         """The periodic jobs of this queue (:class:`Schedule`), oldest first."""

@@ -101,7 +101,8 @@ class Worker:
     the queue, each tick enqueues one job (docs/schedules.md).
 
     Raises:
-        ValueError: concurrency < 1, processes < 0, heartbeat <= 0, max_restarts < 0.
+        ValueError: concurrency < 1, processes < 0, heartbeat <= 0, max_restarts < 0,
+            metrics_port not an int from 0 to 65535.
     """
 
     def __init__(
@@ -124,6 +125,12 @@ class Worker:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         if processes < 0:
             raise ValueError(f"processes must be >= 0, got {processes}")
+        if metrics_port is not None and (
+            isinstance(metrics_port, bool)
+            or not isinstance(metrics_port, int)
+            or not 0 <= metrics_port <= 65535
+        ):
+            raise ValueError(f"metrics_port must be a TCP port 0..65535, got {metrics_port!r}")
         self.queue = queue
         self.handler = handler
         self.concurrency = concurrency
@@ -247,11 +254,20 @@ class Worker:
                 due = self.queue.next_schedule_fire()
         except QueueClosedError:
             raise
-        except Exception:
+        except Exception as exc:
             now = time.monotonic()
             if now - self._schedule_error_logged > 60:
                 self._schedule_error_logged = now
-                log.exception("periodic jobs could not be fired")
+                # One line (the error says what is damaged and what to do); the traceback only
+                # when debugging (-v or RINGQ_DEBUG=1), since the loop retries this every poll.
+                debug = log.isEnabledFor(logging.DEBUG) or bool(os.environ.get("RINGQ_DEBUG"))
+                log.error(
+                    "periodic jobs could not be fired (retried; logged at most once a minute): "
+                    "%s: %s",
+                    type(exc).__name__,
+                    exc,
+                    exc_info=exc if debug else None,
+                )
             return self.poll_interval
         return self.poll_interval if due is None else min(self.poll_interval, max(due, 0.0) + 0.001)
 

@@ -539,3 +539,35 @@ def test_every_numeric_option_out_of_range_is_a_usage_error(tmp_path, capsys, co
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "must be" in err and value in err, err
     assert not (tmp_path / "q").exists()  # refused before anything ran
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("dashboard", "--port", "99999"),
+        ("dashboard", "--port", "-1"),
+        ("dashboard", "--port", "http"),
+        ("metrics", "--port", "99999"),
+        ("metrics", "--port", "65536"),
+        ("work", "json:loads", "--metrics-port", "70000"),
+    ],
+)
+def test_a_port_out_of_range_is_a_one_line_error(tmp_path, args):
+    err = one_line_error(ringq(tmp_path / "q", *args, rc=None))
+    assert "invalid port" in err and "65535" in err
+
+
+def test_worker_and_servers_refuse_a_port_out_of_range(tmp_path):
+    from ringq import Worker
+
+    with Queue(str(tmp_path / "q")) as q:
+        for bad in (-1, 65536, 99999, True, 1.5, "8080"):
+            with pytest.raises(ValueError, match="0..65535"):
+                Worker(q, print, metrics_port=bad)
+            for module in ("ringq.dashboard", "ringq.metrics"):
+                try:
+                    serve = importlib.import_module(module).serve
+                except ImportError:
+                    continue  # the extra is not installed
+                with pytest.raises(ValueError, match="0..65535"):
+                    serve(q, bad) if module == "ringq.dashboard" else serve(None, bad)

@@ -228,3 +228,46 @@ def test_mixed_payload_through_a_queue_and_another_process(tmp_path):
         "image": {"$ndarray": {"dtype": ">f4", "shape": [7]}},
         "meta": {"id": 7, "blob": {"$bytes": 2}, "k": {"$scalar": {"dtype": "<u2", "value": "9"}}},
     }
+
+
+@pytest.mark.parametrize(
+    "payload, where, cls",
+    [
+        (np.ma.array([1, 2, 3], mask=[0, 1, 0]), "payload is a", "numpy.ma.MaskedArray"),
+        ({"m": np.ma.array([1.0, 2.0], mask=[1, 0])}, "payload['m'] is a", "MaskedArray"),
+        (
+            [b"x", {"k": [np.ma.masked_invalid([1.0, 2.0])]}],
+            "payload[1]['k'][0] is a",
+            "MaskedArray",
+        ),
+        ({"m": np.ma.masked}, "payload['m'] is a", "MaskedConstant"),
+        (np.matrix([[1, 2], [3, 4]]), "payload is a", "numpy.matrix"),
+        ({"x": np.matrix([[1, 2]]), "n": 1}, "payload['x'] is a", "numpy.matrix"),
+        (np.rec.array([(1, 2.0)], dtype=[("a", "i4"), ("b", "f8")]), "payload is a", "recarray"),
+    ],
+)
+def test_an_ndarray_subclass_is_refused_not_stored_as_a_plain_array(tmp_path, payload, where, cls):
+    with Queue(str(tmp_path / "q")) as q:
+        with pytest.raises(SerializationError, match="array subclass") as info:
+            q.enqueue(payload)
+        assert where in str(info.value) and cls in str(info.value)
+        with pytest.raises(SerializationError):
+            q.enqueue_many([{"ok": 1}, payload])  # never half a batch
+        assert q.stats().ready == 0
+        # the plain data of the same array is stored, and the mask can travel beside it
+        m = np.ma.array([1, 2, 3], mask=[0, 1, 0])
+        q.enqueue({"data": m.data, "mask": np.ma.getmaskarray(m)})
+        got = q.lease_one().payload
+        back = np.ma.array(got["data"], mask=got["mask"])
+        assert back.mask.tolist() == [False, True, False] and back.sum() == 4
+
+
+def test_a_memmap_is_stored_as_its_values(tmp_path):
+    mm = np.memmap(tmp_path / "m.bin", dtype="<i4", mode="w+", shape=(4,))
+    mm[:] = [1, 2, 3, 4]
+    with Queue(str(tmp_path / "q")) as q:
+        q.enqueue(mm)
+        q.enqueue({"m": mm[1:]})
+        a, b = q.lease(2)
+        assert type(a.payload) is np.ndarray and a.payload.tolist() == [1, 2, 3, 4]
+        assert type(b.payload["m"]) is np.ndarray and b.payload["m"].tolist() == [2, 3, 4]

@@ -247,3 +247,78 @@ def test_json_endpoints_match_the_cli(qdir):
             assert served == json.loads(cli.stdout), endpoint
     finally:
         stop(proc)
+
+
+def _http(url: str, path: str, method: str = "GET", headers: dict | None = None) -> tuple[int, str]:
+    """One request over a real socket with exactly these headers (Host included)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    try:
+        headers = dict(headers or {})
+        conn.putrequest(method, path, skip_host="Host" in headers, skip_accept_encoding=True)
+        for k, v in headers.items():
+            conn.putheader(k, v)
+        conn.endheaders(b"" if method == "POST" else None)
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode()
+    finally:
+        conn.close()
+
+
+def test_dns_rebinding_and_cross_site_requests_are_refused(qdir):
+    import re
+    from urllib.parse import urlsplit
+
+    fill(qdir)
+    proc, url = start_dashboard(qdir, "--allow-actions")
+    port = urlsplit(url).port
+    own = f"127.0.0.1:{port}"
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    try:
+        # Host check on every request: a rebound name, with or without the port, gets nothing
+        for host in ("evil.example", f"evil.example:{port}", "127.0.0.1", f"127.0.0.1:{port + 1}"):
+            status, body = _http(url, "/api/stats", headers={"Host": host})
+            assert status == 403, host
+            assert "ready" not in body
+        for host in (own, f"localhost:{port}", f"[::1]:{port}"):
+            assert _http(url, "/api/stats", headers={"Host": host})[0] == 200, host
+        status, page = _http(url, "/page/dead", headers={"Host": own})
+        assert status == 200
+        token = re.search(r'CSRF_TOKEN = "([^"]+)"', page).group(1)
+        tok = {"X-Ringq-CSRF": token}
+
+        refused = [
+            # a form post from another site (a "simple" request, no preflight)
+            {"Host": own, "Origin": "http://evil.example", **form},
+            # DNS rebinding: the browser sends the attacker's name as Host and Origin
+            {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}", **form},
+            {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}", **tok},
+            # same origin but no token (or a wrong one), as a plain HTML form would send
+            {"Host": own, "Origin": f"http://{own}", **form},
+            {"Host": own, "Origin": f"http://{own}", "X-Ringq-CSRF": token[:-1] + "x"},
+            # the token alone, with neither Origin nor Referer
+            {"Host": own, **tok},
+            {"Host": own, "Referer": "http://evil.example/", **tok},
+            {"Host": own, "Referer": f"http://{own}.evil.example/", **tok},
+            {"Host": own, "Origin": "null", **tok},
+        ]
+        for action in ("requeue", "purge"):
+            for headers in refused:
+                status, body = _http(url, "/api/actions/" + action, "POST", headers)
+                assert status == 403, (action, headers)
+                assert "error" in json.loads(body)
+        assert Queue(qdir).stats().dead == 3  # nothing changed
+
+        # the dashboard's own page: same origin (Origin, or Referer alone) and the token
+        ok = {"Host": own, "Referer": f"http://{own}/page/dead", **tok}
+        status, body = _http(url, "/api/actions/requeue", "POST", ok)
+        assert status == 200 and json.loads(body) == {"requeued": 3}
+        ok = {"Host": f"localhost:{port}", "Origin": f"http://localhost:{port}", **tok}
+        status, body = _http(url, "/api/actions/purge", "POST", ok)
+        assert status == 200 and json.loads(body)["purged"] > 0
+        assert Queue(qdir).stats().ready == 0
+    finally:
+        stop(proc)

@@ -231,6 +231,14 @@ def test_unique_window_whose_job_retired(qdir):
         {"rate": (5, float("nan"))},
         {"rate": (1.5, 1.0)},
         {"rate": "fast"},
+        {"rate": (1, 2, 3)},
+        {"rate": (1,)},
+        {"rate": (True, 1)},
+        {"rate": (1, True)},
+        {"rate": (1, "2")},
+        {"rate": (1, float("inf"))},
+        {"rate": {1: 2}},
+        {"rate": (5, 1.0), "burst": True},
         {"burst": 3},
     ],
 )
@@ -250,7 +258,11 @@ def test_bad_keys_and_windows_are_refused(qdir):
         q.enqueue(1, unique_for=5)
     with pytest.raises(LimitError):
         q.enqueue(1, key="k", unique_for=-1)
-    assert q.stats().ready == 0
+    for too_long in (1e30, float("inf"), ringq.limits.MAX_UNIQUE_FOR):
+        with pytest.raises(LimitError, match=f"below {ringq.limits.MAX_UNIQUE_FOR} "):
+            q.enqueue(1, key="k", unique_for=too_long)
+    q.enqueue(1, key="k", unique_for=ringq.limits.MAX_UNIQUE_FOR - 1)
+    assert q.stats().ready == 1
 
 
 def test_limit_table_full_and_removal(qdir):
@@ -368,3 +380,34 @@ def test_docs_example_runs_verbatim(tmp_path):
     q = Queue(str(tmp_path / "jobs"))
     assert [i.name for i in q.limits()] == ["api", "jobs-queue-name"]
     assert q.stats().ready == 2
+
+
+@pytest.mark.parametrize("word", [2**63, 2**64 - 1, None])
+def test_a_bucket_word_beyond_its_possible_maximum_is_repaired_on_read(qdir, word):
+    q = Queue(qdir)
+    q.limit("r", rate=(2, 1.0), burst=2)
+    q.close()
+    path = os.path.join(qdir, "default.limits")
+    if word is None:  # one hour ahead of now: no run of takes gets past now + burst * per / n
+        word = time.time_ns() + 3600 * 10**9
+    with open(path, "r+b") as f:  # limit entry 0's bucket word (docs/limits.md has the layout)
+        f.seek(4096 + 32)
+        f.write(word.to_bytes(8, "little"))
+    q = Queue(qdir)
+    (info,) = q.limits()
+    assert 0 <= info.next_token_in <= 1.0 + 0.01  # at most one token's time away, an empty bucket
+    q.enqueue_many([1, 2], key="r")
+    deadline = time.monotonic() + 30
+    got = []
+    while len(got) < 2 and time.monotonic() < deadline:
+        got += q.lease(2, wait=1)
+    assert sorted(j.payload for j in got) == [1, 2]
+
+
+def test_a_limit_without_a_rate_has_no_burst(qdir):
+    q = Queue(qdir)
+    q.limit("c", concurrency=2)
+    q.limit("r", rate=(10, 1.0))
+    info = {i.name: i for i in q.limits()}
+    assert info["c"].burst is None and info["c"].to_dict()["burst"] is None
+    assert info["r"].burst == 2

@@ -140,6 +140,17 @@ def test_cron_ticks_in_a_time_zone(tmp_path):
     assert [x.name for x in q.schedules()] == ["nightly", "sec"]
 
 
+@pytest.mark.parametrize(
+    "tz", [None, 0, 1.5, b"UTC", ZoneInfo("UTC"), ["UTC"], "", "UTC/", "../etc/passwd", "A" * 5000]
+)
+@pytest.mark.parametrize("timing", [{"cron": "* * * * *"}, {"every": 60}])
+def test_a_bad_time_zone_is_a_value_error(tmp_path, tz, timing):
+    q = Queue(tmp_path)
+    with pytest.raises(ValueError, match="time zone"):
+        q.schedule("bad", 1, tz=tz, **timing)
+    assert q.schedules() == []
+
+
 def test_arguments_are_checked(tmp_path):
     q = Queue(tmp_path)
     for kw in [
@@ -484,3 +495,48 @@ def test_the_schedule_table_holds_capacity_schedules(tmp_path):
     q.unschedule("s7")
     q.schedule("one-more", 0, every=3600)
     assert len(q.schedules()) == CAPACITY
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_ringq_work_logs_a_damaged_schedule_file_in_one_line(tmp_path, debug):
+    qdir = tmp_path / "qy"
+    q = Queue(qdir)
+    q.schedule("a", 1, every=0.05)
+    q.enqueue("job")
+    q.close()
+    _damaged(qdir / "default.sched", "flip")
+    _until(lambda: Queue(qdir).next_schedule_fire() <= 0)
+    (tmp_path / "h.py").write_text("def handle(job):\n    print('handled', job.payload)\n")
+    env = dict(os.environ)
+    env.pop("RINGQ_DEBUG", None)
+    if debug:
+        env["RINGQ_DEBUG"] = "1"
+    # idle for 1 s after the job: about ten lease-loop iterations, each retrying the schedules
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ringq",
+            "--dir",
+            str(qdir),
+            "work",
+            "h:handle",
+            "--idle-timeout",
+            "1",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "handled job" in proc.stdout
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    logged = [ln for ln in lines if "periodic jobs could not be fired" in ln]
+    assert len(logged) == 1, proc.stderr  # once, not once per loop
+    assert "ScheduleFileError" in logged[0] and "remove" in logged[0]
+    if debug:
+        assert "Traceback" in proc.stderr
+    else:
+        assert "Traceback" not in proc.stderr and lines == logged, proc.stderr

@@ -62,9 +62,7 @@ def shown_word(reaper: Reaper, view: View, slot: int) -> int:
 def list_jobs(
     ring: Ring, index: Index, reaper: Reaper, which: JobState | str | None, limit: int | None
 ) -> list:
-    """Retained jobs in enqueue order (see Queue.list_jobs; ``limit`` None or 0: all).  Raises
-    ValueError for an unknown state."""
-    limit = limit or None
+    """Retained jobs in enqueue order (see Queue.list_jobs).  Raises ValueError for an unknown state."""
     want = {ST_READY, ST_LEASED, ST_DONE, ST_DEAD}
     delayed = which == "delayed"
     if delayed:

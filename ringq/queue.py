@@ -701,22 +701,18 @@ class Queue(LimitMethods, ScheduleMethods):
         """Retained jobs in enqueue order, optionally only those in ``state``, at most ``limit``.
 
         ``state`` is a :class:`JobState` (or its value) or ``"delayed"``: READY jobs not yet due
-        (``"ready"`` includes them, as in nobroker).  ``limit``: an int, the most jobs returned;
-        ``None`` or ``0`` means all (as ``ringq list --limit 0``).  Raises ValueError for an
-        unknown state or a limit that is negative or not an int.
+        (``"ready"`` includes them, as in nobroker).  ``limit=None`` means all.  Raises ValueError
+        for an unknown state or a negative limit.
         """
         self._live()
-        if limit is not None and (
-            not isinstance(limit, int) or isinstance(limit, bool) or limit < 0
-        ):
-            raise ValueError(f"limit must be an int >= 0 (0: all) or None, got {limit!r}")
-        limit = limit or None
+        if limit is not None and (not isinstance(limit, int) or limit < 0):
+            raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
         with self._lock:
             self._refresh()
             return admin.list_jobs(self._ring, self._index, self._reaper, state, limit)
 
     def dlq(self, *, limit: int | None = None) -> list[Job]:
-        """Dead-lettered jobs, oldest first; ``limit`` as in :meth:`list_jobs` (None or 0: all)."""
+        """Dead-lettered jobs, oldest first."""
         return self.list_jobs(JobState.DEAD, limit=limit)
 
     def requeue_dead(self, job_id: str | None = None) -> int:

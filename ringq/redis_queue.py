@@ -495,18 +495,9 @@ class RedisQueue:
     def list_jobs(
         self, state: JobState | str | None = None, *, limit: int | None = None, decode: bool = True
     ) -> list[Job]:
-        """Retained jobs in enqueue order, optionally only those in ``state``, at most ``limit``.
-
-        ``limit``: an int, the most jobs returned; ``None`` or ``0`` means all (as
-        ``ringq list --limit 0``).  Raises ValueError for an unknown state or a limit that is
-        negative or not an int.
-        """
-        if limit is not None and (
-            not isinstance(limit, int) or isinstance(limit, bool) or limit < 0
-        ):
-            raise ValueError(f"limit must be an int >= 0 (0: all) or None, got {limit!r}")
+        """Retained jobs in enqueue order, optionally only those in ``state``, at most ``limit``."""
         want = "" if state is None else JobState(state).value
-        out = self._run("list", [want, limit or -1])
+        out = self._run("list", [want, -1 if limit is None else limit])
         jobs = []
         for i in range(0, len(out), 2):
             try:
@@ -516,7 +507,7 @@ class RedisQueue:
         return jobs
 
     def dlq(self, *, limit: int | None = None) -> list[Job]:
-        """Dead-lettered jobs, oldest first; ``limit`` as in :meth:`list_jobs` (None or 0: all)."""
+        """Dead-lettered jobs, oldest first."""
         return self.list_jobs(JobState.DEAD, limit=limit)
 
     def requeue_dead(self, job_id: str | None = None) -> int:

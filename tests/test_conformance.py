@@ -321,19 +321,6 @@ def test_get_list_and_unknown_ids(q):
     assert q.get(leased.id).to_dict()["state"] == "leased"
 
 
-def test_list_limit_zero_means_all_as_on_the_command_line(q):
-    q.enqueue_many(["a", "b", "c"])
-    everything = [j.payload for j in q.list_jobs()]
-    assert everything == ["a", "b", "c"]
-    assert [j.payload for j in q.list_jobs(limit=0)] == everything
-    assert [j.payload for j in q.list_jobs("ready", limit=0)] == everything
-    assert [j.payload for j in q.list_jobs(limit=2)] == ["a", "b"]
-    assert q.dlq(limit=0) == []
-    for bad in (-1, True, 1.5, "2"):
-        with pytest.raises(ValueError, match="limit"):
-            q.list_jobs(limit=bad)
-
-
 def test_purge_removes_everything(q):
     q.enqueue_many(list(range(10)))
     q.enqueue("later", delay=100)

@@ -164,3 +164,19 @@ def test_heartbeats_never_report_a_job_their_worker_acked(qdir, caplog):
             stats = w.run()
     assert stats.succeeded == 3000 and stats.lost_leases == 0
     assert not [r for r in caplog.records if "heartbeat failed" in r.getMessage()]
+
+
+def test_a_reclaim_a_read_shows_is_never_counted_as_delayed(qdir):
+    # A read shows an expired lease as READY and due at the instant of the read; every count
+    # and filter of that read must use that same instant, however the clock ticks meanwhile.
+    with Queue(qdir, visibility_timeout=60) as q, Queue(qdir) as monitor:
+        q.enqueue("expires")
+        job = q.lease_one(visibility_timeout=0.05)
+        assert monitor.stats().leased == 1
+        while time.time() < job.lease_deadline + 0.01:
+            time.sleep(0.005)
+        for _ in range(3000):  # each read spans a millisecond tick now and then
+            st = monitor.stats()
+            assert (st.ready, st.delayed, st.leased) == (1, 0, 0), st
+            assert monitor.list_jobs("delayed") == []
+        assert monitor.get(job.id).state is JobState.READY

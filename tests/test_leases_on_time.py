@@ -176,7 +176,6 @@ def test_a_reclaim_a_read_shows_is_never_counted_as_delayed(qdir):
     with Queue(qdir, visibility_timeout=60) as q, Queue(qdir) as monitor:
         q.enqueue("expires")
         job = q.lease_one(visibility_timeout=0.05)
-        assert monitor.stats().leased == 1
         while time.time() < job.lease_deadline + 0.01:
             time.sleep(0.005)
         for _ in range(3000):  # each read spans a millisecond tick now and then

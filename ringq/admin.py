@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -80,7 +81,8 @@ def list_jobs(
             want = {k for k, v in STATE_OF.items() if v is js}
     now = now_ms()
     out = []
-    for _rank, view, slot, word in index.heads(want, reaper.show_reclaimed):
+    # One instant for the whole read: reclaims shown are due at ``now``, never delayed past it.
+    for _rank, view, slot, word in index.heads(want, partial(reaper.show_reclaimed, now=now)):
         if limit is not None and len(out) >= limit:
             break
         if delayed and view.seg.epoch_ms + rel_time(word) <= now:
@@ -104,7 +106,7 @@ def counts(ring: Ring, index: Index, reaper: Reaper) -> tuple[int, ...]:
         # One copy of the live table: every count below comes from the same instant of this
         # segment (two reads of the shared words could see a job in two states).
         tbl = np.array(seg.states[: seg.bounded_tail()])
-        reaper.show_reclaimed(view, tbl)
+        reaper.show_reclaimed(view, tbl, now=now)  # the instant ``delayed`` is counted at
         words = tbl[:, 0]
         st = np_state(words)
         c += np.bincount(st.astype(np.int64), minlength=8)
@@ -179,7 +181,9 @@ def discard_dead(ring: Ring, seg: Segment, slot: int) -> bool:
     return True
 
 
-def compact(queue: Any, ring: Ring, index: Index, relocator: Relocator, refresh: Callable[[], None]) -> None:
+def compact(
+    queue: Any, ring: Ring, index: Index, relocator: Relocator, refresh: Callable[[], None]
+) -> None:
     """Relocate stragglers of every sealed segment, then retire every finished one (thorough).
 
     Raises CompactionError (no job moved or lost) if a file operation fails.

@@ -35,6 +35,12 @@ ack only means a redelivery, so they are not synced one by one unless ``sync_ack
 syncs acks and nacks; a lost lease or extend only hands the job out again sooner).  A
 durable strategy flushes the state tables this process changed at most ``state_flush_interval``
 seconds later (the same flusher thread), which bounds the window docs/durability.md describes.
+
+The flusher is a daemon thread, and interpreter shutdown stops daemon threads wherever they
+are: one stopped inside a sync would hold the segment set's map lock forever, and a queue that
+is only closed at shutdown (never closed by its user) would wait for that lock at its close.  So
+an ``atexit`` hook, which runs while threads still run, stops and joins every flusher of the
+process first; the close at shutdown then flushes in the main thread alone.
 """
 
 from __future__ import annotations
@@ -82,8 +88,14 @@ class Strategy:
     name = "msync"
     durable = True  # an append that returned survives power loss
 
-    def __init__(self, ring: Ring, *, flush_interval: float, sync_acks: bool,
-                 state_flush_interval: float | None) -> None:
+    def __init__(
+        self,
+        ring: Ring,
+        *,
+        flush_interval: float,
+        sync_acks: bool,
+        state_flush_interval: float | None,
+    ) -> None:
         self.ring = ring
         self.flush_interval = flush_interval
         self.sync_acks = sync_acks
@@ -189,9 +201,13 @@ class Strategy:
 
     def counters(self) -> dict[str, int]:
         """This process's counters (see Queue.sync_counters)."""
-        return {"append_syncs": self.syncs, "covered": self.covered, "state_syncs": self.state_syncs,
-                "pending": len(self._pending) + len(self._dirty_state),
-                "flusher": int(self._flusher is not None and self._flusher.is_alive())}
+        return {
+            "append_syncs": self.syncs,
+            "covered": self.covered,
+            "state_syncs": self.state_syncs,
+            "pending": len(self._pending) + len(self._dirty_state),
+            "flusher": int(self._flusher is not None and self._flusher.is_alive()),
+        }
 
     def synced_position(self) -> int:
         """Group commit's synced-up-to watermark (a position, ringq/words.py); 0 if never raised."""
@@ -209,9 +225,14 @@ class Strategy:
             if _exiting or (self._flusher is not None and self._flusher.is_alive()):
                 return
             # The thread holds only a weak reference, so an unclosed queue can still be collected.
-            t = threading.Thread(target=_flusher_main, args=(weakref.ref(self), self._stop, self._period()),
-                                 name=f"ringq-flusher-{self.ring.name}", daemon=True)
+            t = threading.Thread(
+                target=_flusher_main,
+                args=(weakref.ref(self), self._stop, self._period()),
+                name=f"ringq-flusher-{self.ring.name}",
+                daemon=True,
+            )
             self._flusher = t
+            _FLUSHING.add(self)
             t.start()
 
     def flush(self) -> None:
@@ -234,11 +255,17 @@ class Strategy:
 
     def close(self) -> None:
         """Stop the flusher and flush what is pending (called by Ring.close, before unmapping)."""
+        self.stop_flusher()
+        self.flush()
+
+    def stop_flusher(self, timeout: float = 5.0) -> None:
+        """Stop this process's flusher thread and wait up to ``timeout`` seconds for it to end
+        (it ends after the sync it may be in)."""
         self._stop.set()
         t = self._flusher
         if t is not None and t is not threading.current_thread() and self._pid == os.getpid():
-            t.join(timeout=5.0)
-        self.flush()
+            t.join(timeout=timeout)
+        _FLUSHING.discard(self)
 
 
     def stop_at_exit(self) -> None:
@@ -281,7 +308,20 @@ class _AckBatch(threading.local):
         self.pending: dict[int, list] = {}  # seg seq -> [segment, first slot, end slot]
 
 
-def _flusher_main(ref: weakref.ReferenceType[Strategy], stop: threading.Event, period: float) -> None:
+_FLUSHING: weakref.WeakSet[Strategy] = weakref.WeakSet()  # strategies whose flusher was started
+
+
+@atexit.register
+def _stop_flushers() -> None:
+    """Before interpreter shutdown: stop every flusher while it can still finish its sync (see
+    the module docstring).  A sync under heavy I/O can take seconds: wait for it."""
+    for strategy in list(_FLUSHING):
+        strategy.stop_flusher(timeout=60.0)
+
+
+def _flusher_main(
+    ref: weakref.ReferenceType[Strategy], stop: threading.Event, period: float
+) -> None:
     while not stop.wait(period):
         strategy = ref()
         if strategy is None or strategy.ring.ctl is None:
@@ -339,7 +379,9 @@ class Group(Strategy):
     def _lead(self) -> int:
         if self._leader_fd < 0:
             path = os.path.join(self.ring.dir, f"{self.ring.name}.sync")
-            self._leader_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, self.ring.mode)
+            self._leader_fd = os.open(
+                path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, self.ring.mode
+            )
         return self._leader_fd
 
     def after_append(self, touched: dict[int, list[int]], end: int) -> None:
@@ -478,11 +520,23 @@ class Interval(Strategy):
         self._ensure_flusher()
 
 
-_BY_NAME = {"none": NoSync, "msync": MSync, "fdatasync": FDataSync, "group": Group, "interval": Interval}
+_BY_NAME = {
+    "none": NoSync,
+    "msync": MSync,
+    "fdatasync": FDataSync,
+    "group": Group,
+    "interval": Interval,
+}
 
 
-def make(ring: Ring, name: str, *, flush_interval: float = DEFAULT_FLUSH_INTERVAL, sync_acks: bool = False,
-         state_flush_interval: float | None | object = ...) -> Strategy:
+def make(
+    ring: Ring,
+    name: str,
+    *,
+    flush_interval: float = DEFAULT_FLUSH_INTERVAL,
+    sync_acks: bool = False,
+    state_flush_interval: float | None | object = ...,
+) -> Strategy:
     """The strategy object for ``name`` (one of :data:`STRATEGIES`).
 
     ``state_flush_interval`` defaults to DEFAULT_STATE_FLUSH_INTERVAL for every strategy but
@@ -498,6 +552,12 @@ def make(ring: Ring, name: str, *, flush_interval: float = DEFAULT_FLUSH_INTERVA
     if state_flush_interval is not None and not (
         isinstance(state_flush_interval, (int, float)) and state_flush_interval > 0
     ):
-        raise ValueError(f"state_flush_interval must be > 0 seconds or None, got {state_flush_interval!r}")
-    return _BY_NAME[name](ring, flush_interval=float(flush_interval), sync_acks=bool(sync_acks),
-                          state_flush_interval=state_flush_interval)
+        raise ValueError(
+            f"state_flush_interval must be > 0 seconds or None, got {state_flush_interval!r}"
+        )
+    return _BY_NAME[name](
+        ring,
+        flush_interval=float(flush_interval),
+        sync_acks=bool(sync_acks),
+        state_flush_interval=state_flush_interval,
+    )

@@ -157,17 +157,24 @@ class Reaper:
         return int(ok)
 
     def show_reclaimed(
-        self, view: View, tbl: np.ndarray, slots_of: np.ndarray | None = None
+        self,
+        view: View,
+        tbl: np.ndarray,
+        slots_of: np.ndarray | None = None,
+        now: int | None = None,
     ) -> None:
         """Rewrite, in ``tbl`` -- a private copy of rows of ``view``'s state table (state and owner
         word; row i is slot ``slots_of[i]``, or slot i if None) -- each lease that a reclaim would
-        end (expired, or held by a dead process) as the word the reclaim would write.  Never writes
-        to the queue."""
+        end (expired, or held by a dead process) as the word the reclaim would write, as of ``now``
+        (ms since the epoch; default: the clock now).  A caller that also compares the shown words
+        with a time must pass that same time: a shown reclaim is due at ``now``, so a later clock
+        reading here would make it look delayed.  Never writes to the queue."""
         words = tbl[:, 0]
         leased = np.flatnonzero(np_state(words) == ST_LEASED)
         if not len(leased):
             return
-        now = now_ms()
+        if now is None:
+            now = now_ms()
         seg = view.seg
         w = words[leased]
         own = tbl[leased, 1]

@@ -14,6 +14,7 @@ import sys
 import time
 
 import pytest
+from procs import spawn
 
 from ringq import Queue
 from ringq.codec import JSON
@@ -48,8 +49,13 @@ def test_strategy_round_trips_across_processes(tmp_path, durability):
         "    out.append(j.payload['i']); q.ack(j)\n"
         "print(json.dumps(out)); q.close()\n"
     )
-    res = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": ROOT}, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout) == list(range(100))
 
@@ -120,6 +126,7 @@ def test_group_commit_threads_share_syncs(tmp_path):
 
     n, threads = 200, 4
     with Queue(tmp_path, durability="group") as q:
+
         def run(w):
             for i in range(n):
                 q.enqueue({"t": w, "i": i})
@@ -142,7 +149,9 @@ def test_group_commit_in_forked_child_uses_its_own_leader_lock(tmp_path):
         if pid == 0:
             try:
                 before = q.sync_counters()["queue_append_syncs"]
-                q.enqueue("child")  # leads its own sync: the parent's leader lock is not the child's
+                q.enqueue(
+                    "child"
+                )  # leads its own sync: the parent's leader lock is not the child's
                 os._exit(0 if q.sync_counters()["queue_append_syncs"] == before + 1 else 3)
             except BaseException:
                 os._exit(4)
@@ -157,7 +166,9 @@ def test_interval_flusher_syncs_in_the_background(tmp_path):
     with Queue(tmp_path, durability="interval", flush_interval=0.01) as q:
         q.enqueue_many(list(range(10)))
         assert q.sync_counters()["append_syncs"] <= 1  # returned without syncing
-        assert _wait_for(lambda: q.sync_counters()["queue_append_syncs"] >= 1), "the flusher never synced"
+        assert _wait_for(lambda: q.sync_counters()["queue_append_syncs"] >= 1), (
+            "the flusher never synced"
+        )
         assert _wait_for(lambda: q.sync_counters()["pending"] == 0)
 
 
@@ -175,7 +186,9 @@ def test_sync_acks_syncs_acks_and_nacks(tmp_path):
     with Queue(tmp_path, sync_acks=True) as q:
         q.enqueue_many([1, 2])
         a, b = q.lease(2)
-        assert q.sync_counters()["state_syncs"] == 0  # a lost lease only means an earlier redelivery
+        assert (
+            q.sync_counters()["state_syncs"] == 0
+        )  # a lost lease only means an earlier redelivery
         q.extend(a, 10)
         assert q.sync_counters()["state_syncs"] == 0
         q.ack(a)
@@ -187,7 +200,9 @@ def test_state_changes_are_flushed_within_the_interval(tmp_path):
     with Queue(tmp_path, state_flush_interval=0.01) as q:
         q.enqueue(1)
         q.ack(q.lease_one())
-        assert _wait_for(lambda: q.sync_counters()["state_syncs"] >= 1), "state changes were never flushed"
+        assert _wait_for(lambda: q.sync_counters()["state_syncs"] >= 1), (
+            "state changes were never flushed"
+        )
         assert _wait_for(lambda: q.sync_counters()["pending"] == 0)
 
 
@@ -289,3 +304,31 @@ def test_group_commit_never_returns_before_a_sync_covers_the_record(tmp_path):
     for p in ps:
         p.join(60)
         assert p.exitcode == 0
+
+
+EXIT_WHILE_FLUSHING = r"""
+import sys
+from ringq import Queue
+q = Queue(sys.argv[1], state_flush_interval=0.001)  # the flusher syncs state pages all the time
+for _ in range(200):
+    for job in q.lease(50):
+        q.ack(job)
+# No close: the queue is closed while the interpreter shuts down, its flusher mid-sync or not.
+"""
+
+
+def test_a_process_exits_promptly_without_closing_its_queue(tmp_path):
+    qdir = str(tmp_path / "q")
+    with Queue(qdir) as q:
+        q.enqueue_many(list(range(4000)))
+    # Interpreter shutdown stops daemon threads wherever they are: a flusher stopped inside a
+    # sync must not leave the closing queue waiting for a lock it will never release.
+    for _ in range(12):
+        proc = spawn(EXIT_WHILE_FLUSHING, qdir)
+        try:
+            assert proc.wait(timeout=30) == 0
+        finally:
+            proc.kill()
+            proc.wait()
+        with Queue(qdir) as q:
+            q.enqueue_many(list(range(200)))

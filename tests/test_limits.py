@@ -110,7 +110,9 @@ RATED = r"""
 import json, sys, time
 from ringq import Queue
 q = Queue(sys.argv[1])
-start, end = float(sys.argv[2]), float(sys.argv[3])
+q.stats(), q.limits()  # map the segments and the limits file now, not in the window
+print("ready", flush=True)
+start, end = map(float, sys.stdin.readline().split())
 while time.time() < start:
     time.sleep(0.005)
 stamps = []
@@ -127,9 +129,14 @@ def test_rate_of_50_per_second_admits_250_in_5_seconds(qdir):
     q = Queue(qdir)
     q.limit("api", rate=(50, 1.0))
     q.enqueue_many([{"n": i} for i in range(400)], key="api")
-    start = time.time() + 2.0  # every consumer is up and waiting before the window opens
+    procs = [spawn(RATED, qdir, stdin=-1, stdout=-1, text=True) for _ in range(8)]
+    for p in procs:  # every consumer is up and waiting before the window opens
+        assert p.stdout.readline().strip() == "ready"
+    start = time.time() + 0.2
     end = start + 5.0
-    procs = [spawn(RATED, qdir, str(start), str(end), stdout=-1, text=True) for _ in range(8)]
+    for p in procs:
+        p.stdin.write(f"{start!r} {end!r}\n")
+        p.stdin.flush()
     stamps = [t for p in procs for t in json.loads(p.communicate(timeout=60)[0])]
     assert all(p.returncode == 0 for p in procs)
     admitted = sum(start <= t < end for t in stamps)

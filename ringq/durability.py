@@ -232,7 +232,6 @@ class Strategy:
                 daemon=True,
             )
             self._flusher = t
-            _FLUSHING.add(self)
             t.start()
 
     def flush(self) -> None:
@@ -265,25 +264,6 @@ class Strategy:
         t = self._flusher
         if t is not None and t is not threading.current_thread() and self._pid == os.getpid():
             t.join(timeout=timeout)
-        _FLUSHING.discard(self)
-
-
-    def stop_at_exit(self) -> None:
-        """Before interpreter shutdown: stop the flusher and flush what is pending.
-
-        A daemon flusher is frozen wherever it stands once shutdown begins, possibly holding
-        ``_mutex`` or the segment set's ``maplock``; anything run after that (a ``__del__``)
-        would wait for those locks forever.  Stopping it here, while threads still run, means
-        no flusher holds a lock when shutdown freezes threads.
-        """
-        if self._pid != os.getpid():
-            return
-        self._stop.set()
-        t = self._flusher
-        if t is not None and t is not threading.current_thread():
-            t.join(timeout=5.0)
-        if self.ring.ctl is not None:
-            self.flush()
 
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # every Strategy of this process (for the exit hook)
@@ -296,9 +276,12 @@ def _stop_flushers_at_exit() -> None:
     # flushers can still be joined here and none is left holding a lock.
     global _exiting
     _exiting = True
+    # A sync under heavy I/O can take seconds: wait for it (a bounded wait, not forever).
     for strategy in list(_LIVE):
         try:
-            strategy.stop_at_exit()
+            strategy.stop_flusher(timeout=60.0)  # joins only this process's own thread
+            if strategy.ring.ctl is not None:
+                strategy.flush()  # a forked child's copy flushes nothing (the parent's work)
         except Exception:  # noqa: BLE001 -- an exit hook must not raise; a closed mapping has nothing pending
             pass
 
@@ -306,17 +289,6 @@ def _stop_flushers_at_exit() -> None:
 class _AckBatch(threading.local):
     def __init__(self) -> None:
         self.pending: dict[int, list] = {}  # seg seq -> [segment, first slot, end slot]
-
-
-_FLUSHING: weakref.WeakSet[Strategy] = weakref.WeakSet()  # strategies whose flusher was started
-
-
-@atexit.register
-def _stop_flushers() -> None:
-    """Before interpreter shutdown: stop every flusher while it can still finish its sync (see
-    the module docstring).  A sync under heavy I/O can take seconds: wait for it."""
-    for strategy in list(_FLUSHING):
-        strategy.stop_flusher(timeout=60.0)
 
 
 def _flusher_main(

@@ -24,11 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from . import codec, errtext, transitions
 from .errors import CorruptionError, SerializationError
+from .job import Job
 from .mapped import Mapped, crc32c, open_nofollow
+from .results import finished_without
 from .words import lease_count
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .job import Job
     from .ring import Ring
     from .segment import Segment
 
@@ -80,8 +81,8 @@ def expires_ms(seg: Segment, slot: int) -> int | None:
     Reads the immutable header bytes without a CRC check (a claim calls it for every job); the
     caller re-validates the record before it acts on an expiry that has passed."""
     base = seg.data_off + slot * seg.slot_size
-    mm = seg.mm
-    if mm[base + _OFF_KIND] != KIND_EXPIRES:
+    mm = seg.mm  # a buffer over the mapping: unpack_from reads a number whatever its type
+    if struct.unpack_from("<B", mm, base + _OFF_KIND)[0] != KIND_EXPIRES:
         return None
     (id_len,) = struct.unpack_from("<H", mm, base + _OFF_ID_LEN)
     off = base + _REC_HEADER + id_len
@@ -317,3 +318,79 @@ def show_progress(ring: Ring, seg: Segment, slot: int, lc: int, job: Job) -> Non
     except ValueError:
         return
     job.progress_message = msg or None
+
+
+class LifecycleMethods:
+    """Cancel, pause, progress and results: that part of :class:`ringq.Queue`'s API (a mixin;
+    ``Queue`` owns the attributes it uses: ``_lock``, ``_leases``, ``_ring``, ``_pause``,
+    ``_results``, ``_refresh`` and ``_live``)."""
+
+    def cancel(self, job: Job | str) -> Job:
+        """Cancel a job.  A READY (pending or delayed) job becomes CANCELLED: terminal, never
+        leased.  A LEASED job is marked cancel-requested: its holder sees ``cancel_requested``
+        on its next :meth:`extend` (a Worker's heartbeat sets ``job.cancelled``), and its ack, nack
+        or lost lease ends it CANCELLED instead of DONE or a retry.  Cancelling again is harmless.
+
+        Returns:
+            The job's snapshot after the cancel (CANCELLED, or LEASED with ``cancel_requested``).
+        Raises:
+            JobFinishedError (done, expired or dead-lettered), JobNotFoundError, QueueClosedError.
+        """
+        self._live()
+        with self._lock:
+            self._refresh()
+            from .cancel import cancel  # cancel -> leases -> lifecycle: imported when used
+
+            return cancel(self._leases, job, self.name)
+
+    def pause(self, key: str | None = None) -> None:
+        """Stop leases of the whole queue (``key=None``) or of the jobs of one key, in every
+        process at once and across restarts, until :meth:`resume`.  Enqueues still succeed.
+        Raises ValueError for a key longer than 56 bytes or when 63 keys are paused already."""
+        self._live()
+        if key is None:
+            self._pause.set_queue(True)
+        else:
+            self._pause.set_key(str(key), True)
+
+    def resume(self, key: str | None = None) -> None:
+        """Undo :meth:`pause` (of the queue, or of one key) and wake every sleeping lease."""
+        self._live()
+        if key is None:
+            self._pause.set_queue(False)
+        else:
+            self._pause.set_key(str(key), False)
+        self._ring.ctl.wake()
+
+    def paused(self) -> dict[str, Any]:
+        """``{"queue": bool, "keys": sorted list of paused keys}``."""
+        self._live()
+        return {"queue": self._pause.queue_paused(), "keys": sorted(self._pause.paused_keys())}
+
+    def progress(self, job: Job | str, fraction: float, message: str | None = None) -> None:
+        """Report a leased job's progress: ``fraction`` in [0, 1] and an optional message, shown
+        as ``Job.progress``/``progress_message`` by :meth:`get` and :meth:`list_jobs` for the rest
+        of this lease.  Fenced like :meth:`ack`: a stale holder is refused with NotLeasedError.
+        Raises ValueError for a fraction outside [0, 1], JobNotFoundError."""
+        self._live()
+        fraction = check_fraction(fraction)
+        with self._lock:
+            view, slot, w, job_id, token = self._leases.word_for(job, self.name)
+            report_progress(self._ring, view.seg, slot, w, job_id, token, fraction, message)
+
+    def result(self, job_id: str | Job, *, wait: float | None = None) -> Any:
+        """The result stored by ``ack(job, result=...)`` for ``job_id``.
+
+        Args:
+            job_id: the job (or its id).
+            wait: seconds to block until the result is stored (woken by the storing process's
+                futex wake, not by polling); None or 0 returns at once.
+
+        Raises:
+            ResultNotFoundError (a JobNotFoundError): none stored within ``wait``, its ``result_ttl``
+            passed, or the job finished without one (dead-lettered, cancelled, expired, or acked
+            without a result: then it is raised at once).  QueueClosedError.
+        """
+        self._live()
+        jid = job_id.id if isinstance(job_id, Job) else job_id
+        return self._results.wait(jid, wait, lambda: finished_without(self, self._results, jid))

@@ -28,16 +28,16 @@ import threading
 import time
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from . import admin, ids, lifecycle, snapshot, transitions
+from . import lifecycle, snapshot, transitions
+from .admin import AdminMethods, CompactionResult, QueueStats
 from .backoff import BackoffPolicy
-from .cancel import cancel as cancel_job
 from .errors import JobNotFoundError, LimitError, NotLeasedError, QueueClosedError
 from .index import Index
-from .job import Job, JobState
+from .job import Job
 from .leases import Leases
+from .lifecycle import LifecycleMethods
 from .limits import LimitGate, LimitMethods
 from .options import QueueOptions
 from .owner import OwnerRegistry
@@ -45,11 +45,11 @@ from .producer import MAX_ATTEMPTS_LIMIT, MAX_DELAY, Producer, check_attempts
 from .reaper import REAP_INTERVAL, Reaper
 from .recovery import RecoveryReport
 from .relocate import Relocator
-from .results import DEFAULT_RESULT_TTL, Results, finished_without
+from .results import DEFAULT_RESULT_TTL, Results
 from .ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, Ring
 from .schedule import ScheduleMethods
 from .segment import check_geometry
-from .words import ST_DEAD, ST_DONE, TIME_MAX, lease_count, state
+from .words import ST_DONE, TIME_MAX, lease_count, state
 
 __all__ = ["CompactionResult", "Queue", "QueueStats", "QueueOptions", "DEFAULT_VISIBILITY_TIMEOUT", "MAX_ATTEMPTS_LIMIT",
            "DEFAULT_MAX_ATTEMPTS"]
@@ -57,43 +57,6 @@ __all__ = ["CompactionResult", "Queue", "QueueStats", "QueueOptions", "DEFAULT_V
 _NO_RESULT: Any = object()  # ack() without a result (None is a result: JSON null)
 DEFAULT_VISIBILITY_TIMEOUT = 30.0
 DEFAULT_MAX_ATTEMPTS = 5
-
-
-@dataclass(frozen=True, slots=True)
-class QueueStats:
-    """Counts of retained jobs by state, and cumulative counters since the queue was created.
-
-    ``ready`` .. ``corrupt``, ``cancelled`` and ``expired`` count the jobs retained now, each
-    segment's from one copy of its state table (``done`` counts neither cancelled nor expired jobs;
-    ``total`` includes them).  ``delayed`` jobs are READY with a future ``available_at``; ``total`` is the sum
-    of the five job states.  ``corrupt`` counts records quarantined as damaged (not included in
-    ``total``).  Jobs stay counted as ``done`` until their segment retires, so ``done`` and
-    ``total`` fall as segments retire.  A lease that expired or whose holder died counts as
-    ``ready`` (``dead`` if its attempts are used up), as reclaiming it will make it.
-
-    ``enqueued_total``, ``acked_total`` and ``dead_lettered_total`` never fall: jobs enqueued
-    (requeues and relocation copies not counted), acks, and moves to the dead-letter queue, since
-    the queue was created, by all processes.  They live in the control file and are bumped right
-    after the state change they count: a process killed between the two leaves its counter one
-    short (never over); a power loss may lose the increments since the control page was last
-    synced (at each segment rotation); a control file rebuilt from the segments restarts them at 0.
-    """
-
-    ready: int = 0
-    delayed: int = 0
-    leased: int = 0
-    done: int = 0
-    dead: int = 0
-    total: int = 0
-    corrupt: int = 0
-    enqueued_total: int = 0
-    acked_total: int = 0
-    dead_lettered_total: int = 0
-    cancelled: int = 0
-    expired: int = 0
-
-    def to_dict(self) -> dict[str, int]:
-        return {f: getattr(self, f) for f in self.__slots__}
 
 
 class GeometryWarning(UserWarning):
@@ -109,33 +72,7 @@ def due_delay(delay: Any) -> Any:
     return delay
 
 
-@dataclass(frozen=True, slots=True)
-class CompactionResult:
-    """What :meth:`Queue.compact` gave back (nobroker's type, same fields).
-
-    ``bytes_before``/``bytes_after``: bytes of the queue's segment files; ``jobs_kept``: unfinished
-    jobs (ready, delayed, leased, dead); ``jobs_dropped``: finished jobs whose records went with
-    their segments.
-    """
-
-    bytes_before: int
-    bytes_after: int
-    jobs_kept: int
-    jobs_dropped: int
-
-    @property
-    def bytes_reclaimed(self) -> int:
-        return self.bytes_before - self.bytes_after
-
-    def describe(self) -> str:
-        """One line for people: ``compacted B -> A bytes (P% reclaimed), kept K jobs, dropped D completed``."""
-        pct = 100.0 * self.bytes_reclaimed / self.bytes_before if self.bytes_before else 0.0
-        return (f"compacted {self.bytes_before} -> {self.bytes_after} bytes ({pct:.1f}% reclaimed), "
-                f"kept {self.jobs_kept} jobs, dropped {self.jobs_dropped} completed")
-
-
-
-class Queue(LimitMethods, ScheduleMethods):
+class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
     """A durable job queue: directory ``path``, queue ``name``.  Same API as ``nobroker.Queue``.
 
     Safe to use from many threads and many processes at once.  Delivery is at-least-once: a job
@@ -310,22 +247,6 @@ class Queue(LimitMethods, ScheduleMethods):
         if self._closed:
             raise QueueClosedError(f"queue {self.name!r} in {self.path} is closed")
 
-    def sync_counters(self) -> dict[str, int]:
-        """Durability counters (for tests and tools): this process's ``append_syncs``, ``covered``
-        (appends another producer's sync covered), ``state_syncs``, ``pending`` and ``flusher``
-        (1 while its flusher runs), and ``queue_append_syncs`` by every process since creation."""
-        self._live()
-        return {**self._ring.dur.counters(), "queue_append_syncs": self._ring.ctl.sync_count()}
-
-    def introspect(self) -> dict[str, Any]:
-        """Read-only engine words (for tests and tools): ``tail_segment``, ``next_seq``,
-        ``slot_size``, ``slot_count``, ``lock_waiters``, ``synced_position``, ``segments`` (seq ->
-        tail, records, sealed, retired) and ``known_ids`` (ids this process's index remembers)."""
-        self._live()
-        with self._lock:
-            self._refresh(relocate=False)
-            return {**admin.introspect(self._ring), "known_ids": len(self._index.ids)}
-
     # -- enqueue ------------------------------------------------------------------------------------
 
     def enqueue(self, payload: Any, *, priority: int = 0, delay: float = 0.0, max_attempts: int | None = None,
@@ -386,30 +307,6 @@ class Queue(LimitMethods, ScheduleMethods):
         return self._producer.enqueue(list(payloads), priority, due_delay(delay), attempts,
                                       None if job_ids is None else list(job_ids), key,
                                       expiry_ms(expires_in, expires_at))
-
-    def import_jobs(self, jobs: Sequence[Job], *, source: str | None = None) -> int:
-        """Store jobs brought from elsewhere (another queue's snapshot), keeping their state.
-
-        ``source`` names the queue they come from (``ringq.ids.source_tag(queue)``): a job whose id
-        has the automatic form (16 hex digits, unique only within its own queue) is stored as
-        ``<source>-<id>`` (``ringq.ids.migrated_id``), the same on every run.  Without ``source``
-        such an id is refused (ValueError, nothing written).
-
-        Each job keeps its ``id``, ``payload``, ``priority``, ``attempts``, ``max_attempts``,
-        ``last_error`` and ``available_at`` (an absolute time: a past one is due at once); a DEAD
-        job is stored in the dead-letter queue, any other state as READY.  Ids make it idempotent:
-        a job whose id is retained is not written again, so an import killed midway can simply be
-        rerun.  All of it is one append under the writer lock (one durability sync); every payload
-        is encoded first.
-
-        Returns:
-            How many jobs were written (those whose id was not retained yet).
-        Raises:
-            SerializationError (nothing written), ValueError (an empty id, attempts out of range),
-            RecordTooLargeError, QueueFullError, QueueClosedError.
-        """
-        self._live()
-        return self._producer.import_jobs(ids.renamed(jobs, source))
 
     # -- catching up ----------------------------------------------------------------------------------
 
@@ -616,188 +513,6 @@ class Queue(LimitMethods, ScheduleMethods):
         with self._lock:
             self._settle(force=False)
             return self._leases.extend(job, self.name, seconds)
-
-    # -- lifecycle: cancel, pause, progress (ringq/lifecycle.py, docs/lifecycle.md) -------------------
-
-    def cancel(self, job: Job | str) -> Job:
-        """Cancel a job.  A READY (pending or delayed) job becomes CANCELLED: terminal, never
-        leased.  A LEASED job is marked cancel-requested: its holder sees ``cancel_requested``
-        on its next :meth:`extend` (a Worker's heartbeat sets ``job.cancelled``), and its ack, nack
-        or lost lease ends it CANCELLED instead of DONE or a retry.  Cancelling again is harmless.
-
-        Returns:
-            The job's snapshot after the cancel (CANCELLED, or LEASED with ``cancel_requested``).
-        Raises:
-            JobFinishedError (done, expired or dead-lettered), JobNotFoundError, QueueClosedError.
-        """
-        self._live()
-        with self._lock:
-            self._refresh()
-            return cancel_job(self._leases, job, self.name)
-
-    def pause(self, key: str | None = None) -> None:
-        """Stop leases of the whole queue (``key=None``) or of the jobs of one key, in every
-        process at once and across restarts, until :meth:`resume`.  Enqueues still succeed.
-        Raises ValueError for a key longer than 56 bytes or when 63 keys are paused already."""
-        self._live()
-        if key is None:
-            self._pause.set_queue(True)
-        else:
-            self._pause.set_key(str(key), True)
-
-    def resume(self, key: str | None = None) -> None:
-        """Undo :meth:`pause` (of the queue, or of one key) and wake every sleeping lease."""
-        self._live()
-        if key is None:
-            self._pause.set_queue(False)
-        else:
-            self._pause.set_key(str(key), False)
-        self._ring.ctl.wake()
-
-    def paused(self) -> dict[str, Any]:
-        """``{"queue": bool, "keys": sorted list of paused keys}``."""
-        self._live()
-        return {"queue": self._pause.queue_paused(), "keys": sorted(self._pause.paused_keys())}
-
-    def progress(self, job: Job | str, fraction: float, message: str | None = None) -> None:
-        """Report a leased job's progress: ``fraction`` in [0, 1] and an optional message, shown
-        as ``Job.progress``/``progress_message`` by :meth:`get` and :meth:`list_jobs` for the rest
-        of this lease.  Fenced like :meth:`ack`: a stale holder is refused with NotLeasedError.
-        Raises ValueError for a fraction outside [0, 1], JobNotFoundError."""
-        self._live()
-        fraction = lifecycle.check_fraction(fraction)
-        with self._lock:
-            view, slot, w, job_id, token = self._leases.word_for(job, self.name)
-            lifecycle.report_progress(self._ring, view.seg, slot, w, job_id, token, fraction, message)
-
-    def result(self, job_id: str | Job, *, wait: float | None = None) -> Any:
-        """The result stored by ``ack(job, result=...)`` for ``job_id``.
-
-        Args:
-            job_id: the job (or its id).
-            wait: seconds to block until the result is stored (woken by the storing process's
-                futex wake, not by polling); None or 0 returns at once.
-
-        Raises:
-            ResultNotFoundError (a JobNotFoundError): none stored within ``wait``, its ``result_ttl``
-            passed, or the job finished without one (dead-lettered, cancelled, expired, or acked
-            without a result: then it is raised at once).  QueueClosedError.
-        """
-        self._live()
-        jid = job_id.id if isinstance(job_id, Job) else job_id
-        return self._results.wait(jid, wait, lambda: finished_without(self, self._results, jid))
-
-    # -- reads and admin ----------------------------------------------------------------------------
-
-    def get(self, job_id: str) -> Job:
-        """The job with this id (a snapshot).  Raises JobNotFoundError if it is not retained."""
-        self._live()
-        with self._lock:
-            self._refresh()
-            view, slot, _ = self._leases.locate(job_id, self.name)
-            return self._job_at(view.seg.seq, slot, admin.shown_word(self._reaper, view, slot))
-
-    def list_jobs(self, state: JobState | str | None = None, *, limit: int | None = None) -> list[Job]:
-        """Retained jobs in enqueue order, optionally only those in ``state``, at most ``limit``.
-
-        ``state`` is a :class:`JobState` (or its value) or ``"delayed"``: READY jobs not yet due
-        (``"ready"`` includes them, as in nobroker).  ``limit=None`` means all.  Raises ValueError
-        for an unknown state or a negative limit.
-        """
-        self._live()
-        if limit is not None and (not isinstance(limit, int) or limit < 0):
-            raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
-        with self._lock:
-            self._refresh()
-            return admin.list_jobs(self._ring, self._index, self._reaper, state, limit)
-
-    def dlq(self, *, limit: int | None = None) -> list[Job]:
-        """Dead-lettered jobs, oldest first."""
-        return self.list_jobs(JobState.DEAD, limit=limit)
-
-    def requeue_dead(self, job_id: str | None = None) -> int:
-        """Move dead-lettered jobs (one, or all) back to READY with attempts reset; returns how many.
-
-        The job keeps its id; it is re-appended as a new record that supersedes the dead one.
-        Raises JobNotFoundError, or NotLeasedError if ``job_id`` is not dead.
-        """
-        self._live()
-        with self._lock:
-            self._settle()
-        with self._lock, self._ring.locked():
-            self._refresh()
-            if job_id is not None:
-                view, slot, _ = self._leases.locate(job_id, self.name)
-                w = view.seg.load_state(slot)
-                if state(w) != ST_DEAD:
-                    raise NotLeasedError(f"job {job_id!r} is not in the dead-letter queue")
-                targets = [(0, view, slot, w)]
-            else:
-                targets = self._index.heads({ST_DEAD})
-            n = admin.requeue(self._ring, targets)
-            self._refresh()
-            return n
-
-    def discard_dead(self, job_id: str) -> None:
-        """Remove one job of the dead-letter queue for good (DEAD -> GONE, as :meth:`purge` does
-        to every job).  Raises JobNotFoundError, or NotLeasedError if the job is not dead."""
-        self._live()
-        with self._lock:
-            self._settle()
-            view, slot, _ = self._leases.locate(job_id, self.name)
-            if not admin.discard_dead(self._ring, view.seg, slot):
-                raise NotLeasedError(f"job {job_id!r} is not in the dead-letter queue")
-
-    def purge(self) -> int:
-        """Remove every retained job (ready, delayed, leased, done, dead); returns how many."""
-        self._live()
-        with self._lock:
-            self._settle()
-            n = admin.purge(self._ring, self._index)
-            self._owners.held.clear()
-            self._ring.segs.retire_finished()
-            self._refresh()
-            return n
-
-    def compact(self) -> CompactionResult:
-        """Give back disk space now: retire every finished segment and relocate stragglers.
-
-        nobroker rewrites its log without finished jobs; ringq never rewrites a segment.  Instead
-        every sealed segment whose jobs are all finished is unlinked, and sealed segments kept
-        alive only by a few dead-lettered or long-delayed jobs have those jobs re-appended at the
-        tail first (straggler relocation: see docs/design-notes.md), then retired.  The tail
-        segment is never retired, and finished jobs in segments that still hold live jobs stay
-        (``get`` finds them) until those segments retire.
-
-        Returns:
-            A :class:`CompactionResult`: segment bytes before and after, jobs kept (unfinished:
-            ready, delayed, leased, dead) and finished jobs dropped.
-        Raises:
-            QueueClosedError; CompactionError if a segment could not be unlinked (the jobs are
-            untouched: a segment is unlinked only once none of its jobs is live).
-        """
-        self._live()
-        with self._lock:
-            self._settle()
-            before_bytes, before = admin.segment_bytes(self._ring), self.stats()
-            admin.compact(self, self._ring, self._index, self._relocator, self._refresh)
-            after = self.stats()
-            return CompactionResult(before_bytes, admin.segment_bytes(self._ring), after.total - after.done,
-                                    max(0, before.done - after.done))
-
-    def stats(self) -> QueueStats:
-        """Counts by state, each segment's from one copy of its state table, plus the cumulative
-        counters.  Read-only: a lease that has expired or whose holder died is counted as what
-        reclaiming it will make it (ready, or dead if its attempts are used up), though nothing is
-        written until some process leases.  Raises QueueClosedError."""
-        self._live()
-        with self._lock:
-            self._refresh()
-            return QueueStats(*admin.counts(self._ring, self._index, self._reaper))
-
-    def __len__(self) -> int:
-        """Number of retained jobs (``stats().total``)."""
-        return self.stats().total
 
     def __repr__(self) -> str:
         return f"Queue({str(self.path)!r}, name={self.name!r}, durability={self.durability!r})"

@@ -549,8 +549,8 @@ def test_restore_helper_roundtrip(tmp_path):
 
 
 def test_segment_retired_between_listing_and_opening(tmp_path, monkeypatch):
-    """Regression (found by the SIGKILL torture): retirement takes no lock, so a segment listed by
-    a recovering process can be unlinked before it is opened; the open used to fail."""
+    """Retirement takes no lock, so a segment listed by a recovering process can be unlinked
+    before it is opened: the open must go on without it."""
     path = _queue_with_two_segments(tmp_path)
     real = os.scandir
 

@@ -158,9 +158,9 @@ def test_disk_bounded_with_stragglers(tmp_path, straggler):
 
 
 def test_claimer_killed_between_its_two_cas_does_not_strand_the_job(tmp_path):
-    """Regression (found by the 300 s torture, seed 7): a claim stores the state word, then the
-    owner word; a claimer SIGKILLed in between left a lease with no owner, freed only by the
-    visibility timeout (600 s here).  It now comes back after CLAIM_GRACE."""
+    """A claim stores the state word, then the owner word; a claimer SIGKILLed in between leaves
+    a lease with no owner, which must come back after CLAIM_GRACE, not after the visibility
+    timeout (600 s here)."""
     from ringq.reaper import CLAIM_GRACE
     from ringq.segment import Segment, segment_name
     from ringq.words import ST_LEASED, pack

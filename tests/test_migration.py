@@ -1,8 +1,8 @@
 """Another library's queue is never mistaken for an empty ringq queue; nobroker queues import.
 
 The nobroker queues here are written by the nobroker package itself (a test extra), in real
-processes, one of them SIGKILLed.  Also the CLI faults found by trying ringq as a new user would:
-what `ack --token` says, `list --limit 0`, `list_jobs("delayed")` and `work -v`.
+processes, one of them SIGKILLed.  Also the CLI's messages and options that people moving over
+meet first: what `ack --token` says, `list --limit 0`, `list_jobs("delayed")` and `work -v`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Regressions for what a fresh user found by hand (each test names its finding)."""
+"""Regressions, each named for the behaviour it keeps: the first things people run into."""
 
 from __future__ import annotations
 

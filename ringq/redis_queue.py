@@ -22,76 +22,34 @@ waits (Redis ``WAIT``) for N replicas to acknowledge each write.  See docs/scale
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from . import codec
-from ._redis_lua import PRELUDE, SCRIPTS
 from .backoff import BackoffPolicy
-from .errors import (
-    BackendError,
-    ConnectionLostError,
-    JobFinishedError,
-    JobNotFoundError,
-    MissingExtraError,
-    NotLeasedError,
-    QueueClosedError,
-    ReplicationTimeoutError,
-    SerializationError,
-)
-from .ids import check_caller_id, renamed
+from .errors import MissingExtraError, SerializationError
+from .ids import check_caller_id
 from .job import Job, JobState
-from .lifecycle import check_fraction
 from .queue import (
     _NO_RESULT,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_VISIBILITY_TIMEOUT,
     MAX_ATTEMPTS_LIMIT,
-    QueueStats,
     due_delay,
     expiry_ms,
 )
-from .results import DEFAULT_RESULT_TTL, Results, finished_without
+from .redis_admin import RedisAdminMethods
+from .redis_lifecycle import RedisLifecycleMethods
+from .redis_scripts import WAKE, Scripts, client_for, guard, redact_url, redis, refuse
+from .redis_scripts import job_from_reply as _job
+from .results import DEFAULT_RESULT_TTL, Results
 
-try:
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-except ImportError:  # pragma: no cover - depends on the environment
-    redis = None
-
-__all__ = ["RedisQueue"]
+__all__ = ["RedisQueue", "client_for", "guard", "redact_url"]
 
 MAX_NAP = 1.0  # seconds: longest single BLPOP, bounding how late a wake-up pushed elsewhere is seen
 MAX_DELAY = 86400 * 365 * 33  # seconds: as the local queue's limit
-_STATES = {
-    "ready": JobState.READY,
-    "leased": JobState.LEASED,
-    "done": JobState.DONE,
-    "dead": JobState.DEAD,
-    "cancelled": JobState.CANCELLED,
-    "expired": JobState.EXPIRED,
-}
-_READS = frozenset({"get", "list", "stats"})  # scripts that change no job: safe to simply retry
-_SUFFIXES = (
-    "ready",
-    "delayed",
-    "leased",
-    "dead",
-    "done",
-    "all",
-    "meta",
-    "payload",
-    "wake",
-    "seq",
-    "pause",
-    "cancelled",
-    "expired",
-    "counts",
-)
 
 
 def _name_ok(name: str) -> bool:
@@ -100,7 +58,7 @@ def _name_ok(name: str) -> bool:
     return isinstance(name, str) and bool(NAME_RE.match(name))
 
 
-class RedisQueue:
+class RedisQueue(RedisAdminMethods, RedisLifecycleMethods):
     """A job queue on a Redis server: the same methods, arguments, results and errors as
     :class:`ringq.Queue`.  Safe to use from many threads, processes and hosts.
 
@@ -184,74 +142,38 @@ class RedisQueue:
         self.retain_done = float(retain_done)
         self.min_replicas = min_replicas
         self.replica_timeout = float(replica_timeout)
-        self._keys = [f"{{ringq:{name}}}:{s}" for s in _SUFFIXES]
         self._rng = random.Random()
-        self._closed = False
         self._due_at: float | None = None  # time.monotonic() of the next due time seen by a lease
-        # No automatic retries: a command re-sent after a dropped connection could run twice
-        # (an enqueue without an id would be stored twice).  Callers see ConnectionLostError.
-        opts = dict(
-            retry=Retry(NoBackoff(), 0), socket_timeout=socket_timeout, socket_connect_timeout=10.0
+        self._scripts = Scripts(
+            url,
+            name,
+            min_replicas=min_replicas,
+            replica_timeout=self.replica_timeout,
+            socket_timeout=socket_timeout,
         )
-        self._r = guard(url, lambda: client_for(url, **opts), changes=False)
-        self.cluster = not isinstance(self._r, redis.Redis)
-        if self.cluster and min_replicas:
-            raise ValueError("min_replicas is not supported on Redis Cluster (WAIT is per node)")
-        self._sha = {k: None for k in SCRIPTS}
+        self.cluster = self._scripts.cluster
         self._results = Results(
             name,
-            lambda n: RedisQueue(url, n, auto_ids=False, socket_timeout=socket_timeout, min_replicas=min_replicas,
-                                 replica_timeout=replica_timeout),
+            lambda n: RedisQueue(
+                url,
+                n,
+                auto_ids=False,
+                socket_timeout=socket_timeout,
+                min_replicas=min_replicas,
+                replica_timeout=replica_timeout,
+            ),
         )
 
-    # -- plumbing ----------------------------------------------------------------------------------
-
-    def _guard(self, fn: Any, *, changes: bool = True) -> Any:
-        return guard(self.url, fn, changes=changes)
-
-    def _run(self, script: str, args: Sequence[Any], write: bool = False) -> Any:
-        self._live()
-        return self._guard(
-            lambda: self._eval(script, list(args), write), changes=script not in _READS
-        )
-
-    def _eval(self, script: str, args: list, write: bool) -> Any:
-        for _ in range(2):
-            sha = self._sha[script]
-            if sha is None:
-                sha = self._sha[script] = self._r.script_load(PRELUDE + SCRIPTS[script])
-            try:
-                if not (write and self.min_replicas):
-                    return self._r.evalsha(sha, len(self._keys), *self._keys, *args)
-                pipe = self._r.pipeline(transaction=False)  # one connection: WAIT counts its writes
-                pipe.evalsha(sha, len(self._keys), *self._keys, *args)
-                pipe.execute_command("WAIT", self.min_replicas, int(self.replica_timeout * 1000))
-                result, acked = pipe.execute()
-                if acked < self.min_replicas:
-                    raise ReplicationTimeoutError(
-                        f"the write reached the primary but only {acked} of {self.min_replicas} replicas "
-                        f"acknowledged it within {self.replica_timeout} s"
-                    )
-                return result
-            except redis.exceptions.NoScriptError:
-                self._sha[script] = None  # the server restarted or flushed its script cache
-        raise BackendError("Redis kept losing the queue's scripts")
-
-    def _live(self) -> None:
-        if self._closed:
-            raise QueueClosedError(f"queue {self.name!r} at {redact_url(self.url)} is closed")
-
-    # -- lifecycle ---------------------------------------------------------------------------------
+    # -- opening and closing ------------------------------------------------------------------------
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._scripts.closed
 
     def close(self) -> None:
         """Close the connections (idempotent).  Leases held are not released: they expire."""
-        if not self._closed:
-            self._closed = True
-            self._r.close()
+        if not self._scripts.closed:
+            self._scripts.close()
             self._results.close()
 
     def __enter__(self) -> RedisQueue:
@@ -299,14 +221,16 @@ class RedisQueue:
         """Add many jobs in one atomic script: all are stored or none.  As :meth:`ringq.Queue.enqueue_many`
         (``expires_in`` is turned into a time on this host's clock; the lease script compares it
         with the server's)."""
-        self._live()
+        self._scripts.live()
         ex = expiry_ms(expires_in, expires_at) or 0
         payloads = list(payloads)
         ids = [""] * len(payloads) if job_ids is None else list(job_ids)
         if len(ids) != len(payloads):
             raise ValueError(f"job_ids has {len(ids)} ids for {len(payloads)} payloads")
         if job_ids is None and not self.auto_ids:
-            raise ValueError("this queue takes jobs with caller ids only (auto_ids=False): give job_id")
+            raise ValueError(
+                "this queue takes jobs with caller ids only (auto_ids=False): give job_id"
+            )
         if job_ids is not None:
             for jid in ids:
                 check_caller_id(jid, allow_auto_form=not self.auto_ids)  # ringq/ids.py
@@ -329,7 +253,7 @@ class RedisQueue:
         if not payloads:
             return []
         args.append(ex)
-        rows = self._run("enqueue", args, write=True)
+        rows = self._scripts.run("enqueue", args, write=True)
         return [
             _job(meta, pay, (payloads[i],) if tag == b"new" else None)
             for i, (tag, meta, pay) in enumerate(rows)
@@ -353,7 +277,7 @@ class RedisQueue:
         timeout.  If the connection drops during the call, the jobs it leased come back after
         their visibility timeout.
         """
-        self._live()
+        self._scripts.live()
         if not isinstance(count, int) or count < 1:
             raise ValueError(f"count must be an int >= 1, got {count!r}")
         vt = self.visibility_timeout if visibility_timeout is None else visibility_timeout
@@ -362,7 +286,7 @@ class RedisQueue:
         deadline = None if not wait else time.monotonic() + wait
         got: list[Job] = []
         while True:
-            out = self._run("lease", [count - len(got), int(vt * 1000)])
+            out = self._scripts.run("lease", [count - len(got), int(vt * 1000)])
             for i in range(1, len(out), 2):
                 try:
                     got.append(_job(out[i], out[i + 1]))
@@ -387,7 +311,8 @@ class RedisQueue:
             if left > 0 or past_due_wakes:
                 nap = min(nap, max(left, 0.0) + 0.002)
         if nap > 0.001:
-            self._guard(lambda: self._r.blpop([self._keys[8]], timeout=nap), changes=False)
+            s = self._scripts
+            s.call(lambda: s.client.blpop([s.keys[WAKE]], timeout=nap), changes=False)
 
     def lease_one(
         self,
@@ -403,7 +328,7 @@ class RedisQueue:
     def wake_token(self) -> int:
         """For callers that wait in another thread (see :meth:`ringq.Queue.wake_token`): always 0
         here; wake-ups are tokens in the queue's wake list, so none is lost in between."""
-        self._live()
+        self._scripts.live()
         return 0
 
     def wait_for_wake(self, token: int, timeout: float) -> None:
@@ -413,13 +338,14 @@ class RedisQueue:
         As :meth:`ringq.Queue.wait_for_wake`, a due time that has already passed does not cut the
         sleep short: the caller was woken for it and may have chosen not to lease (no free
         capacity), and must not spin.  Spurious returns are allowed."""
-        self._live()
+        self._scripts.live()
         self._sleep(min(timeout, MAX_NAP), past_due_wakes=False)
 
     def wake(self) -> None:
         """Wake one sleeper of this queue (any host) by pushing a token to the wake list."""
-        self._live()
-        self._guard(lambda: self._r.rpush(self._keys[8], 1))
+        self._scripts.live()
+        s = self._scripts
+        s.call(lambda: s.client.rpush(s.keys[WAKE], 1))
 
     # -- ack / nack / extend ---------------------------------------------------------------------------
 
@@ -433,17 +359,12 @@ class RedisQueue:
             cur = self.get(jid)
             repeated = cur.state is JobState.DONE and (tok < 0 or int(cur.lease_token or 0) == tok)
             if not repeated:
-                if cur.state is not JobState.LEASED or (tok >= 0 and int(cur.lease_token or 0) != tok):
+                if cur.state is not JobState.LEASED or (
+                    tok >= 0 and int(cur.lease_token or 0) != tok
+                ):
                     self.ack_many([job])  # refused: raises NotLeasedError saying why
                 self._results.store(jid, result, result_ttl)
         self.ack_many([job])
-
-    def result(self, job_id: str | Job, *, wait: float | None = None) -> Any:
-        """As :meth:`ringq.Queue.result`.  A waiting call sleeps in BLPOP on the results queue's
-        wake list (at most a second at a time)."""
-        self._live()
-        jid = job_id.id if isinstance(job_id, Job) else job_id
-        return self._results.wait(jid, wait, lambda: finished_without(self, self._results, jid))
 
     def ack_many(self, jobs: Sequence[Job | str]) -> None:
         """Ack several jobs in one script.  Every job that can be acked is; then the first refusal
@@ -454,12 +375,12 @@ class RedisQueue:
         args: list[Any] = [int(self.retain_done * 1000), len(items)]
         for jid, tok in items:
             args += [jid, tok]
-        for (jid, _), status in zip(items, self._run("ack", args, write=True)):
-            _refuse(self.name, status, jid, "ack")
+        for (jid, _), status in zip(items, self._scripts.run("ack", args, write=True)):
+            refuse(self.name, status, jid, "ack")
 
     def nack(self, job: Job | str, *, error: str | None = None, delay: float | None = None) -> Job:
         """Report a leased job as failed; as :meth:`ringq.Queue.nack` (the backoff delay is drawn here)."""
-        self._live()
+        self._scripts.live()
         if delay is not None and not 0 <= delay <= MAX_DELAY:
             raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
         jid, tok = (job.id, int(job.lease_token or 0)) if isinstance(job, Job) else (job, -1)
@@ -467,266 +388,26 @@ class RedisQueue:
             attempts = job.attempts if isinstance(job, Job) else self.get(jid).attempts
             delay = self.backoff.delay_for(attempts, self._rng)
         text = "" if error is None else str(error).encode("utf-8", "replace").decode()
-        out = self._run(
+        out = self._scripts.run(
             "nack", [jid, tok, text, int(error is not None), int(delay * 1000)], write=True
         )
-        _refuse(self.name, out[0], jid, "nack")
+        refuse(self.name, out[0], jid, "nack")
         return _job(out[1], out[2])
 
     def extend(self, job: Job | str, seconds: float) -> Job:
         """Push a lease's deadline to ``max(deadline, now) + seconds``.  Raises NotLeasedError if lost."""
-        self._live()
+        self._scripts.live()
         if not 0 < seconds < MAX_DELAY:
             raise ValueError(f"seconds must be > 0 (and finite), got {seconds!r}")
         jid, tok = (job.id, int(job.lease_token or 0)) if isinstance(job, Job) else (job, -1)
-        out = self._run("extend", [jid, tok, int(seconds * 1000)])
-        _refuse(self.name, out[0], jid, "extend")
+        out = self._scripts.run("extend", [jid, tok, int(seconds * 1000)])
+        refuse(self.name, out[0], jid, "extend")
         return _job(out[1], out[2])
-
-    # -- reads and admin -------------------------------------------------------------------------------
-
-    def get(self, job_id: str) -> Job:
-        """The job with this id (a snapshot).  Raises JobNotFoundError if it is not retained."""
-        out = self._run("get", [job_id])
-        if not out:
-            _refuse(self.name, "nf", job_id, "get")
-        return _job(out[0], out[1])
-
-    def list_jobs(
-        self, state: JobState | str | None = None, *, limit: int | None = None, decode: bool = True
-    ) -> list[Job]:
-        """Retained jobs in enqueue order, optionally only those in ``state``, at most ``limit``."""
-        want = "" if state is None else JobState(state).value
-        out = self._run("list", [want, -1 if limit is None else limit])
-        jobs = []
-        for i in range(0, len(out), 2):
-            try:
-                jobs.append(_job(out[i], out[i + 1], decode=decode))
-            except SerializationError:
-                continue
-        return jobs
-
-    def dlq(self, *, limit: int | None = None) -> list[Job]:
-        """Dead-lettered jobs, oldest first."""
-        return self.list_jobs(JobState.DEAD, limit=limit)
-
-    def requeue_dead(self, job_id: str | None = None) -> int:
-        """Move dead-lettered jobs (one, or all) back to READY with attempts reset; returns how many.
-        Raises JobNotFoundError, or NotLeasedError if ``job_id`` is not dead."""
-        out = self._run("requeue", ["" if job_id is None else job_id], write=True)
-        if out == b"nf":
-            _refuse(self.name, "nf", str(job_id), "requeue")
-        if out == b"notdead":
-            raise NotLeasedError(f"job {job_id!r} is not in the dead-letter queue")
-        return int(out)
-
-    def purge(self) -> int:
-        """Remove every retained job (ready, delayed, leased, done, dead); returns how many."""
-        return int(self._run("purge", [], write=True))
-
-    def stats(self) -> QueueStats:
-        """Counts by state and the cumulative counters (one script, so one consistent instant).
-        Cancelled and expired jobs are kept ``retain_done`` seconds, like done ones.
-
-        ``enqueued_total``, ``acked_total`` and ``dead_lettered_total`` count, since the queue's
-        first use, new jobs stored by enqueue, acks, and moves to the dead-letter queue (by nack
-        or lease expiry, the latter counted when a lease call reclaims it); purge keeps them."""
-        ready, delayed, leased, done, dead, cancelled, expired, enq, acked, dl = self._run(
-            "stats", [int(self.retain_done * 1000)]
-        )
-        total = ready + delayed + leased + done + dead + cancelled + expired
-        return QueueStats(
-            ready, delayed, leased, done, dead, total, 0, enq, acked, dl, cancelled=cancelled, expired=expired
-        )
-
-    # -- lifecycle: cancel, pause, progress (docs/lifecycle.md) ---------------------------------------
-
-    def cancel(self, job: Job | str) -> Job:
-        """As :meth:`ringq.Queue.cancel`: CANCELLED if ready or delayed, cancel-requested if
-        leased.  Raises JobFinishedError, JobNotFoundError."""
-        self._live()
-        jid = job.id if isinstance(job, Job) else job
-        out = self._run("cancel", [jid], write=True)
-        status = out[0].decode() if isinstance(out[0], bytes) else out[0]
-        if status.startswith("fin:"):
-            raise JobFinishedError(f"cannot cancel job {jid!r}: it is already {status[4:]}")
-        _refuse(self.name, status, jid, "cancel")
-        return _job(out[1], out[2])
-
-    def pause(self, key: str | None = None) -> None:
-        """Stop leases of the whole queue on every host until :meth:`resume`.  Per-key pause is
-        not available on Redis (ValueError)."""
-        self._live()
-        if key is not None:
-            raise ValueError(
-                "pausing one key is not available on the Redis backend; pause the queue"
-            )
-        self._run("pause", ["1"], write=True)
-
-    def resume(self, key: str | None = None) -> None:
-        """Undo :meth:`pause`; sleeping leases are woken."""
-        self._live()
-        if key is not None:
-            raise ValueError(
-                "pausing one key is not available on the Redis backend; pause the queue"
-            )
-        self._run("pause", ["0"], write=True)
-
-    def paused(self) -> dict[str, Any]:
-        """``{"queue": bool, "keys": []}``."""
-        self._live()
-        return {"queue": self._guard(lambda: self._r.get(self._keys[10])) == b"1", "keys": []}
-
-    def progress(self, job: Job | str, fraction: float, message: str | None = None) -> None:
-        """As :meth:`ringq.Queue.progress`: fenced like an ack; shown by get and list_jobs."""
-        self._live()
-        f = check_fraction(fraction)
-        jid, tok = (job.id, int(job.lease_token or 0)) if isinstance(job, Job) else (job, -1)
-        text = "" if message is None else str(message).encode("utf-8", "replace").decode()
-        status = self._run("progress", [jid, tok, repr(f), text, int(message is not None)])
-        _refuse(self.name, status, jid, "report progress of")
-
-    def __len__(self) -> int:
-        """Number of retained jobs (``stats().total``)."""
-        return self.stats().total
-
-    def import_jobs(self, jobs: Sequence[Job], *, source: str | None = None) -> int:
-        """Store copies of ``jobs`` (READY, delayed or DEAD) keeping id, payload, priority, attempts,
-        max attempts, available-at, enqueue time and last error; a job whose id is retained is
-        skipped, so importing twice adds nothing.  Returns how many were added (for migrate).
-        ``source``: as :meth:`ringq.Queue.import_jobs` (an automatic-form id becomes
-        ``<source>-<id>``; without ``source`` it is refused with ValueError, nothing written)."""
-        jobs = renamed(jobs, source)
-        for j in jobs:
-            check_caller_id(j.id)
-        args: list[Any] = [len(jobs)]
-        for j in jobs:
-            kind, data = codec.encode(j.payload)
-            args += [
-                j.id,
-                bytes([kind]) + data,
-                j.priority,
-                j.attempts,
-                j.max_attempts,
-                int(j.available_at * 1000),
-                int(j.enqueued_at * 1000),
-                "dead" if j.state is JobState.DEAD else "ready",
-                j.last_error or "",
-            ]
-        return int(self._run("import", args, write=True)) if jobs else 0
-
-    def server_identity(self) -> str:
-        """Which server and database hold this queue, however the URL spells them:
-        ``"<run_id>/<db>"`` (Redis' ``INFO server`` run_id is unique per server process; on a
-        cluster, that of the node serving the queue's hash slot).  Raises ConnectionLostError."""
-
-        def ask() -> str:
-            if self.cluster:
-                node = self._r.get_node_from_key(self._keys[0])
-                info = self._r.info("server", target_nodes=node)
-                if "run_id" not in info:  # keyed by node name when the client asked several
-                    info = next(iter(info.values()))
-                return f"{info['run_id']}/0"
-            db = self._r.connection_pool.connection_kwargs.get("db", 0)
-            return f"{self._r.info('server')['run_id']}/{db}"
-
-        return self._guard(ask, changes=False)
 
     def __repr__(self) -> str:
         return f"RedisQueue({redact_url(self.url)!r}, name={self.name!r})"
 
 
-def _job(meta: bytes, payload: bytes | None, known: Any = None, decode: bool = True) -> Job:
-    m = json.loads(meta)
-    if known is not None:
-        value = known[0]
-    elif payload is None or not decode:
-        value = None
-    else:
-        value = codec.decode(payload[0], payload[1:])
-    st = _STATES[m["st"]]
-    return Job(
-        id=m["id"],
-        payload=value,
-        priority=int(m["p"]),
-        state=st,
-        attempts=int(m["a"]),
-        max_attempts=int(m["m"]),
-        available_at=m["av"] / 1000,
-        enqueued_at=m["enq"] / 1000,
-        lease_deadline=m["dl"] / 1000 if st is JobState.LEASED else None,
-        lease_token=str(int(m["t"])) if int(m["t"]) else None,
-        last_error="lease expired: visibility timeout passed before ack"
-        if m.get("why")
-        else m.get("e"),
-        seq=int(m["s"]),
-        cancel_requested=bool(m.get("cx")) and st is JobState.LEASED,
-        expires_at=m["ex"] / 1000 if m.get("ex") else None,
-        progress=float(m["pg"]) if st is JobState.LEASED and m.get("pg") is not None else None,
-        progress_message=m.get("pm") if st is JobState.LEASED else None,
-    )
-
-
-def _refuse(name: str, status: bytes | str, job_id: str, op: str) -> None:
-    s = status.decode() if isinstance(status, bytes) else status
-    if s == "ok":
-        return
-    if s == "nf":
-        raise JobNotFoundError(
-            f"no job {job_id!r} in queue {name!r} (never enqueued, purged or expired)"
-        )
-    parts = s.split(":")
-    if parts[0] == "stale":
-        raise NotLeasedError(
-            f"cannot {op} job {job_id!r}: fencing token is stale; the job was leased again "
-            f"(token {parts[1]})"
-        )
-    st, why, tok = parts[1], parts[2], parts[3]
-    if st == "ready" and tok == "0":
-        cause = "it was never leased"
-    elif st in ("cancelled", "expired"):
-        cause = f"it was {st}"
-    elif why == "expired":
-        cause = "its last lease expired (visibility timeout)"
-    else:
-        cause = "it was already acked, nacked or purged"
-    raise NotLeasedError(f"cannot {op} job {job_id!r}: it is {st}, not leased ({cause})")
-
-
 def _check_attempts(n: int) -> None:
     if not isinstance(n, int) or not 1 <= n <= MAX_ATTEMPTS_LIMIT:
         raise ValueError(f"max_attempts must be an int in [1, {MAX_ATTEMPTS_LIMIT}], got {n!r}")
-
-
-def client_for(url: str, **options: Any) -> Any:
-    """A redis-py client for ``url``: ``redis.RedisCluster`` if the server runs in cluster mode,
-    else ``redis.Redis``; ``options`` go to ``from_url``.  Raises redis-py's errors (see :func:`guard`)."""
-    r = redis.Redis.from_url(url, **options)
-    if not url.startswith("unix:") and r.info("cluster").get("cluster_enabled"):
-        r.close()
-        return redis.RedisCluster.from_url(url, **options)
-    return r
-
-
-def guard(url: str, fn: Any, *, changes: bool = True) -> Any:
-    """Call ``fn()`` and turn redis-py's errors into ringq's: ConnectionLostError for a dropped or
-    refused connection or a timeout, BackendError for a command the server refused.  ``changes``:
-    ``fn`` would change the queue, so a lost reply leaves its effect unknown and the message says
-    so; a read (``changes=False``) changed nothing either way."""
-    try:
-        return fn()
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        unknown = "; the operation may or may not have taken effect" if changes else ""
-        raise ConnectionLostError(
-            f"Redis at {redact_url(url)}: connection failed ({exc}){unknown}"
-        ) from exc
-    except redis.ResponseError as exc:
-        raise BackendError(f"Redis at {redact_url(url)} refused the operation: {exc}") from exc
-
-
-def redact_url(url: str) -> str:
-    """The URL without its password, for messages."""
-    if "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
-    return url

@@ -1000,6 +1000,7 @@ URL_REFUSED = {
     "dashboard": "its pages read a queue directory's records and storage (on Redis, use `top`)",
     "demo": "the demo runs on a temporary queue directory of its own",
     "bench": "the benchmarks take their own options",
+    "upgrade": "it converts a queue directory's segment files",
 }
 
 

@@ -180,6 +180,7 @@ URL_REFUSED = {
     "verify": [],
     "compact": [],
     "recover": [],
+    "upgrade": ["."],
     "schedule": ["list"],
     "import-nobroker": ["."],
     "migrate": ["a", "b"],

@@ -127,9 +127,9 @@ def test_a_damaged_lease_count_beyond_16_bits_survives_relocation(tmp_path):
     qdir = tmp_path / "q"
     with Queue(qdir, "q", slot_size=128, slot_count=8) as q:
         q.enqueue_many(list(range(12)))  # the first segment fills and is sealed
-    seg = qdir / "q.0000000000000001.seg"
-    with open(seg, "r+b") as fh:
-        fh.seek(4096)  # the state table: slot 0's state word
+    state = qdir / "q.0000000000000001.state"
+    with open(state, "r+b") as fh:
+        fh.seek(4096)  # the state file's state table: slot 0's state word
         fh.write(struct.pack("<Q", 4962369))
     with Queue(qdir, "q", slot_size=128, slot_count=8) as q:
         jobs = q.lease(12)

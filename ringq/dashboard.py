@@ -1,7 +1,8 @@
 """A local web dashboard of one queue (extra ``[dashboard]``: Starlette served by uvicorn).
 
 ``ringq --dir DIR dashboard --port N`` serves it on 127.0.0.1 only.  It is read-only unless
-started with ``--allow-actions``: requeue, discard and purge are POSTs refused with 403 otherwise.
+started with ``--allow-actions``: requeue, discard, purge, cancel, pause and resume are POSTs
+refused with 403 otherwise.
 
 Every request must name the dashboard itself in its ``Host`` header (``127.0.0.1:PORT``,
 ``localhost:PORT`` or ``[::1]:PORT``), else 403: a page of another site that rebinds its own name
@@ -26,9 +27,16 @@ endpoint                   same JSON as
 ``/api/overview``          the event stream's payload (ringq/view.py)
 ``/api/leases``            in-flight leases with holder and deadline
 ``/api/dead-groups``       dead letters grouped by error
-``/api/jobs/{id}``         one job with a payload preview
+``/api/jobs/{id}``         ``ringq get --json ID`` plus payload and
+                           result previews
 ``/api/storage``           files and segments, last verify
 =========================  ==========================================
+
+Actions (POST, ``--allow-actions``) answer as the command line does with ``--json``:
+``/api/actions/cancel?id=ID&id=...`` as ``ringq cancel ID...``, ``/api/actions/pause[?key=K]``
+and ``/api/actions/resume[?key=K]`` as ``ringq pause|resume [--key K]``,
+``/api/actions/requeue[?id=ID]`` as ``ringq dlq --requeue``, ``/api/actions/purge`` as
+``ringq purge --yes``; ``/api/actions/discard?id=ID&id=...`` gives ``{"discarded": n}``.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 try:
@@ -54,15 +62,19 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from . import view
-from .errors import JobNotFoundError, NotLeasedError
+from .errors import JobFinishedError, JobNotFoundError, NotLeasedError
 from .queue import Queue
 
 __all__ = ["make_app", "serve", "EVENT_INTERVAL", "CSRF_HEADER", "LOOPBACK_NAMES"]
 
 EVENT_INTERVAL = 1.0  # seconds between server-sent overview events
+STOP_POLL = 0.1  # seconds between an event stream's checks for a shutdown
+WAITING_LIMIT = 200  # jobs the "Waiting" page lists: a page, not an export (ringq list has all)
 CSRF_HEADER = "X-Ringq-CSRF"  # request header carrying the page's secret token on POSTs
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")  # host names a request may use
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# the states ``ringq list --state`` accepts ("ready" includes delayed jobs)
+LIST_STATES = ("ready", "leased", "done", "dead", "cancelled", "expired", "delayed")
 
 
 class _Guard:
@@ -141,11 +153,19 @@ class _State:
         return result
 
 
-def make_app(queue: Queue, *, allow_actions: bool = False, port: int | None = None) -> Any:
+def make_app(
+    queue: Queue,
+    *,
+    allow_actions: bool = False,
+    port: int | None = None,
+    stopping: Callable[[], bool] | None = None,
+) -> Any:
     """The ASGI application for ``queue``.  ``allow_actions`` enables the POST actions.
 
     ``port``: the TCP port the application is served on; requests whose ``Host`` header names
     another port, or a name other than ``LOOPBACK_NAMES``, get 403 (None: any port).
+    ``stopping()``: true once the server shuts down; open event streams then end (within
+    ``STOP_POLL`` seconds) so that a graceful shutdown does not wait on an open browser tab.
     """
     st = _State(queue, allow_actions)
     q = queue
@@ -168,7 +188,7 @@ def make_app(queue: Queue, *, allow_actions: bool = False, port: int | None = No
     async def api_list(request: Request) -> JSONResponse:
         state = request.query_params.get("state")
         limit = request.query_params.get("limit")
-        if state is not None and state not in ("ready", "leased", "done", "dead", "delayed"):
+        if state is not None and state not in LIST_STATES:
             return JSONResponse({"error": f"unknown state {state!r}"}, status_code=400)
         try:
             lim = None if limit in (None, "", "0") else int(limit)
@@ -205,11 +225,16 @@ def make_app(queue: Queue, *, allow_actions: bool = False, port: int | None = No
         return JSONResponse(data)
 
     async def events(request: Request) -> StreamingResponse:
+        def ending() -> bool:
+            return stopping is not None and stopping()
+
         async def stream() -> AsyncIterator[str]:
-            while not await request.is_disconnected():
+            while not ending() and not await request.is_disconnected():
                 data = await st.run(view.overview, q)
                 yield f"event: overview\ndata: {json.dumps(data)}\n\n"
-                await asyncio.sleep(EVENT_INTERVAL)
+                next_at = time.monotonic() + EVENT_INTERVAL
+                while not ending() and time.monotonic() < next_at:
+                    await asyncio.sleep(min(STOP_POLL, max(0.0, next_at - time.monotonic())))
 
         return StreamingResponse(
             stream(),
@@ -230,8 +255,10 @@ def make_app(queue: Queue, *, allow_actions: bool = False, port: int | None = No
                 return JSONResponse(await st.run(fn, request))
             except JobNotFoundError as exc:
                 return JSONResponse({"error": str(exc)}, status_code=404)
-            except NotLeasedError as exc:
+            except (NotLeasedError, JobFinishedError) as exc:
                 return JSONResponse({"error": str(exc)}, status_code=409)
+            except ValueError as exc:  # a key pause() refuses: too long, or too many paused
+                return JSONResponse({"error": str(exc)}, status_code=400)
 
         return endpoint
 
@@ -250,6 +277,18 @@ def make_app(queue: Queue, *, allow_actions: bool = False, port: int | None = No
     def purge(_request: Request) -> dict[str, Any]:
         return {"purged": q.purge()}  # same JSON as `ringq purge --yes --json`
 
+    def cancel(request: Request) -> list[dict[str, Any]]:
+        # same JSON as `ringq cancel --json ID...`: each job's snapshot after its cancel
+        return [q.cancel(jid).to_dict() for jid in request.query_params.getlist("id")]
+
+    def pause(request: Request) -> dict[str, Any]:
+        q.pause(request.query_params.get("key"))
+        return q.paused()  # same JSON as `ringq pause --json [--key K]`
+
+    def resume(request: Request) -> dict[str, Any]:
+        q.resume(request.query_params.get("key"))
+        return q.paused()  # same JSON as `ringq resume --json [--key K]`
+
     routes = [
         Route("/", page),
         Route("/page/{page}", page),
@@ -267,6 +306,9 @@ def make_app(queue: Queue, *, allow_actions: bool = False, port: int | None = No
         Route("/api/actions/requeue", action(requeue), methods=["POST"]),
         Route("/api/actions/discard", action(discard), methods=["POST"]),
         Route("/api/actions/purge", action(purge), methods=["POST"]),
+        Route("/api/actions/cancel", action(cancel), methods=["POST"]),
+        Route("/api/actions/pause", action(pause), methods=["POST"]),
+        Route("/api/actions/resume", action(resume), methods=["POST"]),
         Route("/favicon.ico", lambda _r: Response(status_code=204)),
     ]
     return _Guard(Starlette(routes=routes), port, st.token)
@@ -288,12 +330,16 @@ def serve(queue: Queue, port: int, *, allow_actions: bool = False, ready: Any = 
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
     sock.listen(64)
-    config = uvicorn.Config(
-        make_app(queue, allow_actions=allow_actions, port=sock.getsockname()[1]),
-        log_level="warning",
-        lifespan="off",
+    servers: list[Any] = []  # the server, once made: the app asks it whether it is shutting down
+    app = make_app(
+        queue,
+        allow_actions=allow_actions,
+        port=sock.getsockname()[1],
+        stopping=lambda: bool(servers) and servers[0].should_exit,
     )
+    config = uvicorn.Config(app, log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
+    servers.append(server)
     if ready is not None:
         ready(sock.getsockname()[1])
     server.run(sockets=[sock])
@@ -303,6 +349,7 @@ def serve(queue: Queue, port: int, *, allow_actions: bool = False, ready: Any = 
 
 NAV = [
     ("overview", "Overview"),
+    ("waiting", "Waiting"),
     ("leases", "In flight"),
     ("dead", "Dead letters"),
     ("storage", "Storage"),
@@ -339,6 +386,12 @@ async function act(url) {
   if (window.refresh) window.refresh();
   return r.status;
 }
+async function cancelJob(id) { return act("/api/actions/cancel?id=" + encodeURIComponent(id)); }
+const jobLink = (id) => `<a href="/job/${encodeURIComponent(id)}">${esc(id)}</a>`;
+const cancelButton = (id) => `<button class="cancel" data-id="${esc(id)}">cancel</button>`;
+function wireCancel(root) { for (const b of root.querySelectorAll("button.cancel")) b.onclick = () => cancelJob(b.dataset.id); }
+const fmtProgress = (j) => j.progress == null ? "-" : (100 * j.progress).toFixed(0) + "%" +
+  (j.progress_message ? " " + esc(j.progress_message) : "");
 const listeners = [];
 function onOverview(fn) { listeners.push(fn); }
 const source = new EventSource("/events");
@@ -352,6 +405,11 @@ OVERVIEW = r"""
  <div class="card">leased<b id="c-leased">-</b></div><div class="card">done<b id="c-done">-</b></div>
  <div class="card">dead<b id="c-dead">-</b></div><div class="card">oldest ready<b id="c-oldest">-</b></div>
 </div>
+<p id="pause-panel">leasing: <b id="paused">-</b> <span id="paused-keys"></span>
+ <button id="pause" onclick="act('/api/actions/pause')">pause queue</button>
+ <button id="resume" onclick="act('/api/actions/resume')">resume queue</button>
+ &nbsp; key <input id="pause-key" size="12" aria-label="key to pause">
+ <button id="pause-key-btn" onclick="const k = $('pause-key').value; if (k) act('/api/actions/pause?key=' + encodeURIComponent(k))">pause key</button></p>
 <h3>Throughput and errors (jobs/s, since the page opened, up to 5 minutes)</h3>
 <svg id="chart" width="900" height="220" role="img" aria-label="throughput chart"></svg>
 <div><span style="color:#3b82f6">&#9632; enqueued/s</span> &nbsp; <span style="color:#16a34a">&#9632; acked/s</span>
@@ -382,6 +440,12 @@ onOverview((d) => {
   const s = d.stats;
   for (const k of ["ready", "delayed", "leased", "done", "dead"]) $("c-" + k).textContent = s[k];
   $("c-oldest").textContent = fmtAge(d.oldest_ready_age);
+  $("paused").textContent = d.paused.queue ? "paused" : "running";
+  $("paused").className = d.paused.queue ? "warn" : "";
+  $("paused-keys").innerHTML = d.paused.keys.length ? "paused keys: " + d.paused.keys.map((k) =>
+    `<span class="pkey">${esc(k)} <button class="resume-key" data-key="${esc(k)}">resume</button></span>`).join(", ") : "";
+  for (const b of document.querySelectorAll("button.resume-key"))
+    b.onclick = () => act("/api/actions/resume?key=" + encodeURIComponent(b.dataset.key));
   if (prev && d.time > prev.time) {
     const dt = d.time - prev.time;
     points.push({t: d.time, enq: (s.enqueued_total - prev.stats.enqueued_total) / dt,
@@ -401,6 +465,28 @@ onOverview((d) => {
 </script>
 """
 
+WAITING = r"""
+<p>Jobs waiting to be leased (due and delayed), the first __LIMIT__ in enqueue order; cancelling one
+means it never runs.</p>
+<table id="waiting"></table>
+<script>
+async function refresh() {
+  const rows = await getJSON("/api/list?state=ready&limit=__LIMIT__");
+  const now = Date.now() / 1000;
+  $("waiting").innerHTML = "<tr><th>job</th><th>key</th><th>priority</th><th>due</th><th>expires</th><th>attempts</th><th></th></tr>" +
+    (rows.length ? rows.map((j) => `<tr><td>${jobLink(j.id)}</td><td>${esc(j.key ?? "-")}</td><td>${j.priority}</td>` +
+      `<td>${j.available_at > now ? "in " + fmtAge(j.available_at - now) : "now"}</td>` +
+      `<td>${j.expires_at == null ? "-" : "in " + fmtAge(Math.max(0, j.expires_at - now))}</td>` +
+      `<td>${j.attempts}/${j.max_attempts}</td><td>${cancelButton(j.id)}</td></tr>`).join("")
+      : "<tr><td colspan=7>(no job is waiting)</td></tr>");
+  wireCancel($("waiting"));
+}
+window.refresh = refresh;
+onOverview(() => refresh());
+refresh();
+</script>
+""".replace("__LIMIT__", str(WAITING_LIMIT))
+
 LEASES = r"""
 <p>Leases held now: holder process, time left against the queue's visibility timeout (a bar longer than
 the timeout was leased with a longer one, or extended by heartbeats), attempts, fencing token.</p>
@@ -408,15 +494,17 @@ the timeout was leased with a longer one, or extended by heartbeats), attempts, 
 <script>
 async function refresh() {
   const rows = await getJSON("/api/leases");
-  $("leases").innerHTML = "<tr><th>job</th><th>holder</th><th>lease left</th><th>attempts</th><th>token</th></tr>" +
+  $("leases").innerHTML = "<tr><th>job</th><th>holder</th><th>lease left</th><th>attempts</th><th>token</th><th>progress</th><th></th></tr>" +
     (rows.length ? rows.map((l) => {
       const left = Math.max(0, l.expires_in), pct = Math.min(100, 100 * left / l.visibility_timeout);
-      return `<tr><td><a href="/job/${encodeURIComponent(l.id)}">${esc(l.id)}</a></td>` +
+      return `<tr><td>${jobLink(l.id)}</td>` +
         `<td>${l.holder_pid ? "pid " + l.holder_pid : (l.detached ? "detached" : "-")}</td>` +
         `<td><div class="bar" title="${left.toFixed(1)} s left"><i style="width:${pct}%"></i></div>` +
         `${left.toFixed(1)} s left (timeout ${l.visibility_timeout} s)</td><td>${l.attempts}/${l.max_attempts}</td>` +
-        `<td>${esc(l.lease_token)}</td></tr>`;
-    }).join("") : "<tr><td colspan=5>(no leases)</td></tr>");
+        `<td>${esc(l.lease_token)}</td><td>${fmtProgress(l)}</td>` +
+        `<td>${l.cancel_requested ? "cancel requested" : cancelButton(l.id)}</td></tr>`;
+    }).join("") : "<tr><td colspan=7>(no leases)</td></tr>");
+  wireCancel($("leases"));
 }
 window.refresh = refresh;
 onOverview(() => refresh());
@@ -486,14 +574,21 @@ async function refresh() {
   const r = await fetch("/api/jobs/" + encodeURIComponent(jobId));
   const j = await r.json();
   if (!r.ok) { $("job").innerHTML = `<p class="warn">${esc(j.error)}</p>`; return; }
-  $("job").innerHTML = `<h3>${esc(j.id)}</h3><table>` +
-    [["state", j.state], ["key", j.key ?? "-"], ["attempts", j.attempts + " / " + j.max_attempts],
-     ["priority", j.priority], ["enqueued", new Date(j.enqueued_at * 1000).toLocaleString()],
-     ["available at", new Date(j.available_at * 1000).toLocaleString()],
-     ["lease deadline", j.lease_deadline ? new Date(j.lease_deadline * 1000).toLocaleString() : "-"],
+  const when = (t) => t == null ? "-" : new Date(t * 1000).toLocaleString();
+  const cancellable = (j.state === "ready" || j.state === "leased") && !j.cancel_requested;
+  const pct = j.progress == null ? null : (100 * j.progress).toFixed(0);
+  $("job").innerHTML = `<h3>${esc(j.id)} ${cancellable ? '<button id="cancel">cancel</button>' : ""}</h3><table>` +
+    [["state", j.state], ["cancel requested", j.cancel_requested ? "yes: its holder is told to stop" : "no"],
+     ["key", j.key ?? "-"], ["attempts", j.attempts + " / " + j.max_attempts],
+     ["priority", j.priority], ["enqueued", when(j.enqueued_at)], ["available at", when(j.available_at)],
+     ["expires at", when(j.expires_at)], ["lease deadline", when(j.lease_deadline)],
      ["fencing token", j.lease_token ?? "-"], ["last error", j.last_error ?? "-"]]
     .map(([k, v]) => `<tr><th>${k}</th><td>${esc(v)}</td></tr>`).join("") +
-    `</table><h4>payload</h4><pre>${esc(j.payload_preview)}</pre>`;
+    `<tr><th>progress</th><td id="progress">${pct == null ? "-" : `<div class="bar"><i style="width:${pct}%"></i></div>` +
+      `${pct}%${j.progress_message ? " " + esc(j.progress_message) : ""}`}</td></tr>` +
+    `</table><h4>payload</h4><pre id="payload">${esc(j.payload_preview)}</pre>` +
+    (j.result_preview == null ? "" : `<h4>result</h4><pre id="result">${esc(j.result_preview)}</pre>`);
+  if (cancellable) $("cancel").onclick = () => cancelJob(j.id);
 }
 window.refresh = refresh;
 onOverview(() => refresh());
@@ -501,7 +596,13 @@ refresh();
 </script>
 """
 
-PAGES = {"overview": OVERVIEW, "leases": LEASES, "dead": DEAD, "storage": STORAGE}
+PAGES = {
+    "overview": OVERVIEW,
+    "waiting": WAITING,
+    "leases": LEASES,
+    "dead": DEAD,
+    "storage": STORAGE,
+}
 
 
 def _layout(current: str, body: str, st: _State) -> str:

@@ -11,12 +11,15 @@ The JSON shapes of :func:`stats`, :func:`jobs`, :func:`dead` and :func:`verify` 
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from typing import Any
 
+from .codec import jsonable
 from .job import JobState
 from .queue import Queue
+from .results import ResultNotFoundError
 from .verify import QueueFiles, examine
 
 __all__ = [
@@ -80,7 +83,8 @@ def overview(q: Queue, rep: QueueFiles | None = None) -> dict[str, Any]:
 
     Shape: ``{"time", "queue", "dir", "stats": {...stats}, "by_priority": [{"state", "priority",
     "jobs"}], "oldest_ready_age": seconds or None, "sync_count", "limits": [...],
-    "visibility_timeout"}``.
+    "visibility_timeout", "paused": {"queue": bool, "keys": [...]}}`` (``paused`` is
+    :meth:`ringq.Queue.paused`, as ``ringq pause --json`` prints it).
     """
     now = time.time()
     st = q.stats().to_dict()
@@ -104,6 +108,7 @@ def overview(q: Queue, rep: QueueFiles | None = None) -> dict[str, Any]:
         "sync_count": rep.control.get("sync_count"),
         "limits": [i.to_dict() for i in q.limits()],
         "visibility_timeout": q.visibility_timeout,
+        "paused": q.paused(),
     }
 
 
@@ -136,17 +141,23 @@ def dead_groups(q: Queue) -> list[dict[str, Any]]:
     ]
 
 
-def job(q: Queue, job_id: str) -> dict[str, Any]:
-    """One job: ``to_dict()`` plus ``payload_preview`` (JSON text or a description, at most
-    :data:`PAYLOAD_PREVIEW` characters).  Raises JobNotFoundError."""
-    import json
+def _preview(value: Any) -> str:
+    """JSON text of ``jsonable(value)``, at most :data:`PAYLOAD_PREVIEW` characters."""
+    text = json.dumps(jsonable(value), ensure_ascii=False, indent=1)
+    return text if len(text) <= PAYLOAD_PREVIEW else text[: PAYLOAD_PREVIEW - 3] + "..."
 
-    j = q.get(job_id)
-    d = j.to_dict()
-    text = json.dumps(d["payload"], ensure_ascii=False, indent=1)
-    d["payload_preview"] = (
-        text if len(text) <= PAYLOAD_PREVIEW else text[: PAYLOAD_PREVIEW - 3] + "..."
-    )
+
+def job(q: Queue, job_id: str) -> dict[str, Any]:
+    """One job: ``ringq get --json`` (``to_dict()``) plus ``payload_preview`` and
+    ``result_preview``: JSON text or a description of bytes and arrays, at most
+    :data:`PAYLOAD_PREVIEW` characters; ``result_preview`` is None when no result is stored for
+    the job (:meth:`ringq.Queue.result`).  Raises JobNotFoundError."""
+    d = q.get(job_id).to_dict()
+    d["payload_preview"] = _preview(d["payload"])
+    try:
+        d["result_preview"] = _preview(q.result(job_id))
+    except ResultNotFoundError:
+        d["result_preview"] = None
     return d
 
 

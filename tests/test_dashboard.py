@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 import urllib.error
 import urllib.request
 
@@ -71,6 +72,7 @@ def fill(qdir: str) -> dict:
         q.nack(q.lease_one(), error="OSError: disk full" if i < 2 else "ValueError: bad header")
         assert q.get(job.id).state.value == "dead"
     held = q.lease(2, detach=True)
+    q.progress(held[0], 0.25, "resizing")
     return {"dead": [j.id for j in q.dlq()], "held": [j.id for j in held]}
 
 
@@ -147,6 +149,7 @@ def test_pages_load_without_errors_and_counts_are_live(browser, qdir, shots):  #
         text = page.text_content("#leases")
         assert all(i in text for i in ids["held"]) and "detached" in text
         assert f"pid {holder.pid}" in text and held_by_pid in text
+        assert "25% resizing" in text
         page.screenshot(path=os.path.join(shots, "dashboard-leases.png"))
 
         page.goto(url + "page/dead")
@@ -160,7 +163,13 @@ def test_pages_load_without_errors_and_counts_are_live(browser, qdir, shots):  #
         assert "/srv/img/" in page.text_content("#job pre") and "disk full" in page.text_content(
             "#job"
         )
-        page.screenshot(path=os.path.join(shots, "dashboard-job.png"))
+        assert page.query_selector("#cancel") is None  # a dead job cannot be cancelled
+
+        page.goto(url + "page/waiting")
+        page.wait_for_selector("#waiting button.cancel")
+        text = page.text_content("#waiting")
+        assert "tenant-7" in text and "email" not in text  # keys shown; payloads are not
+        assert " min" in text  # the job delayed by an hour shows its due time
 
         page.goto(url + "page/storage")
         page.click("#verify")
@@ -178,9 +187,27 @@ def test_pages_load_without_errors_and_counts_are_live(browser, qdir, shots):  #
 
 def test_actions_are_refused_without_allow_actions(browser, qdir):  # noqa: F811
     ids = fill(qdir)
+    ready = Queue(qdir).list_jobs("ready", limit=1)[0].id
     proc, url = start_dashboard(qdir)
     try:
         page = browser.new_page()
+        errors = watch(page)
+        refused = "document.getElementById('msg').textContent.includes('refused (403)')"
+        page.goto(url + "job/" + ready)
+        page.click("#cancel")
+        page.wait_for_function(refused)
+        page.goto(url + "page/waiting")
+        page.click("#waiting button.cancel >> nth=0")
+        page.wait_for_function(refused)
+        page.goto(url + "page/leases")
+        page.click("#leases button.cancel >> nth=0")
+        page.wait_for_function(refused)
+        page.goto(url + "page/overview")
+        page.wait_for_function("document.getElementById('paused').textContent === 'running'")
+        for button in ("#pause", "#resume"):
+            page.evaluate("document.getElementById('msg').textContent = ''")
+            page.click(button)
+            page.wait_for_function(refused)
         page.goto(url + "page/dead")
         page.wait_for_selector("button.requeue")
         page.click("#requeue-all")
@@ -191,12 +218,36 @@ def test_actions_are_refused_without_allow_actions(browser, qdir):  # noqa: F811
         page.wait_for_function(
             "document.getElementById('msg').textContent.includes('refused (403)')"
         )
-        for action in ("requeue", "discard?id=" + ids["dead"][0], "purge"):
+        q = Queue(qdir)
+        actions = (
+            "requeue",
+            "discard?id=" + ids["dead"][0],
+            "purge",
+            "cancel?id=" + ready,
+            "cancel?id=" + ids["held"][0],
+            "pause",
+            "pause?key=pdf",
+            "resume",
+        )
+        for action in actions:
             req = urllib.request.Request(url + "api/actions/" + action, method="POST")
             with pytest.raises(urllib.error.HTTPError) as info:
                 urllib.request.urlopen(req, timeout=10)
             assert info.value.code == 403
-        assert Queue(qdir).stats().dead == 3  # nothing changed
+        # nothing changed
+        assert q.stats().dead == 3 and q.stats().cancelled == 0
+        assert q.get(ready).state.value == "ready"
+        assert not q.get(ids["held"][0]).cancel_requested
+        assert q.paused() == {"queue": False, "keys": []}
+        q.pause()
+        page.goto(url + "page/overview")
+        page.wait_for_function("document.getElementById('paused').textContent === 'paused'")
+        page.evaluate("document.getElementById('msg').textContent = ''")
+        page.click("#resume")
+        page.wait_for_function(refused)
+        assert q.paused() == {"queue": True, "keys": []}  # a refused resume leaves it paused
+        # the browser logs each refused request; nothing else may appear
+        assert all("status of 403" in e for e in errors), errors
     finally:
         stop(proc)
 
@@ -218,7 +269,215 @@ def test_actions_with_allow_actions(browser, qdir):  # noqa: F811
         page.wait_for_function("document.getElementById('msg').textContent.includes('requeued')")
         st = Queue(qdir).stats()
         assert st.dead == 0 and st.ready == 10 + 3 + 1  # two emails stay leased
+        # cancel from the in-flight page: the lease stays, marked cancel requested
+        page.goto(url + "page/leases")
+        page.wait_for_selector("#leases button.cancel")
+        held = page.get_attribute("#leases button.cancel >> nth=0", "data-id")
+        page.click("#leases button.cancel >> nth=0")
+        page.wait_for_function(
+            "document.getElementById('leases').textContent.includes('cancel requested')"
+        )
+        job = Queue(qdir).get(held)
+        assert job.cancel_requested and job.state.value == "leased"
         assert errors == []
+    finally:
+        stop(proc)
+
+
+REPORTER = r"""
+import sys, time
+from ringq import Queue
+q = Queue(sys.argv[1])
+job = q.lease_one()
+q.progress(job, 0.4, "page 40 of 100")
+print(job.id, flush=True)
+sys.stdin.readline()
+q.progress(job, 0.7, "page 70 of 100")
+end = time.time() + 60
+while not job.cancel_requested and time.time() < end:
+    time.sleep(0.05)
+    job = q.extend(job, 30)  # the heartbeat that tells a holder of a cancel request
+print("cancel seen" if job.cancel_requested else "no cancel", flush=True)
+sys.stdin.readline()
+q.ack(job)
+"""
+
+
+def test_job_page_shows_progress_and_cancels(browser, qdir, shots):  # noqa: F811
+    q = Queue(qdir, visibility_timeout=60)
+    done = q.enqueue({"render": "cover.png"}, priority=9)
+    q.ack(q.lease_one(), result={"pages": 100, "bytes": 81234})
+    report = q.enqueue(
+        {"pdf": "reports/2024.pdf", "pages": 100}, key="reports", expires_in=3600, priority=5
+    )
+    first = q.enqueue({"email": "a@example.com"})
+    second = q.enqueue({"email": "b@example.com"}, expires_in=3600)
+    holder = spawn(REPORTER, qdir, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == report.id
+    proc, url = start_dashboard(qdir, "--allow-actions")
+    try:
+        page = browser.new_page(viewport={"width": 1100, "height": 640})
+        errors = watch(page)
+        page.goto(url + "job/" + report.id)
+        page.wait_for_function(
+            "(document.getElementById('progress') || {}).textContent === '40% page 40 of 100'"
+        )
+        text = page.text_content("#job")
+        assert "reports" in text and "expires at" in text and "cancel requestedno" in text
+        # progress reported later by the holder shows without a reload
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        page.wait_for_function(
+            "document.getElementById('progress').textContent === '70% page 70 of 100'",
+            timeout=15000,
+        )
+        page.screenshot(path=os.path.join(shots, "dashboard-job.png"))
+
+        # a leased job: cancel requested, its holder learns it at its next extend
+        page.click("#cancel")
+        page.wait_for_function("document.getElementById('job').textContent.includes('yes:')")
+        assert q.get(report.id).cancel_requested and q.get(report.id).state.value == "leased"
+        assert holder.stdout.readline().strip() == "cancel seen"
+        holder.stdin.write("ack\n")
+        holder.stdin.flush()
+        assert holder.wait(30) == 0  # its ack ends the job cancelled, not done
+        assert q.get(report.id).state.value == "cancelled"
+        page.wait_for_function("document.getElementById('job').textContent.includes('cancelled')")
+
+        # a ready job from its page, another from the Waiting page: cancelled, never run
+        page.goto(url + "job/" + first.id)
+        page.click("#cancel")
+        page.wait_for_function("document.getElementById('msg').textContent.includes('cancelled')")
+        assert q.get(first.id).state.value == "cancelled"
+        page.goto(url + "page/waiting")
+        page.wait_for_selector("#waiting button.cancel")
+        assert " min" in page.text_content("#waiting")  # when the second one expires
+        page.click(f"#waiting button.cancel[data-id='{second.id}']")
+        page.wait_for_function(
+            "document.getElementById('waiting').textContent.includes('no job is waiting')"
+        )
+        assert q.get(second.id).state.value == "cancelled"
+
+        # a stored result is previewed as the payload is; a job without one has none
+        page.goto(url + "job/" + done.id)
+        page.wait_for_selector("#result")
+        assert '"pages": 100' in page.text_content("#result")
+        assert page.query_selector("#cancel") is None
+        page.goto(url + "job/" + first.id)
+        page.wait_for_selector("#payload")
+        assert page.query_selector("#result") is None
+        assert errors == []
+    finally:
+        stop(proc)
+        holder.kill()
+        holder.wait()
+
+
+CONSUMER = r"""
+import sys, time
+from ringq import Queue
+q = Queue(sys.argv[1])
+end = time.time() + 60
+while time.time() < end:
+    started = time.time()
+    job = q.lease_one(wait=0.1)
+    print(started, job.id if job else "-", flush=True)
+    if job is not None:
+        q.ack(job)
+"""
+
+
+def test_pause_and_resume_from_the_overview(browser, qdir, shots):  # noqa: F811
+    q = Queue(qdir)
+    consumer = spawn(CONSUMER, qdir, stdout=subprocess.PIPE, text=True)
+    proc, url = start_dashboard(qdir, "--allow-actions")
+
+    def lines_until(pred):
+        while True:
+            line = consumer.stdout.readline()
+            assert line, "the consumer exited"
+            started, what = line.split()
+            if pred(float(started), what):
+                return
+
+    try:
+        page = browser.new_page(viewport={"width": 1100, "height": 700})
+        errors = watch(page)
+        page.goto(url + "page/overview")
+        paused = "document.getElementById('paused').textContent === '{}'"
+        page.wait_for_function(paused.format("running"))
+        page.click("#pause")
+        page.wait_for_function(paused.format("paused"))
+        assert q.paused() == {"queue": True, "keys": []}
+        job = q.enqueue({"after": "pause"})
+        t0 = time.time()
+        # two whole lease calls of the other process began after the enqueue and got nothing
+        seen = []
+        lines_until(
+            lambda t, what: what == "-" and t > t0 and seen.append(t) is None and len(seen) == 2
+        )
+        assert q.get(job.id).state.value == "ready"
+
+        page.fill("#pause-key", "pdf")
+        page.click("#pause-key-btn")
+        page.wait_for_selector("button.resume-key[data-key='pdf']")
+        assert q.paused() == {"queue": True, "keys": ["pdf"]}
+        page.screenshot(path=os.path.join(shots, "dashboard-paused.png"))
+
+        page.click("#resume")
+        page.wait_for_function(paused.format("running"))
+        lines_until(lambda _t, what: what == job.id)  # leased at once by the other process
+        page.click("button.resume-key[data-key='pdf']")
+        page.wait_for_function("document.getElementById('paused-keys').textContent === ''")
+        assert q.paused() == {"queue": False, "keys": []}
+        assert errors == []
+    finally:
+        stop(proc)
+        consumer.kill()
+        consumer.wait()
+
+
+def test_action_json_matches_the_cli(qdir):
+    import re
+
+    q = Queue(qdir)
+    a, b = q.enqueue_many(["a", "b"])
+    proc, url = start_dashboard(qdir, "--allow-actions")
+    own = url.split("/")[2]
+    try:
+        status, page = _http(url, "/page/overview", headers={"Host": own})
+        token = re.search(r'CSRF_TOKEN = "([^"]+)"', page).group(1)
+        post = {"Host": own, "Origin": f"http://{own}", "X-Ringq-CSRF": token}
+
+        def cli(*argv: str):
+            out = run_py(
+                "from ringq.cli import main; raise SystemExit(main())",
+                "--dir",
+                qdir,
+                "--json",
+                *argv,
+            )
+            assert out.returncode == 0, out.stderr
+            return json.loads(out.stdout)
+
+        # pausing twice, cancelling twice, resuming twice is harmless: both answers must agree
+        for action, argv in (
+            ("pause?key=pdf", ["pause", "--key", "pdf"]),
+            ("pause", ["pause"]),
+            (f"cancel?id={a.id}&id={b.id}", ["cancel", a.id, b.id]),
+            ("resume", ["resume"]),
+            ("resume?key=pdf", ["resume", "--key", "pdf"]),
+        ):
+            status, body = _http(url, "/api/actions/" + action, "POST", post)
+            assert status == 200, (action, body)
+            assert json.loads(body) == cli(*argv), action
+        # errors are typed: a finished job cannot be cancelled, an unknown one is not found
+        assert _http(url, f"/api/actions/cancel?id={a.id}", "POST", post)[0] == 200
+        q.ack(q.enqueue("c", job_id="c") and q.lease_one())
+        assert _http(url, "/api/actions/cancel?id=c", "POST", post)[0] == 409
+        assert _http(url, "/api/actions/cancel?id=nope", "POST", post)[0] == 404
+        assert _http(url, "/api/actions/pause?key=" + "k" * 57, "POST", post)[0] == 400
+        assert q.paused() == {"queue": False, "keys": []}
     finally:
         stop(proc)
 
@@ -233,6 +492,7 @@ def test_json_endpoints_match_the_cli(qdir):
             ("api/list", ["list"]),
             ("api/dlq", ["dlq"]),
             ("api/verify", ["verify"]),
+            ("api/list?state=cancelled", ["list", "--state", "cancelled"]),
         ):
             with urllib.request.urlopen(url + endpoint, timeout=10) as resp:
                 served = json.loads(resp.read())
@@ -245,8 +505,40 @@ def test_json_endpoints_match_the_cli(qdir):
             )
             assert cli.returncode == 0, cli.stderr
             assert served == json.loads(cli.stdout), endpoint
+        # one job: `ringq get --json` plus the previews the job page shows
+        job_id = Queue(qdir).list_jobs("leased")[0].id
+        with urllib.request.urlopen(url + "api/jobs/" + job_id, timeout=10) as resp:
+            served = json.loads(resp.read())
+        cli = run_py(
+            "from ringq.cli import main; raise SystemExit(main())",
+            "--dir",
+            qdir,
+            "--json",
+            "get",
+            job_id,
+        )
+        assert cli.returncode == 0, cli.stderr
+        previews = {k: served.pop(k) for k in ("payload_preview", "result_preview")}
+        assert served == json.loads(cli.stdout)
+        assert previews["result_preview"] is None and "email" in previews["payload_preview"]
     finally:
         stop(proc)
+
+
+def test_interrupt_ends_open_event_streams(qdir):
+    """Ctrl-C stops the dashboard promptly while a page holds its event stream open."""
+    fill(qdir)
+    proc, url = start_dashboard(qdir)
+    try:
+        with urllib.request.urlopen(url + "events", timeout=10) as stream:
+            assert stream.readline().startswith(b"event: overview")
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(10) != 0  # well before the 10 s: the stream ends within 0.1 s
+            assert b"[DONE]" not in stream.read()  # the server ended the response
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def _http(url: str, path: str, method: str = "GET", headers: dict | None = None) -> tuple[int, str]:
@@ -305,12 +597,15 @@ def test_dns_rebinding_and_cross_site_requests_are_refused(qdir):
             {"Host": own, "Referer": f"http://{own}.evil.example/", **tok},
             {"Host": own, "Origin": "null", **tok},
         ]
-        for action in ("requeue", "purge"):
+        q = Queue(qdir)
+        held = q.list_jobs("leased", limit=1)[0].id
+        for action in ("requeue", "purge", f"cancel?id={held}", "pause", "resume"):
             for headers in refused:
                 status, body = _http(url, "/api/actions/" + action, "POST", headers)
                 assert status == 403, (action, headers)
                 assert "error" in json.loads(body)
-        assert Queue(qdir).stats().dead == 3  # nothing changed
+        assert q.stats().dead == 3  # nothing changed
+        assert not q.get(held).cancel_requested and q.paused()["queue"] is False
 
         # the dashboard's own page: same origin (Origin, or Referer alone) and the token
         ok = {"Host": own, "Referer": f"http://{own}/page/dead", **tok}

@@ -203,8 +203,10 @@ class NobrokerImport:
 
     ``queues[name]`` counts: ``imported`` (written now), ``existing`` (ids already in the ringq
     queue: an earlier run brought them), ``ready``/``delayed``/``dead`` (of the jobs brought,
-    written now or before), ``leased`` (held by a nobroker worker at the time of reading; brought
-    as ready, due when their lease would have expired), ``done`` (finished: not brought).
+    written now or before), ``leased`` (held by a nobroker worker at the time of reading: the lost
+    lease counts as an attempt, so one that used the last attempt is brought dead, also counted in
+    ``dead``, and any other is brought ready, due when its lease would have expired), ``done``
+    (finished: not brought).
     ``stopped`` lists logs whose reading stopped early, as ``(log path, why)``.
     """
 
@@ -222,8 +224,10 @@ def import_nobroker(source: str | os.PathLike[str], into: str | os.PathLike[str]
     Each nobroker queue goes into the ringq queue of the same name in directory ``into``
     (default: ``source`` itself, so that ``Queue(source)`` opens the imported jobs).  Pending,
     delayed and dead jobs keep their id, payload, priority, attempts, max_attempts and due time; a
-    job leased at the time is brought as ready, due when its lease expires (what nobroker would
-    do if its holder never acks).  Finished jobs are not brought.  The nobroker files are only
+    job leased at the time has its lease counted as a failed attempt (what nobroker's expiry
+    would do if its holder never acks): with ``attempts >= max_attempts`` it is brought dead
+    (``last_error`` says its lease was lost in the import), otherwise ready, due when its lease
+    would have expired.  Finished jobs are not brought.  The nobroker files are only
     read (under nobroker's own lock, so a live nobroker process is not caught mid-write).  Rerunning
     adds nothing twice (ids are idempotency keys), so an import that was killed can be rerun.
 
@@ -263,8 +267,18 @@ def import_nobroker(source: str | os.PathLike[str], into: str | os.PathLike[str]
                 counts["done"] += 1
                 continue
             if job.state is JobState.LEASED:
+                # The lease is lost in the import (its holder can no longer ack into ringq), so it
+                # counts as a failed attempt, as an expiry would in nobroker or in ringq: with no
+                # attempt left the job is dead, otherwise due when its lease would have expired.
                 counts["leased"] += 1
-                job.state, job.available_at = JobState.READY, job.lease_deadline or now
+                if job.attempts >= job.max_attempts:
+                    job.state, job.lease_deadline = JobState.DEAD, None
+                    job.last_error = (f"its lease (attempt {job.attempts} of {job.max_attempts}) was lost in "
+                                      "the import from nobroker; no attempt left")
+                    counts["dead"] += 1
+                else:
+                    job.state, job.available_at = JobState.READY, job.lease_deadline or now
+                    job.lease_deadline = None
             elif job.state is JobState.DEAD:
                 counts["dead"] += 1
             elif job.available_at > now:

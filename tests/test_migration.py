@@ -191,3 +191,32 @@ def test_work_verbose_shows_the_handler_traceback(tmp_path):
     loud = cli("-d", d, "work", "failing_handler:handle", "--idle-timeout", "0.3", "-v", cwd=tmp_path)
     assert loud.returncode == 0
     assert "Traceback (most recent call last)" in loud.stderr and "in inner" in loud.stderr
+
+
+def test_a_leased_job_imported_counts_its_lease_as_an_attempt(tmp_path):
+    d = str(tmp_path / "jobs")
+    nq = nobroker.Queue(d, max_attempts=1)
+    nq.enqueue("last", job_id="last-try")
+    nq.enqueue("more", job_id="has-more", max_attempts=3)
+    leased = {j.id: j for j in nq.lease(2, visibility_timeout=1)}
+    assert leased["last-try"].attempts == 1 == leased["last-try"].max_attempts
+    nq.close()
+    proc = cli("--json", "import-nobroker", d)
+    assert proc.returncode == 0, proc.stderr
+    counts = json.loads(proc.stdout)["queues"]["default"]
+    assert counts["leased"] == 2 and counts["dead"] == 1 and counts["imported"] == 2
+    with Queue(d) as q:
+        dead = q.get("last-try")
+        assert dead.state is ringq.JobState.DEAD and dead.attempts == 1
+        assert "lease" in dead.last_error and "import" in dead.last_error
+        retry = q.get("has-more")
+        assert retry.state is ringq.JobState.READY and retry.attempts == 1
+        assert abs(retry.available_at - leased["has-more"].lease_deadline) < 0.01
+        deadline = time.time() + 30
+        got = []
+        while time.time() < deadline and not got:  # due once the nobroker lease would have expired
+            got = q.lease(5)
+            if not got:
+                time.sleep(0.05)
+        assert [(j.id, j.attempts) for j in got] == [("has-more", 2)]
+        assert q.lease_one() is None

@@ -60,8 +60,36 @@ def test_opening_a_nobroker_directory_is_refused_in_one_line(tmp_path):
     assert not os.path.exists(os.path.join(d, "default.ctl"))  # nothing created beside the old jobs
     proc = cli("-d", d, "stats")
     assert proc.returncode == 1 and "ringq import-nobroker" in proc.stderr and proc.stderr.count("\n") == 1
-    with Queue(d, "other") as other:  # a queue of another name in the same directory is ringq's own
-        assert other.stats().total == 0
+    with pytest.raises(ForeignQueueError, match=r"ringq import-nobroker"):  # any name, not only the log's
+        Queue(d, "other")
+    assert cli("-d", d, "-q", "other", "enqueue", "x").returncode == 1
+    assert not any(f.endswith(".ctl") for f in os.listdir(d))  # nothing created for either name
+
+
+def test_after_an_import_in_place_python_aio_and_the_cli_all_open_the_directory(tmp_path):
+    import asyncio
+
+    import ringq.aio
+
+    d = str(tmp_path / "jobs")
+    nobroker_queue(d)
+    with pytest.raises(ForeignQueueError):
+        ringq.aio.Queue(d)
+    assert cli("import-nobroker", d).returncode == 0
+    stats = cli("-d", d, "--json", "stats")
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["total"] == 4
+    with Queue(d, "default") as q, Queue(d, "other") as other:
+        assert q.stats().total == 4 and other.stats().total == 0
+    assert cli("-d", d, "-q", "other", "stats").returncode == 0
+
+    async def aio_opens():
+        async with ringq.aio.Queue(d) as aq:
+            assert aq.running() == []
+
+    asyncio.run(aio_opens())
+    again = json.loads(cli("--json", "import-nobroker", d).stdout)["queues"]["default"]
+    assert again["imported"] == 0 and again["existing"] == 4
 
 
 def test_import_keeps_ids_attempts_priorities_due_times_and_dead_jobs(tmp_path):

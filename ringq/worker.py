@@ -381,6 +381,8 @@ class Worker:
                         exc_info=exc if log.isEnabledFor(logging.DEBUG) else None)
             if result.state is JobState.DEAD:
                 self.stats.add(dead=1)
+                # nobroker's Worker logs this line too; a program that watches for it keeps working.
+                log.error("job %s exhausted %d attempts and moved to the DLQ", job.id, result.max_attempts)
 
     def _heartbeat_loop(self) -> None:
         # Beats until every handler thread has returned, so that handlers still running after

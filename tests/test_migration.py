@@ -248,3 +248,22 @@ def test_a_leased_job_imported_counts_its_lease_as_an_attempt(tmp_path):
                 time.sleep(0.05)
         assert [(j.id, j.attempts) for j in got] == [("has-more", 2)]
         assert q.lease_one() is None
+
+
+def test_a_lease_from_before_requeue_dead_is_refused_as_requeued_and_tokens_restart(tmp_path):
+    with Queue(str(tmp_path / "q"), max_attempts=1) as q:
+        q.enqueue("x", job_id="a")
+        old = q.lease_one()
+        assert old.lease_token == "1"
+        q.nack(old, error="boom")
+        assert q.requeue_dead("a") == 1
+        with pytest.raises(NotLeasedError, match="the job was requeued .* since this lease"):
+            q.ack(old)  # a Job object is fenced across the requeue
+        new = q.lease_one()
+        assert new.lease_token == "1"  # a new life of the job: tokens start again
+        assert cli("-d", str(tmp_path / "q"), "ack", "a", "--token", "1").returncode == 0  # a bare id is not
+        q.enqueue("y", job_id="b")
+        held = q.lease_one()
+        q.purge()
+        with pytest.raises(NotLeasedError, match="it was purged"):
+            q.ack(held)

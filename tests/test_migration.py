@@ -267,3 +267,18 @@ def test_a_lease_from_before_requeue_dead_is_refused_as_requeued_and_tokens_rest
         q.purge()
         with pytest.raises(NotLeasedError, match="it was purged"):
             q.ack(held)
+
+
+def test_on_redis_tokens_keep_growing_across_requeue_dead(redis_url):
+    q = ringq.connect(redis_url, "requeue-tokens", max_attempts=1)
+    try:
+        q.enqueue("x", job_id="a")
+        old = q.lease_one()
+        q.nack(old, error="boom")
+        assert q.requeue_dead("a") == 1
+        with pytest.raises(NotLeasedError):
+            q.ack(old)
+        assert q.lease_one().lease_token == "2"
+    finally:
+        q.purge()
+        q.close()

@@ -24,7 +24,8 @@ on a Redis server (ringq/aio_store.py is the only code that knows which):
   concurrency limit never makes it hold other processes' work, and the engine's FIFO order is the
   "rest wait in submission order" of the limit;
 * one *results queue* ``<name>-r`` whose records are the finished jobs (status, result or
-  error, times), appended with ``job_id=<job id>`` so that a job can finish only once;
+  error, times; the payload only if small, else it stays in the job record), appended with
+  ``job_id=<job id>`` so that a job can finish only once;
 * nothing else: a job is unfinished while its job record is READY or LEASED, finished once its
   result record exists, and pruned (by retention, ringq/aio_retention.py) once the result record
   is DONE.
@@ -60,7 +61,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from . import aio_job
+from . import aio_job, codec, records
 from .aio_job import CANCELLED_ERROR, Job, Status
 from .aio_retention import prune_results
 from .aio_store import store_for
@@ -151,8 +152,10 @@ class Queue:
         durability: the engine's durability strategy for job and result records on a directory
             (default ``"msync"``: durable against power loss when ``submit`` returns).  On Redis
             durability is the server's own (docs/scale-out.md) and this is ignored.
-        slot_size, slot_count: geometry of a directory's engine queues, used when they are created
-            (ignored on Redis).
+        slot_size, slot_count: geometry of a directory's engine queues, used when they are created.
+            Their product (4 MiB by default) is ``max_record_bytes``, the largest job or result
+            record (64-byte header + id + encoded payload or result) on both backends: ``submit``
+            refuses a larger job, and a larger result fails its job.
         sweep_interval: seconds between retention sweeps (default: a tenth of ``keep_seconds``,
             between 0.05 and 60).
 
@@ -188,6 +191,9 @@ class Queue:
         self.sweep_interval = (
             _sweep_default(keep_seconds) if sweep_interval is None else sweep_interval
         )
+        # The largest record (64-byte header + id + encoded payload), in bytes, on both backends:
+        # what one segment of the directory geometry holds (ringq/ring.py max_record_bytes).
+        self.max_record_bytes = min(int(slot_size) * int(slot_count), records.MAX_RECORD_FIELD)
         self._engine_opts = dict(
             durability=durability,
             visibility_timeout=self.visibility_timeout,
@@ -402,7 +408,8 @@ class Queue:
             delay: seconds before the job may start.
 
         Raises:
-            QueueClosedError (not open), SerializationError (payload not JSON), ValueError,
+            QueueClosedError (not open), SerializationError (payload not JSON), RecordTooLargeError
+            (the record exceeds ``max_record_bytes``, on either backend), ValueError,
             ConnectionLostError (Redis unreachable: the job may or may not be stored; pass an ``id``
             to make a retry safe).
         """
@@ -414,7 +421,9 @@ class Queue:
                 return id
         job_id = id if id is not None else uuid.uuid4().hex
         q = self._open_engine(self.queue_name(kind))
-        q.enqueue({"kind": kind, "payload": payload}, job_id=job_id, delay=delay)
+        rec = {"kind": kind, "payload": payload}
+        self._check_record_size(q.name, rec, job_id)
+        q.enqueue(rec, job_id=job_id, delay=delay)
         if threading.get_ident() == self._loop_thread:
             self._pump(kind)
         else:
@@ -573,6 +582,7 @@ class Queue:
             return
         rec = aio_job.result_record(ej, job, status, result, error)
         try:
+            self._check_record_size(self._results.name, rec, job.id)
             self._results.enqueue(rec, job_id=job.id)
         except SerializationError as exc:  # the result is not JSON, or too large
             rec.update(
@@ -582,6 +592,18 @@ class Queue:
             )
             self._results.enqueue(rec, job_id=job.id)
         _ack(q, ej)
+
+    def _check_record_size(self, qname: str, rec: Any, job_id: str) -> None:
+        """Raise RecordTooLargeError if ``rec`` exceeds ``max_record_bytes`` on a backend whose
+        engine queues do not refuse it themselves (Redis), as a directory's would."""
+        if self._store.checks_record_size:
+            return
+        codec_id, data = codec.encode(rec)
+        records.check_sizes(
+            [records.NewRecord(data, codec_id, job_id.encode("utf-8", "strict"))],
+            self.max_record_bytes,
+            qname,
+        )
 
     # -- retention ------------------------------------------------------------------------------
 

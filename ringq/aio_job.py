@@ -2,13 +2,16 @@
 
 A job of kind K is a record ``{"kind": K, "payload": ...}`` in the engine queue of K; a finished
 job is a *result record* (the keys of ``RESULT_KEYS``) in the results queue, enqueued with the job's
-id as its job id.  This module finds jobs in those engine queues, turns their records into
+id as its job id.  A result record repeats the payload only if it is small (``RESULT_PAYLOAD_MAX``),
+so a job whose payload fits the record limit can always store a result of the same size; a larger
+payload of a finished job is read from its job record while the engine retains that (None after).  This module finds jobs in those engine queues, turns their records into
 :class:`Job` snapshots and builds result records; it works on open engine queues of either backend
 and knows nothing about where they live.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import time
@@ -17,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from . import codec
 from .errors import JobNotFoundError
 from .job import Job as EngineJob
 from .job import JobState
@@ -26,11 +30,15 @@ __all__ = ["Job", "Status"]
 log = logging.getLogger("ringq.aio")
 
 PRUNED = object()  # what locate returns for a job that finished and was pruned
+NO_PAYLOAD = object()  # payload of a result record that does not repeat it (read the job record)
+# Encoded payloads up to this many bytes are repeated in the result record, so get() returns them
+# for as long as the result is retained.  A larger one is not: the result record then holds only the
+# result and a few hundred bytes of fields, so any result as large as the payload fits too.
+RESULT_PAYLOAD_MAX = 64 * 1024
 UNFINISHED = (JobState.READY, JobState.LEASED)
 RESULT_KEYS = {
     "id",
     "kind",
-    "payload",
     "status",
     "result",
     "error",
@@ -56,7 +64,10 @@ class Job:
     Attributes:
         id: the job id (``submit``'s ``id=``, or 32 hex digits).
         kind: the handler kind it was submitted for.
-        payload: the JSON value given to ``submit``.
+        payload: the JSON value given to ``submit``.  For a finished job whose encoded payload
+            is over ``RESULT_PAYLOAD_MAX`` (64 KiB) it is read from the job record, which the engine
+            keeps for a while after the job finishes (on a directory until its segment is retired,
+            on Redis a minute); after that it is None, though the result is kept.
         status: :class:`Status` when the snapshot was taken.
         result: the handler's return value (JSON) once DONE, else None.
         error: ``"ExceptionType: message"`` once FAILED, else None.
@@ -151,7 +162,7 @@ def from_result(rec: Any, job_id: str, where: str) -> Job | None:
     return Job(
         id=rec["id"],
         kind=rec["kind"],
-        payload=rec["payload"],
+        payload=rec.get("payload", NO_PAYLOAD),
         status=Status(rec["status"]),
         result=rec["result"],
         error=rec["error"],
@@ -164,11 +175,11 @@ def from_result(rec: Any, job_id: str, where: str) -> Job | None:
 def result_record(
     ej: EngineJob, job: Job, status: Status, result: Any, error: str | None
 ) -> dict[str, Any]:
-    """The result record of ``job`` (leased as ``ej``) finishing now with ``status``."""
-    return {
+    """The result record of ``job`` (leased as ``ej``) finishing now with ``status``; with the
+    payload only if its encoding is at most ``RESULT_PAYLOAD_MAX`` bytes."""
+    rec = {
         "id": job.id,
         "kind": job.kind,
-        "payload": job.payload,
         "status": status.value,
         "result": result,
         "error": error,
@@ -176,6 +187,9 @@ def result_record(
         "finished_at": time.time(),
         "attempts": ej.attempts,
     }
+    if len(codec.encode(job.payload)[1]) <= RESULT_PAYLOAD_MAX:
+        rec["payload"] = job.payload
+    return rec
 
 
 def find_result(results: Any, job_id: str) -> Job | object | None:
@@ -197,6 +211,8 @@ def locate(
     ``kind_queues()`` lists the open job queues, named ``prefix + kind``; it is called only if
     the job has no result."""
     found = find_result(results, job_id)
+    if isinstance(found, Job):
+        return with_payload(found, kind_queues() if found.payload is NO_PAYLOAD else [], prefix)
     if found is not None:
         return found
     for q in kind_queues():
@@ -211,8 +227,25 @@ def locate(
         if ej.state is JobState.DEAD:
             return gave_up(ej, *decode(ej, q.name, prefix))
         # DONE: its result was written first; read again (it may have been written just now).
-        return find_result(results, job_id) or PRUNED
+        found = find_result(results, job_id) or PRUNED
+        return with_payload(found, [q], prefix) if isinstance(found, Job) else found
     return None
+
+
+def with_payload(job: Job, kind_queues: list[Any], prefix: str) -> Job:
+    """``job`` (from a result record) with its payload: the record's own, else that of its job
+    record in one of ``kind_queues`` if retained, else None."""
+    if job.payload is not NO_PAYLOAD:
+        return job
+    for q in kind_queues:
+        try:
+            ej = q.get(job.id)
+        except JobNotFoundError:
+            continue
+        kind, payload = decode(ej, q.name, prefix)
+        if kind == job.kind:
+            return dataclasses.replace(job, payload=payload)
+    return dataclasses.replace(job, payload=None)
 
 
 def unfinished_jobs(results: Any, kind_queues: list[Any], prefix: str) -> list[Job]:

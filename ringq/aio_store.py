@@ -92,10 +92,13 @@ def store_for(target: str | os.PathLike[str], name: str) -> Store:
 class DirStore:
     """Engine queues in directory ``path``; the sweep lock is a flock on ``<name>-r.sweep``."""
 
+    # The engine queues refuse a record larger than one segment themselves.
+    checks_record_size = True
+
     def __init__(self, path: str, name: str) -> None:
         from .foreign import check_not_foreign
 
-        check_not_foreign(path, "")  # an errand SQLite file at `path`: say so now, not at open
+        check_not_foreign(path)  # an errand SQLite file, a nobroker directory: say so now, not at open
         self.path = self.where = path
         self._sweep_file = os.path.join(path, f"{name}-r.sweep")
         self._fd = -1
@@ -150,6 +153,10 @@ class _Flock:
 
 class RedisStore:
     """Engine queues on the Redis server at ``url``; see the module docstring for the keys."""
+
+    # Redis takes records far larger than a directory's segment: aio applies the directory's limit
+    # itself (Queue._check_record_size), so a job behaves the same on both backends.
+    checks_record_size = False
 
     def __init__(self, url: str, name: str) -> None:
         from . import redis_queue

@@ -372,7 +372,8 @@ def cmd_import_nobroker(args: argparse.Namespace) -> int:
     into = args.into or args.source
     lines = [f"{name}: {c['imported']} job(s) imported into ringq queue {name!r} in {into}, {c['existing']} "
              f"already there (of them: {c['ready']} ready, {c['delayed']} delayed, {c['dead']} dead, "
-             f"{c['leased']} leased by nobroker, due when that lease expires); {c['done']} finished job(s) left out"
+             f"{c['leased']} leased by nobroker: the lost lease counted as an attempt, dead if it was the last, "
+             f"else due when the lease expires); {c['done']} finished job(s) left out"
              for name, c in data["queues"].items()]
     lines += [f"warning: reading {path} stopped early: {why}" for path, why in res.stopped]
     _emit(args, data, "\n".join(lines) or f"no nobroker queue in {args.source}")

@@ -3,7 +3,9 @@
 A program switched from ``nobroker`` (or from ``errand``) by changing its import still points at
 the old queue's path.  Opening it as a ringq queue would silently start an empty queue next to the
 old jobs, so :func:`check_not_foreign` refuses, in one line that says what the files are and what
-to do; :meth:`ringq.Queue` and :class:`ringq.aio.Queue` call it when they would create a queue.
+to do; :class:`ringq.Queue`, :class:`ringq.aio.Queue` and the ``ringq`` commands call it on
+every open, so they agree: a directory holding a nobroker queue is refused, whatever queue name is
+asked for, until :func:`import_nobroker` has imported it there.
 
 :func:`import_nobroker` brings a nobroker queue's unfinished jobs over.  It reads nobroker's log
 itself (read-only; the nobroker package is not needed).  nobroker 0.1.2's format, as its codec
@@ -34,7 +36,15 @@ from typing import Any
 from .errors import CorruptionError, ForeignQueueError
 from .job import Job, JobState
 
-__all__ = ["NobrokerImport", "check_not_foreign", "import_nobroker", "nobroker_queues", "read_nobroker_log"]
+__all__ = [
+    "NobrokerImport",
+    "check_not_foreign",
+    "import_nobroker",
+    "imported_marker",
+    "nobroker_queues",
+    "read_nobroker_log",
+    "unimported_nobroker_queues",
+]
 
 NOBROKER_MAGIC = b"NOBROKER"
 NOBROKER_VERSION = 1
@@ -43,6 +53,7 @@ _RECORD_HEADER = struct.Struct("<IBI")
 _MAX_BODY = 8 * 1024 * 1024  # nobroker refuses larger records; a larger length is damage
 _LOG_RE = re.compile(r"^(?P<name>.+)\.(?P<gen>[0-9]{6})\.log$")
 SQLITE_MAGIC = b"SQLite format 3\x00"
+IMPORTED_SUFFIX = ".nobroker-imported"
 ENQUEUE, LEASE, ACK, NACK, RECLAIM, DEAD, REQUEUE, PURGE, EXTEND = range(1, 10)
 
 
@@ -84,11 +95,28 @@ def nobroker_queues(path: str | os.PathLike[str]) -> dict[str, str]:
     return found
 
 
+def imported_marker(path: str | os.PathLike[str], name: str) -> str:
+    """The file :func:`import_nobroker` writes in directory ``path`` once nobroker queue ``name``
+    has been imported into the ringq queue ``name`` there: ``<name>.nobroker-imported``."""
+    return os.path.join(os.fspath(path), f"{name}{IMPORTED_SUFFIX}")
+
+
+def unimported_nobroker_queues(path: str | os.PathLike[str]) -> dict[str, str]:
+    """The nobroker queues in directory ``path`` (as :func:`nobroker_queues`) not yet imported there."""
+    return {n: log for n, log in nobroker_queues(path).items() if not os.path.exists(imported_marker(path, n))}
+
+
 def check_not_foreign(path: str | os.PathLike[str], name: str | None = None) -> None:
     """Raise :class:`ForeignQueueError` if ``path`` is another library's queue, not a ringq one.
 
+    The one rule used by :class:`ringq.Queue`, :class:`ringq.aio.Queue` and every ``ringq``
+    command, whatever queue ``name`` they open (the argument is accepted and not used):
+
     * ``path`` is a SQLite database file (an ``errand`` queue keeps its jobs in one);
-    * directory ``path`` holds a nobroker queue called ``name`` (any name if ``name`` is None).
+    * directory ``path`` holds a nobroker queue that has not been imported into it with
+      ``ringq import-nobroker`` (which writes ``<name>.nobroker-imported`` there once done):
+      a queue of any name is refused until then, so that no program starts on an empty queue
+      beside the old jobs.
     """
     p = os.fspath(path)
     if os.path.isfile(p):
@@ -104,11 +132,11 @@ def check_not_foreign(path: str | os.PathLike[str], name: str | None = None) -> 
                 "and let the errand program finish the old jobs first"
             )
         return
-    found = nobroker_queues(p)
-    hit = sorted(found) if name is None else [n for n in found if n == name]
-    if hit:
+    found = unimported_nobroker_queues(p)
+    if found:
+        first = sorted(found)[0]
         raise ForeignQueueError(
-            f"{p} holds a nobroker queue ({hit[0]!r}: {os.path.basename(found[hit[0]])}), not a ringq queue; "
+            f"{p} holds a nobroker queue ({first!r}: {os.path.basename(found[first])}) not imported into ringq; "
             f"run `ringq import-nobroker {p}` once to bring its jobs over, then open it again"
         )
 
@@ -203,8 +231,10 @@ class NobrokerImport:
 
     ``queues[name]`` counts: ``imported`` (written now), ``existing`` (ids already in the ringq
     queue: an earlier run brought them), ``ready``/``delayed``/``dead`` (of the jobs brought,
-    written now or before), ``leased`` (held by a nobroker worker at the time of reading; brought
-    as ready, due when their lease would have expired), ``done`` (finished: not brought).
+    written now or before), ``leased`` (held by a nobroker worker at the time of reading: the lost
+    lease counts as an attempt, so one that used the last attempt is brought dead, also counted in
+    ``dead``, and any other is brought ready, due when its lease would have expired), ``done``
+    (finished: not brought).
     ``stopped`` lists logs whose reading stopped early, as ``(log path, why)``.
     """
 
@@ -222,8 +252,10 @@ def import_nobroker(source: str | os.PathLike[str], into: str | os.PathLike[str]
     Each nobroker queue goes into the ringq queue of the same name in directory ``into``
     (default: ``source`` itself, so that ``Queue(source)`` opens the imported jobs).  Pending,
     delayed and dead jobs keep their id, payload, priority, attempts, max_attempts and due time; a
-    job leased at the time is brought as ready, due when its lease expires (what nobroker would
-    do if its holder never acks).  Finished jobs are not brought.  The nobroker files are only
+    job leased at the time has its lease counted as a failed attempt (what nobroker's expiry
+    would do if its holder never acks): with ``attempts >= max_attempts`` it is brought dead
+    (``last_error`` says its lease was lost in the import), otherwise ready, due when its lease
+    would have expired.  Finished jobs are not brought.  The nobroker files are only
     read (under nobroker's own lock, so a live nobroker process is not caught mid-write).  Rerunning
     adds nothing twice (ids are idempotency keys), so an import that was killed can be rerun.
 
@@ -263,8 +295,18 @@ def import_nobroker(source: str | os.PathLike[str], into: str | os.PathLike[str]
                 counts["done"] += 1
                 continue
             if job.state is JobState.LEASED:
+                # The lease is lost in the import (its holder can no longer ack into ringq), so it
+                # counts as a failed attempt, as an expiry would in nobroker or in ringq: with no
+                # attempt left the job is dead, otherwise due when its lease would have expired.
                 counts["leased"] += 1
-                job.state, job.available_at = JobState.READY, job.lease_deadline or now
+                if job.attempts >= job.max_attempts:
+                    job.state, job.lease_deadline = JobState.DEAD, None
+                    job.last_error = (f"its lease (attempt {job.attempts} of {job.max_attempts}) was lost in "
+                                      "the import from nobroker; no attempt left")
+                    counts["dead"] += 1
+                else:
+                    job.state, job.available_at = JobState.READY, job.lease_deadline or now
+                    job.lease_deadline = None
             elif job.state is JobState.DEAD:
                 counts["dead"] += 1
             elif job.available_at > now:
@@ -278,7 +320,26 @@ def import_nobroker(source: str | os.PathLike[str], into: str | os.PathLike[str]
             counts["imported"] = q.import_jobs(todo, source=tag) if todo else 0
         counts["existing"] = len(todo) - counts["imported"]
         result.queues[name] = counts
+        _write_marker(into, name, source, counts)
     return result
+
+
+def _write_marker(into: str, name: str, source: str, counts: dict[str, int]) -> None:
+    """Record, after its jobs are stored, that nobroker queue ``name`` was imported into ``into``
+    (atomically: a killed import leaves no marker, and the directory stays refused)."""
+    marker = imported_marker(into, name)
+    tmp = f"{marker}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump({"source": os.path.realpath(source), "at": time.time(), "counts": counts}, fh)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, marker)
+    dfd = os.open(into, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 def _read_locked(source: str, name: str, log: str) -> tuple[list[Job], str | None]:

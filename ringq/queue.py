@@ -103,9 +103,10 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
             (the geometry is fixed at creation; ``q.options`` shows the one in use).
         mode: permission bits of files created (default 0o600; directories get matching x bits).
         allow_network_fs: allow NFS/SMB (refused by default: flock does not work across hosts).
-        allow_foreign: create the queue even where another library's queue of the same name lives
-            (a nobroker log ``<name>.NNNNNN.log``); refused by default with ForeignQueueError,
-            whose message says to run ``ringq import-nobroker DIR``.
+        allow_foreign: open the queue even in a directory holding a nobroker queue (a log
+            ``<name>.NNNNNN.log``) not yet imported there; refused by default, whatever ``name``,
+            with ForeignQueueError, whose message says to run ``ringq import-nobroker DIR``
+            (ringq/foreign.py check_not_foreign).
         auto_ids: False for a queue whose every job has a caller id (a companion queue keyed by
             another queue's job ids, such as a results queue): enqueue without an id is refused,
             and ids of the automatic form are allowed, since none is ever made here (ringq/ids.py).
@@ -141,7 +142,7 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
         allow_foreign: bool = False,
         auto_ids: bool = True,
     ) -> None:
-        if not allow_foreign and not os.path.exists(os.path.join(path, f"{name}.ctl")):
+        if not allow_foreign:
             from .foreign import check_not_foreign
 
             check_not_foreign(path, name)  # before anything is created: never an empty queue beside old jobs

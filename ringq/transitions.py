@@ -192,8 +192,16 @@ def require_lease(w: int, job_id: str, token: int | None, op: str) -> None:
         cause = f"it was {unrun}" if unrun else "it was already acked"
     elif st == ST_DEAD:
         cause = "it used up its attempts and is in the dead-letter queue"
-    elif st == ST_GONE:
+    elif st == ST_GONE and reason == WHY_PURGED:
         cause = "it was purged"
+    elif st == ST_GONE:
+        # A record is superseded without purging when a newer copy replaces it: requeue_dead, or a
+        # relocation of a dead or delayed straggler.  The copy starts a new life of the job, with
+        # fencing tokens from 1 again; this lease belongs to the old one.
+        raise NotLeasedError(
+            f"cannot {op} job {job_id!r}: the job was requeued (or its record moved) since this lease: a newer "
+            "copy of it is in the queue, and this lease belongs to the old one"
+        )
     else:
         cause = "its record failed validation"
     raise NotLeasedError(f"cannot {op} job {job_id!r}: it is {name}, not leased ({cause})")

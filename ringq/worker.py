@@ -27,6 +27,14 @@ __all__ = ["Worker", "WorkerStats"]
 
 log = logging.getLogger("ringq.worker")
 
+# While leasing keeps failing (the Redis server is down, the disk is unreadable), each thread retries
+# after an exponential backoff from LEASE_RETRY_MIN to LEASE_RETRY_MAX seconds, and the worker logs
+# the first failure, then at most one line every LEASE_LOG_EVERY seconds, then one on recovery:
+# an outage costs a few log lines, not one traceback per thread per poll.
+LEASE_RETRY_MIN = 0.05
+LEASE_RETRY_MAX = 1.0
+LEASE_LOG_EVERY = 5.0
+
 
 @dataclass
 class WorkerStats:
@@ -166,6 +174,9 @@ class Worker:
         # Periodic jobs (docs/schedules.md): fired from the lease loop of a local queue.
         self._schedules = callable(getattr(queue, "run_schedules", None))
         self._schedule_error_logged = -math.inf
+        # Lease failures shared by the threads: (monotonic time of the first, of the last log line, count)
+        self._lease_outage: tuple[float, float, int] | None = None
+        self._lease_outage_lock = threading.Lock()
 
     def stop(self) -> None:
         """Ask the worker to finish in-flight handlers, ack them, and return from ``run()``."""
@@ -219,6 +230,7 @@ class Worker:
             self._taken -= 1
 
     def _loop(self) -> None:
+        retry = LEASE_RETRY_MIN
         while not self._stop.is_set():
             if not self._reserve():
                 self._stop.set()
@@ -230,11 +242,15 @@ class Worker:
                 self._unreserve()
                 self._stop.set()
                 return
-            except Exception:  # keep serving: a transient failure (EMFILE, lock timeout) must not end the thread
+            except Exception as exc:  # keep serving: a transient failure (EMFILE, lock timeout) must not end the thread
                 self._unreserve()
-                log.exception("lease failed")
-                time.sleep(self.poll_interval)
+                self._lease_failed(exc)
+                self._stop.wait(retry)
+                retry = min(LEASE_RETRY_MAX, retry * 2)
                 continue
+            retry = LEASE_RETRY_MIN
+            if self._lease_outage is not None:
+                self._lease_recovered()
             if job is None:
                 self._unreserve()
                 if self.idle_timeout is not None and self._idle_for() >= self.idle_timeout:
@@ -311,6 +327,33 @@ class Worker:
             if key in self._inflight:
                 self._inflight[key] = None
 
+    def _lease_failed(self, exc: BaseException) -> None:
+        """Log a failed lease: the first of an outage as one warning line (the traceback at debug
+        level, ``ringq work -v``), then at most one line every ``LEASE_LOG_EVERY`` seconds."""
+        now = time.monotonic()
+        text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+        with self._lease_outage_lock:
+            if self._lease_outage is None:
+                self._lease_outage = (now, now, 1)
+                log.warning("lease failed: %s (retrying with backoff up to %g s)", text, LEASE_RETRY_MAX,
+                            exc_info=exc if log.isEnabledFor(logging.DEBUG) else None)
+                return
+            first, logged, count = self._lease_outage
+            count += 1
+            if now - logged >= LEASE_LOG_EVERY:
+                logged = now
+                log.warning("lease still failing after %.1f s (%d failures): %s", now - first, count, text)
+            self._lease_outage = (first, logged, count)
+
+    def _lease_recovered(self) -> None:
+        """Log, once, that leasing works again after an outage."""
+        with self._lease_outage_lock:
+            if self._lease_outage is None:
+                return
+            first, _logged, count = self._lease_outage
+            self._lease_outage = None
+        log.warning("lease works again after %.1f s (%d failures)", time.monotonic() - first, count)
+
     def _settle(self, op: Callable[[Job], Any], job: Job, **count: int) -> Any:
         """Run ack/nack; a lost lease or a queue error is counted and logged, never raised."""
         try:
@@ -338,6 +381,8 @@ class Worker:
                         exc_info=exc if log.isEnabledFor(logging.DEBUG) else None)
             if result.state is JobState.DEAD:
                 self.stats.add(dead=1)
+                # nobroker's Worker logs this line too; a program that watches for it keeps working.
+                log.error("job %s exhausted %d attempts and moved to the DLQ", job.id, result.max_attempts)
 
     def _heartbeat_loop(self) -> None:
         # Beats until every handler thread has returned, so that handlers still running after

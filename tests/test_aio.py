@@ -763,3 +763,46 @@ def test_fastapi_app_opens_the_queue_in_its_lifespan(target):
             time.sleep(0.01)
         assert client.get(f"/jobs/{job_id}").json()["result"] == "hello ann"
         assert client.get("/jobs/nope").status_code == 404
+
+
+def test_record_size_limit_is_the_same_on_both_backends_and_results_do_not_repeat_the_payload(target):
+    queue = Queue(target)  # the default geometry: records up to 4 MiB
+    assert queue.max_record_bytes == 4 * 1024 * 1024
+
+    @queue.handler("echo")
+    async def echo(job):
+        return job.payload
+
+    @queue.handler("grow")
+    async def grow(job):
+        return "y" * (5 * 1024 * 1024)
+
+    async def main():
+        async with queue:
+            big = "x" * (3 * 1024 * 1024)
+            job_id = queue.submit("echo", big)
+            await until(lambda: queue.get(job_id).status is not Status.RUNNING)
+            job = queue.get(job_id)
+            assert job.status is Status.DONE and job.error is None
+            assert job.result == big and job.payload == big  # the payload read from the job record
+            small = queue.submit("echo", {"n": 1})
+            await until(lambda: queue.get(small).status is Status.DONE)
+            with ringq.connect(target, queue.results_queue_name) as results:
+                assert "payload" not in results.get(job_id).payload  # not repeated: 3 MiB
+                assert results.get(small).payload["payload"] == {"n": 1}  # kept with the result
+            with pytest.raises(ringq.RecordTooLargeError, match="exceeds the largest record"):
+                queue.submit("echo", "x" * (5 * 1024 * 1024), id="too-big")
+            assert queue.get("too-big") is None  # nothing stored
+            near = "z" * (queue.max_record_bytes - 512)  # the job and its result record fit
+            with pytest.raises(ringq.RecordTooLargeError):
+                queue.submit("echo", near + "z" * 512)
+            queue.submit("echo", near, id="near")  # accepted on both, and so is its result
+            await until(lambda: queue.get("near").status is not Status.RUNNING)
+            assert queue.get("near").status is Status.DONE
+            grown = queue.submit("grow", 1)
+            await until(lambda: queue.get(grown).status is not Status.RUNNING)
+            job = queue.get(grown)
+            assert job.status is Status.FAILED and job.payload == 1
+            assert job.error.startswith("RecordTooLargeError: handler result: record of")
+
+    run(main())

@@ -60,8 +60,36 @@ def test_opening_a_nobroker_directory_is_refused_in_one_line(tmp_path):
     assert not os.path.exists(os.path.join(d, "default.ctl"))  # nothing created beside the old jobs
     proc = cli("-d", d, "stats")
     assert proc.returncode == 1 and "ringq import-nobroker" in proc.stderr and proc.stderr.count("\n") == 1
-    with Queue(d, "other") as other:  # a queue of another name in the same directory is ringq's own
-        assert other.stats().total == 0
+    with pytest.raises(ForeignQueueError, match=r"ringq import-nobroker"):  # any name, not only the log's
+        Queue(d, "other")
+    assert cli("-d", d, "-q", "other", "enqueue", "x").returncode == 1
+    assert not any(f.endswith(".ctl") for f in os.listdir(d))  # nothing created for either name
+
+
+def test_after_an_import_in_place_python_aio_and_the_cli_all_open_the_directory(tmp_path):
+    import asyncio
+
+    import ringq.aio
+
+    d = str(tmp_path / "jobs")
+    nobroker_queue(d)
+    with pytest.raises(ForeignQueueError):
+        ringq.aio.Queue(d)
+    assert cli("import-nobroker", d).returncode == 0
+    stats = cli("-d", d, "--json", "stats")
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["total"] == 4
+    with Queue(d, "default") as q, Queue(d, "other") as other:
+        assert q.stats().total == 4 and other.stats().total == 0
+    assert cli("-d", d, "-q", "other", "stats").returncode == 0
+
+    async def aio_opens():
+        async with ringq.aio.Queue(d) as aq:
+            assert aq.running() == []
+
+    asyncio.run(aio_opens())
+    again = json.loads(cli("--json", "import-nobroker", d).stdout)["queues"]["default"]
+    assert again["imported"] == 0 and again["existing"] == 4
 
 
 def test_import_keeps_ids_attempts_priorities_due_times_and_dead_jobs(tmp_path):
@@ -191,3 +219,66 @@ def test_work_verbose_shows_the_handler_traceback(tmp_path):
     loud = cli("-d", d, "work", "failing_handler:handle", "--idle-timeout", "0.3", "-v", cwd=tmp_path)
     assert loud.returncode == 0
     assert "Traceback (most recent call last)" in loud.stderr and "in inner" in loud.stderr
+
+
+def test_a_leased_job_imported_counts_its_lease_as_an_attempt(tmp_path):
+    d = str(tmp_path / "jobs")
+    nq = nobroker.Queue(d, max_attempts=1)
+    nq.enqueue("last", job_id="last-try")
+    nq.enqueue("more", job_id="has-more", max_attempts=3)
+    leased = {j.id: j for j in nq.lease(2, visibility_timeout=1)}
+    assert leased["last-try"].attempts == 1 == leased["last-try"].max_attempts
+    nq.close()
+    proc = cli("--json", "import-nobroker", d)
+    assert proc.returncode == 0, proc.stderr
+    counts = json.loads(proc.stdout)["queues"]["default"]
+    assert counts["leased"] == 2 and counts["dead"] == 1 and counts["imported"] == 2
+    with Queue(d) as q:
+        dead = q.get("last-try")
+        assert dead.state is ringq.JobState.DEAD and dead.attempts == 1
+        assert "lease" in dead.last_error and "import" in dead.last_error
+        retry = q.get("has-more")
+        assert retry.state is ringq.JobState.READY and retry.attempts == 1
+        assert abs(retry.available_at - leased["has-more"].lease_deadline) < 0.01
+        deadline = time.time() + 30
+        got = []
+        while time.time() < deadline and not got:  # due once the nobroker lease would have expired
+            got = q.lease(5)
+            if not got:
+                time.sleep(0.05)
+        assert [(j.id, j.attempts) for j in got] == [("has-more", 2)]
+        assert q.lease_one() is None
+
+
+def test_a_lease_from_before_requeue_dead_is_refused_as_requeued_and_tokens_restart(tmp_path):
+    with Queue(str(tmp_path / "q"), max_attempts=1) as q:
+        q.enqueue("x", job_id="a")
+        old = q.lease_one()
+        assert old.lease_token == "1"
+        q.nack(old, error="boom")
+        assert q.requeue_dead("a") == 1
+        with pytest.raises(NotLeasedError, match="the job was requeued .* since this lease"):
+            q.ack(old)  # a Job object is fenced across the requeue
+        new = q.lease_one()
+        assert new.lease_token == "1"  # a new life of the job: tokens start again
+        assert cli("-d", str(tmp_path / "q"), "ack", "a", "--token", "1").returncode == 0  # a bare id is not
+        q.enqueue("y", job_id="b")
+        held = q.lease_one()
+        q.purge()
+        with pytest.raises(NotLeasedError, match="it was purged"):
+            q.ack(held)
+
+
+def test_on_redis_tokens_keep_growing_across_requeue_dead(redis_url):
+    q = ringq.connect(redis_url, "requeue-tokens", max_attempts=1)
+    try:
+        q.enqueue("x", job_id="a")
+        old = q.lease_one()
+        q.nack(old, error="boom")
+        assert q.requeue_dead("a") == 1
+        with pytest.raises(NotLeasedError):
+            q.ack(old)
+        assert q.lease_one().lease_token == "2"
+    finally:
+        q.purge()
+        q.close()

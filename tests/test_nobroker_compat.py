@@ -210,6 +210,24 @@ def test_worker_positional_arguments_and_stats(lib, tmp_path):
         w2.run()
 
 
+def test_worker_logs_one_error_line_when_a_job_moves_to_the_dlq(lib, tmp_path, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO)
+    with lib.Queue(tmp_path / "jobs", backoff=lib.BackoffPolicy(base=0, jitter=0)) as q:
+        job = q.enqueue("poison", max_attempts=2)
+
+        def handler(j):
+            raise RuntimeError("cannot digest")
+
+        stats = lib.Worker(q, handler, idle_timeout=0.3, handle_signals=False).run()
+        assert stats.dead == 1
+    lines = [r for r in caplog.records if "moved to the DLQ" in r.getMessage()]
+    assert [(r.levelno, r.getMessage()) for r in lines] == [
+        (logging.ERROR, f"job {job.id} exhausted 2 attempts and moved to the DLQ")
+    ]
+
+
 def test_backoff_policy(lib):
     p = lib.BackoffPolicy(base=1.0, factor=2.0, max_delay=5.0, jitter=0.0)
     assert [p.delay_for(n) for n in range(5)] == [0.0, 1.0, 2.0, 4.0, 5.0]
@@ -285,3 +303,44 @@ def test_cli_work(lib, tmp_path, capsys, monkeypatch):
     rc, out, _ = run_cli(lib, capsys, "-d", d, "--json", "work", "compat_handlers:handle", "-c", "2",
                          "--max-jobs", "3", "--idle-timeout", "0.5", "--poll-interval", "0.05")
     assert rc == 0 and json.loads(out)["succeeded"] == 3
+
+
+def test_the_listed_differences_hold(tmp_path):
+    """docs/migration.md's list of differences, each checked against nobroker 0.1.2 itself."""
+    import math
+    import re
+    import subprocess
+    import sys
+
+    import ringq
+
+    with nobroker.Queue(tmp_path / "nb") as nq, ringq.Queue(tmp_path / "rq") as rq:
+        assert nq.enqueue("x", priority=2**40).priority == 2**40
+        with pytest.raises(ValueError, match="32-bit"):
+            rq.enqueue("x", priority=2**40)
+        for n in (0, 70000):
+            assert nq.enqueue("x", max_attempts=n).max_attempts == n
+            with pytest.raises(ValueError, match="65535"):
+                rq.enqueue("x", max_attempts=n)
+        for bad in (math.nan, math.inf):
+            nq.enqueue(bad)
+            with pytest.raises(ringq.SerializationError):
+                rq.enqueue(bad)
+        assert re.fullmatch(r"[0-9a-f]{32}", nq.enqueue("x").id)
+        assert re.fullmatch(r"[0-9a-f]{16}", rq.enqueue("x").id)
+        assert nq.enqueue("x", job_id="0123456789abcdef").id == "0123456789abcdef"
+        with pytest.raises(ValueError):
+            rq.enqueue("x", job_id="0123456789abcdef")
+        with pytest.raises(ringq.RecordTooLargeError):
+            rq.enqueue("y" * (4 * 1024 * 1024))
+        nq.enqueue("y" * (4 * 1024 * 1024))
+
+    def stats(mod, d):
+        code = f"import sys, {mod}.cli as c; sys.exit(c.main(sys.argv[1:]))"
+        out = subprocess.run([sys.executable, "-c", code, "-d", str(d), "stats"], capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    assert stats("nobroker", tmp_path / "nb").splitlines()[0].strip() == "ready: 8"
+    assert stats("ringq", tmp_path / "rq").startswith("ready=1  delayed=0  leased=0")

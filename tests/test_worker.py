@@ -360,3 +360,45 @@ def test_a_killed_worker_process_is_replaced_and_its_work_counted(qdir, tmp_path
         # ...and it is counted: every ack but at most one caught between its ack and its count.
         assert 599 <= stats.succeeded <= 600, stats
         assert stats.leased >= stats.succeeded
+
+
+def test_a_redis_outage_logs_a_few_lines_and_backs_off(spawn_redis, caplog):
+    import logging
+    import re
+
+    import ringq
+
+    server = spawn_redis()
+    q = ringq.connect(server.url, "outage")
+    done = []
+    worker = Worker(q, lambda job: done.append(job.payload), concurrency=4, handle_signals=False)
+    runner = threading.Thread(target=worker.run)
+    caplog.set_level(logging.INFO, logger="ringq.worker")
+    runner.start()
+    try:
+        q.enqueue("before")
+        _until(lambda: done == ["before"])
+        server.kill()
+        down = time.monotonic()
+        _until(lambda: any("lease failed" in r.getMessage() for r in caplog.records))
+        time.sleep(max(0.0, 4.0 - (time.monotonic() - down)))  # the outage of the reproducer: 4 s
+        server.start()
+        _until(lambda: any("lease works again" in r.getMessage() for r in caplog.records))
+        q.enqueue("after")
+        _until(lambda: done == ["before", "after"])
+    finally:
+        worker.stop()
+        runner.join(30)
+    lines = [r for r in caplog.records if r.name == "ringq.worker"]
+    assert 2 <= len(lines) <= 3, [r.getMessage() for r in lines]  # first, maybe one "still", recovery
+    assert all(r.exc_info is None and "\n" not in r.getMessage() for r in lines)
+    assert lines[0].getMessage().startswith("lease failed: ")
+    failures = int(re.search(r"\((\d+) failures\)", lines[-1].getMessage())[1])
+    assert failures <= 4 * 12  # 4 threads backing off to 1 s over ~4 s; at a 0.1 s poll it was ~160
+
+
+def _until(pred, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)

@@ -63,7 +63,7 @@ from typing import Any, TypeVar
 
 from . import aio_job, codec, records
 from .aio_job import CANCELLED_ERROR, Job, Status
-from .aio_retention import prune_results
+from .aio_retention import RetentionMethods
 from .aio_store import store_for
 from .backoff import BackoffPolicy
 from .errors import (
@@ -132,7 +132,7 @@ class _Handler:
                 stop.wait(WAIT_CAP)
 
 
-class Queue:
+class Queue(aio_job.LifecycleMethods, RetentionMethods):
     """An asyncio task queue at ``target``: errand's API, durable and multi-process.
 
     Args:
@@ -449,46 +449,6 @@ class Queue:
         """The job as a snapshot, aio_job.PRUNED if it finished and was pruned, None if unknown."""
         return aio_job.locate(self._results, self._kind_queues, job_id, self._prefix)
 
-    def cancel(self, id: str) -> bool:
-        """Cancel job ``id``: a queued or delayed one never runs (FAILED, error ``"Cancelled: ..."``);
-        a running one has its handler task cancelled at the next heartbeat, in whichever process
-        runs it, and is recorded the same way.  Returns False if the job is unknown or finished."""
-        self._check_open()
-        if isinstance(aio_job.find_result(self._results, id), Job):
-            return False
-        for q in self._kind_queues():
-            try:
-                q.cancel(id)
-                return True
-            except JobNotFoundError:
-                continue
-            except RingqError:  # finished meanwhile
-                return False
-        return False
-
-    def pause(self, kind: str) -> None:
-        """Stop starting jobs of ``kind`` in every process (a pause of its engine queue, durable
-        across restarts) until :meth:`resume`.  Running handlers finish; submits still succeed."""
-        self._check_open()
-        self._open_engine(self.queue_name(kind)).pause()
-
-    def resume(self, kind: str) -> None:
-        """Undo :meth:`pause` for ``kind``; waiting processes start its jobs at once."""
-        self._check_open()
-        self._open_engine(self.queue_name(kind)).resume()
-
-    def progress(self, job: Job, fraction: float, message: str | None = None) -> None:
-        """Report the progress of a job this process is running (``fraction`` in [0, 1]); shown as
-        ``Job.progress`` by :meth:`get`.  Raises JobNotFoundError if this process does not run it,
-        NotLeasedError if its lease was lost, ValueError for a fraction outside [0, 1]."""
-        self._check_open()
-        for h in self._handlers.values():
-            for _task, ej in list(h.running.values()):
-                if ej.id == job.id:
-                    h.queue.progress(ej, fraction, message)
-                    return
-        raise JobNotFoundError(f"job {job.id!r} is not running in this process")
-
     # -- running --------------------------------------------------------------------------------
 
     def _pump(self, kind: str) -> None:
@@ -606,45 +566,6 @@ class Queue:
         )
 
     # -- retention ------------------------------------------------------------------------------
-
-    async def _retention(self) -> None:
-        if self.keep_seconds is None and self.keep_jobs is None:
-            return
-        while True:
-            await asyncio.sleep(self.sweep_interval)
-            # In a worker thread: examining the oldest results costs O(retained) (~50 ms at 100,000).
-            self._sweeping = self._loop.run_in_executor(None, self._prune_locked)
-            try:
-                await asyncio.shield(self._sweeping)
-            except RingqError as exc:
-                log.error("retention sweep at %s failed: %s", self._store.where, exc)
-
-    def prune(self) -> int:
-        """Prune finished jobs beyond the retention limits now; returns how many.  One process
-        prunes at a time (the store's sweep lock); the others return 0 at once.  Runs on its own
-        every ``sweep_interval`` seconds while the queue is open."""
-        self._check_open()
-        return self._prune_locked()
-
-    def _prune_locked(self) -> int:
-        if not self._sweep_lock.acquire(blocking=False):  # a flock would let our own threads in
-            return 0
-        try:
-            lock = self._store.sweep_lock()
-            if not lock.acquire():
-                return 0
-            try:
-                return prune_results(
-                    self._results,
-                    self.keep_seconds,
-                    self.keep_jobs,
-                    max(60.0, self.visibility_timeout),
-                    lambda: not self._closing and lock.renew(),
-                )
-            finally:
-                lock.release()
-        finally:
-            self._sweep_lock.release()
 
     def __repr__(self) -> str:
         return f"ringq.aio.Queue({self._store.where!r}, name={self.name!r})"

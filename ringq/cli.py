@@ -352,7 +352,10 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
 
     if not os.path.isdir(args.target):
         raise UserError(f"{args.target}: no such directory")
-    rep = upgrade(args.target, args.upgrade_queue)
+    name = args.upgrade_queue
+    if name is not None and not os.path.exists(os.path.join(args.target, f"{name}.ctl")):
+        raise UserError(f"no queue {name!r} in {args.target} (no {name}.ctl); check --queue", status=1)
+    rep = upgrade(args.target, name)
     lines = [f"upgraded {p}" for p in rep.upgraded] + [f"quarantined {p}: {why}" for p, why in rep.quarantined]
     text = "\n".join(lines) if lines else f"{args.target}: nothing to upgrade (no format-1 segments)"
     _emit(args, {"upgraded": rep.upgraded, "quarantined": rep.quarantined}, text)

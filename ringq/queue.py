@@ -526,7 +526,7 @@ def expiry_ms(expires_in: float | None, expires_at: float | None) -> int | None:
         raise ValueError("give expires_in or expires_at, not both")
     if expires_in is not None:
         if not 0 <= expires_in < TIME_MAX / 1000:
-            raise ValueError(f"expires_in must be >= 0 seconds, got {expires_in!r}")
+            raise ValueError(f"expires_in must be a finite number of seconds from 0 to about 34 years, got {expires_in!r}")
         return int(time.time() * 1000 + expires_in * 1000)
     if expires_at is not None:
         if not 0 <= expires_at < 2**62 / 1000:

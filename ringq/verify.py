@@ -32,7 +32,7 @@ from .control import (
     OFF_WAKE,
     Control,
 )
-from .errors import CorruptionError, SerializationError
+from .errors import CorruptionError, FormatVersionError, SerializationError
 from .lifecycle import KIND_EXPIRES, PAUSE_SIZE, valid_pause_header
 from .records import KIND_JOB, scan
 from .segment import (
@@ -198,6 +198,9 @@ def _segment(path: str, expect_seq: int, limit: int | None, now_ms: int,
     except StateFileError as exc:
         rep.damage.append(f"state file: {exc}. The next open gives the segment a fresh state file from its "
                           "record file (every intact record ready again)")
+        return rep
+    except FormatVersionError as exc:  # not damage: an older (or newer) format, left untouched
+        rep.notes.append(f"segment format: {exc}")
         return rep
     except CorruptionError as exc:
         rep.damage.append(f"segment header: {exc}. The next open copies the intact unfinished jobs of this "

@@ -112,3 +112,23 @@ def test_a_damaged_format1_header_is_quarantined_not_deleted(tmp_path):
     assert os.path.exists(seg1 + ".quarantined")
     with open_queue(path) as q:
         assert drain(q) == ["r3", "r4"]
+
+
+def test_verify_and_upgrade_speak_plainly_of_a_format1_queue(tmp_path):
+    # verify reports an older format as such (no damage, no repair promised that the open will
+    # not make), and upgrade of a queue name that is not there says so.
+    path = str(tmp_path / "q")
+    _make(path)
+    before = snapshot(path)
+
+    def ringq(*args):
+        return subprocess.run([sys.executable, "-m", "ringq", "-d", path, *args],
+                              capture_output=True, text=True, timeout=120)
+
+    out = ringq("-q", NAME, "verify")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "ringq upgrade" in out.stdout and "DAMAGE" not in out.stdout and "copies the intact" not in out.stdout
+    missing = subprocess.run([sys.executable, "-m", "ringq", "upgrade", path, "--queue", "nosuch"],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 1 and "no queue 'nosuch'" in missing.stderr, missing.stdout + missing.stderr
+    assert {k: v for k, v in snapshot(path).items() if k != f"{NAME}.lock"} == before

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 from procs import spawn
-from redisserver import free_port, require_redis
+from redisserver import free_port, require_redis, start_cluster
 
 import ringq
 from ringq import ConnectionLostError, JobState, ReplicationTimeoutError, Worker
@@ -164,34 +164,7 @@ def test_min_replicas_waits_for_a_replica_and_fails_clearly_without_one(spawn_re
 
 
 def test_a_three_master_cluster_serves_queues_in_every_slot(spawn_redis):
-    require_redis()
-    nodes = [
-        spawn_redis(
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            "nodes.conf",
-            "--cluster-node-timeout",
-            "2000",
-        )
-        for _ in range(3)
-    ]
-    out = subprocess.run(
-        [
-            "redis-cli",
-            "--cluster",
-            "create",
-            *[f"127.0.0.1:{n.port}" for n in nodes],
-            "--cluster-yes",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    wait_for(
-        lambda: all("cluster_state:ok" in n.cli("CLUSTER", "INFO") for n in nodes), "the cluster"
-    )
+    nodes = start_cluster(spawn_redis, 3)
     names = [f"c{i}" for i in range(6)]
     owners = {nodes[0].cli("CLUSTER", "KEYSLOT", f"{{ringq:{n}}}:meta") for n in names}
     assert len(owners) == 6

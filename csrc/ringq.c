@@ -21,6 +21,7 @@
  */
 #define _GNU_SOURCE
 #include "ringq.h"
+#include "ringq_internal.h"
 
 #include <errno.h>
 #include <stddef.h>
@@ -122,20 +123,7 @@ uint32_t ringq_crc32c(uint32_t crc, const uint8_t *buf, size_t len) {
     return ringq_crc32c_hw(crc, buf, len);
 }
 
-/* ---- bounds ------------------------------------------------------------------------------------ */
-static inline int in_bounds(size_t maplen, size_t off, size_t len) {
-    return off <= maplen && len <= maplen - off;
-}
-
-static inline int word_check(const void *base, size_t maplen, size_t off, size_t size) {
-    if (!base || !in_bounds(maplen, off, size)) return RINGQ_EBOUNDS;
-    if (((uintptr_t)base + off) & (size - 1)) return RINGQ_EALIGN;
-    return 0;
-}
-
 /* ---- atomics ----------------------------------------------------------------------------------- */
-#define A64(base, off) ((_Atomic uint64_t *)(void *)((uint8_t *)(base) + (off)))
-#define A32(base, off) ((_Atomic uint32_t *)(void *)((uint8_t *)(base) + (off)))
 
 int ringq_load64(const uint8_t *base, size_t maplen, size_t off, uint64_t *out) {
     int rc = word_check(base, maplen, off, 8);
@@ -347,28 +335,6 @@ _Static_assert(sizeof(ringq_rec_header) == RINGQ_REC_HEADER, "record header size
 _Static_assert(offsetof(ringq_rec_header, seq) == 16 && offsetof(ringq_rec_header, priority) == 40 &&
                offsetof(ringq_rec_header, id_len) == 48 && offsetof(ringq_rec_header, payload_len) == 52 &&
                offsetof(ringq_rec_header, supersedes) == 56, "record header offsets");
-static inline uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
-static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
-static inline uint64_t rd64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
-
-static int geom_check(size_t maplen, const ringq_geom *g) {
-    if (!g || g->slot_size < RINGQ_REC_HEADER || (g->slot_size & 63) || g->slot_count == 0)
-        return RINGQ_EINVAL;
-    if ((g->state_off & 7) || (g->data_off & 7)) return RINGQ_EALIGN;
-    if (!in_bounds(maplen, g->state_off, (size_t)g->slot_count * RINGQ_STATE_ENTRY)) return RINGQ_EBOUNDS;
-    if (!in_bounds(maplen, g->data_off, (size_t)g->slot_count * g->slot_size)) return RINGQ_EBOUNDS;
-    return 0;
-}
-
-static uint32_t record_crc(const ringq_geom *g, uint32_t slot, const uint8_t *rec, uint32_t len) {
-    uint8_t seed[16];
-    memset(seed, 0, sizeof seed);
-    memcpy(seed, &g->seg_seq, 8);
-    memcpy(seed + 8, &slot, 4);
-    uint32_t crc = ringq_crc32c(0, seed, sizeof seed);
-    return ringq_crc32c(crc, rec + 8, len - 8);
-}
-
 int ringq_rec_write(uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t slot,
                     const uint8_t *rec, uint32_t len, uint64_t state) {
     int rc = geom_check(maplen, g);

@@ -35,6 +35,10 @@ def cdef_from_header(text: str) -> str:
     return "\n".join(out)
 
 
+# Every C file of the helper (ringq.c: atomics, futex, CRC, records; one file per operation family
+# besides it); ringq_internal.h holds what they share.
+SOURCES = sorted(os.path.relpath(p) for p in CSRC.glob("*.c"))
+
 CDEF = cdef_from_header(HEADER.read_text(encoding="utf-8"))
 
 ffibuilder = FFI()
@@ -42,7 +46,7 @@ ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "ringq._native",
     '#include "ringq.h"',
-    sources=[os.path.relpath(CSRC / "ringq.c")],
+    sources=SOURCES,
     include_dirs=[os.path.relpath(CSRC)],
     extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra", *shlex.split(os.environ.get("RINGQ_CFLAGS", ""))],
     extra_link_args=shlex.split(os.environ.get("RINGQ_LDFLAGS", "")),

@@ -1,6 +1,6 @@
 """The C helper under AddressSanitizer + UndefinedBehaviorSanitizer (tests/native/ringq_selftest.c).
 
-Invariant: every entry point of csrc/ringq.c, fed random geometries, random bytes and random
+Invariant: every entry point of the C helper (csrc/*.c), fed random geometries, random bytes and random
 arguments over buffers of exactly the mapping's length, returns its documented codes and never
 reads or writes outside the mapping nor hits undefined behaviour.
 
@@ -12,6 +12,7 @@ runtime the test falls back to UBSan alone, and skips if neither links.  Iterati
 from __future__ import annotations
 
 import os
+import pathlib
 import shutil
 import subprocess
 
@@ -20,7 +21,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = [
     os.path.join(ROOT, "tests", "native", "ringq_selftest.c"),
-    os.path.join(ROOT, "csrc", "ringq.c"),
+    *sorted(str(p) for p in pathlib.Path(ROOT, "csrc").glob("*.c")),
 ]
 FLAVOURS = [["-fsanitize=address,undefined"], ["-fsanitize=undefined"]]
 

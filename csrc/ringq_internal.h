@@ -1,0 +1,51 @@
+/* ringq_internal.h - what the C files of the helper share and the Python side never sees:
+ * bounds and alignment checks, atomic access to words of a mapping, little-endian reads, the
+ * geometry check and the record CRC.  See ringq.h for the public contract. */
+#ifndef RINGQ_INTERNAL_H
+#define RINGQ_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "ringq.h"
+
+/* ---- bounds ------------------------------------------------------------------------------------ */
+static inline int in_bounds(size_t maplen, size_t off, size_t len) {
+    return off <= maplen && len <= maplen - off;
+}
+
+static inline int word_check(const void *base, size_t maplen, size_t off, size_t size) {
+    if (!base || !in_bounds(maplen, off, size)) return RINGQ_EBOUNDS;
+    if (((uintptr_t)base + off) & (size - 1)) return RINGQ_EALIGN;
+    return 0;
+}
+
+/* ---- atomic words of a mapping ----------------------------------------------------------------- */
+#define A64(base, off) ((_Atomic uint64_t *)(void *)((uint8_t *)(base) + (off)))
+#define A32(base, off) ((_Atomic uint32_t *)(void *)((uint8_t *)(base) + (off)))
+
+/* ---- records ----------------------------------------------------------------------------------- */
+static inline uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+static inline uint64_t rd64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+
+static inline int geom_check(size_t maplen, const ringq_geom *g) {
+    if (!g || g->slot_size < RINGQ_REC_HEADER || (g->slot_size & 63) || g->slot_count == 0)
+        return RINGQ_EINVAL;
+    if ((g->state_off & 7) || (g->data_off & 7)) return RINGQ_EALIGN;
+    if (!in_bounds(maplen, g->state_off, (size_t)g->slot_count * RINGQ_STATE_ENTRY)) return RINGQ_EBOUNDS;
+    if (!in_bounds(maplen, g->data_off, (size_t)g->slot_count * g->slot_size)) return RINGQ_EBOUNDS;
+    return 0;
+}
+
+static inline uint32_t record_crc(const ringq_geom *g, uint32_t slot, const uint8_t *rec, uint32_t len) {
+    uint8_t seed[16];
+    memset(seed, 0, sizeof seed);
+    memcpy(seed, &g->seg_seq, 8);
+    memcpy(seed + 8, &slot, 4);
+    uint32_t crc = ringq_crc32c(0, seed, sizeof seed);
+    return ringq_crc32c(crc, rec + 8, len - 8);
+}
+
+#endif /* RINGQ_INTERNAL_H */

@@ -386,7 +386,7 @@ int ringq_rec_pwrite(int fd, uint64_t data_file_off, uint8_t *base, size_t maple
     return (int)span;
 }
 
-static int check_one(const uint8_t *base, const ringq_geom *g, uint32_t slot, ringq_rec_info *out) {
+int check_record(const uint8_t *base, const ringq_geom *g, uint32_t slot, ringq_rec_info *out) {
     memset(out, 0, sizeof *out);
     out->slot = slot;
     out->span = 1;
@@ -425,7 +425,7 @@ int ringq_rec_check(const uint8_t *base, size_t maplen, const ringq_geom *g, uin
     int rc = geom_check(maplen, g);
     if (rc) return rc;
     if (!out || slot >= g->slot_count) return RINGQ_EBOUNDS;
-    return check_one(base, g, slot, out);
+    return check_record(base, g, slot, out);
 }
 
 int ringq_seg_scan(const uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t from, uint32_t to,
@@ -435,7 +435,7 @@ int ringq_seg_scan(const uint8_t *base, size_t maplen, const ringq_geom *g, uint
     if (!out || !next || from > to || to > g->slot_count) return RINGQ_EBOUNDS;
     uint32_t n = 0, s = from;
     while (s < to && n < cap) {
-        check_one(base, g, s, &out[n]);
+        check_record(base, g, s, &out[n]);
         /* A valid record may not claim slots past `to` (the published tail): if it does, the tail
          * and the record disagree, so trust neither and resynchronise slot by slot. */
         if (out[n].status == 0 && out[n].span > to - s) {

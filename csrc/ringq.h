@@ -52,6 +52,15 @@
 #define RINGQ_WHY_EXPIRED 1u /* the visibility timeout passed */
 #define RINGQ_WHY_DIED    2u /* the process holding the lease died */
 #define RINGQ_WHY_PURGED  3u
+/* Field positions of the state word (ringq/words.py takes them from here). */
+#define RINGQ_W_WHY_SHIFT   3
+#define RINGQ_W_CANCEL      0x20u /* bit 5: cancel flag (policy: only Python sets it) */
+#define RINGQ_W_LC_SHIFT    6
+#define RINGQ_W_LC_MASK     0x3ffffu
+#define RINGQ_W_TIME_SHIFT  24
+#define RINGQ_W_TIME_MAX    0xffffffffffULL /* 40 bits of ms */
+/* Field positions of the owner word (next to each state word). */
+#define RINGQ_OW_LC_SHIFT   16
 
 /* Geometry of one mapped segment, filled by the caller from the (validated) segment header. */
 typedef struct {
@@ -189,5 +198,41 @@ int ringq_seg_scan(const uint8_t *base, size_t maplen, const ringq_geom *g, uint
  * The state word found is stored in *state.  order[] entries >= slot_count are skipped. */
 int ringq_next_ready(const uint8_t *base, size_t maplen, const ringq_geom *g, const uint32_t *order,
                      uint32_t n, uint32_t start, uint64_t *state);
+
+/* ---- leases and acks in one call each (csrc/claim.c) --------------------------------------------- */
+/* What ringq_claim_next did (out->status) and what it saw. */
+#define RINGQ_CLAIMED  0 /* the expected slot was READY and plain: it is now LEASED and tagged */
+#define RINGQ_CLAIM_ASK 1 /* the first READY slot from `start` is another one, or needs the caller's
+                          * judgement (retried, not yet due, not plain): nothing was changed */
+#define RINGQ_CLAIM_NONE 2 /* no READY slot from `start` to n */
+typedef struct {
+    int32_t  status;  /* RINGQ_CLAIMED, RINGQ_CLAIM_ASK or RINGQ_CLAIM_NONE */
+    uint32_t index;   /* index into order[] of the slot claimed or seen (n for NONE) */
+    uint32_t slot;    /* that slot */
+    uint32_t _pad;
+    uint64_t word;    /* CLAIMED: the new LEASED word; ASK: the READY word seen */
+} ringq_claim_out;
+
+/* Lease the next job of a lane in one call.  order[start..n) are head slots in lease order; the
+ * first whose state word is READY is the candidate.  It is claimed -- CAS READY(lc 0, t) to
+ * LEASED(lc 1, deadline_rel), reason kept, then a release-store of owner_base | (1 << 16) into its
+ * owner word -- only if it is `expect` (the slot the caller ranked), plain[slot] is nonzero (the
+ * caller's per-slot "no policy applies" flag: no delay, no expiry, not a relocated copy), it was
+ * never leased (lease count 0) and its time is <= now_rel; otherwise out says what was seen and
+ * nothing changes.  A lost CAS (another process leased it first) moves on to the next READY slot.
+ * now_rel and deadline_rel are ms since the segment's epoch (deadline clamped to 40 bits).
+ * Returns 0, RINGQ_EINVAL, or a bounds error of the geometry.  plain[] has slot_count bytes. */
+int ringq_claim_next(uint8_t *base, size_t maplen, const ringq_geom *g, const uint32_t *order,
+                     uint32_t n, uint32_t start, uint32_t expect, const uint8_t *plain,
+                     uint64_t now_rel, uint64_t deadline_rel, uint64_t owner_base,
+                     ringq_claim_out *out);
+
+/* Ack the lease of `slot` in one call: CAS LEASED(lc, t) to DONE(lc, now_rel), reason kept.
+ * token is the caller's fencing token (0: any lease, as an ack by bare id).  Returns 0 when acked
+ * (*word = the DONE word), 1 for a repeated ack (DONE with that token, or any DONE without one),
+ * 2 when refused (not leased, or another token: *word = the word seen, for the caller's message),
+ * 3 when the lease carries the cancel flag (the caller ends it as its policy says), or an error. */
+int ringq_ack_slot(uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t slot, uint32_t token,
+                   uint64_t now_rel, uint64_t *word);
 
 #endif /* RINGQ_H */

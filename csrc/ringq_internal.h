@@ -48,4 +48,9 @@ static inline uint32_t record_crc(const ringq_geom *g, uint32_t slot, const uint
     return ringq_crc32c(crc, rec + 8, len - 8);
 }
 
+/* Validate the record whose head is at `slot` (magic, lengths, CRC) and fill *out (ringq.c).  The
+ * geometry must have passed geom_check and slot be below slot_count.  0 or RINGQ_ECORRUPT. */
+__attribute__((visibility("hidden"))) int check_record(const uint8_t *base, const ringq_geom *g,
+                                                      uint32_t slot, ringq_rec_info *out);
+
 #endif /* RINGQ_INTERNAL_H */

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import records
+from . import errors, records
 from ._native import ffi, lib
 from .segment import Segment
 from .transitions import gone
@@ -48,7 +48,11 @@ from .words import (
 if TYPE_CHECKING:  # pragma: no cover
     from .ring import Ring
 
-__all__ = ["Index", "View", "now_ms", "order", "due"]
+__all__ = ["Index", "View", "Direct", "now_ms", "order", "due"]
+
+FULL_CATCH_UP = 1.0  # seconds: a catch-up looks at every segment at least this often
+CLAIMED = lib.RINGQ_CLAIMED
+CLAIM_NONE = lib.RINGQ_CLAIM_NONE
 
 AUTO_ID = re.compile(r"^[0-9a-f]{16}$")
 RETAINED = (ST_READY, ST_LEASED, ST_DONE, ST_DEAD)
@@ -58,15 +62,29 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class Direct:
+    """How :meth:`Index.take` leases plain candidates itself: for ``vt_ms`` milliseconds, with
+    owner word ``owner_base`` (ringq/words.py owner_pack with lease count 0); ``made(view, slot,
+    word)`` returns the caller's result for a job just leased (or None to drop it)."""
+
+    __slots__ = ("vt_ms", "owner_base", "made")
+
+    def __init__(self, vt_ms: int, owner_base: int, made: Callable[[View, int, int], Any]) -> None:
+        self.vt_ms = vt_ms
+        self.owner_base = owner_base
+        self.made = made
+
+
 class Grow:
     """A growable numpy vector with a stable C pointer (``ptr``) between appends."""
 
-    __slots__ = ("a", "n", "ptr")
+    __slots__ = ("a", "n", "ptr", "cptr")
 
     def __init__(self, dtype: str, cap: int = 64) -> None:
         self.a = np.empty(cap, dtype)
         self.n = 0
         self.ptr = self.a.ctypes.data
+        self.cptr = ffi.cast("uint32_t *", self.ptr)  # for uint32 vectors: what the C helper takes
 
     def extend(self, values: np.ndarray) -> None:
         k = len(values)
@@ -75,6 +93,7 @@ class Grow:
             bigger[: self.n] = self.a[: self.n]
             self.a = bigger
             self.ptr = bigger.ctypes.data
+            self.cptr = ffi.cast("uint32_t *", self.ptr)
         self.a[self.n : self.n + k] = values
         self.n += k
 
@@ -112,6 +131,8 @@ class View:
         "idlen",
         "lanepos",
         "parkme",
+        "plain",
+        "plain_ptr",
     )
 
     def __init__(self, seg: Segment) -> None:
@@ -134,6 +155,10 @@ class View:
         self.parkme = np.zeros(
             n, bool
         )  # enqueued with a delay: ordered individually, not by its lane
+        # 1: no policy applies to the job at this head slot (never delayed, no expiry, not a copy,
+        # no carried attempts), so ringq_claim_next may lease it directly when it comes first.
+        self.plain = np.zeros(n, np.uint8)
+        self.plain_ptr = ffi.cast("uint8_t *", self.plain.ctypes.data)
 
 
 def order(view: View, slot: int) -> int:
@@ -167,16 +192,34 @@ class Index:
         )  # jobs with an individual entry (scheduled or due)
         self.ids: dict[str, tuple[int, int]] = {}
         self.seen_change = -1
+        self._claim_out = ffi.new("ringq_claim_out *")
+        self._stamp: tuple[int, int] | None = None  # control words at the last catch-up
+        self._stamp_until = 0.0
 
     def clear(self) -> None:
         self.views.clear()
+        self._stamp = None
 
     # -- catching up ------------------------------------------------------------------------------
 
-    def catch_up(self) -> list[View]:
+    def catch_up(self, quick: bool = False) -> list[View]:
         """Catch up with other processes: new segments, new records, jobs returned to READY.
-        Returns the views seen sealed for the first time (the caller may relocate from them)."""
+        Returns the views seen sealed for the first time (the caller may relocate from them).
+
+        Cheap when nothing moved: every append and every return to READY bumps the control file's
+        wake word after it is visible, and every rotation and retirement its ring generation, so
+        while both (and the tail segment) read as at the last catch-up there is nothing new to
+        see.  With ``quick`` (the lease path) a catch-up is skipped then; it still runs in full at
+        least every ``FULL_CATCH_UP`` seconds.  Never quick under the writer lock: a writer that
+        released the lock bumps the wake word a moment later, and a caller holding the lock must
+        see what it published (idempotent enqueue)."""
         ring = self.ring
+        ctl = ring.ctl
+        stamp = (ctl.wake_word(), ctl.ring_gen())
+        t = time.monotonic()
+        if quick and stamp == self._stamp and t < self._stamp_until:
+            return []
+        self._stamp, self._stamp_until = stamp, t + FULL_CATCH_UP
         dropped = False
         for seq in ring.refresh():
             dropped |= self.views.pop(seq, None) is not None
@@ -243,6 +286,9 @@ class Index:
         # ordered individually by their own keys.
         view.parkme[slots] = (ok["available_ms"] > ok["enqueued_us"] // 1000) | (
             ok["supersedes"] != 0
+        )
+        view.plain[slots] = (
+            ~view.parkme[slots] & (ok["kind"] == records.KIND_JOB) & (ok["attempts_before"] == 0)
         )
         view.heads.extend(slots)
         view.head_seqs.extend(ok["seq"])
@@ -386,6 +432,22 @@ class Index:
                 w,
             )
 
+    def _queue_lane_next(self, view: View, lane: Lane) -> None:
+        """Queue a lane whose candidate was just leased, keyed by the next slot in lane order
+        without looking at its state word (no C call): ringq_claim_next checks it when it comes
+        first, and hands back any other candidate."""
+        if lane.queued or lane.cursor >= lane.slots.n:
+            return
+        slot = int(lane.slots.a[lane.cursor])
+        if not view.plain[slot]:
+            self._queue_lane(view, lane)
+            return
+        lane.queued = True
+        heapq.heappush(
+            self.heap,
+            (-lane.prio, int(view.avail[slot]), order(view, slot), 0, view.seg.seq, lane.prio, slot, 0),
+        )
+
     def _queue_lane(self, view: View, lane: Lane, now: int | None = None) -> None:
         if lane.queued:
             return
@@ -404,6 +466,7 @@ class Index:
         claim: Callable[[View, int, int, int], Any],
         held_back: Any,
         skip: Callable[[View, int], bool] | None = None,
+        direct: Direct | None = None,
     ) -> list[Any]:
         """Try candidates best first until ``want`` claims succeed or none is left.
 
@@ -412,7 +475,9 @@ class Index:
         jobs it held back are offered again (``reoffer()``), and a lane moves past a job it holds
         (``blocked(segseq, slot)``), which then waits in the gate, not in the lane.
         ``skip(view, slot)``, if given, passes over a job for this call (a paused key): it keeps
-        an individual entry and is tried again next time.
+        an individual entry and is tried again next time.  ``direct``, if given (only when no limit
+        and no pause can apply), leases a lane's plain candidate in one C call
+        (``ringq_claim_next``) and hands it to ``direct.made``; everything else goes to ``claim``.
         """
         now = now_ms()
         passed: list[tuple[View, int]] = []
@@ -432,6 +497,27 @@ class Index:
             if kind == 0:
                 lane = view.lanes[prio]
                 lane.queued = False
+                if direct is not None:
+                    seg = view.seg
+                    arr = lane.slots
+                    co = self._claim_out
+                    errors.check(
+                        lib.ringq_claim_next(seg.ptr, seg.size, seg.geom, arr.cptr, arr.n, lane.cursor,
+                                             slot, view.plain_ptr, max(0, now - seg.epoch_ms),
+                                             max(0, now + direct.vt_ms - seg.epoch_ms), direct.owner_base, co),
+                        seg.path,
+                    )
+                    if co.status == CLAIMED:
+                        lane.cursor = co.index + 1
+                        got = direct.made(view, co.slot, co.word)
+                        if got is not None:
+                            out.append(got)
+                        self._queue_lane_next(view, lane)
+                        continue
+                    if co.status == CLAIM_NONE:
+                        lane.cursor = arr.n
+                        continue
+                    # Another candidate, or one that needs a decision: the general path below.
                 key = self._lane_key(view, lane, now)
                 if key is None:
                     continue

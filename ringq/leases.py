@@ -13,10 +13,11 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import cancel, lifecycle, snapshot, transitions
+from . import cancel, errors, lifecycle, snapshot, transitions
+from ._native import ffi, lib
 from .backoff import BackoffPolicy
 from .errors import CorruptionError, JobNotFoundError, SerializationError
-from .index import Index, View, due, now_ms, order
+from .index import Direct, Index, View, due, now_ms, order
 from .job import Job
 from .limits import LimitGate
 from .owner import OwnerRegistry
@@ -53,6 +54,7 @@ class Leases:
         self.owners = owners
         self.relocator = relocator
         self.refresh = refresh
+        self._word = ffi.new("uint64_t *")
 
     def locate(self, job: Job | str, queue: str) -> tuple[View, int, str]:
         """``(view, slot, id)`` of a job given as a snapshot or an id.  Raises JobNotFoundError
@@ -138,22 +140,61 @@ class Leases:
             self.gate.release(key)
             return None
         try:
-            return snapshot.job_at(self.ring, seg, slot, new)
+            return snapshot.job_at(self.ring, seg, slot, new, just_leased=True)
         except (CorruptionError, SerializationError) as exc:
             held.pop(key, None)
             self.gate.release(key)
             self.ring.mark_bad(seg, slot, str(exc))
             return None
 
+    def direct(self, vt: float, detach: bool) -> Direct:
+        """What Index.take needs to lease plain jobs in one C call each (ringq_claim_next), for
+        ``vt`` seconds; ``detach`` as in :meth:`claim`.  Only for a take that no limit and no
+        paused key can concern (the caller checks)."""
+        owner = 0 if detach else self.owners.acquire()
+        held = self.owners.held
+        floored = []
+
+        def made(view: View, slot: int, word: int) -> Job | None:
+            seg = view.seg
+            if owner:
+                held[(seg.seq, slot)] = 1
+            if not floored:  # the first lease of a take expires first: one floor update per take
+                floored.append(True)
+                self.ring.ctl.lower_deadline_floor(seg.epoch_ms + rel_time(word))
+            self.ring.note_state(seg, slot, final=False)
+            try:
+                return snapshot.fresh_lease(view, slot, word)
+            except SerializationError as exc:
+                held.pop((seg.seq, slot), None)
+                self.ring.mark_bad(seg, slot, str(exc))
+                return None
+
+        return Direct(int(vt * 1000), owner_pack(owner, 0, os.getpid()), made)
+
     def ack(self, job: Job | str, queue: str) -> Segment | None:
         """CAS one job to DONE; returns its segment, or None for a repeated ack.  The durability
         strategy is told (it syncs under ``sync_acks`` when the caller calls ``sync_acks_now``)."""
         try:
-            view, slot, w, job_id, token = self._word_for(job, queue)
+            view, slot, job_id = self.locate(job, queue)
         except Retired:
             return None  # its segment retired, so it was finished: a repeated ack
+        token = token_number(job.lease_token) if isinstance(job, Job) else None
         seg = view.seg
         self._release_slot(seg, slot)
+        if token is None or token > 0:
+            # The common case in one C call: LEASED with this token -> DONE (ringq/transitions.py
+            # allows it; a cancel-requested lease comes back as 3 for the policy below).
+            out = self._word
+            rc = lib.ringq_ack_slot(seg.ptr, seg.size, seg.geom, slot, token or 0, max(0, now_ms() - seg.epoch_ms), out)
+            if rc == 0:
+                return self._acked(view, seg, slot, out[0])
+            if rc == 1:
+                return None  # a repeated ack
+            if rc == 2:
+                transitions.require_lease(out[0], job_id, token, "ack")  # raises, saying why
+            errors.check(min(rc, 0), seg.path)
+        w = seg.load_state(slot)
         while True:
             if state(w) == ST_DONE and (token is None or lease_count(w) == token):
                 return None  # a repeated ack; a stale holder's ack of a job done by another is refused below
@@ -162,6 +203,9 @@ class Leases:
             ok, w = seg.cas_state(slot, w, done)
             if ok:
                 break
+        return self._acked(view, seg, slot, done)
+
+    def _acked(self, view: View, seg: Segment, slot: int, done: int) -> Segment:
         self.ring.dur.note_ack(seg, slot, done)
         self.ring.ctl.count("acked")
         self.owners.held.pop((seg.seq, slot), None)

@@ -311,10 +311,11 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
 
     # -- catching up ----------------------------------------------------------------------------------
 
-    def _refresh(self, relocate: bool = True) -> None:
+    def _refresh(self, relocate: bool = True, quick: bool = False) -> None:
         """Catch up with other processes; segments seen sealed for the first time are offered for
-        straggler relocation (unless ``relocate`` is False), and any copies read in."""
-        sealed = self._index.catch_up()
+        straggler relocation (unless ``relocate`` is False), and any copies read in.  ``quick``:
+        skip it if nothing was appended, returned or rotated since the last one (Index.catch_up)."""
+        sealed = self._index.catch_up(quick)
         if relocate and sum(self._relocator.offer(view) for view in sealed):
             self._refresh(relocate=False)  # map and read the copies (they may have rotated the tail)
 
@@ -331,10 +332,13 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
         """Catch up and reclaim expired and dead holders' leases, before a call that changes
         state: read-only calls already show such a lease as what reclaiming makes it (READY or
         DEAD), so a change must act on that state, not on the word still stored.  ``force``
-        scans now; otherwise the reaper's own schedule decides (cheap: the hot ack path)."""
-        self._refresh()
-        if self._reap(force):
+        scans now; otherwise the reaper's own schedule decides (cheap: the hot ack path, which
+        catches up only when a scan is due -- the job it settles is found, or caught up with, by
+        ringq/leases.py's locate)."""
+        if force or self._reaper.due():
             self._refresh()
+            if self._reap(force):
+                self._refresh()
 
     def _job_at(self, segseq: int, slot: int, word: int | None = None) -> Job:
         return snapshot.job_at(self._ring, self._index.views[segseq].seg, slot, word)
@@ -378,13 +382,16 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
             seen = ctl.wake_word()
             with self._lock:
                 self._live()
-                self._refresh()
+                self._refresh(quick=True)
                 if self._reap():
                     self._refresh()  # the reclaimed jobs moved their segments' change counters
                 if not pause.queue_paused():  # a paused queue leases nothing; resume wakes sleepers
+                    # With no limit and no paused key, plain jobs are leased in one C call each.
+                    direct = (None if self._gate.active() or pause.paused_keys()
+                              else self._leases.direct(vt, detach))
                     got.extend(self._index.take(count - len(got),
                                                 lambda v, s, w, now: claim(v, s, w, now, vt, detach), self._gate,
-                                                skip))
+                                                skip, direct))
                 next_due = self._index.next_due_ms()
             if len(got) >= count or deadline is None:
                 return got

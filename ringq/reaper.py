@@ -66,6 +66,13 @@ class Reaper:
         ahead = self.ring.ctl.deadline_floor()[1] / 1000 - time.time()
         return ahead + 0.001 if ahead > 0 else REAP_INTERVAL
 
+    def due(self) -> bool:
+        """True if :meth:`reap` without ``force`` would scan now (its schedule, below)."""
+        return self._due(time.monotonic(), now_ms(), self.ring.ctl.deadline_floor()[1])
+
+    def _due(self, t: float, now: int, floor_ms: int) -> bool:
+        return t - self.last >= REAP_INTERVAL or (now > floor_ms and t - self.last >= FLOOR_RESCAN)
+
     def reap(self, force: bool = False) -> int:
         """Return expired leases and leases of dead holders to READY (or DEAD); returns how many.
 
@@ -77,11 +84,7 @@ class Reaper:
         t = time.monotonic()
         now = now_ms()
         floor_word, floor_ms = ctl.deadline_floor()
-        if (
-            not force
-            and t - self.last < REAP_INTERVAL
-            and (now <= floor_ms or t - self.last < FLOOR_RESCAN)
-        ):
+        if not force and not self._due(t, now, floor_ms):
             return 0
         self.last = t
         earliest = Control.FLOOR_NEVER

@@ -31,6 +31,7 @@ __all__ = [
     "scan",
     "read_record",
     "read_id",
+    "read_body",
     "fill_header",
     "check_one",
     "job_id",
@@ -216,6 +217,22 @@ def read_record(seg: Segment, slot: int) -> tuple[object, bytes, bytearray]:
     with memoryview(seg.mm) as mv:
         payload[:] = mv[start : start + info.payload_len]
     return info, id_bytes, payload
+
+
+# id_len, codec, kind and payload_len lie next to each other in the header (checked here).
+_OFF_BODY = ffi.offsetof("ringq_rec_header", "id_len")
+_BODY = struct.Struct("<HBBI")
+assert [ffi.offsetof("ringq_rec_header", f) - _OFF_BODY for f in ("codec", "kind", "payload_len")] == [2, 3, 4]
+
+
+def read_body(seg: Segment, slot: int) -> tuple[int, bytes, bytes]:
+    """``(codec, id bytes, payload bytes)`` of a record validated a moment ago, without checking
+    it again: for a job ringq_claim_next just leased, which validated it first."""
+    base = seg.data_off + slot * seg.slot_size
+    mm = seg.mm
+    id_len, codec, _kind, plen = _BODY.unpack_from(mm, base + _OFF_BODY)
+    start = base + REC_HEADER.size + id_len
+    return codec, mm[start - id_len : start], mm[start : start + plen]
 
 
 def read_id(seg: Segment, slot: int, id_len: int) -> bytes:

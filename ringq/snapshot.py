@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from . import codec, lifecycle, records
 from .errors import CorruptionError, JobNotFoundError
-from .job import Job, state_of
+from .job import Job, JobState, state_of
 from .segment import Segment
 from .words import (
     FLAG_CANCEL,
@@ -22,15 +22,18 @@ from .words import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .index import View
     from .ring import Ring
 
-__all__ = ["job_at", "last_error"]
+__all__ = ["job_at", "fresh_lease", "last_error"]
 
 
 def job_at(
-    ring: Ring, seg: Segment, slot: int, word: int | None = None, decode: bool = True
+    ring: Ring, seg: Segment, slot: int, word: int | None = None, decode: bool = True,
+    just_leased: bool = False,
 ) -> Job:
     """The job at ``slot`` of ``seg`` as of state word ``word`` (read now if None).
+    ``just_leased``: ``word`` is a lease taken a moment ago, which has no progress to show yet.
 
     Raises CorruptionError (the record is then marked BAD), SerializationError, JobNotFoundError
     (the slot holds no retained job).
@@ -71,8 +74,35 @@ def job_at(
         expires_at=expires_at,
         _loc=(seg.seq, slot),
     )
-    lifecycle.show_progress(ring, seg, slot, lc, job)
+    if not just_leased:
+        lifecycle.show_progress(ring, seg, slot, lc, job)
     return job
+
+
+def fresh_lease(view: View, slot: int, word: int) -> Job:
+    """The snapshot of a plain job that ringq_claim_next just leased for the first time (lease
+    count 1, state word ``word``), built from the index's copy of its header: a first lease has no
+    nack text and no progress yet, and a plain record has no expiry and no carried attempts, so
+    no side file is read.  Raises SerializationError for a payload that does not decode."""
+    seg = view.seg
+    codec_id, id_bytes, data = records.read_body(seg, slot)
+    seq = int(view.seq[slot])
+    return Job(
+        id=bytes(id_bytes).decode("utf-8", "replace") if id_bytes else f"{seq:016x}",
+        payload=codec.decode(codec_id, data),
+        priority=int(view.prio[slot]),
+        state=JobState.LEASED,
+        attempts=1,
+        max_attempts=int(view.maxatt[slot]),
+        available_at=int(view.avail[slot]) / 1000,
+        enqueued_at=int(view.enq[slot]) / 1e6,
+        lease_deadline=(seg.epoch_ms + rel_time(word)) / 1000,
+        lease_token="1",
+        seq=seq,
+        version=1,
+        key=codec.split_key(codec_id, data)[0] if codec_id == codec.KEYED else None,
+        _loc=(seg.seq, slot),
+    )
 
 
 def last_error(

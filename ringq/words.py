@@ -89,22 +89,23 @@ WHY_DIED = lib.RINGQ_WHY_DIED
 WHY_PURGED = lib.RINGQ_WHY_PURGED
 
 STATE_MASK = 0x7
-WHY_SHIFT = 3
+WHY_SHIFT = lib.RINGQ_W_WHY_SHIFT
 WHY_MASK = 0x3
-# Bit 5 is Python's alone (the C helper masks states with 0x7 and never builds a word with it).
-FLAG_CANCEL = 1 << 5
+# Bit 5 is set only by Python (policy); the C helper never builds a word with it and hands a
+# word carrying it back to Python (ringq_claim_next, ringq_ack_slot).
+FLAG_CANCEL = lib.RINGQ_W_CANCEL
 # The reason field of a DONE word carrying FLAG_CANCEL: how the job ended without completing.
 END_CANCELLED = 0  # cancelled (pending, or its holder acked/nacked/lost a cancel-requested lease)
 END_EXPIRED = 1  # its expires-at passed before anyone leased it
-LC_SHIFT = 6
-LC_BITS = 18
-LC_MASK = (1 << LC_BITS) - 1
-TIME_SHIFT = 24
-TIME_MAX = (1 << 40) - 1  # ms: about 34.8 years after a segment's epoch
+LC_SHIFT = lib.RINGQ_W_LC_SHIFT
+LC_MASK = lib.RINGQ_W_LC_MASK
+LC_BITS = LC_MASK.bit_length()
+TIME_SHIFT = lib.RINGQ_W_TIME_SHIFT
+TIME_MAX = lib.RINGQ_W_TIME_MAX  # ms: about 34.8 years after a segment's epoch
 LOW_MASK = (1 << TIME_SHIFT) - 1  # state, reason and lease count: everything but the time
 
 OWNER_IDX_MASK = 0xFFFF
-OWNER_LC_SHIFT = 16
+OWNER_LC_SHIFT = lib.RINGQ_OW_LC_SHIFT
 OWNER_PID_SHIFT = 34
 OWNER_PID_MASK = 0x3FFFFFFF
 

@@ -1,0 +1,101 @@
+/* claim.c - a lease and an ack in one call each.  See ringq.h for the contracts.
+ *
+ * These are the two hottest paths of a consumer.  Each replaces what used to be several calls
+ * (find the next READY slot, CAS the state word, tag the owner word; load, check, CAS) with one,
+ * so that the interpreter runs once per operation.  Policy stays with the caller: a slot is
+ * claimed here only if the caller flagged it plain and ranked it first; anything else (a retried
+ * job, a delayed one, an expiry, a limit) is reported back untouched for the caller to decide.
+ */
+#include "ringq.h"
+#include "ringq_internal.h"
+
+#define STATE_OF(w) ((uint32_t)((w) & 7u))
+#define LC_OF(w) ((uint32_t)(((w) >> RINGQ_W_LC_SHIFT) & RINGQ_W_LC_MASK))
+#define TIME_OF(w) ((w) >> RINGQ_W_TIME_SHIFT)
+#define WHY_BITS(w) ((w) & (3ull << RINGQ_W_WHY_SHIFT))
+
+static inline uint64_t word_of(uint32_t st, uint64_t why_bits, uint32_t lc, uint64_t t) {
+    if (t > RINGQ_W_TIME_MAX) t = RINGQ_W_TIME_MAX;
+    return (uint64_t)st | why_bits | ((uint64_t)(lc & RINGQ_W_LC_MASK) << RINGQ_W_LC_SHIFT) |
+           (t << RINGQ_W_TIME_SHIFT);
+}
+
+int ringq_claim_next(uint8_t *base, size_t maplen, const ringq_geom *g, const uint32_t *order,
+                     uint32_t n, uint32_t start, uint32_t expect, const uint8_t *plain,
+                     uint64_t now_rel, uint64_t deadline_rel, uint64_t owner_base,
+                     ringq_claim_out *out) {
+    int rc = geom_check(maplen, g);
+    if (rc) return rc;
+    if (!order || !plain || !out) return RINGQ_EINVAL;
+    out->status = RINGQ_CLAIM_NONE;
+    out->index = n;
+    out->slot = 0;
+    out->_pad = 0;
+    out->word = 0;
+    for (uint32_t i = start; i < n; i++) {
+        uint32_t slot = order[i];
+        if (slot >= g->slot_count) continue;
+        _Atomic uint64_t *sw = A64(base, g->state_off + (size_t)slot * RINGQ_STATE_ENTRY);
+        uint64_t w = atomic_load_explicit(sw, memory_order_acquire);
+        while (STATE_OF(w) == RINGQ_ST_READY) {
+            out->index = i;
+            out->slot = slot;
+            out->word = w;
+            if (slot != expect || !plain[slot] || LC_OF(w) != 0 || TIME_OF(w) > now_rel ||
+                (w & RINGQ_W_CANCEL)) {
+                out->status = RINGQ_CLAIM_ASK;
+                return 0;
+            }
+            /* The bytes are validated again before the job is handed out (as every read does):
+             * a record that fails goes back to the caller, which quarantines it. */
+            ringq_rec_info info;
+            if (check_record(base, g, slot, &info) != 0) {
+                out->status = RINGQ_CLAIM_ASK;
+                return 0;
+            }
+            uint64_t leased = word_of(RINGQ_ST_LEASED, WHY_BITS(w), 1, deadline_rel);
+            if (atomic_compare_exchange_strong(sw, &w, leased)) {
+                atomic_store_explicit(A64(base, g->state_off + (size_t)slot * RINGQ_STATE_ENTRY + 8),
+                                      owner_base | ((uint64_t)1 << RINGQ_OW_LC_SHIFT),
+                                      memory_order_release);
+                out->status = RINGQ_CLAIMED;
+                out->word = leased;
+                return 0;
+            }
+            /* w now holds the word another process wrote: READY again (rare) loops, else move on. */
+        }
+    }
+    out->status = RINGQ_CLAIM_NONE;
+    out->index = n;
+    return 0;
+}
+
+int ringq_ack_slot(uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t slot, uint32_t token,
+                   uint64_t now_rel, uint64_t *word) {
+    int rc = geom_check(maplen, g);
+    if (rc) return rc;
+    if (!word) return RINGQ_EINVAL;
+    if (slot >= g->slot_count) return RINGQ_EBOUNDS;
+    _Atomic uint64_t *sw = A64(base, g->state_off + (size_t)slot * RINGQ_STATE_ENTRY);
+    uint64_t w = atomic_load_explicit(sw, memory_order_acquire);
+    for (;;) {
+        uint32_t st = STATE_OF(w), lc = LC_OF(w);
+        if (st == RINGQ_ST_DONE && (token == 0 || lc == token)) {
+            *word = w;
+            return 1;
+        }
+        if (st != RINGQ_ST_LEASED || (token != 0 && lc != token)) {
+            *word = w;
+            return 2;
+        }
+        if (w & RINGQ_W_CANCEL) {
+            *word = w;
+            return 3;
+        }
+        uint64_t done = word_of(RINGQ_ST_DONE, WHY_BITS(w), lc, now_rel);
+        if (atomic_compare_exchange_strong(sw, &w, done)) {
+            *word = done;
+            return 0;
+        }
+    }
+}

@@ -211,7 +211,7 @@ class Leases:
         self.owners.held.pop((seg.seq, slot), None)
         self.ring.segs.note_finished(seg)
         if view.sealed:
-            self.relocator.offer(view)
+            self.relocator.offer(view, hot=True)
         return seg
 
     def nack(
@@ -251,7 +251,7 @@ class Leases:
             self.ring.note_returned(seg)
         out = snapshot.job_at(self.ring, seg, slot, new)
         if view.sealed:
-            self.relocator.offer(view)
+            self.relocator.offer(view, hot=True)
         return out
 
     def _release_slot(self, seg: Segment, slot: int) -> None:

@@ -49,6 +49,7 @@ RELOCATE_AFTER = (
 # backlog being worked off is not copied, and disk use stays within about this many times the
 # slots of such jobs.
 RELOCATE_DUE_RATIO = 16
+HOT_RECHECK = 64  # an ack looks for stragglers again once 1/64 of the segment's records finished
 
 
 MAX_CARRIED = 0xFFFF  # the record header's attempts-carried-over field is 16-bit
@@ -98,17 +99,29 @@ class Relocator:
         self.ring = ring
         self.index = index
         self.catch_up = catch_up
+        self._looked: dict[int, int] = {}  # segment seq -> its finished count when last looked at
 
-    def offer(self, view: View) -> int:
-        """Relocate ``view``'s stragglers if the rule above allows it; returns how many moved."""
+    def offer(self, view: View, hot: bool = False) -> int:
+        """Relocate ``view``'s stragglers if the rule above allows it; returns how many moved.
+
+        ``hot`` (an ack or nack): look at the segment's state table only if ``1/HOT_RECHECK`` of its
+        records finished since it was last looked at in vain, so that acking through a long
+        sealed segment costs O(1) per ack, not O(segment); the reaper's passes offer every sealed
+        segment without ``hot``."""
         seg = view.seg
         if not view.sealed or seg.mm is None or seg.retired():
             return 0
         nrec = seg.nrecords()
-        live = nrec - seg.finished()
+        finished = seg.finished()
+        live = nrec - finished
         if live <= 0 or 2 * live > nrec:  # moving must at least halve what the segment holds
             return 0
-        slots, soon = self._stragglers(view)
+        if hot and finished - self._looked.get(seg.seq, -nrec) < max(1, nrec // HOT_RECHECK):
+            return 0
+        if len(self._looked) > 4096:
+            self._looked.clear()
+        self._looked[seg.seq] = finished
+        slots, soon = self.stragglers(view)
         if not slots or (soon and RELOCATE_DUE_RATIO * live > nrec):
             return 0
         with self.ring.locked():  # excludes requeue_dead and other relocators
@@ -117,12 +130,12 @@ class Relocator:
             self.catch_up()
             if seg.mm is None or seg.retired():  # retired and unmapped by that catch-up
                 return 0
-            slots, soon = self._stragglers(view)
+            slots, soon = self.stragglers(view)
             if soon and RELOCATE_DUE_RATIO * (nrec - seg.finished()) > nrec:
                 return 0
             return self._relocate(view, slots) if slots else 0
 
-    def _stragglers(self, view: View) -> tuple[list[int], bool]:
+    def stragglers(self, view: View) -> tuple[list[int], bool]:
         """``(head slots, any due)``: ``view``'s live jobs if none is leased, else ``([], False)``.
 
         ``any due``: some of them are READY and due within ``RELOCATE_AFTER`` (not only dead or

@@ -50,6 +50,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Index", "View", "Direct", "now_ms", "order", "due"]
 
+FEW = 8  # records an ingest reads field by field rather than through numpy arrays
 FULL_CATCH_UP = 1.0  # seconds: a catch-up looks at every segment at least this often
 CLAIMED = lib.RINGQ_CLAIMED
 CLAIM_NONE = lib.RINGQ_CLAIM_NONE
@@ -96,6 +97,13 @@ class Grow:
             self.cptr = ffi.cast("uint32_t *", self.ptr)
         self.a[self.n : self.n + k] = values
         self.n += k
+
+    def append(self, value: int) -> None:
+        if self.n == len(self.a):
+            self.extend(np.array([value], self.a.dtype))
+            return
+        self.a[self.n] = value
+        self.n += 1
 
     def view(self) -> np.ndarray:
         return self.a[: self.n]
@@ -258,6 +266,9 @@ class Index:
 
     def _ingest(self, view: View) -> None:
         seg = view.seg
+        if seg.bounded_tail() - view.scanned <= FEW:
+            self._ingest_few(view)
+            return
         infos, nxt = records.scan(seg, view.scanned)
         view.scanned = nxt
         if not len(infos):
@@ -329,6 +340,47 @@ class Index:
             view.lanepos[mine] = np.arange(lane.slots.n, lane.slots.n + len(mine), dtype=np.uint32)
             lane.slots.extend(mine)
             self._queue_lane(view, lane)
+
+    def _ingest_few(self, view: View) -> None:
+        """:meth:`_ingest` for a handful of records, field by field (what a consumer woken for
+        the job just appended runs: no numpy call per field).  Same effects, record by record."""
+        seg = view.seg
+        infos, n, nxt = records.scan_few(seg, view.scanned, FEW)
+        view.scanned = nxt
+        now = None
+        for i in range(n):
+            r = infos[i]
+            slot = r.slot
+            if r.status != 0:
+                self.ring.mark_bad(seg, slot, "record failed validation (magic, length or CRC)")
+                continue
+            prio, seq, avail, sup = r.priority, r.seq, r.available_ms, r.supersedes
+            view.prio[slot] = prio
+            view.seq[slot] = seq
+            view.enq[slot] = r.enqueued_us
+            view.avail[slot] = avail
+            view.maxatt[slot] = r.max_attempts
+            view.attb[slot] = r.attempts_before
+            view.idlen[slot] = r.id_len
+            park = avail > r.enqueued_us // 1000 or sup != 0
+            view.parkme[slot] = park
+            view.plain[slot] = not park and r.kind == records.KIND_JOB and r.attempts_before == 0
+            view.heads.append(slot)
+            view.head_seqs.append(seq)
+            if state(r.state) == ST_EMPTY:  # published, its state page lost (see _ingest)
+                seg.cas_state(slot, 0, pack(ST_READY, WHY_NONE, 0, avail - seg.epoch_ms))
+            if r.id_len:
+                self.ids[records.read_id(seg, slot, r.id_len).decode("utf-8", "replace")] = (seg.seq, slot)
+            lane = view.lanes.get(prio)
+            if lane is None:
+                lane = view.lanes[prio] = Lane(prio)
+            view.lanepos[slot] = lane.slots.n
+            lane.slots.append(slot)
+            if sup:
+                self._complete_supersede(sup)
+                now = now_ms() if now is None else now
+                self.park(view, slot, now)
+            self._queue_lane_next(view, lane)
 
     def _complete_supersede(self, ref: int) -> None:
         """A requeued or relocated record names the record it replaces: make sure that one is GONE."""

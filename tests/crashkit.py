@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ringq
+from ringq import index as index_mod
+from ringq import leases as leases_mod
 from ringq import ring as ring_mod
 from ringq import segment as seg_mod
 from ringq.queue import Queue
@@ -219,8 +221,26 @@ class Recorder:
                     recorder.mark(f"rec_pwrite slot {slot}")
                 return rc
 
-        patches.append((ring_mod, "lib", real_lib))
-        ring_mod.lib = LibProxy()  # type: ignore[assignment]
+            # A lease and an ack are one C call each; each is one step (their CAS is the change).
+            @staticmethod
+            def ringq_claim_next(base_ptr, size, geom, *a):  # noqa: ANN001
+                rc = real_lib.ringq_claim_next(base_ptr, size, geom, *a)
+                out = a[-1]
+                if rc == 0 and out.status == real_lib.RINGQ_CLAIMED:
+                    recorder.mark(f"cas64 state of segment {geom.seg_seq:016x} slot {out.slot} (ringq_claim_next)")
+                return rc
+
+            @staticmethod
+            def ringq_ack_slot(base_ptr, size, geom, slot, *a):  # noqa: ANN001
+                rc = real_lib.ringq_ack_slot(base_ptr, size, geom, slot, *a)
+                if rc == 0:
+                    recorder.mark(f"cas64 state of segment {geom.seg_seq:016x} slot {slot} (ringq_ack_slot)")
+                return rc
+
+        proxy = LibProxy()
+        for mod in (ring_mod, index_mod, leases_mod):
+            patches.append((mod, "lib", mod.lib))
+            mod.lib = proxy  # type: ignore[assignment]
         self.active = True
         try:
             self.mark("start")

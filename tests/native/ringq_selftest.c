@@ -2,7 +2,7 @@
  *
  * Built and run by tests/test_native_sanitized.py:
  *   gcc -std=gnu11 -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=all \
- *       -Icsrc tests/native/ringq_selftest.c csrc/ringq.c -o selftest && ./selftest [iterations] [seed]
+ *       -Icsrc tests/native/ringq_selftest.c csrc/*.c -o selftest && ./selftest [iterations] [seed]
  *
  * Known answers (CRC32C, atomics, bounds and alignment errors), then a fuzz loop: random but
  * valid geometries over heap buffers of *exactly* the mapping's length (so any read or write past
@@ -112,6 +112,88 @@ static void put_record(uint8_t *m, size_t maplen, const ringq_geom *g, uint32_t 
     free(rec);
 }
 
+/* ringq_claim_next and ringq_ack_slot on whatever the buffer holds: documented codes only, a
+ * claim changes exactly the slot it names (to LEASED, lease count 1, the deadline, the owner word),
+ * an ack only to DONE with the lease count kept. */
+static void claim_and_ack(uint8_t *m, size_t maplen, const ringq_geom *g, int ok_geom, const uint32_t *order) {
+    uint8_t *plain = malloc(g->slot_count); /* exactly slot_count bytes: an overread is caught */
+    for (uint32_t i = 0; i < g->slot_count; i++) plain[i] = (uint8_t)below(2);
+    uint32_t n = below(17), start = below(19);
+    uint32_t expect = n && below(4) ? order[below(n)] : below(g->slot_count + 3);
+    uint64_t now_rel = rnd() & 0xFFFFFFFFFFULL, deadline = below(8) ? now_rel + below(100000) : rnd();
+    uint64_t owner_base = rnd() & ~(0x3FFFFULL << RINGQ_OW_LC_SHIFT);
+    ringq_claim_out co;
+    int rc = ringq_claim_next(m, maplen, g, order, n, start, expect, plain, now_rel, deadline, owner_base, &co);
+    if (!ok_geom) {
+        CHECK(rc == RINGQ_EBOUNDS);
+    } else {
+        CHECK(rc == 0);
+        CHECK(co.status == RINGQ_CLAIMED || co.status == RINGQ_CLAIM_ASK || co.status == RINGQ_CLAIM_NONE);
+        if (co.status == RINGQ_CLAIMED) {
+            CHECK(co.index >= start && co.index < n && order[co.index] == co.slot && co.slot == expect);
+            uint64_t w = 0, ow = 0;
+            ringq_load64(m, maplen, g->state_off + (size_t)co.slot * RINGQ_STATE_ENTRY, &w);
+            ringq_load64(m, maplen, g->state_off + (size_t)co.slot * RINGQ_STATE_ENTRY + 8, &ow);
+            CHECK(w == co.word && (w & 7) == RINGQ_ST_LEASED && ((w >> RINGQ_W_LC_SHIFT) & RINGQ_W_LC_MASK) == 1);
+            CHECK((w >> RINGQ_W_TIME_SHIFT) == (deadline > RINGQ_W_TIME_MAX ? RINGQ_W_TIME_MAX : deadline));
+            CHECK(ow == (owner_base | (1ULL << RINGQ_OW_LC_SHIFT)));
+        } else if (co.status == RINGQ_CLAIM_ASK) {
+            CHECK(co.index >= start && co.index < n && (co.word & 7) == RINGQ_ST_READY);
+        }
+    }
+    CHECK(ringq_claim_next(m, maplen, g, NULL, n, start, expect, plain, 0, 0, 0, &co) ==
+          (ok_geom ? RINGQ_EINVAL : RINGQ_EBOUNDS));
+    uint32_t slot = below(g->slot_count + 2), token = below(3);
+    uint64_t before = 0, w = 0;
+    if (slot < g->slot_count) ringq_load64(m, maplen, g->state_off + (size_t)slot * RINGQ_STATE_ENTRY, &before);
+    rc = ringq_ack_slot(m, maplen, g, slot, token, now_rel, &w);
+    if (!ok_geom || slot >= g->slot_count) {
+        CHECK(rc == RINGQ_EBOUNDS);
+    } else {
+        CHECK(rc >= 0 && rc <= 3);
+        if (rc == 0) {
+            CHECK((before & 7) == RINGQ_ST_LEASED && (w & 7) == RINGQ_ST_DONE);
+            CHECK(((w ^ before) >> RINGQ_W_LC_SHIFT & RINGQ_W_LC_MASK) == 0);
+        } else {
+            CHECK(w == before); /* refused, repeated or left to the caller: unchanged */
+        }
+    }
+    free(plain);
+}
+
+/* One record through a lease and an ack, with the answers the Python side relies on. */
+static void claim_known_answers(void) {
+    ringq_geom g = {.seg_seq = 5, .state_off = 0, .data_off = 4 * RINGQ_STATE_ENTRY, .slot_size = 128, .slot_count = 4};
+    size_t maplen = g.data_off + 4 * 128;
+    uint8_t *m = calloc(1, maplen);
+    put_record(m, maplen, &g, 1, 20); /* READY, time 1 */
+    uint8_t plain[4] = {1, 1, 1, 1};
+    uint32_t order[3] = {0, 1, 2};
+    ringq_claim_out co;
+    CHECK(ringq_claim_next(m, maplen, &g, order, 3, 0, 2, plain, 10, 500, 7, &co) == 0);
+    CHECK(co.status == RINGQ_CLAIM_ASK && co.slot == 1); /* ranked another slot: nothing changes */
+    CHECK(ringq_claim_next(m, maplen, &g, order, 3, 0, 1, plain, 0, 500, 7, &co) == 0);
+    CHECK(co.status == RINGQ_CLAIM_ASK); /* not due yet */
+    plain[1] = 0;
+    CHECK(ringq_claim_next(m, maplen, &g, order, 3, 0, 1, plain, 10, 500, 7, &co) == 0 && co.status == RINGQ_CLAIM_ASK);
+    plain[1] = 1;
+    CHECK(ringq_claim_next(m, maplen, &g, order, 3, 0, 1, plain, 10, 500, 7, &co) == 0);
+    CHECK(co.status == RINGQ_CLAIMED && co.index == 1 && co.slot == 1);
+    CHECK(ringq_claim_next(m, maplen, &g, order, 3, 0, 1, plain, 10, 500, 7, &co) == 0 && co.status == RINGQ_CLAIM_NONE);
+    uint64_t w = 0;
+    CHECK(ringq_ack_slot(m, maplen, &g, 1, 2, 20, &w) == 2);      /* another token: refused */
+    CHECK(ringq_ack_slot(m, maplen, &g, 0, 0, 20, &w) == 2);      /* never published */
+    CHECK(ringq_ack_slot(m, maplen, &g, 1, 1, 20, &w) == 0 && (w & 7) == RINGQ_ST_DONE);
+    CHECK(ringq_ack_slot(m, maplen, &g, 1, 1, 30, &w) == 1);      /* repeated */
+    CHECK(ringq_ack_slot(m, maplen, &g, 1, 0, 30, &w) == 1);      /* repeated, by bare id */
+    CHECK(ringq_ack_slot(m, maplen, &g, 1, 0, 30, NULL) == RINGQ_EINVAL);
+    /* a cancel-requested lease is left to the caller */
+    uint64_t leased = RINGQ_ST_LEASED | RINGQ_W_CANCEL | (1ULL << RINGQ_W_LC_SHIFT);
+    ringq_store64(m, maplen, 2 * RINGQ_STATE_ENTRY, leased);
+    CHECK(ringq_ack_slot(m, maplen, &g, 2, 1, 30, &w) == 3 && w == leased);
+    free(m);
+}
+
 static void fuzz_once(void) {
     ringq_geom g;
     g.slot_size = 64u * (1 + below(6));
@@ -159,6 +241,7 @@ static void fuzz_once(void) {
         uint64_t st = 0;
         int idx = ringq_next_ready(m, maplen, &g, order, 16, below(18), &st);
         CHECK(idx == RINGQ_EBOUNDS || (idx >= 0 && idx <= 16));
+        claim_and_ack(m, maplen, &g, ok_geom, order);
     }
     /* hostile geometries, as if read from a file: all refused, nothing touched */
     ringq_geom bad = g;
@@ -227,6 +310,7 @@ int main(int argc, char **argv) {
     known_answers();
     atomics();
     pair_mapping();
+    claim_known_answers();
     for (long i = 0; i < iterations; i++) fuzz_once();
     printf("selftest: %lu passed, %lu failed\n", checks - failures, failures);
     return failures ? 1 : 0;

@@ -216,6 +216,36 @@ int ringq_futex_wait(uint8_t *base, size_t maplen, size_t off, uint32_t expected
 #endif
 }
 
+static inline int64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static inline void cpu_relax(void) {
+#if RINGQ_X86
+    _mm_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+int ringq_spin_wait(const uint8_t *base, size_t maplen, size_t off, uint32_t expected, int64_t spin_ns) {
+    int rc = word_check(base, maplen, off, 4);
+    if (rc) return rc;
+    const _Atomic uint32_t *w = (const _Atomic uint32_t *)(const void *)(base + off);
+    if (atomic_load_explicit(w, memory_order_acquire) != expected) return 0;
+    if (spin_ns <= 0) return 1;
+    int64_t end = mono_ns() + spin_ns;
+    for (;;) {
+        for (int i = 0; i < 64; i++) { /* the clock is read once per 64 polls */
+            cpu_relax();
+            if (atomic_load_explicit(w, memory_order_acquire) != expected) return 0;
+        }
+        if (mono_ns() >= end) return 1;
+    }
+}
+
 int ringq_futex_wake(uint8_t *base, size_t maplen, size_t off, int n) {
     int rc = word_check(base, maplen, off, 4);
     if (rc) return rc;

@@ -144,6 +144,11 @@ int ringq_futex_wait(uint8_t *base, size_t maplen, size_t off, uint32_t expected
 /* Wake up to n waiters; returns how many were woken, or an error. */
 int ringq_futex_wake(uint8_t *base, size_t maplen, size_t off, int n);
 int ringq_futex_available(void);
+/* Poll the word (no syscall, a CPU pause between loads) until it differs from expected or spin_ns
+ * nanoseconds pass.  Returns 0 if it differs, 1 if the spin ran out, or a bounds/alignment error.
+ * For a consumer that expects work soon: a job appended during the spin is seen within about a
+ * microsecond, without the futex wake-up's scheduling delay, at the price of a busy core. */
+int ringq_spin_wait(const uint8_t *base, size_t maplen, size_t off, uint32_t expected, int64_t spin_ns);
 
 /* ---- durability -------------------------------------------------------------------------------- */
 /* msync(MS_SYNC) the pages covering [off, off+len) of the mapping (rounded out to page bounds). */

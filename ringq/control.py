@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import struct
 
+from . import errors
+from ._native import lib
 from .errors import CorruptionError, FormatVersionError
 from .mapped import Mapped, crc32c, fsync_dir, open_nofollow
 from .segment import PAGE, check_geometry
@@ -110,10 +112,21 @@ class Control(Mapped):
     def wake_word(self) -> int:
         return self.load32(OFF_WAKE)
 
-    def sleep(self, seen: int, timeout: float) -> None:
-        """Sleep until the wake word moves from ``seen`` or ``timeout`` seconds pass."""
+    def sleep(self, seen: int, timeout: float, spin: float = 0.0) -> None:
+        """Sleep until the wake word moves from ``seen`` or ``timeout`` seconds pass.
+
+        ``spin``: first poll the word for up to this many seconds (ringq_spin_wait) without
+        registering as a sleeper, so a producer that bumps it meanwhile makes no syscall and this
+        process sees the bump within about a microsecond; then sleep on the futex."""
         if timeout <= 0:
             return
+        if spin > 0:
+            rc = lib.ringq_spin_wait(self.ptr, self.size, OFF_WAKE, seen, int(min(spin, timeout) * 1e9))
+            if errors.check(rc, self.path) == 0:
+                return
+            timeout -= spin
+            if timeout <= 0:
+                return
         self.add32(OFF_WAITERS, 1)
         try:
             self.futex_wait(OFF_WAKE, seen, timeout)

@@ -33,10 +33,12 @@ class QueueOptions:
     allow_network_fs: bool = False
     allow_foreign: bool = False
     auto_ids: bool = True
+    spin: float = 0.0
 
     @classmethod
     def of_queue(cls, queue: Any, ring: Any, flush_interval: float, sync_acks: bool, lock_timeout: float,
-                 mode: int, allow_network_fs: bool, allow_foreign: bool, auto_ids: bool = True) -> QueueOptions:
+                 mode: int, allow_network_fs: bool, allow_foreign: bool, auto_ids: bool = True,
+                 spin: float = 0.0) -> QueueOptions:
         """The options of a queue just opened: the resolved strategy settings and the geometry the
         queue really has (an existing queue keeps its own, whatever was asked)."""
         return cls(
@@ -45,6 +47,7 @@ class QueueOptions:
             max_attempts=queue.max_attempts, backoff=queue.backoff, lock_timeout=lock_timeout,
             slot_size=ring.ctl.slot_size, slot_count=ring.ctl.slot_count, mode=mode,
             allow_network_fs=allow_network_fs, allow_foreign=allow_foreign, auto_ids=bool(auto_ids),
+            spin=float(spin),
         )
 
     def to_kwargs(self) -> dict[str, Any]:

@@ -110,6 +110,12 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
         auto_ids: False for a queue whose every job has a caller id (a companion queue keyed by
             another queue's job ids, such as a results queue): enqueue without an id is refused,
             and ids of the automatic form are allowed, since none is ever made here (ringq/ids.py).
+        spin: seconds a blocking lease (``wait=``) or :meth:`wait_for_wake` that found nothing
+            polls the queue's wake word before it sleeps on the futex (default 0: sleep at once;
+            at most 1).  A job appended during the spin is seen within about a microsecond rather
+            than after a futex wake-up (tens of microseconds on a busy host), but the spin keeps a
+            core busy: it pays when jobs arrive less than ``spin`` apart and cores are spare
+            (docs/benchmarks.md, fan-out).
 
     Attributes:
         options: the frozen :class:`~ringq.options.QueueOptions` the queue was opened with.
@@ -141,6 +147,7 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
         allow_network_fs: bool = False,
         allow_foreign: bool = False,
         auto_ids: bool = True,
+        spin: float = 0.0,
     ) -> None:
         if not allow_foreign:
             from .foreign import check_not_foreign
@@ -151,6 +158,9 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
         if not 0 < visibility_timeout < TIME_MAX / 1000:
             raise ValueError(f"visibility_timeout must be > 0 seconds, got {visibility_timeout!r}")
         check_attempts(max_attempts)
+        if not isinstance(spin, (int, float)) or isinstance(spin, bool) or not 0 <= spin <= 1:
+            raise ValueError(f"spin must be a number of seconds from 0 to 1, got {spin!r}")
+        self.spin = float(spin)
         # Checked on every open, not only at creation, so a bad argument never passes silently.
         for arg, value in (("slot_size", slot_size), ("slot_count", slot_count)):
             if not isinstance(value, int) or isinstance(value, bool):
@@ -176,7 +186,7 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
                               stacklevel=2)
         self.durability = durability
         self.options = QueueOptions.of_queue(self, self._ring, flush_interval, sync_acks, lock_timeout, mode,
-                                             allow_network_fs, allow_foreign, auto_ids)
+                                             allow_network_fs, allow_foreign, auto_ids, spin)
         self._owners = OwnerRegistry(os.path.join(self.path, f"{name}.owners"), mode)
         self._lock = threading.RLock()
         self._closed = False
@@ -404,7 +414,7 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
             held_back = self._gate.nap()  # until a limit that holds a job back may let it go
             if held_back is not None:
                 nap = min(nap, held_back)
-            ctl.sleep(seen, nap)
+            ctl.sleep(seen, nap, self.spin)
 
     def wake_token(self) -> int:
         """The queue's wake counter: it moves whenever a job is appended or returns to READY.
@@ -431,7 +441,7 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
             next_due = self._index.next_due_ms()
             if next_due is not None and next_due / 1000 > time.time():
                 nap = min(nap, next_due / 1000 - time.time() + 0.001)
-        self._ring.ctl.sleep(token, nap)
+        self._ring.ctl.sleep(token, nap, self.spin)
 
     def wake(self) -> None:
         """Wake every thread and process sleeping in :meth:`lease` or :meth:`wait_for_wake` on this queue."""

@@ -547,8 +547,11 @@ def _ping(consumer: Callable, args: tuple, send: Callable[[], None], n: int) -> 
             p.kill()
 
 
-def _fan_ringq_consumer(path: str, n: int, ready, out) -> None:
-    q = _open_ringq(path, "none")
+FAN_SPIN = 0.002  # seconds: the spin row's Queue(spin=): longer than the ~1 ms between sends
+
+
+def _fan_ringq_consumer(path: str, spin: float, n: int, ready, out) -> None:
+    q = _open_ringq(path, "none", spin=spin)
     lat = []
     ready.set()
     while len(lat) < n:
@@ -561,11 +564,11 @@ def _fan_ringq_consumer(path: str, n: int, ready, out) -> None:
     q.close()
 
 
-def _fan_ringq(scratch: str, n: int) -> list[int]:
+def _fan_ringq(scratch: str, n: int, spin: float = 0.0) -> list[int]:
     path = tempfile.mkdtemp(prefix="fan-", dir=scratch)
     q = _open_ringq(path, "none")
     try:
-        return _ping(_fan_ringq_consumer, (path,), lambda: q.enqueue({"t": time.monotonic_ns()}), n)
+        return _ping(_fan_ringq_consumer, (path, spin), lambda: q.enqueue({"t": time.monotonic_ns()}), n)
     finally:
         q.close()
         shutil.rmtree(path, ignore_errors=True)
@@ -639,6 +642,8 @@ def fanout(scratch: str, sz: Sizes, log: Callable[[str], None]) -> list[Row]:
     systems: list[tuple[str, str, Callable[[], list[int]]]] = [
         ("raw futex wake", "floor: FUTEX_WAKE through a shared file mapping", lambda: _fan_futex(scratch, sz.fanout)),
         ("ringq", "lease_one(wait=...) woken by enqueue (none)", lambda: _fan_ringq(scratch, sz.fanout)),
+        ("ringq", f"lease_one(wait=...), Queue(spin={FAN_SPIN}): polls before it sleeps (none)",
+         lambda: _fan_ringq(scratch, sz.fanout, FAN_SPIN)),
         ("multiprocessing.Queue", "get() woken by put()", lambda: _fan_pyqueue(lambda: mp.get_context("fork").Queue(), sz.fanout)),
     ]
     try:

@@ -161,6 +161,15 @@ static void claim_and_ack(uint8_t *m, size_t maplen, const ringq_geom *g, int ok
     free(plain);
 }
 
+static void spin_answers(void) {
+    uint32_t word[2] = {7, 0};
+    CHECK(ringq_spin_wait((const uint8_t *)word, 8, 0, 6, 1000000) == 0); /* differs already */
+    CHECK(ringq_spin_wait((const uint8_t *)word, 8, 0, 7, 0) == 1);        /* no spin */
+    CHECK(ringq_spin_wait((const uint8_t *)word, 8, 0, 7, 200000) == 1);   /* runs out */
+    CHECK(ringq_spin_wait((const uint8_t *)word, 8, 6, 7, 10) == RINGQ_EBOUNDS);
+    CHECK(ringq_spin_wait((const uint8_t *)word, 8, 2, 7, 10) == RINGQ_EALIGN);
+}
+
 /* One record through a lease and an ack, with the answers the Python side relies on. */
 static void claim_known_answers(void) {
     ringq_geom g = {.seg_seq = 5, .state_off = 0, .data_off = 4 * RINGQ_STATE_ENTRY, .slot_size = 128, .slot_count = 4};
@@ -311,6 +320,7 @@ int main(int argc, char **argv) {
     atomics();
     pair_mapping();
     claim_known_answers();
+    spin_answers();
     for (long i = 0; i < iterations; i++) fuzz_once();
     printf("selftest: %lu passed, %lu failed\n", checks - failures, failures);
     return failures ? 1 : 0;

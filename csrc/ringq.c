@@ -157,6 +157,20 @@ int ringq_fetch_add64(uint8_t *base, size_t maplen, size_t off, uint64_t delta, 
     return 0;
 }
 
+int ringq_lower_packed64(uint8_t *base, size_t maplen, size_t off, uint32_t gen_bits, uint64_t v) {
+    int rc = word_check(base, maplen, off, 8);
+    if (rc) return rc;
+    if (gen_bits < 1 || gen_bits > 63) return RINGQ_EINVAL;
+    uint64_t gen_mask = (1ULL << gen_bits) - 1, vmax = UINT64_MAX >> gen_bits;
+    if (v > vmax) v = vmax;
+    uint64_t cur = atomic_load_explicit(A64(base, off), memory_order_acquire);
+    for (;;) {
+        uint64_t val = cur >> gen_bits;
+        uint64_t next = ((val < v ? val : v) << gen_bits) | ((cur + 1) & gen_mask);
+        if (atomic_compare_exchange_strong(A64(base, off), &cur, next)) return 0;
+    }
+}
+
 int ringq_load32(const uint8_t *base, size_t maplen, size_t off, uint32_t *out) {
     int rc = word_check(base, maplen, off, 4);
     if (rc) return rc;

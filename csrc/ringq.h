@@ -135,6 +135,11 @@ int ringq_store32(uint8_t *base, size_t maplen, size_t off, uint32_t value);
 int ringq_cas32(uint8_t *base, size_t maplen, size_t off, uint32_t expected, uint32_t desired,
                 uint32_t *actual);
 int ringq_fetch_add32(uint8_t *base, size_t maplen, size_t off, uint32_t delta, uint32_t *prev);
+/* A word packing (value << gen_bits) | generation: set value to min(value, v) and add one to the
+ * generation (modulo 2**gen_bits), in one CAS loop; v is clamped to the bits above gen_bits.
+ * gen_bits in [1, 63].  Returns 0, RINGQ_EINVAL or a bounds/alignment error.  The queue's
+ * lease-deadline floor (ringq/control.py) is such a word. */
+int ringq_lower_packed64(uint8_t *base, size_t maplen, size_t off, uint32_t gen_bits, uint64_t v);
 
 /* ---- futex on a 32-bit word of a MAP_SHARED file mapping -------------------------------------- */
 /* Wait while the word equals expected, at most timeout_ns nanoseconds (< 0: forever).  Returns 0

@@ -208,13 +208,9 @@ class Control(Mapped):
     def lower_deadline_floor(self, ms: int) -> None:
         """A lease expiring at ``ms`` (ms since the epoch) was just taken."""
         ms = min(max(ms, 0), self.FLOOR_NEVER)
-        mask = (1 << self.FLOOR_GEN_BITS) - 1
-        cur = self.load64(OFF_MIN_DEADLINE)
-        while True:
-            new = (min(cur >> self.FLOOR_GEN_BITS, ms) << self.FLOOR_GEN_BITS) | ((cur + 1) & mask)
-            ok, cur = self.cas64(OFF_MIN_DEADLINE, cur, new)
-            if ok:
-                return
+        errors.check(
+            lib.ringq_lower_packed64(self.ptr, self.size, OFF_MIN_DEADLINE, self.FLOOR_GEN_BITS, ms), self.path
+        )
 
     def raise_deadline_floor(self, seen: int, ms: int) -> bool:
         """After a full scan begun when the floor word was ``seen``: set the floor to ``ms`` (the

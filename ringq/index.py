@@ -66,14 +66,16 @@ def now_ms() -> int:
 class Direct:
     """How :meth:`Index.take` leases plain candidates itself: for ``vt_ms`` milliseconds, with
     owner word ``owner_base`` (ringq/words.py owner_pack with lease count 0); ``made(view, slot,
-    word)`` returns the caller's result for a job just leased (or None to drop it)."""
+    word)`` returns the caller's result for a job just leased (or None to drop it); ``taken``
+    counts the jobs leased so (the caller resets it)."""
 
-    __slots__ = ("vt_ms", "owner_base", "made")
+    __slots__ = ("vt_ms", "owner_base", "made", "taken")
 
     def __init__(self, vt_ms: int, owner_base: int, made: Callable[[View, int, int], Any]) -> None:
         self.vt_ms = vt_ms
         self.owner_base = owner_base
         self.made = made
+        self.taken = 0
 
 
 class Grow:
@@ -560,6 +562,7 @@ class Index:
                         seg.path,
                     )
                     if co.status == CLAIMED:
+                        direct.taken += 1
                         lane.cursor = co.index + 1
                         got = direct.made(view, co.slot, co.word)
                         if got is not None:

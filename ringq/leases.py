@@ -55,6 +55,7 @@ class Leases:
         self.relocator = relocator
         self.refresh = refresh
         self._word = ffi.new("uint64_t *")
+        self._direct: dict[tuple[int, int, int], Direct] = {}
 
     def locate(self, job: Job | str, queue: str) -> tuple[View, int, str]:
         """``(view, slot, id)`` of a job given as a snapshot or an id.  Raises JobNotFoundError
@@ -150,18 +151,19 @@ class Leases:
     def direct(self, vt: float, detach: bool) -> Direct:
         """What Index.take needs to lease plain jobs in one C call each (ringq_claim_next), for
         ``vt`` seconds; ``detach`` as in :meth:`claim`.  Only for a take that no limit and no
-        paused key can concern (the caller checks)."""
+        paused key can concern (the caller checks, and lowers the deadline floor once for the
+        ``direct.taken`` jobs it leased).  Cached per (vt, detach) in this process."""
         owner = 0 if detach else self.owners.acquire()
+        key = (int(vt * 1000), owner, os.getpid())
+        d = self._direct.get(key)
+        if d is not None:
+            return d
         held = self.owners.held
-        floored = []
 
         def made(view: View, slot: int, word: int) -> Job | None:
             seg = view.seg
             if owner:
                 held[(seg.seq, slot)] = 1
-            if not floored:  # the first lease of a take expires first: one floor update per take
-                floored.append(True)
-                self.ring.ctl.lower_deadline_floor(seg.epoch_ms + rel_time(word))
             self.ring.note_state(seg, slot, final=False)
             try:
                 return snapshot.fresh_lease(view, slot, word)
@@ -170,7 +172,10 @@ class Leases:
                 self.ring.mark_bad(seg, slot, str(exc))
                 return None
 
-        return Direct(int(vt * 1000), owner_pack(owner, 0, os.getpid()), made)
+        if len(self._direct) > 64:
+            self._direct.clear()
+        d = self._direct[key] = Direct(key[0], owner_pack(owner, 0, key[2]), made)
+        return d
 
     def ack(self, job: Job | str, queue: str) -> Segment | None:
         """CAS one job to DONE; returns its segment, or None for a repeated ack.  The durability

@@ -300,6 +300,8 @@ class LimitGate:
 
     def release(self, loc: tuple[int, int]) -> bool:
         """Free the cap slots held for the job at ``loc`` (at its ack or nack).  True if any was held."""
+        if not self._held:  # nothing held in this process (no caps): no lock needed to say so
+            return False
         with self._mutex:
             held = self._held.pop(loc, None)
             if held is None:

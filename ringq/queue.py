@@ -399,9 +399,14 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
                     # With no limit and no paused key, plain jobs are leased in one C call each.
                     direct = (None if self._gate.active() or pause.paused_keys()
                               else self._leases.direct(vt, detach))
+                    floor_ms = time.time_ns() // 1_000_000 + int(vt * 1000)
+                    if direct is not None:
+                        direct.taken = 0
                     got.extend(self._index.take(count - len(got),
                                                 lambda v, s, w, now: claim(v, s, w, now, vt, detach), self._gate,
                                                 skip, direct))
+                    if direct is not None and direct.taken:  # they expire no sooner than this
+                        ctl.lower_deadline_floor(floor_ms)
                 next_due = self._index.next_due_ms()
             if len(got) >= count or deadline is None:
                 return got

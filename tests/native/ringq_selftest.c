@@ -161,6 +161,18 @@ static void claim_and_ack(uint8_t *m, size_t maplen, const ringq_geom *g, int ok
     free(plain);
 }
 
+static void packed_answers(void) {
+    uint64_t w[2] = {(100ULL << 20) | 5, 0};
+    CHECK(ringq_lower_packed64((uint8_t *)w, 16, 0, 20, 50) == 0 && w[0] == ((50ULL << 20) | 6));
+    CHECK(ringq_lower_packed64((uint8_t *)w, 16, 0, 20, 70) == 0 && w[0] == ((50ULL << 20) | 7));
+    w[0] = (1ULL << 20) | 0xFFFFF; /* the generation wraps within its bits */
+    CHECK(ringq_lower_packed64((uint8_t *)w, 16, 0, 20, UINT64_MAX) == 0 && w[0] == (1ULL << 20));
+    CHECK(ringq_lower_packed64((uint8_t *)w, 16, 0, 0, 1) == RINGQ_EINVAL);
+    CHECK(ringq_lower_packed64((uint8_t *)w, 16, 0, 64, 1) == RINGQ_EINVAL);
+    CHECK(ringq_lower_packed64((uint8_t *)w, 16, 12, 20, 1) == RINGQ_EBOUNDS);
+    CHECK(ringq_lower_packed64((uint8_t *)w, 16, 4, 20, 1) == RINGQ_EALIGN);
+}
+
 static void spin_answers(void) {
     uint32_t word[2] = {7, 0};
     CHECK(ringq_spin_wait((const uint8_t *)word, 8, 0, 6, 1000000) == 0); /* differs already */
@@ -321,6 +333,7 @@ int main(int argc, char **argv) {
     pair_mapping();
     claim_known_answers();
     spin_answers();
+    packed_answers();
     for (long i = 0; i < iterations; i++) fuzz_once();
     printf("selftest: %lu passed, %lu failed\n", checks - failures, failures);
     return failures ? 1 : 0;

@@ -203,6 +203,7 @@ class Index:
         self.ids: dict[str, tuple[int, int]] = {}
         self.seen_change = -1
         self._claim_out = ffi.new("ringq_claim_out *")
+        self._few = records.FewScanner(FEW)
         self._stamp: tuple[int, int] | None = None  # control words at the last catch-up
         self._stamp_until = 0.0
 
@@ -227,7 +228,18 @@ class Index:
         ctl = ring.ctl
         stamp = (ctl.wake_word(), ctl.ring_gen())
         t = time.monotonic()
-        if quick and stamp == self._stamp and t < self._stamp_until:
+        last = self._stamp
+        if quick and t < self._stamp_until and last is not None and stamp[1] == last[1]:
+            if stamp[0] == last[0]:
+                return []
+            # Only appends or returns since the last catch-up: no segment was created, sealed or
+            # retired (each of those bumps the ring generation), so only the unsealed views can
+            # have new records, and no view is newly sealed.
+            self._stamp = stamp
+            for view in self.views.values():
+                if not view.sealed and view.seg.tail() > view.scanned:
+                    self._ingest(view)
+            self._look_for_returned()
             return []
         self._stamp, self._stamp_until = stamp, t + FULL_CATCH_UP
         dropped = False
@@ -256,7 +268,11 @@ class Index:
             view.sealed = sealed
             if sealed:
                 newly_sealed.append(view)
-        change = ring.ctl.change_counter()
+        self._look_for_returned()
+        return newly_sealed
+
+    def _look_for_returned(self) -> None:
+        change = self.ring.ctl.change_counter()
         if change != self.seen_change:
             self.seen_change = change
             for view in self.views.values():
@@ -264,12 +280,12 @@ class Index:
                 if c != view.change:
                     view.change = c
                     self._find_returned(view)
-        return newly_sealed
 
     def _ingest(self, view: View) -> None:
         seg = view.seg
-        if seg.bounded_tail() - view.scanned <= FEW:
-            self._ingest_few(view)
+        tail = seg.bounded_tail()
+        if tail - view.scanned <= FEW:
+            self._ingest_few(view, tail)
             return
         infos, nxt = records.scan(seg, view.scanned)
         view.scanned = nxt
@@ -343,12 +359,12 @@ class Index:
             lane.slots.extend(mine)
             self._queue_lane(view, lane)
 
-    def _ingest_few(self, view: View) -> None:
+    def _ingest_few(self, view: View, tail: int) -> None:
         """:meth:`_ingest` for a handful of records, field by field (what a consumer woken for
         the job just appended runs: no numpy call per field).  Same effects, record by record."""
         seg = view.seg
-        infos, n, nxt = records.scan_few(seg, view.scanned, FEW)
-        view.scanned = nxt
+        n, view.scanned = self._few.scan(seg, view.scanned, tail)
+        infos = self._few.infos
         now = None
         for i in range(n):
             r = infos[i]

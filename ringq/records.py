@@ -11,7 +11,6 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -30,7 +29,7 @@ __all__ = [
     "build",
     "check_sizes",
     "scan",
-    "scan_few",
+    "FewScanner",
     "read_record",
     "read_id",
     "read_body",
@@ -193,19 +192,26 @@ def scan(
     return arr, nxt[0]
 
 
-def scan_few(seg: Segment, start: int, cap: int) -> tuple[Any, int, int]:
-    """Like :func:`scan`, for a handful of records (at most ``cap``, from ``start`` to the tail):
-    ``(ringq_rec_info cdata array, count, next slot)``, read field by field without numpy, which
-    costs less than building arrays when a woken consumer ingests the one record just appended."""
-    tail = min(seg.bounded_tail(), start + cap)
-    if start >= tail:
-        return None, 0, start
-    out = ffi.new("ringq_rec_info[]", tail - start)
-    nxt = ffi.new("uint32_t *")
-    n = errors.check(
-        lib.ringq_seg_scan(seg.ptr, seg.size, seg.geom, start, tail, out, tail - start, nxt), seg.path
-    )
-    return out, n, nxt[0]
+class FewScanner:
+    """Like :func:`scan`, for a handful of records: ``scan(seg, start, tail)`` validates those with
+    heads in ``[start, min(tail, start + cap))`` into a buffer allocated once, and returns ``(count,
+    next slot)``; ``infos[i]`` are their ``ringq_rec_info``, read field by field without numpy,
+    which costs less than building arrays when a woken consumer ingests the record just appended."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.infos = ffi.new("ringq_rec_info[]", cap)
+        self._next = ffi.new("uint32_t *")
+
+    def scan(self, seg: Segment, start: int, tail: int) -> tuple[int, int]:
+        tail = min(tail, start + self.cap)
+        if start >= tail:
+            return 0, start
+        n = errors.check(
+            lib.ringq_seg_scan(seg.ptr, seg.size, seg.geom, start, tail, self.infos, tail - start, self._next),
+            seg.path,
+        )
+        return n, self._next[0]
 
 
 def check_one(seg: Segment, slot: int) -> object | None:

@@ -190,4 +190,50 @@ int ringq_seg_scan(const uint8_t *base, size_t maplen, const ringq_geom *g, uint
 int ringq_next_ready(const uint8_t *base, size_t maplen, const ringq_geom *g, const uint32_t *order,
                      uint32_t n, uint32_t start, uint64_t *state);
 
+/* ---- appends ------------------------------------------------------------------------------------ */
+/* Mutable words of a segment's header page that publishing an append updates (the state file's
+ * header page, offsets in the mapping; docs/format.md "state file").  ringq/segment.py checks its
+ * own offsets against these. */
+#define RINGQ_SEG_OFF_TAIL     128u /* u32: next free slot */
+#define RINGQ_SEG_OFF_NRECORDS 160u /* u64: records published (heads below the tail) */
+#define RINGQ_SEG_OFF_LAST_SEQ 168u /* u64: seq of the last record published */
+
+/* Write a batch of records into the record file and, when asked, publish them: the write path of
+ * every enqueue.  Record i of the batch (0 <= i < n) has the header *tmpl (its priority,
+ * max_attempts, attempts_before, kind, enqueued_us, available_ms, supersedes) with seq tmpl->seq + i,
+ * codec codecs[i], id_len id_lens[i] (id_lens NULL: every id_len is 0) and payload_len
+ * payload_lens[i]; its id and payload bytes follow those of record i-1 in data (data_len bytes in
+ * all).  The other fields of *tmpl (magic, crc, lengths, span, codec) are ignored.
+ *
+ * Starting at record `first`, it lays out the longest run of records that fits both the slots
+ * [tail, slot_count) and scratch (scratch_len bytes, the caller's), each at a slot boundary with its
+ * header, CRC32C (seeded with (seg_seq, head slot)) and zeroed padding, and pwrite(2)s the run to the
+ * record file `fd` at file offset data_file_off + tail * slot_size in one call (retrying short
+ * writes and EINTR).  heads[i] receives record i's head slot, *end the slot after the run.
+ *
+ * If `publish` is non-zero and the run ends the batch (first + count == n), it then publishes the
+ * run as ringq_append_publish does; otherwise nothing is published and the caller publishes each
+ * run with ringq_append_publish once every run of the batch is written.
+ *
+ * Returns the number of records in the run: 0 if record `first` does not fit before the
+ * segment's end (tail > 0; the caller rotates and calls again).  RINGQ_EBOUNDS if a record can
+ * never fit a segment (it would not fit at tail 0), if data is shorter than the records' lengths
+ * or tail > slot_count; RINGQ_EINVAL for a bad argument (NULL pointers, fd < 0, first >= n, a
+ * state word EMPTY or CONT, a record longer than the 32-bit length field, scratch too small for
+ * record `first`); -errno of a failed pwrite: then nothing is published and the bytes the failed
+ * run wrote are overwritten with zeros (best effort), so that no half of it is later taken for
+ * records. */
+int ringq_append(int fd, uint64_t data_file_off, uint8_t *base, size_t maplen, const ringq_geom *g,
+                 uint32_t tail, const ringq_rec_header *tmpl, uint64_t state,
+                 const uint8_t *codecs, const uint16_t *id_lens, const uint32_t *payload_lens,
+                 uint32_t n, uint32_t first, const uint8_t *data, size_t data_len,
+                 uint8_t *scratch, size_t scratch_len, int publish, uint32_t *heads, uint32_t *end);
+/* Publish n written records whose head slots are heads[0..n) (strictly increasing, each below
+ * end; the last record ends at slot `end` <= slot_count): mark every slot between heads CONT,
+ * release-store `state` (READY or DEAD; not EMPTY or CONT) into each head's state word in order,
+ * then add n to the segment's record count, store last_seq and release-store end as its tail.
+ * Returns n, RINGQ_EINVAL or RINGQ_EBOUNDS (nothing is stored then). */
+int ringq_append_publish(uint8_t *base, size_t maplen, const ringq_geom *g, const uint32_t *heads,
+                         uint32_t n, uint32_t end, uint64_t state, uint64_t last_seq);
+
 #endif /* RINGQ_H */

@@ -1,0 +1,166 @@
+/* append.c - the write path of an enqueue: a batch of records built, checksummed and laid out in
+ * the caller's scratch buffer, written to the segment's record file with one pwrite(2), then
+ * published in order.  See ringq.h ("appends") for the contract.
+ *
+ * Why one call per batch: per record, the Python side used to pack a header, copy id and payload
+ * into a buffer of its own, and cross into C for a pwrite and a release-store.  Here a batch costs
+ * one crossing and one system call; the per-record work is a header, a CRC32C and a copy.
+ *
+ * Order of effects (the commit protocol of docs/design.md): every byte of the run is in the record
+ * file (page cache) before the first state word is stored; state words are release-stored in slot
+ * order; the segment's tail moves last.  A reader that acquire-loads a published state word sees
+ * the record's bytes; one that reads the tail sees every state word below it.
+ */
+#define _GNU_SOURCE
+#include "ringq.h"
+#include "ringq_internal.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <string.h>
+#include <unistd.h>
+
+_Static_assert(RINGQ_SEG_OFF_TAIL % 4 == 0 && RINGQ_SEG_OFF_NRECORDS % 8 == 0 &&
+               RINGQ_SEG_OFF_LAST_SEQ % 8 == 0, "segment header words are naturally aligned");
+#define SEG_WORDS_END (RINGQ_SEG_OFF_LAST_SEQ + 8u)
+
+/* The header words an append publishes lie in the state file's header page, before the state
+ * table: refuse a geometry (or a mapping) where they would not. */
+static int words_check(const uint8_t *base, size_t maplen, const ringq_geom *g) {
+    if (g->state_off < SEG_WORDS_END) return RINGQ_EBOUNDS;
+    int rc = word_check(base, maplen, RINGQ_SEG_OFF_TAIL, 4);
+    if (!rc) rc = word_check(base, maplen, RINGQ_SEG_OFF_NRECORDS, 8);
+    if (!rc) rc = word_check(base, maplen, RINGQ_SEG_OFF_LAST_SEQ, 8);
+    if (!rc) rc = word_check(base, maplen, g->state_off, 8);
+    return rc;
+}
+
+static int state_ok(uint64_t state) {
+    return (state & 7u) != RINGQ_ST_EMPTY && (state & 7u) != RINGQ_ST_CONT;
+}
+
+/* Stores only; the caller has checked heads, end and the words. */
+static void publish(uint8_t *base, const ringq_geom *g, const uint32_t *heads, uint32_t n, uint32_t end,
+                    uint64_t state, uint64_t last_seq) {
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t head = heads[i], stop = i + 1 < n ? heads[i + 1] : end;
+        for (uint32_t s = head + 1; s < stop; s++)
+            atomic_store_explicit(A64(base, g->state_off + (size_t)s * RINGQ_STATE_ENTRY),
+                                  (uint64_t)RINGQ_ST_CONT, memory_order_relaxed);
+        atomic_store_explicit(A64(base, g->state_off + (size_t)head * RINGQ_STATE_ENTRY), state,
+                              memory_order_release);
+    }
+    atomic_fetch_add_explicit(A64(base, RINGQ_SEG_OFF_NRECORDS), (uint64_t)n, memory_order_seq_cst);
+    atomic_store_explicit(A64(base, RINGQ_SEG_OFF_LAST_SEQ), last_seq, memory_order_release);
+    atomic_store_explicit(A32(base, RINGQ_SEG_OFF_TAIL), end, memory_order_release);
+}
+
+int ringq_append_publish(uint8_t *base, size_t maplen, const ringq_geom *g, const uint32_t *heads,
+                         uint32_t n, uint32_t end, uint64_t state, uint64_t last_seq) {
+    int rc = geom_check(maplen, g);
+    if (rc) return rc;
+    if (!heads || n == 0 || !state_ok(state)) return RINGQ_EINVAL;
+    rc = words_check(base, maplen, g);
+    if (rc) return rc;
+    if (end > g->slot_count) return RINGQ_EBOUNDS;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t stop = i + 1 < n ? heads[i + 1] : end;
+        if (heads[i] >= stop) return heads[i] >= end ? RINGQ_EBOUNDS : RINGQ_EINVAL;
+    }
+    publish(base, g, heads, n, end, state, last_seq);
+    return (int)n;
+}
+
+static int pwrite_all(int fd, const uint8_t *buf, size_t len, uint64_t off, size_t *done) {
+    *done = 0;
+    while (*done < len) {
+        ssize_t w = pwrite(fd, buf + *done, len - *done, (off_t)(off + *done));
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        if (w == 0) return -EIO;
+        *done += (size_t)w;
+    }
+    return 0;
+}
+
+int ringq_append(int fd, uint64_t data_file_off, uint8_t *base, size_t maplen, const ringq_geom *g,
+                 uint32_t tail, const ringq_rec_header *tmpl, uint64_t state,
+                 const uint8_t *codecs, const uint16_t *id_lens, const uint32_t *payload_lens,
+                 uint32_t n, uint32_t first, const uint8_t *data, size_t data_len,
+                 uint8_t *scratch, size_t scratch_len, int publish_run, uint32_t *heads, uint32_t *end) {
+    int rc = geom_check(maplen, g);
+    if (rc) return rc;
+    if (fd < 0 || !tmpl || !codecs || !payload_lens || !heads || !end || !scratch || (!data && data_len))
+        return RINGQ_EINVAL;
+    if (first >= n || !state_ok(state)) return RINGQ_EINVAL;
+    rc = words_check(base, maplen, g);
+    if (rc) return rc;
+    if (tail > g->slot_count) return RINGQ_EBOUNDS;
+
+    /* Where record `first`'s bytes start in data: the lengths before it, each checked. */
+    uint64_t at = 0;
+    for (uint32_t i = 0; i < first; i++) {
+        at += (uint64_t)(id_lens ? id_lens[i] : 0) + payload_lens[i];
+        if (at > data_len) return RINGQ_EBOUNDS;
+    }
+    const uint64_t slot_size = g->slot_size;
+    uint32_t slot = tail, count = 0;
+    size_t used = 0;
+    for (uint32_t i = first; i < n; i++) {
+        uint32_t id_len = id_lens ? id_lens[i] : 0, plen = payload_lens[i];
+        uint64_t len = (uint64_t)RINGQ_REC_HEADER + id_len + plen;
+        if (len > 0xFFFFFFFFu) return RINGQ_EINVAL;
+        uint64_t span = (len + slot_size - 1) / slot_size;
+        if (span > g->slot_count) return RINGQ_EBOUNDS;
+        if ((uint64_t)id_len + plen > data_len - at) return RINGQ_EBOUNDS;
+        if (span > (uint64_t)(g->slot_count - slot)) break; /* the segment is full: rotate */
+        size_t bytes = (size_t)(span * slot_size);
+        if (bytes > scratch_len - used) {
+            if (count == 0) return RINGQ_EINVAL;
+            break; /* the rest goes in the next call */
+        }
+        uint8_t *rec = scratch + used;
+        ringq_rec_header h = *tmpl;
+        h.magic = RINGQ_REC_MAGIC;
+        h.crc = 0;
+        h.record_len = (uint32_t)len;
+        h.span = (uint32_t)span;
+        h.seq = tmpl->seq + i;
+        h.id_len = (uint16_t)id_len;
+        h.codec = codecs[i];
+        h.payload_len = plen;
+        memcpy(rec, &h, RINGQ_REC_HEADER);
+        memcpy(rec + RINGQ_REC_HEADER, data + at, (size_t)id_len + plen);
+        memset(rec + len, 0, bytes - (size_t)len);
+        uint32_t crc = record_crc(g, slot, rec, (uint32_t)len);
+        memcpy(rec + 4, &crc, 4);
+        heads[i] = slot;
+        slot += (uint32_t)span;
+        used += bytes;
+        at += (uint64_t)id_len + plen;
+        count++;
+    }
+    if (count == 0) {
+        if (tail == 0) return RINGQ_EBOUNDS; /* unreachable: a record that never fits returned above */
+        return 0;
+    }
+    uint64_t off = data_file_off + (uint64_t)tail * slot_size;
+    size_t done = 0;
+    rc = pwrite_all(fd, scratch, used, off, &done);
+    if (rc) {
+        if (done) {
+            /* Recovery adopts intact records found beyond a tail: unmake the ones this failed run
+             * left, so a failed batch never comes back in part. */
+            size_t zdone;
+            memset(scratch, 0, done);
+            (void)pwrite_all(fd, scratch, done, off, &zdone);
+        }
+        return rc;
+    }
+    *end = slot;
+    if (publish_run && first + count == n)
+        publish(base, g, heads + first, count, slot, state, tmpl->seq + n - 1);
+    return (int)count;
+}

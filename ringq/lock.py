@@ -36,7 +36,7 @@ class WriterLock:
         self.ctl: Control | None = None
         self._tlock = threading.RLock()  # serialises this process's threads around the flock
         self._depth = 0  # nesting in the thread holding _tlock
-        self._pid = os.getpid()
+        self._closed = False
         try:
             self._fd = open_nofollow(path, os.O_RDWR | os.O_CREAT, mode)
         except OSError as exc:
@@ -45,7 +45,9 @@ class WriterLock:
 
     def __enter__(self) -> None:
         self._tlock.acquire()
-        if self._pid != os.getpid():
+        if self._fd < 0 and not self._closed:
+            # In a forked child, drop_inherited_locks closed the parent's descriptor: open our own.
+            # (A descriptor test, not a pid test: getpid is a system call on every enqueue.)
             self._after_fork()
         if self._depth == 0:
             try:
@@ -82,7 +84,6 @@ class WriterLock:
             os.close(self._fd)
         self._fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, self.mode)
         self._depth = 0
-        self._pid = os.getpid()
 
     def _flock(self) -> None:
         try:
@@ -121,6 +122,7 @@ class WriterLock:
                     ctl.add32(OFF_LOCK_WAITERS, -1)
 
     def close(self) -> None:
+        self._closed = True
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

@@ -115,7 +115,7 @@ def _cyclic_dict():
         ({"a": float("inf")}, "Out of range float"),
         ({1, 2}, "set"),
         ([object()], "object"),
-        ("\ud800", "not valid Unicode"),
+        ("\ud800", "surrogates not allowed"),
         (_cyclic_list(), "circular reference"),
         (_cyclic_dict(), "circular reference"),
     ],

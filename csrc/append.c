@@ -35,6 +35,34 @@ static int words_check(const uint8_t *base, size_t maplen, const ringq_geom *g) 
     return rc;
 }
 
+int ringq_append_reserve(uint8_t *base, size_t maplen, const ringq_geom *g, uint8_t *ctl, size_t ctl_len,
+                         size_t tail_seg_off, size_t next_seq_off, uint32_t n, uint32_t *tail,
+                         uint64_t *first_seq) {
+    int rc = geom_check(maplen, g);
+    if (rc) return rc;
+    if (!tail || !first_seq) return RINGQ_EINVAL;
+    rc = words_check(base, maplen, g);
+    if (!rc) rc = word_check(base, maplen, RINGQ_SEG_OFF_RETIRED, 4);
+    if (!rc) rc = word_check(ctl, ctl_len, tail_seg_off, 8);
+    if (!rc) rc = word_check(ctl, ctl_len, next_seq_off, 8);
+    if (rc) return rc;
+    if (atomic_load_explicit(A64(ctl, tail_seg_off), memory_order_acquire) != g->seg_seq) return 1;
+    if (atomic_load_explicit(A32(base, RINGQ_SEG_OFF_RETIRED), memory_order_acquire)) return 1;
+    uint32_t t = atomic_load_explicit(A32(base, RINGQ_SEG_OFF_TAIL), memory_order_acquire);
+    if (t > g->slot_count) return 1;
+    if (t < g->slot_count &&
+        (atomic_load_explicit(A64(base, g->state_off + (size_t)t * RINGQ_STATE_ENTRY), memory_order_acquire) &
+         7u) != RINGQ_ST_EMPTY)
+        return 1;
+    uint64_t next = atomic_load_explicit(A64(ctl, next_seq_off), memory_order_acquire);
+    uint64_t last = atomic_load_explicit(A64(base, RINGQ_SEG_OFF_LAST_SEQ), memory_order_acquire);
+    uint64_t first = next > last + 1 ? next : last + 1;
+    atomic_store_explicit(A64(ctl, next_seq_off), first + n, memory_order_release);
+    *tail = t;
+    *first_seq = first;
+    return 0;
+}
+
 static int state_ok(uint64_t state) {
     return (state & 7u) != RINGQ_ST_EMPTY && (state & 7u) != RINGQ_ST_CONT;
 }
@@ -89,13 +117,15 @@ int ringq_append(int fd, uint64_t data_file_off, uint8_t *base, size_t maplen, c
                  uint32_t tail, const ringq_rec_header *tmpl, uint64_t state,
                  const uint8_t *codecs, const uint16_t *id_lens, const uint32_t *payload_lens,
                  uint32_t n, uint32_t first, const uint8_t *data, size_t data_len,
-                 uint8_t *scratch, size_t scratch_len, int publish_run, uint32_t *heads, uint32_t *end) {
+                 uint8_t *scratch, size_t scratch_len, int publish_run, uint8_t *ctl, size_t ctl_len,
+                 size_t count_off, uint32_t *heads, uint32_t *end) {
     int rc = geom_check(maplen, g);
     if (rc) return rc;
     if (fd < 0 || !tmpl || !codecs || !payload_lens || !heads || !end || !scratch || (!data && data_len))
         return RINGQ_EINVAL;
     if (first >= n || !state_ok(state)) return RINGQ_EINVAL;
     rc = words_check(base, maplen, g);
+    if (!rc && ctl) rc = word_check(ctl, ctl_len, count_off, 8);
     if (rc) return rc;
     if (tail > g->slot_count) return RINGQ_EBOUNDS;
 
@@ -160,7 +190,9 @@ int ringq_append(int fd, uint64_t data_file_off, uint8_t *base, size_t maplen, c
         return rc;
     }
     *end = slot;
-    if (publish_run && first + count == n)
+    if (publish_run && first + count == n) {
         publish(base, g, heads + first, count, slot, state, tmpl->seq + n - 1);
+        if (ctl) atomic_fetch_add_explicit(A64(ctl, count_off), (uint64_t)n, memory_order_relaxed);
+    }
     return (int)count;
 }

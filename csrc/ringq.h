@@ -197,6 +197,21 @@ int ringq_next_ready(const uint8_t *base, size_t maplen, const ringq_geom *g, co
 #define RINGQ_SEG_OFF_TAIL     128u /* u32: next free slot */
 #define RINGQ_SEG_OFF_NRECORDS 160u /* u64: records published (heads below the tail) */
 #define RINGQ_SEG_OFF_LAST_SEQ 168u /* u64: seq of the last record published */
+#define RINGQ_SEG_OFF_RETIRED  144u /* u32: 1 once retirement began */
+
+/* The prologue of an append, under the writer lock: may this segment be appended to at its stored
+ * tail as it is?  It may if the u64 word at tail_seg_off of the control mapping (ctl, ctl_len)
+ * names it (equals g->seg_seq), it is not retired, its tail (acquire load) is at most slot_count
+ * and the state word at the tail is EMPTY (nothing was published beyond the tail by a writer that
+ * died).  Then it reserves n seqs in the u64 word at next_seq_off of the control mapping: the
+ * first is the larger of that word and the segment's last seq + 1, and the word becomes first + n
+ * (reserved before anything is written: a crash leaves a gap, never a reuse).  Returns 0 and
+ * fills *tail and *first_seq; 1 if the caller must look closer (another tail segment, retired, a
+ * tail to repair): then nothing is reserved; RINGQ_EBOUNDS, RINGQ_EALIGN or RINGQ_EINVAL for bad
+ * arguments. */
+int ringq_append_reserve(uint8_t *base, size_t maplen, const ringq_geom *g, uint8_t *ctl, size_t ctl_len,
+                         size_t tail_seg_off, size_t next_seq_off, uint32_t n, uint32_t *tail,
+                         uint64_t *first_seq);
 
 /* Write a batch of records into the record file and, when asked, publish them: the write path of
  * every enqueue.  Record i of the batch (0 <= i < n) has the header *tmpl (its priority,
@@ -212,13 +227,14 @@ int ringq_next_ready(const uint8_t *base, size_t maplen, const ringq_geom *g, co
  * writes and EINTR).  heads[i] receives record i's head slot, *end the slot after the run.
  *
  * If `publish` is non-zero and the run ends the batch (first + count == n), it then publishes the
- * run as ringq_append_publish does; otherwise nothing is published and the caller publishes each
- * run with ringq_append_publish once every run of the batch is written.
+ * run as ringq_append_publish does, and adds n to the u64 counter at count_off of the control
+ * mapping (ctl, ctl_len) unless ctl is NULL; otherwise nothing is published or counted and the
+ * caller publishes each run with ringq_append_publish once every run of the batch is written.
  *
  * Returns the number of records in the run: 0 if record `first` does not fit before the
  * segment's end (tail > 0; the caller rotates and calls again).  RINGQ_EBOUNDS if a record can
- * never fit a segment (it would not fit at tail 0), if data is shorter than the records' lengths
- * or tail > slot_count; RINGQ_EINVAL for a bad argument (NULL pointers, fd < 0, first >= n, a
+ * never fit a segment (it would not fit at tail 0), if data is shorter than the records' lengths,
+ * tail > slot_count or the counter lies outside the control mapping; RINGQ_EINVAL for a bad argument (NULL pointers, fd < 0, first >= n, a
  * state word EMPTY or CONT, a record longer than the 32-bit length field, scratch too small for
  * record `first`); -errno of a failed pwrite: then nothing is published and the bytes the failed
  * run wrote are overwritten with zeros (best effort), so that no half of it is later taken for
@@ -227,7 +243,8 @@ int ringq_append(int fd, uint64_t data_file_off, uint8_t *base, size_t maplen, c
                  uint32_t tail, const ringq_rec_header *tmpl, uint64_t state,
                  const uint8_t *codecs, const uint16_t *id_lens, const uint32_t *payload_lens,
                  uint32_t n, uint32_t first, const uint8_t *data, size_t data_len,
-                 uint8_t *scratch, size_t scratch_len, int publish, uint32_t *heads, uint32_t *end);
+                 uint8_t *scratch, size_t scratch_len, int publish, uint8_t *ctl, size_t ctl_len,
+                 size_t count_off, uint32_t *heads, uint32_t *end);
 /* Publish n written records whose head slots are heads[0..n) (strictly increasing, each below
  * end; the last record ends at slot `end` <= slot_count): mark every slot between heads CONT,
  * release-store `state` (READY or DEAD; not EMPTY or CONT) into each head's state word in order,

@@ -118,7 +118,6 @@ class Producer:
                 rkind,
             )
         # Sync outside our lock, so that other threads append meanwhile (and share the sync).
-        ring.ctl.count("enqueued", 1)
         ring.finish(ticket)
         return Job(
             f"{seq:016x}",
@@ -204,7 +203,6 @@ class Producer:
                     rkind,
                 )
             # Sync outside our lock, so that other threads append meanwhile (and share the sync).
-            ring.ctl.count("enqueued", n)
             ring.finish(ticket)
             return fresh_jobs(
                 placed,
@@ -249,7 +247,6 @@ class Producer:
                     rkind,
                 )
                 ring.finish(ticket)
-                ring.ctl.count("enqueued", len(todo))
                 jobs = fresh_jobs(
                     placed,
                     heads,

@@ -34,6 +34,7 @@ import numpy as np
 from . import durability as _durability
 from . import errors, errtext, forksafe, records, recovery
 from ._native import ffi, lib
+from .control import OFF_ENQUEUED_TOTAL, OFF_NEXT_SEQ, OFF_TAIL_SEG
 from .errors import UnsupportedFilesystemError
 from .lock import WriterLock
 from .records import NewRecord
@@ -150,6 +151,9 @@ class Ring:
         self._tmpl = ffi.new("ringq_rec_header *")
         self._heads1 = ffi.new("uint32_t[1]")
         self._end = ffi.new("uint32_t *")
+        self._tail = ffi.new("uint32_t *")
+        self._seq = ffi.new("uint64_t *")
+        self._last: Segment | None = None  # the segment append_packed wrote to last
         self._scratch: tuple[bytearray, object] | None = None
         dmode = mode | ((mode & 0o444) >> 2)
         try:
@@ -300,7 +304,7 @@ class Ring:
                                          [len(rec.id_bytes)], [len(rec.payload)], 1, 0,
                                          rec.id_bytes + rec.payload, len(rec.id_bytes) + len(rec.payload),
                                          ffi.from_buffer("uint8_t[]", bytearray(span * slot_size)), span * slot_size, 1,
-                                         head, endp),
+                                         ffi.NULL, 0, 0, head, endp),
                         f"write record to {seg.path}",
                     )
                 finally:
@@ -325,7 +329,8 @@ class Ring:
         job gets ``priority``, ``max_attempts``, kind byte ``kind`` and available-at now +
         ``delay_ms``.
 
-        Returns ``(parts, heads, first_seq, enqueued_us, available_ms, ticket)``: ``parts`` lists
+        The jobs count in the queue's ``enqueued`` total.  Returns
+        ``(parts, heads, first_seq, enqueued_us, available_ms, ticket)``: ``parts`` lists
         ``(segment seq, first job, jobs)`` per segment written, ``heads`` each job's head slot,
         job i has seq ``first_seq + i``; pass ``ticket`` to :meth:`finish`.  Nothing of the batch
         is published unless all of it is written (a failed write raises and publishes nothing).
@@ -339,8 +344,11 @@ class Ring:
         endp = self._end
         # Scratch for the records laid out in slots: the whole batch if that is small, else a
         # window that holds at least the largest record (the C call then writes in several runs).
-        span_max = -(-largest // slot_size) * slot_size
-        need = max(min(len(data) + n * (REC_HEADER_SIZE + slot_size), SCRATCH_KEEP), span_max)
+        if n == 1:
+            need = largest + slot_size
+        else:
+            need = max(min(len(data) + n * (REC_HEADER_SIZE + slot_size), SCRATCH_KEEP),
+                       -(-largest // slot_size) * slot_size)
         scratch = self._scratch
         if scratch is None or len(scratch[0]) < need:
             buf = bytearray(need)
@@ -352,8 +360,22 @@ class Ring:
         # A list (one job) goes to C as a temporary array; an array('I') without a copy.
         lens_ptr = payload_lens if type(payload_lens) is list else ffi.from_buffer("uint32_t[]", payload_lens)
         with self.lock:
-            seg = self._tail_segment()
-            tail = recovery.repair_tail(seg, self.report)
+            # The tail segment and its tail, read from the shared mappings under the lock, and the
+            # seqs reserved, in one C call; the general way when that says to look closer.
+            # The segment this process appended to last is tried first; the C call checks that it
+            # is still the tail segment.
+            seg = self._last
+            rc = 1 if seg is None or seg.mm is None else lib.ringq_append_reserve(
+                seg.ptr, seg.size, seg.geom, ctl.ptr, ctl.size, OFF_TAIL_SEG, OFF_NEXT_SEQ, n, self._tail,
+                self._seq)
+            if rc == 0:
+                tail, first_seq = self._tail[0], self._seq[0]
+            else:
+                errors.check(rc, f"append to {seg.path if seg is not None else self.name}")
+                seg = self._tail_segment()
+                tail = recovery.repair_tail(seg, self.report)
+                first_seq = max(ctl.next_seq(), seg.last_seq() + 1)
+                ctl.set_next_seq(first_seq + n)  # reserve first: a crash leaves a gap, never a reuse
             fresh: list[Segment] = []
             bound = (len(data) + n * REC_HEADER_SIZE) // slot_size + n  # slots the batch may take
             if bound > seg.slot_count - tail:
@@ -363,8 +385,6 @@ class Ring:
                 if id_lens is not None:
                     total += np.asarray(id_lens, dtype=np.int64)
                 fresh = self._allocate(seg, tail, (-(-total // slot_size)).tolist())
-            first_seq = max(ctl.next_seq(), seg.last_seq() + 1)
-            ctl.set_next_seq(first_seq + n)  # reserve first: a crash leaves a gap, never a reuse
             now_us = time.time_ns() // 1000
             avail_ms = now_us // 1000 + delay_ms
             tmpl.seq = first_seq
@@ -375,7 +395,8 @@ class Ring:
             tmpl.kind = kind
             k = lib.ringq_append(seg.rfd, REC_DATA_OFF, seg.ptr, seg.size, seg.geom, tail, tmpl,
                                  pack(ST_READY, 0, 0, avail_ms - seg.epoch_ms), codecs, id_ptr, lens_ptr,
-                                 n, 0, data, len(data), sptr, len(sbuf), 1, heads, endp)
+                                 n, 0, data, len(data), sptr, len(sbuf), 1, ctl.ptr, ctl.size, OFF_ENQUEUED_TOTAL,
+                                 heads, endp)
             if k == n:  # the common case: one run, written and published by the one call
                 end = endp[0]
                 placed = [(seg.seq, 0, n)]
@@ -383,6 +404,7 @@ class Ring:
             else:
                 placed, touched, seg, end = self._append_runs(
                     seg, tail, fresh, k, n, tmpl, avail_ms, codecs, id_ptr, lens_ptr, data, scratch, heads)
+            self._last = seg
             slots = [heads[0]] if n == 1 else ffi.unpack(heads, n)
         return placed, slots, first_seq, now_us, avail_ms, (touched, position(seg.seq, end))
 
@@ -416,7 +438,7 @@ class Ring:
                     break
                 k = lib.ringq_append(cur.rfd, REC_DATA_OFF, cur.ptr, cur.size, cur.geom, cur_tail, tmpl,
                                      pack(ST_READY, 0, 0, avail_ms - cur.epoch_ms), codecs, id_ptr, lens_ptr,
-                                     n, i, data, len(data), sptr, len(sbuf), 0, heads, endp)
+                                     n, i, data, len(data), sptr, len(sbuf), 0, ffi.NULL, 0, 0, heads, endp)
         except BaseException:
             slot_size = self.ctl.slot_size
             for s, _first, _k, lo, hi in runs:
@@ -441,6 +463,7 @@ class Ring:
             placed.append((s.seq, first, cnt))
             rng = touched.setdefault(s.seq, [lo, hi])
             rng[1] = hi
+        self.ctl.count("enqueued", n)
         return placed, touched, seg, runs[-1][4]
 
     def _allocate(self, seg: Segment, tail: int, spans: list[int]) -> list[Segment]:

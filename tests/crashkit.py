@@ -214,7 +214,7 @@ class Recorder:
                 # recovery adopts every intact record beyond a tail (the record file is the commit
                 # point after a power loss), so a crash right after the write delivers it.
                 rc = real_lib.ringq_append(*a)
-                geom, tail, first, scratch, heads = a[4], a[5], a[12], a[15], a[18]
+                geom, tail, first, scratch, heads = a[4], a[5], a[12], a[15], a[21]
                 for i in range(first, first + max(rc, 0)):
                     rec = scratch + (heads[i] - tail) * geom.slot_size
                     length = seg_mod.ffi.cast("ringq_rec_header *", rec).record_len

@@ -21,6 +21,8 @@ from .mapped import open_nofollow
 
 __all__ = ["WriterLock"]
 
+_EX_NB = fcntl.LOCK_EX | fcntl.LOCK_NB
+
 
 class WriterLock:
     """Context manager for the writer lock.  ``ctl`` (set once the control file is open) carries
@@ -51,7 +53,13 @@ class WriterLock:
             self._after_fork()
         if self._depth == 0:
             try:
-                self._flock()
+                fcntl.flock(self._fd, _EX_NB)
+            except BlockingIOError:
+                try:
+                    self._flock()
+                except BaseException:
+                    self._tlock.release()
+                    raise
             except BaseException:
                 self._tlock.release()
                 raise

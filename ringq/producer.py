@@ -1,7 +1,9 @@
 """Enqueue: turning payloads into records and appending them, plainly or idempotently.
 
-Every payload is encoded and every record built before anything is written, so a bad payload or an
-oversized record writes nothing.  With job ids the append is decided under the writer lock after
+Every payload is encoded and every record's size checked before anything is written, so a bad
+payload or an oversized record writes nothing.  The batch then goes to the engine packed -- a codec
+byte and a length per job, the ids and payloads joined in one buffer (Ring.append_packed) -- and the
+returned jobs are built from what the append reports, without reading anything back.  With job ids the append is decided under the writer lock after
 reading everything published, so a retained id is returned instead of written again (across
 processes and restarts).  A QueueFullError is answered once by retiring every finished segment (the
 tail included: a volume with room for one segment) and trying again.

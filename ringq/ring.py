@@ -11,10 +11,11 @@ Files of queue ``<name>`` in its directory (byte layouts in ``docs/format.md``):
 
 *Append* (producers): take the writer lock -> read the tail segment and its tail from the shared
 mappings (never from a cache kept across the lock) -> repair a tail left behind by a crash ->
-plan, and create every new segment the batch needs -> reserve seqs -> write each record and
-publish it (release-store of its state word) -> rotate to a new segment when one is full -> store
-the new tail -> release the lock -> apply the durability strategy (ringq/durability.py) -> wake
-sleeping consumers.
+plan, and create every new segment the batch needs -> reserve seqs -> write the batch with one
+``ringq_append`` per segment (headers, CRCs, one ``pwrite``) -> publish it in order (release-store
+of each state word, then the segment's tail), linking each new segment after the one before it is
+published -> release the lock -> apply the durability strategy (ringq/durability.py) -> wake
+sleeping consumers.  A batch that spans segments is written whole before any of it is published.
 
 *Rotation* seals the full segment (after storing its final tail) and links a new, complete,
 fsynced one.  Readers never take the lock (ringq/index.py); recovery is ringq/recovery.py,

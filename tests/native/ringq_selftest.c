@@ -2,7 +2,7 @@
  *
  * Built and run by tests/test_native_sanitized.py:
  *   gcc -std=gnu11 -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=all \
- *       -Icsrc tests/native/ringq_selftest.c csrc/ringq.c -o selftest && ./selftest [iterations] [seed]
+ *       -Icsrc tests/native/ringq_selftest.c csrc/*.c -o selftest && ./selftest [iterations] [seed]
  *
  * Known answers (CRC32C, atomics, bounds and alignment errors), then a fuzz loop: random but
  * valid geometries over heap buffers of *exactly* the mapping's length (so any read or write past

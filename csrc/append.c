@@ -36,8 +36,8 @@ static int words_check(const uint8_t *base, size_t maplen, const ringq_geom *g) 
 }
 
 int ringq_append_reserve(uint8_t *base, size_t maplen, const ringq_geom *g, uint8_t *ctl, size_t ctl_len,
-                         size_t tail_seg_off, size_t next_seq_off, uint32_t n, uint32_t *tail,
-                         uint64_t *first_seq) {
+                         size_t tail_seg_off, size_t next_seq_off, uint32_t n, uint64_t slots,
+                         uint32_t *tail, uint64_t *first_seq) {
     int rc = geom_check(maplen, g);
     if (rc) return rc;
     if (!tail || !first_seq) return RINGQ_EINVAL;
@@ -49,7 +49,7 @@ int ringq_append_reserve(uint8_t *base, size_t maplen, const ringq_geom *g, uint
     if (atomic_load_explicit(A64(ctl, tail_seg_off), memory_order_acquire) != g->seg_seq) return 1;
     if (atomic_load_explicit(A32(base, RINGQ_SEG_OFF_RETIRED), memory_order_acquire)) return 1;
     uint32_t t = atomic_load_explicit(A32(base, RINGQ_SEG_OFF_TAIL), memory_order_acquire);
-    if (t > g->slot_count) return 1;
+    if (t > g->slot_count || slots > (uint64_t)(g->slot_count - t)) return 1;
     if (t < g->slot_count &&
         (atomic_load_explicit(A64(base, g->state_off + (size_t)t * RINGQ_STATE_ENTRY), memory_order_acquire) &
          7u) != RINGQ_ST_EMPTY)

@@ -199,19 +199,20 @@ int ringq_next_ready(const uint8_t *base, size_t maplen, const ringq_geom *g, co
 #define RINGQ_SEG_OFF_LAST_SEQ 168u /* u64: seq of the last record published */
 #define RINGQ_SEG_OFF_RETIRED  144u /* u32: 1 once retirement began */
 
-/* The prologue of an append, under the writer lock: may this segment be appended to at its stored
- * tail as it is?  It may if the u64 word at tail_seg_off of the control mapping (ctl, ctl_len)
- * names it (equals g->seg_seq), it is not retired, its tail (acquire load) is at most slot_count
- * and the state word at the tail is EMPTY (nothing was published beyond the tail by a writer that
- * died).  Then it reserves n seqs in the u64 word at next_seq_off of the control mapping: the
+/* The prologue of an append, under the writer lock: may a batch of n records taking at most
+ * `slots` slots be appended to this segment at its stored tail as it is?  It may if the u64 word at
+ * tail_seg_off of the control mapping (ctl, ctl_len) names it (equals g->seg_seq), it is not
+ * retired, its tail (acquire load) plus `slots` is at most slot_count and the state word at the
+ * tail is EMPTY (nothing was published beyond the tail by a writer that died).  Then it reserves
+ * n seqs in the u64 word at next_seq_off of the control mapping: the
  * first is the larger of that word and the segment's last seq + 1, and the word becomes first + n
  * (reserved before anything is written: a crash leaves a gap, never a reuse).  Returns 0 and
  * fills *tail and *first_seq; 1 if the caller must look closer (another tail segment, retired, a
- * tail to repair): then nothing is reserved; RINGQ_EBOUNDS, RINGQ_EALIGN or RINGQ_EINVAL for bad
+ * tail to repair, a batch that may need a rotation): then nothing is reserved; RINGQ_EBOUNDS, RINGQ_EALIGN or RINGQ_EINVAL for bad
  * arguments. */
 int ringq_append_reserve(uint8_t *base, size_t maplen, const ringq_geom *g, uint8_t *ctl, size_t ctl_len,
-                         size_t tail_seg_off, size_t next_seq_off, uint32_t n, uint32_t *tail,
-                         uint64_t *first_seq);
+                         size_t tail_seg_off, size_t next_seq_off, uint32_t n, uint64_t slots,
+                         uint32_t *tail, uint64_t *first_seq);
 
 /* Write a batch of records into the record file and, when asked, publish them: the write path of
  * every enqueue.  Record i of the batch (0 <= i < n) has the header *tmpl (its priority,

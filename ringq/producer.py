@@ -106,18 +106,8 @@ class Producer:
         if length > self.max_bytes:
             records.check_sizes([NewRecord(data, kind)], self.max_bytes, ring.name)
         with self.lock:
-            placed, heads, seq, enq_us, avail_ms, ticket = self.retry_full(
-                ring.append_packed,
-                1,
-                bytes((kind,)),
-                None,
-                [len(data)],
-                data,
-                length,
-                priority,
-                delay_ms,
-                attempts,
-                rkind,
+            segseq, slot, seq, enq_us, avail_ms, ticket = self.retry_full(
+                ring.append_one, kind, data, priority, delay_ms, attempts, rkind
             )
         # Sync outside our lock, so that other threads append meanwhile (and share the sync).
         ring.finish(ticket)
@@ -141,7 +131,7 @@ class Producer:
             None,
             None,
             None,
-            (placed[0][0], heads[0]),
+            (segseq, slot),
         )
 
     def enqueue(

@@ -352,40 +352,36 @@ class Ring:
                        -(-largest // slot_size) * slot_size)
         scratch = self._scratch
         if scratch is None or len(scratch[0]) < need:
-            buf = bytearray(need)
-            scratch = (buf, ffi.from_buffer("uint8_t[]", buf))
-            if need <= SCRATCH_KEEP:
-                self._scratch = scratch
+            scratch = self._grow_scratch(need)
         sbuf, sptr = scratch
         id_ptr = ffi.NULL if id_lens is None else ffi.from_buffer("uint16_t[]", id_lens)
         # A list (one job) goes to C as a temporary array; an array('I') without a copy.
         lens_ptr = payload_lens if type(payload_lens) is list else ffi.from_buffer("uint32_t[]", payload_lens)
+        bound = (len(data) + n * REC_HEADER_SIZE) // slot_size + n  # slots the batch may take
+        fresh: list[Segment] = []
         with self.lock:
-            # The tail segment and its tail, read from the shared mappings under the lock, and the
-            # seqs reserved, in one C call; the general way when that says to look closer.
-            # The segment this process appended to last is tried first; the C call checks that it
-            # is still the tail segment.
+            # Usually one C call checks the segment this process appended to last is still the
+            # tail segment, with nothing past its tail and room for the batch, and reserves the
+            # seqs; otherwise the general way.
             seg = self._last
             rc = 1 if seg is None or seg.mm is None else lib.ringq_append_reserve(
-                seg.ptr, seg.size, seg.geom, ctl.ptr, ctl.size, OFF_TAIL_SEG, OFF_NEXT_SEQ, n, self._tail,
-                self._seq)
+                seg.ptr, seg.size, seg.geom, ctl.ptr, ctl.size, OFF_TAIL_SEG, OFF_NEXT_SEQ, n, bound,
+                self._tail, self._seq)
             if rc == 0:
                 tail, first_seq = self._tail[0], self._seq[0]
             else:
                 errors.check(rc, f"append to {seg.path if seg is not None else self.name}")
                 seg = self._tail_segment()
                 tail = recovery.repair_tail(seg, self.report)
+                if bound > seg.slot_count - tail:
+                    # It may not fit: plan exactly, and create every segment the batch needs before
+                    # a byte is written, so that a full disk fails the whole batch (QueueFullError).
+                    total = np.asarray(payload_lens, dtype=np.int64) + REC_HEADER_SIZE
+                    if id_lens is not None:
+                        total += np.asarray(id_lens, dtype=np.int64)
+                    fresh = self._allocate(seg, tail, (-(-total // slot_size)).tolist())
                 first_seq = max(ctl.next_seq(), seg.last_seq() + 1)
                 ctl.set_next_seq(first_seq + n)  # reserve first: a crash leaves a gap, never a reuse
-            fresh: list[Segment] = []
-            bound = (len(data) + n * REC_HEADER_SIZE) // slot_size + n  # slots the batch may take
-            if bound > seg.slot_count - tail:
-                # It may not fit: plan exactly, and create every segment the batch needs before a
-                # byte is written, so that a full disk fails the whole batch (QueueFullError).
-                total = np.asarray(payload_lens, dtype=np.int64) + REC_HEADER_SIZE
-                if id_lens is not None:
-                    total += np.asarray(id_lens, dtype=np.int64)
-                fresh = self._allocate(seg, tail, (-(-total // slot_size)).tolist())
             now_us = time.time_ns() // 1000
             avail_ms = now_us // 1000 + delay_ms
             tmpl.seq = first_seq
@@ -408,6 +404,54 @@ class Ring:
             self._last = seg
             slots = [heads[0]] if n == 1 else ffi.unpack(heads, n)
         return placed, slots, first_seq, now_us, avail_ms, (touched, position(seg.seq, end))
+
+    def append_one(self, codec: int, data: bytes, priority: int, delay_ms: int, max_attempts: int, kind: int,
+                   ) -> tuple[int, int, int, int, int, tuple[dict[int, list[int]], int]]:
+        """One new job without an explicit id: :meth:`append_packed` for one job, without its
+        lists.  ``data`` is the encoded payload.  Returns ``(segment seq, head slot, seq,
+        enqueued_us, available_ms, ticket)``.  Raises as :meth:`append_packed`."""
+        ctl = self.ctl
+        length = REC_HEADER_SIZE + len(data)
+        slot_size = ctl.slot_size
+        span = -(-length // slot_size)
+        scratch = self._scratch
+        if scratch is None or len(scratch[0]) < span * slot_size:
+            scratch = self._grow_scratch(span * slot_size)
+        with self.lock:
+            seg = self._last
+            if seg is not None and seg.mm is not None and lib.ringq_append_reserve(
+                    seg.ptr, seg.size, seg.geom, ctl.ptr, ctl.size, OFF_TAIL_SEG, OFF_NEXT_SEQ, 1, span,
+                    self._tail, self._seq) == 0:
+                tail, seq = self._tail[0], self._seq[0]
+                tmpl, endp = self._tmpl, self._end
+                now_us = time.time_ns() // 1000
+                avail_ms = now_us // 1000 + delay_ms
+                tmpl.seq = seq
+                tmpl.enqueued_us = now_us
+                tmpl.available_ms = avail_ms
+                tmpl.priority = priority
+                tmpl.max_attempts = max_attempts
+                tmpl.kind = kind
+                errors.check(
+                    lib.ringq_append(seg.rfd, REC_DATA_OFF, seg.ptr, seg.size, seg.geom, tail, tmpl,
+                                     pack(ST_READY, 0, 0, avail_ms - seg.epoch_ms), bytes((codec,)), ffi.NULL,
+                                     [len(data)], 1, 0, data, len(data), scratch[1], len(scratch[0]), 1, ctl.ptr,
+                                     ctl.size, OFF_ENQUEUED_TOTAL, self._heads1, endp),
+                    f"write records to {seg.path}",
+                )
+                end = endp[0]
+                return seg.seq, tail, seq, now_us, avail_ms, ({seg.seq: [tail, end]}, position(seg.seq, end))
+        # Elsewhere than the segment appended to last, a tail to repair, or a rotation.
+        placed, heads, seq, now_us, avail_ms, ticket = self.append_packed(
+            1, bytes((codec,)), None, [len(data)], data, length, priority, delay_ms, max_attempts, kind)
+        return placed[0][0], heads[0], seq, now_us, avail_ms, ticket
+
+    def _grow_scratch(self, need: int) -> tuple[bytearray, object]:
+        buf = bytearray(need)
+        scratch = (buf, ffi.from_buffer("uint8_t[]", buf))
+        if need <= SCRATCH_KEEP:
+            self._scratch = scratch
+        return scratch
 
     def _append_runs(self, seg: Segment, tail: int, fresh: list[Segment], k: int, n: int, tmpl: object,
                      avail_ms: int, codecs: bytes, id_ptr: object, lens_ptr: object, data: bytes,

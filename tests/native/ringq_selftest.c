@@ -336,13 +336,14 @@ static void fuzz_append_once(void) {
     if (tail_seg_off + 8 <= ctl_len && below(2)) memcpy(ctl + tail_seg_off, &g.seg_seq, 8);
     uint32_t rtail = 0xFFFFFFFFu;
     uint64_t first_seq = 0;
-    int rr = ringq_append_reserve(m, maplen, &g, ctl, ctl_len, tail_seg_off, next_off, n, &rtail, &first_seq);
+    uint64_t want = below(4) ? below(4) : rnd();
+    int rr = ringq_append_reserve(m, maplen, &g, ctl, ctl_len, tail_seg_off, next_off, n, want, &rtail, &first_seq);
     CHECK(ok_code(rr) && rr <= 1);
     if (rr == 0) {
         reserves_granted++;
         uint64_t next;
         memcpy(&next, ctl + next_off, 8);
-        CHECK(rtail <= g.slot_count && next == first_seq + n);
+        CHECK(rtail <= g.slot_count && want <= g.slot_count - rtail && next == first_seq + n);
     }
     free(m);
     free(data);
@@ -372,7 +373,8 @@ static void append_pair(void) {
     memcpy(ctl + 72, &g.seg_seq, 8);
     uint32_t tail = 99;
     uint64_t first = 0;
-    CHECK(ringq_append_reserve(base, maplen, &g, ctl, sizeof ctl, 72, 64, 5, &tail, &first) == 0);
+    CHECK(ringq_append_reserve(base, maplen, &g, ctl, sizeof ctl, 72, 64, 5, 9, &tail, &first) == 1); /* 9 > 8 slots */
+    CHECK(ringq_append_reserve(base, maplen, &g, ctl, sizeof ctl, 72, 64, 5, 8, &tail, &first) == 0);
     CHECK(tail == 0 && first == 10);
     memcpy(&next, ctl + 64, 8);
     CHECK(next == 15);
@@ -418,9 +420,10 @@ static void append_pair(void) {
     CHECK(ringq_load64(base, maplen, page + 2 * RINGQ_STATE_ENTRY, &w) == 0 && w == RINGQ_ST_CONT);
     CHECK(ringq_load64(base, maplen, page + 4 * RINGQ_STATE_ENTRY, &w) == 0 && w == ready);
     CHECK(ringq_load64(base, maplen, RINGQ_SEG_OFF_LAST_SEQ, &w) == 0 && w == 13);
-    CHECK(ringq_append_reserve(base, maplen, &g, ctl, sizeof ctl, 72, 64, 1, &tail, &first) == 0 && tail == 8);
+    CHECK(ringq_append_reserve(base, maplen, &g, ctl, sizeof ctl, 72, 64, 1, 0, &tail, &first) == 0 && tail == 8);
+    CHECK(ringq_append_reserve(base, maplen, &g, ctl, sizeof ctl, 72, 64, 1, 1, &tail, &first) == 1); /* full */
     g.seg_seq = 6; /* no longer the tail segment named in the control page */
-    CHECK(ringq_append_reserve(base, maplen, &g, ctl, sizeof ctl, 72, 64, 1, &tail, &first) == 1);
+    CHECK(ringq_append_reserve(base, maplen, &g, ctl, sizeof ctl, 72, 64, 1, 0, &tail, &first) == 1);
     CHECK(ringq_unmap(base, maplen) == 0);
     close(sfd);
     close(rfd);

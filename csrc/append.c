@@ -18,6 +18,8 @@
 #include <errno.h>
 #include <stddef.h>
 #include <string.h>
+#include <sys/file.h>
+#include <time.h>
 #include <unistd.h>
 
 _Static_assert(RINGQ_SEG_OFF_TAIL % 4 == 0 && RINGQ_SEG_OFF_NRECORDS % 8 == 0 &&
@@ -195,4 +197,57 @@ int ringq_append(int fd, uint64_t data_file_off, uint8_t *base, size_t maplen, c
         if (ctl) atomic_fetch_add_explicit(A64(ctl, count_off), (uint64_t)n, memory_order_relaxed);
     }
     return (int)count;
+}
+
+int ringq_append_fast(int lock_fd, uint8_t *ctl, size_t ctl_len, const ringq_ctl_words *w, int fd,
+                      uint64_t data_file_off, uint8_t *base, size_t maplen, const ringq_geom *g,
+                      int64_t epoch_ms, int64_t delay_ms, ringq_rec_header *tmpl, const uint8_t *codecs,
+                      const uint16_t *id_lens, const uint32_t *payload_lens, uint32_t n, const uint8_t *data,
+                      size_t data_len, uint8_t *scratch, size_t scratch_len, uint32_t *heads, uint32_t *end) {
+    int rc = geom_check(maplen, g);
+    if (rc) return rc;
+    if (lock_fd < 0 || fd < 0 || !w || !tmpl || !codecs || !payload_lens || !heads || !end || !scratch ||
+        n == 0 || delay_ms < 0)
+        return RINGQ_EINVAL;
+    rc = word_check(ctl, ctl_len, w->lock_waiters, 4);
+    if (!rc) rc = word_check(ctl, ctl_len, w->lock_wake, 4);
+    if (rc) return rc;
+    /* The slots the batch takes: it must fit the scratch whole (else the general way). */
+    uint64_t need = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t len = (uint64_t)RINGQ_REC_HEADER + (id_lens ? id_lens[i] : 0) + payload_lens[i];
+        if (len > 0xFFFFFFFFu) return RINGQ_EINVAL;
+        need += (len + g->slot_size - 1) / g->slot_size;
+    }
+    if (need > scratch_len / g->slot_size) return 0;
+    if (flock(lock_fd, LOCK_EX | LOCK_NB) != 0) return 0;
+    uint32_t tail = 0;
+    uint64_t first = 0;
+    rc = ringq_append_reserve(base, maplen, g, ctl, ctl_len, w->tail_seg, w->next_seq, n, need, &tail, &first);
+    if (rc == 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        int64_t now_us = (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+        int64_t avail = now_us / 1000 + delay_ms;
+        int64_t rel = avail - epoch_ms;
+        if (rel < 0) rel = 0;
+        if ((uint64_t)rel > RINGQ_TIME_MAX) rel = (int64_t)RINGQ_TIME_MAX;
+        tmpl->seq = first;
+        tmpl->enqueued_us = now_us;
+        tmpl->available_ms = avail;
+        rc = ringq_append(fd, data_file_off, base, maplen, g, tail, tmpl,
+                          RINGQ_ST_READY | ((uint64_t)rel << RINGQ_TIME_SHIFT), codecs, id_lens, payload_lens,
+                          n, 0, data, data_len, scratch, scratch_len, 1, ctl, ctl_len, w->enqueued, heads, end);
+        /* The reserve checked the batch fits and the scratch holds it: all of it is written. */
+        if (rc >= 0 && (uint32_t)rc != n) rc = RINGQ_EINVAL;
+    } else if (rc == 1) {
+        rc = 0;
+    }
+    flock(lock_fd, LOCK_UN);
+    if (atomic_load_explicit(A32(ctl, w->lock_waiters), memory_order_acquire)) {
+        /* After the unlock: a woken writer's retry succeeds. */
+        atomic_fetch_add_explicit(A32(ctl, w->lock_wake), 1u, memory_order_seq_cst);
+        ringq_futex_wake(ctl, ctl_len, w->lock_wake, 1);
+    }
+    return rc;
 }

@@ -246,6 +246,40 @@ int ringq_append(int fd, uint64_t data_file_off, uint8_t *base, size_t maplen, c
                  uint32_t n, uint32_t first, const uint8_t *data, size_t data_len,
                  uint8_t *scratch, size_t scratch_len, int publish, uint8_t *ctl, size_t ctl_len,
                  size_t count_off, uint32_t *heads, uint32_t *end);
+/* Offsets of the control page's words an append uses (docs/format.md "control file"). */
+typedef struct {
+    size_t tail_seg;     /* u64: seq of the tail segment */
+    size_t next_seq;     /* u64: next job seq to assign */
+    size_t enqueued;     /* u64: jobs enqueued (a statistic) */
+    size_t lock_waiters; /* u32: writers waiting for the writer lock */
+    size_t lock_wake;    /* u32: futex word those writers sleep on */
+} ringq_ctl_words;
+#define RINGQ_TIME_SHIFT 24                    /* the state word's time field starts at bit 24 */
+#define RINGQ_TIME_MAX   ((1ULL << 40) - 1)    /* and holds 40 bits of ms */
+
+/* A whole uncontended append, from taking the writer lock to releasing it: the common case of an
+ * enqueue in one call.  It takes the writer lock with flock(lock_fd, LOCK_EX | LOCK_NB); checks
+ * and reserves as ringq_append_reserve does (the segment named in the control page's tail_seg
+ * word, nothing past its tail, room for the whole batch); stamps the template with the seqs, the
+ * time (CLOCK_REALTIME: enqueued_us, and available_ms = now + delay_ms) and writes and publishes
+ * the batch as ringq_append does (READY words whose time is available_ms - epoch_ms, clamped to
+ * [0, RINGQ_TIME_MAX]), adding n to the enqueued word; then releases the lock and, if the
+ * lock_waiters word is non-zero, bumps lock_wake and wakes one waiter on it (the protocol of
+ * ringq/lock.py).  *tmpl keeps the seq of the first record and the times, heads[] each head slot,
+ * *end the new tail.
+ *
+ * Returns n when the batch is written and published.  Returns 0, having reserved and written
+ * nothing (and holding no lock), when the caller must take the general way: the lock is held
+ * elsewhere (or flock failed), the segment is not the tail segment or not as it should be, the
+ * batch may not fit before its end, or scratch (scratch_len bytes) cannot hold it.  A negative code
+ * as ringq_append's, the lock released: RINGQ_EINVAL for bad arguments (also n == 0 or a negative
+ * delay), RINGQ_EBOUNDS for words outside the mappings, -errno of a failed pwrite (the seqs
+ * reserved stay unused: a gap). */
+int ringq_append_fast(int lock_fd, uint8_t *ctl, size_t ctl_len, const ringq_ctl_words *w, int fd,
+                      uint64_t data_file_off, uint8_t *base, size_t maplen, const ringq_geom *g,
+                      int64_t epoch_ms, int64_t delay_ms, ringq_rec_header *tmpl, const uint8_t *codecs,
+                      const uint16_t *id_lens, const uint32_t *payload_lens, uint32_t n, const uint8_t *data,
+                      size_t data_len, uint8_t *scratch, size_t scratch_len, uint32_t *heads, uint32_t *end);
 /* Publish n written records whose head slots are heads[0..n) (strictly increasing, each below
  * end; the last record ends at slot `end` <= slot_count): mark every slot between heads CONT,
  * release-store `state` (READY or DEAD; not EMPTY or CONT) into each head's state word in order,

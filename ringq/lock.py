@@ -65,6 +65,27 @@ class WriterLock:
                 raise
         self._depth += 1
 
+    def enter_thread(self) -> int:
+        """Take only this process's part of the lock (its thread lock), for a caller that takes the
+        flock itself inside one C call and releases it before that call returns (an uncontended
+        append: ``ringq_append_fast``, which follows this module's waiter protocol on release).
+        Returns the lock file's descriptor, or -1 if this thread holds the writer lock already
+        (then the caller must not flock it).  Always pair with :meth:`exit_thread`."""
+        self._tlock.acquire()
+        if self._depth:
+            return -1
+        if self._fd < 0 and not self._closed:
+            try:
+                self._after_fork()
+            except BaseException:
+                self._tlock.release()
+                raise
+        return self._fd
+
+    def exit_thread(self) -> None:
+        """Release what :meth:`enter_thread` took."""
+        self._tlock.release()
+
     def __exit__(self, *exc: object) -> None:
         self._depth -= 1
         try:

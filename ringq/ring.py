@@ -35,7 +35,7 @@ import numpy as np
 from . import durability as _durability
 from . import errors, errtext, forksafe, records, recovery
 from ._native import ffi, lib
-from .control import OFF_ENQUEUED_TOTAL, OFF_NEXT_SEQ, OFF_TAIL_SEG
+from .control import OFF_ENQUEUED_TOTAL, OFF_LOCK_WAITERS, OFF_LOCK_WAKE, OFF_NEXT_SEQ, OFF_TAIL_SEG
 from .errors import UnsupportedFilesystemError
 from .lock import WriterLock
 from .records import NewRecord
@@ -43,7 +43,7 @@ from .recovery import RecoveryReport
 from .segment import REC_DATA_OFF, Segment
 from .segments import NAME_RE, SegmentSet
 from .transitions import bad
-from .words import ST_BAD, ST_CONT, ST_GONE, ST_READY, pack, position, state
+from .words import ST_BAD, ST_CONT, ST_GONE, ST_READY, TIME_MAX, TIME_SHIFT, pack, position, state
 
 __all__ = ["Ring", "NewRecord", "RecoveryReport", "DURABILITY", "DEFAULT_SLOT_SIZE", "DEFAULT_SLOT_COUNT",
            "fs_type", "Placement"]
@@ -57,6 +57,16 @@ REC_HEADER_SIZE = records.REC_HEADER.size
 #: Bytes of scratch a Ring keeps between appends for laying records out in slots; a batch that
 #: needs more than this is written in several runs through a window of this size.
 SCRATCH_KEEP = 4 << 20
+
+#: The control page's words an append uses, for the C calls (ringq/control.py has the layout).
+CTL_WORDS = ffi.new("ringq_ctl_words *", {
+    "tail_seg": OFF_TAIL_SEG,
+    "next_seq": OFF_NEXT_SEQ,
+    "enqueued": OFF_ENQUEUED_TOTAL,
+    "lock_waiters": OFF_LOCK_WAITERS,
+    "lock_wake": OFF_LOCK_WAKE,
+})
+assert (TIME_SHIFT, TIME_MAX) == (lib.RINGQ_TIME_SHIFT, lib.RINGQ_TIME_MAX), "state word layout differs from csrc/ringq.h"
 
 #: Where an appended record went: ``(segment seq, head slot, job seq, enqueued_us, available_ms)``.
 Placement = tuple[int, int, int, int, int]
@@ -357,6 +367,11 @@ class Ring:
         id_ptr = ffi.NULL if id_lens is None else ffi.from_buffer("uint16_t[]", id_lens)
         # A list (one job) goes to C as a temporary array; an array('I') without a copy.
         lens_ptr = payload_lens if type(payload_lens) is list else ffi.from_buffer("uint32_t[]", payload_lens)
+        got = self._append_fast(n, codecs, id_ptr, lens_ptr, data, scratch, heads, priority, delay_ms,
+                                max_attempts, kind)
+        if got is not None:
+            segseq, _tail, first_seq, now_us, avail_ms, ticket = got
+            return [(segseq, 0, n)], [heads[0]] if n == 1 else ffi.unpack(heads, n), first_seq, now_us, avail_ms, ticket
         bound = (len(data) + n * REC_HEADER_SIZE) // slot_size + n  # slots the batch may take
         fresh: list[Segment] = []
         with self.lock:
@@ -410,41 +425,52 @@ class Ring:
         """One new job without an explicit id: :meth:`append_packed` for one job, without its
         lists.  ``data`` is the encoded payload.  Returns ``(segment seq, head slot, seq,
         enqueued_us, available_ms, ticket)``.  Raises as :meth:`append_packed`."""
-        ctl = self.ctl
         length = REC_HEADER_SIZE + len(data)
-        slot_size = ctl.slot_size
-        span = -(-length // slot_size)
         scratch = self._scratch
-        if scratch is None or len(scratch[0]) < span * slot_size:
-            scratch = self._grow_scratch(span * slot_size)
-        with self.lock:
-            seg = self._last
-            if seg is not None and seg.mm is not None and lib.ringq_append_reserve(
-                    seg.ptr, seg.size, seg.geom, ctl.ptr, ctl.size, OFF_TAIL_SEG, OFF_NEXT_SEQ, 1, span,
-                    self._tail, self._seq) == 0:
-                tail, seq = self._tail[0], self._seq[0]
-                tmpl, endp = self._tmpl, self._end
-                now_us = time.time_ns() // 1000
-                avail_ms = now_us // 1000 + delay_ms
-                tmpl.seq = seq
-                tmpl.enqueued_us = now_us
-                tmpl.available_ms = avail_ms
-                tmpl.priority = priority
-                tmpl.max_attempts = max_attempts
-                tmpl.kind = kind
-                errors.check(
-                    lib.ringq_append(seg.rfd, REC_DATA_OFF, seg.ptr, seg.size, seg.geom, tail, tmpl,
-                                     pack(ST_READY, 0, 0, avail_ms - seg.epoch_ms), bytes((codec,)), ffi.NULL,
-                                     [len(data)], 1, 0, data, len(data), scratch[1], len(scratch[0]), 1, ctl.ptr,
-                                     ctl.size, OFF_ENQUEUED_TOTAL, self._heads1, endp),
-                    f"write records to {seg.path}",
-                )
-                end = endp[0]
-                return seg.seq, tail, seq, now_us, avail_ms, ({seg.seq: [tail, end]}, position(seg.seq, end))
-        # Elsewhere than the segment appended to last, a tail to repair, or a rotation.
+        if scratch is None or len(scratch[0]) < length + self.ctl.slot_size:
+            scratch = self._grow_scratch(length + self.ctl.slot_size)
+        got = self._append_fast(1, bytes((codec,)), ffi.NULL, [len(data)], data, scratch, self._heads1,
+                                priority, delay_ms, max_attempts, kind)
+        if got is not None:
+            return got
+        # Elsewhere than the segment appended to last, contended, a tail to repair, or a rotation.
         placed, heads, seq, now_us, avail_ms, ticket = self.append_packed(
             1, bytes((codec,)), None, [len(data)], data, length, priority, delay_ms, max_attempts, kind)
         return placed[0][0], heads[0], seq, now_us, avail_ms, ticket
+
+    def _append_fast(self, n: int, codecs: bytes, id_ptr: object, lens_ptr: object, data: bytes,
+                     scratch: tuple[bytearray, object], heads: object, priority: int, delay_ms: int,
+                     max_attempts: int, kind: int,
+                     ) -> tuple[int, int, int, int, int, tuple[dict[int, list[int]], int]] | None:
+        """The whole append in one C call (``ringq_append_fast``: lock, checks, seqs, write,
+        publish, unlock) when nobody else holds the writer lock and the batch fits the segment this
+        process appended to last.  Returns ``(segment seq, first head slot, first seq,
+        enqueued_us, available_ms, ticket)``, or None for the general way (nothing done)."""
+        seg = self._last
+        if seg is None or seg.mm is None:
+            return None
+        ctl = self.ctl
+        lock = self.lock
+        lock_fd = lock.enter_thread()
+        try:
+            if lock_fd < 0:
+                return None
+            tmpl = self._tmpl
+            tmpl.priority = priority
+            tmpl.max_attempts = max_attempts
+            tmpl.kind = kind
+            endp = self._end
+            rc = lib.ringq_append_fast(lock_fd, ctl.ptr, ctl.size, CTL_WORDS, seg.rfd, REC_DATA_OFF, seg.ptr,
+                                       seg.size, seg.geom, seg.epoch_ms, delay_ms, tmpl, codecs, id_ptr, lens_ptr,
+                                       n, data, len(data), scratch[1], len(scratch[0]), heads, endp)
+            if rc > 0:
+                tail, end = heads[0], endp[0]
+                return (seg.seq, tail, tmpl.seq, tmpl.enqueued_us, tmpl.available_ms,
+                        ({seg.seq: [tail, end]}, position(seg.seq, end)))
+        finally:
+            lock.exit_thread()
+        errors.check(rc, f"write records to {seg.path}")
+        return None
 
     def _grow_scratch(self, need: int) -> tuple[bytearray, object]:
         buf = bytearray(need)

@@ -224,6 +224,21 @@ class Recorder:
                 return rc
 
             @staticmethod
+            def ringq_append_fast(*a: Any) -> int:
+                # Lock, checks, write, publish and unlock in one call: one step, as ringq_append.
+                rc = real_lib.ringq_append_fast(*a)
+                geom, n, scratch, heads = a[8], a[15], a[18], a[20]
+                if rc > 0:
+                    for i in range(n):
+                        rec = scratch + (heads[i] - heads[0]) * geom.slot_size
+                        length = seg_mod.ffi.cast("ringq_rec_header *", rec).record_len
+                        recorder.published.add(
+                            recorder.key_of(bytes(seg_mod.ffi.buffer(rec, length)))
+                        )
+                    recorder.mark(f"append {rc} records at slot {heads[0]} (lock to unlock)")
+                return rc
+
+            @staticmethod
             def ringq_append_publish(*a: Any) -> int:
                 rc = real_lib.ringq_append_publish(*a)
                 if rc > 0:

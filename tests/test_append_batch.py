@@ -10,6 +10,7 @@ several processes get every job stored exactly once.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import struct
@@ -18,11 +19,12 @@ from array import array
 import pytest
 from procs import spawn
 
-from ringq import Queue
+from ringq import LockTimeoutError, Queue
 from ringq.codec import BYTES, JSON
+from ringq.control import OFF_LOCK_WAITERS, OFF_LOCK_WAKE
 from ringq.job import Job, JobState
 from ringq.mapped import crc32c
-from ringq.records import KIND_JOB, NewRecord, build, check_one, fill_header, scan
+from ringq.records import KIND_JOB, NewRecord, build, check_one, fill_header, read_record, scan
 from ringq.ring import Ring
 from ringq.segment import REC_DATA_OFF
 from ringq.words import ST_CONT, ST_EMPTY, ST_READY, pack, state
@@ -271,3 +273,58 @@ def test_producer_processes_each_job_stored_exactly_once(tmp_path):
         seqs = [s for x, i, s in sorted(got, key=lambda t: (t[0], t[1])) if x == w]
         assert seqs == sorted(seqs)
     assert len({s for _, _, s in got}) == len(got)
+
+
+def test_the_one_call_append_follows_the_writer_locks_waiter_protocol(tmp_path):
+    """An uncontended append takes and releases the flock inside one C call: on release it wakes
+    a registered waiter as ringq/lock.py's own release does, and leaves the lock free."""
+    ring = Ring(tmp_path, "q", slot_size=SLOT, slot_count=64, durability="none")
+    ring.finish(ring.append_one(JSON, b'"warm"', 0, 0, 5, KIND_JOB)[-1])  # the general way, once
+    ctl = ring.ctl
+    wake = ctl.load32(OFF_LOCK_WAKE)
+    ring.finish(ring.append_one(JSON, b'"a"', 0, 0, 5, KIND_JOB)[-1])
+    assert ctl.load32(OFF_LOCK_WAKE) == wake  # nobody waits: no wake-up
+    ctl.add32(OFF_LOCK_WAITERS, 1)  # a writer registered as waiting
+    try:
+        ring.finish(ring.append_one(JSON, b'"b"', 0, 0, 5, KIND_JOB)[-1])
+        assert ctl.load32(OFF_LOCK_WAKE) == wake + 1
+    finally:
+        ctl.add32(OFF_LOCK_WAITERS, -1)
+    # The lock is free: another open file description takes it at once.
+    fd = os.open(os.path.join(tmp_path, "q.lock"), os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+    ring.close()
+
+
+def test_an_append_while_holding_the_writer_lock_or_while_it_is_held_elsewhere(tmp_path):
+    ring = Ring(tmp_path, "q", slot_size=SLOT, slot_count=64, durability="none", lock_timeout=0.2)
+    ring.finish(ring.append_one(JSON, b"1", 0, 0, 5, KIND_JOB)[-1])
+    with ring.locked():  # this thread holds it: the append nests (no second flock)
+        ring.finish(ring.append_one(JSON, b"2", 0, 0, 5, KIND_JOB)[-1])
+    other = spawn(HOLDER, str(tmp_path), stdout=-1, text=True)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        with pytest.raises(LockTimeoutError):  # the one-call path backs off to the lock's wait
+            ring.append_one(JSON, b"3", 0, 0, 5, KIND_JOB)
+    finally:
+        other.kill()
+        other.wait()
+    ring.finish(ring.append_one(JSON, b"4", 0, 0, 5, KIND_JOB)[-1])
+    seg = ring.segs.segment(ring.ctl.tail_seq())
+    infos = scan(seg, 0)[0]
+    assert [int(i["seq"]) for i in infos] == [1, 2, 3]  # the refused append reserved no seq
+    assert [bytes(read_record(seg, int(i["slot"]))[2]) for i in infos] == [b"1", b"2", b"4"]
+    ring.close()
+
+
+HOLDER = r"""
+import fcntl, os, sys, time
+fd = os.open(os.path.join(sys.argv[1], "q.lock"), os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(60)
+"""

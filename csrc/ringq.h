@@ -245,4 +245,102 @@ int ringq_claim_next(uint8_t *base, size_t maplen, const ringq_geom *g, const ui
 int ringq_ack_slot(uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t slot, uint32_t token,
                    uint64_t now_rel, uint64_t *word);
 
+/* ---- appends ------------------------------------------------------------------------------------ */
+/* Mutable words of a segment's header page that publishing an append updates (the state file's
+ * header page, offsets in the mapping; docs/format.md "state file").  ringq/segment.py checks its
+ * own offsets against these. */
+#define RINGQ_SEG_OFF_TAIL     128u /* u32: next free slot */
+#define RINGQ_SEG_OFF_NRECORDS 160u /* u64: records published (heads below the tail) */
+#define RINGQ_SEG_OFF_LAST_SEQ 168u /* u64: seq of the last record published */
+#define RINGQ_SEG_OFF_RETIRED  144u /* u32: 1 once retirement began */
+
+/* The prologue of an append, under the writer lock: may a batch of n records taking at most
+ * `slots` slots be appended to this segment at its stored tail as it is?  It may if the u64 word at
+ * tail_seg_off of the control mapping (ctl, ctl_len) names it (equals g->seg_seq), it is not
+ * retired, its tail (acquire load) plus `slots` is at most slot_count and the state word at the
+ * tail is EMPTY (nothing was published beyond the tail by a writer that died).  Then it reserves
+ * n seqs in the u64 word at next_seq_off of the control mapping: the
+ * first is the larger of that word and the segment's last seq + 1, and the word becomes first + n
+ * (reserved before anything is written: a crash leaves a gap, never a reuse).  Returns 0 and
+ * fills *tail and *first_seq; 1 if the caller must look closer (another tail segment, retired, a
+ * tail to repair, a batch that may need a rotation): then nothing is reserved; RINGQ_EBOUNDS, RINGQ_EALIGN or RINGQ_EINVAL for bad
+ * arguments. */
+int ringq_append_reserve(uint8_t *base, size_t maplen, const ringq_geom *g, uint8_t *ctl, size_t ctl_len,
+                         size_t tail_seg_off, size_t next_seq_off, uint32_t n, uint64_t slots,
+                         uint32_t *tail, uint64_t *first_seq);
+
+/* Write a batch of records into the record file and, when asked, publish them: the write path of
+ * every enqueue.  Record i of the batch (0 <= i < n) has the header *tmpl (its priority,
+ * max_attempts, attempts_before, kind, enqueued_us, available_ms, supersedes) with seq tmpl->seq + i,
+ * codec codecs[i], id_len id_lens[i] (id_lens NULL: every id_len is 0) and payload_len
+ * payload_lens[i]; its id and payload bytes follow those of record i-1 in data (data_len bytes in
+ * all).  The other fields of *tmpl (magic, crc, lengths, span, codec) are ignored.
+ *
+ * Starting at record `first`, it lays out the longest run of records that fits both the slots
+ * [tail, slot_count) and scratch (scratch_len bytes, the caller's), each at a slot boundary with its
+ * header, CRC32C (seeded with (seg_seq, head slot)) and zeroed padding, and pwrite(2)s the run to the
+ * record file `fd` at file offset data_file_off + tail * slot_size in one call (retrying short
+ * writes and EINTR).  heads[i] receives record i's head slot, *end the slot after the run.
+ *
+ * If `publish` is non-zero and the run ends the batch (first + count == n), it then publishes the
+ * run as ringq_append_publish does, and adds n to the u64 counter at count_off of the control
+ * mapping (ctl, ctl_len) unless ctl is NULL; otherwise nothing is published or counted and the
+ * caller publishes each run with ringq_append_publish once every run of the batch is written.
+ *
+ * Returns the number of records in the run: 0 if record `first` does not fit before the
+ * segment's end (tail > 0; the caller rotates and calls again).  RINGQ_EBOUNDS if a record can
+ * never fit a segment (it would not fit at tail 0), if data is shorter than the records' lengths,
+ * tail > slot_count or the counter lies outside the control mapping; RINGQ_EINVAL for a bad argument (NULL pointers, fd < 0, first >= n, a
+ * state word EMPTY or CONT, a record longer than the 32-bit length field, scratch too small for
+ * record `first`); -errno of a failed pwrite: then nothing is published and the bytes the failed
+ * run wrote are overwritten with zeros (best effort), so that no half of it is later taken for
+ * records. */
+int ringq_append(int fd, uint64_t data_file_off, uint8_t *base, size_t maplen, const ringq_geom *g,
+                 uint32_t tail, const ringq_rec_header *tmpl, uint64_t state,
+                 const uint8_t *codecs, const uint16_t *id_lens, const uint32_t *payload_lens,
+                 uint32_t n, uint32_t first, const uint8_t *data, size_t data_len,
+                 uint8_t *scratch, size_t scratch_len, int publish, uint8_t *ctl, size_t ctl_len,
+                 size_t count_off, uint32_t *heads, uint32_t *end);
+/* Offsets of the control page's words an append uses (docs/format.md "control file"). */
+typedef struct {
+    size_t tail_seg;     /* u64: seq of the tail segment */
+    size_t next_seq;     /* u64: next job seq to assign */
+    size_t enqueued;     /* u64: jobs enqueued (a statistic) */
+    size_t lock_waiters; /* u32: writers waiting for the writer lock */
+    size_t lock_wake;    /* u32: futex word those writers sleep on */
+} ringq_ctl_words;
+#define RINGQ_TIME_SHIFT 24                    /* the state word's time field starts at bit 24 */
+#define RINGQ_TIME_MAX   ((1ULL << 40) - 1)    /* and holds 40 bits of ms */
+
+/* A whole uncontended append, from taking the writer lock to releasing it: the common case of an
+ * enqueue in one call.  It takes the writer lock with flock(lock_fd, LOCK_EX | LOCK_NB); checks
+ * and reserves as ringq_append_reserve does (the segment named in the control page's tail_seg
+ * word, nothing past its tail, room for the whole batch); stamps the template with the seqs, the
+ * time (CLOCK_REALTIME: enqueued_us, and available_ms = now + delay_ms) and writes and publishes
+ * the batch as ringq_append does (READY words whose time is available_ms - epoch_ms, clamped to
+ * [0, RINGQ_TIME_MAX]), adding n to the enqueued word; then releases the lock and, if the
+ * lock_waiters word is non-zero, bumps lock_wake and wakes one waiter on it (the protocol of
+ * ringq/lock.py).  *tmpl keeps the seq of the first record and the times, heads[] each head slot,
+ * *end the new tail.
+ *
+ * Returns n when the batch is written and published.  Returns 0, having reserved and written
+ * nothing (and holding no lock), when the caller must take the general way: the lock is held
+ * elsewhere (or flock failed), the segment is not the tail segment or not as it should be, the
+ * batch may not fit before its end, or scratch (scratch_len bytes) cannot hold it.  A negative code
+ * as ringq_append's, the lock released: RINGQ_EINVAL for bad arguments (also n == 0 or a negative
+ * delay), RINGQ_EBOUNDS for words outside the mappings, -errno of a failed pwrite (the seqs
+ * reserved stay unused: a gap). */
+int ringq_append_fast(int lock_fd, uint8_t *ctl, size_t ctl_len, const ringq_ctl_words *w, int fd,
+                      uint64_t data_file_off, uint8_t *base, size_t maplen, const ringq_geom *g,
+                      int64_t epoch_ms, int64_t delay_ms, ringq_rec_header *tmpl, const uint8_t *codecs,
+                      const uint16_t *id_lens, const uint32_t *payload_lens, uint32_t n, const uint8_t *data,
+                      size_t data_len, uint8_t *scratch, size_t scratch_len, uint32_t *heads, uint32_t *end);
+/* Publish n written records whose head slots are heads[0..n) (strictly increasing, each below
+ * end; the last record ends at slot `end` <= slot_count): mark every slot between heads CONT,
+ * release-store `state` (READY or DEAD; not EMPTY or CONT) into each head's state word in order,
+ * then add n to the segment's record count, store last_seq and release-store end as its tail.
+ * Returns n, RINGQ_EINVAL or RINGQ_EBOUNDS (nothing is stored then). */
+int ringq_append_publish(uint8_t *base, size_t maplen, const ringq_geom *g, const uint32_t *heads,
+                         uint32_t n, uint32_t end, uint64_t state, uint64_t last_seq);
+
 #endif /* RINGQ_H */

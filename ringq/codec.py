@@ -70,6 +70,18 @@ _encoder = json.JSONEncoder(
     ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_not_json
 )
 _tree_encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+# The same encoder without JSONEncoder.encode's per-call set-up (it builds a C encoder on every
+# call; this one is built once, about 1 us less per payload): the standard library's C encoder
+# with _encoder's settings and no cycle markers -- a cycle ends in RecursionError instead, which
+# encode() handles like any other failure.  None where the C accelerator is missing.
+_c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+_json_once = (
+    None
+    if _c_make_encoder is None
+    else _c_make_encoder(
+        None, _not_json, json.encoder.encode_basestring, None, ":", ",", False, False, False
+    )
+)
 
 try:  # optional: a faster parser for decoding only (~0.2 us instead of ~1.7 us per small payload)
     import orjson as _orjson
@@ -126,7 +138,9 @@ def encode(payload: Any) -> tuple[int, bytes]:
         data = np.ascontiguousarray(payload).tobytes()
         return NDARRAY, _U32.pack(len(header)) + header + data
     try:
-        return JSON, _encoder.encode(payload).encode("utf-8")
+        if _json_once is None:
+            return JSON, _encoder.encode(payload).encode("utf-8")
+        return JSON, "".join(_json_once(payload, 0)).encode("utf-8")
     except _NotJSON:
         return MIXED, _encode_mixed(payload)
     except (TypeError, ValueError, RecursionError) as exc:

@@ -5,6 +5,10 @@ requeue, relocation, recovery) take it; readers never do.  ``flock`` has no time
 sleeps on a futex word of the control page that a releaser bumps when it sees waiters, and gives up
 with LockTimeoutError after ``timeout`` seconds.  Reentrant within a thread.  Fork-safe: a child
 closes its copy of the descriptor at once (ringq/forksafe.py) and opens its own on first use.
+
+An uncontended append takes and releases the flock inside one C call (``ringq_append_fast``,
+holding only the thread lock here: :meth:`WriterLock.enter_thread`) and follows the same waiter
+protocol on release.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from .mapped import open_nofollow
 
 __all__ = ["WriterLock"]
 
+_EX_NB = fcntl.LOCK_EX | fcntl.LOCK_NB
+
 
 class WriterLock:
     """Context manager for the writer lock.  ``ctl`` (set once the control file is open) carries
@@ -36,7 +42,7 @@ class WriterLock:
         self.ctl: Control | None = None
         self._tlock = threading.RLock()  # serialises this process's threads around the flock
         self._depth = 0  # nesting in the thread holding _tlock
-        self._pid = os.getpid()
+        self._closed = False
         try:
             self._fd = open_nofollow(path, os.O_RDWR | os.O_CREAT, mode)
         except OSError as exc:
@@ -45,15 +51,44 @@ class WriterLock:
 
     def __enter__(self) -> None:
         self._tlock.acquire()
-        if self._pid != os.getpid():
+        if self._fd < 0 and not self._closed:
+            # In a forked child, drop_inherited_locks closed the parent's descriptor: open our own.
+            # (A descriptor test, not a pid test: getpid is a system call on every enqueue.)
             self._after_fork()
         if self._depth == 0:
             try:
-                self._flock()
+                fcntl.flock(self._fd, _EX_NB)
+            except BlockingIOError:
+                try:
+                    self._flock()
+                except BaseException:
+                    self._tlock.release()
+                    raise
             except BaseException:
                 self._tlock.release()
                 raise
         self._depth += 1
+
+    def enter_thread(self) -> int:
+        """Take only this process's part of the lock (its thread lock), for a caller that takes the
+        flock itself inside one C call and releases it before that call returns (an uncontended
+        append: ``ringq_append_fast``, which follows this module's waiter protocol on release).
+        Returns the lock file's descriptor, or -1 if this thread holds the writer lock already
+        (then the caller must not flock it).  Always pair with :meth:`exit_thread`."""
+        self._tlock.acquire()
+        if self._depth:
+            return -1
+        if self._fd < 0 and not self._closed:
+            try:
+                self._after_fork()
+            except BaseException:
+                self._tlock.release()
+                raise
+        return self._fd
+
+    def exit_thread(self) -> None:
+        """Release what :meth:`enter_thread` took."""
+        self._tlock.release()
 
     def __exit__(self, *exc: object) -> None:
         self._depth -= 1
@@ -82,7 +117,6 @@ class WriterLock:
             os.close(self._fd)
         self._fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, self.mode)
         self._depth = 0
-        self._pid = os.getpid()
 
     def _flock(self) -> None:
         try:
@@ -121,6 +155,7 @@ class WriterLock:
                     ctl.add32(OFF_LOCK_WAITERS, -1)
 
     def close(self) -> None:
+        self._closed = True
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

@@ -1,7 +1,9 @@
 """Enqueue: turning payloads into records and appending them, plainly or idempotently.
 
-Every payload is encoded and every record built before anything is written, so a bad payload or an
-oversized record writes nothing.  With job ids the append is decided under the writer lock after
+Every payload is encoded and every record's size checked before anything is written, so a bad
+payload or an oversized record writes nothing.  The batch then goes to the engine packed -- a codec
+byte and a length per job, the ids and payloads joined in one buffer (Ring.append_packed) -- and the
+returned jobs are built from what the append reports, without reading anything back.  With job ids the append is decided under the writer lock after
 reading everything published, so a retained id is returned instead of written again (across
 processes and restarts).  A QueueFullError is answered once by retiring every finished segment (the
 tail included: a volume with room for one segment) and trying again.
@@ -10,21 +12,49 @@ tail included: a volume with room for one segment) and trying again.
 from __future__ import annotations
 
 import threading
+from array import array
 from collections.abc import Callable, Sequence
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
-from . import codec, lifecycle, snapshot
+from . import codec, lifecycle, records, snapshot
 from .errors import QueueFullError, SerializationError
 from .ids import check_caller_id
 from .index import Index, now_ms
 from .job import Job, JobState
-from .records import NewRecord
+from .records import KIND_JOB, NewRecord
 from .words import ST_DEAD, ST_READY, TIME_MAX
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .ring import Placement, Ring
+    from .ring import Ring
 
 __all__ = ["Producer", "check_attempts", "MAX_ATTEMPTS_LIMIT", "MAX_DELAY"]
+
+READY = JobState.READY
+REC_HEADER_SIZE = records.REC_HEADER.size
+# fresh_jobs and enqueue_one build a Job positionally (a third of the cost of keywords), in this order.
+assert tuple(f.name for f in fields(Job)) == (
+    "id",
+    "payload",
+    "priority",
+    "state",
+    "attempts",
+    "max_attempts",
+    "available_at",
+    "enqueued_at",
+    "lease_deadline",
+    "lease_token",
+    "last_error",
+    "seq",
+    "version",
+    "key",
+    "cancel_requested",
+    "expires_at",
+    "progress",
+    "progress_message",
+    "cancelled",
+    "_loc",
+), "Job's fields changed: update fresh_jobs and Producer.enqueue_one"
 
 MAX_ATTEMPTS_LIMIT = 0xFFFF  # the record header's max_attempts field is 16-bit
 MAX_DELAY = TIME_MAX / 1000 - 86400 * 366  # seconds: a time must fit the state word for a year more
@@ -52,6 +82,57 @@ class Producer:
         self.index = index
         self.lock = lock
         self.refresh = refresh
+        self.max_bytes = ring.max_record_bytes()  # the geometry is fixed when the queue is created
+
+    def enqueue_one(
+        self,
+        payload: Any,
+        priority: int,
+        delay: float,
+        attempts: int,
+        key: str | None = None,
+        expires_at_ms: int | None = None,
+    ) -> Job:
+        """One job without a caller id: :meth:`enqueue` without the lists."""
+        delay_ms = check_args(priority, delay, attempts, None, self.auto_ids)
+        kind, data = codec.encode(payload)
+        if key is not None:
+            kind, data = codec.wrap_key(key, kind, data)
+        rkind = KIND_JOB
+        if expires_at_ms is not None:  # lifecycle: the expiry goes in front of the codec's bytes
+            data, rkind = lifecycle.wrap_expiry(data, expires_at_ms), lifecycle.KIND_EXPIRES
+        ring = self.ring
+        length = REC_HEADER_SIZE + len(data)
+        if length > self.max_bytes:
+            records.check_sizes([NewRecord(data, kind)], self.max_bytes, ring.name)
+        with self.lock:
+            segseq, slot, seq, enq_us, avail_ms, ticket = self.retry_full(
+                ring.append_one, kind, data, priority, delay_ms, attempts, rkind
+            )
+        # Sync outside our lock, so that other threads append meanwhile (and share the sync).
+        ring.finish(ticket)
+        return Job(
+            f"{seq:016x}",
+            payload,
+            priority,
+            READY,
+            0,
+            attempts,
+            avail_ms / 1000,
+            enq_us / 1e6,
+            None,
+            None,
+            None,
+            seq,
+            0,
+            key,
+            False,
+            None if expires_at_ms is None else expires_at_ms / 1000,
+            None,
+            None,
+            None,
+            (segseq, slot),
+        )
 
     def enqueue(
         self,
@@ -63,28 +144,71 @@ class Producer:
         key: str | None = None,
         expires_at_ms: int | None = None,
     ) -> list[Job]:
-        ring = self.ring
-        recs = new_records(payloads, priority, delay, attempts, job_ids, key, self.auto_ids)
-        if expires_at_ms is not None:  # lifecycle: the expiry goes in front of the codec's bytes
-            for r in recs:
-                r.payload, r.kind = (
-                    lifecycle.wrap_expiry(r.payload, expires_at_ms),
-                    lifecycle.KIND_EXPIRES,
-                )
-        ring.check_sizes(recs)  # the whole batch, before a byte of it is allocated or written
-        bufs = [ring.build(r) for r in recs]
-        if not recs:
+        """Append ``payloads`` as new jobs; returns their snapshots, in order.
+
+        Every payload is encoded and every record's size checked before anything is written
+        (SerializationError, RecordTooLargeError, ValueError: nothing written).  With ``job_ids``
+        the batch is decided under the writer lock: an id already retained returns its job and
+        writes nothing (so does an id repeated in the batch after its first use).
+        """
+        n = len(payloads)
+        delay_ms = check_args(priority, delay, attempts, job_ids, self.auto_ids, n)
+        if not n:
             return []
+        kinds, datas = encode_all(payloads, key)
+        rkind = KIND_JOB
+        if expires_at_ms is not None:  # lifecycle: the expiry goes in front of the codec's bytes
+            datas = [lifecycle.wrap_expiry(d, expires_at_ms) for d in datas]
+            rkind = lifecycle.KIND_EXPIRES
+        ids = None if job_ids is None else encode_ids(job_ids)
+        lens = list(map(len, datas))
+        longest = max(lens)
+        id_longest = 0 if ids is None else max(map(len, ids))
+        if (
+            REC_HEADER_SIZE + longest + id_longest > self.max_bytes
+            or id_longest > records.MAX_ID_FIELD
+        ):
+            # Some record is too large: find the first, for the message records.check_sizes gives.
+            records.check_sizes(
+                [
+                    NewRecord(d, k, b"" if ids is None else ids[i])
+                    for i, (k, d) in enumerate(zip(kinds, datas))
+                ],
+                self.max_bytes,
+                self.ring.name,
+            )
+        ring = self.ring
+        exp_s = None if expires_at_ms is None else expires_at_ms / 1000
         if job_ids is None:
             with self.lock:
-                placed, ticket = self.retry_full(lambda: ring.append_nowait(recs, bufs))
+                placed, heads, seq0, enq_us, avail_ms, ticket = self.retry_full(
+                    ring.append_packed,
+                    n,
+                    bytes(kinds),
+                    None,
+                    array("I", lens),
+                    b"".join(datas),
+                    REC_HEADER_SIZE + longest,
+                    priority,
+                    delay_ms,
+                    attempts,
+                    rkind,
+                )
             # Sync outside our lock, so that other threads append meanwhile (and share the sync).
-            ring.ctl.count("enqueued", len(recs))
             ring.finish(ticket)
-            return [
-                fresh_job(r, p, payloads[i], key, expires_at_ms)
-                for i, (r, p) in enumerate(zip(recs, placed))
-            ]
+            return fresh_jobs(
+                placed,
+                heads,
+                seq0,
+                enq_us,
+                avail_ms,
+                payloads,
+                None,
+                priority,
+                attempts,
+                key,
+                exp_s,
+            )
         with self.lock, ring.locked():
             self.refresh(True)
             found: dict[int, tuple[int, int]] = {}
@@ -97,18 +221,40 @@ class Producer:
                 elif jid not in first:
                     first[jid] = i
                     todo.append(i)
-            placed = (
-                self.retry_full(
-                    lambda: ring.append([recs[i] for i in todo], [bufs[i] for i in todo])
-                )
-                if todo
-                else []
-            )
-            ring.ctl.count("enqueued", len(placed))
             made: dict[int, Job] = {}
-            for i, p in zip(todo, placed):
-                made[i] = fresh_job(recs[i], p, payloads[i], key, expires_at_ms)
-                self.index.ids[job_ids[i]] = (p[0], p[1])
+            if todo:
+                t_ids = [ids[i] for i in todo]
+                t_datas = [datas[i] for i in todo]
+                placed, heads, seq0, enq_us, avail_ms, ticket = self.retry_full(
+                    ring.append_packed,
+                    len(todo),
+                    bytes(kinds[i] for i in todo),
+                    array("H", map(len, t_ids)),
+                    array("I", map(len, t_datas)),
+                    b"".join([b for pair in zip(t_ids, t_datas) for b in pair]),
+                    REC_HEADER_SIZE + max(lens[i] + len(ids[i]) for i in todo),
+                    priority,
+                    delay_ms,
+                    attempts,
+                    rkind,
+                )
+                ring.finish(ticket)
+                jobs = fresh_jobs(
+                    placed,
+                    heads,
+                    seq0,
+                    enq_us,
+                    avail_ms,
+                    [payloads[i] for i in todo],
+                    [job_ids[i] for i in todo],
+                    priority,
+                    attempts,
+                    key,
+                    exp_s,
+                )
+                for i, job in zip(todo, jobs):
+                    made[i] = job
+                    self.index.ids[job_ids[i]] = job._loc
             out = []
             for i, jid in enumerate(job_ids):
                 if i in found:
@@ -121,7 +267,7 @@ class Producer:
     def import_jobs(self, jobs: Sequence[Job]) -> int:
         ring = self.ring
         recs = [imported_record(job) for job in jobs]
-        bufs = [ring.build(r) for r in recs]
+        ring.check_sizes(recs)
         with self.lock, ring.locked():
             self.refresh(True)
             todo, seen = [], set()
@@ -129,7 +275,7 @@ class Producer:
                 if job.id not in seen and self.index.find(job.id) is None:
                     todo.append(i)
                 seen.add(job.id)
-            placed = ring.append([recs[i] for i in todo], [bufs[i] for i in todo]) if todo else []
+            placed = ring.append([recs[i] for i in todo]) if todo else []
             for i, p in zip(todo, placed):
                 nseg = ring.segs.segment(p[0])
                 if jobs[i].last_error and nseg is not None:
@@ -137,10 +283,10 @@ class Producer:
             self.refresh(True)
             return len(todo)
 
-    def retry_full(self, append: Callable[[], Any]) -> Any:
-        """Run ``append``; after a QueueFullError make room once and try again."""
+    def retry_full(self, append: Callable[..., Any], *args: Any) -> Any:
+        """Run ``append(*args)``; after a QueueFullError make room once and try again."""
         try:
-            return append()
+            return append(*args)
         except QueueFullError:
             with self.ring.locked():
                 self.refresh(False)
@@ -148,29 +294,27 @@ class Producer:
             if not n:
                 raise
             self.refresh(False)  # unmaps them: an unlinked file's space returns at its last unmap
-            return append()
+            return append(*args)
 
 
-def new_records(
-    payloads: list[Any],
+def check_args(
     priority: int,
     delay: float,
     attempts: int,
     job_ids: Sequence[str] | None,
-    key: str | None = None,
     auto_ids: bool = True,
-) -> list[NewRecord]:
-    """Validate the arguments of an enqueue and encode every payload (nothing is written yet);
-    a ``key`` (ringq/limits.py) is wrapped around each payload (codec.wrap_key).
-
-    Raises ValueError for out-of-range arguments, SerializationError for a payload or id that
-    cannot be encoded.
-    """
-    if job_ids is None and not auto_ids:
-        raise ValueError("this queue takes jobs with caller ids only (auto_ids=False): give job_id")
-    if job_ids is not None:
-        if len(job_ids) != len(payloads):
-            raise ValueError(f"job_ids has {len(job_ids)} ids for {len(payloads)} payloads")
+    n: int = 1,
+) -> int:
+    """Validate the arguments of an enqueue of ``n`` jobs; returns the delay in ms.  Raises
+    ValueError."""
+    if job_ids is None:
+        if not auto_ids:
+            raise ValueError(
+                "this queue takes jobs with caller ids only (auto_ids=False): give job_id"
+            )
+    else:
+        if len(job_ids) != n:
+            raise ValueError(f"job_ids has {len(job_ids)} ids for {n} payloads")
         for jid in job_ids:
             check_caller_id(jid, allow_auto_form=not auto_ids)  # ringq/ids.py
     if not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
@@ -178,19 +322,77 @@ def new_records(
     if not 0 <= delay <= MAX_DELAY:
         raise ValueError(f"delay must be between 0 and about 33 years (in seconds), got {delay!r}")
     check_attempts(attempts)
-    delay_ms = int(round(delay * 1000))
-    recs = []
-    for i, payload in enumerate(payloads):
-        kind, data = codec.encode(payload)
-        if key is not None:
-            kind, data = codec.wrap_key(key, kind, data)
-        id_bytes = b""
-        if job_ids is not None:
-            if not valid_text(job_ids[i]):
-                raise SerializationError(f"job id {job_ids[i]!r} is not valid Unicode text")
-            id_bytes = job_ids[i].encode("utf-8", "strict")
-        recs.append(NewRecord(data, kind, id_bytes, priority, delay_ms, attempts))
-    return recs
+    return int(round(delay * 1000))
+
+
+def encode_all(
+    payloads: Sequence[Any], key: str | None
+) -> tuple[bytes | tuple[int, ...], list[bytes]]:
+    """``(codec ids, bytes)`` of every payload (codec.encode), each wrapped with ``key`` if given
+    (codec.wrap_key).  Raises SerializationError."""
+    enc = codec.encode
+    pairs = [enc(p) for p in payloads]
+    if key is not None:
+        pairs = [codec.wrap_key(key, k, d) for k, d in pairs]
+    kinds, datas = zip(*pairs)
+    return kinds, list(datas)
+
+
+def encode_ids(job_ids: Sequence[str]) -> list[bytes]:
+    """The UTF-8 bytes of every job id.  Raises SerializationError for a string that is not valid
+    Unicode text (a lone surrogate)."""
+    out = []
+    for jid in job_ids:
+        if not valid_text(jid):
+            raise SerializationError(f"job id {jid!r} is not valid Unicode text")
+        out.append(jid.encode("utf-8", "strict"))
+    return out
+
+
+def fresh_jobs(
+    placed: list[tuple[int, int, int]],
+    heads: list[int],
+    seq0: int,
+    enq_us: int,
+    avail_ms: int,
+    payloads: Sequence[Any],
+    job_ids: Sequence[str] | None,
+    priority: int,
+    attempts: int,
+    key: str | None,
+    expires_at: float | None,
+) -> list[Job]:
+    """The snapshots of jobs just appended by Ring.append_packed (no read back).  Built
+    positionally (a third of the keyword form's cost; the field order is checked at import)."""
+    avail, enq = avail_ms / 1000, enq_us / 1e6
+    out = []
+    for segseq, first, cnt in placed:
+        out += [
+            Job(
+                f"{seq0 + i:016x}" if job_ids is None else job_ids[i],
+                payloads[i],
+                priority,
+                READY,
+                0,
+                attempts,
+                avail,
+                enq,
+                None,
+                None,
+                None,
+                seq0 + i,
+                0,
+                key,
+                False,
+                expires_at,
+                None,
+                None,
+                None,
+                (segseq, heads[i]),
+            )
+            for i in range(first, first + cnt)
+        ]
+    return out
 
 
 def imported_record(job: Job) -> NewRecord:
@@ -213,31 +415,6 @@ def imported_record(job: Job) -> NewRecord:
         min(max(int(job.attempts), 0), MAX_ATTEMPTS_LIMIT),
         state=ST_DEAD if dead else ST_READY,
         at_ms=now_ms() if dead else int(job.available_at * 1000),
-    )
-
-
-def fresh_job(
-    rec: NewRecord,
-    placed: Placement,
-    payload: Any,
-    key: str | None = None,
-    expires_at_ms: int | None = None,
-) -> Job:
-    """The snapshot of a job just appended (no read back)."""
-    segseq, slot, seq, enq_us, avail_ms = placed
-    return Job(
-        id=rec.id_bytes.decode() if rec.id_bytes else f"{seq:016x}",
-        payload=payload,
-        priority=rec.priority,
-        state=JobState.READY,
-        attempts=0,
-        max_attempts=rec.max_attempts,
-        available_at=avail_ms / 1000,
-        enqueued_at=enq_us / 1e6,
-        seq=seq,
-        key=key,
-        expires_at=None if expires_at_ms is None else expires_at_ms / 1000,
-        _loc=(segseq, slot),
     )
 
 

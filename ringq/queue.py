@@ -292,6 +292,13 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
             LimitError (a bad ``unique_for``, or ``unique_for`` without ``key``),
             DuplicateJobError (a unique window is open and its job already retired).
         """
+        if unique_for is None and job_id is None:  # the common case, without enqueue_many's lists
+            if self._closed:
+                self._live()
+            return self._producer.enqueue_one(
+                payload, priority, due_delay(delay), self.max_attempts if max_attempts is None else max_attempts,
+                key, None if expires_in is None and expires_at is None else expiry_ms(expires_in, expires_at))
+
         def add() -> Job:
             return self.enqueue_many([payload], priority=priority, delay=delay, max_attempts=max_attempts,
                                      job_ids=None if job_id is None else [job_id], key=key,

@@ -3,7 +3,9 @@
 The record header is declared once, as ``ringq_rec_header`` in ``csrc/ringq.h``; the Python packing
 below is built from that declaration's field offsets (cffi), so the two cannot drift.  Writing,
 validating (magic, length, CRC32C seeded with the segment seq and slot) and scanning happen in the
-C helper; this module builds record bytes, checks sizes, and reads records and their scan results.
+C helper (``ringq_append`` builds each header from a template there); this module checks sizes,
+reads records and their scan results, and builds record bytes the Python way (:func:`build`,
+:func:`fill_header`: the reference layout tests compare the C writer's bytes with).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Segments: their two files, created, validated and mapped as one.  Byte layouts: ``docs/format.md``.
 
 Format 2 keeps a segment in two files.  The **record file** ``<name>.<seq>.seg`` holds the slots:
-record bytes written only by the writer under the lock, with ``pwrite`` (``ringq_rec_pwrite``),
+record bytes written only by the writer under the lock, with ``pwrite`` (``ringq_append``),
 and mapped ``PROT_READ`` by every process, so a sync of it writes back only the blocks a
 ``pwrite`` dirtied (benchmarks/pagecost.c, docs/benchmarks.md "Why format 2").  The **state file**
 ``<name>.<seq>.state`` holds the header's mutable words and the state table, mapped read-write and
@@ -75,6 +75,12 @@ OFF_NRECORDS = 160  # u64: records published (heads below the tail)
 OFF_LAST_SEQ = 168  # u64: seq of the last record published here
 OFF_JTAIL = 176  # u64: bytes of the ack journal reserved by writers (ringq/ackjournal.py)
 OFF_JSIZE = 184  # u64: bytes of the ack journal zero-filled so far
+# ringq_append publishes a batch by storing three of these words itself (csrc/ringq.h "appends").
+assert (OFF_TAIL, OFF_NRECORDS, OFF_LAST_SEQ) == (
+    lib.RINGQ_SEG_OFF_TAIL,
+    lib.RINGQ_SEG_OFF_NRECORDS,
+    lib.RINGQ_SEG_OFF_LAST_SEQ,
+), "segment header words differ from csrc/ringq.h"
 
 
 class StateFileError(CorruptionError):

@@ -5,7 +5,7 @@ crash tests build images (by recording a real operation step by step, or by edit
 segment byte by byte), write each into a fresh directory, reopen it and check what comes out.
 
 The recorder follows SQLite's ``crash.test``: enumerate, don't sample.  It wraps every call by which
-the engine changes a file -- ``os`` file operations, atomic stores into a mapping, ``ringq_rec_pwrite``
+the engine changes a file -- ``os`` file operations, atomic stores into a mapping, ``ringq_append``
 -- and snapshots the directory after each one.  Each snapshot is exactly what a process SIGKILLed
 after that step leaves behind (the page cache keeps every store that happened; nothing else).
 """
@@ -152,8 +152,8 @@ class Step:
 class Recorder:
     """Snapshot ``path`` after every file-changing step the engine takes while active.
 
-    ``published`` follows ``ringq_rec_pwrite``: after it returns, the record it wrote is published
-    (its state word release-stored).  ``key_of(record bytes)`` names the record for the test.
+    ``published`` follows ``ringq_append``: after it returns, the records it wrote are published
+    (their state words release-stored, or adopted by recovery as intact records beyond a tail).  ``key_of(record bytes)`` names the record for the test.
     """
 
     def __init__(self, path: str, key_of: Callable[[bytes], Any]) -> None:
@@ -209,16 +209,42 @@ class Recorder:
                 return getattr(real_lib, attr)
 
             @staticmethod
-            def ringq_rec_pwrite(fd, file_off, base_ptr, size, geom, slot, rec, length, word):  # noqa: ANN001
-                # One step, although the C call both writes the record and publishes its state
-                # word: the images in between (record written, state word not) are built by hand in
-                # test_crash_format2.py.
-                rc = real_lib.ringq_rec_pwrite(
-                    fd, file_off, base_ptr, size, geom, slot, rec, length, word
-                )
-                if rc > 0:
+            def ringq_append(*a: Any) -> int:
+                # One step, although the C call writes a run of records and (usually) publishes
+                # them: the images in between are built by hand in test_crash_format2.py.  A
+                # written record counts as published even before its state word is stored:
+                # recovery adopts every intact record beyond a tail (the record file is the commit
+                # point after a power loss), so a crash right after the write delivers it.
+                rc = real_lib.ringq_append(*a)
+                geom, tail, first, scratch, heads = a[4], a[5], a[12], a[15], a[21]
+                for i in range(first, first + max(rc, 0)):
+                    rec = scratch + (heads[i] - tail) * geom.slot_size
+                    length = seg_mod.ffi.cast("ringq_rec_header *", rec).record_len
                     recorder.published.add(recorder.key_of(bytes(seg_mod.ffi.buffer(rec, length))))
-                    recorder.mark(f"rec_pwrite slot {slot}")
+                if rc > 0:
+                    recorder.mark(f"append {rc} records at slot {tail}")
+                return rc
+
+            @staticmethod
+            def ringq_append_fast(*a: Any) -> int:
+                # Lock, checks, write, publish and unlock in one call: one step, as ringq_append.
+                rc = real_lib.ringq_append_fast(*a)
+                geom, n, scratch, heads = a[8], a[15], a[18], a[20]
+                if rc > 0:
+                    for i in range(n):
+                        rec = scratch + (heads[i] - heads[0]) * geom.slot_size
+                        length = seg_mod.ffi.cast("ringq_rec_header *", rec).record_len
+                        recorder.published.add(
+                            recorder.key_of(bytes(seg_mod.ffi.buffer(rec, length)))
+                        )
+                    recorder.mark(f"append {rc} records at slot {heads[0]} (lock to unlock)")
+                return rc
+
+            @staticmethod
+            def ringq_append_publish(*a: Any) -> int:
+                rc = real_lib.ringq_append_publish(*a)
+                if rc > 0:
+                    recorder.mark(f"publish {rc} records up to slot {a[5]}")
                 return rc
 
             # A lease and an ack are one C call each; each is one step (their CAS is the change).

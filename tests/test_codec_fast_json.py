@@ -1,4 +1,5 @@
-"""Decoding JSON payloads gives the same values whether or not the optional orjson is installed."""
+"""Decoding JSON payloads gives the same values whether or not the optional orjson is installed;
+encoding gives the same bytes and refusals whether or not the prebuilt C encoder is used."""
 
 from __future__ import annotations
 
@@ -8,9 +9,28 @@ import pytest
 
 from ringq import codec
 
-VALUES = [0, -1, 2**63 - 1, 2**63, -(2**63), 2**64, 2**70, -(2**65), 12345678901234567890, 0.1, 1 / 3, 1e300,
-          -0.0, "é☃", {"a": [1, 2.5, None, True, False]}, [], {}, "", [[[[]]]],
-          {"n": 1, "kind": "resize", "path": "/srv/images/00000001.jpg", "w": 640}]
+VALUES = [
+    0,
+    -1,
+    2**63 - 1,
+    2**63,
+    -(2**63),
+    2**64,
+    2**70,
+    -(2**65),
+    12345678901234567890,
+    0.1,
+    1 / 3,
+    1e300,
+    -0.0,
+    "é☃",
+    {"a": [1, 2.5, None, True, False]},
+    [],
+    {},
+    "",
+    [[[[]]]],
+    {"n": 1, "kind": "resize", "path": "/srv/images/00000001.jpg", "w": 640},
+]
 TEXTS = [b"NaN", b"-Infinity", b'"\\ud800"', b'{"a": 1, "a": 2}', b"1E400", b" [1 , 2 ] "]
 
 
@@ -46,3 +66,61 @@ def test_foreign_json_decodes_as_the_standard_library_does(parser, text):
 def test_damaged_json_is_a_serialization_error(parser):
     with pytest.raises(codec.SerializationError):
         codec.decode(codec.JSON, b'{"a": ')
+
+
+@pytest.fixture(params=["prebuilt", "per-call"])
+def encoder(request, monkeypatch):
+    if request.param == "per-call":
+        monkeypatch.setattr(codec, "_json_once", None)
+    elif codec._json_once is None:
+        pytest.skip("this Python has no C JSON encoder")
+    return request.param
+
+
+ENCODED = [
+    *VALUES,
+    "line\u2028sep",
+    '\x00ctl"quote\\',
+    (1, [2, (3,)]),
+    {1: "int key", "k": True},
+    10**30,
+    1e-7,
+]
+
+
+@pytest.mark.parametrize("value", ENCODED, ids=repr)
+def test_encoding_is_the_standard_encoders(encoder, value):
+    import json
+
+    want = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+    assert codec.encode(value) == (codec.JSON, want)
+
+
+def _cyclic_list():
+    x: list = []
+    x.append(x)
+    return x
+
+
+def _cyclic_dict():
+    d: dict = {}
+    d["a"] = [d]
+    return d
+
+
+@pytest.mark.parametrize(
+    "value, where",
+    [
+        (float("nan"), "Out of range float"),
+        ({"a": float("inf")}, "Out of range float"),
+        ({1, 2}, "set"),
+        ([object()], "object"),
+        ("\ud800", "surrogates not allowed"),
+        (_cyclic_list(), "circular reference"),
+        (_cyclic_dict(), "circular reference"),
+    ],
+    ids=["nan", "inf", "set", "object", "surrogate", "cyclic-list", "cyclic-dict"],
+)
+def test_refusals_are_the_same_serialization_errors(encoder, value, where):
+    with pytest.raises(codec.SerializationError, match=where):
+        codec.encode(value)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 
@@ -79,6 +80,12 @@ def test_c_helper_under_sanitizers(selftest, seed):
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     assert out.stdout.strip().endswith("0 failed")
+    # The append fuzz reached the write, publish, reserve and whole-append paths, not only refusals.
+    m = re.search(
+        r"appends: (\d+) runs written, (\d+) published, (\d+) reserves granted, (\d+) whole appends",
+        out.stdout,
+    )
+    assert m and all(int(x) > 0 for x in m.groups()), out.stdout
 
 
 def test_selftest_really_catches_an_overflow(tmp_path):

@@ -7,15 +7,20 @@
  * Known answers (CRC32C, atomics, bounds and alignment errors), then a fuzz loop: random but
  * valid geometries over heap buffers of *exactly* the mapping's length (so any read or write past
  * the end is caught by ASan), filled with random bytes, random state words and a few real
- * records, and every entry point called with random slots, ranges and orders.  Every call must
- * return its documented codes; the sanitizers abort on any out-of-bounds access or UB.
+ * records, and every entry point called with random slots, ranges and orders.  The append calls
+ * get random batches too (lengths, ids, first record, scratch, data and control lengths, tails,
+ * state words), writing into a real file.  Every call must return its documented codes; the
+ * sanitizers abort on any out-of-bounds access or UB.
  * Prints "selftest: N passed, 0 failed" and exits 0 on success.
  */
 #include "ringq.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -325,16 +330,269 @@ static void pair_mapping(void) {
     close(rfd);
 }
 
+/* ---- appends ---------------------------------------------------------------------------------- */
+static int append_fd = -1, append_ro_fd = -1; /* a scratch record file, read-write and read-only */
+static int lock_fd = -1, lock_other_fd = -1;    /* two open descriptions of one lock file */
+static unsigned long appends_written, appends_published, reserves_granted, fast_appends; /* reached */
+
+static void *exact(size_t n) { /* a heap block of exactly n bytes (ASan sees any overrun) */
+    void *p = malloc(n ? n : 1);
+    if (p && n) memset(p, (int)below(256), n);
+    return p;
+}
+
+/* A random geometry whose header words (tail, counts) lie in front of the state table, as in a
+ * real state file; now and then one where they do not, which every append call must refuse. */
+static size_t append_geom(ringq_geom *g) {
+    g->slot_size = 64u * (1 + below(6));
+    g->slot_count = 1 + below(40);
+    g->seg_seq = 1 + (rnd() & 0xFFFF);
+    g->state_off = below(8) ? 176 + 8 * below(8) : 8 * below(22);
+    g->data_off = g->state_off + (uint64_t)g->slot_count * RINGQ_STATE_ENTRY + 8 * below(4);
+    size_t maplen = g->data_off + (size_t)g->slot_count * g->slot_size;
+    if (below(8) == 0) maplen -= 1 + below(64);
+    return maplen;
+}
+
+static int ok_code(int rc) {
+    return rc >= 0 || rc == RINGQ_EBOUNDS || rc == RINGQ_EALIGN || rc == RINGQ_EINVAL;
+}
+
+static void fuzz_append_once(void) {
+    ringq_geom g;
+    size_t maplen = append_geom(&g);
+    uint8_t *m = exact(maplen);
+    memset(m, 0, maplen);
+    uint32_t n = 1 + below(8), first = below(n + 1);
+    uint8_t codecs[8];
+    uint16_t ids[8];
+    uint32_t lens[8], heads[8], end = 0xFFFFFFFFu;
+    size_t need = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        codecs[i] = (uint8_t)below(6);
+        ids[i] = (uint16_t)(below(3) ? 0 : below(70));
+        lens[i] = below(16) ? below(3 * g.slot_size) : (uint32_t)rnd(); /* now and then absurd */
+        heads[i] = 0xFFFFFFFFu;
+        need += (size_t)ids[i] + lens[i];
+    }
+    int with_ids = (int)below(2);
+    size_t data_len = below(4) ? need : below((uint32_t)(need % 4096 + 1));
+    if (data_len > 1 << 20) data_len = 1 << 20;
+    uint8_t *data = exact(data_len);
+    size_t scratch_len = below(4) ? (size_t)g.slot_count * g.slot_size : below(4 * g.slot_size + 1);
+    uint8_t *scratch = exact(scratch_len);
+    size_t ctl_len = 64 + 8 * below(40);
+    uint8_t *ctl = exact(ctl_len);
+    size_t count_off = below(8) ? 8 * below((uint32_t)(ctl_len / 8)) : below((uint32_t)ctl_len + 16);
+    ringq_rec_header t;
+    memset(&t, 0, sizeof t);
+    t.seq = rnd() >> 8;
+    t.priority = (int32_t)rnd();
+    t.kind = 1;
+    uint64_t state = below(6) ? RINGQ_ST_READY | (rnd() << 24) : below(8);
+    uint32_t tail = below(g.slot_count + 3);
+    int publish = (int)below(2);
+    int fd = below(8) ? append_fd : append_ro_fd;
+    int rc = ringq_append(fd, 4096, m, maplen, &g, tail, &t, state, codecs, with_ids ? ids : NULL, lens, n, first,
+                          data, data_len, scratch, scratch_len, publish, below(3) ? ctl : NULL, ctl_len, count_off,
+                          heads, &end);
+    CHECK(ok_code(rc) || rc == -EBADF);
+    if (rc == -EBADF) CHECK(fd == append_ro_fd);
+    if (rc > 0) {
+        appends_written++;
+        CHECK((uint32_t)rc <= n - first && end <= g.slot_count);
+        uint32_t prev = tail;
+        for (uint32_t i = first; i < first + (uint32_t)rc; i++) {
+            CHECK(heads[i] == prev || i > first);
+            CHECK(heads[i] >= prev && heads[i] < end);
+            prev = heads[i] + 1;
+        }
+        uint32_t tail_word;
+        memcpy(&tail_word, m + RINGQ_SEG_OFF_TAIL, 4);
+        if (publish && first + (uint32_t)rc == n) {
+            uint64_t w;
+            memcpy(&w, m + g.state_off + (size_t)heads[first] * RINGQ_STATE_ENTRY, 8);
+            CHECK(w == state && tail_word == end);
+            appends_published++;
+        } else {
+            CHECK(tail_word == 0); /* nothing published */
+            /* ... until the caller publishes the run */
+            int pr = ringq_append_publish(m, maplen, &g, heads + first, (uint32_t)rc, end, state, t.seq);
+            CHECK(pr == rc || ((state & 7u) == RINGQ_ST_EMPTY || (state & 7u) == RINGQ_ST_CONT));
+        }
+    } else if (rc == 0) {
+        CHECK(tail > 0 && end == 0xFFFFFFFFu);
+    }
+    /* publish with random heads: sorted or not, in range or not */
+    uint32_t k = below(9), rh[8];
+    for (uint32_t i = 0; i < k; i++) rh[i] = below(g.slot_count + 2);
+    if (below(2)) /* an increasing run now and then */
+        for (uint32_t i = 0; i < k; i++) rh[i] = i * (1 + below(3));
+    int pr = ringq_append_publish(m, maplen, &g, rh, k, below(g.slot_count + 2), state, 1);
+    CHECK(ok_code(pr) && (pr < 0 || (uint32_t)pr == k));
+    /* the prologue, over random words */
+    uint32_t w32 = below(4) ? below(g.slot_count + 2) : (uint32_t)rnd();
+    if (maplen >= 176) {
+        memcpy(m + RINGQ_SEG_OFF_TAIL, &w32, 4);
+        w32 = below(4) == 0;
+        memcpy(m + RINGQ_SEG_OFF_RETIRED, &w32, 4);
+    }
+    size_t tail_seg_off = 8 * below((uint32_t)(ctl_len / 8) + 1), next_off = 8 * below((uint32_t)(ctl_len / 8) + 1);
+    if (below(8) == 0) next_off += 4;
+    if (tail_seg_off + 8 <= ctl_len && below(2)) memcpy(ctl + tail_seg_off, &g.seg_seq, 8);
+    uint32_t rtail = 0xFFFFFFFFu;
+    uint64_t first_seq = 0;
+    uint64_t want = below(4) ? below(4) : rnd();
+    int rr = ringq_append_reserve(m, maplen, &g, ctl, ctl_len, tail_seg_off, next_off, n, want, &rtail, &first_seq);
+    CHECK(ok_code(rr) && rr <= 1);
+    if (rr == 0) {
+        reserves_granted++;
+        uint64_t next;
+        memcpy(&next, ctl + next_off, 8);
+        CHECK(rtail <= g.slot_count && want <= g.slot_count - rtail && next == first_seq + n);
+    }
+    /* the whole append in one call, over the same random words; now and then with the lock held
+     * by another open file description (contended: nothing done) */
+    ringq_ctl_words cw = {.tail_seg = tail_seg_off, .next_seq = next_off, .enqueued = count_off,
+                          .lock_waiters = 4 * below((uint32_t)(ctl_len / 4) + 2), .lock_wake = 4 * below((uint32_t)(ctl_len / 4) + 2)};
+    int held = below(6) == 0 && flock(lock_other_fd, LOCK_EX | LOCK_NB) == 0;
+    uint64_t before = 0;
+    if (next_off + 8 <= ctl_len) memcpy(&before, ctl + next_off, 8);
+    end = 0xFFFFFFFFu;
+    int fr = ringq_append_fast(below(10) ? lock_fd : -1, ctl, ctl_len, &cw, fd, 4096, m, maplen, &g, (int64_t)(rnd() >> 24),
+                               below(8) ? (int64_t)below(100000) : -1, &t, codecs, with_ids ? ids : NULL, lens, n, data,
+                               data_len, scratch, scratch_len, heads, &end);
+    CHECK(ok_code(fr) || fr == -EBADF);
+    CHECK(fr <= 0 || (uint32_t)fr == n);
+    if (held) {
+        CHECK(fr <= 0);
+        if (fr == 0 && next_off + 8 <= ctl_len) {
+            uint64_t after;
+            memcpy(&after, ctl + next_off, 8);
+            CHECK(after == before); /* nothing reserved */
+        }
+        flock(lock_other_fd, LOCK_UN);
+    }
+    if (fr > 0) {
+        fast_appends++;
+        CHECK(end <= g.slot_count && heads[0] < end);
+        uint64_t w;
+        memcpy(&w, m + g.state_off + (size_t)heads[0] * RINGQ_STATE_ENTRY, 8);
+        CHECK((w & 7u) == RINGQ_ST_READY);
+    }
+    /* whatever happened, the lock is free again */
+    CHECK(flock(lock_other_fd, LOCK_EX | LOCK_NB) == 0 && flock(lock_other_fd, LOCK_UN) == 0);
+    free(m);
+    free(data);
+    free(scratch);
+    free(ctl);
+}
+
+/* A batch through a real pair of files: what ringq_append writes is what ringq_rec_check reads
+ * back, across the end of the segment; a write that fails publishes nothing. */
+static void append_pair(void) {
+    char spath[] = "/tmp/ringq-selftest-astate-XXXXXX", rpath[] = "/tmp/ringq-selftest-arec-XXXXXX";
+    int sfd = mkstemp(spath), rfd = mkstemp(rpath);
+    CHECK(sfd >= 0 && rfd >= 0);
+    if (sfd < 0 || rfd < 0) return;
+    int ro = open(rpath, O_RDONLY);
+    unlink(spath);
+    unlink(rpath);
+    const size_t page = 4096, state_len = 2 * page, nslots = 8, slot = 128;
+    CHECK(ftruncate(sfd, (off_t)state_len) == 0 && ftruncate(rfd, (off_t)(page + page)) == 0);
+    uint8_t *base = NULL;
+    CHECK(ringq_map_pair(sfd, state_len, rfd, page, nslots * slot, 1, &base) == 0);
+    size_t maplen = state_len + nslots * slot;
+    ringq_geom g = {.seg_seq = 5, .state_off = page, .data_off = state_len, .slot_size = slot, .slot_count = nslots};
+    uint8_t ctl[256] = {0};
+    uint64_t next = 10;
+    memcpy(ctl + 64, &next, 8);
+    memcpy(ctl + 72, &g.seg_seq, 8);
+    uint32_t tail = 99;
+    uint64_t first = 0;
+    CHECK(ringq_append_reserve(base, maplen, &g, ctl, sizeof ctl, 72, 64, 5, 9, &tail, &first) == 1); /* 9 > 8 slots */
+    CHECK(ringq_append_reserve(base, maplen, &g, ctl, sizeof ctl, 72, 64, 5, 8, &tail, &first) == 0);
+    CHECK(tail == 0 && first == 10);
+    memcpy(&next, ctl + 64, 8);
+    CHECK(next == 15);
+    /* five records: 10, 200, 0, 300 and 5 payload bytes (1, 3, 1, 3, 1 slots): four fit */
+    uint8_t codecs[5] = {1, 2, 1, 2, 1};
+    uint16_t ids[5] = {0, 3, 0, 0, 2};
+    uint32_t lens[5] = {10, 200, 0, 300, 5}, heads[5], end = 0;
+    uint8_t data[520];
+    for (size_t i = 0; i < sizeof data; i++) data[i] = (uint8_t)(i * 7);
+    uint8_t scratch[8 * 128];
+    ringq_rec_header t;
+    memset(&t, 0, sizeof t);
+    t.seq = first;
+    t.enqueued_us = 1700000000000000;
+    t.available_ms = 1700000000000;
+    t.priority = -2;
+    t.max_attempts = 5;
+    t.kind = 1;
+    uint64_t ready = RINGQ_ST_READY | (7ULL << 24);
+    CHECK(ringq_append(ro, page, base, maplen, &g, 0, &t, ready, codecs, ids, lens, 5, 0, data, sizeof data,
+                       scratch, sizeof scratch, 1, ctl, sizeof ctl, 224, heads, &end) == -EBADF);
+    uint64_t w = 1;
+    CHECK(ringq_load64(base, maplen, page, &w) == 0 && w == 0); /* nothing published */
+    int rc = ringq_append(rfd, page, base, maplen, &g, 0, &t, ready, codecs, ids, lens, 5, 0, data, sizeof data,
+                          scratch, sizeof scratch, 1, ctl, sizeof ctl, 224, heads, &end);
+    CHECK(rc == 4 && end == 8);
+    CHECK(heads[0] == 0 && heads[1] == 1 && heads[2] == 4 && heads[3] == 5);
+    CHECK(ringq_load64(base, maplen, page, &w) == 0 && w == 0); /* not the batch's end: unpublished */
+    size_t at = 0;
+    for (int i = 0; i < 4; i++) {
+        ringq_rec_info info;
+        CHECK(ringq_rec_check(base, maplen, &g, heads[i], &info) == 0);
+        CHECK(info.seq == 10 + (uint64_t)i && info.codec == codecs[i] && info.id_len == ids[i] &&
+              info.payload_len == lens[i] && info.priority == -2 && info.kind == 1);
+        CHECK(memcmp(base + state_len + (size_t)heads[i] * slot + RINGQ_REC_HEADER, data + at, ids[i] + lens[i]) == 0);
+        at += ids[i] + lens[i];
+    }
+    CHECK(ringq_append(rfd, page, base, maplen, &g, 8, &t, ready, codecs, ids, lens, 5, 4, data, sizeof data,
+                       scratch, sizeof scratch, 1, ctl, sizeof ctl, 224, heads, &end) == 0); /* full */
+    CHECK(ringq_append_publish(base, maplen, &g, heads, 4, 8, ready, 13) == 4);
+    uint32_t tw = 0;
+    CHECK(ringq_load32(base, maplen, RINGQ_SEG_OFF_TAIL, &tw) == 0 && tw == 8);
+    CHECK(ringq_load64(base, maplen, page + 2 * RINGQ_STATE_ENTRY, &w) == 0 && w == RINGQ_ST_CONT);
+    CHECK(ringq_load64(base, maplen, page + 4 * RINGQ_STATE_ENTRY, &w) == 0 && w == ready);
+    CHECK(ringq_load64(base, maplen, RINGQ_SEG_OFF_LAST_SEQ, &w) == 0 && w == 13);
+    CHECK(ringq_append_reserve(base, maplen, &g, ctl, sizeof ctl, 72, 64, 1, 0, &tail, &first) == 0 && tail == 8);
+    CHECK(ringq_append_reserve(base, maplen, &g, ctl, sizeof ctl, 72, 64, 1, 1, &tail, &first) == 1); /* full */
+    g.seg_seq = 6; /* no longer the tail segment named in the control page */
+    CHECK(ringq_append_reserve(base, maplen, &g, ctl, sizeof ctl, 72, 64, 1, 0, &tail, &first) == 1);
+    CHECK(ringq_unmap(base, maplen) == 0);
+    close(sfd);
+    close(rfd);
+    close(ro);
+}
+
 int main(int argc, char **argv) {
     long iterations = argc > 1 ? atol(argv[1]) : 20000;
     rng_state = argc > 2 ? strtoull(argv[2], NULL, 10) * 2 + 1 : 0x9E3779B97F4A7C15ULL;
     known_answers();
     atomics();
     pair_mapping();
+    append_pair();
+    char apath[] = "/tmp/ringq-selftest-append-XXXXXX";
+    append_fd = mkstemp(apath);
+    append_ro_fd = open(apath, O_RDONLY);
+    unlink(apath);
+    CHECK(append_fd >= 0 && append_ro_fd >= 0);
+    char lpath[] = "/tmp/ringq-selftest-lock-XXXXXX";
+    lock_fd = mkstemp(lpath);
+    lock_other_fd = open(lpath, O_RDWR);
+    unlink(lpath);
+    CHECK(lock_fd >= 0 && lock_other_fd >= 0);
     claim_known_answers();
     spin_answers();
     packed_answers();
-    for (long i = 0; i < iterations; i++) fuzz_once();
+    for (long i = 0; i < iterations; i++) {
+        fuzz_once();
+        fuzz_append_once();
+    }
+    printf("appends: %lu runs written, %lu published, %lu reserves granted, %lu whole appends\n",
+           appends_written, appends_published, reserves_granted, fast_appends);
     printf("selftest: %lu passed, %lu failed\n", checks - failures, failures);
     return failures ? 1 : 0;
 }

@@ -231,12 +231,12 @@ int ringq_append_fast(int lock_fd, uint8_t *ctl, size_t ctl_len, const ringq_ctl
         int64_t avail = now_us / 1000 + delay_ms;
         int64_t rel = avail - epoch_ms;
         if (rel < 0) rel = 0;
-        if ((uint64_t)rel > RINGQ_TIME_MAX) rel = (int64_t)RINGQ_TIME_MAX;
+        if ((uint64_t)rel > RINGQ_W_TIME_MAX) rel = (int64_t)RINGQ_W_TIME_MAX;
         tmpl->seq = first;
         tmpl->enqueued_us = now_us;
         tmpl->available_ms = avail;
         rc = ringq_append(fd, data_file_off, base, maplen, g, tail, tmpl,
-                          RINGQ_ST_READY | ((uint64_t)rel << RINGQ_TIME_SHIFT), codecs, id_lens, payload_lens,
+                          RINGQ_ST_READY | ((uint64_t)rel << RINGQ_W_TIME_SHIFT), codecs, id_lens, payload_lens,
                           n, 0, data, data_len, scratch, scratch_len, 1, ctl, ctl_len, w->enqueued, heads, end);
         /* The reserve checked the batch fits and the scratch holds it: all of it is written. */
         if (rc >= 0 && (uint32_t)rc != n) rc = RINGQ_EINVAL;

@@ -71,11 +71,15 @@ int ringq_claim_next(uint8_t *base, size_t maplen, const ringq_geom *g, const ui
 }
 
 int ringq_ack_slot(uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t slot, uint32_t token,
-                   uint64_t now_rel, uint64_t *word) {
+                   uint64_t now_rel, uint8_t *ctl, size_t ctl_len, const ringq_ctl_words *words,
+                   uint64_t *word, uint64_t *finished) {
     int rc = geom_check(maplen, g);
     if (rc) return rc;
-    if (!word) return RINGQ_EINVAL;
+    if (!word || !finished || !words) return RINGQ_EINVAL;
     if (slot >= g->slot_count) return RINGQ_EBOUNDS;
+    rc = word_check(base, maplen, RINGQ_SEG_OFF_FINISHED, 8);
+    if (!rc) rc = word_check(ctl, ctl_len, words->acked, 8);
+    if (rc) return rc;
     _Atomic uint64_t *sw = A64(base, g->state_off + (size_t)slot * RINGQ_STATE_ENTRY);
     uint64_t w = atomic_load_explicit(sw, memory_order_acquire);
     for (;;) {
@@ -95,6 +99,8 @@ int ringq_ack_slot(uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t s
         uint64_t done = word_of(RINGQ_ST_DONE, WHY_BITS(w), lc, now_rel);
         if (atomic_compare_exchange_strong(sw, &w, done)) {
             *word = done;
+            *finished = atomic_fetch_add(A64(base, RINGQ_SEG_OFF_FINISHED), 1) + 1;
+            atomic_fetch_add(A64(ctl, words->acked), 1);
             return 0;
         }
     }

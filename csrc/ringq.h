@@ -209,6 +209,17 @@ int ringq_seg_scan(const uint8_t *base, size_t maplen, const ringq_geom *g, uint
 int ringq_next_ready(const uint8_t *base, size_t maplen, const ringq_geom *g, const uint32_t *order,
                      uint32_t n, uint32_t start, uint64_t *state);
 
+/* ---- words of the control page the one-call operations update ---------------------------------- */
+/* Offsets of the control page's words an append or an ack uses (docs/format.md "control file"). */
+typedef struct {
+    size_t tail_seg;     /* u64: seq of the tail segment */
+    size_t next_seq;     /* u64: next job seq to assign */
+    size_t enqueued;     /* u64: jobs enqueued (a statistic) */
+    size_t acked;        /* u64: leases acked (a statistic) */
+    size_t lock_waiters; /* u32: writers waiting for the writer lock */
+    size_t lock_wake;    /* u32: futex word those writers sleep on */
+} ringq_ctl_words;
+
 /* ---- leases and acks in one call each (csrc/claim.c) --------------------------------------------- */
 /* What ringq_claim_next did (out->status) and what it saw. */
 #define RINGQ_CLAIMED  0 /* the expected slot was READY and plain: it is now LEASED and tagged */
@@ -237,13 +248,16 @@ int ringq_claim_next(uint8_t *base, size_t maplen, const ringq_geom *g, const ui
                      uint64_t now_rel, uint64_t deadline_rel, uint64_t owner_base,
                      ringq_claim_out *out);
 
-/* Ack the lease of `slot` in one call: CAS LEASED(lc, t) to DONE(lc, now_rel), reason kept.
- * token is the caller's fencing token (0: any lease, as an ack by bare id).  Returns 0 when acked
- * (*word = the DONE word), 1 for a repeated ack (DONE with that token, or any DONE without one),
- * 2 when refused (not leased, or another token: *word = the word seen, for the caller's message),
- * 3 when the lease carries the cancel flag (the caller ends it as its policy says), or an error. */
+/* Ack the lease of `slot` in one call: CAS LEASED(lc, t) to DONE(lc, now_rel), reason kept, then
+ * add one to the segment's finished count (RINGQ_SEG_OFF_FINISHED; *finished = the new count) and
+ * to the control mapping's acked count (ctl, ctl_len, words->acked).  token is the caller's fencing
+ * token (0: any lease, as an ack by bare id).  Returns 0 when acked (*word = the DONE word), 1 for
+ * a repeated ack (DONE with that token, or any DONE without one), 2 when refused (not leased, or
+ * another token: *word = the word seen, for the caller's message), 3 when the lease carries the
+ * cancel flag (the caller ends it as its policy says); nothing is changed unless 0.  Or an error. */
 int ringq_ack_slot(uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t slot, uint32_t token,
-                   uint64_t now_rel, uint64_t *word);
+                   uint64_t now_rel, uint8_t *ctl, size_t ctl_len, const ringq_ctl_words *words,
+                   uint64_t *word, uint64_t *finished);
 
 /* ---- appends ------------------------------------------------------------------------------------ */
 /* Mutable words of a segment's header page that publishing an append updates (the state file's
@@ -253,6 +267,7 @@ int ringq_ack_slot(uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t s
 #define RINGQ_SEG_OFF_NRECORDS 160u /* u64: records published (heads below the tail) */
 #define RINGQ_SEG_OFF_LAST_SEQ 168u /* u64: seq of the last record published */
 #define RINGQ_SEG_OFF_RETIRED  144u /* u32: 1 once retirement began */
+#define RINGQ_SEG_OFF_FINISHED 152u /* u64: records that reached DONE or GONE (an ack adds one) */
 
 /* The prologue of an append, under the writer lock: may a batch of n records taking at most
  * `slots` slots be appended to this segment at its stored tail as it is?  It may if the u64 word at
@@ -301,16 +316,6 @@ int ringq_append(int fd, uint64_t data_file_off, uint8_t *base, size_t maplen, c
                  uint32_t n, uint32_t first, const uint8_t *data, size_t data_len,
                  uint8_t *scratch, size_t scratch_len, int publish, uint8_t *ctl, size_t ctl_len,
                  size_t count_off, uint32_t *heads, uint32_t *end);
-/* Offsets of the control page's words an append uses (docs/format.md "control file"). */
-typedef struct {
-    size_t tail_seg;     /* u64: seq of the tail segment */
-    size_t next_seq;     /* u64: next job seq to assign */
-    size_t enqueued;     /* u64: jobs enqueued (a statistic) */
-    size_t lock_waiters; /* u32: writers waiting for the writer lock */
-    size_t lock_wake;    /* u32: futex word those writers sleep on */
-} ringq_ctl_words;
-#define RINGQ_TIME_SHIFT 24                    /* the state word's time field starts at bit 24 */
-#define RINGQ_TIME_MAX   ((1ULL << 40) - 1)    /* and holds 40 bits of ms */
 
 /* A whole uncontended append, from taking the writer lock to releasing it: the common case of an
  * enqueue in one call.  It takes the writer lock with flock(lock_fd, LOCK_EX | LOCK_NB); checks

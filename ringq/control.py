@@ -11,7 +11,7 @@ import os
 import struct
 
 from . import errors
-from ._native import lib
+from ._native import ffi, lib
 from .errors import CorruptionError, FormatVersionError
 from .mapped import Mapped, crc32c, fsync_dir, open_nofollow
 from .segment import PAGE, check_geometry
@@ -43,6 +43,18 @@ OFF_ENQUEUED_TOTAL = 224  # u64: jobs enqueued (requeues and relocation copies a
 OFF_ACKED_TOTAL = 232  # u64: leases acked (LEASED -> DONE)
 OFF_DEAD_TOTAL = 240  # u64: jobs dead-lettered (nack or reclaim with attempts used up)
 OFF_MIN_DEADLINE = 248  # u64: ms since the Unix epoch; no lease of this queue expires before it
+# The words above that the C helper's one-call append and ack update themselves.
+CTL_WORDS = ffi.new(
+    "ringq_ctl_words *",
+    {
+        "tail_seg": OFF_TAIL_SEG,
+        "next_seq": OFF_NEXT_SEQ,
+        "enqueued": OFF_ENQUEUED_TOTAL,
+        "acked": OFF_ACKED_TOTAL,
+        "lock_waiters": OFF_LOCK_WAITERS,
+        "lock_wake": OFF_LOCK_WAKE,
+    },
+)
 
 
 class Control(Mapped):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from . import cancel, errors, lifecycle, snapshot, transitions
 from ._native import ffi, lib
 from .backoff import BackoffPolicy
+from .control import CTL_WORDS
 from .errors import CorruptionError, JobNotFoundError, SerializationError
 from .index import Direct, Index, View, due, now_ms, order
 from .job import Job
@@ -55,6 +56,7 @@ class Leases:
         self.relocator = relocator
         self.refresh = refresh
         self._word = ffi.new("uint64_t *")
+        self._finished = ffi.new("uint64_t *")
         self._direct: dict[tuple[int, int, int], Direct] = {}
 
     def locate(self, job: Job | str, queue: str) -> tuple[View, int, str]:
@@ -190,10 +192,12 @@ class Leases:
         if token is None or token > 0:
             # The common case in one C call: LEASED with this token -> DONE (ringq/transitions.py
             # allows it; a cancel-requested lease comes back as 3 for the policy below).
-            out = self._word
-            rc = lib.ringq_ack_slot(seg.ptr, seg.size, seg.geom, slot, token or 0, max(0, now_ms() - seg.epoch_ms), out)
-            if rc == 0:
-                return self._acked(view, seg, slot, out[0])
+            out, fin = self._word, self._finished
+            ctl = self.ring.ctl
+            rc = lib.ringq_ack_slot(seg.ptr, seg.size, seg.geom, slot, token or 0, max(0, now_ms() - seg.epoch_ms),
+                                    ctl.ptr, ctl.size, CTL_WORDS, out, fin)
+            if rc == 0:  # counted as acked and finished by the call
+                return self._acked(view, seg, slot, out[0], fin[0])
             if rc == 1:
                 return None  # a repeated ack
             if rc == 2:
@@ -208,13 +212,14 @@ class Leases:
             ok, w = seg.cas_state(slot, w, done)
             if ok:
                 break
-        return self._acked(view, seg, slot, done)
-
-    def _acked(self, view: View, seg: Segment, slot: int, done: int) -> Segment:
-        self.ring.dur.note_ack(seg, slot, done)
         self.ring.ctl.count("acked")
+        return self._acked(view, seg, slot, done, seg.add_finished())
+
+    def _acked(self, view: View, seg: Segment, slot: int, done: int, finished: int) -> Segment:
+        """After the ack's CAS, counted: durability, the holder's bookkeeping, retirement."""
+        self.ring.dur.note_ack(seg, slot, done)
         self.owners.held.pop((seg.seq, slot), None)
-        self.ring.segs.note_finished(seg)
+        self.ring.segs.finished_up_to(seg, finished)
         if view.sealed:
             self.relocator.offer(view, hot=True)
         return seg

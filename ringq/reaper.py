@@ -47,6 +47,9 @@ __all__ = ["Reaper", "REAP_INTERVAL", "CLAIM_GRACE"]
 
 REAP_INTERVAL = 0.25  # seconds between scans for expired leases and dead holders
 FLOOR_RESCAN = 0.005  # seconds between scans while the lease-deadline floor stays in the past
+# Seconds the schedule check may use a floor it read before (a lease or ack in a tight loop then
+# loads the shared word once a millisecond, not per call); an expiry is seen at most this late.
+FLOOR_READ_EVERY = 0.001
 CLAIM_GRACE = 2.0  # seconds a lease may stay without its owner word before it counts as orphaned
 
 
@@ -59,6 +62,7 @@ class Reaper:
         self.index = index
         self.owners = owners
         self.last = 0.0
+        self._floor = (-1.0, 0)  # (monotonic time read, floor ms) for the schedule check
         self.unowned: dict[tuple[int, int, int], float] = {}  # (seg, slot, word) -> first seen
 
     def until_floor(self) -> float:
@@ -68,10 +72,16 @@ class Reaper:
 
     def due(self) -> bool:
         """True if :meth:`reap` without ``force`` would scan now (its schedule, below)."""
-        return self._due(time.monotonic(), now_ms(), self.ring.ctl.deadline_floor()[1])
-
-    def _due(self, t: float, now: int, floor_ms: int) -> bool:
-        return t - self.last >= REAP_INTERVAL or (now > floor_ms and t - self.last >= FLOOR_RESCAN)
+        t = time.monotonic()
+        if t - self.last >= REAP_INTERVAL:
+            return True
+        if t - self.last < FLOOR_RESCAN:
+            return False
+        read_at, floor_ms = self._floor
+        if t - read_at >= FLOOR_READ_EVERY:
+            floor_ms = self.ring.ctl.deadline_floor()[1]
+            self._floor = (t, floor_ms)
+        return now_ms() > floor_ms
 
     def reap(self, force: bool = False) -> int:
         """Return expired leases and leases of dead holders to READY (or DEAD); returns how many.
@@ -81,11 +91,11 @@ class Reaper:
         REAP_INTERVAL, for dead holders.  FLOOR_RESCAN spaces scans while the floor stays in the
         past (a scan could not raise it because leases were taken meanwhile)."""
         ctl: Control = self.ring.ctl
+        if not force and not self.due():
+            return 0
         t = time.monotonic()
         now = now_ms()
-        floor_word, floor_ms = ctl.deadline_floor()
-        if not force and not self._due(t, now, floor_ms):
-            return 0
+        floor_word = ctl.deadline_floor()[0]  # read fresh: the scan may raise it (below)
         self.last = t
         earliest = Control.FLOOR_NEVER
         mine = self.owners.mine()

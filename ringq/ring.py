@@ -35,7 +35,7 @@ import numpy as np
 from . import durability as _durability
 from . import errors, errtext, forksafe, records, recovery
 from ._native import ffi, lib
-from .control import OFF_ENQUEUED_TOTAL, OFF_LOCK_WAITERS, OFF_LOCK_WAKE, OFF_NEXT_SEQ, OFF_TAIL_SEG
+from .control import CTL_WORDS, OFF_ENQUEUED_TOTAL, OFF_NEXT_SEQ, OFF_TAIL_SEG
 from .errors import UnsupportedFilesystemError
 from .lock import WriterLock
 from .records import NewRecord
@@ -43,7 +43,7 @@ from .recovery import RecoveryReport
 from .segment import REC_DATA_OFF, Segment
 from .segments import NAME_RE, SegmentSet
 from .transitions import bad
-from .words import ST_BAD, ST_CONT, ST_GONE, ST_READY, TIME_MAX, TIME_SHIFT, pack, position, state
+from .words import ST_BAD, ST_CONT, ST_GONE, ST_READY, pack, position, state
 
 __all__ = ["Ring", "NewRecord", "RecoveryReport", "DURABILITY", "DEFAULT_SLOT_SIZE", "DEFAULT_SLOT_COUNT",
            "fs_type", "Placement"]
@@ -59,14 +59,6 @@ REC_HEADER_SIZE = records.REC_HEADER.size
 SCRATCH_KEEP = 4 << 20
 
 #: The control page's words an append uses, for the C calls (ringq/control.py has the layout).
-CTL_WORDS = ffi.new("ringq_ctl_words *", {
-    "tail_seg": OFF_TAIL_SEG,
-    "next_seq": OFF_NEXT_SEQ,
-    "enqueued": OFF_ENQUEUED_TOTAL,
-    "lock_waiters": OFF_LOCK_WAITERS,
-    "lock_wake": OFF_LOCK_WAKE,
-})
-assert (TIME_SHIFT, TIME_MAX) == (lib.RINGQ_TIME_SHIFT, lib.RINGQ_TIME_MAX), "state word layout differs from csrc/ringq.h"
 
 #: Where an appended record went: ``(segment seq, head slot, job seq, enqueued_us, available_ms)``.
 Placement = tuple[int, int, int, int, int]

@@ -65,22 +65,17 @@ MAX_SLOT_COUNT = 1 << 24  # slot numbers must fit the 24 bits of a ``supersedes`
 _SEG_STATIC = struct.Struct("<QIIQIIQQQQ")
 assert _SEG_STATIC.size == 64
 OFF_HDR_CRC = 64
-# Mutable words of the state file's header page.
-OFF_TAIL = 128  # u32: next free slot (writers, under the lock)
+# Mutable words of the state file's header page.  Those the C helper updates itself (appends,
+# acks) take their offsets from csrc/ringq.h.
+OFF_TAIL = lib.RINGQ_SEG_OFF_TAIL  # u32: next free slot (writers, under the lock)
 OFF_SEALED = 132  # u32: 1 once a newer segment took over appends
 OFF_CHANGE = 136  # u64: bumped when a job of this segment returns to READY
-OFF_RETIRED = 144  # u32: 1 once retirement began (the file is about to be unlinked)
-OFF_FINISHED = 152  # u64: records that reached DONE or GONE
-OFF_NRECORDS = 160  # u64: records published (heads below the tail)
-OFF_LAST_SEQ = 168  # u64: seq of the last record published here
+OFF_RETIRED = lib.RINGQ_SEG_OFF_RETIRED  # u32: 1 once retirement began (the file is about to be unlinked)
+OFF_FINISHED = lib.RINGQ_SEG_OFF_FINISHED  # u64: records that reached DONE or GONE
+OFF_NRECORDS = lib.RINGQ_SEG_OFF_NRECORDS  # u64: records published (heads below the tail)
+OFF_LAST_SEQ = lib.RINGQ_SEG_OFF_LAST_SEQ  # u64: seq of the last record published here
 OFF_JTAIL = 176  # u64: bytes of the ack journal reserved by writers (ringq/ackjournal.py)
 OFF_JSIZE = 184  # u64: bytes of the ack journal zero-filled so far
-# ringq_append publishes a batch by storing three of these words itself (csrc/ringq.h "appends").
-assert (OFF_TAIL, OFF_NRECORDS, OFF_LAST_SEQ) == (
-    lib.RINGQ_SEG_OFF_TAIL,
-    lib.RINGQ_SEG_OFF_NRECORDS,
-    lib.RINGQ_SEG_OFF_LAST_SEQ,
-), "segment header words differ from csrc/ringq.h"
 
 
 class StateFileError(CorruptionError):

@@ -174,7 +174,11 @@ class SegmentSet:
 
     def note_finished(self, seg: Segment, n: int = 1) -> None:
         """``n`` records of ``seg`` reached DONE/GONE; retire the segment if that was the last."""
-        if seg.add_finished(n) >= seg.nrecords() and seg.sealed():
+        self.finished_up_to(seg, seg.add_finished(n))
+
+    def finished_up_to(self, seg: Segment, finished: int) -> None:
+        """``seg``'s finished count just became ``finished``: retire it if that was the last."""
+        if finished >= seg.nrecords() and seg.sealed():
             self.try_retire(seg)
 
     def try_retire(self, seg: Segment) -> bool:

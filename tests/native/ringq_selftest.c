@@ -151,12 +151,15 @@ static void claim_and_ack(uint8_t *m, size_t maplen, const ringq_geom *g, int ok
     uint32_t slot = below(g->slot_count + 2), token = below(3);
     uint64_t before = 0, w = 0;
     if (slot < g->slot_count) ringq_load64(m, maplen, g->state_off + (size_t)slot * RINGQ_STATE_ENTRY, &before);
-    rc = ringq_ack_slot(m, maplen, g, slot, token, now_rel, &w);
-    if (!ok_geom || slot >= g->slot_count) {
+    uint64_t ctl[32] = {0}, fin = 0;
+    ringq_ctl_words words = {.acked = 8 * below(34)}; /* past the page now and then: refused */
+    rc = ringq_ack_slot(m, maplen, g, slot, token, now_rel, (uint8_t *)ctl, sizeof ctl, &words, &w, &fin);
+    if (!ok_geom || slot >= g->slot_count || maplen < RINGQ_SEG_OFF_FINISHED + 8 || words.acked >= sizeof ctl) {
         CHECK(rc == RINGQ_EBOUNDS);
     } else {
         CHECK(rc >= 0 && rc <= 3);
         if (rc == 0) {
+            CHECK(ctl[words.acked / 8] == 1);
             CHECK((before & 7) == RINGQ_ST_LEASED && (w & 7) == RINGQ_ST_DONE);
             CHECK(((w ^ before) >> RINGQ_W_LC_SHIFT & RINGQ_W_LC_MASK) == 0);
         } else {
@@ -206,17 +209,20 @@ static void claim_known_answers(void) {
     CHECK(ringq_claim_next(m, maplen, &g, order, 3, 0, 1, plain, 10, 500, 7, &co) == 0);
     CHECK(co.status == RINGQ_CLAIMED && co.index == 1 && co.slot == 1);
     CHECK(ringq_claim_next(m, maplen, &g, order, 3, 0, 1, plain, 10, 500, 7, &co) == 0 && co.status == RINGQ_CLAIM_NONE);
-    uint64_t w = 0;
-    CHECK(ringq_ack_slot(m, maplen, &g, 1, 2, 20, &w) == 2);      /* another token: refused */
-    CHECK(ringq_ack_slot(m, maplen, &g, 0, 0, 20, &w) == 2);      /* never published */
-    CHECK(ringq_ack_slot(m, maplen, &g, 1, 1, 20, &w) == 0 && (w & 7) == RINGQ_ST_DONE);
-    CHECK(ringq_ack_slot(m, maplen, &g, 1, 1, 30, &w) == 1);      /* repeated */
-    CHECK(ringq_ack_slot(m, maplen, &g, 1, 0, 30, &w) == 1);      /* repeated, by bare id */
-    CHECK(ringq_ack_slot(m, maplen, &g, 1, 0, 30, NULL) == RINGQ_EINVAL);
+    uint64_t w = 0, fin = 0, cbuf[32] = {0};
+    uint8_t *c = (uint8_t *)cbuf;
+    ringq_ctl_words cw = {.acked = 232};
+    CHECK(ringq_ack_slot(m, maplen, &g, 1, 2, 20, c, sizeof cbuf, &cw, &w, &fin) == 2);      /* another token: refused */
+    CHECK(ringq_ack_slot(m, maplen, &g, 0, 0, 20, c, sizeof cbuf, &cw, &w, &fin) == 2);      /* never published */
+    CHECK(ringq_ack_slot(m, maplen, &g, 1, 1, 20, c, sizeof cbuf, &cw, &w, &fin) == 0 && (w & 7) == RINGQ_ST_DONE);
+    CHECK(fin == 1 && cbuf[232 / 8] == 1); /* counted once, as finished and as acked */
+    CHECK(ringq_ack_slot(m, maplen, &g, 1, 1, 30, c, sizeof cbuf, &cw, &w, &fin) == 1);      /* repeated */
+    CHECK(ringq_ack_slot(m, maplen, &g, 1, 0, 30, c, sizeof cbuf, &cw, &w, &fin) == 1);      /* repeated, by bare id */
+    CHECK(ringq_ack_slot(m, maplen, &g, 1, 0, 30, c, sizeof cbuf, &cw, NULL, &fin) == RINGQ_EINVAL);
     /* a cancel-requested lease is left to the caller */
     uint64_t leased = RINGQ_ST_LEASED | RINGQ_W_CANCEL | (1ULL << RINGQ_W_LC_SHIFT);
     ringq_store64(m, maplen, 2 * RINGQ_STATE_ENTRY, leased);
-    CHECK(ringq_ack_slot(m, maplen, &g, 2, 1, 30, &w) == 3 && w == leased);
+    CHECK(ringq_ack_slot(m, maplen, &g, 2, 1, 30, c, sizeof cbuf, &cw, &w, &fin) == 3 && w == leased);
     free(m);
 }
 

@@ -9,6 +9,9 @@
 #include "ringq.h"
 #include "ringq_internal.h"
 
+#include <errno.h>
+#include <time.h>
+
 #define STATE_OF(w) ((uint32_t)((w) & 7u))
 #define LC_OF(w) ((uint32_t)(((w) >> RINGQ_W_LC_SHIFT) & RINGQ_W_LC_MASK))
 #define TIME_OF(w) ((w) >> RINGQ_W_TIME_SHIFT)
@@ -104,4 +107,80 @@ int ringq_ack_slot(uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t s
             return 0;
         }
     }
+}
+
+static int64_t realtime_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int ringq_wait_claim(uint8_t *ctl, size_t ctl_len, uint8_t *base, size_t maplen, const ringq_geom *g,
+                     const ringq_wait_args *a, ringq_claim_out *out) {
+    int rc = geom_check(maplen, g);
+    if (rc) return rc;
+    if (!a || !out) return RINGQ_EINVAL;
+    if ((rc = word_check(ctl, ctl_len, a->wake_off, 4)) || (rc = word_check(ctl, ctl_len, a->waiters_off, 4)) ||
+        (rc = word_check(ctl, ctl_len, a->change_off, 8)) || (rc = word_check(base, maplen, RINGQ_SEG_OFF_TAIL, 4)))
+        return rc;
+    memset(out, 0, sizeof *out);
+    out->status = RINGQ_CLAIM_NONE;
+    int64_t left = a->timeout_ns;
+    if (a->spin_ns > 0) {
+        int64_t spin = a->spin_ns < left ? a->spin_ns : left;
+        rc = ringq_spin_wait(ctl, ctl_len, a->wake_off, a->wake_seen, spin);
+        if (rc < 0) return rc;
+        left -= spin;
+    } else {
+        rc = 1;
+    }
+    if (rc == 1) { /* the spin ran out (or there was none): sleep on the futex, as a registered waiter */
+        if (left <= 0) return 0;
+        atomic_fetch_add(A32(ctl, a->waiters_off), 1);
+        rc = ringq_futex_wait(ctl, ctl_len, a->wake_off, a->wake_seen, left);
+        atomic_fetch_sub(A32(ctl, a->waiters_off), 1);
+        if (rc == 1) return 0;                 /* timed out */
+        if (rc == -EINTR) {
+            out->status = RINGQ_CLAIM_ASK;     /* a signal: let the caller look (and run handlers) */
+            return 0;
+        }
+        if (rc < 0) return rc;
+        if (atomic_load_explicit(A32(ctl, a->wake_off), memory_order_acquire) == a->wake_seen) {
+            out->status = RINGQ_CLAIM_ASK;     /* a spurious wake-up */
+            return 0;
+        }
+    }
+    out->status = RINGQ_CLAIM_ASK;
+    if (atomic_load_explicit(A64(ctl, a->change_off), memory_order_acquire) != a->change_seen) return 0;
+    uint32_t tail = atomic_load_explicit(A32(base, RINGQ_SEG_OFF_TAIL), memory_order_acquire);
+    if (tail > g->slot_count) tail = g->slot_count;
+    if (a->from_slot >= tail) return 0;
+    ringq_rec_info first, info;
+    uint32_t s = a->from_slot, n = 0;
+    while (s < tail) {
+        if (++n > RINGQ_WAIT_FEW) return 0;
+        if (check_record(base, g, s, n == 1 ? &first : &info) != 0) return 0;
+        const ringq_rec_info *r = n == 1 ? &first : &info;
+        if (r->span > tail - s) return 0;
+        if (n > 1 && info.priority > first.priority) return 0;
+        s += r->span;
+    }
+    if (first.kind != 1 || first.attempts_before != 0 || first.supersedes != 0 ||
+        first.available_ms > first.enqueued_us / 1000)
+        return 0;
+    int64_t now = realtime_ms(), now_rel = now - a->epoch_ms;
+    if (now_rel < 0) now_rel = 0;
+    uint64_t deadline = (uint64_t)now_rel + a->vt_ms;
+    _Atomic uint64_t *sw = A64(base, g->state_off + (size_t)first.slot * RINGQ_STATE_ENTRY);
+    uint64_t w = atomic_load_explicit(sw, memory_order_acquire);
+    if (STATE_OF(w) != RINGQ_ST_READY || LC_OF(w) != 0 || TIME_OF(w) > (uint64_t)now_rel || (w & RINGQ_W_CANCEL))
+        return 0;
+    uint64_t leased = word_of(RINGQ_ST_LEASED, WHY_BITS(w), 1, deadline);
+    if (!atomic_compare_exchange_strong(sw, &w, leased)) return 0; /* another consumer got it */
+    atomic_store_explicit(A64(base, g->state_off + (size_t)first.slot * RINGQ_STATE_ENTRY + 8),
+                          a->owner_base | ((uint64_t)1 << RINGQ_OW_LC_SHIFT), memory_order_release);
+    out->status = RINGQ_CLAIMED;
+    out->slot = first.slot;
+    out->word = leased;
+    return 0;
 }

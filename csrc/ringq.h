@@ -248,6 +248,36 @@ int ringq_claim_next(uint8_t *base, size_t maplen, const ringq_geom *g, const ui
                      uint64_t now_rel, uint64_t deadline_rel, uint64_t owner_base,
                      ringq_claim_out *out);
 
+/* Where a consumer that found nothing waits (ringq_wait_claim): words of the control page and the
+ * tail segment's position as the caller last saw them. */
+typedef struct {
+    size_t wake_off;      /* u32 futex word producers bump (control page) */
+    size_t waiters_off;   /* u32 count of sleepers on it */
+    size_t change_off;    /* u64 bumped whenever a job returns to READY */
+    uint32_t wake_seen;   /* the wake word read before the caller looked for work */
+    uint32_t from_slot;   /* slots of the tail segment the caller has read: new records start here */
+    uint64_t change_seen; /* the change word read with it */
+    int64_t spin_ns;      /* poll the wake word this long before sleeping (0: sleep at once) */
+    int64_t timeout_ns;   /* give up after this long in all */
+    int64_t epoch_ms;     /* the tail segment's epoch, ms since the Unix epoch */
+    uint64_t vt_ms;       /* visibility timeout of a lease taken here */
+    uint64_t owner_base;  /* owner word, lease count 0 (as ringq_claim_next) */
+} ringq_wait_args;
+
+/* Wait for work (spin, then futex as Control.sleep does), then, if the only news is new records
+ * at the end of the tail segment (`base`: the caller's mapping of it), lease the first of them
+ * in the same call, before returning to the interpreter: a consumer woken for one new job holds
+ * its lease a few microseconds after the wake.  It leases only when the records published from
+ * a->from on are at most RINGQ_WAIT_FEW, all valid, the first is plain (kind 1, no carried
+ * attempts, no supersede, not delayed: available_ms <= enqueued_us / 1000), READY, never leased
+ * and due, no later one has a higher priority, and no job returned to READY meanwhile (the change
+ * word is as seen): exactly the job the caller's index would rank first.  Returns 0 with
+ * out->status RINGQ_CLAIMED (out->slot, out->word), RINGQ_CLAIM_ASK (something happened: look
+ * with the general path) or RINGQ_CLAIM_NONE (timed out); or an error. */
+#define RINGQ_WAIT_FEW 8
+int ringq_wait_claim(uint8_t *ctl, size_t ctl_len, uint8_t *base, size_t maplen, const ringq_geom *g,
+                     const ringq_wait_args *a, ringq_claim_out *out);
+
 /* Ack the lease of `slot` in one call: CAS LEASED(lc, t) to DONE(lc, now_rel), reason kept, then
  * add one to the segment's finished count (RINGQ_SEG_OFF_FINISHED; *finished = the new count) and
  * to the control mapping's acked count (ctl, ctl_len, words->acked).  token is the caller's fencing

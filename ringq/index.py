@@ -281,6 +281,13 @@ class Index:
                     view.change = c
                     self._find_returned(view)
 
+    def read_through(self, view: View, slot: int) -> None:
+        """Make sure the record at head ``slot`` of ``view`` is read in (a record a C call leased
+        may be published before the wake word that announces it moves, so a quick catch-up can
+        miss it)."""
+        if view.scanned <= slot:
+            self._ingest(view)
+
     def _ingest(self, view: View) -> None:
         seg = view.seg
         tail = seg.bounded_tail()

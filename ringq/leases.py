@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from . import cancel, errors, lifecycle, snapshot, transitions
 from ._native import ffi, lib
 from .backoff import BackoffPolicy
-from .control import CTL_WORDS
+from .control import CTL_WORDS, OFF_CTL_CHANGE, OFF_WAITERS, OFF_WAKE
 from .errors import CorruptionError, JobNotFoundError, SerializationError
 from .index import Direct, Index, View, due, now_ms, order
 from .job import Job
@@ -57,6 +57,10 @@ class Leases:
         self.refresh = refresh
         self._word = ffi.new("uint64_t *")
         self._finished = ffi.new("uint64_t *")
+        self._wait_out = ffi.new("ringq_claim_out *")
+        self._wait_args = ffi.new(
+            "ringq_wait_args *", {"wake_off": OFF_WAKE, "waiters_off": OFF_WAITERS, "change_off": OFF_CTL_CHANGE}
+        )
         self._direct: dict[tuple[int, int, int], Direct] = {}
 
     def locate(self, job: Job | str, queue: str) -> tuple[View, int, str]:
@@ -178,6 +182,41 @@ class Leases:
             self._direct.clear()
         d = self._direct[key] = Direct(key[0], owner_pack(owner, 0, key[2]), made)
         return d
+
+    def wait_claim(self, seen: int, timeout: float, spin: float, direct: Direct) -> tuple[View, int, int] | None:
+        """Sleep as Control.sleep does (``seen``: the wake word read before looking for work) and,
+        if what woke us is one new plain job at the end of the tail segment, lease it in the same
+        C call (``ringq_wait_claim``): ``(view, slot, LEASED word)`` for :meth:`waited`, or None
+        when the caller should look for work itself (woken by something else, or timed out).
+        Only for a caller whose index holds nothing leasable and to whom no limit or paused key
+        applies; called without the queue lock."""
+        ctl = self.ring.ctl
+        view = self.index.views.get(ctl.tail_seq())
+        if view is None or view.sealed or view.seg.mm is None:
+            ctl.sleep(seen, timeout, spin)
+            return None
+        seg = view.seg
+        a = self._wait_args
+        a.wake_seen = seen
+        a.change_seen = self.index.seen_change
+        a.spin_ns = int(min(spin, timeout) * 1e9)
+        a.timeout_ns = int(timeout * 1e9)
+        a.epoch_ms = seg.epoch_ms
+        a.vt_ms = direct.vt_ms
+        a.owner_base = direct.owner_base
+        a.from_slot = view.scanned
+        co = self._wait_out
+        errors.check(lib.ringq_wait_claim(ctl.ptr, ctl.size, seg.ptr, seg.size, seg.geom, a, co), seg.path)
+        if co.status != lib.RINGQ_CLAIMED:
+            return None
+        return view, co.slot, co.word
+
+    def waited(self, view: View, slot: int, word: int, direct: Direct) -> Job | None:
+        """Under the queue lock, after the caller caught up (the leased record is read in): the
+        job :meth:`wait_claim` leased, or None if its payload does not decode (quarantined)."""
+        self.index.read_through(view, slot)
+        self.ring.ctl.lower_deadline_floor(view.seg.epoch_ms + rel_time(word))
+        return direct.made(view, slot, word)
 
     def ack(self, job: Job | str, queue: str) -> Segment | None:
         """CAS one job to DONE; returns its segment, or None for a repeated ack.  The durability

@@ -395,6 +395,7 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
         claim = self._leases.claim
         pause = self._pause
         skip = lambda v, s: pause.blocks(v.seg, s)  # noqa: E731  (per-key pause)
+        direct = None
         while True:
             seen = ctl.wake_word()
             with self._lock:
@@ -402,6 +403,7 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
                 self._refresh(quick=True)
                 if self._reap():
                     self._refresh()  # the reclaimed jobs moved their segments' change counters
+                direct = None
                 if not pause.queue_paused():  # a paused queue leases nothing; resume wakes sleepers
                     # With no limit and no paused key, plain jobs are leased in one C call each.
                     direct = (None if self._gate.active() or pause.paused_keys()
@@ -426,7 +428,20 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
             held_back = self._gate.nap()  # until a limit that holds a job back may let it go
             if held_back is not None:
                 nap = min(nap, held_back)
-            ctl.sleep(seen, nap, self.spin)
+            if direct is None or self._index.heap:
+                ctl.sleep(seen, nap, self.spin)
+                continue
+            # Nothing leasable known: wait, and lease a job appended meanwhile in the same C call.
+            leased = self._leases.wait_claim(seen, nap, self.spin, direct)
+            if leased is not None:
+                with self._lock:
+                    self._live()
+                    self._refresh(quick=True)  # reads the new record in
+                    job = self._leases.waited(*leased, direct)
+                if job is not None:
+                    got.append(job)
+                    if len(got) >= count:
+                        return got
 
     def wake_token(self) -> int:
         """The queue's wake counter: it moves whenever a job is appended or returns to READY.

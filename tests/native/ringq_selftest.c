@@ -169,6 +169,69 @@ static void claim_and_ack(uint8_t *m, size_t maplen, const ringq_geom *g, int ok
     free(plain);
 }
 
+/* A record with the fields ringq_wait_claim looks at, published READY at time 0. */
+static void put_job(uint8_t *m, size_t maplen, const ringq_geom *g, uint32_t slot, uint8_t kind, int32_t prio,
+                    int64_t avail_ms, int64_t enq_us) {
+    uint32_t plen = 10, len = RINGQ_REC_HEADER + plen, span = 1;
+    uint8_t rec[RINGQ_REC_HEADER + 10];
+    memset(rec, 0, sizeof rec);
+    uint32_t magic = RINGQ_REC_MAGIC;
+    memcpy(rec, &magic, 4);
+    memcpy(rec + 8, &len, 4);
+    memcpy(rec + 12, &span, 4);
+    memcpy(rec + 24, &enq_us, 8);
+    memcpy(rec + 32, &avail_ms, 8);
+    memcpy(rec + 40, &prio, 4);
+    rec[51] = kind;
+    memcpy(rec + 52, &plen, 4);
+    CHECK(ringq_rec_write(m, maplen, g, slot, rec, len, RINGQ_ST_READY) == 1);
+}
+
+/* ringq_wait_claim: it leases only the one job the caller's index would rank first. */
+static void wait_claim_answers(void) {
+    ringq_geom g = {.seg_seq = 9, .state_off = 256, .data_off = 256 + 4 * RINGQ_STATE_ENTRY, .slot_size = 128, .slot_count = 4};
+    size_t maplen = g.data_off + 4 * 128;
+    uint8_t *m = calloc(1, maplen);
+    uint64_t ctlbuf[32] = {0};
+    uint8_t *ctl = (uint8_t *)ctlbuf;
+    ringq_wait_args a = {.wake_off = 88, .waiters_off = 92, .change_off = 96, .wake_seen = 0, .from_slot = 0,
+                         .change_seen = 0, .spin_ns = 0, .timeout_ns = 1000000, .epoch_ms = 0, .vt_ms = 500, .owner_base = 7};
+    ringq_claim_out co;
+    uint32_t tail = 1;
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co) == 0 && co.status == RINGQ_CLAIM_NONE); /* timed out */
+    ctl[88] = 1; /* the wake word moved */
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co) == 0 && co.status == RINGQ_CLAIM_ASK); /* nothing new */
+    put_job(m, maplen, &g, 0, 1, 0, 1000, 1000000);
+    memcpy(m + RINGQ_SEG_OFF_TAIL, &tail, 4);
+    ctlbuf[96 / 8] = 5; /* a job returned to READY meanwhile */
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co) == 0 && co.status == RINGQ_CLAIM_ASK);
+    ctlbuf[96 / 8] = 0;
+    put_job(m, maplen, &g, 1, 1, 3, 1000, 1000000); /* a later job of higher priority */
+    tail = 2;
+    memcpy(m + RINGQ_SEG_OFF_TAIL, &tail, 4);
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co) == 0 && co.status == RINGQ_CLAIM_ASK);
+    a.from_slot = 1; /* only the second is new: it is leased */
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co) == 0 && co.status == RINGQ_CLAIMED && co.slot == 1);
+    uint64_t w = 0, ow = 0;
+    ringq_load64(m, maplen, g.state_off + 1 * RINGQ_STATE_ENTRY, &w);
+    ringq_load64(m, maplen, g.state_off + 1 * RINGQ_STATE_ENTRY + 8, &ow);
+    CHECK(w == co.word && (w & 7) == RINGQ_ST_LEASED && ((w >> RINGQ_W_LC_SHIFT) & RINGQ_W_LC_MASK) == 1);
+    CHECK(ow == (7 | (1ULL << RINGQ_OW_LC_SHIFT)));
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co) == 0 && co.status == RINGQ_CLAIM_ASK); /* leased */
+    put_job(m, maplen, &g, 2, 2, 0, 1000, 1000000); /* kind 2: an expiry applies */
+    put_job(m, maplen, &g, 3, 1, 0, 5000, 1000000); /* delayed */
+    tail = 4;
+    memcpy(m + RINGQ_SEG_OFF_TAIL, &tail, 4);
+    a.from_slot = 2;
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co) == 0 && co.status == RINGQ_CLAIM_ASK);
+    a.from_slot = 3;
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co) == 0 && co.status == RINGQ_CLAIM_ASK);
+    a.change_off = 4096; /* outside the control page */
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co) == RINGQ_EBOUNDS);
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, NULL, &co) == RINGQ_EINVAL);
+    free(m);
+}
+
 static void packed_answers(void) {
     uint64_t w[2] = {(100ULL << 20) | 5, 0};
     CHECK(ringq_lower_packed64((uint8_t *)w, 16, 0, 20, 50) == 0 && w[0] == ((50ULL << 20) | 6));
@@ -593,6 +656,7 @@ int main(int argc, char **argv) {
     claim_known_answers();
     spin_answers();
     packed_answers();
+    wait_claim_answers();
     for (long i = 0; i < iterations; i++) {
         fuzz_once();
         fuzz_append_once();

@@ -1,0 +1,94 @@
+"""A consumer blocked in ``lease(wait=...)`` leases a job appended meanwhile in the C call it waits
+in (ringq_wait_claim) -- but only the job its index would rank first; anything else is left to
+the general path.  Real processes: a waiting consumer and a producer that appends, delays, expires
+or returns jobs while it waits."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+from procs import spawn
+
+from ringq import Job, JobState, Queue
+
+CONSUMER = """
+import sys, time
+from ringq import Queue
+q = Queue(sys.argv[1], durability="none", spin=float(sys.argv[3]))
+print("ready", flush=True)
+t0 = time.monotonic()
+for _ in range(int(sys.argv[2])):
+    job = q.lease_one(wait=30)
+    print(repr(job.payload), job.lease_token, round(time.monotonic() - t0, 3), flush=True)
+    q.ack(job)
+"""
+
+
+def start(qdir, n, spin=0.0):
+    Queue(qdir, durability="none").close()
+    child = spawn(CONSUMER, str(qdir), str(n), str(spin), stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    time.sleep(0.2)  # asleep in lease_one (or spinning)
+    return child
+
+
+def results(child):
+    out, _ = child.communicate(timeout=60)
+    assert child.returncode == 0
+    return [line.split() for line in out.splitlines()]
+
+
+@pytest.mark.parametrize("spin", [0.0, 0.5])
+def test_a_job_appended_while_waiting_is_leased_once_with_token_1(tmp_path, spin):
+    child = start(tmp_path, 1, spin)
+    with Queue(tmp_path, durability="none") as q:
+        q.enqueue("one")
+        rows = results(child)
+        assert rows[0][:2] == ["'one'", "1"]
+        assert q.stats().done == 1 and q.stats().leased == 0
+
+
+def test_a_delayed_job_appended_while_waiting_is_not_leased_early(tmp_path):
+    child = start(tmp_path, 1)
+    with Queue(tmp_path, durability="none") as q:
+        t = time.monotonic()
+        q.enqueue("later", delay=0.5)
+        rows = results(child)
+        assert rows[0][0] == "'later'"
+        assert time.monotonic() - t >= 0.5
+
+
+def test_a_higher_priority_job_in_the_same_append_goes_first(tmp_path):
+    # import_jobs publishes both records in one append: the waiter sees the pair at once, and
+    # the later record outranks the first, so the call must not lease the first.
+    child = start(tmp_path, 2)
+    with Queue(tmp_path, durability="none") as q:
+        q.import_jobs([Job(id="low", payload="low", priority=0), Job(id="high", payload="high", priority=5)])
+    assert [r[0] for r in results(child)] == ["'high'", "'low'"]
+
+
+def test_more_new_jobs_than_one_call_looks_at_are_all_leased_in_order(tmp_path):
+    child = start(tmp_path, 20)
+    with Queue(tmp_path, durability="none") as q:
+        q.enqueue_many([f"j{i}" for i in range(20)])
+    assert [r[0] for r in results(child)] == [f"'j{i}'" for i in range(20)]
+
+
+def test_a_job_returned_by_another_process_while_waiting_is_leased(tmp_path):
+    with Queue(tmp_path, durability="none") as q:
+        q.enqueue("retry_me")
+        held = q.lease_one()
+        child = start(tmp_path, 1)
+        q.nack(held, delay=0)  # back to READY: a return, not an append
+        rows = results(child)
+    assert rows[0][:2] == ["'retry_me'", "2"]
+
+
+def test_an_expiring_job_appended_while_waiting_is_leased_by_the_general_path(tmp_path):
+    child = start(tmp_path, 1)
+    with Queue(tmp_path, durability="none") as q:
+        job = q.enqueue("soon_gone", expires_in=30)
+        assert results(child)[0][0] == "'soon_gone'"
+        assert q.get(job.id).state is JobState.DONE

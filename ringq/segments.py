@@ -85,8 +85,9 @@ class SegmentSet:
         return self.by_seq.get(seq)
 
     def add(self, seg: Segment) -> None:
+        """Map a segment this process just created.  ``max_seen`` stays: it means every seq up to
+        it was looked at, and other processes may have created the ones between."""
         self.by_seq[seg.seq] = seg
-        self.max_seen = max(self.max_seen, seg.seq)
 
     def seqs(self) -> list[int]:
         return sorted(self.by_seq)

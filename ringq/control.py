@@ -30,6 +30,7 @@ OFF_RING_GEN = 80  # u64: bumped on every rotation and retirement
 OFF_WAKE = 88  # u32: futex word; producers bump it and wake sleepers
 OFF_WAITERS = 92  # u32: number of consumers asleep on OFF_WAKE
 OFF_CTL_CHANGE = 96  # u64: bumped whenever any job returns to READY (hint to rescan)
+OFF_BOOT = 104  # 16 bytes: the kernel boot id of the boot in which recovery last ran (zero: unknown)
 # Durability words (ringq/durability.py), in the free space after 104.
 OFF_SYNCED = 192  # u64: group commit's synced-up-to watermark, a position (seg seq << 24) | slot
 OFF_SYNC_COUNT = (
@@ -152,6 +153,16 @@ class Control(Mapped):
 
     def change_counter(self) -> int:
         return self.load64(OFF_CTL_CHANGE)
+
+    # -- the boot recovery last ran in ----------------------------------------------------------------
+
+    def boot_id(self) -> bytes:
+        """The 16-byte boot id recovery stored (``recovery.this_boot``), zeros if none."""
+        return bytes(self.mm[OFF_BOOT : OFF_BOOT + 16])
+
+    def set_boot_id(self, boot: bytes) -> None:
+        """Under the writer lock, at open."""
+        self.mm[OFF_BOOT : OFF_BOOT + 16] = boot
 
     # -- queue-wide words --------------------------------------------------------------------------
 

@@ -185,12 +185,36 @@ def _existing_geometry(segs: SegmentSet) -> tuple[int, int] | None:
     return None
 
 
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+
+def this_boot() -> bytes | None:
+    """The kernel's boot id (16 bytes, new at every boot: ``random(4)``), or None if unreadable."""
+    try:
+        with open(BOOT_ID_PATH, encoding="ascii") as fh:
+            return bytes.fromhex(fh.read().strip().replace("-", ""))[:16].ljust(16, b"\0")
+    except (OSError, ValueError):
+        return None
+
+
 def recover_segments(segs: SegmentSet, mode: int, report: RecoveryReport) -> list[Salvage]:
     """Bring the segments and the control words to a consistent state (see the module docstring).
 
     Returns the salvage the caller appends (then quarantines each file with :func:`quarantine`).
+
+    Whether the machine restarted since recovery last ran (the control file keeps the boot id)
+    decides what an unpublished record is.  After a restart the page cache is gone and the record
+    file is the commit point: every intact record beyond a stored tail is adopted, and so are
+    segments the control file does not name yet.  Within one boot the shared state file and
+    control page are exact (a process crash loses nothing of them), so an unpublished record is an
+    append whose writer died before it returned: it is never adopted (a live writer overwrites
+    it), and a segment created for a batch but never linked is set aside (quarantined).
     """
     ctl = segs.ctl
+    boot = this_boot()
+    same_boot = boot is not None and ctl.boot_id() == boot
+    linked = ctl.tail_seq()
+    rebuilt: set[int] = set()
     seqs = []
     journals = []
     states = []
@@ -240,6 +264,7 @@ def recover_segments(segs: SegmentSet, mode: int, report: RecoveryReport) -> lis
                 if os.path.exists(spath):
                     quarantine(spath, str(exc), report)
                 Segment.create_state(path, mode)
+                rebuilt.add(seq)  # nothing of its state survives: every intact record is adopted
                 report.repairs.append(
                     (spath, f"{exc}; a fresh state file was made from the record file")
                 )
@@ -255,6 +280,17 @@ def recover_segments(segs: SegmentSet, mode: int, report: RecoveryReport) -> lis
                 salvage.append(Salvage(path, str(exc), recs, lost))
             else:
                 quarantine(path, str(exc), report)
+            continue
+        if same_boot and linked and seq > linked:
+            # A valid segment of this queue that the control page never named, in this boot: a
+            # writer created it for a batch and died before linking it (nothing in it was ever
+            # published).  Set aside, never adopted; its state file goes.
+            seg.close()
+            quarantine(path, "segment never linked: its writer died in a batch that never returned", report)
+            try:
+                os.unlink(state_path_of(path))
+            except FileNotFoundError:
+                pass
             continue
         if seg.retired():
             if segs.finished_all(seg):
@@ -273,7 +309,7 @@ def recover_segments(segs: SegmentSet, mode: int, report: RecoveryReport) -> lis
     # syncs) the full one's tail, so a crash or a power loss can leave published records beyond the
     # stored tail of a segment that is no longer the newest; sealing it unrepaired would hide them.
     for seg in segs.ordered():
-        tail = repair_tail(seg, report, durable_records=True)
+        tail = repair_tail(seg, report, durable_records=not same_boot or seg.seq in rebuilt)
         republish(seg, tail, report)
         applied = ackjournal.replay(seg, tail)
         if applied:
@@ -319,8 +355,14 @@ def recover_segments(segs: SegmentSet, mode: int, report: RecoveryReport) -> lis
     if ctl.tail_seq() != tail_seq:
         ctl.set_tail_seq(tail_seq)
         dirty = True
+    if boot is not None and not same_boot:
+        ctl.set_boot_id(boot)  # not synced on its own: a restart before it reaches the disk only repeats this
     if dirty:
         ctl.sync_page()
+    if dirty or report.readopted:
+        # Processes already running skip their catch-up while these words stand still.
+        ctl.bump_ring_gen()
+        ctl.wake()
     segs.max_seen = tail_seq
     segs.seen_gen = ctl.ring_gen()
     return salvage
@@ -401,6 +443,9 @@ def republish(seg: Segment, tail: int, report: RecoveryReport) -> int:
         word = pack(ST_READY, WHY_NONE, 0, max(int(info["available_ms"]) - seg.epoch_ms, 0))
         n += seg.cas_state(slot, 0, word)[0]
     if n:
+        # The records repair_tail adopted just now are among these (their state words were EMPTY):
+        # one entry per segment, never counted twice.
+        report.readopted[:] = [(p, k) for p, k in report.readopted if p != seg.path]
         report.readopted.append((seg.path, n))
     return n
 

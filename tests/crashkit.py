@@ -25,6 +25,7 @@ from ringq import index as index_mod
 from ringq import leases as leases_mod
 from ringq import ring as ring_mod
 from ringq import segment as seg_mod
+from ringq.control import OFF_BOOT
 from ringq.queue import Queue
 from ringq.segment import REC_DATA_OFF, seg_layout, segment_name, state_name
 
@@ -58,12 +59,19 @@ def snapshot(path: str) -> Image:
     return out
 
 
-def restore(image: Image, path: str) -> str:
-    """Write ``image`` into a new, empty directory ``path`` (0700); returns ``path``."""
+def restore(image: Image, path: str, restarted: bool = True) -> str:
+    """Write ``image`` into a new, empty directory ``path`` (0700); returns ``path``.
+
+    ``restarted`` (the default): the image is what the disk held when the machine stopped, so
+    the control file's boot id is cleared and the next open recovers as after a restart (the
+    record files are the commit point).  False: the files as a crashed process left them in this
+    boot (the page cache intact)."""
     if os.path.exists(path):
         shutil.rmtree(path)
     os.makedirs(path, mode=0o700)
     for name, data in image.items():
+        if restarted and name.endswith(".ctl") and len(data) >= OFF_BOOT + 16:
+            data = data[:OFF_BOOT] + bytes(16) + data[OFF_BOOT + 16 :]
         fd = os.open(os.path.join(path, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.write(fd, data)

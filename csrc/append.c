@@ -16,6 +16,7 @@
 #include "ringq_internal.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stddef.h>
 #include <string.h>
 #include <sys/file.h>
@@ -211,6 +212,8 @@ int ringq_append_fast(int lock_fd, uint8_t *ctl, size_t ctl_len, const ringq_ctl
         return RINGQ_EINVAL;
     rc = word_check(ctl, ctl_len, w->lock_waiters, 4);
     if (!rc) rc = word_check(ctl, ctl_len, w->lock_wake, 4);
+    if (!rc && w->wake) rc = word_check(ctl, ctl_len, w->wake, 4);
+    if (!rc && w->wake) rc = word_check(ctl, ctl_len, w->waiters, 4);
     if (rc) return rc;
     /* The slots the batch takes: it must fit the scratch whole (else the general way). */
     uint64_t need = 0;
@@ -248,6 +251,11 @@ int ringq_append_fast(int lock_fd, uint8_t *ctl, size_t ctl_len, const ringq_ctl
         /* After the unlock: a woken writer's retry succeeds. */
         atomic_fetch_add_explicit(A32(ctl, w->lock_wake), 1u, memory_order_seq_cst);
         ringq_futex_wake(ctl, ctl_len, w->lock_wake, 1);
+    }
+    if (rc > 0 && w->wake) {
+        atomic_fetch_add_explicit(A32(ctl, w->wake), 1u, memory_order_seq_cst);
+        if (atomic_load_explicit(A32(ctl, w->waiters), memory_order_acquire))
+            ringq_futex_wake(ctl, ctl_len, w->wake, INT_MAX);
     }
     return rc;
 }

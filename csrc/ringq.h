@@ -218,6 +218,8 @@ typedef struct {
     size_t acked;        /* u64: leases acked (a statistic) */
     size_t lock_waiters; /* u32: writers waiting for the writer lock */
     size_t lock_wake;    /* u32: futex word those writers sleep on */
+    size_t wake;         /* u32: consumers' futex word (0: the caller wakes them itself) */
+    size_t waiters;      /* u32: consumers asleep on it */
 } ringq_ctl_words;
 
 /* ---- leases and acks in one call each (csrc/claim.c) --------------------------------------------- */
@@ -355,7 +357,9 @@ int ringq_append(int fd, uint64_t data_file_off, uint8_t *base, size_t maplen, c
  * the batch as ringq_append does (READY words whose time is available_ms - epoch_ms, clamped to
  * [0, RINGQ_TIME_MAX]), adding n to the enqueued word; then releases the lock and, if the
  * lock_waiters word is non-zero, bumps lock_wake and wakes one waiter on it (the protocol of
- * ringq/lock.py).  *tmpl keeps the seq of the first record and the times, heads[] each head slot,
+ * ringq/lock.py).  If w->wake is non-zero it then wakes consumers as Control.wake does: bumps
+ * the wake word and, if the waiters word is non-zero, wakes every sleeper on it (for a strategy
+ * with no sync between publishing and returning, so sleepers hear of the jobs at once).  *tmpl keeps the seq of the first record and the times, heads[] each head slot,
  * *end the new tail.
  *
  * Returns n when the batch is written and published.  Returns 0, having reserved and written

@@ -44,18 +44,18 @@ OFF_ENQUEUED_TOTAL = 224  # u64: jobs enqueued (requeues and relocation copies a
 OFF_ACKED_TOTAL = 232  # u64: leases acked (LEASED -> DONE)
 OFF_DEAD_TOTAL = 240  # u64: jobs dead-lettered (nack or reclaim with attempts used up)
 OFF_MIN_DEADLINE = 248  # u64: ms since the Unix epoch; no lease of this queue expires before it
-# The words above that the C helper's one-call append and ack update themselves.
-CTL_WORDS = ffi.new(
-    "ringq_ctl_words *",
-    {
-        "tail_seg": OFF_TAIL_SEG,
-        "next_seq": OFF_NEXT_SEQ,
-        "enqueued": OFF_ENQUEUED_TOTAL,
-        "acked": OFF_ACKED_TOTAL,
-        "lock_waiters": OFF_LOCK_WAITERS,
-        "lock_wake": OFF_LOCK_WAKE,
-    },
-)
+# The words above that the C helper's one-call append and ack update themselves.  With
+# CTL_WORDS_WAKE the one-call append also wakes sleeping consumers (Control.wake).
+_WORDS = {
+    "tail_seg": OFF_TAIL_SEG,
+    "next_seq": OFF_NEXT_SEQ,
+    "enqueued": OFF_ENQUEUED_TOTAL,
+    "acked": OFF_ACKED_TOTAL,
+    "lock_waiters": OFF_LOCK_WAITERS,
+    "lock_wake": OFF_LOCK_WAKE,
+}
+CTL_WORDS = ffi.new("ringq_ctl_words *", _WORDS)
+CTL_WORDS_WAKE = ffi.new("ringq_ctl_words *", {**_WORDS, "wake": OFF_WAKE, "waiters": OFF_WAITERS})
 
 
 class Control(Mapped):

@@ -35,7 +35,7 @@ import numpy as np
 from . import durability as _durability
 from . import errors, errtext, forksafe, records, recovery
 from ._native import ffi, lib
-from .control import CTL_WORDS, OFF_ENQUEUED_TOTAL, OFF_NEXT_SEQ, OFF_TAIL_SEG
+from .control import CTL_WORDS, CTL_WORDS_WAKE, OFF_ENQUEUED_TOTAL, OFF_NEXT_SEQ, OFF_TAIL_SEG
 from .errors import UnsupportedFilesystemError
 from .lock import WriterLock
 from .records import NewRecord
@@ -254,8 +254,10 @@ class Ring:
         Needs no lock of the caller's: a caller may release its own locks first, so that other
         threads append (and share the sync, under group commit) while this one waits for the disk.
         """
-        self.dur.after_append(*ticket)
-        self.ctl.wake()
+        touched, pos, *woken = ticket  # a third item: the one-call append woke them already
+        self.dur.after_append(touched, pos)
+        if not woken:
+            self.ctl.wake()
 
     def append_nowait(self, recs: list[NewRecord]) -> tuple[list[Placement], tuple[dict[int, list[int]], int]]:
         """Publish records under the writer lock; returns ``(placements, ticket)`` for :meth:`finish`.
@@ -452,13 +454,15 @@ class Ring:
             tmpl.max_attempts = max_attempts
             tmpl.kind = kind
             endp = self._end
-            rc = lib.ringq_append_fast(lock_fd, ctl.ptr, ctl.size, CTL_WORDS, seg.rfd, REC_DATA_OFF, seg.ptr,
+            # With no sync between publishing and returning, the call wakes consumers itself.
+            words = CTL_WORDS_WAKE if self.durability in ("none", "interval") else CTL_WORDS
+            rc = lib.ringq_append_fast(lock_fd, ctl.ptr, ctl.size, words, seg.rfd, REC_DATA_OFF, seg.ptr,
                                        seg.size, seg.geom, seg.epoch_ms, delay_ms, tmpl, codecs, id_ptr, lens_ptr,
                                        n, data, len(data), scratch[1], len(scratch[0]), heads, endp)
             if rc > 0:
                 tail, end = heads[0], endp[0]
                 return (seg.seq, tail, tmpl.seq, tmpl.enqueued_us, tmpl.available_ms,
-                        ({seg.seq: [tail, end]}, position(seg.seq, end)))
+                        ({seg.seq: [tail, end]}, position(seg.seq, end), *((True,) if words is CTL_WORDS_WAKE else ())))
         finally:
             lock.exit_thread()
         errors.check(rc, f"write records to {seg.path}")

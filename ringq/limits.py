@@ -132,6 +132,7 @@ class LimitGate:
         self._file.drop_inherited_lock()
         self._held.clear()
         self._mine.clear()
+        self._mutex = threading.RLock()  # a parent thread may have held it at the fork
 
     def close(self) -> None:
         with self._mutex:

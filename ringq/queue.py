@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from . import lifecycle, snapshot, transitions
+from . import forksafe, lifecycle, snapshot, transitions
 from .admin import AdminMethods, CompactionResult, QueueStats
 from .backoff import BackoffPolicy
 from .errors import JobNotFoundError, LimitError, NotLeasedError, QueueClosedError
@@ -199,6 +199,7 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
         self._pause = lifecycle.PauseFile(self._ring)
         self._results = Results(name, self._companion)
         self._rng = random.Random()
+        forksafe.register(self)
         with self._lock:
             self._refresh()
             self._reap(force=True)
@@ -226,6 +227,12 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
             self._owners.close()
             self._pause.close()
             self._results.close()
+
+    def drop_inherited_locks(self) -> None:
+        """In a forked child (ringq/forksafe.py): a parent thread may have been inside a call of
+        this queue at the fork, holding its lock, which no thread of the child will ever release."""
+        self._lock = threading.RLock()
+        self._producer.lock = self._lock
 
     def _companion(self, name: str) -> Queue:
         """A queue in the same directory with this one's settings (the results queue)."""

@@ -391,8 +391,11 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
             QueueClosedError; ValueError for bad arguments.
         """
         self._live()
-        if not isinstance(count, int) or count < 1:
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             raise ValueError(f"count must be an int >= 1, got {count!r}")
+        if wait is not None and (not isinstance(wait, (int, float)) or wait != wait):
+            # Checked before anything is leased: a NaN would fail in the sleep, after the lease.
+            raise ValueError(f"wait must be a number of seconds or None, got {wait!r}")
         vt = self.visibility_timeout if visibility_timeout is None else visibility_timeout
         if not 0 < vt < TIME_MAX / 1000:
             raise ValueError(f"visibility_timeout must be > 0 seconds, got {vt!r}")
@@ -429,7 +432,7 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
             left = deadline - time.monotonic()
             if left <= 0:
                 return got
-            nap = min(left, REAP_INTERVAL * 4, self._reaper.until_floor())
+            nap = min(left, REAP_INTERVAL, self._reaper.until_floor())  # dead holders: seen within REAP_INTERVAL
             if next_due is not None:
                 nap = min(nap, max(0.0, next_due / 1000 - time.time()) + 0.001)
             held_back = self._gate.nap()  # until a limit that holds a job back may let it go

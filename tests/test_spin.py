@@ -49,3 +49,12 @@ def test_spin_is_checked_and_kept_in_the_options(tmp_path):
         assert q.lease_one(wait=0.01) is None  # spins 1 ms, then sleeps out the rest
         with Queue(tmp_path, **q.options.to_kwargs()) as again:
             assert again.spin == 0.001
+
+
+def test_a_bad_wait_or_count_is_refused_before_anything_is_leased(tmp_path):
+    with Queue(tmp_path, durability="none") as q:
+        q.enqueue_many([1, 2])
+        for kw in (dict(count=5, wait=float("nan")), dict(count=True), dict(count=2, wait="1")):
+            with pytest.raises(ValueError):
+                q.lease(**kw)
+        assert q.stats().leased == 0 and len(q.lease(5)) == 2

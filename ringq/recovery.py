@@ -72,7 +72,8 @@ class RecoveryReport:
         corrupt_records: records that failed validation and are marked BAD, as
             ``(segment path, slot, reason)``.
         readopted: records published beyond a stale tail and taken back, as ``(segment path, count)``.
-        removed_temp: leftover temporary files of an interrupted segment creation that were removed.
+        removed_temp: leftover temporary files of an interrupted segment creation, and segments a
+            writer created for a batch and died before linking (within one boot), that were removed.
         replayed: journaled acks and nacks (``sync_acks``) whose state words were lost and were
             applied again, as ``(segment path, count)``.
         repairs: impossible values (a tail word, a retired flag, a control-file field) that
@@ -208,7 +209,7 @@ def recover_segments(segs: SegmentSet, mode: int, report: RecoveryReport) -> lis
     segments the control file does not name yet.  Within one boot the shared state file and
     control page are exact (a process crash loses nothing of them), so an unpublished record is an
     append whose writer died before it returned: it is never adopted (a live writer overwrites
-    it), and a segment created for a batch but never linked is set aside (quarantined).
+    it), and a segment created for a batch but never linked is removed like a temporary file.
     """
     ctl = segs.ctl
     boot = this_boot()
@@ -283,14 +284,12 @@ def recover_segments(segs: SegmentSet, mode: int, report: RecoveryReport) -> lis
             continue
         if same_boot and linked and seq > linked:
             # A valid segment of this queue that the control page never named, in this boot: a
-            # writer created it for a batch and died before linking it (nothing in it was ever
-            # published).  Set aside, never adopted; its state file goes.
+            # writer created it for a batch and died before linking it.  Nothing in it was ever
+            # published (no enqueue that returned put a job there): a dead writer's debris, like
+            # its temporary files, removed rather than adopted.
             seg.close()
-            quarantine(path, "segment never linked: its writer died in a batch that never returned", report)
-            try:
-                os.unlink(state_path_of(path))
-            except FileNotFoundError:
-                pass
+            segs.unlink(seq)
+            report.removed_temp.append(path)
             continue
         if seg.retired():
             if segs.finished_all(seg):

@@ -35,6 +35,7 @@ int ringq_claim_next(uint8_t *base, size_t maplen, const ringq_geom *g, const ui
     out->slot = 0;
     out->_pad = 0;
     out->word = 0;
+    out->prev = 0;
     for (uint32_t i = start; i < n; i++) {
         uint32_t slot = order[i];
         if (slot >= g->slot_count) continue;
@@ -62,6 +63,7 @@ int ringq_claim_next(uint8_t *base, size_t maplen, const ringq_geom *g, const ui
                                       owner_base | ((uint64_t)1 << RINGQ_OW_LC_SHIFT),
                                       memory_order_release);
                 out->status = RINGQ_CLAIMED;
+                out->prev = w;
                 out->word = leased;
                 return 0;
             }
@@ -182,5 +184,6 @@ int ringq_wait_claim(uint8_t *ctl, size_t ctl_len, uint8_t *base, size_t maplen,
     out->status = RINGQ_CLAIMED;
     out->slot = first.slot;
     out->word = leased;
+    out->prev = w;
     return 0;
 }

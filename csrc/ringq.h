@@ -234,6 +234,7 @@ typedef struct {
     uint32_t slot;    /* that slot */
     uint32_t _pad;
     uint64_t word;    /* CLAIMED: the new LEASED word; ASK: the READY word seen */
+    uint64_t prev;    /* CLAIMED: the READY word it replaced */
 } ringq_claim_out;
 
 /* Lease the next job of a lane in one call.  order[start..n) are head slots in lease order; the

@@ -211,6 +211,15 @@ class Leases:
             return None
         return view, co.slot, co.word
 
+    def unclaim(self, view: View, slot: int, word: int) -> None:
+        """Give back a lease :meth:`wait_claim` took that policy now forbids: the job's word goes
+        back to what it was (READY, never leased; the token was never handed out), and readers
+        are told to look again."""
+        seg = view.seg
+        prev = self._wait_out.prev
+        if seg.cas_state(slot, word, prev)[0]:
+            self.ring.note_returned(seg)
+
     def waited(self, view: View, slot: int, word: int, direct: Direct) -> Job | None:
         """Under the queue lock, after the caller caught up (the leased record is read in): the
         job :meth:`wait_claim` leased, or None if its payload does not decode (quarantined)."""

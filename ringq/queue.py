@@ -189,6 +189,8 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
                                              allow_network_fs, allow_foreign, auto_ids, spin)
         self._owners = OwnerRegistry(os.path.join(self.path, f"{name}.owners"), mode)
         self._lock = threading.RLock()
+        self._idle = threading.Condition(self._lock)  # notified when the last waiting thread left
+        self._waiters = 0  # threads asleep in lease or wait_for_wake, outside the lock
         self._closed = False
         self._index = Index(self._ring)
         self._reaper = Reaper(self._ring, self._index, self._owners)
@@ -221,6 +223,11 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
             if self._closed:
                 return
             self._closed = True
+            if self._waiters:
+                # Threads asleep in lease or wait_for_wake hold pointers into the mappings: wake
+                # them (they then see the queue closed) and let them leave before unmapping.
+                self._ring.ctl.wake()
+                self._idle.wait_for(lambda: not self._waiters, timeout=10)
             self._index.clear()
             self._gate.close()
             self._ring.close()
@@ -232,6 +239,8 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
         """In a forked child (ringq/forksafe.py): a parent thread may have been inside a call of
         this queue at the fork, holding its lock, which no thread of the child will ever release."""
         self._lock = threading.RLock()
+        self._idle = threading.Condition(self._lock)
+        self._waiters = 0
         self._producer.lock = self._lock
 
     def _companion(self, name: str) -> Queue:
@@ -438,14 +447,27 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
             held_back = self._gate.nap()  # until a limit that holds a job back may let it go
             if held_back is not None:
                 nap = min(nap, held_back)
-            if direct is None or self._index.heap:
-                ctl.sleep(seen, nap, self.spin)
-                continue
-            # Nothing leasable known: wait, and lease a job appended meanwhile in the same C call.
-            leased = self._leases.wait_claim(seen, nap, self.spin, direct)
+            with self._lock:
+                self._live()
+                self._waiters += 1
+            try:
+                if direct is None or self._index.heap:
+                    ctl.sleep(seen, nap, self.spin)
+                    leased = None
+                else:  # nothing leasable known: wait, and lease a job appended meanwhile in C
+                    leased = self._leases.wait_claim(seen, nap, self.spin, direct)
+            finally:
+                with self._lock:
+                    self._waiters -= 1
+                    if not self._waiters:
+                        self._idle.notify_all()
             if leased is not None:
                 with self._lock:
                     self._live()
+                    if self._gate.active() or pause.queue_paused() or pause.paused_keys():
+                        # A limit or a pause appeared while we slept: the C call knew nothing of it.
+                        self._leases.unclaim(*leased)
+                        continue
                     self._refresh(quick=True)  # reads the new record in
                     job = self._leases.waited(*leased, direct)
                 if job is not None:
@@ -475,10 +497,18 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
         self._live()
         nap = min(timeout, self._reaper.until_floor())
         with self._lock:
+            self._live()
             next_due = self._index.next_due_ms()
             if next_due is not None and next_due / 1000 > time.time():
                 nap = min(nap, next_due / 1000 - time.time() + 0.001)
-        self._ring.ctl.sleep(token, nap, self.spin)
+            self._waiters += 1
+        try:
+            self._ring.ctl.sleep(token, nap, self.spin)
+        finally:
+            with self._lock:
+                self._waiters -= 1
+                if not self._waiters:
+                    self._idle.notify_all()
 
     def wake(self) -> None:
         """Wake every thread and process sleeping in :meth:`lease` or :meth:`wait_for_wake` on this queue."""

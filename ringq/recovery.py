@@ -282,11 +282,13 @@ def recover_segments(segs: SegmentSet, mode: int, report: RecoveryReport) -> lis
             else:
                 quarantine(path, str(exc), report)
             continue
-        if same_boot and linked and seq > linked:
-            # A valid segment of this queue that the control page never named, in this boot: a
-            # writer created it for a batch and died before linking it.  Nothing in it was ever
-            # published (no enqueue that returned put a job there): a dead writer's debris, like
-            # its temporary files, removed rather than adopted.
+        if same_boot and linked and seq > linked and not np_state(seg.states[:, 0]).any():
+            # A valid segment of this queue that the control page never named, in this boot, with
+            # no state word ever stored: a writer created it for a batch and died before linking
+            # it, and nothing in it was published (no enqueue that returned put a job there): a
+            # dead writer's debris, like its temporary files, removed rather than adopted.  One
+            # with a published record is adopted as always (a control file rebuilt or replaced
+            # while writers ran names an older tail).
             seg.close()
             segs.unlink(seq)
             report.removed_temp.append(path)

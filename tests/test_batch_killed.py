@@ -107,3 +107,42 @@ def test_records_taken_back_after_a_restart_are_reported_once(tmp_path):
         paths = [p for p, _n in q.recovery.readopted]
         assert len(paths) == len(set(paths)) and paths
         assert sum(n for _p, n in q.recovery.readopted) == q.stats().ready
+
+
+WRITER = """
+import sys, time
+from ringq import Queue
+q = Queue(sys.argv[1], slot_size=256, slot_count=64)
+q.enqueue({"w": -1})
+print("open", flush=True)
+sys.stdin.readline()  # the control file is replaced meanwhile
+for i in range(40):
+    q.enqueue({"w": i, "pad": "z" * 3000})  # rotations, linked in the control file it mapped
+print("done", flush=True)
+"""
+
+
+def test_segments_linked_in_a_replaced_control_file_are_kept(tmp_path):
+    # An operator removes the control file while a writer runs (error messages suggest removing
+    # it); the next open rebuilds it naming an older tail.  The writer's later segments hold
+    # published jobs: the open after must adopt them, never take them for a dead writer's debris.
+    import subprocess
+
+    from procs import spawn
+
+    Queue(tmp_path, **GEOMETRY).close()
+    w = spawn(WRITER, str(tmp_path), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert w.stdout.readline().strip() == "open"
+    (tmp_path / "default.ctl").unlink()
+    Queue(tmp_path, **GEOMETRY).close()  # rebuilt from the segments, with this boot's id
+    w.stdin.write("go\n")
+    w.stdin.flush()
+    assert w.stdout.readline().strip() == "done"
+    w.kill()
+    w.wait()
+    with Queue(tmp_path, **GEOMETRY) as q:
+        got = set()
+        while (job := q.lease_one()) is not None:
+            got.add(job.payload["w"])
+            q.ack(job)
+    assert got == set(range(-1, 40))

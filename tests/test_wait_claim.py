@@ -92,3 +92,41 @@ def test_an_expiring_job_appended_while_waiting_is_leased_by_the_general_path(tm
         job = q.enqueue("soon_gone", expires_in=30)
         assert results(child)[0][0] == "'soon_gone'"
         assert q.get(job.id).state is JobState.DONE
+
+
+def test_closing_a_queue_while_a_thread_waits_in_lease_raises_closed(tmp_path):
+    import threading
+
+    from ringq import QueueClosedError
+
+    q = Queue(tmp_path, durability="none")
+    out = []
+
+    def wait():
+        try:
+            out.append(q.lease_one(wait=5))
+        except QueueClosedError as exc:
+            out.append(exc)
+
+    t = threading.Thread(target=wait)
+    t.start()
+    time.sleep(0.2)  # asleep inside the C call that waits on the shared mappings
+    q.close()  # wakes it and lets it leave before unmapping: never a crash
+    t.join(10)
+    assert not t.is_alive() and isinstance(out[0], QueueClosedError)
+
+
+@pytest.mark.parametrize("pause_key", [False, True])
+def test_a_pause_set_while_a_consumer_waits_holds_the_job_back(tmp_path, pause_key):
+    child = start(tmp_path, 1)
+    with Queue(tmp_path, durability="none") as q:
+        if pause_key:
+            q.pause("k")
+        else:
+            q.pause()
+        q.enqueue("held", key="k")
+        time.sleep(0.3)
+        assert q.stats().leased == 0  # the waiter's C call leased it, saw the pause, gave it back
+        q.resume("k") if pause_key else q.resume()
+        rows = results(child)
+    assert rows[0][:2] == ["'held'", "1"]  # leased once the pause ended, still its first lease

@@ -66,20 +66,12 @@ int ringq_append_reserve(uint8_t *base, size_t maplen, const ringq_geom *g, uint
     return 0;
 }
 
-static int state_ok(uint64_t state) {
-    return (state & 7u) != RINGQ_ST_EMPTY && (state & 7u) != RINGQ_ST_CONT;
-}
-
 /* Stores only; the caller has checked heads, end and the words. */
 static void publish(uint8_t *base, const ringq_geom *g, const uint32_t *heads, uint32_t n, uint32_t end,
                     uint64_t state, uint64_t last_seq) {
     for (uint32_t i = 0; i < n; i++) {
         uint32_t head = heads[i], stop = i + 1 < n ? heads[i + 1] : end;
-        for (uint32_t s = head + 1; s < stop; s++)
-            atomic_store_explicit(A64(base, g->state_off + (size_t)s * RINGQ_STATE_ENTRY),
-                                  (uint64_t)RINGQ_ST_CONT, memory_order_relaxed);
-        atomic_store_explicit(A64(base, g->state_off + (size_t)head * RINGQ_STATE_ENTRY), state,
-                              memory_order_release);
+        publish_record(base, g, head, stop - head, state);
     }
     atomic_fetch_add_explicit(A64(base, RINGQ_SEG_OFF_NRECORDS), (uint64_t)n, memory_order_seq_cst);
     atomic_store_explicit(A64(base, RINGQ_SEG_OFF_LAST_SEQ), last_seq, memory_order_release);
@@ -90,7 +82,7 @@ int ringq_append_publish(uint8_t *base, size_t maplen, const ringq_geom *g, cons
                          uint32_t n, uint32_t end, uint64_t state, uint64_t last_seq) {
     int rc = geom_check(maplen, g);
     if (rc) return rc;
-    if (!heads || n == 0 || !state_ok(state)) return RINGQ_EINVAL;
+    if (!heads || n == 0 || !publishable(state)) return RINGQ_EINVAL;
     rc = words_check(base, maplen, g);
     if (rc) return rc;
     if (end > g->slot_count) return RINGQ_EBOUNDS;
@@ -126,7 +118,7 @@ int ringq_append(int fd, uint64_t data_file_off, uint8_t *base, size_t maplen, c
     if (rc) return rc;
     if (fd < 0 || !tmpl || !codecs || !payload_lens || !heads || !end || !scratch || (!data && data_len))
         return RINGQ_EINVAL;
-    if (first >= n || !state_ok(state)) return RINGQ_EINVAL;
+    if (first >= n || !publishable(state)) return RINGQ_EINVAL;
     rc = words_check(base, maplen, g);
     if (!rc && ctl) rc = word_check(ctl, ctl_len, count_off, 8);
     if (rc) return rc;

@@ -379,36 +379,35 @@ _Static_assert(sizeof(ringq_rec_header) == RINGQ_REC_HEADER, "record header size
 _Static_assert(offsetof(ringq_rec_header, seq) == 16 && offsetof(ringq_rec_header, priority) == 40 &&
                offsetof(ringq_rec_header, id_len) == 48 && offsetof(ringq_rec_header, payload_len) == 52 &&
                offsetof(ringq_rec_header, supersedes) == 56, "record header offsets");
-int ringq_rec_write(uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t slot,
-                    const uint8_t *rec, uint32_t len, uint64_t state) {
+/* The checks both record writers make (bad_fd: the caller's descriptor is unusable): returns the
+ * record's span (> 0) or an error code. */
+static int new_record_span(size_t maplen, const ringq_geom *g, uint32_t slot, const uint8_t *rec,
+                           uint32_t len, uint64_t state, int bad_fd) {
     int rc = geom_check(maplen, g);
     if (rc) return rc;
-    if (!rec || len < RINGQ_REC_HEADER) return RINGQ_EINVAL;
-    if ((state & 7u) == RINGQ_ST_EMPTY || (state & 7u) == RINGQ_ST_CONT) return RINGQ_EINVAL;
+    if (!rec || len < RINGQ_REC_HEADER || bad_fd || !publishable(state)) return RINGQ_EINVAL;
     uint32_t span = (uint32_t)((len + g->slot_size - 1) / g->slot_size);
     if (slot >= g->slot_count || span > g->slot_count - slot) return RINGQ_EBOUNDS;
     if (rd32(rec + 8) != len || rd32(rec + 12) != span) return RINGQ_EINVAL;
+    return (int)span;
+}
+
+int ringq_rec_write(uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t slot,
+                    const uint8_t *rec, uint32_t len, uint64_t state) {
+    int span = new_record_span(maplen, g, slot, rec, len, state, 0);
+    if (span < 0) return span;
     uint8_t *dst = base + g->data_off + (size_t)slot * g->slot_size;
     memcpy(dst, rec, len);
     uint32_t crc = record_crc(g, slot, dst, len);
     memcpy(dst + 4, &crc, 4);
-    for (uint32_t i = 1; i < span; i++)
-        atomic_store_explicit(A64(base, g->state_off + (size_t)(slot + i) * RINGQ_STATE_ENTRY),
-                              (uint64_t)RINGQ_ST_CONT, memory_order_relaxed);
-    atomic_store_explicit(A64(base, g->state_off + (size_t)slot * RINGQ_STATE_ENTRY), state,
-                          memory_order_release);
-    return (int)span;
+    publish_record(base, g, slot, (uint32_t)span, state);
+    return span;
 }
 
 int ringq_rec_pwrite(int fd, uint64_t data_file_off, uint8_t *base, size_t maplen, const ringq_geom *g,
                      uint32_t slot, uint8_t *rec, uint32_t len, uint64_t state) {
-    int rc = geom_check(maplen, g);
-    if (rc) return rc;
-    if (!rec || len < RINGQ_REC_HEADER || fd < 0) return RINGQ_EINVAL;
-    if ((state & 7u) == RINGQ_ST_EMPTY || (state & 7u) == RINGQ_ST_CONT) return RINGQ_EINVAL;
-    uint32_t span = (uint32_t)((len + g->slot_size - 1) / g->slot_size);
-    if (slot >= g->slot_count || span > g->slot_count - slot) return RINGQ_EBOUNDS;
-    if (rd32(rec + 8) != len || rd32(rec + 12) != span) return RINGQ_EINVAL;
+    int span = new_record_span(maplen, g, slot, rec, len, state, fd < 0);
+    if (span < 0) return span;
     uint32_t crc = record_crc(g, slot, rec, len);
     memcpy(rec + 4, &crc, 4);
     uint64_t off = data_file_off + (uint64_t)slot * g->slot_size;
@@ -422,12 +421,8 @@ int ringq_rec_pwrite(int fd, uint64_t data_file_off, uint8_t *base, size_t maple
         if (n == 0) return -EIO;
         done += (uint32_t)n;
     }
-    for (uint32_t i = 1; i < span; i++)
-        atomic_store_explicit(A64(base, g->state_off + (size_t)(slot + i) * RINGQ_STATE_ENTRY),
-                              (uint64_t)RINGQ_ST_CONT, memory_order_relaxed);
-    atomic_store_explicit(A64(base, g->state_off + (size_t)slot * RINGQ_STATE_ENTRY), state,
-                          memory_order_release);
-    return (int)span;
+    publish_record(base, g, slot, (uint32_t)span, state);
+    return span;
 }
 
 int check_record(const uint8_t *base, const ringq_geom *g, uint32_t slot, ringq_rec_info *out) {

@@ -48,6 +48,23 @@ static inline uint32_t record_crc(const ringq_geom *g, uint32_t slot, const uint
     return ringq_crc32c(crc, rec + 8, len - 8);
 }
 
+/* A state word a record may be published with: not EMPTY, not CONT. */
+static inline int publishable(uint64_t state) {
+    return (state & 7u) != RINGQ_ST_EMPTY && (state & 7u) != RINGQ_ST_CONT;
+}
+
+/* Publish the record at head `slot` spanning `span` slots: its continuation slots CONT, then a
+ * release-store of `state` into the head (a reader that acquire-loads it sees the whole record).
+ * Stores only: the caller checked the slots against the geometry. */
+static inline void publish_record(uint8_t *base, const ringq_geom *g, uint32_t slot, uint32_t span,
+                                  uint64_t state) {
+    for (uint32_t i = 1; i < span; i++)
+        atomic_store_explicit(A64(base, g->state_off + (size_t)(slot + i) * RINGQ_STATE_ENTRY),
+                              (uint64_t)RINGQ_ST_CONT, memory_order_relaxed);
+    atomic_store_explicit(A64(base, g->state_off + (size_t)slot * RINGQ_STATE_ENTRY), state,
+                          memory_order_release);
+}
+
 /* Validate the record whose head is at `slot` (magic, lengths, CRC) and fill *out (ringq.c).  The
  * geometry must have passed geom_check and slot be below slot_count.  0 or RINGQ_ECORRUPT. */
 __attribute__((visibility("hidden"))) int check_record(const uint8_t *base, const ringq_geom *g,

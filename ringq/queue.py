@@ -19,6 +19,7 @@ otherwise when its visibility timeout passes.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import pathlib
@@ -27,7 +28,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from . import forksafe, lifecycle, snapshot, transitions
@@ -234,6 +235,22 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
             self._owners.close()
             self._pause.close()
             self._results.close()
+
+    @contextlib.contextmanager
+    def _asleep(self) -> Iterator[None]:
+        """Around a sleep outside the queue lock on the shared mappings: counted, so that
+        :meth:`close` wakes the sleeper and waits for it to leave before unmapping.  Raises
+        QueueClosedError if the queue is closed already."""
+        with self._lock:
+            self._live()
+            self._waiters += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._waiters -= 1
+                if not self._waiters:
+                    self._idle.notify_all()
 
     def drop_inherited_locks(self) -> None:
         """In a forked child (ringq/forksafe.py): a parent thread may have been inside a call of
@@ -447,20 +464,12 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
             held_back = self._gate.nap()  # until a limit that holds a job back may let it go
             if held_back is not None:
                 nap = min(nap, held_back)
-            with self._lock:
-                self._live()
-                self._waiters += 1
-            try:
+            with self._asleep():
                 if direct is None or self._index.heap:
                     ctl.sleep(seen, nap, self.spin)
                     leased = None
                 else:  # nothing leasable known: wait, and lease a job appended meanwhile in C
                     leased = self._leases.wait_claim(seen, nap, self.spin, direct)
-            finally:
-                with self._lock:
-                    self._waiters -= 1
-                    if not self._waiters:
-                        self._idle.notify_all()
             if leased is not None:
                 with self._lock:
                     self._live()
@@ -497,18 +506,11 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
         self._live()
         nap = min(timeout, self._reaper.until_floor())
         with self._lock:
-            self._live()
             next_due = self._index.next_due_ms()
             if next_due is not None and next_due / 1000 > time.time():
                 nap = min(nap, next_due / 1000 - time.time() + 0.001)
-            self._waiters += 1
-        try:
+        with self._asleep():
             self._ring.ctl.sleep(token, nap, self.spin)
-        finally:
-            with self._lock:
-                self._waiters -= 1
-                if not self._waiters:
-                    self._idle.notify_all()
 
     def wake(self) -> None:
         """Wake every thread and process sleeping in :meth:`lease` or :meth:`wait_for_wake` on this queue."""

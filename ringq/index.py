@@ -12,14 +12,14 @@ Built from validated scans of newly published records (never by iterating jobs i
 * when a job anywhere returns to READY (nack, expired lease, dead holder), the returner bumps its
   segment's change counter; readers seeing it move give those jobs individual entries.
 
-The index decides *which* job to try next; claiming it (the CAS) is the caller's.
+The index decides *which* job to try next; claiming it (the CAS) is the caller's.  What it knows
+per segment is ringq/views.py; how it learns of other processes' work, ringq/catchup.py.
 """
 
 from __future__ import annotations
 
 import heapq
 import re
-import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -27,21 +27,17 @@ import numpy as np
 
 from . import errors, records
 from ._native import ffi, lib
-from .segment import Segment
-from .transitions import gone
+from .catchup import FEW, CatchUpMethods
+from .views import Direct, Lane, View, due, now_ms, order
 from .words import (
     ST_DEAD,
     ST_DONE,
-    ST_EMPTY,
     ST_GONE,
     ST_LEASED,
     ST_READY,
-    WHY_NONE,
     lease_count,
     np_state,
-    pack,
     rel_time,
-    split_position,
     state,
 )
 
@@ -50,8 +46,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Index", "View", "Direct", "now_ms", "order", "due"]
 
-FEW = 8  # records an ingest reads field by field rather than through numpy arrays
-FULL_CATCH_UP = 1.0  # seconds: a catch-up looks at every segment at least this often
 CLAIMED = lib.RINGQ_CLAIMED
 CLAIM_NONE = lib.RINGQ_CLAIM_NONE
 
@@ -59,137 +53,7 @@ AUTO_ID = re.compile(r"^[0-9a-f]{16}$")
 RETAINED = (ST_READY, ST_LEASED, ST_DONE, ST_DEAD)
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-class Direct:
-    """How :meth:`Index.take` leases plain candidates itself: for ``vt_ms`` milliseconds, with
-    owner word ``owner_base`` (ringq/words.py owner_pack with lease count 0); ``made(view, slot,
-    word)`` returns the caller's result for a job just leased (or None to drop it); ``taken``
-    counts the jobs leased so (the caller resets it)."""
-
-    __slots__ = ("vt_ms", "owner_base", "made", "taken")
-
-    def __init__(self, vt_ms: int, owner_base: int, made: Callable[[View, int, int], Any]) -> None:
-        self.vt_ms = vt_ms
-        self.owner_base = owner_base
-        self.made = made
-        self.taken = 0
-
-
-class Grow:
-    """A growable numpy vector with a stable C pointer (``ptr``) between appends."""
-
-    __slots__ = ("a", "n", "ptr", "cptr")
-
-    def __init__(self, dtype: str, cap: int = 64) -> None:
-        self.a = np.empty(cap, dtype)
-        self.n = 0
-        self.ptr = self.a.ctypes.data
-        self.cptr = ffi.cast("uint32_t *", self.ptr)  # for uint32 vectors: what the C helper takes
-
-    def extend(self, values: np.ndarray) -> None:
-        k = len(values)
-        if self.n + k > len(self.a):
-            bigger = np.empty(max(2 * len(self.a), self.n + k), self.a.dtype)
-            bigger[: self.n] = self.a[: self.n]
-            self.a = bigger
-            self.ptr = bigger.ctypes.data
-            self.cptr = ffi.cast("uint32_t *", self.ptr)
-        self.a[self.n : self.n + k] = values
-        self.n += k
-
-    def append(self, value: int) -> None:
-        if self.n == len(self.a):
-            self.extend(np.array([value], self.a.dtype))
-            return
-        self.a[self.n] = value
-        self.n += 1
-
-    def view(self) -> np.ndarray:
-        return self.a[: self.n]
-
-
-class Lane:
-    __slots__ = ("prio", "slots", "cursor", "queued")
-
-    def __init__(self, prio: int) -> None:
-        self.prio = prio
-        self.slots = Grow("<u4")
-        self.cursor = 0
-        self.queued = False  # an entry for this lane is in the ready heap
-
-
-class View:
-    """What this process knows of one segment: immutable record fields, lanes, scan position."""
-
-    __slots__ = (
-        "seg",
-        "scanned",
-        "sealed",
-        "change",
-        "lanes",
-        "heads",
-        "head_seqs",
-        "prio",
-        "seq",
-        "enq",
-        "avail",
-        "maxatt",
-        "attb",
-        "idlen",
-        "lanepos",
-        "parkme",
-        "plain",
-        "plain_ptr",
-    )
-
-    def __init__(self, seg: Segment) -> None:
-        self.seg = seg
-        self.scanned = 0
-        self.sealed = False
-        self.change = seg.change()
-        self.lanes: dict[int, Lane] = {}
-        self.heads = Grow("<u4")
-        self.head_seqs = Grow("<u8")
-        n = seg.slot_count
-        self.prio = np.zeros(n, "<i4")
-        self.seq = np.zeros(n, "<u8")
-        self.enq = np.zeros(n, "<i8")  # enqueued at, µs (a relocated copy keeps its original's)
-        self.avail = np.zeros(n, "<i8")  # available-at from the record header, ms
-        self.maxatt = np.zeros(n, "<u2")
-        self.attb = np.zeros(n, "<u2")
-        self.idlen = np.zeros(n, "<u2")
-        self.lanepos = np.zeros(n, "<u4")  # index of each head slot in its lane
-        self.parkme = np.zeros(
-            n, bool
-        )  # enqueued with a delay: ordered individually, not by its lane
-        # 1: no policy applies to the job at this head slot (never delayed, no expiry, not a copy,
-        # no carried attempts), so ringq_claim_next may lease it directly when it comes first.
-        self.plain = np.zeros(n, np.uint8)
-        self.plain_ptr = ffi.cast("uint8_t *", self.plain.ctypes.data)
-
-
-def order(view: View, slot: int) -> int:
-    """FIFO rank of a job among jobs of equal priority and available-at: its enqueue time (µs),
-    then its seq.  A relocated copy keeps its original's enqueue time, so it keeps its place."""
-    return (int(view.enq[slot]) << 32) | (int(view.seq[slot]) & 0xFFFFFFFF)
-
-
-def due(view: View, slot: int, w: int) -> int:
-    """Available-at (ms since the epoch) of the READY job at ``slot`` with state word ``w``.
-
-    A state word's time cannot go below its segment's epoch: a relocated copy of a job that was
-    due before the copy's segment existed reads as due at that epoch.  Its record header keeps
-    the exact time; use it, so the copy keeps its place among jobs due in between."""
-    rel = rel_time(w)
-    if rel == 0 and not lease_count(w):
-        return min(view.seg.epoch_ms, int(view.avail[slot]))
-    return view.seg.epoch_ms + rel
-
-
-class Index:
+class Index(CatchUpMethods):
     """The views of every mapped segment, the ready and scheduled heaps, and known job ids."""
 
     def __init__(self, ring: Ring) -> None:
@@ -210,230 +74,6 @@ class Index:
     def clear(self) -> None:
         self.views.clear()
         self._stamp = None
-
-    # -- catching up ------------------------------------------------------------------------------
-
-    def catch_up(self, quick: bool = False) -> list[View]:
-        """Catch up with other processes: new segments, new records, jobs returned to READY.
-        Returns the views seen sealed for the first time (the caller may relocate from them).
-
-        Cheap when nothing moved: every append and every return to READY bumps the control file's
-        wake word after it is visible, and every rotation and retirement its ring generation, so
-        while both (and the tail segment) read as at the last catch-up there is nothing new to
-        see.  With ``quick`` (the lease path) a catch-up is skipped then; it still runs in full at
-        least every ``FULL_CATCH_UP`` seconds.  Never quick under the writer lock: a writer that
-        released the lock bumps the wake word a moment later, and a caller holding the lock must
-        see what it published (idempotent enqueue)."""
-        ring = self.ring
-        ctl = ring.ctl
-        stamp = (ctl.wake_word(), ctl.ring_gen())
-        t = time.monotonic()
-        last = self._stamp
-        if quick and t < self._stamp_until and last is not None and stamp[1] == last[1]:
-            if stamp[0] == last[0]:
-                return []
-            # Only appends or returns since the last catch-up: no segment was created, sealed or
-            # retired (each of those bumps the ring generation), so only the unsealed views can
-            # have new records, and no view is newly sealed.
-            self._stamp = stamp
-            for view in self.views.values():
-                if not view.sealed and view.seg.tail() > view.scanned:
-                    self._ingest(view)
-            self._look_for_returned()
-            return []
-        self._stamp, self._stamp_until = stamp, t + FULL_CATCH_UP
-        dropped = False
-        for seq in ring.refresh():
-            dropped |= self.views.pop(seq, None) is not None
-        segs = ring.segs
-        if len(segs) != len(self.views):
-            for seq in [s for s in self.views if s not in segs]:
-                del self.views[seq]
-                dropped = True
-            for seg in segs:
-                if seg.seq not in self.views:
-                    self.views[seg.seq] = View(seg)
-        if (
-            dropped
-        ):  # forget the ids of retired segments, or a long-lived process grows without bound
-            self.ids = {jid: loc for jid, loc in self.ids.items() if loc[0] in self.views}
-        newly_sealed: list[View] = []
-        for view in self.views.values():
-            if view.sealed:
-                continue
-            seg = view.seg
-            sealed = seg.sealed()  # acquire: the final tail is visible after this
-            if seg.tail() > view.scanned:
-                self._ingest(view)
-            view.sealed = sealed
-            if sealed:
-                newly_sealed.append(view)
-        self._look_for_returned()
-        return newly_sealed
-
-    def _look_for_returned(self) -> None:
-        change = self.ring.ctl.change_counter()
-        if change != self.seen_change:
-            self.seen_change = change
-            for view in self.views.values():
-                c = view.seg.change()
-                if c != view.change:
-                    view.change = c
-                    self._find_returned(view)
-
-    def read_through(self, view: View, slot: int) -> None:
-        """Make sure the record at head ``slot`` of ``view`` is read in (a record a C call leased
-        may be published before the wake word that announces it moves, so a quick catch-up can
-        miss it)."""
-        if view.scanned <= slot:
-            self._ingest(view)
-
-    def _ingest(self, view: View) -> None:
-        seg = view.seg
-        tail = seg.bounded_tail()
-        if tail - view.scanned <= FEW:
-            self._ingest_few(view, tail)
-            return
-        infos, nxt = records.scan(seg, view.scanned)
-        view.scanned = nxt
-        if not len(infos):
-            return
-        # Few numpy calls on the common path (a handful of fresh, valid, plain records): a woken
-        # consumer runs this once per wake-up, so it sets the fan-out latency.
-        status = infos["status"]
-        if status.any():
-            for row in infos[status != 0]:
-                self.ring.mark_bad(
-                    seg, int(row["slot"]), "record failed validation (magic, length or CRC)"
-                )
-            infos = infos[status == 0]
-            if not len(infos):
-                return
-        ok = infos
-        slots = ok["slot"]
-        view.prio[slots] = ok["priority"]
-        view.seq[slots] = ok["seq"]
-        view.enq[slots] = ok["enqueued_us"]
-        view.avail[slots] = ok["available_ms"]
-        view.maxatt[slots] = ok["max_attempts"]
-        view.attb[slots] = ok["attempts_before"]
-        view.idlen[slots] = ok["id_len"]
-        # Delayed jobs, and relocated copies (appended among younger jobs of their lane), are
-        # ordered individually by their own keys.
-        view.parkme[slots] = (ok["available_ms"] > ok["enqueued_us"] // 1000) | (
-            ok["supersedes"] != 0
-        )
-        view.plain[slots] = (
-            ~view.parkme[slots] & (ok["kind"] == records.KIND_JOB) & (ok["attempts_before"] == 0)
-        )
-        view.heads.extend(slots)
-        view.head_seqs.extend(ok["seq"])
-        st = np_state(ok["state"])
-        unusual = (st == ST_EMPTY) | (ok["id_len"] > 0) | (ok["supersedes"] != 0)
-        if unusual.any():
-            # A valid record below the tail whose state word is EMPTY: a power loss kept the record
-            # but not its state page.  It was published (the tail says so): publish it again.
-            for row in ok[st == ST_EMPTY]:
-                seg.cas_state(
-                    int(row["slot"]),
-                    0,
-                    pack(ST_READY, WHY_NONE, 0, int(row["available_ms"]) - seg.epoch_ms),
-                )
-            for row in ok[ok["id_len"] > 0]:
-                slot = int(row["slot"])
-                self.ids[
-                    records.read_id(seg, slot, int(row["id_len"])).decode("utf-8", "replace")
-                ] = (seg.seq, slot)
-            now = now_ms()
-            for row in ok[ok["supersedes"] != 0]:
-                self._complete_supersede(int(row["supersedes"]))
-                # A copy sits in its lane behind younger jobs: give it its own entry now, keyed
-                # by its original place, rather than when the lane's cursor reaches it.
-                self.park(view, int(row["slot"]), now)
-        prios = ok["priority"]
-        first = int(prios[0])
-        groups = (
-            [first]
-            if len(prios) == 1 or (prios == first).all()
-            else [int(p) for p in np.unique(prios)]
-        )
-        for p in groups:
-            lane = view.lanes.get(p)
-            if lane is None:
-                lane = view.lanes[p] = Lane(p)
-            mine = slots if len(groups) == 1 else slots[prios == p]
-            view.lanepos[mine] = np.arange(lane.slots.n, lane.slots.n + len(mine), dtype=np.uint32)
-            lane.slots.extend(mine)
-            self._queue_lane(view, lane)
-
-    def _ingest_few(self, view: View, tail: int) -> None:
-        """:meth:`_ingest` for a handful of records, field by field (what a consumer woken for
-        the job just appended runs: no numpy call per field).  Same effects, record by record."""
-        seg = view.seg
-        n, view.scanned = self._few.scan(seg, view.scanned, tail)
-        infos = self._few.infos
-        now = None
-        for i in range(n):
-            r = infos[i]
-            slot = r.slot
-            if r.status != 0:
-                self.ring.mark_bad(seg, slot, "record failed validation (magic, length or CRC)")
-                continue
-            prio, seq, avail, sup = r.priority, r.seq, r.available_ms, r.supersedes
-            view.prio[slot] = prio
-            view.seq[slot] = seq
-            view.enq[slot] = r.enqueued_us
-            view.avail[slot] = avail
-            view.maxatt[slot] = r.max_attempts
-            view.attb[slot] = r.attempts_before
-            view.idlen[slot] = r.id_len
-            park = avail > r.enqueued_us // 1000 or sup != 0
-            view.parkme[slot] = park
-            view.plain[slot] = not park and r.kind == records.KIND_JOB and r.attempts_before == 0
-            view.heads.append(slot)
-            view.head_seqs.append(seq)
-            if state(r.state) == ST_EMPTY:  # published, its state page lost (see _ingest)
-                seg.cas_state(slot, 0, pack(ST_READY, WHY_NONE, 0, avail - seg.epoch_ms))
-            if r.id_len:
-                self.ids[records.read_id(seg, slot, r.id_len).decode("utf-8", "replace")] = (seg.seq, slot)
-            lane = view.lanes.get(prio)
-            if lane is None:
-                lane = view.lanes[prio] = Lane(prio)
-            view.lanepos[slot] = lane.slots.n
-            lane.slots.append(slot)
-            if sup:
-                self._complete_supersede(sup)
-                now = now_ms() if now is None else now
-                self.park(view, slot, now)
-            self._queue_lane_next(view, lane)
-
-    def _complete_supersede(self, ref: int) -> None:
-        """A requeued or relocated record names the record it replaces: make sure that one is GONE."""
-        seq, slot = split_position(ref)
-        seg = self.ring.segs.segment(seq)
-        if seg is None:
-            return
-        w = seg.load_state(slot)
-        # DEAD: a requeue or a relocation of a dead job; READY: a relocated delayed job.  A leased
-        # original is left alone (a lease after a clock jump): its holder finishes it.
-        if state(w) in (ST_DEAD, ST_READY) and seg.cas_state(slot, w, gone(w))[0]:
-            self.ring.segs.note_finished(seg)
-
-    def _find_returned(self, view: View) -> None:
-        """Jobs of ``view`` back in READY behind their lane's cursor: give each its own heap entry,
-        keyed by its own (new) available-at, so a retried job is ordered as nobroker orders it."""
-        heads = view.heads.view()
-        if not len(heads):
-            return
-        ready = heads[np_state(view.seg.states[heads, 0]) == ST_READY]
-        if not len(ready):
-            return
-        prios = view.prio[ready]
-        pos = view.lanepos[ready]
-        now = now_ms()
-        for p, lane in view.lanes.items():
-            for slot in ready[(prios == p) & (pos < lane.cursor)].tolist():
-                self.park(view, slot, now)
 
     # -- ordering -------------------------------------------------------------------------------
 

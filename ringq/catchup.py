@@ -1,0 +1,257 @@
+"""Catching up: how a reader's index learns what other processes did -- new segments, new records
+(validated by ``ringq_seg_scan``, read into the per-slot arrays and lanes of ringq/views.py), jobs
+returned to READY -- cheaply when nothing moved.  A mixin of :class:`ringq.index.Index`, which
+owns the attributes used here (``ring``, ``views``, ``ids``, ``seen_change``, the catch-up stamp,
+the scan buffer) and the ordering methods called (``park``, ``_queue_lane``, ``_queue_lane_next``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import records
+from .transitions import gone
+from .views import Lane, View, now_ms
+from .words import ST_DEAD, ST_EMPTY, ST_READY, WHY_NONE, np_state, pack, split_position, state
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .ring import Ring
+
+__all__ = ["CatchUpMethods", "FEW", "FULL_CATCH_UP"]
+
+FEW = 8  # records an ingest reads field by field rather than through numpy arrays
+FULL_CATCH_UP = 1.0  # seconds: a catch-up looks at every segment at least this often
+
+
+class CatchUpMethods:
+    """Catching up with other processes: part of :class:`ringq.index.Index` (a mixin)."""
+
+    ring: Ring
+    views: dict[int, View]
+
+    # -- catching up ------------------------------------------------------------------------------
+
+    def catch_up(self, quick: bool = False) -> list[View]:
+        """Catch up with other processes: new segments, new records, jobs returned to READY.
+        Returns the views seen sealed for the first time (the caller may relocate from them).
+
+        Cheap when nothing moved: every append and every return to READY bumps the control file's
+        wake word after it is visible, and every rotation and retirement its ring generation, so
+        while both (and the tail segment) read as at the last catch-up there is nothing new to
+        see.  With ``quick`` (the lease path) a catch-up is skipped then; it still runs in full at
+        least every ``FULL_CATCH_UP`` seconds.  Never quick under the writer lock: a writer that
+        released the lock bumps the wake word a moment later, and a caller holding the lock must
+        see what it published (idempotent enqueue)."""
+        ring = self.ring
+        ctl = ring.ctl
+        stamp = (ctl.wake_word(), ctl.ring_gen())
+        t = time.monotonic()
+        last = self._stamp
+        if quick and t < self._stamp_until and last is not None and stamp[1] == last[1]:
+            if stamp[0] == last[0]:
+                return []
+            # Only appends or returns since the last catch-up: no segment was created, sealed or
+            # retired (each of those bumps the ring generation), so only the unsealed views can
+            # have new records, and no view is newly sealed.
+            self._stamp = stamp
+            for view in self.views.values():
+                if not view.sealed and view.seg.tail() > view.scanned:
+                    self._ingest(view)
+            self._look_for_returned()
+            return []
+        self._stamp, self._stamp_until = stamp, t + FULL_CATCH_UP
+        dropped = False
+        for seq in ring.refresh():
+            dropped |= self.views.pop(seq, None) is not None
+        segs = ring.segs
+        if len(segs) != len(self.views):
+            for seq in [s for s in self.views if s not in segs]:
+                del self.views[seq]
+                dropped = True
+            for seg in segs:
+                if seg.seq not in self.views:
+                    self.views[seg.seq] = View(seg)
+        if (
+            dropped
+        ):  # forget the ids of retired segments, or a long-lived process grows without bound
+            self.ids = {jid: loc for jid, loc in self.ids.items() if loc[0] in self.views}
+        newly_sealed: list[View] = []
+        for view in self.views.values():
+            if view.sealed:
+                continue
+            seg = view.seg
+            sealed = seg.sealed()  # acquire: the final tail is visible after this
+            if seg.tail() > view.scanned:
+                self._ingest(view)
+            view.sealed = sealed
+            if sealed:
+                newly_sealed.append(view)
+        self._look_for_returned()
+        return newly_sealed
+
+    def _look_for_returned(self) -> None:
+        change = self.ring.ctl.change_counter()
+        if change != self.seen_change:
+            self.seen_change = change
+            for view in self.views.values():
+                c = view.seg.change()
+                if c != view.change:
+                    view.change = c
+                    self._find_returned(view)
+
+    def read_through(self, view: View, slot: int) -> None:
+        """Make sure the record at head ``slot`` of ``view`` is read in (a record a C call leased
+        may be published before the wake word that announces it moves, so a quick catch-up can
+        miss it)."""
+        if view.scanned <= slot:
+            self._ingest(view)
+
+    def _ingest(self, view: View) -> None:
+        seg = view.seg
+        tail = seg.bounded_tail()
+        if tail - view.scanned <= FEW:
+            self._ingest_few(view, tail)
+            return
+        infos, nxt = records.scan(seg, view.scanned)
+        view.scanned = nxt
+        if not len(infos):
+            return
+        # Few numpy calls on the common path (a handful of fresh, valid, plain records): a woken
+        # consumer runs this once per wake-up, so it sets the fan-out latency.
+        status = infos["status"]
+        if status.any():
+            for row in infos[status != 0]:
+                self.ring.mark_bad(
+                    seg, int(row["slot"]), "record failed validation (magic, length or CRC)"
+                )
+            infos = infos[status == 0]
+            if not len(infos):
+                return
+        ok = infos
+        slots = ok["slot"]
+        view.prio[slots] = ok["priority"]
+        view.seq[slots] = ok["seq"]
+        view.enq[slots] = ok["enqueued_us"]
+        view.avail[slots] = ok["available_ms"]
+        view.maxatt[slots] = ok["max_attempts"]
+        view.attb[slots] = ok["attempts_before"]
+        view.idlen[slots] = ok["id_len"]
+        # Delayed jobs, and relocated copies (appended among younger jobs of their lane), are
+        # ordered individually by their own keys.
+        view.parkme[slots] = (ok["available_ms"] > ok["enqueued_us"] // 1000) | (
+            ok["supersedes"] != 0
+        )
+        view.plain[slots] = (
+            ~view.parkme[slots] & (ok["kind"] == records.KIND_JOB) & (ok["attempts_before"] == 0)
+        )
+        view.heads.extend(slots)
+        view.head_seqs.extend(ok["seq"])
+        st = np_state(ok["state"])
+        unusual = (st == ST_EMPTY) | (ok["id_len"] > 0) | (ok["supersedes"] != 0)
+        if unusual.any():
+            # A valid record below the tail whose state word is EMPTY: a power loss kept the record
+            # but not its state page.  It was published (the tail says so): publish it again.
+            for row in ok[st == ST_EMPTY]:
+                seg.cas_state(
+                    int(row["slot"]),
+                    0,
+                    pack(ST_READY, WHY_NONE, 0, int(row["available_ms"]) - seg.epoch_ms),
+                )
+            for row in ok[ok["id_len"] > 0]:
+                slot = int(row["slot"])
+                self.ids[
+                    records.read_id(seg, slot, int(row["id_len"])).decode("utf-8", "replace")
+                ] = (seg.seq, slot)
+            now = now_ms()
+            for row in ok[ok["supersedes"] != 0]:
+                self._complete_supersede(int(row["supersedes"]))
+                # A copy sits in its lane behind younger jobs: give it its own entry now, keyed
+                # by its original place, rather than when the lane's cursor reaches it.
+                self.park(view, int(row["slot"]), now)
+        prios = ok["priority"]
+        first = int(prios[0])
+        groups = (
+            [first]
+            if len(prios) == 1 or (prios == first).all()
+            else [int(p) for p in np.unique(prios)]
+        )
+        for p in groups:
+            lane = view.lanes.get(p)
+            if lane is None:
+                lane = view.lanes[p] = Lane(p)
+            mine = slots if len(groups) == 1 else slots[prios == p]
+            view.lanepos[mine] = np.arange(lane.slots.n, lane.slots.n + len(mine), dtype=np.uint32)
+            lane.slots.extend(mine)
+            self._queue_lane(view, lane)
+
+    def _ingest_few(self, view: View, tail: int) -> None:
+        """:meth:`_ingest` for a handful of records, field by field (what a consumer woken for
+        the job just appended runs: no numpy call per field).  Same effects, record by record."""
+        seg = view.seg
+        n, view.scanned = self._few.scan(seg, view.scanned, tail)
+        infos = self._few.infos
+        now = None
+        for i in range(n):
+            r = infos[i]
+            slot = r.slot
+            if r.status != 0:
+                self.ring.mark_bad(seg, slot, "record failed validation (magic, length or CRC)")
+                continue
+            prio, seq, avail, sup = r.priority, r.seq, r.available_ms, r.supersedes
+            view.prio[slot] = prio
+            view.seq[slot] = seq
+            view.enq[slot] = r.enqueued_us
+            view.avail[slot] = avail
+            view.maxatt[slot] = r.max_attempts
+            view.attb[slot] = r.attempts_before
+            view.idlen[slot] = r.id_len
+            park = avail > r.enqueued_us // 1000 or sup != 0
+            view.parkme[slot] = park
+            view.plain[slot] = not park and r.kind == records.KIND_JOB and r.attempts_before == 0
+            view.heads.append(slot)
+            view.head_seqs.append(seq)
+            if state(r.state) == ST_EMPTY:  # published, its state page lost (see _ingest)
+                seg.cas_state(slot, 0, pack(ST_READY, WHY_NONE, 0, avail - seg.epoch_ms))
+            if r.id_len:
+                self.ids[records.read_id(seg, slot, r.id_len).decode("utf-8", "replace")] = (seg.seq, slot)
+            lane = view.lanes.get(prio)
+            if lane is None:
+                lane = view.lanes[prio] = Lane(prio)
+            view.lanepos[slot] = lane.slots.n
+            lane.slots.append(slot)
+            if sup:
+                self._complete_supersede(sup)
+                now = now_ms() if now is None else now
+                self.park(view, slot, now)
+            self._queue_lane_next(view, lane)
+
+    def _complete_supersede(self, ref: int) -> None:
+        """A requeued or relocated record names the record it replaces: make sure that one is GONE."""
+        seq, slot = split_position(ref)
+        seg = self.ring.segs.segment(seq)
+        if seg is None:
+            return
+        w = seg.load_state(slot)
+        # DEAD: a requeue or a relocation of a dead job; READY: a relocated delayed job.  A leased
+        # original is left alone (a lease after a clock jump): its holder finishes it.
+        if state(w) in (ST_DEAD, ST_READY) and seg.cas_state(slot, w, gone(w))[0]:
+            self.ring.segs.note_finished(seg)
+
+    def _find_returned(self, view: View) -> None:
+        """Jobs of ``view`` back in READY behind their lane's cursor: give each its own heap entry,
+        keyed by its own (new) available-at, so a retried job is ordered as nobroker orders it."""
+        heads = view.heads.view()
+        if not len(heads):
+            return
+        ready = heads[np_state(view.seg.states[heads, 0]) == ST_READY]
+        if not len(ready):
+            return
+        prios = view.prio[ready]
+        pos = view.lanepos[ready]
+        now = now_ms()
+        for p, lane in view.lanes.items():
+            for slot in ready[(prios == p) & (pos < lane.cursor)].tolist():
+                self.park(view, slot, now)

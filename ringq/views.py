@@ -1,0 +1,147 @@
+"""What a reader knows of each segment: the per-slot copy of its records' immutable fields
+(``View``), its lanes (``Lane``), the growable vectors behind them (``Grow``), and the keys jobs
+are ordered by (``order``, ``due``).  Built by ringq/catchup.py, ordered by ringq/index.py."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ._native import ffi
+from .segment import Segment
+from .words import lease_count, rel_time
+
+__all__ = ["View", "Lane", "Grow", "Direct", "now_ms", "order", "due"]
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Direct:
+    """How :meth:`Index.take` leases plain candidates itself: for ``vt_ms`` milliseconds, with
+    owner word ``owner_base`` (ringq/words.py owner_pack with lease count 0); ``made(view, slot,
+    word)`` returns the caller's result for a job just leased (or None to drop it); ``taken``
+    counts the jobs leased so (the caller resets it)."""
+
+    __slots__ = ("vt_ms", "owner_base", "made", "taken")
+
+    def __init__(self, vt_ms: int, owner_base: int, made: Callable[[View, int, int], Any]) -> None:
+        self.vt_ms = vt_ms
+        self.owner_base = owner_base
+        self.made = made
+        self.taken = 0
+
+
+class Grow:
+    """A growable numpy vector with a stable C pointer (``ptr``) between appends."""
+
+    __slots__ = ("a", "n", "ptr", "cptr")
+
+    def __init__(self, dtype: str, cap: int = 64) -> None:
+        self.a = np.empty(cap, dtype)
+        self.n = 0
+        self.ptr = self.a.ctypes.data
+        self.cptr = ffi.cast("uint32_t *", self.ptr)  # for uint32 vectors: what the C helper takes
+
+    def extend(self, values: np.ndarray) -> None:
+        k = len(values)
+        if self.n + k > len(self.a):
+            bigger = np.empty(max(2 * len(self.a), self.n + k), self.a.dtype)
+            bigger[: self.n] = self.a[: self.n]
+            self.a = bigger
+            self.ptr = bigger.ctypes.data
+            self.cptr = ffi.cast("uint32_t *", self.ptr)
+        self.a[self.n : self.n + k] = values
+        self.n += k
+
+    def append(self, value: int) -> None:
+        if self.n == len(self.a):
+            self.extend(np.array([value], self.a.dtype))
+            return
+        self.a[self.n] = value
+        self.n += 1
+
+    def view(self) -> np.ndarray:
+        return self.a[: self.n]
+
+
+class Lane:
+    __slots__ = ("prio", "slots", "cursor", "queued")
+
+    def __init__(self, prio: int) -> None:
+        self.prio = prio
+        self.slots = Grow("<u4")
+        self.cursor = 0
+        self.queued = False  # an entry for this lane is in the ready heap
+
+
+class View:
+    """What this process knows of one segment: immutable record fields, lanes, scan position."""
+
+    __slots__ = (
+        "seg",
+        "scanned",
+        "sealed",
+        "change",
+        "lanes",
+        "heads",
+        "head_seqs",
+        "prio",
+        "seq",
+        "enq",
+        "avail",
+        "maxatt",
+        "attb",
+        "idlen",
+        "lanepos",
+        "parkme",
+        "plain",
+        "plain_ptr",
+    )
+
+    def __init__(self, seg: Segment) -> None:
+        self.seg = seg
+        self.scanned = 0
+        self.sealed = False
+        self.change = seg.change()
+        self.lanes: dict[int, Lane] = {}
+        self.heads = Grow("<u4")
+        self.head_seqs = Grow("<u8")
+        n = seg.slot_count
+        self.prio = np.zeros(n, "<i4")
+        self.seq = np.zeros(n, "<u8")
+        self.enq = np.zeros(n, "<i8")  # enqueued at, µs (a relocated copy keeps its original's)
+        self.avail = np.zeros(n, "<i8")  # available-at from the record header, ms
+        self.maxatt = np.zeros(n, "<u2")
+        self.attb = np.zeros(n, "<u2")
+        self.idlen = np.zeros(n, "<u2")
+        self.lanepos = np.zeros(n, "<u4")  # index of each head slot in its lane
+        self.parkme = np.zeros(
+            n, bool
+        )  # enqueued with a delay: ordered individually, not by its lane
+        # 1: no policy applies to the job at this head slot (never delayed, no expiry, not a copy,
+        # no carried attempts), so ringq_claim_next may lease it directly when it comes first.
+        self.plain = np.zeros(n, np.uint8)
+        self.plain_ptr = ffi.cast("uint8_t *", self.plain.ctypes.data)
+
+
+def order(view: View, slot: int) -> int:
+    """FIFO rank of a job among jobs of equal priority and available-at: its enqueue time (µs),
+    then its seq.  A relocated copy keeps its original's enqueue time, so it keeps its place."""
+    return (int(view.enq[slot]) << 32) | (int(view.seq[slot]) & 0xFFFFFFFF)
+
+
+def due(view: View, slot: int, w: int) -> int:
+    """Available-at (ms since the epoch) of the READY job at ``slot`` with state word ``w``.
+
+    A state word's time cannot go below its segment's epoch: a relocated copy of a job that was
+    due before the copy's segment existed reads as due at that epoch.  Its record header keeps
+    the exact time; use it, so the copy keeps its place among jobs due in between."""
+    rel = rel_time(w)
+    if rel == 0 and not lease_count(w):
+        return min(view.seg.epoch_ms, int(view.avail[slot]))
+    return view.seg.epoch_ms + rel

@@ -18,6 +18,7 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 from . import codec, lifecycle, records, snapshot
+from .appends import REC_HEADER_SIZE
 from .errors import QueueFullError, SerializationError
 from .ids import check_caller_id
 from .index import Index, now_ms
@@ -31,7 +32,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Producer", "check_attempts", "MAX_ATTEMPTS_LIMIT", "MAX_DELAY"]
 
 READY = JobState.READY
-REC_HEADER_SIZE = records.REC_HEADER.size
 # fresh_jobs and enqueue_one build a Job positionally (a third of the cost of keywords), in this order.
 assert tuple(f.name for f in fields(Job)) == (
     "id",

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ringq
+from ringq import appends as appends_mod
 from ringq import index as index_mod
 from ringq import leases as leases_mod
-from ringq import ring as ring_mod
 from ringq import segment as seg_mod
 from ringq.control import OFF_BOOT
 from ringq.queue import Queue
@@ -209,7 +209,7 @@ class Recorder:
         for meth in ("store32", "store64", "add32", "add64", "cas32", "cas64"):
             wrap(seg_mod.Mapped, meth, lambda m, off, *a, _n=meth: f"{_n} {base(m.path)} @{off}")
 
-        real_lib = ring_mod.lib
+        real_lib = appends_mod.lib
         recorder = self
 
         class LibProxy:
@@ -272,7 +272,7 @@ class Recorder:
                 return rc
 
         proxy = LibProxy()
-        for mod in (ring_mod, index_mod, leases_mod):
+        for mod in (appends_mod, index_mod, leases_mod):
             patches.append((mod, "lib", mod.lib))
             mod.lib = proxy  # type: ignore[assignment]
         self.active = True

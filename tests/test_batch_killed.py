@@ -20,8 +20,8 @@ GEOMETRY = dict(slot_size=256, slot_count=64)  # a 3 KB job takes 13 slots: 4 to
 KILLED = """
 import os, signal, sys
 from ringq import Queue
-from ringq import ring as ring_mod
-real = ring_mod.lib
+from ringq import appends as appends_mod
+real = appends_mod.lib
 when = int(sys.argv[2])
 
 class Proxy:
@@ -34,7 +34,7 @@ class Proxy:
             os.kill(os.getpid(), signal.SIGKILL)
         return real.ringq_append_publish(*a)
 
-ring_mod.lib = Proxy()
+appends_mod.lib = Proxy()
 q = Queue(sys.argv[1], slot_size=256, slot_count=64)
 ids = [f"id-{i}" for i in range(40)] if sys.argv[3] == "ids" else None
 q.enqueue_many([{"i": i, "pad": "x" * 3000} for i in range(40)], job_ids=ids)

@@ -378,6 +378,7 @@ def test_a_redis_outage_logs_a_few_lines_and_backs_off(spawn_redis, caplog):
     try:
         q.enqueue("before")
         _until(lambda: done == ["before"])
+        _until(lambda: q.stats().acked_total == 1)  # its ack is in, not racing the kill below
         server.kill()
         down = time.monotonic()
         _until(lambda: any("lease failed" in r.getMessage() for r in caplog.records))

@@ -406,7 +406,8 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
             count: most jobs to return (>= 1).
             visibility_timeout: seconds (default: the queue's).
             wait: if no job is due, block up to this many seconds for one (woken by producers'
-                futex wake, not by polling).  None or 0 returns at once.
+                futex wake, not by polling), and return as soon as at least one is leased (with
+                whatever else is due by then, up to ``count``).  None or 0 returns at once.
             detach: do not tie the leases to this process: they outlive it and end only by
                 ack/nack or the visibility timeout (for a process that exits right after
                 leasing, such as ``ringq lease``; otherwise its leases come back as soon as it exits).
@@ -453,7 +454,7 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
                     if direct is not None and direct.taken:  # they expire no sooner than this
                         ctl.lower_deadline_floor(floor_ms)
                 next_due = self._index.next_due_ms()
-            if len(got) >= count or deadline is None:
+            if got or deadline is None:  # blocks only while nothing at all is leasable
                 return got
             left = deadline - time.monotonic()
             if left <= 0:

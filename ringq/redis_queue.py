@@ -294,7 +294,7 @@ class RedisQueue(RedisAdminMethods, RedisLifecycleMethods):
                     continue  # the lease expires and the job dead-letters after max_attempts
             # out[0]: ms until the next delayed job or lease deadline (-1: none), as a deadline
             self._due_at = None if out[0] < 0 else time.monotonic() + out[0] / 1000
-            if len(got) >= count or deadline is None:
+            if got or deadline is None:  # blocks only while nothing at all is leasable
                 return got
             left = deadline - time.monotonic()
             if left <= 0:

@@ -415,3 +415,12 @@ def test_a_negative_delay_means_now(q):
     for bad in (float("nan"), float("-inf")):
         with pytest.raises(ValueError):
             q.enqueue("x", delay=bad)
+
+
+def test_a_waiting_lease_returns_as_soon_as_jobs_are_due(q):
+    q.enqueue_many(list(range(30)))
+    t = time.monotonic()
+    got = q.lease(100, wait=1.0)
+    assert len(got) == 30 and time.monotonic() - t < 0.5
+    t = time.monotonic()
+    assert q.lease(100, wait=0.2) == [] and time.monotonic() - t >= 0.15

@@ -10,14 +10,15 @@ The words written are computed by ringq/transitions.py; durability of acks is ri
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import cancel, errors, lifecycle, snapshot, transitions
 from ._native import ffi, lib
 from .backoff import BackoffPolicy
 from .control import CTL_WORDS, OFF_CTL_CHANGE, OFF_WAITERS, OFF_WAKE
-from .errors import CorruptionError, JobNotFoundError, SerializationError
+from .errors import CorruptionError, JobNotFoundError, NotLeasedError, SerializationError
 from .index import Direct, Index, View, due, now_ms, order
 from .job import Job
 from .limits import LimitGate
@@ -57,15 +58,18 @@ class Leases:
         self.refresh = refresh
         self._word = ffi.new("uint64_t *")
         self._finished = ffi.new("uint64_t *")
-        self._wait_out = ffi.new("ringq_claim_out *")
-        self._wait_args = ffi.new(
-            "ringq_wait_args *", {"wake_off": OFF_WAKE, "waiters_off": OFF_WAITERS, "change_off": OFF_CTL_CHANGE}
-        )
+        self._waits = _WaitBuffers()  # per thread: wait_claim runs outside the queue lock
         self._direct: dict[tuple[int, int, int], Direct] = {}
 
-    def locate(self, job: Job | str, queue: str) -> tuple[View, int, str]:
+    def locate(self, job: Job | str, queue: str, fenced: str = "") -> tuple[View, int, str]:
         """``(view, slot, id)`` of a job given as a snapshot or an id.  Raises JobNotFoundError
-        (Retired if the snapshot's segment retired)."""
+        (Retired if the snapshot's segment retired).
+
+        ``fenced``, the operation of a caller that checks the snapshot's lease ("ack", "nack",
+        "extend"): a lease belongs to
+        the record it was taken on, so a leased snapshot whose record is no longer mapped is
+        never matched to a newer copy of the job by id -- whose fencing tokens start again at 1.
+        If such a copy exists the lease is stale (NotLeasedError); if not, Retired."""
         index = self.index
         if isinstance(job, Job):
             segseq, slot = job._loc
@@ -183,20 +187,26 @@ class Leases:
         d = self._direct[key] = Direct(key[0], owner_pack(owner, 0, key[2]), made)
         return d
 
-    def wait_claim(self, seen: int, timeout: float, spin: float, direct: Direct) -> tuple[View, int, int] | None:
+    def wait_claim(self, seen: int, timeout: float, spin: float, direct: Direct) -> Waited | None:
         """Sleep as Control.sleep does (``seen``: the wake word read before looking for work) and,
         if what woke us is one new plain job at the end of the tail segment, lease it in the same
-        C call (``ringq_wait_claim``): ``(view, slot, LEASED word)`` for :meth:`waited`, or None
-        when the caller should look for work itself (woken by something else, or timed out).
-        Only for a caller whose index holds nothing leasable and to whom no limit or paused key
-        applies; called without the queue lock."""
+        C call (``ringq_wait_claim``): a :class:`Waited` for :meth:`waited` (or :meth:`unclaim`),
+        or None when the caller should look for work itself (woken by something else, or timed
+        out).  Only for a caller whose index holds nothing leasable and to whom no limit or paused
+        key applies; called without the queue lock, by any number of threads at once.
+
+        The one slot the C call may lease is the first this process has not read in; it counts
+        as claiming (``owners.claiming``) from before the call until :meth:`waited` or
+        :meth:`unclaim` settles it, so this process's reaper never takes such a lease, tagged
+        with our owner index but not yet among ``owners.held``, for a dead predecessor's."""
         ctl = self.ring.ctl
         view = self.index.views.get(ctl.tail_seq())
         if view is None or view.sealed or view.seg.mm is None:
             ctl.sleep(seen, timeout, spin)
             return None
         seg = view.seg
-        a = self._wait_args
+        bufs = self._waits
+        a, co = bufs.args, bufs.out
         a.wake_seen = seen
         a.change_seen = self.index.seen_change
         a.spin_ns = int(min(spin, timeout) * 1e9)
@@ -204,34 +214,53 @@ class Leases:
         a.epoch_ms = seg.epoch_ms
         a.vt_ms = direct.vt_ms
         a.owner_base = direct.owner_base
-        a.from_slot = view.scanned
-        co = self._wait_out
-        errors.check(lib.ringq_wait_claim(ctl.ptr, ctl.size, seg.ptr, seg.size, seg.geom, a, co), seg.path)
-        if co.status != lib.RINGQ_CLAIMED:
-            return None
-        return view, co.slot, co.word
+        a.from_slot = candidate = view.scanned
+        key = (seg.seq, candidate)
+        claiming = self.owners.claiming
+        claiming[key] = claiming.get(key, 0) + 1
+        try:
+            errors.check(lib.ringq_wait_claim(ctl.ptr, ctl.size, seg.ptr, seg.size, seg.geom, a, co), seg.path)
+            if co.status == lib.RINGQ_CLAIMED:
+                return Waited(view, co.slot, co.word, co.prev)
+        except BaseException:
+            self._settled(key)
+            raise
+        self._settled(key)
+        return None
 
-    def unclaim(self, view: View, slot: int, word: int) -> None:
+    def _settled(self, key: tuple[int, int]) -> None:
+        claiming = self.owners.claiming
+        left = claiming.pop(key, 1) - 1
+        if left:
+            claiming[key] = left
+
+    def unclaim(self, got: Waited) -> None:
         """Give back a lease :meth:`wait_claim` took that policy now forbids: the job's word goes
         back to what it was (READY, never leased; the token was never handed out), and readers
         are told to look again."""
-        seg = view.seg
-        prev = self._wait_out.prev
-        if seg.cas_state(slot, word, prev)[0]:
-            self.ring.note_returned(seg)
+        seg = got.view.seg
+        try:
+            if seg.cas_state(got.slot, got.word, got.prev)[0]:
+                self.ring.note_returned(seg)
+        finally:
+            self._settled((seg.seq, got.slot))
 
-    def waited(self, view: View, slot: int, word: int, direct: Direct) -> Job | None:
+    def waited(self, got: Waited, direct: Direct) -> Job | None:
         """Under the queue lock, after the caller caught up (the leased record is read in): the
         job :meth:`wait_claim` leased, or None if its payload does not decode (quarantined)."""
-        self.index.read_through(view, slot)
-        self.ring.ctl.lower_deadline_floor(view.seg.epoch_ms + rel_time(word))
-        return direct.made(view, slot, word)
+        view, slot, word = got.view, got.slot, got.word
+        try:
+            self.index.read_through(view, slot)
+            self.ring.ctl.lower_deadline_floor(view.seg.epoch_ms + rel_time(word))
+            return direct.made(view, slot, word)
+        finally:
+            self._settled((view.seg.seq, slot))
 
     def ack(self, job: Job | str, queue: str) -> Segment | None:
         """CAS one job to DONE; returns its segment, or None for a repeated ack.  The durability
         strategy is told (it syncs under ``sync_acks`` when the caller calls ``sync_acks_now``)."""
         try:
-            view, slot, job_id = self.locate(job, queue)
+            view, slot, job_id = self.locate(job, queue, fenced="ack")
         except Retired:
             return None  # its segment retired, so it was finished: a repeated ack
         token = token_number(job.lease_token) if isinstance(job, Job) else None
@@ -328,6 +357,27 @@ class Leases:
             if ok:
                 self.ring.note_state(seg, slot, final=False)
                 return snapshot.job_at(self.ring, seg, slot, new)
+
+
+class Waited(NamedTuple):
+    """A lease :meth:`Leases.wait_claim` took in C, not yet handed out: its job's view and slot,
+    the LEASED word it wrote and the READY word it replaced."""
+
+    view: View
+    slot: int
+    word: int
+    prev: int
+
+
+class _WaitBuffers(threading.local):
+    """The C wait's argument and result structs, one pair per thread: cffi releases the GIL for
+    the call, and threads waiting at once must never read each other's results."""
+
+    def __init__(self) -> None:
+        self.args = ffi.new(
+            "ringq_wait_args *", {"wake_off": OFF_WAKE, "waiters_off": OFF_WAITERS, "change_off": OFF_CTL_CHANGE}
+        )
+        self.out = ffi.new("ringq_claim_out *")
 
 
 def token_number(token: object) -> int | None:

@@ -38,6 +38,9 @@ class OwnerRegistry:
         # Leases this process holds, (segment seq, slot) -> lease count: a lease under our index
         # that is not here was left by a dead process that had the index before us.
         self.held: dict[tuple[int, int], int] = {}
+        # Slots a thread of this process may be leasing in C outside the queue lock (the waiting
+        # lease), -> how many threads: such a lease is tagged with our index before it is held.
+        self.claiming: dict[tuple[int, int], int] = {}
         forksafe.register(self)
 
     def drop_inherited_locks(self) -> None:
@@ -50,6 +53,7 @@ class OwnerRegistry:
         self.index = 0
         self.pid = 0
         self.held = {}
+        self.claiming = {}
 
     def mine(self) -> int:
         """This process's owner index, or 0 if it has none (yet, or since a fork)."""

@@ -476,14 +476,12 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
                     self._live()
                     if self._gate.active() or pause.queue_paused() or pause.paused_keys():
                         # A limit or a pause appeared while we slept: the C call knew nothing of it.
-                        self._leases.unclaim(*leased)
+                        self._leases.unclaim(leased)
                         continue
                     self._refresh(quick=True)  # reads the new record in
-                    job = self._leases.waited(*leased, direct)
+                    job = self._leases.waited(leased, direct)
                 if job is not None:
-                    got.append(job)
-                    if len(got) >= count:
-                        return got
+                    got.append(job)  # the next pass adds what else is due, without waiting
 
     def wake_token(self) -> int:
         """The queue's wake counter: it moves whenever a job is appended or returns to READY.

@@ -100,6 +100,7 @@ class Reaper:
         earliest = Control.FLOOR_NEVER
         mine = self.owners.mine()
         held = self.owners.held
+        claiming = self.owners.claiming
         reclaimed = 0
         unowned: dict[tuple[int, int, int], float] = {}
         suspects: dict[int, list[tuple[View, int, int]]] = {}
@@ -138,7 +139,8 @@ class Reaper:
                 if not idx:
                     continue  # a detached lease: only its visibility timeout ends it
                 if idx == mine:
-                    if (seg.seq, slot) not in held:  # left by a dead process that had our index
+                    key2 = (seg.seq, slot)
+                    if key2 not in held and key2 not in claiming:  # a dead predecessor's (our index)
                         reclaimed += self.reclaim(view, slot, word, WHY_DIED, now)
                 else:
                     suspects.setdefault(idx, []).append((view, slot, word))

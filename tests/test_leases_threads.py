@@ -1,0 +1,126 @@
+"""One live lease per job across the threads of one process, as README's Worker example runs them.
+
+The forms are the ones users run: several threads of one process each looping
+``lease_one(wait=1.0)`` then ``ack`` while a producer (another process, or a thread of the same
+one) enqueues with short pauses, so that the consumers are asleep in the wait together when a
+job arrives; and ``Worker(concurrency=4)``.  Each job must be delivered exactly once (nothing
+expires here), with its first fencing token, and every ack accepted.  The whole-history checks
+across processes, kills and expiries are tests/test_processes_history.py.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+from procs import spawn
+
+from ringq import Queue, Worker
+
+N = 4000
+PRODUCE = """
+import sys, time, ringq
+q = ringq.Queue(sys.argv[1])
+for i in range(int(sys.argv[2])):
+    q.enqueue({"i": i})
+    if i % 50 == 0:
+        time.sleep(0.003)
+q.close()
+"""
+
+
+def _consume(q: Queue, threads: int) -> tuple[list[tuple[str, str | None]], list[str], list[threading.Thread]]:
+    seen: list[tuple[str, str | None]] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def loop() -> None:
+        while True:
+            job = q.lease_one(wait=1.0)
+            if job is None:
+                return
+            try:
+                q.ack(job)
+            except Exception as exc:  # the history keeps every refusal
+                errors.append(repr(exc))
+            with lock:
+                seen.append((job.id, job.lease_token))
+
+    ts = [threading.Thread(target=loop) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    return seen, errors, ts
+
+
+def _check(q: Queue, seen, errors) -> None:
+    counts = collections.Counter(job_id for job_id, _ in seen)
+    twice = {job_id: n for job_id, n in counts.items() if n > 1}
+    assert not twice, f"{len(twice)} jobs delivered to more than one thread: {list(twice.items())[:5]}"
+    assert len(counts) == N and not errors, errors[:3]
+    assert {token for _, token in seen} == {"1"}
+    st = q.stats()
+    assert (st.done, st.dead, st.ready, st.leased) == (N, 0, 0, 0)
+
+
+def test_four_waiting_threads_and_a_producer_process(tmp_path):
+    with Queue(tmp_path) as q:
+        producer = spawn(PRODUCE, str(tmp_path), str(N))
+        seen, errors, ts = _consume(q, 4)
+        for t in ts:
+            t.join()
+        assert producer.wait(60) == 0
+        _check(q, seen, errors)
+
+
+def test_four_waiting_threads_and_a_producer_thread_of_the_same_process(tmp_path):
+    with Queue(tmp_path) as q:
+
+        def produce() -> None:
+            for i in range(N):
+                q.enqueue({"i": i})
+                if i % 50 == 0:
+                    time.sleep(0.003)
+
+        seen, errors, ts = _consume(q, 4)
+        p = threading.Thread(target=produce)
+        p.start()
+        for t in [p, *ts]:
+            t.join()
+        _check(q, seen, errors)
+
+
+def test_worker_with_four_threads_runs_each_handler_once(tmp_path):
+    with Queue(tmp_path) as q:
+        producer = spawn(PRODUCE, str(tmp_path), str(N))
+        runs = collections.Counter()
+        lock = threading.Lock()
+
+        def handler(job) -> None:
+            with lock:
+                runs[job.id] += 1
+
+        Worker(q, handler, concurrency=4, max_jobs=N, idle_timeout=30, handle_signals=False).run()
+        assert producer.wait(60) == 0
+        twice = [job_id for job_id, n in runs.items() if n > 1]
+        assert not twice and len(runs) == N
+        st = q.stats()
+        assert (st.done, st.dead) == (N, 0)
+
+
+def test_lease_with_wait_returns_as_soon_as_jobs_are_due(tmp_path):
+    with Queue(tmp_path) as q:
+        q.enqueue_many(list(range(30)))
+        t = time.monotonic()
+        got = q.lease(100, wait=1.0)
+        assert len(got) == 30 and time.monotonic() - t < 0.5
+
+
+def test_lease_with_wait_returns_with_what_one_wake_up_brought(tmp_path):
+    with Queue(tmp_path) as q, Queue(tmp_path) as producer:
+        threading.Timer(0.2, lambda: producer.enqueue_many(list(range(30)))).start()
+        t = time.monotonic()
+        got = q.lease(100, wait=5.0)
+        waited = time.monotonic() - t
+        assert 0.15 < waited < 2.0 and 1 <= len(got) <= 30
+        assert len(got) + len(q.lease(100)) == 30

@@ -79,6 +79,10 @@ class Leases:
                 view = index.views.get(segseq)
             if view is not None and (job.seq == 0 or int(view.seq[slot]) == job.seq):
                 return view, slot, job.id
+            if fenced and segseq and job.lease_token is not None:
+                if index.find(job.id) is not None:
+                    raise NotLeasedError(transitions.moved(job.id, fenced))
+                raise Retired(job.id)
             if (
                 view is None
                 and segseq
@@ -99,12 +103,10 @@ class Leases:
             )
         return index.views[loc[0]], loc[1], job_id
 
-    def word_for(self, job: Job | str, queue: str) -> tuple[View, int, int, str, int | None]:
-        """``(view, slot, state word, id, fencing token or None)`` of a job (see :meth:`locate`)."""
-        return self._word_for(job, queue)
-
-    def _word_for(self, job: Job | str, queue: str) -> tuple[View, int, int, str, int | None]:
-        view, slot, job_id = self.locate(job, queue)
+    def word_for(self, job: Job | str, queue: str, op: str) -> tuple[View, int, int, str, int | None]:
+        """``(view, slot, state word, id, fencing token or None)`` of a job whose lease the caller
+        checks for ``op`` (see :meth:`locate`)."""
+        view, slot, job_id = self.locate(job, queue, fenced=op)
         token = token_number(job.lease_token) if isinstance(job, Job) else None
         return view, slot, view.seg.load_state(slot), job_id, token
 
@@ -311,7 +313,7 @@ class Leases:
         rng: Any,
     ) -> Job:
         """Return a leased job to READY after a backoff delay, or dead-letter it; the new snapshot."""
-        view, slot, w, job_id, token = self._word_for(job, queue)
+        view, slot, w, job_id, token = self.word_for(job, queue, "nack")
         seg = view.seg
         self._release_slot(seg, slot)
         transitions.require_lease(w, job_id, token, "nack")
@@ -347,7 +349,7 @@ class Leases:
 
     def extend(self, job: Job | str, queue: str, seconds: float) -> Job:
         """Push a lease's deadline to ``max(deadline, now) + seconds``; the new snapshot."""
-        view, slot, w, job_id, token = self._word_for(job, queue)
+        view, slot, w, job_id, token = self.word_for(job, queue, "extend")
         seg = view.seg
         while True:
             transitions.require_lease(w, job_id, token, "extend")

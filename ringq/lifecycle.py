@@ -375,7 +375,7 @@ class LifecycleMethods:
         self._live()
         fraction = check_fraction(fraction)
         with self._lock:
-            view, slot, w, job_id, token = self._leases.word_for(job, self.name)
+            view, slot, w, job_id, token = self._leases.word_for(job, self.name, "report progress of")
             report_progress(self._ring, view.seg, slot, w, job_id, token, fraction, message)
 
     def result(self, job_id: str | Job, *, wait: float | None = None) -> Any:

@@ -541,7 +541,7 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
         self._live()
         if result is not _NO_RESULT:
             with self._lock:  # fencing first: a stale holder must not store a result
-                view, slot, w, job_id, token = self._leases.word_for(job, self.name)
+                view, slot, w, job_id, token = self._leases.word_for(job, self.name, "ack")
                 repeated = state(w) == ST_DONE and (token is None or lease_count(w) == token)
                 if not repeated:
                     transitions.require_lease(w, job_id, token, "ack")

@@ -161,6 +161,14 @@ def bad(w: int) -> int:
 # -- refusals --------------------------------------------------------------------------------------
 
 
+def moved(job_id: str, op: str) -> str:
+    """Why a lease on a record that a newer copy superseded is refused."""
+    return (
+        f"cannot {op} job {job_id!r}: the job was requeued (or its record moved) since this lease: a newer "
+        "copy of it is in the queue, and this lease belongs to the old one"
+    )
+
+
 def require_lease(w: int, job_id: str, token: int | None, op: str) -> None:
     """Raise NotLeasedError saying what happened unless ``w`` is a lease held with ``token``."""
     st, reason, lc = state(w), why(w), lease_count(w)
@@ -198,10 +206,7 @@ def require_lease(w: int, job_id: str, token: int | None, op: str) -> None:
         # A record is superseded without purging when a newer copy replaces it: requeue_dead, or a
         # relocation of a dead or delayed straggler.  The copy starts a new life of the job, with
         # fencing tokens from 1 again; this lease belongs to the old one.
-        raise NotLeasedError(
-            f"cannot {op} job {job_id!r}: the job was requeued (or its record moved) since this lease: a newer "
-            "copy of it is in the queue, and this lease belongs to the old one"
-        )
+        raise NotLeasedError(moved(job_id, op))
     else:
         cause = "its record failed validation"
     raise NotLeasedError(f"cannot {op} job {job_id!r}: it is {name}, not leased ({cause})")

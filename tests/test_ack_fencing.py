@@ -29,3 +29,24 @@ def test_stale_holder_ack_after_another_holder_finished_is_refused(tmp_path):
         other.ack(second)
         with pytest.raises(NotLeasedError, match="done"):
             q.ack(first)
+
+
+def test_stale_ack_after_the_job_moved_out_of_a_retired_segment_is_refused(tmp_path):
+    """A lease belongs to the record it was taken on.  Here it expires (one attempt: the job goes
+    to the dead-letter queue), the rest of its segment finishes, the dead job is relocated to the
+    tail and the old segment retires.  The stale holder's ack must be refused -- it was taken for a
+    harmless repeat of an ack because the segment had retired -- and the job stays dead."""
+    with Queue(tmp_path, slot_count=8, slot_size=128, max_attempts=1, visibility_timeout=0.05) as q:
+        q.enqueue("a")
+        held = q.lease_one()
+        for i in range(9):
+            q.enqueue(i)  # seals the first segment
+        time.sleep(0.1)
+        for job in q.lease(20):
+            q.ack(job)
+        assert [j.id for j in q.dlq()] == [held.id]
+        with pytest.raises(NotLeasedError, match="moved"):
+            q.ack(held)
+        with pytest.raises(NotLeasedError, match="moved"):
+            q.nack(held)
+        assert q.get(held.id).state is JobState.DEAD

@@ -406,10 +406,15 @@ class AdminMethods:
                 raise NotLeasedError(f"job {job_id!r} is not in the dead-letter queue")
 
     def purge(self) -> int:
-        """Remove every retained job (ready, delayed, leased, done, dead); returns how many."""
+        """Remove every retained job (ready, delayed, leased, done, dead); returns how many: every
+        job :meth:`stats` would have counted in ``total`` just before.
+
+        Runs under the writer lock, after catching up, so no record (a job enqueued, a straggler's
+        relocated copy) is published between what it reads and what it removes.  Nothing is
+        reclaimed, relocated or retired first: a purge removes jobs in whatever state they are."""
         self._live()
-        with self._lock:
-            self._settle()
+        with self._lock, self._ring.locked():
+            self._refresh(relocate=False)
             n = purge(self._ring, self._index)
             self._owners.held.clear()
             self._ring.segs.retire_finished()

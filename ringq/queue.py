@@ -373,9 +373,12 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
         before = self._reaper.last
         n = self._reaper.reap(force)
         if self._reaper.last != before:  # a pass ran: offer sealed segments for relocation too
+            moved = 0
             for view in list(self._index.views.values()):
                 if view.sealed:
-                    self._relocator.offer(view)
+                    moved += self._relocator.offer(view)
+            if moved:  # read the copies in: what follows (a purge, a count) must see them
+                self._refresh(relocate=False)
         return n
 
     def _settle(self, force: bool = True) -> None:

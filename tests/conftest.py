@@ -3,16 +3,38 @@
 Tests marked ``slow`` (the long SIGKILL torture and other manual runs) are skipped unless asked
 for: ``pytest -m slow`` (or any ``-m`` expression naming ``slow``) or ``RINGQ_SLOW=1``.  CI runs
 the plain ``pytest`` and so never the slow ones.
+
+Randomised tests draw from one seed per run, printed in the header (``ringq seed: N``):
+hypothesis's (as ``--hypothesis-seed`` would set it) and the history checker's
+(tests/test_processes_history.py).  ``RINGQ_SEED=N pytest ...`` replays a run's choices.
+Hypothesis keeps no example database (profile ``ringq``), so a failure found once is reported
+with its seed and blob rather than replayed by surprise in every later run on the checkout;
+``HYPOTHESIS_PROFILE=default`` brings the database back for debugging.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import sys
 
 import pytest
+from hypothesis import core, settings
 
 sys.path.insert(0, os.path.dirname(__file__))  # the shared helpers (crashkit, procs) import by name
+
+SEED = int(os.environ.get("RINGQ_SEED") or random.SystemRandom().randrange(2**32))
+settings.register_profile("ringq", database=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ringq"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("hypothesis_seed", None) is None:
+        core.global_force_seed = SEED
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"ringq seed: {SEED} (replay: RINGQ_SEED={SEED} pytest ...)"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

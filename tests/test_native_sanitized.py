@@ -1,8 +1,12 @@
-"""The C helper under AddressSanitizer + UndefinedBehaviorSanitizer (tests/native/ringq_selftest.c).
+"""The C helper under AddressSanitizer + UndefinedBehaviorSanitizer (tests/native/ringq_selftest.c),
+and its thread-shared paths under ThreadSanitizer too (tests/native/ringq_threads.c).
 
 Invariant: every entry point of the C helper (csrc/*.c), fed random geometries, random bytes and random
 arguments over buffers of exactly the mapping's length, returns its documented codes and never
-reads or writes outside the mapping nor hits undefined behaviour.
+reads or writes outside the mapping nor hits undefined behaviour.  And: several threads leasing
+from one mapping at once -- asleep in ringq_wait_claim, in ringq_claim_next, by plain CAS, with
+leases returned to READY under them and acks by ringq_ack_slot -- never hand one lease to two
+threads nor accept two acks of one job, with no data race.
 
 The program is compiled with gcc into a temporary directory.  If the toolchain has no ASan
 runtime the test falls back to UBSan alone, and skips if neither links.  Iterations:
@@ -27,6 +31,14 @@ SOURCES = [
 FLAVOURS = [["-fsanitize=address,undefined"], ["-fsanitize=undefined"]]
 
 
+def _build(tmp, flags, sources, exe, extra=()):
+    cmd = ["gcc", "-std=gnu11", "-g", "-O1", "-Wall", "-Wextra", "-fno-omit-frame-pointer",
+           "-fno-sanitize-recover=all", *flags, "-I", os.path.join(ROOT, "csrc"), *sources, *extra, "-o", exe]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr  # the toolchain works: a build failure is ours
+    return exe
+
+
 def _runtime_works(tmp_path, flags):
     """True if this toolchain can build and run a trivial program with ``flags``."""
     src = tmp_path / "probe.c"
@@ -45,26 +57,7 @@ def selftest(tmp_path_factory):
     flags = next((f for f in FLAVOURS if _runtime_works(tmp, f)), None)
     if flags is None:
         pytest.skip("no sanitizer runtime usable with this gcc")
-    exe = str(tmp / "selftest")
-    cmd = [
-        "gcc",
-        "-std=gnu11",
-        "-g",
-        "-O1",
-        "-Wall",
-        "-Wextra",
-        "-fno-omit-frame-pointer",
-        "-fno-sanitize-recover=all",
-        *flags,
-        "-I",
-        os.path.join(ROOT, "csrc"),
-        *SOURCES,
-        "-o",
-        exe,
-    ]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr  # the toolchain works: a build failure is ours
-    return exe
+    return _build(tmp, flags, SOURCES, str(tmp / "selftest"))
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -103,3 +96,41 @@ def test_selftest_really_catches_an_overflow(tmp_path):
         pytest.skip("no ASan runtime")
     out = subprocess.run([exe], capture_output=True, text=True)
     assert out.returncode != 0 and "heap-buffer-overflow" in out.stderr
+
+
+THREAD_SOURCES = [os.path.join(ROOT, "tests", "native", "ringq_threads.c"), *SOURCES[1:]]
+
+
+@pytest.fixture(scope="module", params=["thread", "address,undefined"])
+def threads_harness(request, tmp_path_factory):
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not installed")
+    tmp = tmp_path_factory.mktemp("threads")
+    flags = [f"-fsanitize={request.param}"]
+    if not _runtime_works(tmp, flags):
+        pytest.skip(f"no {request.param} sanitizer runtime usable with this gcc")
+    return _build(tmp, flags, THREAD_SOURCES, str(tmp / "threads"), ["-lpthread"])
+
+
+def _run_threads(exe, *args):
+    env = dict(os.environ, TSAN_OPTIONS="halt_on_error=1:exitcode=66", ASAN_OPTIONS="detect_leaks=1")
+    return subprocess.run([exe, *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_threads_share_the_c_paths_without_a_race_or_a_second_lease(threads_harness, seed):
+    out = _run_threads(threads_harness, "3000", str(seed))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    m = re.search(r"threads: (\d+) leases \((\d+) by the wait, (\d+) by claim_next, (\d+) by CAS\), "
+                  r"(\d+) acks, 0 failed", out.stdout)
+    assert m, out.stdout
+    # every path that hands out a lease was taken, and every job was acked once
+    assert all(int(x) > 0 for x in m.groups()[1:4]) and int(m.group(5)) == 3000, out.stdout
+
+
+def test_threads_harness_catches_a_result_struct_shared_between_threads(threads_harness):
+    """The harness is worth something only if it fails on the fault it exists for: waiting
+    threads that read one another's lease results."""
+    out = _run_threads(threads_harness, "3000", "1", "shared")
+    assert out.returncode != 0
+    assert "handed to two threads" in out.stderr or "ThreadSanitizer: data race" in out.stderr

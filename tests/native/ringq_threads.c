@@ -1,0 +1,282 @@
+/* ringq_threads.c - the C helper's thread-shared paths, several threads at once, checked as a
+ * whole history.  Built and run by tests/test_native_sanitized.py under ThreadSanitizer and under
+ * AddressSanitizer + UndefinedBehaviorSanitizer:
+ *   gcc -std=gnu11 -g -O1 -fsanitize=thread -Icsrc tests/native/ringq_threads.c csrc/ *.c -lpthread
+ *   ./threads [jobs] [seed] [shared]
+ *
+ * One segment mapping and one control page in memory, shared by the threads of this process as a
+ * queue's mappings are: a producer publishes records (ringq_rec_write, then a release-store of
+ * the tail and a bump of the wake word with FUTEX_WAKE, as an append does); CONSUMERS threads lease
+ * them with ringq_wait_claim (asleep on the futex, leasing the job the wake announced),
+ * ringq_claim_next (the one-call lease of a lane's first job) and, for jobs returned to READY, a
+ * plain CAS (the Python policy path); a reaper thread returns some leases to READY (as an expired
+ * lease is), and consumers ack with ringq_ack_slot under their fencing token.  Each thread passes
+ * its own argument and result structs, as ringq/leases.py does.
+ *
+ * The history: every (slot, lease count) is claimed by at most one thread, every successful ack
+ * names the lease count of a claim that thread made and is the only ack of its slot, and at the
+ * end every slot is DONE.  TSan reports any data race in the helper; the checks report any lease
+ * handed out twice.  Prints "threads: N leases (W by the wait, C by claim_next, P by CAS), M acks,
+ * 0 failed" and exits 0 on success.  With "shared" the consumers pass one result struct to the
+ * wait between them (the fault the checks exist for): the run must fail.
+ */
+#include "ringq.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CONSUMERS 4
+#define SLOT_SIZE 128u
+#define MAX_LC 64u
+#define WAKE_OFF 88u
+#define WAITERS_OFF 92u
+#define CHANGE_OFF 96u
+#define ACKED_OFF 232u
+
+static uint32_t jobs = 4000;
+static ringq_geom g;
+static uint8_t *seg, *ctl;
+static size_t maplen;
+static const size_t ctl_len = 4096;
+static _Atomic uint32_t *claims;  /* [slot * MAX_LC + lc]: threads that claimed that lease */
+static _Atomic uint32_t *acks;    /* [slot]: accepted acks */
+static _Atomic uint32_t done_count, producer_done;
+static _Atomic unsigned long leases, acked, failures, by_wait, by_claim, by_cas;
+static int shared_out;
+static ringq_claim_out common_out;
+
+#define FAIL(...)                                   \
+    do {                                            \
+        atomic_fetch_add(&failures, 1);             \
+        fprintf(stderr, __VA_ARGS__);               \
+        fputc('\n', stderr);                        \
+    } while (0)
+
+static uint64_t now_rel(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static uint64_t word_at(uint32_t slot) {
+    uint64_t w = 0;
+    ringq_load64(seg, maplen, g.state_off + (size_t)slot * RINGQ_STATE_ENTRY, &w);
+    return w;
+}
+
+static uint32_t lc_of(uint64_t w) { return (uint32_t)((w >> RINGQ_W_LC_SHIFT) & RINGQ_W_LC_MASK); }
+
+static uint32_t tail_now(void) {
+    uint32_t t = 0;
+    ringq_load32(seg, maplen, RINGQ_SEG_OFF_TAIL, &t);
+    return t;
+}
+
+static void *producer(void *arg) {
+    unsigned seed = (unsigned)(uintptr_t)arg;
+    uint8_t rec[RINGQ_REC_HEADER + 8];
+    for (uint32_t slot = 0; slot < jobs; slot++) {
+        memset(rec, 0, sizeof rec);
+        uint32_t magic = RINGQ_REC_MAGIC, len = sizeof rec, span = 1, plen = 8;
+        int64_t enq_us = 1000000, avail_ms = 0;
+        memcpy(rec, &magic, 4);
+        memcpy(rec + 8, &len, 4);
+        memcpy(rec + 12, &span, 4);
+        memcpy(rec + 24, &enq_us, 8);
+        memcpy(rec + 32, &avail_ms, 8);
+        rec[51] = 1; /* a plain job */
+        memcpy(rec + 52, &plen, 4);
+        memcpy(rec + 64, &slot, 4);
+        if (ringq_rec_write(seg, maplen, &g, slot, rec, len, RINGQ_ST_READY) != 1) FAIL("rec_write %u", slot);
+        ringq_store32(seg, maplen, RINGQ_SEG_OFF_TAIL, slot + 1);
+        ringq_fetch_add32(ctl, ctl_len, WAKE_OFF, 1, NULL);
+        uint32_t waiters = 0;
+        ringq_load32(ctl, ctl_len, WAITERS_OFF, &waiters);
+        if (waiters) ringq_futex_wake(ctl, ctl_len, WAKE_OFF, 0x7fffffff);
+        seed = seed * 1103515245u + 12345u;
+        /* mostly one job at a time, so that consumers wait in ringq_wait_claim together */
+        if ((seed >> 16) % 8 != 0) usleep(50 + (seed >> 8) % 200);
+    }
+    atomic_store(&producer_done, 1);
+    ringq_fetch_add32(ctl, ctl_len, WAKE_OFF, 1, NULL);
+    ringq_futex_wake(ctl, ctl_len, WAKE_OFF, 0x7fffffff);
+    return NULL;
+}
+
+/* A lease this thread won: record it (a second claimer of one lease is the fault we look for). */
+static void won(uint32_t me, uint32_t slot, uint64_t word, uint32_t *held_lc) {
+    uint32_t lc = lc_of(word);
+    if ((word & 7) != RINGQ_ST_LEASED || lc == 0 || lc >= MAX_LC) {
+        FAIL("thread %u: claimed slot %u with word %llx", me, slot, (unsigned long long)word);
+        return;
+    }
+    if (atomic_fetch_add(&claims[(size_t)slot * MAX_LC + lc], 1) != 0)
+        FAIL("slot %u lease %u handed to two threads", slot, lc);
+    atomic_fetch_add(&leases, 1);
+    *held_lc = lc;
+}
+
+static void settle(uint32_t me, uint32_t slot, uint32_t lc, unsigned *seed) {
+    *seed = *seed * 1103515245u + 12345u;
+    if ((*seed >> 16) % 7 == 0) return; /* left to the reaper, as a lease that expires */
+    uint64_t w = 0, fin = 0;
+    ringq_ctl_words words = {.acked = ACKED_OFF};
+    int rc = ringq_ack_slot(seg, maplen, &g, slot, lc, now_rel(), ctl, ctl_len, &words, &w, &fin);
+    if (rc == 0) {
+        if (atomic_fetch_add(&acks[slot], 1) != 0) FAIL("slot %u acked twice (thread %u, lease %u)", slot, me, lc);
+        atomic_fetch_add(&acked, 1);
+        atomic_fetch_add(&done_count, 1);
+    } else if (rc != 2) {
+        FAIL("thread %u: ack of slot %u lease %u returned %d", me, slot, lc, rc);
+    }
+}
+
+static void *consumer(void *arg) {
+    uint32_t me = (uint32_t)(uintptr_t)arg;
+    unsigned seed = 7919u * (me + 1);
+    uint32_t *order = malloc(sizeof(uint32_t) * jobs);
+    uint8_t *plain = malloc(g.slot_count);
+    for (uint32_t i = 0; i < jobs; i++) order[i] = i;
+    memset(plain, 1, g.slot_count);
+    ringq_wait_args a = {.wake_off = WAKE_OFF, .waiters_off = WAITERS_OFF, .change_off = CHANGE_OFF,
+                         .timeout_ns = 20000000, .vt_ms = 1000000, .owner_base = me + 1};
+    ringq_claim_out co;
+    uint32_t cursor = 0;
+    uint64_t seen_change = 0;
+    while (atomic_load(&done_count) < jobs) {
+        uint32_t wake = 0, lc = 0;
+        ringq_load32(ctl, ctl_len, WAKE_OFF, &wake);
+        uint32_t tail = tail_now();
+        /* the one-call lease of the first READY job from the cursor */
+        while (cursor < tail) {
+            if (ringq_claim_next(seg, maplen, &g, order, tail, cursor, order[cursor], plain, now_rel(),
+                                 now_rel() + 1000000, me + 1, &co) != 0) {
+                FAIL("claim_next failed");
+                break;
+            }
+            if (co.status == RINGQ_CLAIMED) {
+                won(me, co.slot, co.word, &lc);
+                atomic_fetch_add(&by_claim, 1);
+                cursor = co.index + 1;
+                settle(me, co.slot, lc, &seed);
+                continue;
+            }
+            if (co.status == RINGQ_CLAIM_NONE) {
+                cursor = tail;
+                break;
+            }
+            if (co.index != cursor) { /* the first READY job is further on: rank it */
+                cursor = co.index;
+                continue;
+            }
+            /* READY but leased before (the reaper returned it): the policy path's plain CAS */
+            uint64_t w = co.word, next = (w & ~((uint64_t)RINGQ_W_LC_MASK << RINGQ_W_LC_SHIFT) & ~7ull) |
+                                         RINGQ_ST_LEASED | ((uint64_t)(lc_of(w) + 1) << RINGQ_W_LC_SHIFT);
+            uint64_t seen = 0;
+            int ok = lc_of(w) + 1 < MAX_LC &&
+                     ringq_cas64(seg, maplen, g.state_off + (size_t)co.slot * RINGQ_STATE_ENTRY, w, next, &seen) == 1;
+            if (ok) {
+                won(me, co.slot, next, &lc);
+                atomic_fetch_add(&by_cas, 1);
+                settle(me, co.slot, lc, &seed);
+            }
+            cursor = co.index + 1;
+        }
+        if (atomic_load(&done_count) >= jobs) break;
+        /* nothing ahead: jobs may have come back READY behind us (the reaper) */
+        uint64_t change = 0;
+        ringq_load64(ctl, ctl_len, CHANGE_OFF, &change);
+        if (change != seen_change) { /* jobs came back READY behind the cursor: look again */
+            seen_change = change;
+            cursor = 0;
+            continue;
+        }
+        if (cursor < tail_now()) continue;
+        a.wake_seen = wake;
+        a.from_slot = tail;
+        a.change_seen = change;
+        a.spin_ns = (seed >> 3) % 3 == 0 ? 20000 : 0;
+        ringq_claim_out *wo = shared_out ? &common_out : &co;
+        if (ringq_wait_claim(ctl, ctl_len, seg, maplen, &g, &a, wo) != 0) FAIL("wait_claim failed");
+        else if (wo->status == RINGQ_CLAIMED) {
+            uint32_t slot = wo->slot;
+            uint64_t word = wo->word;
+            won(me, slot, word, &lc);
+            atomic_fetch_add(&by_wait, 1);
+            co.slot = slot;
+            settle(me, co.slot, lc, &seed);
+        }
+        seed = seed * 1103515245u + 12345u;
+    }
+    free(order);
+    free(plain);
+    return NULL;
+}
+
+/* Returns leases left unacked to READY (lease count kept), as reclaiming an expired lease does. */
+static void *reaper(void *arg) {
+    (void)arg;
+    while (atomic_load(&done_count) < jobs) {
+        uint32_t tail = tail_now(), returned = 0;
+        for (uint32_t slot = 0; slot < tail; slot++) {
+            uint64_t w = word_at(slot), seen = 0;
+            if ((w & 7) != RINGQ_ST_LEASED) continue;
+            uint64_t ready = (w & ~7ull) | RINGQ_ST_READY;
+            if (ringq_cas64(seg, maplen, g.state_off + (size_t)slot * RINGQ_STATE_ENTRY, w, ready, &seen) == 1)
+                returned++;
+        }
+        if (returned) {
+            ringq_fetch_add64(ctl, ctl_len, CHANGE_OFF, 1, NULL);
+            ringq_fetch_add32(ctl, ctl_len, WAKE_OFF, 1, NULL);
+            ringq_futex_wake(ctl, ctl_len, WAKE_OFF, 0x7fffffff);
+        }
+        usleep(2000);
+    }
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1) jobs = (uint32_t)atol(argv[1]);
+    unsigned seed = argc > 2 ? (unsigned)strtoul(argv[2], NULL, 10) : 1;
+    shared_out = argc > 3 && strcmp(argv[3], "shared") == 0;
+    g.seg_seq = 3;
+    g.slot_size = SLOT_SIZE;
+    g.slot_count = jobs;
+    g.state_off = 256;
+    g.data_off = g.state_off + (uint64_t)jobs * RINGQ_STATE_ENTRY;
+    maplen = g.data_off + (size_t)jobs * SLOT_SIZE;
+    seg = aligned_alloc(4096, (maplen + 4095) / 4096 * 4096);
+    ctl = aligned_alloc(4096, ctl_len);
+    memset(seg, 0, maplen);
+    memset(ctl, 0, ctl_len);
+    claims = calloc((size_t)jobs * MAX_LC, sizeof *claims);
+    acks = calloc(jobs, sizeof *acks);
+    pthread_t p, r, c[CONSUMERS];
+    for (uintptr_t i = 0; i < CONSUMERS; i++) pthread_create(&c[i], NULL, consumer, (void *)i);
+    pthread_create(&r, NULL, reaper, NULL);
+    pthread_create(&p, NULL, producer, (void *)(uintptr_t)seed);
+    pthread_join(p, NULL);
+    for (int i = 0; i < CONSUMERS; i++) pthread_join(c[i], NULL);
+    pthread_join(r, NULL);
+    for (uint32_t slot = 0; slot < jobs; slot++) {
+        uint64_t w = word_at(slot);
+        if ((w & 7) != RINGQ_ST_DONE) FAIL("slot %u ends in state %llu", slot, (unsigned long long)(w & 7));
+        if (atomic_load(&acks[slot]) != 1) FAIL("slot %u acked %u times", slot, atomic_load(&acks[slot]));
+    }
+    uint64_t counted = 0;
+    ringq_load64(ctl, ctl_len, ACKED_OFF, &counted);
+    if (counted != acked) FAIL("acked count %llu, acks %lu", (unsigned long long)counted, acked);
+    printf("threads: %lu leases (%lu by the wait, %lu by claim_next, %lu by CAS), %lu acks, %lu failed\n",
+           atomic_load(&leases), atomic_load(&by_wait), atomic_load(&by_claim), atomic_load(&by_cas),
+           atomic_load(&acked), atomic_load(&failures));
+    free(claims);
+    free(acks);
+    free(seg);
+    free(ctl);
+    return atomic_load(&failures) ? 1 : 0;
+}

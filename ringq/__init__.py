@@ -13,6 +13,10 @@ state words; a dead process's leases come back at once.  Delivery is at-least-on
 The API keeps the names of the ``nobroker`` package; ``ringq.aio`` offers an asyncio API.
 """
 
+from ringq.engine.recovery import RecoveryReport
+from ringq.local.queue import CompactionResult, Queue, QueueStats
+from ringq.worker.worker import Worker, WorkerStats
+
 from .backoff import BackoffPolicy
 from .connect import connect
 from .errors import (
@@ -41,10 +45,7 @@ from .errors import (
     UnsupportedFilesystemError,
 )
 from .job import Job, JobState
-from .queue import CompactionResult, Queue, QueueStats
-from .recovery import RecoveryReport
 from .results import ResultNotFoundError
-from .worker import Worker, WorkerStats
 
 __version__ = "0.1.0"
 

@@ -29,13 +29,13 @@ def connect(target: str | os.PathLike[str], name: str = "default", **options: An
             ``pip install 'ringq[redis]'``); a RingqError and an ImportError.
     """
     if is_url(target):
-        from .redis_queue import RedisQueue
+        from ringq.redis.queue import RedisQueue
 
         return RedisQueue(target, name, **options)
     if isinstance(target, str) and "://" in target:
         raise ValueError(
             f"unsupported queue URL {target!r}: use a directory or redis://, rediss://, unix://"
         )
-    from .queue import Queue
+    from ringq.local.queue import Queue
 
     return Queue(target, name, **options)

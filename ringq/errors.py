@@ -166,7 +166,7 @@ _CODES: dict[int, tuple[type[RingqError], str]] = {}
 
 
 def _register_codes() -> None:
-    from ._native import lib
+    from ringq.engine._native import lib
 
     _CODES.update(
         {

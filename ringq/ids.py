@@ -61,7 +61,7 @@ def source_tag(queue: Any) -> str:
     the real path of its directory, or its Redis URL without the password."""
     url = getattr(queue, "url", None)
     if url is not None:
-        from .redis_queue import redact_url
+        from ringq.redis.queue import redact_url
 
         location = "redis:" + redact_url(str(url))
     else:

@@ -25,9 +25,10 @@ import enum
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ringq.engine.transitions import TRANSITIONS
+from ringq.engine.words import END_EXPIRED, FLAG_CANCEL, ST_DEAD, ST_DONE, ST_LEASED, ST_READY, why
+
 from .codec import jsonable
-from .transitions import TRANSITIONS
-from .words import END_EXPIRED, FLAG_CANCEL, ST_DEAD, ST_DONE, ST_LEASED, ST_READY, why
 
 __all__ = ["Job", "JobState", "TRANSITIONS", "state_of"]
 

@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ringq
-from ringq import appends as appends_mod
-from ringq import index as index_mod
-from ringq import leases as leases_mod
-from ringq import segment as seg_mod
-from ringq.control import OFF_BOOT
-from ringq.queue import Queue
-from ringq.segment import REC_DATA_OFF, seg_layout, segment_name, state_name
+from ringq.engine import appends as appends_mod
+from ringq.engine import index as index_mod
+from ringq.engine import segment as seg_mod
+from ringq.engine.control import OFF_BOOT
+from ringq.engine.segment import REC_DATA_OFF, seg_layout, segment_name, state_name
+from ringq.local import leases as leases_mod
+from ringq.local.queue import Queue
 
 NAME = "q"
 SLOT = 128  # bytes per slot in the small test geometry
@@ -36,8 +36,8 @@ Image = dict[str, bytes]
 
 
 def verify(q: Queue):
-    """What ``ringq verify`` finds in ``q``'s directory (ringq.verify.examine: read-only)."""
-    from ringq.verify import examine
+    """What ``ringq verify`` finds in ``q``'s directory (ringq.engine.verify.examine: read-only)."""
+    from ringq.engine.verify import examine
 
     return examine(q.path, q.name)
 

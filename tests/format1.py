@@ -10,9 +10,9 @@ import os
 import struct
 import time
 
-from ringq.control import Control
-from ringq.mapped import crc32c
-from ringq.words import ST_CONT, pack
+from ringq.engine.control import Control
+from ringq.engine.mapped import crc32c
+from ringq.engine.words import ST_CONT, pack
 
 PAGE = 4096
 SEG_MAGIC = 0x3147455351474E52  # b"RNGQSEG1"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from ringq import Queue
-from ringq.relocate import HOT_RECHECK, Relocator
+from ringq.engine.relocate import HOT_RECHECK, Relocator
 
 
 def test_acks_in_a_sealed_segment_do_not_each_scan_it(tmp_path):

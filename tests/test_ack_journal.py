@@ -12,7 +12,7 @@ import os
 from crashkit import NAME, drain, open_queue, restore, snapshot
 
 from ringq import JobState
-from ringq.ackjournal import ENTRY, encode
+from ringq.engine.ackjournal import ENTRY, encode
 
 
 def _seg_name(img):

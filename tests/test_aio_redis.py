@@ -10,7 +10,7 @@ from redisserver import free_port, require_redis, start_cluster
 
 from ringq import ConnectionLostError
 from ringq.aio import Queue, Status
-from ringq.aio_store import REDIS_RETAIN_DONE, store_for
+from ringq.aio.store import REDIS_RETAIN_DONE, store_for
 
 
 def run(coro):

@@ -21,13 +21,21 @@ from procs import spawn
 
 from ringq import LockTimeoutError, Queue
 from ringq.codec import BYTES, JSON
-from ringq.control import OFF_LOCK_WAITERS, OFF_LOCK_WAKE
+from ringq.engine.control import OFF_LOCK_WAITERS, OFF_LOCK_WAKE
+from ringq.engine.mapped import crc32c
+from ringq.engine.records import (
+    KIND_JOB,
+    NewRecord,
+    build,
+    check_one,
+    fill_header,
+    read_record,
+    scan,
+)
+from ringq.engine.ring import Ring
+from ringq.engine.segment import REC_DATA_OFF
+from ringq.engine.words import ST_CONT, ST_EMPTY, ST_READY, pack, state
 from ringq.job import Job, JobState
-from ringq.mapped import crc32c
-from ringq.records import KIND_JOB, NewRecord, build, check_one, fill_header, read_record, scan
-from ringq.ring import Ring
-from ringq.segment import REC_DATA_OFF
-from ringq.words import ST_CONT, ST_EMPTY, ST_READY, pack, state
 
 SLOT = 128
 
@@ -202,7 +210,7 @@ def test_a_failed_write_publishes_nothing_and_loses_nothing(tmp_path):
 PARTIAL_CHILD = r"""
 import os, resource, signal, sys
 from ringq import Queue, QueueFullError
-from ringq.segment import REC_DATA_OFF
+from ringq.engine.segment import REC_DATA_OFF
 path, limit = sys.argv[1], int(sys.argv[2])
 q = Queue(path, "q", slot_size=128, slot_count=64, durability="none")
 q.enqueue_many(["a", "b", "c", "d"])

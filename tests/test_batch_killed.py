@@ -20,7 +20,7 @@ GEOMETRY = dict(slot_size=256, slot_count=64)  # a 3 KB job takes 13 slots: 4 to
 KILLED = """
 import os, signal, sys
 from ringq import Queue
-from ringq import appends as appends_mod
+from ringq.engine import appends as appends_mod
 real = appends_mod.lib
 when = int(sys.argv[2])
 

@@ -564,10 +564,10 @@ def test_worker_and_servers_refuse_a_port_out_of_range(tmp_path):
         for bad in (-1, 65536, 99999, True, 1.5, "8080"):
             with pytest.raises(ValueError, match="0..65535"):
                 Worker(q, print, metrics_port=bad)
-            for module in ("ringq.dashboard", "ringq.metrics"):
+            for module in ("ringq.web.dashboard", "ringq.web.metrics"):
                 try:
                     serve = importlib.import_module(module).serve
                 except ImportError:
                     continue  # the extra is not installed
                 with pytest.raises(ValueError, match="0..65535"):
-                    serve(q, bad) if module == "ringq.dashboard" else serve(None, bad)
+                    serve(q, bad) if module == "ringq.web.dashboard" else serve(None, bad)

@@ -24,7 +24,7 @@ from crashkit import (
     state_file,
 )
 
-from ringq.segment import OFF_TAIL
+from ringq.engine.segment import OFF_TAIL
 
 
 def _queue_with_acks(tmp_path, **kw):

@@ -30,14 +30,14 @@ from crashkit import (
 
 import ringq
 from ringq import codec
-from ringq.control import OFF_TAIL_SEG
+from ringq.engine.control import OFF_TAIL_SEG
+from ringq.engine.segment import OFF_RETIRED, OFF_TAIL
 from ringq.errors import (
     CorruptionError,
     FormatVersionError,
     RecordTooLargeError,
     SerializationError,
 )
-from ringq.segment import OFF_RETIRED, OFF_TAIL
 
 # -- payloads -------------------------------------------------------------------------------------------
 
@@ -266,7 +266,7 @@ def test_unusable_segment_is_quarantined_and_reported(tmp_path, kind):
 def _patch_header(path, seq, off, fmt, value, fix_crc=True):
     """Patch the static header of segment ``seq``'s record file, or (``off`` >= 128, the mutable
     words) its state file's header."""
-    from ringq.mapped import crc32c
+    from ringq.engine.mapped import crc32c
 
     target = _seg(path, seq) if off < 128 else _seg(path, seq)[: -len(".seg")] + ".state"
     data = bytearray(open(target, "rb").read())

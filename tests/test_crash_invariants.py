@@ -161,9 +161,9 @@ def test_claimer_killed_between_its_two_cas_does_not_strand_the_job(tmp_path):
     """A claim stores the state word, then the owner word; a claimer SIGKILLed in between leaves
     a lease with no owner, which must come back after CLAIM_GRACE, not after the visibility
     timeout (600 s here)."""
-    from ringq.reaper import CLAIM_GRACE
-    from ringq.segment import Segment, segment_name
-    from ringq.words import ST_LEASED, pack
+    from ringq.engine.reaper import CLAIM_GRACE
+    from ringq.engine.segment import Segment, segment_name
+    from ringq.engine.words import ST_LEASED, pack
 
     with open_queue(str(tmp_path)) as q:
         q.enqueue("stranded")

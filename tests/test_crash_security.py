@@ -14,7 +14,7 @@ import stat
 import pytest
 from crashkit import NAME, open_queue
 
-from ringq import ring as ring_mod
+from ringq.engine import ring as ring_mod
 from ringq.errors import UnsupportedFilesystemError
 
 

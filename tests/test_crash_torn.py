@@ -30,8 +30,8 @@ from crashkit import (
     state_file,
 )
 
-from ringq.control import OFF_NEXT_SEQ, OFF_TAIL_SEG
-from ringq.segment import OFF_LAST_SEQ, OFF_NRECORDS, OFF_TAIL
+from ringq.engine.control import OFF_NEXT_SEQ, OFF_TAIL_SEG
+from ringq.engine.segment import OFF_LAST_SEQ, OFF_NRECORDS, OFF_TAIL
 
 BIG = "x" * 150  # a JSON payload whose record spans two 128-byte slots
 

@@ -11,7 +11,7 @@ import time
 from procs import spawn
 
 from ringq import Queue
-from ringq.reaper import REAP_INTERVAL
+from ringq.engine.reaper import REAP_INTERVAL
 
 HOLDER = """
 import sys, time

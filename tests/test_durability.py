@@ -18,9 +18,9 @@ from procs import spawn
 
 from ringq import Queue
 from ringq.codec import JSON
-from ringq.durability import STRATEGIES, position
-from ringq.records import NewRecord
-from ringq.ring import Ring
+from ringq.engine.durability import STRATEGIES, position
+from ringq.engine.records import NewRecord
+from ringq.engine.ring import Ring
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

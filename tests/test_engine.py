@@ -7,10 +7,10 @@ import pytest
 
 from ringq import BackoffPolicy, Queue, RecordTooLargeError
 from ringq.codec import JSON
-from ringq.records import NewRecord, read_record, scan
-from ringq.ring import Ring
-from ringq.segment import Segment, segment_name
-from ringq.words import ST_DONE, ST_READY
+from ringq.engine.records import NewRecord, read_record, scan
+from ringq.engine.ring import Ring
+from ringq.engine.segment import Segment, segment_name
+from ringq.engine.words import ST_DONE, ST_READY
 
 
 def recs(n, size=10):
@@ -166,9 +166,9 @@ def test_straggler_relocation_keeps_attempts_error_and_time(qdir):
 
 
 def test_every_state_word_cas_consults_the_transition_table(qdir):
-    from ringq.segment import Segment
-    from ringq.transitions import TRANSITIONS, StateTransitionError
-    from ringq.words import ST_DONE, ST_GONE, ST_READY, pack
+    from ringq.engine.segment import Segment
+    from ringq.engine.transitions import TRANSITIONS, StateTransitionError
+    from ringq.engine.words import ST_DONE, ST_GONE, ST_READY, pack
 
     with Queue(qdir, "t") as q:
         job = q.enqueue("x")

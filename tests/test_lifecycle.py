@@ -462,7 +462,7 @@ def test_damaged_progress_frames_are_ignored(tmp_path):
 
 
 def test_verify_counts_cancelled_and_expired_and_flags_a_damaged_pause_file(tmp_path):
-    from ringq.verify import examine
+    from ringq.engine.verify import examine
 
     with Queue(tmp_path, "v") as q:
         q.cancel(q.enqueue("c"))
@@ -712,7 +712,7 @@ def test_a_long_queue_name_opens_and_refuses_only_results(tmp_path):
 def test_a_paused_key_is_passed_over_and_leased_after_resume(tmp_path, monkeypatch):
     # Records carry no key in this format; give every job a key from its slot's parity through
     # the one function that reads keys, to check how leases treat paused keys.
-    from ringq import lifecycle
+    from ringq.local import lifecycle
 
     monkeypatch.setattr(lifecycle, "key_of", lambda seg, slot: "odd" if slot % 2 else "even")
     with Queue(tmp_path) as q:

@@ -265,10 +265,10 @@ def test_bad_keys_and_windows_are_refused(qdir):
         q.enqueue(1, unique_for=5)
     with pytest.raises(LimitError):
         q.enqueue(1, key="k", unique_for=-1)
-    for too_long in (1e30, float("inf"), ringq.limits.MAX_UNIQUE_FOR):
-        with pytest.raises(LimitError, match=f"below {ringq.limits.MAX_UNIQUE_FOR} "):
+    for too_long in (1e30, float("inf"), ringq.local.limits.MAX_UNIQUE_FOR):
+        with pytest.raises(LimitError, match=f"below {ringq.local.limits.MAX_UNIQUE_FOR} "):
             q.enqueue(1, key="k", unique_for=too_long)
-    q.enqueue(1, key="k", unique_for=ringq.limits.MAX_UNIQUE_FOR - 1)
+    q.enqueue(1, key="k", unique_for=ringq.local.limits.MAX_UNIQUE_FOR - 1)
     assert q.stats().ready == 1
 
 

@@ -8,7 +8,7 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ringq._native import ffi, lib
+from ringq.engine._native import ffi, lib
 
 from ringq import errors
 
@@ -31,7 +31,7 @@ def test_crc32c_known_answers(fn, data, expected):
 
 @pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
 def test_crc32c_buffer_kinds(kind):
-    from ringq.mapped import crc32c
+    from ringq.engine.mapped import crc32c
 
     assert crc32c(kind(b"123456789")) == 0xE3069283
 
@@ -76,7 +76,7 @@ def test_fetch_add_and_cas_from_processes_lose_no_update(tmp_path):
         fh.write(bytes(4096))
     code = """
 import mmap, os, sys
-from ringq._native import ffi, lib
+from ringq.engine._native import ffi, lib
 fd = os.open(sys.argv[1], os.O_RDWR)
 mm = mmap.mmap(fd, 4096)
 p = ffi.from_buffer("uint8_t[]", mm)
@@ -111,7 +111,7 @@ def test_futex_wait_times_out_and_is_woken_across_processes(tmp_path):
     assert lib.ringq_futex_wait(p, 4096, 0, 1, 50_000_000) == 0  # value differs: returns at once
     waker = """
 import mmap, os, sys, time
-from ringq._native import ffi, lib
+from ringq.engine._native import ffi, lib
 fd = os.open(sys.argv[1], os.O_RDWR); mm = mmap.mmap(fd, 4096); p = ffi.from_buffer("uint8_t[]", mm)
 time.sleep(0.3)
 lib.ringq_fetch_add32(p, 4096, 0, 1, ffi.NULL)
@@ -140,7 +140,7 @@ def test_owner_locks_are_released_when_the_holder_dies(tmp_path):
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     holder = """
 import os, sys, time
-from ringq._native import lib
+from ringq.engine._native import lib
 fd = os.open(sys.argv[1], os.O_RDWR)
 assert lib.ringq_owner_trylock(fd, 7) == 1
 print("held", flush=True)
@@ -164,7 +164,7 @@ time.sleep(60)
 
 
 def test_rec_check_rejects_garbage_without_crashing():
-    from ringq.records import REC_INFO_DTYPE  # noqa: F401  (layout read from the C header)
+    from ringq.engine.records import REC_INFO_DTYPE  # noqa: F401  (layout read from the C header)
 
     size = 4096 + 4096 + 8 * 256
     buf = ffi.new("uint8_t[]", os.urandom(size))

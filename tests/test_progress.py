@@ -13,7 +13,7 @@ import pytest
 from procs import child_env
 
 from ringq import Queue
-from ringq.progress import progress_text
+from ringq.worker.progress import progress_text
 
 pytest.importorskip("rich")
 

@@ -107,7 +107,7 @@ def test_invalid_geometry_is_refused_even_when_the_queue_exists(tmp_path, kw):
 def test_another_valid_geometry_on_an_existing_queue_is_ignored_with_a_warning(tmp_path):
     with ringq.Queue(str(tmp_path), slot_size=512) as q:
         q.enqueue("kept")
-    from ringq.queue import GeometryWarning
+    from ringq.local.queue import GeometryWarning
 
     with pytest.warns(GeometryWarning, match="created with slot_size=512; slot_size=1024 is ignored"):
         ringq.Queue(str(tmp_path), slot_size=1024).close()

@@ -144,7 +144,7 @@ def test_migrate_refuses_the_same_redis_queue_however_the_url_is_spelled(redis_s
         assert "same place" in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
     # Spellings no URL rule can equate (another address of this host) are caught by asking the
     # server who it is, in migrate() itself.
-    from ringq.migrate import migrate
+    from ringq.cli.migrate import migrate
 
     with (
         ringq.connect(redis_server.url, name) as a,
@@ -161,7 +161,7 @@ def test_migrate_refuses_the_same_redis_queue_however_the_url_is_spelled(redis_s
 
 
 def test_migrate_function_refuses_one_directory_opened_twice(tmp_path):
-    from ringq.migrate import migrate
+    from ringq.cli.migrate import migrate
 
     src = str(tmp_path / "q")
     _five_jobs(src)

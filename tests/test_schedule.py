@@ -17,7 +17,7 @@ from procs import run_py, spawn
 
 from ringq import Queue, Worker
 from ringq.errors import FormatVersionError, RingqError, SerializationError
-from ringq.schedule import ScheduleFileError, ScheduleNotFoundError, job_id_for
+from ringq.local.schedule import ScheduleFileError, ScheduleNotFoundError, job_id_for
 
 
 def _until(cond, timeout=30.0, step=0.01):
@@ -346,7 +346,7 @@ def _damaged(path, how):
     elif how == "version":
         import struct
 
-        from ringq.segment import crc32c
+        from ringq.engine.segment import crc32c
 
         struct.pack_into("<I", data, 8, 2)
         head = bytes(data[:20]) if path.suffix == ".sched" else bytes(data[:16])
@@ -485,7 +485,7 @@ def test_a_schedule_added_while_a_worker_runs_is_fired(tmp_path, caplog):
 
 @pytest.mark.slow  # about 20 s: every add rewrites and fsyncs the definitions file
 def test_the_schedule_table_holds_capacity_schedules(tmp_path):
-    from ringq.schedule import CAPACITY
+    from ringq.local.schedule import CAPACITY
 
     q = Queue(tmp_path, durability="none")
     for i in range(CAPACITY):

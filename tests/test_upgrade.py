@@ -14,8 +14,8 @@ import pytest
 from crashkit import NAME, SLOT, SLOTS, Recorder, drain, open_queue, restore, snapshot
 
 from ringq import FormatVersionError
-from ringq.upgrade import upgrade
-from ringq.words import ST_DEAD, ST_DONE, ST_LEASED, ST_READY
+from ringq.engine.upgrade import upgrade
+from ringq.engine.words import ST_DEAD, ST_DONE, ST_LEASED, ST_READY
 
 # Segment 1 (sealed): two done, one ready, one dead, one leased by a process long gone, one ready
 # spanning two slots.  Segment 2 (the tail): two ready.

@@ -210,8 +210,8 @@ def test_relocation_killed_after_its_append_leaves_one_live_copy(tmp_path):
     original left two live copies of a delayed job (one leasable at once) or of a dead job.
     The image is built as that kill leaves it: the copy appended, the original untouched."""
     from ringq.codec import JSON
-    from ringq.records import NewRecord
-    from ringq.ring import Ring
+    from ringq.engine.records import NewRecord
+    from ringq.engine.ring import Ring
 
     qdir = str(tmp_path / "q")
     with Queue(qdir, max_attempts=1) as q:

@@ -189,7 +189,7 @@ def run(
             if not jobs and st.ready + st.delayed + st.leased == 0:
                 break
         st = q.stats()
-        from ringq.verify import examine
+        from ringq.engine.verify import examine
 
         damaged = examine(qpath, "t").damaged
         if damaged or not q.recovery.clean:

@@ -124,7 +124,7 @@ def _loadavg() -> str:
 
 
 def environment(scratch: str) -> dict[str, Any]:
-    from ..ring import fs_type
+    from ringq.engine.ring import fs_type
 
     cpu = ""
     with contextlib.suppress(OSError):
@@ -138,7 +138,7 @@ def environment(scratch: str) -> dict[str, Any]:
         except md.PackageNotFoundError:
             versions[pkg] = None
     if versions["ringq"] is None:  # run from a source checkout
-        from .. import __version__
+        from ringq import __version__
 
         versions["ringq"] = f"{__version__} (source)"
     import sqlite3
@@ -270,9 +270,10 @@ class _Format1Adapter:
     def __init__(self, path: str, n: int) -> None:
         import mmap
 
-        from .. import codec, records
-        from .._native import ffi, lib
-        from ..segment import seg_layout
+        from ringq import codec
+        from ringq.engine import records
+        from ringq.engine._native import ffi, lib
+        from ringq.engine.segment import seg_layout
 
         self._ffi, self._lib, self._codec, self._records = ffi, lib, codec, records
         self.slot_size = 256
@@ -333,7 +334,7 @@ class _RingqAdapter:
 
 
 def _open_ringq(path: str, durability: str, **kw: Any):
-    from ..queue import Queue
+    from ringq.local.queue import Queue
 
     return Queue(path, durability=durability, **kw)
 
@@ -577,7 +578,7 @@ def _fan_ringq(scratch: str, n: int, spin: float = 0.0) -> list[int]:
 def _futex_page(path: str):
     import mmap
 
-    from .._native import ffi
+    from ringq.engine._native import ffi
 
     fd = os.open(path, os.O_RDWR)
     mm = mmap.mmap(fd, 4096)
@@ -587,7 +588,7 @@ def _futex_page(path: str):
 
 
 def _fan_futex_consumer(path: str, n: int, ready, out) -> None:
-    from .._native import lib
+    from ringq.engine._native import lib
 
     _mm, ptr, word, stamp = _futex_page(path)
     lat = []
@@ -606,7 +607,7 @@ def _fan_futex_consumer(path: str, n: int, ready, out) -> None:
 
 
 def _fan_futex(scratch: str, n: int) -> list[int]:
-    from .._native import ffi, lib
+    from ringq.engine._native import ffi, lib
 
     path = os.path.join(scratch, "futex.page")
     with open(path, "wb") as fh:
@@ -685,7 +686,7 @@ def _rss() -> dict[str, int]:
 def _child_cold(system: str, path: str) -> dict[str, Any]:
     """In a fresh process: open the queue, lease one job; time, peak RSS, RSS growth, stats()."""
     if system == "ringq":
-        from ..queue import Queue as Q
+        from ringq.local.queue import Queue as Q
     else:
         Q = importlib.import_module("nobroker").Queue
     import gc

@@ -186,7 +186,7 @@ class _RingqOnRedis(Adapter):
     """ringq's own Redis backend (ringq.connect) on the same server as the bare-Redis rows."""
 
     def __init__(self, server: _RedisServer, appendfsync: str, name: str) -> None:
-        from ..connect import connect
+        from ringq.connect import connect
 
         server.client.config_set("appendfsync", appendfsync)
         self.q = connect(f"redis://127.0.0.1:{server.port}/0", name)

@@ -12,9 +12,9 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="$(mktemp -d /tmp/ringq-asan.XXXXXX)"
 trap 'rm -rf "$build"' EXIT
 cp -r "$root/ringq" "$root/csrc" "$build/"
-rm -f "$build"/ringq/_native*.so
+rm -f "$build"/ringq/engine/_native*.so
 (cd "$build" && RINGQ_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
-    RINGQ_LDFLAGS="-fsanitize=address,undefined" python ringq/_build_native.py >build.log 2>&1) \
+    RINGQ_LDFLAGS="-fsanitize=address,undefined" python ringq/engine/_build_native.py >build.log 2>&1) \
     || { cat "$build/build.log"; exit 1; }
 if [ $# -eq 0 ]; then set -- "$root"/tests/test_crash_*.py; fi
 cd /tmp  # not the checkout: its in-place build must not shadow the sanitized one

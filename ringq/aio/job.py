@@ -1,0 +1,306 @@
+"""The job snapshots of :mod:`ringq.aio` and their records in the engine queues.
+
+A job of kind K is a record ``{"kind": K, "payload": ...}`` in the engine queue of K; a finished
+job is a *result record* (the keys of ``RESULT_KEYS``) in the results queue, enqueued with the job's
+id as its job id.  A result record repeats the payload only if it is small (``RESULT_PAYLOAD_MAX``),
+so a job whose payload fits the record limit can always store a result of the same size; a larger
+payload of a finished job is read from its job record while the engine retains that (None after).  This module finds jobs in those engine queues, turns their records into
+:class:`Job` snapshots and builds result records; it works on open engine queues of either backend
+and knows nothing about where they live.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from ringq import codec
+from ringq.errors import JobNotFoundError, RingqError
+from ringq.job import Job as EngineJob
+from ringq.job import JobState
+
+__all__ = ["Job", "Status"]
+
+log = logging.getLogger("ringq.aio")
+
+PRUNED = object()  # what locate returns for a job that finished and was pruned
+NO_PAYLOAD = object()  # payload of a result record that does not repeat it (read the job record)
+# Encoded payloads up to this many bytes are repeated in the result record, so get() returns them
+# for as long as the result is retained.  A larger one is not: the result record then holds only the
+# result and a few hundred bytes of fields, so any result as large as the payload fits too.
+RESULT_PAYLOAD_MAX = 64 * 1024
+UNFINISHED = (JobState.READY, JobState.LEASED)
+RESULT_KEYS = {
+    "id",
+    "kind",
+    "status",
+    "result",
+    "error",
+    "created_at",
+    "finished_at",
+    "attempts",
+}
+
+
+class Status(str, enum.Enum):
+    """Where a job is.  ``RUNNING`` covers every unfinished job: queued, delayed, running, or
+    interrupted and awaiting a rerun."""
+
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A snapshot of one job; changing it changes nothing.
+
+    Attributes:
+        id: the job id (``submit``'s ``id=``, or 32 hex digits).
+        kind: the handler kind it was submitted for.
+        payload: the JSON value given to ``submit``.  For a finished job whose encoded payload
+            is over ``RESULT_PAYLOAD_MAX`` (64 KiB) it is read from the job record, which the engine
+            keeps for a while after the job finishes (on a directory until its segment is retired,
+            on Redis a minute); after that it is None, though the result is kept.
+        status: :class:`Status` when the snapshot was taken.
+        result: the handler's return value (JSON) once DONE, else None.
+        error: ``"ExceptionType: message"`` once FAILED, else None.
+        created_at: when it was submitted (timezone-aware UTC).
+        finished_at: when it finished (timezone-aware UTC), else None.
+        attempts: times a handler was started for it (leases, counting ones lost to crashes).
+        progress: the fraction in [0, 1] its running handler last reported with
+            :meth:`ringq.aio.Queue.progress`, else None.
+    """
+
+    id: str
+    kind: str
+    payload: Any
+    status: Status
+    result: Any = None
+    error: str | None = None
+    created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    finished_at: datetime | None = None
+    attempts: int = 0
+    progress: float | None = None
+
+
+Job.__module__ = Status.__module__ = "ringq.aio"  # their public home, as in reprs and pickles
+
+
+CANCELLED_ERROR = "Cancelled: cancelled by Queue.cancel"
+
+
+def utc(seconds: float | None) -> datetime | None:
+    return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
+
+
+def decode(ej: EngineJob, qname: str, prefix: str) -> tuple[str, Any]:
+    """(kind, payload) of job record ``ej`` from the engine queue ``qname`` (``prefix + kind``).
+
+    A record put there by other means (``ringq enqueue --queue <name>-j-<kind>``) that is not
+    ``{"kind", "payload"}`` is the payload whole, of the kind its queue's name says."""
+    rec = ej.payload
+    if isinstance(rec, dict) and rec.keys() == {"kind", "payload"}:
+        return rec["kind"], rec["payload"]
+    return (qname[len(prefix) :] if qname.startswith(prefix) else qname), rec
+
+
+def unfinished(ej: EngineJob, kind: str, payload: Any) -> Job:
+    """The RUNNING snapshot of a READY or LEASED job record."""
+    return Job(
+        id=ej.id,
+        kind=kind,
+        payload=payload,
+        status=Status.RUNNING,
+        created_at=utc(ej.enqueued_at),
+        attempts=ej.attempts,
+        progress=ej.progress,
+    )
+
+
+def cancelled(ej: EngineJob, kind: str, payload: Any) -> Job:
+    """The FAILED snapshot of a job record cancelled (or expired) before it finished."""
+    return Job(
+        id=ej.id,
+        kind=kind,
+        payload=payload,
+        status=Status.FAILED,
+        error=CANCELLED_ERROR,
+        created_at=utc(ej.enqueued_at),
+        attempts=ej.attempts,
+    )
+
+
+def gave_up(ej: EngineJob, kind: str, payload: Any) -> Job:
+    """The FAILED snapshot of a job record the engine dead-lettered.  Only a record created outside
+    aio (with its own ``max_attempts``) can be: its runs were lost (killed, closed) that many times."""
+    return Job(
+        id=ej.id,
+        kind=kind,
+        payload=payload,
+        status=Status.FAILED,
+        error=(
+            f"GaveUp: started {ej.attempts} times without finishing (the record allowed "
+            f"max_attempts={ej.max_attempts}); last: {ej.last_error}"
+        ),
+        created_at=utc(ej.enqueued_at),
+        attempts=ej.attempts,
+    )
+
+
+def from_result(rec: Any, job_id: str, where: str) -> Job | None:
+    """The finished job stored in result record ``rec``; None (logged) if it is not one."""
+    if not isinstance(rec, dict) or not RESULT_KEYS <= rec.keys():
+        log.error("result record %r in %s is not an aio result; ignored", job_id, where)
+        return None
+    return Job(
+        id=rec["id"],
+        kind=rec["kind"],
+        payload=rec.get("payload", NO_PAYLOAD),
+        status=Status(rec["status"]),
+        result=rec["result"],
+        error=rec["error"],
+        created_at=utc(rec["created_at"]),
+        finished_at=utc(rec["finished_at"]),
+        attempts=rec["attempts"],
+    )
+
+
+def result_record(
+    ej: EngineJob, job: Job, status: Status, result: Any, error: str | None
+) -> dict[str, Any]:
+    """The result record of ``job`` (leased as ``ej``) finishing now with ``status``; with the
+    payload only if its encoding is at most ``RESULT_PAYLOAD_MAX`` bytes."""
+    rec = {
+        "id": job.id,
+        "kind": job.kind,
+        "status": status.value,
+        "result": result,
+        "error": error,
+        "created_at": ej.enqueued_at,
+        "finished_at": time.time(),
+        "attempts": ej.attempts,
+    }
+    if len(codec.encode(job.payload)[1]) <= RESULT_PAYLOAD_MAX:
+        rec["payload"] = job.payload
+    return rec
+
+
+def find_result(results: Any, job_id: str) -> Job | object | None:
+    """The finished job ``job_id`` from engine queue ``results``; PRUNED if retention removed it
+    (its record is DONE); None if it has no result."""
+    try:
+        rj = results.get(job_id)
+    except JobNotFoundError:
+        return None
+    if rj.state not in UNFINISHED:
+        return PRUNED
+    return from_result(rj.payload, job_id, results.name) or PRUNED
+
+
+def locate(
+    results: Any, kind_queues: Callable[[], list[Any]], job_id: str, prefix: str
+) -> Job | object | None:
+    """Job ``job_id`` as a snapshot, PRUNED if it finished and was pruned, None if unknown.
+    ``kind_queues()`` lists the open job queues, named ``prefix + kind``; it is called only if
+    the job has no result."""
+    found = find_result(results, job_id)
+    if isinstance(found, Job):
+        return with_payload(found, kind_queues() if found.payload is NO_PAYLOAD else [], prefix)
+    if found is not None:
+        return found
+    for q in kind_queues():
+        try:
+            ej = q.get(job_id)
+        except JobNotFoundError:
+            continue
+        if ej.state in UNFINISHED:
+            return unfinished(ej, *decode(ej, q.name, prefix))
+        if ej.state in (JobState.CANCELLED, JobState.EXPIRED):
+            return cancelled(ej, *decode(ej, q.name, prefix))
+        if ej.state is JobState.DEAD:
+            return gave_up(ej, *decode(ej, q.name, prefix))
+        # DONE: its result was written first; read again (it may have been written just now).
+        found = find_result(results, job_id) or PRUNED
+        return with_payload(found, [q], prefix) if isinstance(found, Job) else found
+    return None
+
+
+def with_payload(job: Job, kind_queues: list[Any], prefix: str) -> Job:
+    """``job`` (from a result record) with its payload: the record's own, else that of its job
+    record in one of ``kind_queues`` if retained, else None."""
+    if job.payload is not NO_PAYLOAD:
+        return job
+    for q in kind_queues:
+        try:
+            ej = q.get(job.id)
+        except JobNotFoundError:
+            continue
+        kind, payload = decode(ej, q.name, prefix)
+        if kind == job.kind:
+            return dataclasses.replace(job, payload=payload)
+    return dataclasses.replace(job, payload=None)
+
+
+def unfinished_jobs(results: Any, kind_queues: list[Any], prefix: str) -> list[Job]:
+    """Every unfinished job in ``kind_queues`` (READY or LEASED, with no result), oldest first."""
+    out = []
+    for q in kind_queues:
+        for state in UNFINISHED:
+            for ej in q.list_jobs(state):
+                if not isinstance(find_result(results, ej.id), Job):
+                    out.append(unfinished(ej, *decode(ej, q.name, prefix)))
+    out.sort(key=lambda j: (j.created_at, j.id))
+    return out
+
+
+class LifecycleMethods:
+    """Cancel, pause and progress: that part of :class:`ringq.aio.Queue` (a mixin; the queue owns
+    ``_results``, ``_handlers``, ``_kind_queues``, ``_open_engine``, ``queue_name`` and
+    ``_check_open``).  The engine queue of each kind does the work (docs/lifecycle.md)."""
+
+    def cancel(self, id: str) -> bool:
+        """Cancel job ``id``: a queued or delayed one never runs (FAILED, error ``"Cancelled: ..."``);
+        a running one has its handler task cancelled at the next heartbeat, in whichever process
+        runs it, and is recorded the same way.  Returns False if the job is unknown or finished."""
+        self._check_open()
+        if isinstance(find_result(self._results, id), Job):
+            return False
+        for q in self._kind_queues():
+            try:
+                q.cancel(id)
+                return True
+            except JobNotFoundError:
+                continue
+            except RingqError:  # finished meanwhile
+                return False
+        return False
+
+    def pause(self, kind: str) -> None:
+        """Stop starting jobs of ``kind`` in every process (a pause of its engine queue, durable
+        across restarts) until :meth:`resume`.  Running handlers finish; submits still succeed."""
+        self._check_open()
+        self._open_engine(self.queue_name(kind)).pause()
+
+    def resume(self, kind: str) -> None:
+        """Undo :meth:`pause` for ``kind``; waiting processes start its jobs at once."""
+        self._check_open()
+        self._open_engine(self.queue_name(kind)).resume()
+
+    def progress(self, job: Job, fraction: float, message: str | None = None) -> None:
+        """Report the progress of a job this process is running (``fraction`` in [0, 1]); shown as
+        ``Job.progress`` by :meth:`get`.  Raises JobNotFoundError if this process does not run it,
+        NotLeasedError if its lease was lost, ValueError for a fraction outside [0, 1]."""
+        self._check_open()
+        for h in self._handlers.values():
+            for _task, ej in list(h.running.values()):
+                if ej.id == job.id:
+                    h.queue.progress(ej, fraction, message)
+                    return
+        raise JobNotFoundError(f"job {job.id!r} is not running in this process")

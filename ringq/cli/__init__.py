@@ -1,0 +1,5 @@
+"""The ``ringq`` command line (docs/cli.md)."""
+
+from .main import main
+
+__all__ = ["main"]

@@ -1,0 +1,336 @@
+"""The reader's index: this process's private, incremental view of what it can lease.
+
+Built from validated scans of newly published records (never by iterating jobs in Python):
+
+* per segment and priority, a *lane*: the head slots of that priority in enqueue order, with a
+  cursor.  ``ringq_next_ready`` (C) skips slots that are not READY, so taking the next job costs one
+  C call however many other processes are leasing from the same lane.
+* a heap with one entry per non-empty lane, keyed ``(-priority, available_at, seq)`` of the lane's
+  current candidate, plus individual entries for delayed jobs that came due.
+* a scheduled heap of READY jobs whose available-at is in the future, so a delayed job never
+  blocks a due one.
+* when a job anywhere returns to READY (nack, expired lease, dead holder), the returner bumps its
+  segment's change counter; readers seeing it move give those jobs individual entries.
+
+The index decides *which* job to try next; claiming it (the CAS) is the caller's.  What it knows
+per segment is ringq/views.py; how it learns of other processes' work, ringq/catchup.py.
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ringq import errors
+
+from . import records
+from ._native import ffi, lib
+from .catchup import FEW, CatchUpMethods
+from .views import Direct, Lane, View, due, now_ms, order
+from .words import (
+    ST_DEAD,
+    ST_DONE,
+    ST_GONE,
+    ST_LEASED,
+    ST_READY,
+    lease_count,
+    np_state,
+    rel_time,
+    state,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .ring import Ring
+
+__all__ = ["Index", "View", "Direct", "now_ms", "order", "due"]
+
+CLAIMED = lib.RINGQ_CLAIMED
+CLAIM_NONE = lib.RINGQ_CLAIM_NONE
+
+AUTO_ID = re.compile(r"^[0-9a-f]{16}$")
+RETAINED = (ST_READY, ST_LEASED, ST_DONE, ST_DEAD)
+
+
+class Index(CatchUpMethods):
+    """The views of every mapped segment, the ready and scheduled heaps, and known job ids."""
+
+    def __init__(self, ring: Ring) -> None:
+        self.ring = ring
+        self.views: dict[int, View] = {}
+        self.heap: list[tuple] = []
+        self.sched: list[tuple] = []
+        self.parked: set[tuple[int, int]] = (
+            set()
+        )  # jobs with an individual entry (scheduled or due)
+        self.ids: dict[str, tuple[int, int]] = {}
+        self.seen_change = -1
+        self._claim_out = ffi.new("ringq_claim_out *")
+        self._few = records.FewScanner(FEW)
+        self._stamp: tuple[int, int] | None = None  # control words at the last catch-up
+        self._stamp_until = 0.0
+
+    def clear(self) -> None:
+        self.views.clear()
+        self._stamp = None
+
+    # -- ordering -------------------------------------------------------------------------------
+
+    def park(self, view: View, slot: int, now: int) -> None:
+        """Give one READY job an individual entry: scheduled if not due yet, else in the ready heap."""
+        seg = view.seg
+        key = (seg.seq, slot)
+        if key in self.parked:
+            return
+        w = seg.load_state(slot)
+        if state(w) != ST_READY:
+            return
+        at = due(view, slot, w)
+        self.parked.add(key)
+        if at > now:
+            heapq.heappush(
+                self.sched, (at, -int(view.prio[slot]), order(view, slot), seg.seq, slot)
+            )
+        else:
+            heapq.heappush(
+                self.heap, (-int(view.prio[slot]), at, order(view, slot), 1, seg.seq, 0, slot, 0)
+            )
+
+    def _schedule(self, view: View, slot: int, due_ms: int) -> None:
+        key = (view.seg.seq, slot)
+        if key in self.parked:
+            return
+        self.parked.add(key)
+        heapq.heappush(
+            self.sched, (due_ms, -int(view.prio[slot]), order(view, slot), view.seg.seq, slot)
+        )
+
+    def _lane_key(self, view: View, lane: Lane, now: int | None = None) -> tuple | None:
+        """Advance the lane's cursor to its next due READY job and return that job's heap key.
+
+        READY jobs that are not yet due are moved to the scheduled heap on the way, so a delayed
+        job never hides due ones behind it.
+        """
+        seg = view.seg
+        if now is None:
+            now = now_ms()
+        out = ffi.new("uint64_t *")
+        arr = lane.slots
+        while True:
+            idx = lib.ringq_next_ready(
+                seg.ptr,
+                seg.size,
+                seg.geom,
+                ffi.cast("uint32_t *", arr.ptr),
+                arr.n,
+                lane.cursor,
+                out,
+            )
+            if idx < 0 or idx >= arr.n:
+                lane.cursor = arr.n
+                return None
+            slot = int(arr.a[idx])
+            w = out[0]
+            if lease_count(w) or view.parkme[slot] or seg.epoch_ms + rel_time(w) > now:
+                # A retried or delayed job orders by its own available-at, not its lane position.
+                self.park(view, slot, now)
+                lane.cursor = idx + 1
+                continue
+            lane.cursor = idx
+            return (
+                -lane.prio,
+                due(view, slot, w),
+                order(view, slot),
+                0,
+                seg.seq,
+                lane.prio,
+                slot,
+                w,
+            )
+
+    def _queue_lane_next(self, view: View, lane: Lane) -> None:
+        """Queue a lane whose candidate was just leased, keyed by the next slot in lane order
+        without looking at its state word (no C call): ringq_claim_next checks it when it comes
+        first, and hands back any other candidate."""
+        if lane.queued or lane.cursor >= lane.slots.n:
+            return
+        slot = int(lane.slots.a[lane.cursor])
+        if not view.plain[slot]:
+            self._queue_lane(view, lane)
+            return
+        lane.queued = True
+        heapq.heappush(
+            self.heap,
+            (-lane.prio, int(view.avail[slot]), order(view, slot), 0, view.seg.seq, lane.prio, slot, 0),
+        )
+
+    def _queue_lane(self, view: View, lane: Lane, now: int | None = None) -> None:
+        if lane.queued:
+            return
+        key = self._lane_key(view, lane, now)
+        if key is not None:
+            lane.queued = True
+            heapq.heappush(self.heap, key)
+
+    def next_due_ms(self) -> int | None:
+        """When the earliest scheduled (delayed) job this process knows of comes due, or None."""
+        return self.sched[0][0] if self.sched else None
+
+    def take(
+        self,
+        want: int,
+        claim: Callable[[View, int, int, int], Any],
+        held_back: Any,
+        skip: Callable[[View, int], bool] | None = None,
+        direct: Direct | None = None,
+    ) -> list[Any]:
+        """Try candidates best first until ``want`` claims succeed or none is left.
+
+        ``claim(view, slot, word, now)`` attempts one job and returns a result or None (lost the
+        race, or not leasable after all).  ``held_back`` is the limits gate (ringq/limits.py):
+        jobs it held back are offered again (``reoffer()``), and a lane moves past a job it holds
+        (``blocked(segseq, slot)``), which then waits in the gate, not in the lane.
+        ``skip(view, slot)``, if given, passes over a job for this call (a paused key): it keeps
+        an individual entry and is tried again next time.  ``direct``, if given (only when no limit
+        and no pause can apply), leases a lane's plain candidate in one C call
+        (``ringq_claim_next``) and hands it to ``direct.made``; everything else goes to ``claim``.
+        """
+        now = now_ms()
+        passed: list[tuple[View, int]] = []
+        sched, heap = self.sched, self.heap
+        while sched and sched[0][0] <= now:
+            at, nprio, seq, segseq, slot = heapq.heappop(sched)
+            heapq.heappush(heap, (nprio, at, seq, 1, segseq, 0, slot, 0))
+        for entry in held_back.reoffer():  # jobs a limit held back: worth another try
+            heapq.heappush(heap, entry)
+        out: list[Any] = []
+        while len(out) < want and heap:
+            entry = heapq.heappop(heap)
+            kind, segseq, prio, slot = entry[3], entry[4], entry[5], entry[6]
+            view = self.views.get(segseq)
+            if view is None:
+                continue
+            if kind == 0:
+                lane = view.lanes[prio]
+                lane.queued = False
+                if direct is not None:
+                    seg = view.seg
+                    arr = lane.slots
+                    co = self._claim_out
+                    errors.check(
+                        lib.ringq_claim_next(seg.ptr, seg.size, seg.geom, arr.cptr, arr.n, lane.cursor,
+                                             slot, view.plain_ptr, max(0, now - seg.epoch_ms),
+                                             max(0, now + direct.vt_ms - seg.epoch_ms), direct.owner_base, co),
+                        seg.path,
+                    )
+                    if co.status == CLAIMED:
+                        direct.taken += 1
+                        lane.cursor = co.index + 1
+                        got = direct.made(view, co.slot, co.word)
+                        if got is not None:
+                            out.append(got)
+                        self._queue_lane_next(view, lane)
+                        continue
+                    if co.status == CLAIM_NONE:
+                        lane.cursor = arr.n
+                        continue
+                    # Another candidate, or one that needs a decision: the general path below.
+                key = self._lane_key(view, lane, now)
+                if key is None:
+                    continue
+                slot, w = key[6], key[7]
+                if key[:3] > entry[:3]:  # the lane's candidate changed: re-queue at its real place
+                    lane.queued = True
+                    heapq.heappush(heap, key)
+                    continue
+                if skip is not None and skip(view, slot):
+                    lane.cursor += 1
+                    passed.append((view, slot))
+                    self._queue_lane(view, lane, now)
+                    continue
+                got = claim(view, slot, w, now)
+                if got is not None or held_back.blocked(segseq, slot):
+                    lane.cursor += 1
+                if got is not None:
+                    out.append(got)
+                self._queue_lane(view, lane, now)
+            else:
+                self.parked.discard((segseq, slot))
+                w = view.seg.load_state(slot)
+                if state(w) != ST_READY:
+                    continue
+                at = due(view, slot, w)
+                if at > now:
+                    self._schedule(view, slot, at)
+                    continue
+                if (-int(view.prio[slot]), at, order(view, slot)) > entry[:3]:
+                    self.park(view, slot, now)  # its available-at moved: re-queue at its real place
+                    continue
+                if skip is not None and skip(view, slot):
+                    passed.append((view, slot))
+                    continue
+                got = claim(view, slot, w, now)
+                if got is not None:
+                    out.append(got)
+        for view, slot in passed:
+            self.park(view, slot, now)
+        return out
+
+    # -- finding jobs ---------------------------------------------------------------------------
+
+    def find(self, job_id: str) -> tuple[int, int] | None:
+        """Location ``(segment seq, slot)`` of the retained record of ``job_id``, or None.
+
+        A purged (GONE) record is not retained: its id is free again.
+        """
+        loc = self.ids.get(job_id)
+        if loc is not None:
+            view = self.views.get(loc[0])
+            if view is not None and self.retained(view, loc[1]):
+                return loc
+            if view is None or state(view.seg.load_state(loc[1])) == ST_GONE:
+                del self.ids[job_id]
+            return None
+        if AUTO_ID.match(job_id):
+            seq = int(job_id, 16)
+            for view in self.views.values():
+                hs = view.head_seqs
+                if hs.n and hs.a[0] <= seq <= hs.a[hs.n - 1]:
+                    i = int(np.searchsorted(hs.view(), seq))
+                    if i < hs.n and hs.a[i] == seq:
+                        slot = int(view.heads.a[i])
+                        if view.idlen[slot] == 0 and self.retained(view, slot):
+                            return (view.seg.seq, slot)
+        return None
+
+    @staticmethod
+    def retained(view: View, slot: int) -> bool:
+        return state(view.seg.load_state(slot)) in RETAINED
+
+    def heads(
+        self,
+        states: Iterable[int],
+        shown: Callable[[View, np.ndarray, np.ndarray], None] | None = None,
+    ) -> list[tuple[int, View, int, int]]:
+        """(rank, view, slot, word) of retained heads whose state is in ``states``, in enqueue order.
+
+        ``shown(view, rows, slots)``, if given, may rewrite the private copy of the state-table rows
+        first (reads show expired leases as what reclaiming them will make them)."""
+        wanted = np.array(sorted(states), dtype=np.uint64)
+        rows = []
+        for view in self.views.values():
+            heads = view.heads.view()
+            if not len(heads):
+                continue
+            tbl = view.seg.states[heads]  # a copy (fancy indexing): never written back
+            if shown is not None:
+                shown(view, tbl, heads)
+            words = tbl[:, 0]
+            sel = np.isin(np_state(words), wanted)
+            for slot, word in zip(heads[sel].tolist(), words[sel].tolist()):
+                rows.append((order(view, slot), view, slot, word))
+        rows.sort(key=lambda r: r[0])
+        return rows

@@ -1,0 +1,164 @@
+"""Files mapped MAP_SHARED, and the word operations the C helper does on them.
+
+``Mapped`` is the one way Python touches a shared word: acquire loads, release stores, seq-cst CAS
+and fetch-add, futex wait and wake, msync, all through the C helper, which checks every offset
+against the mapping's length (a stale reference after ``close`` gets a bounds error, never a
+dereference of unmapped pages).  Also here: opening queue files without following links, CRC32C,
+and fsync of a directory.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import stat
+import threading
+import time
+
+from ringq import errors
+from ringq.errors import CorruptionError
+
+from ._native import ffi, lib
+
+__all__ = ["Mapped", "crc32c", "open_nofollow", "fsync_dir"]
+
+
+def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
+    """CRC32C (Castagnoli) of ``data``, continuing from ``crc``."""
+    buf = ffi.from_buffer(data)
+    return lib.ringq_crc32c(crc, buf, len(buf))
+
+
+def open_nofollow(path: str, flags: int, mode: int = 0o600) -> int:
+    """Open a queue file without following a symbolic link; refuse anything but a regular file.
+
+    Raises CorruptionError for a link, a directory, a FIFO, a device or a socket in the place of a
+    queue file (O_NONBLOCK: opening a FIFO must not hang); OSError for other failures.
+    """
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CorruptionError(
+                f"{path}: is a symbolic link; ringq does not follow links in a queue directory"
+            ) from None
+        if exc.errno in (errno.EISDIR, errno.ENXIO):
+            raise CorruptionError(f"{path}: is not a regular file") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CorruptionError(f"{path}: is not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def fsync_dir(path: str) -> None:
+    """fsync a directory so that names created or removed in it are durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Mapped:
+    """A MAP_SHARED mapping of a whole file prefix, with the pointer the C helper needs."""
+
+    __slots__ = ("path", "fd", "mm", "ptr", "size")
+
+    def __init__(self, path: str, fd: int, size: int, readonly: bool = False) -> None:
+        self.path = path
+        self.fd = fd
+        self.size = size
+        prot = mmap.PROT_READ if readonly else mmap.PROT_READ | mmap.PROT_WRITE
+        self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
+        self.ptr = ffi.from_buffer("uint8_t[]", self.mm)
+
+    # Atomic word access (acquire loads, release stores, seq-cst RMW), offsets checked in C.
+    def load64(self, off: int) -> int:
+        out = _scratch.u64
+        errors.check(lib.ringq_load64(self.ptr, self.size, off, out), self.path)
+        return out[0]
+
+    def store64(self, off: int, value: int) -> None:
+        errors.check(lib.ringq_store64(self.ptr, self.size, off, value), self.path)
+
+    def cas64(self, off: int, expected: int, desired: int) -> tuple[bool, int]:
+        out = _scratch.u64
+        rc = errors.check(
+            lib.ringq_cas64(self.ptr, self.size, off, expected, desired, out), self.path
+        )
+        return rc == 1, out[0]
+
+    def add64(self, off: int, delta: int = 1) -> int:
+        out = _scratch.u64
+        errors.check(lib.ringq_fetch_add64(self.ptr, self.size, off, delta, out), self.path)
+        return out[0]
+
+    def load32(self, off: int) -> int:
+        out = _scratch.u32
+        errors.check(lib.ringq_load32(self.ptr, self.size, off, out), self.path)
+        return out[0]
+
+    def store32(self, off: int, value: int) -> None:
+        errors.check(lib.ringq_store32(self.ptr, self.size, off, value), self.path)
+
+    def cas32(self, off: int, expected: int, desired: int) -> bool:
+        rc = errors.check(
+            lib.ringq_cas32(self.ptr, self.size, off, expected, desired, ffi.NULL), self.path
+        )
+        return rc == 1
+
+    def add32(self, off: int, delta: int = 1) -> int:
+        out = _scratch.u32
+        errors.check(
+            lib.ringq_fetch_add32(self.ptr, self.size, off, delta & 0xFFFFFFFF, out), self.path
+        )
+        return out[0]
+
+    def futex_wait(self, off: int, expected: int, timeout: float) -> None:
+        """Sleep while the u32 at ``off`` equals ``expected``, at most ``timeout`` seconds.
+
+        Returns early on a wake-up, a change of the word or a signal; where futex(2) is missing
+        it sleeps a short slice instead (callers re-check their condition in a loop)."""
+        rc = lib.ringq_futex_wait(self.ptr, self.size, off, expected, int(max(timeout, 0.0) * 1e9))
+        if errors.futex_missing(rc):
+            time.sleep(min(timeout, 0.005))
+
+    def futex_wake(self, off: int, n: int = 0x7FFFFFFF) -> None:
+        """Wake up to ``n`` processes sleeping on the u32 at ``off``."""
+        lib.ringq_futex_wake(self.ptr, self.size, off, n)
+
+    def msync(self, off: int, length: int) -> None:
+        errors.check(lib.ringq_msync(self.ptr, self.size, off, length), f"msync {self.path}")
+
+    def close(self) -> None:
+        if self.mm is None:
+            return
+        # A stale reference used after this gets a bounds error from the C helper (every access
+        # is checked against the size), never a dereference of the unmapped pages.
+        self.size = 0
+        ffi.release(self.ptr)
+        try:
+            self.mm.close()
+        except BufferError:
+            # A numpy view still exports the buffer; the mapping goes when the view does.
+            pass
+        os.close(self.fd)
+        self.mm = None
+
+
+class _Scratch(threading.local):
+    """Per-thread out-words for the atomics: no allocation per operation.  Per thread, because
+    cffi releases the GIL during the C call, so another thread may run while one is in use."""
+
+    def __init__(self) -> None:
+        self.u64 = ffi.new("uint64_t *")
+        self.u32 = ffi.new("uint32_t *")
+
+
+_scratch = _Scratch()

@@ -1,0 +1,110 @@
+"""Lease owners: something only a live process can hold.
+
+Every process that leases from a queue holds an exclusive open-file-description lock
+(``F_OFD_SETLK``) on one byte of ``<name>.owners``; the byte's offset is its *owner index*
+(1..65535), recorded in the owner word next to each lease it takes.  The kernel drops the lock when
+the process dies (all its descriptors close), whatever killed it, in whatever container.  So a lease
+whose owner byte is unlocked belongs to a dead process and is reclaimed at once; the visibility
+timeout only bounds holders that are alive but stuck.  A PID is never the identity: PIDs are reused
+and two containers sharing a volume can both have PID 1 (the PID in the owner word is for humans).
+
+Index reuse: a new process may take the index of a dead one.  It then treats every lease recorded
+under its index that it did not take itself as a dead predecessor's, and reclaims it.  A reclaimer
+of another index holds that index's lock while it reclaims, so no new holder can appear mid-way.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ringq import errors
+
+from . import forksafe
+from ._native import lib
+from .mapped import open_nofollow
+
+__all__ = ["OwnerRegistry", "MAX_OWNERS"]
+
+MAX_OWNERS = 65535
+
+
+class OwnerRegistry:
+    """The owners file of one queue, and this process's index in it (taken on first use)."""
+
+    def __init__(self, path: str, mode: int = 0o600) -> None:
+        self.path = path
+        self.mode = mode
+        self.fd = -1
+        self.index = 0
+        self.pid = 0
+        # Leases this process holds, (segment seq, slot) -> lease count: a lease under our index
+        # that is not here was left by a dead process that had the index before us.
+        self.held: dict[tuple[int, int], int] = {}
+        # Slots a thread of this process may be leasing in C outside the queue lock (the waiting
+        # lease), -> how many threads: such a lease is tagged with our index before it is held.
+        self.claiming: dict[tuple[int, int], int] = {}
+        forksafe.register(self)
+
+    def drop_inherited_locks(self) -> None:
+        """In a forked child: close the copy of the parent's descriptor at once.  The OFD lock
+        belongs to the open file description; a child keeping its copy would keep the parent's
+        owner index locked (and its leases held) after the parent died."""
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.fd = -1
+        self.index = 0
+        self.pid = 0
+        self.held = {}
+        self.claiming = {}
+
+    def mine(self) -> int:
+        """This process's owner index, or 0 if it has none (yet, or since a fork)."""
+        return self.index if self.pid == os.getpid() else 0
+
+    def _ensure_fd(self) -> int:
+        if self.fd < 0:
+            self.fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, self.mode)
+        return self.fd
+
+    def acquire(self) -> int:
+        """This process's owner index, taking a free one on first call (or after a fork)."""
+        if self.index and self.pid == os.getpid():
+            return self.index
+        if self.pid and self.pid != os.getpid():
+            self.forget()  # a forked child shares the parent's lock: never use it
+        fd = self._ensure_fd()
+        for idx in range(1, MAX_OWNERS + 1):
+            if errors.check(lib.ringq_owner_trylock(fd, idx), f"lock owner slot {idx} of {self.path}"):
+                self.index, self.pid = idx, os.getpid()
+                return idx
+        raise errors.RingqError(f"{self.path}: all {MAX_OWNERS} owner slots are held by live processes")
+
+    def is_alive(self, idx: int) -> bool:
+        """True if some open file description other than ours holds owner index ``idx``."""
+        if idx == self.index and self.pid == os.getpid():
+            return True
+        return bool(errors.check(lib.ringq_owner_probe(self._ensure_fd(), idx), f"probe owner {idx} of {self.path}"))
+
+    def try_hold(self, idx: int) -> bool:
+        """Take ``idx`` if its holder is gone (True); release it later with :meth:`release`."""
+        return bool(errors.check(lib.ringq_owner_trylock(self._ensure_fd(), idx), f"lock owner {idx} of {self.path}"))
+
+    def release(self, idx: int) -> None:
+        errors.check(lib.ringq_owner_unlock(self._ensure_fd(), idx), f"unlock owner {idx} of {self.path}")
+
+    def forget(self) -> None:
+        """Drop the index without unlocking (after fork: the lock belongs to the parent)."""
+        if self.fd >= 0 and self.pid and self.pid != os.getpid():
+            os.close(self.fd)  # closing our copy does not release the parent's lock
+            self.fd = -1
+        self.index = 0
+        self.pid = 0
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            if self.index and self.pid == os.getpid():
+                lib.ringq_owner_unlock(self.fd, self.index)
+            os.close(self.fd)
+        self.fd = -1
+        self.index = 0
+        self.pid = 0

@@ -1,0 +1,299 @@
+"""The storage engine of one queue name: open (lock, recovery), append, rotation.  Knows records, not retries.
+
+Files of queue ``<name>`` in its directory (byte layouts in ``docs/format.md``)::
+
+    <name>.lock            flock target for writers; never holds data (ringq/lock.py)
+    <name>.ctl             one page of shared words (ringq/control.py)
+    <name>.owners          one byte per lease owner, each held by an OFD lock (ringq/owner.py)
+    <name>.<seq>.seg       record files: header page, fixed-size slots of records (ringq/segment.py)
+    <name>.<seq>.state     state files: header words and the state table of segment <seq>
+    <name>.<seq>.err       per-segment side file of nack error texts (ringq/errtext.py)
+
+*Append* (producers): take the writer lock -> read the tail segment and its tail from the shared
+mappings (never from a cache kept across the lock) -> repair a tail left behind by a crash ->
+plan, and create every new segment the batch needs -> reserve seqs -> write the batch with one
+``ringq_append`` per segment (headers, CRCs, one ``pwrite``) -> publish it in order (release-store
+of each state word, then the segment's tail), linking each new segment after the one before it is
+published -> release the lock -> apply the durability strategy (ringq/durability.py) -> wake
+sleeping consumers.  A batch that spans segments is written whole before any of it is published.
+
+*Rotation* seals the full segment (after storing its final tail) and links a new, complete,
+fsynced one.  Readers never take the lock (ringq/index.py); recovery is ringq/recovery.py,
+retirement ringq/segments.py.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from ringq.errors import UnsupportedFilesystemError
+
+from . import durability as _durability
+from . import errtext, forksafe, records, recovery
+from ._native import ffi
+from .appends import AppendMethods, Placement, discard_fresh
+from .lock import WriterLock
+from .records import NewRecord
+from .recovery import RecoveryReport
+from .segment import Segment
+from .segments import NAME_RE, SegmentSet
+from .transitions import bad
+from .words import ST_BAD, ST_CONT, ST_GONE, state
+
+__all__ = ["Ring", "NewRecord", "RecoveryReport", "DURABILITY", "DEFAULT_SLOT_SIZE", "DEFAULT_SLOT_COUNT",
+           "fs_type", "Placement"]
+
+DEFAULT_SLOT_SIZE = 256
+DEFAULT_SLOT_COUNT = 16384
+NETWORK_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "fuse.sshfs", "afs", "ceph", "glusterfs", "lustre"}
+DURABILITY = _durability.STRATEGIES
+
+
+def fs_type(path: str, mounts_text: str | None = None) -> str:
+    """File-system type of ``path`` from /proc/self/mounts (longest matching mount point), or ''.
+
+    ``mounts_text`` replaces the contents of /proc/self/mounts (for tests).
+    """
+    if mounts_text is None:
+        try:
+            with open("/proc/self/mounts", encoding="utf-8", errors="replace") as fh:
+                mounts_text = fh.read()
+        except OSError:
+            return ""
+    real = os.path.realpath(path)
+    best, kind = "", ""
+    for parts in (line.split() for line in mounts_text.splitlines()):
+        if len(parts) < 3:
+            continue
+        mnt = parts[1].replace("\\040", " ")
+        if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+            best, kind = mnt, parts[2]
+    return kind
+
+
+
+class Ring(AppendMethods):
+    """The segments of one queue name in one directory, as this process sees them.
+
+    Args:
+        path: queue directory (created 0700 if absent).
+        name: queue name, ``[A-Za-z0-9_-]{1,64}``.
+        slot_size, slot_count: geometry of new segments, used only when the queue is created
+            (bytes per slot, multiple of 64; slots per segment).  An existing queue keeps its own.
+        durability, flush_interval, sync_acks, state_flush_interval: the durability strategy
+            (ringq/durability.py; docs/durability.md says what each survives).
+        lock_timeout: seconds to wait for the writer lock before LockTimeoutError.
+        mode: permission bits of files created (directories get the matching x bits).
+        allow_network_fs: open a queue on NFS/SMB anyway (flock and shared mappings do not work
+            across hosts there).
+
+    Attributes (read by the queue layer): ``ctl`` (the control file), ``segs`` (the SegmentSet),
+    ``dur`` (the durability strategy), ``report`` (RecoveryReport), ``lock`` (the WriterLock).
+
+    Raises:
+        ValueError: bad name or geometry.  OSError (with the path) if the directory cannot be
+        created or written.  UnsupportedFilesystemError, CorruptionError, FormatVersionError.
+    """
+
+    MAX_RECORD_FIELD = records.MAX_RECORD_FIELD
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        name: str = "default",
+        *,
+        slot_size: int = DEFAULT_SLOT_SIZE,
+        slot_count: int = DEFAULT_SLOT_COUNT,
+        durability: str = "msync",
+        flush_interval: float = _durability.DEFAULT_FLUSH_INTERVAL,
+        sync_acks: bool = False,
+        state_flush_interval: float | None | object = ...,
+        lock_timeout: float = 10.0,
+        mode: int = 0o600,
+        allow_network_fs: bool = False,
+    ) -> None:
+        if not isinstance(name, str) or not NAME_RE.match(name):
+            raise ValueError(f"queue name must match [A-Za-z0-9_-]{{1,64}}, got {name!r}")
+        self.dur = _durability.make(self, durability, flush_interval=flush_interval, sync_acks=sync_acks,
+                                    state_flush_interval=state_flush_interval)
+        self.dir = os.fspath(path)
+        self.name = name
+        self.durability = durability
+        self.mode = mode
+        self.report = RecoveryReport()
+        self.ctl = None
+        self.segs = SegmentSet(self.dir, name)
+        self.lock: WriterLock | None = None
+        # For append_packed, used under the writer lock only: the template record header, the
+        # head slot of a single job, the end slot out-word, and the layout scratch.
+        self._tmpl = ffi.new("ringq_rec_header *")
+        self._heads1 = ffi.new("uint32_t[1]")
+        self._end = ffi.new("uint32_t *")
+        self._tail = ffi.new("uint32_t *")
+        self._seq = ffi.new("uint64_t *")
+        self._last: Segment | None = None  # the segment append_packed wrote to last
+        self._scratch: tuple[bytearray, object] | None = None
+        dmode = mode | ((mode & 0o444) >> 2)
+        try:
+            os.makedirs(self.dir, mode=dmode, exist_ok=True)
+        except OSError as exc:
+            raise type(exc)(exc.errno, f"cannot create queue directory {self.dir}: {exc.strerror}") from None
+        kind = fs_type(self.dir)
+        if kind in NETWORK_FS and not allow_network_fs:
+            raise UnsupportedFilesystemError(
+                f"{self.dir} is on a {kind} file system: flock and shared mappings do not work across hosts. "
+                "Use a local file system, or pass allow_network_fs=True if only one host will ever open it."
+            )
+        self.lock = WriterLock(os.path.join(self.dir, f"{name}.lock"), mode, lock_timeout)
+        forksafe.register(self)
+        try:
+            with self.lock:
+                self.ctl = recovery.open_control(self.segs, slot_size, slot_count, mode, self.report)
+                self.lock.ctl = self.segs.ctl = self.ctl
+                for item in recovery.recover_segments(self.segs, mode, self.report):
+                    # Copies first, then the rename: a crash in between salvages again at the next
+                    # open (a job twice, as at-least-once allows), never loses one.
+                    if item.records:
+                        self.append(item.records)
+                    what = f"{len(item.records)} intact jobs salvaged to the tail (ids, attempts, priority, times kept)"
+                    if item.lost:
+                        what += f"; {item.lost} records failed their CRC and are lost"
+                    recovery.quarantine(item.path, f"{item.reason}; {what}", self.report)
+                    self.report.repairs.append((item.path, what))
+        except BaseException:
+            self.close()
+            raise
+
+    def drop_inherited_locks(self) -> None:
+        """In a forked child (ringq/forksafe.py): replace the map lock, which a parent thread (the
+        flusher) may have held at the fork; the child has no such thread."""
+        self.segs.maplock = threading.Lock()
+
+    def locked(self) -> WriterLock:
+        """Context manager holding the writer lock: this process's threads, then the flock."""
+        return self.lock
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def refresh(self) -> list[int]:
+        """Map segments created since we last looked and drop retired ones; returns the seqs dropped."""
+        self.segs.refresh()
+        self.report.quarantined.extend(self.segs.quarantined)
+        self.segs.quarantined.clear()
+        return self.segs.drop_retired()
+
+    def mark_bad(self, seg: Segment, slot: int, reason: str) -> None:
+        """Quarantine a damaged record: state BAD (never delivered), and report it."""
+        while True:
+            w = seg.load_state(slot)
+            # EMPTY too: below the tail a slot is published whatever its state word says (a power
+            # loss can keep the header page and lose the state page), so it is counted.
+            if state(w) in (ST_BAD, ST_GONE, ST_CONT) or seg.cas_state(slot, w, bad(w))[0]:
+                break
+        self.report.note_bad(seg.path, slot, reason)
+
+    def write_error(self, seg: Segment, slot: int, lc: int, text: str) -> None:
+        """Keep a nack error text for (slot, lease count) in the segment's side file (best effort)."""
+        why = errtext.write_error(self.segs.err_path(seg.seq), slot, lc, text, self.mode)
+        if why:
+            self.report.repairs.append((self.segs.err_path(seg.seq), why))
+
+    def read_errors(self, seq: int) -> dict[int, list[tuple[int, str]]]:
+        return errtext.read_errors(self.segs.err_path(seq))
+
+    # -- append (the rest: ringq/appends.py) ----------------------------------------------------------
+
+    def _allocate(self, seg: Segment, tail: int, spans: list[int]) -> list[Segment]:
+        """Create (complete and durable) every segment a batch of ``spans`` needs after ``seg``."""
+        room, need = seg.slot_count - tail, 0
+        for span in spans:
+            if span > room:
+                need += 1
+                room = self.ctl.slot_count
+            room -= span
+        fresh: list[Segment] = []
+        try:
+            for i in range(need):
+                fresh.append(Segment(Segment.create(
+                    self.dir, self.name, seg.seq + 1 + i, self.ctl.slot_size, self.ctl.slot_count, self.mode)))
+        except BaseException:
+            discard_fresh(fresh)
+            raise
+        return fresh
+
+    def _tail_segment(self) -> Segment:
+        seq = self.ctl.tail_seq()
+        seg = self.segs.segment(seq)
+        if seg is None or seg.retired():
+            # The tail segment vanished (deleted by hand?) or was retired to make room (see
+            # retire_finished_tail): start a fresh one after it.
+            return self._rotate(None, seq)
+        return seg
+
+    def retire_finished_tail(self) -> bool:
+        """Under the lock: retire the tail segment itself if every record in it is finished.
+
+        For a volume with room for one segment: its full tail would otherwise never retire (a
+        segment retires once a newer one took over appends, and the newer one cannot be created),
+        and the queue would refuse work for ever although all its jobs are done.  The next append
+        starts a fresh tail segment.  True if the tail was retired.
+        """
+        seq = self.ctl.tail_seq()
+        seg = self.segs.get(seq)
+        if seg is None or seg.mm is None or seg.nrecords() == 0 or not self.segs.finished_all(seg):
+            return False
+        seg.seal()  # nobody appends meanwhile: we hold the writer lock
+        if not seg.begin_retirement():
+            return False
+        if self.durability != "none":
+            self.ctl.sync_page()  # the next seq outlives the records that held the last ones
+        self.segs.unlink(seq)
+        self.ctl.bump_ring_gen()
+        return True
+
+    def _rotate(self, seg: Segment | None, after: int | None = None) -> Segment:
+        """Under the lock: seal ``seg`` and link a new tail segment.  Raises QueueFullError."""
+        seq = (seg.seq if seg is not None else after) + 1
+        path = Segment.create(self.dir, self.name, seq, self.ctl.slot_size, self.ctl.slot_count, self.mode)
+        return self._link(seg, Segment(path))
+
+    def _link(self, seg: Segment | None, new: Segment) -> Segment:
+        """Under the lock: seal ``seg`` and make the complete, fsynced ``new`` the tail segment."""
+        self.segs.add(new)
+        if seg is not None:
+            seg.seal()
+            if self.durability != "none":
+                seg.sync_header()
+        self.ctl.set_tail_seq(new.seq)
+        self.ctl.bump_ring_gen()
+        if self.durability != "none":
+            self.ctl.sync_page()
+        if seg is not None:
+            # Its last job may have finished before it was sealed: then no ack will retire it, and
+            # it would wait for a reaper (disk use would grow with the append rate).
+            self.segs.try_retire(seg)
+        return new
+
+    def note_state(self, seg: Segment, slot: int, final: bool = False) -> None:
+        """A lease or extend of this process changed the state word of ``slot``: the durability
+        strategy flushes it within ``state_flush_interval`` (acks and nacks: ``dur.note_ack``)."""
+        self.dur.note_state(seg, slot, final)
+
+    def note_returned(self, seg: Segment) -> None:
+        """A job of ``seg`` went back to READY: tell every reader to look again, and wake them."""
+        seg.bump_change()
+        self.ctl.note_returned()
+
+    # -- closing --------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        dur = getattr(self, "dur", None)
+        if dur is not None and self.ctl is not None:
+            dur.close()
+        self.segs.close()
+        if self.ctl is not None:
+            self.ctl.close()
+            self.ctl = None
+        if self.lock is not None:
+            self.lock.close()

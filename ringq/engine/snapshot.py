@@ -1,0 +1,125 @@
+"""Job snapshots: a :class:`ringq.job.Job` built from a record and a state word."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ringq import codec
+from ringq.errors import CorruptionError, JobNotFoundError
+from ringq.job import Job, JobState, state_of
+from ringq.local import lifecycle
+
+from . import records
+from .segment import Segment
+from .words import (
+    FLAG_CANCEL,
+    ST_DONE,
+    ST_LEASED,
+    ST_READY,
+    WHY_DIED,
+    WHY_EXPIRED,
+    lease_count,
+    rel_time,
+    state,
+    why,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .index import View
+    from .ring import Ring
+
+__all__ = ["job_at", "fresh_lease", "last_error"]
+
+
+def job_at(
+    ring: Ring, seg: Segment, slot: int, word: int | None = None, decode: bool = True,
+    just_leased: bool = False,
+) -> Job:
+    """The job at ``slot`` of ``seg`` as of state word ``word`` (read now if None).
+    ``just_leased``: ``word`` is a lease taken a moment ago, which has no progress to show yet.
+
+    Raises CorruptionError (the record is then marked BAD), SerializationError, JobNotFoundError
+    (the slot holds no retained job).
+    """
+    try:
+        info, id_bytes, payload = records.read_record(seg, slot)
+    except CorruptionError:
+        ring.mark_bad(seg, slot, "failed validation on read")
+        raise
+    if word is None:
+        word = seg.load_state(slot)
+    st, reason, lc = state(word), why(word), lease_count(word)
+    js = state_of(word)
+    if js is None:
+        raise JobNotFoundError(f"job at {seg.path} slot {slot} is no longer retained")
+    if st == ST_DONE and word & FLAG_CANCEL:
+        reason = (
+            0  # the reason field says how it ended unrun (in ``state``), not why a lease was lost
+        )
+    when = (seg.epoch_ms + rel_time(word)) / 1000
+    payload, expires_at = lifecycle.unwrap(info, payload)
+    job = Job(
+        id=records.job_id(info, id_bytes),
+        key=codec.split_key(info.codec, payload)[0],
+        payload=codec.decode(info.codec, payload) if decode else None,
+        priority=info.priority,
+        state=js,
+        attempts=info.attempts_before + lc,
+        max_attempts=info.max_attempts,
+        available_at=when if st == ST_READY else info.available_ms / 1000,
+        enqueued_at=info.enqueued_us / 1e6,
+        lease_deadline=when if st == ST_LEASED else None,
+        lease_token=str(lc) if lc else None,
+        last_error=last_error(ring, seg, slot, reason, lc, st, info.attempts_before),
+        seq=info.seq,
+        version=2 * lc - (st == ST_LEASED),
+        cancel_requested=st == ST_LEASED and bool(word & FLAG_CANCEL),
+        expires_at=expires_at,
+        _loc=(seg.seq, slot),
+    )
+    if not just_leased:
+        lifecycle.show_progress(ring, seg, slot, lc, job)
+    return job
+
+
+def fresh_lease(view: View, slot: int, word: int) -> Job:
+    """The snapshot of a plain job that ringq_claim_next just leased for the first time (lease
+    count 1, state word ``word``), built from the index's copy of its header: a first lease has no
+    nack text and no progress yet, and a plain record has no expiry and no carried attempts, so
+    no side file is read.  Raises SerializationError for a payload that does not decode."""
+    seg = view.seg
+    codec_id, id_bytes, data = records.read_body(seg, slot)
+    seq = int(view.seq[slot])
+    return Job(
+        id=bytes(id_bytes).decode("utf-8", "replace") if id_bytes else f"{seq:016x}",
+        payload=codec.decode(codec_id, data),
+        priority=int(view.prio[slot]),
+        state=JobState.LEASED,
+        attempts=1,
+        max_attempts=int(view.maxatt[slot]),
+        available_at=int(view.avail[slot]) / 1000,
+        enqueued_at=int(view.enq[slot]) / 1e6,
+        lease_deadline=(seg.epoch_ms + rel_time(word)) / 1000,
+        lease_token="1",
+        seq=seq,
+        version=1,
+        key=codec.split_key(codec_id, data)[0] if codec_id == codec.KEYED else None,
+        _loc=(seg.seq, slot),
+    )
+
+
+def last_error(
+    ring: Ring, seg: Segment, slot: int, reason: int, lc: int, st: int, carried: int = 0
+) -> str | None:
+    """The job's last error: why its last lease was lost, or the text of its latest nack."""
+    if reason == WHY_EXPIRED:
+        return "lease expired: visibility timeout passed before ack"
+    if reason == WHY_DIED:
+        return "lease holder died: its process exited without ack"
+    if not carried and (lc == 0 or (st == ST_LEASED and lc == 1)):
+        return None  # in its first lease no nack can have happened: spare the side-file read
+    entries = ring.read_errors(seg.seq).get(slot)
+    if not entries:
+        return None
+    best = [e for e in entries if e[0] <= lc]
+    return max(best)[1] if best else None

@@ -1,0 +1,1 @@
+"""The directory-backed queue, composed of its parts (docs/design.md)."""

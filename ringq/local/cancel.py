@@ -1,0 +1,66 @@
+"""Ending jobs that never complete: cancellation and expiry before start (docs/lifecycle.md).
+
+Both are one CAS on the job's state word, to DONE with the cancel flag (ringq/words.py): reason
+END_CANCELLED or END_EXPIRED.  A leased job cannot be taken from its holder, so cancelling it only
+sets the cancel flag on its LEASED word; the holder sees it on its next extend, and whatever ends
+that lease ends the job cancelled (ringq/transitions.py, ``acked`` and ``failed``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ringq.engine import records, snapshot, transitions
+from ringq.engine.index import now_ms
+from ringq.engine.segment import Segment
+from ringq.engine.words import ST_LEASED, ST_READY, cancel_flag, state
+from ringq.errors import JobFinishedError
+from ringq.job import Job
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ringq.engine.ring import Ring
+
+    from .leases import Leases
+
+__all__ = ["cancel", "expire"]
+
+
+def expire(ring: Ring, seg: Segment, slot: int, w: int, now: int) -> bool:
+    """CAS the READY job with word ``w`` to EXPIRED; True if this call did it.  The record is
+    re-validated first: a damaged expiry field must not end a job (it is marked BAD instead)."""
+    if records.check_one(seg, slot) is None:
+        ring.mark_bad(seg, slot, "record failed validation (magic, length or CRC)")
+        return False
+    if seg.cas_state(slot, w, transitions.expired(w, now - seg.epoch_ms))[0]:
+        ring.segs.note_finished(seg)
+        return True
+    return False
+
+
+def cancel(leases: Leases, job: Job | str, queue: str) -> Job:
+    """CANCELLED for a pending or delayed job; cancel requested for a leased one.  Idempotent for a
+    job already cancelled or cancel-requested; the snapshot after the change.
+
+    Raises JobFinishedError (done, expired or dead-lettered), JobNotFoundError."""
+    view, slot, job_id = leases.locate(job, queue)
+    ring, seg = leases.ring, view.seg
+    w = seg.load_state(slot)
+    while True:
+        st = state(w)
+        if st == ST_READY:
+            new = transitions.cancelled(w, now_ms() - seg.epoch_ms)
+        elif st == ST_LEASED and not cancel_flag(w):
+            new = transitions.cancel_requested(w)
+        elif st == ST_LEASED or transitions.ended_unrun(w) == "cancelled":
+            return snapshot.job_at(ring, seg, slot, w)
+        else:
+            what = transitions.ended_unrun(w) or transitions.STATE_NAMES.get(st, "not a job")
+            raise JobFinishedError(f"cannot cancel job {job_id!r}: it is already {what}")
+        ok, w2 = seg.cas_state(slot, w, new)
+        if ok:
+            if st == ST_READY:
+                ring.segs.note_finished(seg)
+                if view.sealed:
+                    leases.relocator.offer(view)
+            return snapshot.job_at(ring, seg, slot, new)
+        w = w2

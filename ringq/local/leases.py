@@ -1,0 +1,395 @@
+"""The life of a lease: claim, ack, nack, extend -- each one CAS on the job's state word.
+
+A claim CASes ``READY(n, due)`` to ``LEASED(n+1, now + visibility timeout)`` (a failed CAS means
+another process got there first), then tags the owner word with this process's owner index and
+``n+1`` (ringq/owner.py).  Ack, nack and extend CAS from ``LEASED(n)`` and are refused with
+NotLeasedError, saying what happened, when the word is not a lease held with the caller's token.
+The words written are computed by ringq/transitions.py; durability of acks is ringq/durability.py's.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ringq import errors
+from ringq.backoff import BackoffPolicy
+from ringq.engine import snapshot, transitions
+from ringq.engine._native import ffi, lib
+from ringq.engine.control import CTL_WORDS, OFF_CTL_CHANGE, OFF_WAITERS, OFF_WAKE
+from ringq.engine.index import Direct, Index, View, due, now_ms, order
+from ringq.engine.owner import OwnerRegistry
+from ringq.engine.relocate import Relocator
+from ringq.engine.segment import Segment
+from ringq.engine.words import ST_DONE, lease_count, owner_pack, rel_time, state
+from ringq.errors import CorruptionError, JobNotFoundError, NotLeasedError, SerializationError
+from ringq.job import Job
+
+from . import cancel, lifecycle
+from .limits import LimitGate
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ringq.engine.ring import Ring
+
+__all__ = ["Leases", "Retired", "token_number"]
+
+
+class Retired(JobNotFoundError):
+    """The job's segment was retired: every job in it had finished."""
+
+
+class Leases:
+    """Claims and settles leases for one queue in this process.  ``refresh`` catches the index up
+    with other processes (the queue's refresh)."""
+
+    def __init__(
+        self,
+        ring: Ring,
+        index: Index,
+        owners: OwnerRegistry,
+        relocator: Relocator,
+        refresh: Callable[[], None],
+        gate: LimitGate,
+    ) -> None:
+        self.ring = ring
+        self.gate = gate  # concurrency caps and rate limits (ringq/limits.py)
+        self.index = index
+        self.owners = owners
+        self.relocator = relocator
+        self.refresh = refresh
+        self._word = ffi.new("uint64_t *")
+        self._finished = ffi.new("uint64_t *")
+        self._waits = _WaitBuffers()  # per thread: wait_claim runs outside the queue lock
+        self._direct: dict[tuple[int, int, int], Direct] = {}
+
+    def locate(self, job: Job | str, queue: str, fenced: str = "") -> tuple[View, int, str]:
+        """``(view, slot, id)`` of a job given as a snapshot or an id.  Raises JobNotFoundError
+        (Retired if the snapshot's segment retired).
+
+        ``fenced``, the operation of a caller that checks the snapshot's lease ("ack", "nack",
+        "extend"): a lease belongs to
+        the record it was taken on, so a leased snapshot whose record is no longer mapped is
+        never matched to a newer copy of the job by id -- whose fencing tokens start again at 1.
+        If such a copy exists the lease is stale (NotLeasedError); if not, Retired."""
+        index = self.index
+        if isinstance(job, Job):
+            segseq, slot = job._loc
+            view = index.views.get(segseq)
+            if view is None:
+                self.refresh()
+                view = index.views.get(segseq)
+            if view is not None and (job.seq == 0 or int(view.seq[slot]) == job.seq):
+                return view, slot, job.id
+            if fenced and segseq and job.lease_token is not None:
+                if index.find(job.id) is not None:
+                    raise NotLeasedError(transitions.moved(job.id, fenced))
+                raise Retired(job.id)
+            if (
+                view is None
+                and segseq
+                and segseq < self.ring.ctl.tail_seq()
+                and not os.path.exists(self.ring.segs.path(segseq))
+            ):
+                raise Retired(job.id)
+            job_id = job.id
+        else:
+            job_id = job
+        loc = index.find(job_id)
+        if loc is None:
+            self.refresh()
+            loc = index.find(job_id)
+        if loc is None:
+            raise JobNotFoundError(
+                f"no job {job_id!r} in queue {queue!r} (never enqueued, or retired)"
+            )
+        return index.views[loc[0]], loc[1], job_id
+
+    def word_for(self, job: Job | str, queue: str, op: str) -> tuple[View, int, int, str, int | None]:
+        """``(view, slot, state word, id, fencing token or None)`` of a job whose lease the caller
+        checks for ``op`` (see :meth:`locate`)."""
+        view, slot, job_id = self.locate(job, queue, fenced=op)
+        token = token_number(job.lease_token) if isinstance(job, Job) else None
+        return view, slot, view.seg.load_state(slot), job_id, token
+
+    def claim(self, view: View, slot: int, w: int, now: int, vt: float, detach: bool) -> Job | None:
+        """Lease the READY job with word ``w`` for ``vt`` seconds; None if another process won."""
+        seg = view.seg
+        # -- lifecycle: a job never leased before its expires-at never runs (ringq/lifecycle.py);
+        # one leased in time has started, so its retries are not expiries.
+        # (A relocated copy carries its attempts in the record, not in its fresh lease count.)
+        exp = None if lease_count(w) or view.attb[slot] else lifecycle.expires_ms(seg, slot)
+        if exp is not None and now > exp:
+            cancel.expire(self.ring, seg, slot, w, now)
+            return None
+        new = transitions.leased(w, now + int(vt * 1000) - seg.epoch_ms)
+        if new is None:
+            return None
+        lc = lease_count(new)
+        key = (seg.seq, slot)
+        # A detached lease has no owner process (owner index 0): reapers leave it to the
+        # visibility timeout alone.
+        owner = 0 if detach else self.owners.acquire()
+        ticket = self.gate.admit(
+            seg, slot, lambda: (-int(view.prio[slot]), due(view, slot, w), order(view, slot), 1, seg.seq, 0, slot, 0)
+        )
+        if ticket is False:
+            return None  # a limit holds it back: it stays READY
+        held = self.owners.held
+        if owner:
+            held[key] = lc  # before the CAS: our own reaper must never see this lease unowned
+        if not seg.cas_state(slot, w, new)[0]:
+            self.gate.undo(ticket)
+            held.pop(key, None)
+            return None
+        self.gate.bind(ticket, seg, slot, lc)
+        self.ring.ctl.lower_deadline_floor(seg.epoch_ms + rel_time(new))
+        self.ring.note_state(seg, slot, final=False)
+        # The owner word, tagged with the lease count.  A detached lease is tagged with owner index
+        # 0: known to have no owner process, so only its visibility timeout ends it -- unlike a
+        # lease whose claimer died before this store (left untagged: see CLAIM_GRACE in the reaper).
+        seg.cas_owner(slot, seg.load_owner(slot), owner_pack(owner, lc, os.getpid()))
+        if seg.load_state(slot) != new:
+            # Stalled past CLAIM_GRACE between the two CAS: the lease was reclaimed as orphaned.
+            held.pop(key, None)
+            self.gate.release(key)
+            return None
+        try:
+            return snapshot.job_at(self.ring, seg, slot, new, just_leased=True)
+        except (CorruptionError, SerializationError) as exc:
+            held.pop(key, None)
+            self.gate.release(key)
+            self.ring.mark_bad(seg, slot, str(exc))
+            return None
+
+    def direct(self, vt: float, detach: bool) -> Direct:
+        """What Index.take needs to lease plain jobs in one C call each (ringq_claim_next), for
+        ``vt`` seconds; ``detach`` as in :meth:`claim`.  Only for a take that no limit and no
+        paused key can concern (the caller checks, and lowers the deadline floor once for the
+        ``direct.taken`` jobs it leased).  Cached per (vt, detach) in this process."""
+        owner = 0 if detach else self.owners.acquire()
+        key = (int(vt * 1000), owner, os.getpid())
+        d = self._direct.get(key)
+        if d is not None:
+            return d
+        held = self.owners.held
+
+        def made(view: View, slot: int, word: int) -> Job | None:
+            seg = view.seg
+            if owner:
+                held[(seg.seq, slot)] = 1
+            self.ring.note_state(seg, slot, final=False)
+            try:
+                return snapshot.fresh_lease(view, slot, word)
+            except SerializationError as exc:
+                held.pop((seg.seq, slot), None)
+                self.ring.mark_bad(seg, slot, str(exc))
+                return None
+
+        if len(self._direct) > 64:
+            self._direct.clear()
+        d = self._direct[key] = Direct(key[0], owner_pack(owner, 0, key[2]), made)
+        return d
+
+    def wait_claim(self, seen: int, timeout: float, spin: float, direct: Direct) -> Waited | None:
+        """Sleep as Control.sleep does (``seen``: the wake word read before looking for work) and,
+        if what woke us is one new plain job at the end of the tail segment, lease it in the same
+        C call (``ringq_wait_claim``): a :class:`Waited` for :meth:`waited` (or :meth:`unclaim`),
+        or None when the caller should look for work itself (woken by something else, or timed
+        out).  Only for a caller whose index holds nothing leasable and to whom no limit or paused
+        key applies; called without the queue lock, by any number of threads at once.
+
+        The one slot the C call may lease is the first this process has not read in; it counts
+        as claiming (``owners.claiming``) from before the call until :meth:`waited` or
+        :meth:`unclaim` settles it, so this process's reaper never takes such a lease, tagged
+        with our owner index but not yet among ``owners.held``, for a dead predecessor's."""
+        ctl = self.ring.ctl
+        view = self.index.views.get(ctl.tail_seq())
+        if view is None or view.sealed or view.seg.mm is None:
+            ctl.sleep(seen, timeout, spin)
+            return None
+        seg = view.seg
+        bufs = self._waits
+        a, co = bufs.args, bufs.out
+        a.wake_seen = seen
+        a.change_seen = self.index.seen_change
+        a.spin_ns = int(min(spin, timeout) * 1e9)
+        a.timeout_ns = int(timeout * 1e9)
+        a.epoch_ms = seg.epoch_ms
+        a.vt_ms = direct.vt_ms
+        a.owner_base = direct.owner_base
+        a.from_slot = candidate = view.scanned
+        key = (seg.seq, candidate)
+        claiming = self.owners.claiming
+        claiming[key] = claiming.get(key, 0) + 1
+        try:
+            errors.check(lib.ringq_wait_claim(ctl.ptr, ctl.size, seg.ptr, seg.size, seg.geom, a, co), seg.path)
+            if co.status == lib.RINGQ_CLAIMED:
+                return Waited(view, co.slot, co.word, co.prev)
+        except BaseException:
+            self._settled(key)
+            raise
+        self._settled(key)
+        return None
+
+    def _settled(self, key: tuple[int, int]) -> None:
+        claiming = self.owners.claiming
+        left = claiming.pop(key, 1) - 1
+        if left:
+            claiming[key] = left
+
+    def unclaim(self, got: Waited) -> None:
+        """Give back a lease :meth:`wait_claim` took that policy now forbids: the job's word goes
+        back to what it was (READY, never leased; the token was never handed out), and readers
+        are told to look again."""
+        seg = got.view.seg
+        try:
+            if seg.cas_state(got.slot, got.word, got.prev)[0]:
+                self.ring.note_returned(seg)
+        finally:
+            self._settled((seg.seq, got.slot))
+
+    def waited(self, got: Waited, direct: Direct) -> Job | None:
+        """Under the queue lock, after the caller caught up (the leased record is read in): the
+        job :meth:`wait_claim` leased, or None if its payload does not decode (quarantined)."""
+        view, slot, word = got.view, got.slot, got.word
+        try:
+            self.index.read_through(view, slot)
+            self.ring.ctl.lower_deadline_floor(view.seg.epoch_ms + rel_time(word))
+            return direct.made(view, slot, word)
+        finally:
+            self._settled((view.seg.seq, slot))
+
+    def ack(self, job: Job | str, queue: str) -> Segment | None:
+        """CAS one job to DONE; returns its segment, or None for a repeated ack.  The durability
+        strategy is told (it syncs under ``sync_acks`` when the caller calls ``sync_acks_now``)."""
+        try:
+            view, slot, job_id = self.locate(job, queue, fenced="ack")
+        except Retired:
+            return None  # its segment retired, so it was finished: a repeated ack
+        token = token_number(job.lease_token) if isinstance(job, Job) else None
+        seg = view.seg
+        self._release_slot(seg, slot)
+        if token is None or token > 0:
+            # The common case in one C call: LEASED with this token -> DONE (ringq/transitions.py
+            # allows it; a cancel-requested lease comes back as 3 for the policy below).
+            out, fin = self._word, self._finished
+            ctl = self.ring.ctl
+            rc = lib.ringq_ack_slot(seg.ptr, seg.size, seg.geom, slot, token or 0, max(0, now_ms() - seg.epoch_ms),
+                                    ctl.ptr, ctl.size, CTL_WORDS, out, fin)
+            if rc == 0:  # counted as acked and finished by the call
+                return self._acked(view, seg, slot, out[0], fin[0])
+            if rc == 1:
+                return None  # a repeated ack
+            if rc == 2:
+                transitions.require_lease(out[0], job_id, token, "ack")  # raises, saying why
+            errors.check(min(rc, 0), seg.path)
+        w = seg.load_state(slot)
+        while True:
+            if state(w) == ST_DONE and (token is None or lease_count(w) == token):
+                return None  # a repeated ack; a stale holder's ack of a job done by another is refused below
+            transitions.require_lease(w, job_id, token, "ack")
+            done = transitions.acked(w, now_ms() - seg.epoch_ms)
+            ok, w = seg.cas_state(slot, w, done)
+            if ok:
+                break
+        self.ring.ctl.count("acked")
+        return self._acked(view, seg, slot, done, seg.add_finished())
+
+    def _acked(self, view: View, seg: Segment, slot: int, done: int, finished: int) -> Segment:
+        """After the ack's CAS, counted: durability, the holder's bookkeeping, retirement."""
+        self.ring.dur.note_ack(seg, slot, done)
+        self.owners.held.pop((seg.seq, slot), None)
+        self.ring.segs.finished_up_to(seg, finished)
+        if view.sealed:
+            self.relocator.offer(view, hot=True)
+        return seg
+
+    def nack(
+        self,
+        job: Job | str,
+        queue: str,
+        error: str | None,
+        delay: float | None,
+        backoff: BackoffPolicy,
+        rng: Any,
+    ) -> Job:
+        """Return a leased job to READY after a backoff delay, or dead-letter it; the new snapshot."""
+        view, slot, w, job_id, token = self.word_for(job, queue, "nack")
+        seg = view.seg
+        self._release_slot(seg, slot)
+        transitions.require_lease(w, job_id, token, "nack")
+        lc = lease_count(w)
+        attempts = int(view.attb[slot]) + lc
+        if error is not None:
+            self.ring.write_error(seg, slot, lc, str(error))
+        dead = attempts >= int(view.maxatt[slot])
+        wait = 0.0 if dead else backoff.delay_for(attempts, rng) if delay is None else delay
+        new = transitions.failed(w, 0, dead, now_ms() + int(wait * 1000) - seg.epoch_ms)
+        while True:
+            ok, w2 = seg.cas_state(slot, w, new)
+            if ok:
+                break
+            transitions.require_lease(w2, job_id, token, "nack")
+            w = w2
+        self.ring.dur.note_ack(seg, slot, new)
+        self.owners.held.pop((seg.seq, slot), None)
+        if state(new) == ST_DONE:  # a cancel-requested lease ends cancelled, never retried
+            self.ring.segs.note_finished(seg)
+        elif dead:
+            self.ring.ctl.count("dead")
+        else:
+            self.ring.note_returned(seg)
+        out = snapshot.job_at(self.ring, seg, slot, new)
+        if view.sealed:
+            self.relocator.offer(view, hot=True)
+        return out
+
+    def _release_slot(self, seg: Segment, slot: int) -> None:
+        if self.gate.release((seg.seq, slot)):
+            self.ring.ctl.wake()  # a cap slot is free: leases waiting for it may go
+
+    def extend(self, job: Job | str, queue: str, seconds: float) -> Job:
+        """Push a lease's deadline to ``max(deadline, now) + seconds``; the new snapshot."""
+        view, slot, w, job_id, token = self.word_for(job, queue, "extend")
+        seg = view.seg
+        while True:
+            transitions.require_lease(w, job_id, token, "extend")
+            deadline = max(seg.epoch_ms + rel_time(w), now_ms()) + int(seconds * 1000)
+            new = transitions.extended(w, deadline - seg.epoch_ms)
+            ok, w = seg.cas_state(slot, w, new)
+            if ok:
+                self.ring.note_state(seg, slot, final=False)
+                return snapshot.job_at(self.ring, seg, slot, new)
+
+
+class Waited(NamedTuple):
+    """A lease :meth:`Leases.wait_claim` took in C, not yet handed out: its job's view and slot,
+    the LEASED word it wrote and the READY word it replaced."""
+
+    view: View
+    slot: int
+    word: int
+    prev: int
+
+
+class _WaitBuffers(threading.local):
+    """The C wait's argument and result structs, one pair per thread: cffi releases the GIL for
+    the call, and threads waiting at once must never read each other's results."""
+
+    def __init__(self) -> None:
+        self.args = ffi.new(
+            "ringq_wait_args *", {"wake_off": OFF_WAKE, "waiters_off": OFF_WAITERS, "change_off": OFF_CTL_CHANGE}
+        )
+        self.out = ffi.new("ringq_claim_out *")
+
+
+def token_number(token: object) -> int | None:
+    """A fencing token as the lease count it stands for; -1 for text that no lease ever issued."""
+    if token is None:
+        return None
+    if isinstance(token, int) and not isinstance(token, bool):
+        return token
+    text = str(token)
+    return int(text) if text.isdigit() and len(text) < 12 else -1

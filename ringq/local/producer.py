@@ -1,0 +1,429 @@
+"""Enqueue: turning payloads into records and appending them, plainly or idempotently.
+
+Every payload is encoded and every record's size checked before anything is written, so a bad
+payload or an oversized record writes nothing.  The batch then goes to the engine packed -- a codec
+byte and a length per job, the ids and payloads joined in one buffer (Ring.append_packed) -- and the
+returned jobs are built from what the append reports, without reading anything back.  With job ids the append is decided under the writer lock after
+reading everything published, so a retained id is returned instead of written again (across
+processes and restarts).  A QueueFullError is answered once by retiring every finished segment (the
+tail included: a volume with room for one segment) and trying again.
+"""
+
+from __future__ import annotations
+
+import threading
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any
+
+from ringq import codec
+from ringq.engine import records, snapshot
+from ringq.engine.appends import REC_HEADER_SIZE
+from ringq.engine.index import Index, now_ms
+from ringq.engine.records import KIND_JOB, NewRecord
+from ringq.engine.words import ST_DEAD, ST_READY, TIME_MAX
+from ringq.errors import QueueFullError, SerializationError
+from ringq.ids import check_caller_id
+from ringq.job import Job, JobState
+
+from . import lifecycle
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ringq.engine.ring import Ring
+
+__all__ = ["Producer", "check_attempts", "MAX_ATTEMPTS_LIMIT", "MAX_DELAY"]
+
+READY = JobState.READY
+# fresh_jobs and enqueue_one build a Job positionally (a third of the cost of keywords), in this order.
+assert tuple(f.name for f in fields(Job)) == (
+    "id",
+    "payload",
+    "priority",
+    "state",
+    "attempts",
+    "max_attempts",
+    "available_at",
+    "enqueued_at",
+    "lease_deadline",
+    "lease_token",
+    "last_error",
+    "seq",
+    "version",
+    "key",
+    "cancel_requested",
+    "expires_at",
+    "progress",
+    "progress_message",
+    "cancelled",
+    "_loc",
+), "Job's fields changed: update fresh_jobs and Producer.enqueue_one"
+
+MAX_ATTEMPTS_LIMIT = 0xFFFF  # the record header's max_attempts field is 16-bit
+MAX_DELAY = TIME_MAX / 1000 - 86400 * 366  # seconds: a time must fit the state word for a year more
+
+
+def check_attempts(n: int) -> None:
+    if not isinstance(n, int) or not 1 <= n <= MAX_ATTEMPTS_LIMIT:
+        raise ValueError(f"max_attempts must be an int in [1, {MAX_ATTEMPTS_LIMIT}], got {n!r}")
+
+
+class Producer:
+    """Appends jobs for one queue in this process.  ``lock`` is the queue's thread lock;
+    ``refresh(relocate)`` catches the index up with other processes."""
+
+    def __init__(
+        self,
+        ring: Ring,
+        index: Index,
+        lock: threading.RLock,
+        refresh: Callable[[bool], None],
+        auto_ids: bool = True,
+    ) -> None:
+        self.auto_ids = auto_ids  # False: every job has a caller id, of any form (Queue(auto_ids=))
+        self.ring = ring
+        self.index = index
+        self.lock = lock
+        self.refresh = refresh
+        self.max_bytes = ring.max_record_bytes()  # the geometry is fixed when the queue is created
+
+    def enqueue_one(
+        self,
+        payload: Any,
+        priority: int,
+        delay: float,
+        attempts: int,
+        key: str | None = None,
+        expires_at_ms: int | None = None,
+    ) -> Job:
+        """One job without a caller id: :meth:`enqueue` without the lists."""
+        delay_ms = check_args(priority, delay, attempts, None, self.auto_ids)
+        kind, data = codec.encode(payload)
+        if key is not None:
+            kind, data = codec.wrap_key(key, kind, data)
+        rkind = KIND_JOB
+        if expires_at_ms is not None:  # lifecycle: the expiry goes in front of the codec's bytes
+            data, rkind = lifecycle.wrap_expiry(data, expires_at_ms), lifecycle.KIND_EXPIRES
+        ring = self.ring
+        length = REC_HEADER_SIZE + len(data)
+        if length > self.max_bytes:
+            records.check_sizes([NewRecord(data, kind)], self.max_bytes, ring.name)
+        with self.lock:
+            segseq, slot, seq, enq_us, avail_ms, ticket = self.retry_full(
+                ring.append_one, kind, data, priority, delay_ms, attempts, rkind
+            )
+        # Sync outside our lock, so that other threads append meanwhile (and share the sync).
+        ring.finish(ticket)
+        return Job(
+            f"{seq:016x}",
+            payload,
+            priority,
+            READY,
+            0,
+            attempts,
+            avail_ms / 1000,
+            enq_us / 1e6,
+            None,
+            None,
+            None,
+            seq,
+            0,
+            key,
+            False,
+            None if expires_at_ms is None else expires_at_ms / 1000,
+            None,
+            None,
+            None,
+            (segseq, slot),
+        )
+
+    def enqueue(
+        self,
+        payloads: list[Any],
+        priority: int,
+        delay: float,
+        attempts: int,
+        job_ids: Sequence[str] | None,
+        key: str | None = None,
+        expires_at_ms: int | None = None,
+    ) -> list[Job]:
+        """Append ``payloads`` as new jobs; returns their snapshots, in order.
+
+        Every payload is encoded and every record's size checked before anything is written
+        (SerializationError, RecordTooLargeError, ValueError: nothing written).  With ``job_ids``
+        the batch is decided under the writer lock: an id already retained returns its job and
+        writes nothing (so does an id repeated in the batch after its first use).
+        """
+        n = len(payloads)
+        delay_ms = check_args(priority, delay, attempts, job_ids, self.auto_ids, n)
+        if not n:
+            return []
+        kinds, datas = encode_all(payloads, key)
+        rkind = KIND_JOB
+        if expires_at_ms is not None:  # lifecycle: the expiry goes in front of the codec's bytes
+            datas = [lifecycle.wrap_expiry(d, expires_at_ms) for d in datas]
+            rkind = lifecycle.KIND_EXPIRES
+        ids = None if job_ids is None else encode_ids(job_ids)
+        lens = list(map(len, datas))
+        longest = max(lens)
+        id_longest = 0 if ids is None else max(map(len, ids))
+        if (
+            REC_HEADER_SIZE + longest + id_longest > self.max_bytes
+            or id_longest > records.MAX_ID_FIELD
+        ):
+            # Some record is too large: find the first, for the message records.check_sizes gives.
+            records.check_sizes(
+                [
+                    NewRecord(d, k, b"" if ids is None else ids[i])
+                    for i, (k, d) in enumerate(zip(kinds, datas))
+                ],
+                self.max_bytes,
+                self.ring.name,
+            )
+        ring = self.ring
+        exp_s = None if expires_at_ms is None else expires_at_ms / 1000
+        if job_ids is None:
+            with self.lock:
+                placed, heads, seq0, enq_us, avail_ms, ticket = self.retry_full(
+                    ring.append_packed,
+                    n,
+                    bytes(kinds),
+                    None,
+                    array("I", lens),
+                    b"".join(datas),
+                    REC_HEADER_SIZE + longest,
+                    priority,
+                    delay_ms,
+                    attempts,
+                    rkind,
+                )
+            # Sync outside our lock, so that other threads append meanwhile (and share the sync).
+            ring.finish(ticket)
+            return fresh_jobs(
+                placed,
+                heads,
+                seq0,
+                enq_us,
+                avail_ms,
+                payloads,
+                None,
+                priority,
+                attempts,
+                key,
+                exp_s,
+            )
+        with self.lock, ring.locked():
+            self.refresh(True)
+            found: dict[int, tuple[int, int]] = {}
+            first: dict[str, int] = {}
+            todo: list[int] = []
+            for i, jid in enumerate(job_ids):
+                loc = self.index.find(jid)
+                if loc is not None:
+                    found[i] = loc
+                elif jid not in first:
+                    first[jid] = i
+                    todo.append(i)
+            made: dict[int, Job] = {}
+            if todo:
+                t_ids = [ids[i] for i in todo]
+                t_datas = [datas[i] for i in todo]
+                placed, heads, seq0, enq_us, avail_ms, ticket = self.retry_full(
+                    ring.append_packed,
+                    len(todo),
+                    bytes(kinds[i] for i in todo),
+                    array("H", map(len, t_ids)),
+                    array("I", map(len, t_datas)),
+                    b"".join([b for pair in zip(t_ids, t_datas) for b in pair]),
+                    REC_HEADER_SIZE + max(lens[i] + len(ids[i]) for i in todo),
+                    priority,
+                    delay_ms,
+                    attempts,
+                    rkind,
+                )
+                ring.finish(ticket)
+                jobs = fresh_jobs(
+                    placed,
+                    heads,
+                    seq0,
+                    enq_us,
+                    avail_ms,
+                    [payloads[i] for i in todo],
+                    [job_ids[i] for i in todo],
+                    priority,
+                    attempts,
+                    key,
+                    exp_s,
+                )
+                for i, job in zip(todo, jobs):
+                    made[i] = job
+                    self.index.ids[job_ids[i]] = job._loc
+            out = []
+            for i, jid in enumerate(job_ids):
+                if i in found:
+                    seq, slot = found[i]
+                    out.append(snapshot.job_at(ring, self.index.views[seq].seg, slot))
+                else:
+                    out.append(made[first[jid]])
+            return out
+
+    def import_jobs(self, jobs: Sequence[Job]) -> int:
+        ring = self.ring
+        recs = [imported_record(job) for job in jobs]
+        ring.check_sizes(recs)
+        with self.lock, ring.locked():
+            self.refresh(True)
+            todo, seen = [], set()
+            for i, job in enumerate(jobs):
+                if job.id not in seen and self.index.find(job.id) is None:
+                    todo.append(i)
+                seen.add(job.id)
+            placed = ring.append([recs[i] for i in todo]) if todo else []
+            for i, p in zip(todo, placed):
+                nseg = ring.segs.segment(p[0])
+                if jobs[i].last_error and nseg is not None:
+                    ring.write_error(nseg, p[1], 0, str(jobs[i].last_error))
+            self.refresh(True)
+            return len(todo)
+
+    def retry_full(self, append: Callable[..., Any], *args: Any) -> Any:
+        """Run ``append(*args)``; after a QueueFullError make room once and try again."""
+        try:
+            return append(*args)
+        except QueueFullError:
+            with self.ring.locked():
+                self.refresh(False)
+                n = self.ring.segs.retire_finished(thorough=True) + self.ring.retire_finished_tail()
+            if not n:
+                raise
+            self.refresh(False)  # unmaps them: an unlinked file's space returns at its last unmap
+            return append(*args)
+
+
+def check_args(
+    priority: int,
+    delay: float,
+    attempts: int,
+    job_ids: Sequence[str] | None,
+    auto_ids: bool = True,
+    n: int = 1,
+) -> int:
+    """Validate the arguments of an enqueue of ``n`` jobs; returns the delay in ms.  Raises
+    ValueError."""
+    if job_ids is None:
+        if not auto_ids:
+            raise ValueError(
+                "this queue takes jobs with caller ids only (auto_ids=False): give job_id"
+            )
+    else:
+        if len(job_ids) != n:
+            raise ValueError(f"job_ids has {len(job_ids)} ids for {n} payloads")
+        for jid in job_ids:
+            check_caller_id(jid, allow_auto_form=not auto_ids)  # ringq/ids.py
+    if not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
+        raise ValueError(f"priority must be a 32-bit signed int, got {priority!r}")
+    if not 0 <= delay <= MAX_DELAY:
+        raise ValueError(f"delay must be between 0 and about 33 years (in seconds), got {delay!r}")
+    check_attempts(attempts)
+    return int(round(delay * 1000))
+
+
+def encode_all(
+    payloads: Sequence[Any], key: str | None
+) -> tuple[bytes | tuple[int, ...], list[bytes]]:
+    """``(codec ids, bytes)`` of every payload (codec.encode), each wrapped with ``key`` if given
+    (codec.wrap_key).  Raises SerializationError."""
+    enc = codec.encode
+    pairs = [enc(p) for p in payloads]
+    if key is not None:
+        pairs = [codec.wrap_key(key, k, d) for k, d in pairs]
+    kinds, datas = zip(*pairs)
+    return kinds, list(datas)
+
+
+def encode_ids(job_ids: Sequence[str]) -> list[bytes]:
+    """The UTF-8 bytes of every job id.  Raises SerializationError for a string that is not valid
+    Unicode text (a lone surrogate)."""
+    out = []
+    for jid in job_ids:
+        if not valid_text(jid):
+            raise SerializationError(f"job id {jid!r} is not valid Unicode text")
+        out.append(jid.encode("utf-8", "strict"))
+    return out
+
+
+def fresh_jobs(
+    placed: list[tuple[int, int, int]],
+    heads: list[int],
+    seq0: int,
+    enq_us: int,
+    avail_ms: int,
+    payloads: Sequence[Any],
+    job_ids: Sequence[str] | None,
+    priority: int,
+    attempts: int,
+    key: str | None,
+    expires_at: float | None,
+) -> list[Job]:
+    """The snapshots of jobs just appended by Ring.append_packed (no read back).  Built
+    positionally (a third of the keyword form's cost; the field order is checked at import)."""
+    avail, enq = avail_ms / 1000, enq_us / 1e6
+    out = []
+    for segseq, first, cnt in placed:
+        out += [
+            Job(
+                f"{seq0 + i:016x}" if job_ids is None else job_ids[i],
+                payloads[i],
+                priority,
+                READY,
+                0,
+                attempts,
+                avail,
+                enq,
+                None,
+                None,
+                None,
+                seq0 + i,
+                0,
+                key,
+                False,
+                expires_at,
+                None,
+                None,
+                None,
+                (segseq, heads[i]),
+            )
+            for i in range(first, first + cnt)
+        ]
+    return out
+
+
+def imported_record(job: Job) -> NewRecord:
+    """The record of a job brought from elsewhere, keeping its state (see Queue.import_jobs)."""
+    if not isinstance(job.id, str) or not job.id or not valid_text(job.id):
+        raise ValueError(f"job ids must be non-empty Unicode strings, got {job.id!r}")
+    check_caller_id(job.id)  # another queue's automatic id: import_jobs(source=) renames it
+    check_attempts(job.max_attempts)
+    kind, data = codec.encode(job.payload)
+    if job.key is not None:
+        kind, data = codec.wrap_key(job.key, kind, data)
+    dead = job.state is JobState.DEAD
+    return NewRecord(
+        data,
+        kind,
+        job.id.encode(),
+        int(job.priority),
+        0,
+        job.max_attempts,
+        min(max(int(job.attempts), 0), MAX_ATTEMPTS_LIMIT),
+        state=ST_DEAD if dead else ST_READY,
+        at_ms=now_ms() if dead else int(job.available_at * 1000),
+    )
+
+
+def valid_text(s: str) -> bool:
+    try:
+        s.encode("utf-8", "strict")
+        return True
+    except UnicodeEncodeError:
+        return False

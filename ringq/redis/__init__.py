@@ -1,0 +1,1 @@
+"""The same queue API on Redis (docs/scale-out.md)."""

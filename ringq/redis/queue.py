@@ -1,0 +1,414 @@
+"""RedisQueue: the ringq API on a Redis server, for pipelines that outgrow one host.
+
+Theory of operation
+-------------------
+Every transition of a job is one server-side Lua script (ringq/_redis_lua.py) run with EVALSHA, so
+it is atomic; all keys of a queue share the hash tag ``{ringq:<name>}``, so a queue lives in one
+hash slot and works on Redis Cluster.  Times are the server's clock.
+
+A consumer with nothing to lease blocks in ``BLPOP`` on the queue's wake list: enqueues, nacks and
+requeues push a token to it.  Delayed jobs coming due and leases expiring push nothing, so the
+lease script also returns how long until the next of those, and the consumer blocks no longer than
+that (and at most ``MAX_NAP`` seconds).
+
+A dead holder cannot be noticed across hosts the way the local queue notices it (a kernel lock
+dropped at exit): its leases come back when their visibility timeout passes, and a
+:class:`~ringq.Worker` keeps its running jobs' leases alive by extending them (heartbeats).
+
+Durability is Redis' own: with ``appendonly yes`` and ``appendfsync always`` an acknowledged
+write is on disk before the reply (the local queue's default promise); ``min_replicas=N`` also
+waits (Redis ``WAIT``) for N replicas to acknowledge each write.  See docs/scale-out.md.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ringq import codec
+from ringq.backoff import BackoffPolicy
+from ringq.errors import MissingExtraError, SerializationError
+from ringq.ids import check_caller_id
+from ringq.job import Job, JobState
+from ringq.local.queue import (
+    _NO_RESULT,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_VISIBILITY_TIMEOUT,
+    MAX_ATTEMPTS_LIMIT,
+    due_delay,
+    expiry_ms,
+)
+from ringq.results import DEFAULT_RESULT_TTL, Results
+
+from .admin import RedisAdminMethods
+from .lifecycle import RedisLifecycleMethods
+from .scripts import WAKE, Scripts, client_for, guard, redact_url, redis, refuse
+from .scripts import job_from_reply as _job
+
+__all__ = ["RedisQueue", "client_for", "guard", "redact_url"]
+
+MAX_NAP = 1.0  # seconds: longest single BLPOP, bounding how late a wake-up pushed elsewhere is seen
+MAX_DELAY = 86400 * 365 * 33  # seconds: as the local queue's limit
+
+
+def _name_ok(name: str) -> bool:
+    from ringq.engine.ring import NAME_RE
+
+    return isinstance(name, str) and bool(NAME_RE.match(name))
+
+
+class RedisQueue(RedisAdminMethods, RedisLifecycleMethods):
+    """A job queue on a Redis server: the same methods, arguments, results and errors as
+    :class:`ringq.Queue`.  Safe to use from many threads, processes and hosts.
+
+    Args:
+        url: ``redis://[user:password@]host:port/db``, ``rediss://...`` (TLS) or
+            ``unix:///path/to/socket``.  A server with cluster mode enabled is used through
+            redis-py's cluster client.
+        name: queue name ``[A-Za-z0-9_-]{1,64}``; keys are ``{ringq:<name>}:*``.
+        visibility_timeout, max_attempts, backoff: as :class:`ringq.Queue`.
+        retain_done: seconds a finished job (and its id, for idempotency) stays retrievable
+            (default 3600; the local queue keeps them until their segment retires).
+        min_replicas: after each write (enqueue, ack, nack, requeue, purge, import) wait until
+            this many replicas acknowledged it (Redis ``WAIT``); 0 (default) does not wait.
+        replica_timeout: seconds to wait for them (default 5): ReplicationTimeoutError after.
+        socket_timeout: seconds a reply may take before ConnectionLostError (default 30).
+        Other keyword arguments are refused, except the local queue's storage options
+        (``durability``, ``fsync``, ...), which do not apply and are ignored.
+
+    Raises:
+        MissingExtraError: redis-py is not installed (``pip install 'ringq[redis]'``); a subclass
+            of ImportError.
+        ValueError: bad name or setting.  ConnectionLostError: the server cannot be reached.
+    """
+
+    _LOCAL_ONLY = frozenset(
+        {
+            "fsync",
+            "durability",
+            "flush_interval",
+            "sync_acks",
+            "state_flush_interval",
+            "lock_timeout",
+            "slot_size",
+            "slot_count",
+            "mode",
+            "allow_network_fs",
+        }
+    )
+
+    def __init__(
+        self,
+        url: str,
+        name: str = "default",
+        *,
+        visibility_timeout: float = DEFAULT_VISIBILITY_TIMEOUT,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        backoff: BackoffPolicy | None = None,
+        retain_done: float = 3600.0,
+        min_replicas: int = 0,
+        replica_timeout: float = 5.0,
+        socket_timeout: float = 30.0,
+        auto_ids: bool = True,
+        **local_options: Any,
+    ) -> None:
+        if redis is None:
+            raise MissingExtraError(
+                "the Redis backend needs redis-py, which is not installed: pip install 'ringq[redis]'"
+            )
+        unknown = set(local_options) - self._LOCAL_ONLY
+        if unknown:
+            raise TypeError(f"RedisQueue got unexpected keyword arguments {sorted(unknown)}")
+        if not _name_ok(name):
+            raise ValueError(f"queue name must match [A-Za-z0-9_-]{{1,64}}, got {name!r}")
+        if not 0 < visibility_timeout < MAX_DELAY:
+            raise ValueError(f"visibility_timeout must be > 0 seconds, got {visibility_timeout!r}")
+        _check_attempts(max_attempts)
+        if not retain_done >= 0:
+            raise ValueError(f"retain_done must be >= 0 seconds, got {retain_done!r}")
+        if not isinstance(min_replicas, int) or min_replicas < 0:
+            raise ValueError(f"min_replicas must be an int >= 0, got {min_replicas!r}")
+        if not replica_timeout > 0:
+            raise ValueError(f"replica_timeout must be > 0 seconds, got {replica_timeout!r}")
+        self.url = url
+        self.auto_ids = bool(auto_ids)  # as Queue(auto_ids=): False for a results queue
+        self.path = url  # where the queue lives, as the local queue's attribute says
+        self.name = name
+        self.durability = "redis"
+        self.visibility_timeout = float(visibility_timeout)
+        self.max_attempts = max_attempts
+        self.backoff = backoff or BackoffPolicy()
+        self.retain_done = float(retain_done)
+        self.min_replicas = min_replicas
+        self.replica_timeout = float(replica_timeout)
+        self._rng = random.Random()
+        self._due_at: float | None = None  # time.monotonic() of the next due time seen by a lease
+        self._scripts = Scripts(
+            url,
+            name,
+            min_replicas=min_replicas,
+            replica_timeout=self.replica_timeout,
+            socket_timeout=socket_timeout,
+        )
+        self.cluster = self._scripts.cluster
+        self._results = Results(
+            name,
+            lambda n: RedisQueue(
+                url,
+                n,
+                auto_ids=False,
+                socket_timeout=socket_timeout,
+                min_replicas=min_replicas,
+                replica_timeout=replica_timeout,
+            ),
+        )
+
+    # -- opening and closing ------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._scripts.closed
+
+    def close(self) -> None:
+        """Close the connections (idempotent).  Leases held are not released: they expire."""
+        if not self._scripts.closed:
+            self._scripts.close()
+            self._results.close()
+
+    def __enter__(self) -> RedisQueue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- enqueue ------------------------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        payload: Any,
+        *,
+        priority: int = 0,
+        delay: float = 0.0,
+        max_attempts: int | None = None,
+        job_id: str | None = None,
+        expires_in: float | None = None,
+        expires_at: float | None = None,
+    ) -> Job:
+        """Add one job; as :meth:`ringq.Queue.enqueue`.  Raises ConnectionLostError (outcome
+        unknown: re-send with a ``job_id`` to make a retry safe), ReplicationTimeoutError."""
+        return self.enqueue_many(
+            [payload],
+            priority=priority,
+            delay=delay,
+            max_attempts=max_attempts,
+            job_ids=None if job_id is None else [job_id],
+            expires_in=expires_in,
+            expires_at=expires_at,
+        )[0]
+
+    def enqueue_many(
+        self,
+        payloads: Sequence[Any],
+        *,
+        priority: int = 0,
+        delay: float = 0.0,
+        max_attempts: int | None = None,
+        job_ids: Sequence[str] | None = None,
+        expires_in: float | None = None,
+        expires_at: float | None = None,
+    ) -> list[Job]:
+        """Add many jobs in one atomic script: all are stored or none.  As :meth:`ringq.Queue.enqueue_many`
+        (``expires_in`` is turned into a time on this host's clock; the lease script compares it
+        with the server's)."""
+        self._scripts.live()
+        ex = expiry_ms(expires_in, expires_at) or 0
+        payloads = list(payloads)
+        ids = [""] * len(payloads) if job_ids is None else list(job_ids)
+        if len(ids) != len(payloads):
+            raise ValueError(f"job_ids has {len(ids)} ids for {len(payloads)} payloads")
+        if job_ids is None and not self.auto_ids:
+            raise ValueError(
+                "this queue takes jobs with caller ids only (auto_ids=False): give job_id"
+            )
+        if job_ids is not None:
+            for jid in ids:
+                check_caller_id(jid, allow_auto_form=not self.auto_ids)  # ringq/ids.py
+        if not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
+            raise ValueError(f"priority must be a 32-bit signed int, got {priority!r}")
+        delay = due_delay(delay)
+        if not 0 <= delay <= MAX_DELAY:
+            raise ValueError(
+                f"delay must be between 0 and about 33 years (in seconds), got {delay!r}"
+            )
+        attempts = self.max_attempts if max_attempts is None else max_attempts
+        _check_attempts(attempts)
+        args: list[Any] = [priority, int(round(delay * 1000)), attempts, len(payloads)]
+        for jid, payload in zip(ids, payloads):
+            kind, data = codec.encode(payload)
+            try:
+                args += [jid.encode("utf-8", "strict"), bytes([kind]) + data]
+            except UnicodeEncodeError:
+                raise SerializationError(f"job id {jid!r} is not valid Unicode text") from None
+        if not payloads:
+            return []
+        args.append(ex)
+        rows = self._scripts.run("enqueue", args, write=True)
+        return [
+            _job(meta, pay, (payloads[i],) if tag == b"new" else None)
+            for i, (tag, meta, pay) in enumerate(rows)
+        ]
+
+    # -- lease --------------------------------------------------------------------------------------
+
+    def lease(
+        self,
+        count: int = 1,
+        *,
+        visibility_timeout: float | None = None,
+        wait: float | None = None,
+        detach: bool = False,
+    ) -> list[Job]:
+        """Lease up to ``count`` due jobs; as :meth:`ringq.Queue.lease`.
+
+        A waiting call blocks in BLPOP on the queue's wake list (woken by enqueues, nacks and
+        requeues) and no longer than until the next delayed job or lease deadline.  ``detach`` is
+        accepted and changes nothing: every Redis lease ends only by ack/nack or its visibility
+        timeout.  If the connection drops during the call, the jobs it leased come back after
+        their visibility timeout.
+        """
+        self._scripts.live()
+        if not isinstance(count, int) or count < 1:
+            raise ValueError(f"count must be an int >= 1, got {count!r}")
+        vt = self.visibility_timeout if visibility_timeout is None else visibility_timeout
+        if not 0 < vt < MAX_DELAY:
+            raise ValueError(f"visibility_timeout must be > 0 seconds, got {vt!r}")
+        deadline = None if not wait else time.monotonic() + wait
+        got: list[Job] = []
+        while True:
+            out = self._scripts.run("lease", [count - len(got), int(vt * 1000)])
+            for i in range(1, len(out), 2):
+                try:
+                    got.append(_job(out[i], out[i + 1]))
+                except SerializationError:
+                    continue  # the lease expires and the job dead-letters after max_attempts
+            # out[0]: ms until the next delayed job or lease deadline (-1: none), as a deadline
+            self._due_at = None if out[0] < 0 else time.monotonic() + out[0] / 1000
+            if got or deadline is None:  # blocks only while nothing at all is leasable
+                return got
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return got
+            self._sleep(min(left, MAX_NAP))
+
+    def _sleep(self, nap: float, *, past_due_wakes: bool = True) -> None:
+        """BLPOP on the wake list for up to ``nap`` seconds, and no later than the next due time
+        seen by the last lease.  With ``past_due_wakes=False`` a due time already passed does not
+        shorten the nap: the caller was woken for it once already."""
+        due = self._due_at
+        if due is not None:
+            left = due - time.monotonic()
+            if left > 0 or past_due_wakes:
+                nap = min(nap, max(left, 0.0) + 0.002)
+        if nap > 0.001:
+            s = self._scripts
+            s.call(lambda: s.client.blpop([s.keys[WAKE]], timeout=nap), changes=False)
+
+    def lease_one(
+        self,
+        *,
+        visibility_timeout: float | None = None,
+        wait: float | None = None,
+        detach: bool = False,
+    ) -> Job | None:
+        """Lease one job, or return None if none is due (after waiting up to ``wait`` seconds)."""
+        jobs = self.lease(1, visibility_timeout=visibility_timeout, wait=wait, detach=detach)
+        return jobs[0] if jobs else None
+
+    def wake_token(self) -> int:
+        """For callers that wait in another thread (see :meth:`ringq.Queue.wake_token`): always 0
+        here; wake-ups are tokens in the queue's wake list, so none is lost in between."""
+        self._scripts.live()
+        return 0
+
+    def wait_for_wake(self, token: int, timeout: float) -> None:
+        """Block until a wake-up token arrives, the next delayed job or lease deadline seen by this
+        object's last lease comes, or ``timeout`` seconds (at most ``MAX_NAP``) pass.
+
+        As :meth:`ringq.Queue.wait_for_wake`, a due time that has already passed does not cut the
+        sleep short: the caller was woken for it and may have chosen not to lease (no free
+        capacity), and must not spin.  Spurious returns are allowed."""
+        self._scripts.live()
+        self._sleep(min(timeout, MAX_NAP), past_due_wakes=False)
+
+    def wake(self) -> None:
+        """Wake one sleeper of this queue (any host) by pushing a token to the wake list."""
+        self._scripts.live()
+        s = self._scripts
+        s.call(lambda: s.client.rpush(s.keys[WAKE], 1))
+
+    # -- ack / nack / extend ---------------------------------------------------------------------------
+
+    def ack(
+        self, job: Job | str, *, result: Any = _NO_RESULT, result_ttl: float = DEFAULT_RESULT_TTL
+    ) -> None:
+        """Mark a leased job done; as :meth:`ringq.Queue.ack` (acking again is harmless).  A
+        ``result`` is kept in the companion queue ``<name>-results`` on the same server."""
+        if result is not _NO_RESULT:
+            jid, tok = (job.id, int(job.lease_token or 0)) if isinstance(job, Job) else (job, -1)
+            cur = self.get(jid)
+            repeated = cur.state is JobState.DONE and (tok < 0 or int(cur.lease_token or 0) == tok)
+            if not repeated:
+                if cur.state is not JobState.LEASED or (
+                    tok >= 0 and int(cur.lease_token or 0) != tok
+                ):
+                    self.ack_many([job])  # refused: raises NotLeasedError saying why
+                self._results.store(jid, result, result_ttl)
+        self.ack_many([job])
+
+    def ack_many(self, jobs: Sequence[Job | str]) -> None:
+        """Ack several jobs in one script.  Every job that can be acked is; then the first refusal
+        (NotLeasedError, JobNotFoundError) is raised.  A retry after ConnectionLostError is safe."""
+        items = [(j.id, int(j.lease_token or 0)) if isinstance(j, Job) else (j, -1) for j in jobs]
+        if not items:
+            return
+        args: list[Any] = [int(self.retain_done * 1000), len(items)]
+        for jid, tok in items:
+            args += [jid, tok]
+        for (jid, _), status in zip(items, self._scripts.run("ack", args, write=True)):
+            refuse(self.name, status, jid, "ack")
+
+    def nack(self, job: Job | str, *, error: str | None = None, delay: float | None = None) -> Job:
+        """Report a leased job as failed; as :meth:`ringq.Queue.nack` (the backoff delay is drawn here)."""
+        self._scripts.live()
+        if delay is not None and not 0 <= delay <= MAX_DELAY:
+            raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
+        jid, tok = (job.id, int(job.lease_token or 0)) if isinstance(job, Job) else (job, -1)
+        if delay is None:
+            attempts = job.attempts if isinstance(job, Job) else self.get(jid).attempts
+            delay = self.backoff.delay_for(attempts, self._rng)
+        text = "" if error is None else str(error).encode("utf-8", "replace").decode()
+        out = self._scripts.run(
+            "nack", [jid, tok, text, int(error is not None), int(delay * 1000)], write=True
+        )
+        refuse(self.name, out[0], jid, "nack")
+        return _job(out[1], out[2])
+
+    def extend(self, job: Job | str, seconds: float) -> Job:
+        """Push a lease's deadline to ``max(deadline, now) + seconds``.  Raises NotLeasedError if lost."""
+        self._scripts.live()
+        if not 0 < seconds < MAX_DELAY:
+            raise ValueError(f"seconds must be > 0 (and finite), got {seconds!r}")
+        jid, tok = (job.id, int(job.lease_token or 0)) if isinstance(job, Job) else (job, -1)
+        out = self._scripts.run("extend", [jid, tok, int(seconds * 1000)])
+        refuse(self.name, out[0], jid, "extend")
+        return _job(out[1], out[2])
+
+    def __repr__(self) -> str:
+        return f"RedisQueue({redact_url(self.url)!r}, name={self.name!r})"
+
+
+def _check_attempts(n: int) -> None:
+    if not isinstance(n, int) or not 1 <= n <= MAX_ATTEMPTS_LIMIT:
+        raise ValueError(f"max_attempts must be an int in [1, {MAX_ATTEMPTS_LIMIT}], got {n!r}")

@@ -13,10 +13,9 @@ state words; a dead process's leases come back at once.  Delivery is at-least-on
 The API keeps the names of the ``nobroker`` package; ``ringq.aio`` offers an asyncio API.
 """
 
-from ringq.engine.recovery import RecoveryReport
-from ringq.local.queue import CompactionResult, Queue, QueueStats
-from ringq.worker.worker import Worker, WorkerStats
+from typing import TYPE_CHECKING, Any
 
+from .backend import CompactionResult, QueueStats
 from .backoff import BackoffPolicy
 from .connect import connect
 from .errors import (
@@ -47,7 +46,32 @@ from .errors import (
 from .job import Job, JobState
 from .results import ResultNotFoundError
 
+if TYPE_CHECKING:  # the names below load the storage engine (and numpy): on first use, not here
+    from .engine.recovery import RecoveryReport
+    from .local.queue import Queue
+    from .worker.worker import Worker, WorkerStats
+
 __version__ = "0.1.0"
+
+_LAZY = {
+    "Queue": ("ringq.local.queue", "Queue"),
+    "RecoveryReport": ("ringq.engine.recovery", "RecoveryReport"),
+    "Worker": ("ringq.worker.worker", "Worker"),
+    "WorkerStats": ("ringq.worker.worker", "WorkerStats"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """``ringq.Queue`` and the other names of _LAZY, imported when first used."""
+    try:
+        module, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'ringq' has no attribute {name!r}") from None
+    import importlib
+
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
 
 __all__ = [
     "BackendError",

@@ -29,11 +29,13 @@ from __future__ import annotations
 import json
 import re
 import struct
-from typing import Any
-
-import numpy as np
+import sys
+from typing import TYPE_CHECKING, Any
 
 from .errors import SerializationError
+
+if TYPE_CHECKING:  # numpy is imported where an array is decoded, never to encode JSON
+    import numpy as np
 
 __all__ = ["JSON", "BYTES", "NDARRAY", "MIXED", "KEYED", "MAX_KEY_BYTES", "encode", "decode", "jsonable",
            "wrap_key", "split_key"]
@@ -57,8 +59,17 @@ class _NotJSON(Exception):
     """Raised inside the JSON encoder when the payload holds an array, a numpy scalar or bytes."""
 
 
+def _loaded_numpy() -> Any:
+    """The numpy module if something imported it, else None: without it, no value can be an array
+    or a numpy scalar, so a payload needs no numpy to be encoded."""
+    return sys.modules.get("numpy")
+
+
 def _not_json(obj: Any) -> Any:
-    if isinstance(obj, (np.ndarray, np.generic, bytes, bytearray, memoryview)):
+    np = _loaded_numpy()
+    if isinstance(obj, (bytes, bytearray, memoryview)) or (
+        np is not None and isinstance(obj, (np.ndarray, np.generic))
+    ):
         raise _NotJSON
     raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
 
@@ -132,7 +143,8 @@ def encode(payload: Any) -> tuple[int, bytes]:
     """
     if isinstance(payload, (bytes, bytearray, memoryview)):
         return BYTES, bytes(payload)
-    if isinstance(payload, np.ndarray):
+    np = _loaded_numpy()
+    if np is not None and isinstance(payload, np.ndarray):
         _check_array(payload, "payload")
         header = json.dumps({"dtype": _spec(payload.dtype), "shape": list(payload.shape)}).encode()
         data = np.ascontiguousarray(payload).tobytes()
@@ -156,6 +168,8 @@ def encode(payload: Any) -> tuple[int, bytes]:
 
 def _check_array(obj: np.ndarray, where: str) -> None:
     """Refuse what a plain array's dtype, shape and bytes cannot carry back exactly."""
+    import numpy as np
+
     if type(obj) is not np.ndarray and not isinstance(obj, np.memmap):
         # A subclass keeps state outside the data (a masked array's mask, a matrix's 2-d
         # semantics); stored as its data it would come back as a plain array and lose it.
@@ -215,7 +229,8 @@ def _to_tree(obj: Any, blocks: _Blocks, where: str, stack: set[int]) -> Any:
         return obj
     if isinstance(obj, (bytes, bytearray, memoryview)):
         return {_TAG_BYTES: blocks.add(bytes(obj))}
-    if isinstance(obj, np.ndarray):
+    np = _loaded_numpy()
+    if np is not None and isinstance(obj, np.ndarray):
         _check_array(obj, where)
         return {
             _TAG_ARRAY: [
@@ -224,7 +239,7 @@ def _to_tree(obj: Any, blocks: _Blocks, where: str, stack: set[int]) -> Any:
                 list(obj.shape),
             ]
         }
-    if isinstance(obj, np.generic):
+    if np is not None and isinstance(obj, np.generic):
         arr = np.asarray(obj)
         if arr.dtype.hasobject:
             raise SerializationError(
@@ -296,6 +311,8 @@ def decode(codec: int, data: bytes | bytearray) -> Any:
 
 
 def _array(body: memoryview, spec: Any, shape: Any) -> np.ndarray:
+    import numpy as np
+
     dtype = np.dtype(_descr(spec))
     if dtype.hasobject:
         raise ValueError("object dtype")
@@ -402,9 +419,10 @@ def jsonable(payload: Any) -> Any:
     ``{"$scalar": {"dtype", "value"}}``), not embedded."""
     if isinstance(payload, (bytes, bytearray, memoryview)):
         return {"$bytes": len(payload)}
-    if isinstance(payload, np.ndarray):
+    np = _loaded_numpy()
+    if np is not None and isinstance(payload, np.ndarray):
         return {"$ndarray": {"dtype": payload.dtype.str, "shape": list(payload.shape)}}
-    if isinstance(payload, np.generic) and not isinstance(payload, (float, str)):
+    if np is not None and isinstance(payload, np.generic) and not isinstance(payload, (float, str)):
         return {"$scalar": {"dtype": payload.dtype.str, "value": str(payload)}}
     if isinstance(payload, dict):
         return {k: jsonable(v) for k, v in payload.items()}

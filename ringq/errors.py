@@ -8,9 +8,6 @@ involved.  :func:`check` turns the negative return codes of the C helper (``csrc
 
 from __future__ import annotations
 
-import errno as _errno
-import os
-
 __all__ = [
     "RingqError",
     "LimitError",
@@ -34,7 +31,6 @@ __all__ = [
     "ForeignQueueError",
     "NobrokerError",
     "CorruptLogError",
-    "check",
 ]
 
 
@@ -160,47 +156,3 @@ NobrokerError = RingqError
 
 #: ``nobroker``'s name for "a file is damaged beyond repair".
 CorruptLogError = CorruptionError
-
-
-_CODES: dict[int, tuple[type[RingqError], str]] = {}
-
-
-def _register_codes() -> None:
-    from ringq.engine._native import lib
-
-    _CODES.update(
-        {
-            lib.RINGQ_EBOUNDS: (CorruptionError, "offset or length outside the mapping"),
-            lib.RINGQ_EALIGN: (CorruptionError, "misaligned atomic word"),
-            lib.RINGQ_EINVAL: (RingqError, "invalid argument to the C helper"),
-            lib.RINGQ_ECORRUPT: (CorruptionError, "record failed validation"),
-            lib.RINGQ_ENOFUTEX: (RingqError, "futex is not available"),
-        }
-    )
-
-
-def futex_missing(rc: int) -> bool:
-    """True if a futex call of the C helper returned RINGQ_ENOFUTEX (the caller then polls)."""
-    if not _CODES:
-        _register_codes()
-    return _CODES.get(rc, (None, ""))[1] == "futex is not available"
-
-
-def check(rc: int, what: str) -> int:
-    """Return ``rc`` if it is >= 0; otherwise raise the matching error, naming ``what``.
-
-    Raises:
-        OSError (with errno) for ``-errno`` codes; :class:`QueueFullError` for ENOSPC/EFBIG/EDQUOT;
-        the mapped :class:`RingqError` subclass for ``RINGQ_E*`` codes.
-    """
-    if rc >= 0:
-        return rc
-    if not _CODES:
-        _register_codes()
-    if rc in _CODES:
-        cls, text = _CODES[rc]
-        raise cls(f"{what}: {text} (code {rc})")
-    err = -rc
-    if err in (_errno.ENOSPC, _errno.EFBIG, _errno.EDQUOT):
-        raise QueueFullError(err, f"{what}: {os.strerror(err)}")
-    raise OSError(err, f"{what}: {os.strerror(err)}")

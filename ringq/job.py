@@ -1,22 +1,6 @@
-"""Jobs, their states, and the state word that holds a job's mutable state in shared memory.
-
-Theory of operation
--------------------
-Each job's mutable state is one 8-byte *state word* in its segment's state table, changed only by
-compare-and-swap through the C helper.  It packs everything that must change together::
-
-    bits 0-2   state        EMPTY READY LEASED DONE DEAD GONE CONT BAD   (RINGQ_ST_* in ringq.h)
-    bits 3-4   reason       why the job last left LEASED: none, lease expired, holder died, purged
-    bit 5      cancel flag  LEASED: cancel requested; DONE: CANCELLED or EXPIRED (by the reason)
-    bits 6-23  lease count  leases so far; this is the job's fencing token
-    bits 24-63 time         ms since the segment's epoch: available-at (READY), lease deadline
-                            (LEASED), finish time (DONE, DEAD)
-
-A lease is ``READY(n, t<=now) -> LEASED(n+1, deadline)``; an ack is ``LEASED(n) -> DONE(n)`` and
-succeeds only for the holder of token n.  Because claim, deadline and token change in one CAS there
-is never a moment where a job is leased without a deadline, and a stale holder can never complete
-somebody else's lease.  The bits are defined in ringq/words.py; the transitions allowed are the
-table :data:`ringq.transitions.TRANSITIONS`, which every CAS consults.
+"""The public job snapshot (:class:`Job`) and its states (:class:`JobState`), the same on every
+backend.  How the local queue stores a job's state is ringq/engine/words.py (the state word) and
+ringq/engine/transitions.py (the state machine every change consults).
 """
 
 from __future__ import annotations
@@ -25,12 +9,9 @@ import enum
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ringq.engine.transitions import TRANSITIONS
-from ringq.engine.words import END_EXPIRED, FLAG_CANCEL, ST_DEAD, ST_DONE, ST_LEASED, ST_READY, why
-
 from .codec import jsonable
 
-__all__ = ["Job", "JobState", "TRANSITIONS", "state_of"]
+__all__ = ["Job", "JobState"]
 
 
 class JobState(str, enum.Enum):
@@ -45,18 +26,6 @@ class JobState(str, enum.Enum):
     DEAD = "dead"
     CANCELLED = "cancelled"  # terminal: cancelled before it ran, or its holder was asked to stop
     EXPIRED = "expired"  # terminal: its expires-at passed before it was leased; it never ran
-
-
-STATE_OF = {ST_READY: JobState.READY, ST_LEASED: JobState.LEASED, ST_DONE: JobState.DONE, ST_DEAD: JobState.DEAD}
-
-
-def state_of(word: int) -> JobState | None:
-    """The JobState of a state word (None: not a retained job).  A DONE word with the cancel flag
-    is CANCELLED or EXPIRED (ringq/words.py)."""
-    st = STATE_OF.get(word & 7)
-    if st is JobState.DONE and word & FLAG_CANCEL:
-        return JobState.EXPIRED if why(word) == END_EXPIRED else JobState.CANCELLED
-    return st
 
 
 @dataclass(slots=True)

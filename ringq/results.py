@@ -15,17 +15,15 @@ from collections.abc import Callable
 from typing import Any
 
 from .errors import JobNotFoundError, NotLeasedError
-from .job import JobState
+from .job import Job, JobState
 
 __all__ = [
     "Results",
     "ResultNotFoundError",
-    "DEFAULT_RESULT_TTL",
     "results_queue_name",
     "finished_without",
 ]
 
-DEFAULT_RESULT_TTL = 3600.0  # seconds a result is kept by default
 PRUNE_EVERY = 1.0  # seconds between removals of expired results by one process
 PRUNE_BATCH = 256
 
@@ -42,11 +40,12 @@ def results_queue_name(name: str) -> str:
     return out
 
 
-def finished_without(queue: Any, results: Results, job_id: str) -> str | None:
-    """Why no result can come for ``job_id`` of ``queue`` (dead, cancelled, expired, acked without
-    one), or None while one still may (not enqueued yet, ready, leased, retired)."""
+def finished_without(find: Callable[[str], Job], results: Results, job_id: str) -> str | None:
+    """Why no result can come for ``job_id`` (dead, cancelled, expired, acked without one), or
+    None while one still may (not enqueued yet, ready, leased, retired); ``find`` is the queue's
+    ``get``."""
     try:
-        job = queue.get(job_id)
+        job = find(job_id)
     except JobNotFoundError:
         return None
     if job.state in (JobState.READY, JobState.LEASED):

@@ -490,9 +490,10 @@ def test_leftover_temp_segment_is_removed(tmp_path):
 UNPRIVILEGED = textwrap.dedent("""
     import os, sys
     import ringq  # before dropping privileges: the interpreter's own files may be root-only
+    from ringq import Queue  # (the engine loads on first use of the name)
     os.setgid(65534); os.setuid(65534)
     try:
-        ringq.Queue(sys.argv[1], "q")
+        Queue(sys.argv[1], "q")
     except PermissionError as exc:
         print("PermissionError", exc)
     except ringq.RingqError as exc:

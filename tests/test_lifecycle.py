@@ -712,7 +712,7 @@ def test_a_long_queue_name_opens_and_refuses_only_results(tmp_path):
 def test_a_paused_key_is_passed_over_and_leased_after_resume(tmp_path, monkeypatch):
     # Records carry no key in this format; give every job a key from its slot's parity through
     # the one function that reads keys, to check how leases treat paused keys.
-    from ringq.local import lifecycle
+    from ringq.engine import lifecycle
 
     monkeypatch.setattr(lifecycle, "key_of", lambda seg, slot: "odd" if slot % 2 else "even")
     with Queue(tmp_path) as q:

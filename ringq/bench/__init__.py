@@ -258,61 +258,18 @@ FORMAT1 = "format 1 write path (mapping store+msync)"
 
 
 class _Format1Adapter:
-    """Format 1's append, kept as a contestant to show what format 2 saves: a segment-shaped file
-    (4 KiB header page, state table, slots; zero-filled with 4 KiB writes) mapped read-write; each
-    ``enqueue`` encodes the payload, builds the record, lets ``ringq_rec_write`` copy it into the
-    mapping, fill its CRC and release-store the state word in the same file, then msyncs from that
-    state word to the record's end (format 1's ``msync``).  No queue around it (no lock, no index):
-    a floor for the old design rather than the old queue."""
+    """Format 1's append (ringq/engine/format1.py), a contestant that shows what format 2 saves."""
 
     enqueue_many = None
 
     def __init__(self, path: str, n: int) -> None:
-        import mmap
+        from ringq.engine.format1 import Format1Writer
 
-        from ringq import codec
-        from ringq.engine import records
-        from ringq.engine._native import ffi, lib
-        from ringq.engine.segment import seg_layout
-
-        self._ffi, self._lib, self._codec, self._records = ffi, lib, codec, records
-        self.slot_size = 256
-        self.slot_count = max(n + 8, 1024)
-        self.state_off, self.data_off, self.size = seg_layout(self.slot_size, self.slot_count)
-        self.path = os.path.join(path, "format1.seg")
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.posix_fallocate(self.fd, 0, self.size)
-        zeros = bytes(4096)
-        for off in range(0, self.size, 4096):
-            os.pwrite(self.fd, zeros[: min(4096, self.size - off)], off)
-        os.fsync(self.fd)
-        self.mm = mmap.mmap(self.fd, self.size)
-        self.ptr = ffi.from_buffer("uint8_t[]", self.mm)
-        self.geom = ffi.new("ringq_geom *", {"seg_seq": 1, "state_off": self.state_off, "data_off": self.data_off,
-                                             "slot_size": self.slot_size, "slot_count": self.slot_count})
-        self.tail = 0
-        self.seq = 0
-
-    def enqueue(self, payload: Any) -> None:
-        cid, data = self._codec.encode(payload)
-        rec = self._records.NewRecord(data, cid)
-        buf = self._records.build(rec)
-        span = -(-len(buf) // self.slot_size)
-        self.seq += 1
-        now_us = time.time_ns() // 1000
-        self._records.fill_header(buf, rec, span, self.seq, now_us, now_us // 1000)
-        slot = self.tail
-        rc = self._lib.ringq_rec_write(self.ptr, self.size, self.geom, slot, self._ffi.from_buffer(buf), len(buf), 1)
-        if rc <= 0:
-            raise RuntimeError(f"ringq_rec_write returned {rc}")
-        self.tail += span
-        start = self.state_off + slot * 16
-        self._lib.ringq_msync(self.ptr, self.size, start, self.data_off + self.tail * self.slot_size - start)
+        self.w = Format1Writer(path, n)
+        self.enqueue = self.w.append
 
     def close(self) -> None:
-        self._ffi.release(self.ptr)
-        self.mm.close()
-        os.close(self.fd)
+        self.w.close()
 
 
 class _RingqAdapter:
@@ -576,52 +533,46 @@ def _fan_ringq(scratch: str, n: int, spin: float = 0.0) -> list[int]:
 
 
 def _futex_page(path: str):
-    import mmap
-
-    from ringq.engine._native import ffi
+    """The futex floor's shared page: the u32 word the producer counts up (offset 0) and the
+    send time in ns (offset 8)."""
+    from ringq.engine.mapped import Mapped
 
     fd = os.open(path, os.O_RDWR)
-    mm = mmap.mmap(fd, 4096)
-    os.close(fd)
-    ptr = ffi.from_buffer("uint8_t[]", mm)
-    return mm, ptr, ffi.cast("uint32_t *", ptr), ffi.cast("int64_t *", ptr + 8)
+    return Mapped(path, fd, 4096)
 
 
 def _fan_futex_consumer(path: str, n: int, ready, out) -> None:
-    from ringq.engine._native import lib
-
-    _mm, ptr, word, stamp = _futex_page(path)
+    page = _futex_page(path)
     lat = []
-    seen = word[0]
+    seen = page.load32(0)
     ready.set()
     end = time.monotonic() + 60
     while seen < n and time.monotonic() < end:  # the producer counts the word up to n
-        lib.ringq_futex_wait(ptr, 4096, 0, seen, 1_000_000_000)
-        cur = word[0]
+        page.futex_wait(0, seen, 1.0)
+        cur = page.load32(0)
         if cur == seen:
             continue
         # Two sends may land while this process is descheduled; the newest stamp is the one timed.
         seen = cur
-        lat.append(time.monotonic_ns() - stamp[0])
+        lat.append(time.monotonic_ns() - page.load64(8))
     out.send(lat)
 
 
 def _fan_futex(scratch: str, n: int) -> list[int]:
-    from ringq.engine._native import ffi, lib
-
     path = os.path.join(scratch, "futex.page")
     with open(path, "wb") as fh:
         fh.write(bytes(4096))
-    _mm, ptr, _word, stamp = _futex_page(path)
+    page = _futex_page(path)
 
     def send() -> None:
-        stamp[0] = time.monotonic_ns()
-        lib.ringq_fetch_add32(ptr, 4096, 0, 1, ffi.NULL)
-        lib.ringq_futex_wake(ptr, 4096, 0, 1)
+        page.store64(8, time.monotonic_ns())
+        page.add32(0)
+        page.futex_wake(0, 1)
 
     try:
         return _ping(_fan_futex_consumer, (path,), send, n)
     finally:
+        page.close()
         os.unlink(path)
 
 

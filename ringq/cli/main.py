@@ -108,12 +108,12 @@ def _table(rows: list[list[str]], header: list[str], right: set[int] = frozenset
 
 def _open(args: argparse.Namespace, *, create: bool = False, **kw: Any):
     """Open the queue of --dir/--queue; unless ``create``, refuse to conjure up a missing one."""
+    from ringq.backend import QUEUE_NAME_RE
     from ringq.connect import connect
-    from ringq.engine.segments import NAME_RE
     from ringq.engine.verify import queue_exists
     from ringq.local.queue import Queue
 
-    if not NAME_RE.match(args.queue):
+    if not QUEUE_NAME_RE.match(args.queue):
         raise UserError(f"queue name must match [A-Za-z0-9_-]{{1,64}}, got {args.queue!r}")
     if getattr(args, "url", None):  # a Redis queue: it exists as soon as anything names it
         return connect(args.url, args.queue, **kw)

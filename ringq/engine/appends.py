@@ -15,9 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ringq import errors
-
-from . import records, recovery
+from . import native, records, recovery
 from ._native import ffi, lib
 from .control import CTL_WORDS, CTL_WORDS_WAKE, OFF_ENQUEUED_TOTAL, OFF_NEXT_SEQ, OFF_TAIL_SEG
 from .records import NewRecord
@@ -125,7 +123,7 @@ class AppendMethods:
                     # pwrite into the record file (mapped read-only everywhere), then the release-
                     # store of the state word: the record's bytes are in the page cache before it
                     # is visible.
-                    errors.check(
+                    native.check(
                         lib.ringq_append(seg.rfd, REC_DATA_OFF, seg.ptr, seg.size, seg.geom, tail, tmpl,
                                          pack(rec.state, 0, 0, avail_ms - seg.epoch_ms), bytes((rec.codec,)),
                                          [len(rec.id_bytes)], [len(rec.payload)], 1, 0,
@@ -201,7 +199,7 @@ class AppendMethods:
             if rc == 0:
                 tail, first_seq = self._tail[0], self._seq[0]
             else:
-                errors.check(rc, f"append to {seg.path if seg is not None else self.name}")
+                native.check(rc, f"append to {seg.path if seg is not None else self.name}")
                 seg = self._tail_segment()
                 tail = recovery.repair_tail(seg, self.report)
                 if bound > seg.slot_count - tail:
@@ -287,7 +285,7 @@ class AppendMethods:
                         ({seg.seq: [tail, end]}, position(seg.seq, end), *((True,) if words is CTL_WORDS_WAKE else ())))
         finally:
             lock.exit_thread()
-        errors.check(rc, f"write records to {seg.path}")
+        native.check(rc, f"write records to {seg.path}")
         return None
 
     def _grow_scratch(self, need: int) -> tuple[bytearray, object]:
@@ -313,7 +311,7 @@ class AppendMethods:
         try:
             while True:
                 if k < 0:
-                    errors.check(k, f"write records to {cur.path}")
+                    native.check(k, f"write records to {cur.path}")
                 if k == 0:  # cur is full: on to the next segment planned
                     cur = next(later, None)
                     if cur is None:
@@ -344,7 +342,7 @@ class AppendMethods:
         for s, first, cnt, lo, hi in runs:
             if s is not seg:
                 seg = self._link(seg, s)
-            errors.check(
+            native.check(
                 lib.ringq_append_publish(s.ptr, s.size, s.geom, heads + first, cnt, hi,
                                          pack(ST_READY, 0, 0, avail_ms - s.epoch_ms), first_seq + first + cnt - 1),
                 f"publish records in {s.path}",

@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import struct
 
-from ringq import errors
 from ringq.errors import CorruptionError, FormatVersionError
 
+from . import native
 from ._native import ffi, lib
 from .mapped import Mapped, crc32c, fsync_dir, open_nofollow
 from .segment import PAGE, check_geometry
@@ -136,7 +136,7 @@ class Control(Mapped):
             return
         if spin > 0:
             rc = lib.ringq_spin_wait(self.ptr, self.size, OFF_WAKE, seen, int(min(spin, timeout) * 1e9))
-            if errors.check(rc, self.path) == 0:
+            if native.check(rc, self.path) == 0:
                 return
             timeout -= spin
             if timeout <= 0:
@@ -232,7 +232,7 @@ class Control(Mapped):
     def lower_deadline_floor(self, ms: int) -> None:
         """A lease expiring at ``ms`` (ms since the epoch) was just taken."""
         ms = min(max(ms, 0), self.FLOOR_NEVER)
-        errors.check(
+        native.check(
             lib.ringq_lower_packed64(self.ptr, self.size, OFF_MIN_DEADLINE, self.FLOOR_GEN_BITS, ms), self.path
         )
 

@@ -25,9 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ringq import errors
-
-from . import records
+from . import native, records
 from ._native import ffi, lib
 from .catchup import FEW, CatchUpMethods
 from .views import Direct, Lane, View, due, now_ms, order
@@ -220,7 +218,7 @@ class Index(CatchUpMethods):
                     seg = view.seg
                     arr = lane.slots
                     co = self._claim_out
-                    errors.check(
+                    native.check(
                         lib.ringq_claim_next(seg.ptr, seg.size, seg.geom, arr.cptr, arr.n, lane.cursor,
                                              slot, view.plain_ptr, max(0, now - seg.epoch_ms),
                                              max(0, now + direct.vt_ms - seg.epoch_ms), direct.owner_base, co),

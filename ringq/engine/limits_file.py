@@ -20,9 +20,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ringq import codec, errors
+from ringq import codec
 from ringq.errors import LimitError, LimitsFileError
 
+from . import native
 from ._native import lib
 from .mapped import Mapped, crc32c, fsync_dir
 from .mapped import open_nofollow as _open_nofollow
@@ -428,7 +429,7 @@ class LimitsFile:
     def try_slot(self, index: int, j: int) -> bool:
         """Take cap slot ``j`` of limit ``index``; False if another holder has it."""
         return bool(
-            errors.check(
+            native.check(
                 lib.ringq_owner_trylock(self.lock_fd(), _lock_off(index, j)),
                 f"lock cap slot of {self.path}",
             )
@@ -437,7 +438,7 @@ class LimitsFile:
     def slot_taken(self, index: int, j: int) -> bool:
         """True if another process holds cap slot ``j`` of limit ``index``."""
         return bool(
-            errors.check(
+            native.check(
                 lib.ringq_owner_probe(self.lock_fd(), _lock_off(index, j)),
                 f"probe cap slot of {self.path}",
             )
@@ -446,7 +447,7 @@ class LimitsFile:
     def free_slot(self, index: int, j: int) -> None:
         """Unlock cap slot ``j`` of limit ``index`` (nothing in a forked child: it is the parent's)."""
         if self._lockfd >= 0 and self._pid == os.getpid():
-            errors.check(
+            native.check(
                 lib.ringq_owner_unlock(self._lockfd, _lock_off(index, j)),
                 f"unlock cap slot of {self.path}",
             )

@@ -16,9 +16,9 @@ import stat
 import threading
 import time
 
-from ringq import errors
 from ringq.errors import CorruptionError
 
+from . import native
 from ._native import ffi, lib
 
 __all__ = ["Mapped", "crc32c", "open_nofollow", "fsync_dir"]
@@ -81,41 +81,41 @@ class Mapped:
     # Atomic word access (acquire loads, release stores, seq-cst RMW), offsets checked in C.
     def load64(self, off: int) -> int:
         out = _scratch.u64
-        errors.check(lib.ringq_load64(self.ptr, self.size, off, out), self.path)
+        native.check(lib.ringq_load64(self.ptr, self.size, off, out), self.path)
         return out[0]
 
     def store64(self, off: int, value: int) -> None:
-        errors.check(lib.ringq_store64(self.ptr, self.size, off, value), self.path)
+        native.check(lib.ringq_store64(self.ptr, self.size, off, value), self.path)
 
     def cas64(self, off: int, expected: int, desired: int) -> tuple[bool, int]:
         out = _scratch.u64
-        rc = errors.check(
+        rc = native.check(
             lib.ringq_cas64(self.ptr, self.size, off, expected, desired, out), self.path
         )
         return rc == 1, out[0]
 
     def add64(self, off: int, delta: int = 1) -> int:
         out = _scratch.u64
-        errors.check(lib.ringq_fetch_add64(self.ptr, self.size, off, delta, out), self.path)
+        native.check(lib.ringq_fetch_add64(self.ptr, self.size, off, delta, out), self.path)
         return out[0]
 
     def load32(self, off: int) -> int:
         out = _scratch.u32
-        errors.check(lib.ringq_load32(self.ptr, self.size, off, out), self.path)
+        native.check(lib.ringq_load32(self.ptr, self.size, off, out), self.path)
         return out[0]
 
     def store32(self, off: int, value: int) -> None:
-        errors.check(lib.ringq_store32(self.ptr, self.size, off, value), self.path)
+        native.check(lib.ringq_store32(self.ptr, self.size, off, value), self.path)
 
     def cas32(self, off: int, expected: int, desired: int) -> bool:
-        rc = errors.check(
+        rc = native.check(
             lib.ringq_cas32(self.ptr, self.size, off, expected, desired, ffi.NULL), self.path
         )
         return rc == 1
 
     def add32(self, off: int, delta: int = 1) -> int:
         out = _scratch.u32
-        errors.check(
+        native.check(
             lib.ringq_fetch_add32(self.ptr, self.size, off, delta & 0xFFFFFFFF, out), self.path
         )
         return out[0]
@@ -126,7 +126,7 @@ class Mapped:
         Returns early on a wake-up, a change of the word or a signal; where futex(2) is missing
         it sleeps a short slice instead (callers re-check their condition in a loop)."""
         rc = lib.ringq_futex_wait(self.ptr, self.size, off, expected, int(max(timeout, 0.0) * 1e9))
-        if errors.futex_missing(rc):
+        if native.futex_missing(rc):
             time.sleep(min(timeout, 0.005))
 
     def futex_wake(self, off: int, n: int = 0x7FFFFFFF) -> None:
@@ -134,7 +134,7 @@ class Mapped:
         lib.ringq_futex_wake(self.ptr, self.size, off, n)
 
     def msync(self, off: int, length: int) -> None:
-        errors.check(lib.ringq_msync(self.ptr, self.size, off, length), f"msync {self.path}")
+        native.check(lib.ringq_msync(self.ptr, self.size, off, length), f"msync {self.path}")
 
     def close(self) -> None:
         if self.mm is None:

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ringq import errors
 from ringq.errors import RecordTooLargeError
 
+from . import native
 from ._native import ffi, lib
 from .segment import Segment
 from .words import ST_READY
@@ -188,7 +188,7 @@ def scan(
     cap = tail - start
     out = ffi.new("ringq_rec_info[]", cap)
     nxt = ffi.new("uint32_t *")
-    n = errors.check(
+    n = native.check(
         lib.ringq_seg_scan(seg.ptr, seg.size, seg.geom, start, tail, out, cap, nxt), seg.path
     )
     arr = np.frombuffer(ffi.buffer(out, n * REC_INFO_DTYPE.itemsize), dtype=REC_INFO_DTYPE).copy()
@@ -210,7 +210,7 @@ class FewScanner:
         tail = min(tail, start + self.cap)
         if start >= tail:
             return 0, start
-        n = errors.check(
+        n = native.check(
             lib.ringq_seg_scan(seg.ptr, seg.size, seg.geom, start, tail, self.infos, tail - start, self._next),
             seg.path,
         )
@@ -233,7 +233,7 @@ def read_record(seg: Segment, slot: int) -> tuple[object, bytes, bytearray]:
     info = ffi.new("ringq_rec_info *")
     rc = lib.ringq_rec_check(seg.ptr, seg.size, seg.geom, slot, info)
     if rc != 0:
-        errors.check(rc if rc < 0 else lib.RINGQ_ECORRUPT, f"{seg.path} slot {slot}")
+        native.check(rc if rc < 0 else lib.RINGQ_ECORRUPT, f"{seg.path} slot {slot}")
     base = seg.data_off + slot * seg.slot_size + REC_HEADER.size
     id_bytes = seg.mm[base : base + info.id_len]
     # One copy out of the mapping, into a buffer the payload may then use in place (an array
@@ -245,10 +245,11 @@ def read_record(seg: Segment, slot: int) -> tuple[object, bytes, bytearray]:
     return info, id_bytes, payload
 
 
-# id_len, codec, kind and payload_len lie next to each other in the header (checked here).
-_OFF_BODY = ffi.offsetof("ringq_rec_header", "id_len")
-_BODY = struct.Struct("<HBBI")
-assert [ffi.offsetof("ringq_rec_header", f) - _OFF_BODY for f in ("codec", "kind", "payload_len")] == [2, 3, 4]
+# id_len, codec, kind and payload_len lie next to each other in the header (checked here): read
+# together, by whoever needs a record's body without its CRC check (ringq/engine/lifecycle.py too).
+OFF_BODY = ffi.offsetof("ringq_rec_header", "id_len")
+BODY = struct.Struct("<HBBI")
+assert [ffi.offsetof("ringq_rec_header", f) - OFF_BODY for f in ("codec", "kind", "payload_len")] == [2, 3, 4]
 
 
 def read_body(seg: Segment, slot: int) -> tuple[int, bytes, bytes]:
@@ -256,7 +257,7 @@ def read_body(seg: Segment, slot: int) -> tuple[int, bytes, bytes]:
     it again: for a job ringq_claim_next just leased, which validated it first."""
     base = seg.data_off + slot * seg.slot_size
     mm = seg.mm
-    id_len, codec, _kind, plen = _BODY.unpack_from(mm, base + _OFF_BODY)
+    id_len, codec, _kind, plen = BODY.unpack_from(mm, base + OFF_BODY)
     start = base + REC_HEADER.size + id_len
     return codec, mm[start - id_len : start], mm[start : start + plen]
 

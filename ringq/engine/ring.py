@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import threading
 
+from ringq.backend import check_queue_name
 from ringq.errors import UnsupportedFilesystemError
 
 from . import durability as _durability
@@ -37,7 +38,7 @@ from .lock import WriterLock
 from .records import NewRecord
 from .recovery import RecoveryReport
 from .segment import Segment
-from .segments import NAME_RE, SegmentSet
+from .segments import SegmentSet
 from .transitions import bad
 from .words import ST_BAD, ST_CONT, ST_GONE, state
 
@@ -113,8 +114,7 @@ class Ring(AppendMethods):
         mode: int = 0o600,
         allow_network_fs: bool = False,
     ) -> None:
-        if not isinstance(name, str) or not NAME_RE.match(name):
-            raise ValueError(f"queue name must match [A-Za-z0-9_-]{{1,64}}, got {name!r}")
+        check_queue_name(name)
         self.dur = _durability.make(self, durability, flush_interval=flush_interval, sync_acks=sync_acks,
                                     state_flush_interval=state_flush_interval)
         self.dir = os.fspath(path)

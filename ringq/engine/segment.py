@@ -26,10 +26,9 @@ import time
 
 import numpy as np
 
-from ringq import errors
 from ringq.errors import CorruptionError, FormatVersionError, QueueFullError
 
-from . import transitions
+from . import native, transitions
 from ._native import ffi, lib
 from .mapped import Mapped, crc32c, fsync_dir, open_nofollow
 
@@ -161,7 +160,7 @@ def write_file(
             for off, data in body:
                 os.pwrite(fd, data, off)
         except OSError as exc:
-            if exc.errno in (28, 27, 122):  # ENOSPC, EFBIG, EDQUOT
+            if exc.errno in native.FULL:
                 raise QueueFullError(
                     exc.errno,
                     f"cannot allocate a new segment file of {size} bytes at {final}: {os.strerror(exc.errno)}",
@@ -340,7 +339,7 @@ class Segment(Mapped):
             self.seq, self.slot_size, self.slot_count, self.epoch_ms = fields[3:7]
             self.state_off, self.data_off, size = seg_layout(self.slot_size, self.slot_count)
             out = ffi.new("uint8_t **")
-            errors.check(
+            native.check(
                 lib.ringq_map_pair(
                     sfd,
                     self.data_off,

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ringq.backend import QUEUE_NAME_RE
 from ringq.errors import CorruptionError
 
 from .control import Control
@@ -25,7 +26,7 @@ from .words import ST_CONT, ST_DONE, ST_EMPTY, ST_GONE, np_state
 
 __all__ = ["SegmentSet", "SEG_RE", "NAME_RE"]
 
-NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+NAME_RE = QUEUE_NAME_RE
 SEG_RE = re.compile(r"^(?P<name>[A-Za-z0-9_-]{1,64})\.(?P<seq>[0-9a-f]{16})\.seg$")
 
 

@@ -6,13 +6,14 @@ from typing import TYPE_CHECKING
 
 from ringq import codec
 from ringq.errors import CorruptionError, JobNotFoundError
-from ringq.job import Job, JobState, state_of
-from ringq.local import lifecycle
+from ringq.job import Job, JobState
 
-from . import records
+from . import lifecycle, records
 from .segment import Segment
 from .words import (
+    END_EXPIRED,
     FLAG_CANCEL,
+    ST_DEAD,
     ST_DONE,
     ST_LEASED,
     ST_READY,
@@ -29,6 +30,18 @@ if TYPE_CHECKING:  # pragma: no cover
     from .ring import Ring
 
 __all__ = ["job_at", "fresh_lease", "last_error"]
+
+
+STATE_OF = {ST_READY: JobState.READY, ST_LEASED: JobState.LEASED, ST_DONE: JobState.DONE, ST_DEAD: JobState.DEAD}
+
+
+def state_of(word: int) -> JobState | None:
+    """The JobState of a state word (None: not a retained job).  A DONE word with the cancel flag
+    is CANCELLED or EXPIRED (ringq/engine/words.py)."""
+    st = STATE_OF.get(word & 7)
+    if st is JobState.DONE and word & FLAG_CANCEL:
+        return JobState.EXPIRED if why(word) == END_EXPIRED else JobState.CANCELLED
+    return st
 
 
 def job_at(

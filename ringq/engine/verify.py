@@ -23,7 +23,6 @@ from typing import Any
 
 from ringq import codec
 from ringq.errors import CorruptionError, FormatVersionError, SerializationError
-from ringq.local.lifecycle import KIND_EXPIRES, PAUSE_SIZE, valid_pause_header
 
 from .control import (
     OFF_CTL_CHANGE,
@@ -35,6 +34,7 @@ from .control import (
     OFF_WAKE,
     Control,
 )
+from .lifecycle import KIND_EXPIRES, PAUSE_SIZE, valid_pause_header
 from .records import KIND_JOB, scan
 from .segment import (
     OFF_CHANGE,

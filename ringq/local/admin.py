@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ringq.backend import CompactionResult, QueueStats
 from ringq.engine import snapshot, transitions
 from ringq.engine.index import Index, View, now_ms
 from ringq.engine.reaper import Reaper
 from ringq.engine.relocate import Relocator, superseding_copy
+from ringq.engine.snapshot import STATE_OF, state_of
 from ringq.engine.words import (
     END_EXPIRED,
     ST_BAD,
@@ -37,16 +38,16 @@ from ringq.engine.words import (
 )
 from ringq.errors import CompactionError, CorruptionError, NotLeasedError, SerializationError
 from ringq.ids import renamed
-from ringq.job import STATE_OF, Job, JobState, state_of
+from ringq.job import Job, JobState
 
 if TYPE_CHECKING:  # pragma: no cover
     from ringq.engine.ring import Ring
     from ringq.engine.segment import Segment
 
+    from .context import QueueContext
+
 __all__ = [
-    "AdminMethods",
-    "CompactionResult",
-    "QueueStats",
+    "Admin",
     "list_jobs",
     "counts",
     "requeue",
@@ -187,7 +188,7 @@ def discard_dead(ring: Ring, seg: Segment, slot: int) -> bool:
 
 
 def compact(
-    queue: Any, ring: Ring, index: Index, relocator: Relocator, refresh: Callable[[], None]
+    what: str, ring: Ring, index: Index, relocator: Relocator, refresh: Callable[[], None]
 ) -> None:
     """Relocate stragglers of every sealed segment, then retire every finished one (thorough).
 
@@ -201,7 +202,7 @@ def compact(
         refresh()
     except OSError as exc:
         raise CompactionError(
-            f"compacting queue {queue.name!r} in {queue.path}: {exc}; no job was moved or lost"
+            f"compacting {what}: {exc}; no job was moved or lost"
         ) from exc
 
 
@@ -239,224 +240,108 @@ def introspect(ring: Ring) -> dict[str, Any]:
     }
 
 
-@dataclass(frozen=True, slots=True)
-class QueueStats:
-    """Counts of retained jobs by state, and cumulative counters since the queue was created.
-
-    ``ready`` .. ``corrupt``, ``cancelled`` and ``expired`` count the jobs retained now, each
-    segment's from one copy of its state table (``done`` counts neither cancelled nor expired jobs;
-    ``total`` includes them).  ``delayed`` jobs are READY with a future ``available_at``; ``total`` is the sum
-    of the five job states.  ``corrupt`` counts records quarantined as damaged (not included in
-    ``total``).  Jobs stay counted as ``done`` until their segment retires, so ``done`` and
-    ``total`` fall as segments retire.  A lease that expired or whose holder died counts as
-    ``ready`` (``dead`` if its attempts are used up), as reclaiming it will make it.
-
-    ``enqueued_total``, ``acked_total`` and ``dead_lettered_total`` never fall: jobs enqueued
-    (requeues and relocation copies not counted), acks, and moves to the dead-letter queue, since
-    the queue was created, by all processes.  They live in the control file and are bumped right
-    after the state change they count: a process killed between the two leaves its counter one
-    short (never over); a power loss may lose the increments since the control page was last
-    synced (at each segment rotation); a control file rebuilt from the segments restarts them at 0.
-    """
-
-    ready: int = 0
-    delayed: int = 0
-    leased: int = 0
-    done: int = 0
-    dead: int = 0
-    total: int = 0
-    corrupt: int = 0
-    enqueued_total: int = 0
-    acked_total: int = 0
-    dead_lettered_total: int = 0
-    cancelled: int = 0
-    expired: int = 0
-
-    def to_dict(self) -> dict[str, int]:
-        return {f: getattr(self, f) for f in self.__slots__}
 
 
-@dataclass(frozen=True, slots=True)
-class CompactionResult:
-    """What :meth:`Queue.compact` gave back (nobroker's type, same fields).
-
-    ``bytes_before``/``bytes_after``: bytes of the queue's segment files; ``jobs_kept``: unfinished
-    jobs (ready, delayed, leased, dead); ``jobs_dropped``: finished jobs whose records went with
-    their segments.
-    """
-
-    bytes_before: int
-    bytes_after: int
-    jobs_kept: int
-    jobs_dropped: int
-
-    @property
-    def bytes_reclaimed(self) -> int:
-        return self.bytes_before - self.bytes_after
-
-    def describe(self) -> str:
-        """One line for people: ``compacted B -> A bytes (P% reclaimed), kept K jobs, dropped D completed``."""
-        pct = 100.0 * self.bytes_reclaimed / self.bytes_before if self.bytes_before else 0.0
-        return (f"compacted {self.bytes_before} -> {self.bytes_after} bytes ({pct:.1f}% reclaimed), "
-                f"kept {self.jobs_kept} jobs, dropped {self.jobs_dropped} completed")
 
 
-class AdminMethods:
-    """Reads and whole-queue operations: that part of :class:`ringq.Queue`'s API (a mixin; ``Queue``
-    owns the attributes it uses: ``_lock``, ``_ring``, ``_index``, ``_leases``, ``_producer``,
-    ``_reaper``, ``_relocator``, ``_settle``, ``_refresh`` and ``_live``)."""
+class Admin:
+    """Reads and whole-queue operations of one local queue (the API is :class:`ringq.Queue`'s)."""
+
+    def __init__(self, ctx: QueueContext) -> None:
+        self.ctx = ctx
 
     def sync_counters(self) -> dict[str, int]:
-        """Durability counters (for tests and tools): this process's ``append_syncs``, ``covered``
-        (appends another producer's sync covered), ``state_syncs``, ``pending`` and ``flusher``
-        (1 while its flusher runs), and ``queue_append_syncs`` by every process since creation."""
-        self._live()
-        return {**self._ring.dur.counters(), "queue_append_syncs": self._ring.ctl.sync_count()}
+        """As :meth:`ringq.Queue.sync_counters`."""
+        self.ctx.live()
+        return {**self.ctx.ring.dur.counters(), "queue_append_syncs": self.ctx.ring.ctl.sync_count()}
 
     def introspect(self) -> dict[str, Any]:
-        """Read-only engine words (for tests and tools): ``tail_segment``, ``next_seq``,
-        ``slot_size``, ``slot_count``, ``lock_waiters``, ``synced_position``, ``segments`` (seq ->
-        tail, records, sealed, retired) and ``known_ids`` (ids this process's index remembers)."""
-        self._live()
-        with self._lock:
-            self._refresh(relocate=False)
-            return {**introspect(self._ring), "known_ids": len(self._index.ids)}
+        """As :meth:`ringq.Queue.introspect`."""
+        self.ctx.live()
+        with self.ctx.lock:
+            self.ctx.refresh(relocate=False)
+            return {**introspect(self.ctx.ring), "known_ids": len(self.ctx.index.ids)}
 
     def import_jobs(self, jobs: Sequence[Job], *, source: str | None = None) -> int:
-        """Store jobs brought from elsewhere (another queue's snapshot), keeping their state.
-
-        ``source`` names the queue they come from (``ringq.ids.source_tag(queue)``): a job whose id
-        has the automatic form (16 hex digits, unique only within its own queue) is stored as
-        ``<source>-<id>`` (``ringq.ids.migrated_id``), the same on every run.  Without ``source``
-        such an id is refused (ValueError, nothing written).
-
-        Each job keeps its ``id``, ``payload``, ``priority``, ``attempts``, ``max_attempts``,
-        ``last_error`` and ``available_at`` (an absolute time: a past one is due at once); a DEAD
-        job is stored in the dead-letter queue, any other state as READY.  Ids make it idempotent:
-        a job whose id is retained is not written again, so an import killed midway can simply be
-        rerun.  All of it is one append under the writer lock (one durability sync); every payload
-        is encoded first.
-
-        Returns:
-            How many jobs were written (those whose id was not retained yet).
-        Raises:
-            SerializationError (nothing written), ValueError (an empty id, attempts out of range),
-            RecordTooLargeError, QueueFullError, QueueClosedError.
-        """
-        self._live()
-        return self._producer.import_jobs(renamed(jobs, source))
+        """As :meth:`ringq.Queue.import_jobs`."""
+        self.ctx.live()
+        return self.ctx.producer.import_jobs(renamed(jobs, source))
 
     def get(self, job_id: str) -> Job:
-        """The job with this id (a snapshot).  Raises JobNotFoundError if it is not retained."""
-        self._live()
-        with self._lock:
-            self._refresh()
-            view, slot, _ = self._leases.locate(job_id, self.name)
-            return self._job_at(view.seg.seq, slot, shown_word(self._reaper, view, slot))
+        """As :meth:`ringq.Queue.get`."""
+        self.ctx.live()
+        with self.ctx.lock:
+            self.ctx.refresh()
+            view, slot, _ = self.ctx.leases.locate(job_id, self.ctx.name)
+            return self.ctx.job_at(view.seg.seq, slot, shown_word(self.ctx.reaper, view, slot))
 
     def list_jobs(self, state: JobState | str | None = None, *, limit: int | None = None) -> list[Job]:
-        """Retained jobs in enqueue order, optionally only those in ``state``, at most ``limit``.
-
-        ``state`` is a :class:`JobState` (or its value) or ``"delayed"``: READY jobs not yet due
-        (``"ready"`` includes them, as in nobroker).  ``limit=None`` means all.  Raises ValueError
-        for an unknown state or a negative limit.
-        """
-        self._live()
+        """As :meth:`ringq.Queue.list_jobs`."""
+        self.ctx.live()
         if limit is not None and (not isinstance(limit, int) or limit < 0):
             raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
-        with self._lock:
-            self._refresh()
-            return list_jobs(self._ring, self._index, self._reaper, state, limit)
+        with self.ctx.lock:
+            self.ctx.refresh()
+            return list_jobs(self.ctx.ring, self.ctx.index, self.ctx.reaper, state, limit)
 
     def dlq(self, *, limit: int | None = None) -> list[Job]:
-        """Dead-lettered jobs, oldest first."""
+        """As :meth:`ringq.Queue.dlq`."""
         return self.list_jobs(JobState.DEAD, limit=limit)
 
     def requeue_dead(self, job_id: str | None = None) -> int:
-        """Move dead-lettered jobs (one, or all) back to READY with attempts reset; returns how many.
-
-        The job keeps its id; it is re-appended as a new record that supersedes the dead one.
-        Raises JobNotFoundError, or NotLeasedError if ``job_id`` is not dead.
-        """
-        self._live()
-        with self._lock:
-            self._settle()
-        with self._lock, self._ring.locked():
-            self._refresh()
+        """As :meth:`ringq.Queue.requeue_dead`."""
+        self.ctx.live()
+        with self.ctx.lock:
+            self.ctx.settle()
+        with self.ctx.lock, self.ctx.ring.locked():
+            self.ctx.refresh()
             if job_id is not None:
-                view, slot, _ = self._leases.locate(job_id, self.name)
+                view, slot, _ = self.ctx.leases.locate(job_id, self.ctx.name)
                 w = view.seg.load_state(slot)
                 if state(w) != ST_DEAD:
                     raise NotLeasedError(f"job {job_id!r} is not in the dead-letter queue")
                 targets = [(0, view, slot, w)]
             else:
-                targets = self._index.heads({ST_DEAD})
-            n = requeue(self._ring, targets)
-            self._refresh()
+                targets = self.ctx.index.heads({ST_DEAD})
+            n = requeue(self.ctx.ring, targets)
+            self.ctx.refresh()
             return n
 
     def discard_dead(self, job_id: str) -> None:
-        """Remove one job of the dead-letter queue for good (DEAD -> GONE, as :meth:`purge` does
-        to every job).  Raises JobNotFoundError, or NotLeasedError if the job is not dead."""
-        self._live()
-        with self._lock:
-            self._settle()
-            view, slot, _ = self._leases.locate(job_id, self.name)
-            if not discard_dead(self._ring, view.seg, slot):
+        """As :meth:`ringq.Queue.discard_dead`."""
+        self.ctx.live()
+        with self.ctx.lock:
+            self.ctx.settle()
+            view, slot, _ = self.ctx.leases.locate(job_id, self.ctx.name)
+            if not discard_dead(self.ctx.ring, view.seg, slot):
                 raise NotLeasedError(f"job {job_id!r} is not in the dead-letter queue")
 
     def purge(self) -> int:
-        """Remove every retained job (ready, delayed, leased, done, dead); returns how many: every
-        job :meth:`stats` would have counted in ``total`` just before.
-
-        Runs under the writer lock, after catching up, so no record (a job enqueued, a straggler's
-        relocated copy) is published between what it reads and what it removes.  Nothing is
-        reclaimed, relocated or retired first: a purge removes jobs in whatever state they are."""
-        self._live()
-        with self._lock, self._ring.locked():
-            self._refresh(relocate=False)
-            n = purge(self._ring, self._index)
-            self._owners.held.clear()
-            self._ring.segs.retire_finished()
-            self._refresh()
+        """As :meth:`ringq.Queue.purge`."""
+        self.ctx.live()
+        with self.ctx.lock, self.ctx.ring.locked():
+            self.ctx.refresh(relocate=False)
+            n = purge(self.ctx.ring, self.ctx.index)
+            self.ctx.owners.held.clear()
+            self.ctx.ring.segs.retire_finished()
+            self.ctx.refresh()
             return n
 
     def compact(self) -> CompactionResult:
-        """Give back disk space now: retire every finished segment and relocate stragglers.
-
-        nobroker rewrites its log without finished jobs; ringq never rewrites a segment.  Instead
-        every sealed segment whose jobs are all finished is unlinked, and sealed segments kept
-        alive only by a few dead-lettered or long-delayed jobs have those jobs re-appended at the
-        tail first (straggler relocation: see docs/design-notes.md), then retired.  The tail
-        segment is never retired, and finished jobs in segments that still hold live jobs stay
-        (``get`` finds them) until those segments retire.
-
-        Returns:
-            A :class:`CompactionResult`: segment bytes before and after, jobs kept (unfinished:
-            ready, delayed, leased, dead) and finished jobs dropped.
-        Raises:
-            QueueClosedError; CompactionError if a segment could not be unlinked (the jobs are
-            untouched: a segment is unlinked only once none of its jobs is live).
-        """
-        self._live()
-        with self._lock:
-            self._settle()
-            before_bytes, before = segment_bytes(self._ring), self.stats()
-            compact(self, self._ring, self._index, self._relocator, self._refresh)
+        """As :meth:`ringq.Queue.compact`."""
+        self.ctx.live()
+        with self.ctx.lock:
+            self.ctx.settle()
+            before_bytes, before = segment_bytes(self.ctx.ring), self.stats()
+            compact(f"queue {self.ctx.name!r} in {self.ctx.path}", self.ctx.ring, self.ctx.index, self.ctx.relocator,
+                    self.ctx.refresh)
             after = self.stats()
-            return CompactionResult(before_bytes, segment_bytes(self._ring), after.total - after.done,
+            return CompactionResult(before_bytes, segment_bytes(self.ctx.ring), after.total - after.done,
                                     max(0, before.done - after.done))
 
     def stats(self) -> QueueStats:
-        """Counts by state, each segment's from one copy of its state table, plus the cumulative
-        counters.  Read-only: a lease that has expired or whose holder died is counted as what
-        reclaiming it will make it (ready, or dead if its attempts are used up), though nothing is
-        written until some process leases.  Raises QueueClosedError."""
-        self._live()
-        with self._lock:
-            self._refresh()
-            return QueueStats(*counts(self._ring, self._index, self._reaper))
-
-    def __len__(self) -> int:
-        """Number of retained jobs (``stats().total``)."""
-        return self.stats().total
+        """As :meth:`ringq.Queue.stats`."""
+        self.ctx.live()
+        with self.ctx.lock:
+            self.ctx.refresh()
+            return QueueStats(*counts(self.ctx.ring, self.ctx.index, self.ctx.reaper))

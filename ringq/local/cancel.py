@@ -1,4 +1,4 @@
-"""Ending jobs that never complete: cancellation and expiry before start (docs/lifecycle.md).
+"""Cancelling jobs (docs/lifecycle.md); expiry before start is ringq/engine/lifecycle.py's.
 
 Both are one CAS on the job's state word, to DONE with the cancel flag (ringq/words.py): reason
 END_CANCELLED or END_EXPIRED.  A leased job cannot be taken from its holder, so cancelling it only
@@ -10,31 +10,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ringq.engine import records, snapshot, transitions
+from ringq.engine import snapshot, transitions
 from ringq.engine.index import now_ms
-from ringq.engine.segment import Segment
 from ringq.engine.words import ST_LEASED, ST_READY, cancel_flag, state
 from ringq.errors import JobFinishedError
 from ringq.job import Job
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ringq.engine.ring import Ring
 
     from .leases import Leases
 
-__all__ = ["cancel", "expire"]
-
-
-def expire(ring: Ring, seg: Segment, slot: int, w: int, now: int) -> bool:
-    """CAS the READY job with word ``w`` to EXPIRED; True if this call did it.  The record is
-    re-validated first: a damaged expiry field must not end a job (it is marked BAD instead)."""
-    if records.check_one(seg, slot) is None:
-        ring.mark_bad(seg, slot, "record failed validation (magic, length or CRC)")
-        return False
-    if seg.cas_state(slot, w, transitions.expired(w, now - seg.epoch_ms))[0]:
-        ring.segs.note_finished(seg)
-        return True
-    return False
+__all__ = ["cancel"]
 
 
 def cancel(leases: Leases, job: Job | str, queue: str) -> Job:

@@ -10,15 +10,11 @@ The words written are computed by ringq/transitions.py; durability of acks is ri
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ringq import errors
 from ringq.backoff import BackoffPolicy
-from ringq.engine import snapshot, transitions
-from ringq.engine._native import ffi, lib
-from ringq.engine.control import CTL_WORDS, OFF_CTL_CHANGE, OFF_WAITERS, OFF_WAKE
+from ringq.engine import claim, lifecycle, snapshot, transitions
 from ringq.engine.index import Direct, Index, View, due, now_ms, order
 from ringq.engine.owner import OwnerRegistry
 from ringq.engine.relocate import Relocator
@@ -27,7 +23,6 @@ from ringq.engine.words import ST_DONE, lease_count, owner_pack, rel_time, state
 from ringq.errors import CorruptionError, JobNotFoundError, NotLeasedError, SerializationError
 from ringq.job import Job
 
-from . import cancel, lifecycle
 from .limits import LimitGate
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -59,9 +54,6 @@ class Leases:
         self.owners = owners
         self.relocator = relocator
         self.refresh = refresh
-        self._word = ffi.new("uint64_t *")
-        self._finished = ffi.new("uint64_t *")
-        self._waits = _WaitBuffers()  # per thread: wait_claim runs outside the queue lock
         self._direct: dict[tuple[int, int, int], Direct] = {}
 
     def locate(self, job: Job | str, queue: str, fenced: str = "") -> tuple[View, int, str]:
@@ -121,7 +113,7 @@ class Leases:
         # (A relocated copy carries its attempts in the record, not in its fresh lease count.)
         exp = None if lease_count(w) or view.attb[slot] else lifecycle.expires_ms(seg, slot)
         if exp is not None and now > exp:
-            cancel.expire(self.ring, seg, slot, w, now)
+            lifecycle.expire(self.ring, seg, slot, w, now)
             return None
         new = transitions.leased(w, now + int(vt * 1000) - seg.epoch_ms)
         if new is None:
@@ -210,23 +202,15 @@ class Leases:
             ctl.sleep(seen, timeout, spin)
             return None
         seg = view.seg
-        bufs = self._waits
-        a, co = bufs.args, bufs.out
-        a.wake_seen = seen
-        a.change_seen = self.index.seen_change
-        a.spin_ns = int(min(spin, timeout) * 1e9)
-        a.timeout_ns = int(timeout * 1e9)
-        a.epoch_ms = seg.epoch_ms
-        a.vt_ms = direct.vt_ms
-        a.owner_base = direct.owner_base
-        a.from_slot = candidate = view.scanned
+        candidate = view.scanned
         key = (seg.seq, candidate)
         claiming = self.owners.claiming
         claiming[key] = claiming.get(key, 0) + 1
         try:
-            errors.check(lib.ringq_wait_claim(ctl.ptr, ctl.size, seg.ptr, seg.size, seg.geom, a, co), seg.path)
-            if co.status == lib.RINGQ_CLAIMED:
-                return Waited(view, co.slot, co.word, co.prev)
+            got = claim.wait_claim(ctl, seg, seen, self.index.seen_change, candidate, timeout, spin,
+                                   direct.vt_ms, direct.owner_base)
+            if got is not None:
+                return Waited(view, got.slot, got.word, got.prev)
         except BaseException:
             self._settled(key)
             raise
@@ -274,17 +258,13 @@ class Leases:
         if token is None or token > 0:
             # The common case in one C call: LEASED with this token -> DONE (ringq/transitions.py
             # allows it; a cancel-requested lease comes back as 3 for the policy below).
-            out, fin = self._word, self._finished
-            ctl = self.ring.ctl
-            rc = lib.ringq_ack_slot(seg.ptr, seg.size, seg.geom, slot, token or 0, max(0, now_ms() - seg.epoch_ms),
-                                    ctl.ptr, ctl.size, CTL_WORDS, out, fin)
-            if rc == 0:  # counted as acked and finished by the call
-                return self._acked(view, seg, slot, out[0], fin[0])
-            if rc == 1:
-                return None  # a repeated ack
-            if rc == 2:
-                transitions.require_lease(out[0], job_id, token, "ack")  # raises, saying why
-            errors.check(min(rc, 0), seg.path)
+            answer, word, finished = claim.ack_slot(seg, slot, token or 0, max(0, now_ms() - seg.epoch_ms), self.ring.ctl)
+            if answer == claim.ACKED:  # counted as acked and finished by the call
+                return self._acked(view, seg, slot, word, finished)
+            if answer == claim.REPEATED:
+                return None
+            if answer == claim.REFUSED:
+                transitions.require_lease(word, job_id, token, "ack")  # raises, saying why
         w = seg.load_state(slot)
         while True:
             if state(w) == ST_DONE and (token is None or lease_count(w) == token):
@@ -372,17 +352,6 @@ class Waited(NamedTuple):
     slot: int
     word: int
     prev: int
-
-
-class _WaitBuffers(threading.local):
-    """The C wait's argument and result structs, one pair per thread: cffi releases the GIL for
-    the call, and threads waiting at once must never read each other's results."""
-
-    def __init__(self) -> None:
-        self.args = ffi.new(
-            "ringq_wait_args *", {"wake_off": OFF_WAKE, "waiters_off": OFF_WAITERS, "change_off": OFF_CTL_CHANGE}
-        )
-        self.out = ffi.new("ringq_claim_out *")
 
 
 def token_number(token: object) -> int | None:

@@ -1,397 +1,73 @@
-"""Job lifecycle beyond lease and ack: expiry before start, pause and resume, progress.
-
-* **Expiry** is stored in the record: a record of kind ``KIND_EXPIRES`` (header byte 51) starts
-  its payload with an 8-byte little-endian expires-at (ms since the Unix epoch), followed by the
-  codec's bytes.  A claim that finds such a job past its expiry CASes it to EXPIRED instead
-  (``transitions.expired``); snapshots strip the prefix and show ``Job.expires_at``.
-* **Pause** lives in ``<name>.pause``, one mapped page (layout below): a whole-queue word every
-  lease reads before it looks for work, and a table of paused keys.  It is durable: a paused queue
-  stays paused across restarts until resumed.
-* **Progress** frames go to a per-segment side file ``<name>.<seq>.prog`` with the error side
-  file's frame format (ringq/errtext.py): text ``"<fraction>\\t<message>"`` tagged with the slot and
-  the lease count, so a stale holder's report is never shown for a later lease.
-
-Layouts: docs/format.md.  Nothing here reaches into another module's private state.
-"""
+"""Cancel, pause, progress and results of a local queue: the part of :class:`ringq.Queue`'s API
+that ends jobs early, holds them back or reports on them.  What they store is
+ringq/engine/lifecycle.py's (the expiry in the record, the pause file, the progress side file)."""
 
 from __future__ import annotations
 
-import fcntl
-import math
-import os
-import struct
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ringq import codec
-from ringq.engine import errtext, transitions
-from ringq.engine.mapped import Mapped, crc32c, open_nofollow
-from ringq.engine.words import lease_count
-from ringq.errors import CorruptionError, SerializationError
+from ringq.backend import check_fraction
+from ringq.engine.lifecycle import report_progress
 from ringq.job import Job
-from ringq.results import finished_without
+from ringq.results import Results, finished_without
+
+from .cancel import cancel
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ringq.engine.ring import Ring
-    from ringq.engine.segment import Segment
+    from .context import QueueContext
 
-__all__ = [
-    "KIND_EXPIRES",
-    "wrap_expiry",
-    "unwrap",
-    "expires_ms",
-    "key_of",
-    "PauseFile",
-    "progress_path",
-    "write_progress",
-    "show_progress",
-    "MAX_KEY",
-]
-
-KIND_EXPIRES = 2  # record kind: a job whose payload starts with an 8-byte expires-at (ms)
-_EXP = struct.Struct("<q")
-_OFF_KIND = 51  # record header: kind byte
-_OFF_ID_LEN = 48  # record header: u16 id length
-_REC_HEADER = 64
-_KEY_HDR = struct.Struct("<HBBI")  # at record offset 48: id length, codec, kind, payload length
+__all__ = ["Lifecycle"]
 
 
-# -- expiry ----------------------------------------------------------------------------------------
+class Lifecycle:
+    """Cancel, pause, progress and results of one local queue (the API is :class:`ringq.Queue`'s).
+    ``find(id)`` is the queue's ``get``: what a wait for a result asks about the job."""
 
-
-def wrap_expiry(data: bytes, expires_at_ms: int) -> bytes:
-    """The payload bytes of a job that expires at ``expires_at_ms`` (ms since the Unix epoch)."""
-    return _EXP.pack(expires_at_ms) + data
-
-
-def unwrap(info: Any, payload: bytearray) -> tuple[bytearray, float | None]:
-    """``(codec bytes, expires-at in seconds or None)`` of a validated record's payload bytes.
-
-    Raises CorruptionError for a KIND_EXPIRES record too short to hold its expiry."""
-    if info.kind != KIND_EXPIRES:
-        return payload, None
-    if len(payload) < _EXP.size:
-        raise CorruptionError("record of kind 2 (expiring job) is shorter than its expiry field")
-    (ms,) = _EXP.unpack_from(payload, 0)
-    del payload[: _EXP.size]
-    return payload, ms / 1000
-
-
-def expires_ms(seg: Segment, slot: int) -> int | None:
-    """The expires-at (ms since the Unix epoch) of the record at ``slot``, or None if it has none.
-
-    Reads the immutable header bytes without a CRC check (a claim calls it for every job); the
-    caller re-validates the record before it acts on an expiry that has passed."""
-    base = seg.data_off + slot * seg.slot_size
-    mm = seg.mm  # a buffer over the mapping: unpack_from reads a number whatever its type
-    if struct.unpack_from("<B", mm, base + _OFF_KIND)[0] != KIND_EXPIRES:
-        return None
-    (id_len,) = struct.unpack_from("<H", mm, base + _OFF_ID_LEN)
-    off = base + _REC_HEADER + id_len
-    if off + _EXP.size > len(mm):
-        return None
-    return _EXP.unpack_from(mm, off)[0]
-
-
-# -- keys ------------------------------------------------------------------------------------------
-
-
-def key_of(seg: Segment, slot: int) -> str | None:
-    """The key of the job at ``slot`` (the short string given at ``enqueue(..., key=...)``), or
-    None: read from the record's bytes without decoding the payload.
-
-    The one place a job's key is read (per-key pause here, limits in ringq/limits.py): the key is
-    the keyed envelope (codec.KEYED) around the payload's codec bytes, which an expiring record
-    (KIND_EXPIRES) prefixes with its 8-byte expiry."""
-    base = seg.data_off + slot * seg.slot_size
-    mm = seg.mm
-    if mm is None or base + _REC_HEADER > seg.size:
-        return None
-    id_len, codec_id, kind, plen = _KEY_HDR.unpack_from(mm, base + _OFF_ID_LEN)
-    if codec_id != codec.KEYED:
-        return None
-    start = base + _REC_HEADER + id_len
-    if kind == KIND_EXPIRES:
-        start, plen = start + _EXP.size, plen - _EXP.size
-    end = min(start + 3 + codec.MAX_KEY_BYTES, start + plen, seg.size)
-    if end < start + 3:
-        return None
-    try:
-        return codec.split_key(codec_id, bytes(mm[start:end]))[0]
-    except SerializationError:
-        return None
-
-
-# -- pause -----------------------------------------------------------------------------------------
-
-PAUSE_MAGIC = 0x3155415051474E52  # bytes "RNGQPAU1"
-PAUSE_VERSION = 1
-PAUSE_SIZE = 4096
-_OFF_CRC = 12  # u32 CRC32C of bytes 0..12
-_OFF_QUEUE = 16  # u64: 1 while the whole queue is paused
-_OFF_CHANGES = 24  # u64: +1 on every pause or resume
-_KEYS_OFF = 64
-_KEY_ENTRY = 64  # u16 length, u16 0, u32 CRC32C of the key bytes, 56 bytes key
-MAX_KEY = _KEY_ENTRY - 8
-_KEY_SLOTS = (PAUSE_SIZE - _KEYS_OFF) // _KEY_ENTRY  # 63
-
-
-class PauseFile:
-    """``<name>.pause``: whether leases of the whole queue, or of some keys, are paused.
-
-    Created on open if missing.  A file of the wrong size, magic, version or header CRC is renamed
-    to ``<name>.pause.quarantined`` (noted in the recovery report) and a fresh, unpaused one made:
-    damage never stops the queue.  Key entries whose CRC fails are ignored.
-    """
-
-    def __init__(self, ring: Ring) -> None:
-        self.path = os.path.join(ring.dir, f"{ring.name}.pause")
-        self.report = ring.report
-        fd = self._open(ring.mode)
-        self.map = Mapped(self.path, fd, PAUSE_SIZE)
-        self._keys: tuple[int, frozenset[str]] = (-1, frozenset())
-
-    def _open(self, mode: int) -> int:
-        for _ in range(2):
-            fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, mode)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                head = os.pread(fd, PAUSE_SIZE, 0)
-                if not head:
-                    page = bytearray(PAUSE_SIZE)
-                    struct.pack_into("<QI", page, 0, PAUSE_MAGIC, PAUSE_VERSION)
-                    struct.pack_into("<I", page, _OFF_CRC, crc32c(page[:_OFF_CRC]))
-                    os.pwrite(fd, page, 0)
-                    os.fsync(fd)
-                    return fd
-                if valid_pause_header(head):
-                    return fd
-                aside = self.path + ".quarantined"
-                os.rename(self.path, aside)
-                self.report.repairs.append(
-                    (self.path, f"pause file damaged (moved to {aside}); the queue is not paused")
-                )
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
-        raise CorruptionError(f"{self.path}: cannot create a valid pause file")
-
-    def close(self) -> None:
-        self.map.close()
-
-    def queue_paused(self) -> bool:
-        """True while the whole queue is paused (one atomic load of the shared word)."""
-        return self.map.load64(_OFF_QUEUE) != 0
-
-    def set_queue(self, paused: bool) -> None:
-        self.map.store64(_OFF_QUEUE, int(paused))
-        self.map.add64(_OFF_CHANGES)
-        self.map.msync(0, PAUSE_SIZE)
-
-    def paused_keys(self) -> frozenset[str]:
-        """The keys paused now (re-read only when the change counter moved)."""
-        changes = self.map.load64(_OFF_CHANGES)
-        if self._keys[0] == changes:
-            return self._keys[1]
-        keys = set()
-        mm = self.map.mm
-        for i in range(_KEY_SLOTS):
-            off = _KEYS_OFF + i * _KEY_ENTRY
-            n, _z, crc = struct.unpack_from("<HHI", mm, off)
-            if 0 < n <= MAX_KEY:
-                raw = bytes(mm[off + 8 : off + 8 + n])
-                if crc32c(raw) == crc:
-                    keys.add(raw.decode("utf-8", "replace"))
-        out = frozenset(keys)
-        self._keys = (changes, out)
-        return out
-
-    def set_key(self, key: str, paused: bool) -> None:
-        """Pause or resume one key.  Raises ValueError for a key longer than MAX_KEY bytes or when
-        all 63 entries are taken."""
-        raw = key.encode("utf-8")
-        if not 0 < len(raw) <= MAX_KEY:
-            raise ValueError(f"a paused key must be 1..{MAX_KEY} bytes of UTF-8, got {key!r}")
-        mm = self.map.mm
-        fcntl.flock(self.map.fd, fcntl.LOCK_EX)  # writers of the key table take turns
-        try:
-            free = None
-            for i in range(_KEY_SLOTS):
-                off = _KEYS_OFF + i * _KEY_ENTRY
-                n, _z, crc = struct.unpack_from("<HHI", mm, off)
-                valid = 0 < n <= MAX_KEY and crc32c(bytes(mm[off + 8 : off + 8 + n])) == crc
-                if valid and bytes(mm[off + 8 : off + 8 + n]) == raw:
-                    if not paused:
-                        mm[off : off + _KEY_ENTRY] = bytes(_KEY_ENTRY)
-                        break
-                    return
-                if not valid and free is None:
-                    free = off
-            else:
-                if not paused:
-                    return
-                if free is None:
-                    raise ValueError(f"at most {_KEY_SLOTS} keys can be paused at once")
-                # Key bytes and CRC first, the length last: a reader never believes a half entry.
-                mm[free + 8 : free + _KEY_ENTRY] = raw.ljust(MAX_KEY, b"\0")
-                struct.pack_into("<HHI", mm, free, 0, 0, crc32c(raw))
-                struct.pack_into("<H", mm, free, len(raw))
-            self.map.add64(_OFF_CHANGES)
-            self.map.msync(0, PAUSE_SIZE)
-        finally:
-            fcntl.flock(self.map.fd, fcntl.LOCK_UN)
-
-    def blocks(self, seg: Segment, slot: int) -> bool:
-        """True if the job at ``slot`` must not be leased now because its key is paused."""
-        keys = self.paused_keys()
-        return bool(keys) and key_of(seg, slot) in keys
-
-
-def valid_pause_header(head: bytes) -> bool:
-    if len(head) != PAUSE_SIZE:
-        return False
-    magic, version = struct.unpack_from("<QI", head, 0)
-    (crc,) = struct.unpack_from("<I", head, _OFF_CRC)
-    return magic == PAUSE_MAGIC and version == PAUSE_VERSION and crc == crc32c(head[:_OFF_CRC])
-
-
-# -- progress --------------------------------------------------------------------------------------
-
-
-def progress_path(ring: Ring, seq: int) -> str:
-    return os.path.join(ring.dir, f"{ring.name}.{seq:016x}.prog")
-
-
-def check_fraction(fraction: float) -> float:
-    f = float(fraction)
-    if not math.isfinite(f) or not 0.0 <= f <= 1.0:
-        raise ValueError(f"progress must be a fraction in [0, 1], got {fraction!r}")
-    return f
-
-
-def write_progress(
-    ring: Ring, seg: Segment, slot: int, lc: int, fraction: float, message: str | None
-) -> str | None:
-    """Append a progress frame for (slot, lease count); None, or why it was not kept."""
-    text = repr(fraction) + "\t" + ("" if message is None else str(message))
-    return errtext.write_error(progress_path(ring, seg.seq), slot, lc, text, ring.mode)
-
-
-def report_progress(
-    ring: Ring,
-    view_seg: Segment,
-    slot: int,
-    w: int,
-    job_id: str,
-    token: int | None,
-    fraction: float,
-    message: str | None,
-) -> None:
-    """The holder's progress report for the lease in word ``w``: refused (NotLeasedError) unless
-    the job is leased with ``token``, exactly as an ack would be.  A frame that cannot be written
-    is noted in the recovery report, never raised."""
-    transitions.require_lease(w, job_id, token, "report progress of")
-    why = write_progress(ring, view_seg, slot, lease_count(w), fraction, message)
-    if why is not None:
-        ring.report.repairs.append((progress_path(ring, view_seg.seq), why))
-
-
-def read_progress(ring: Ring, seq: int) -> dict[int, list[tuple[int, str]]]:
-    """slot -> [(lease count, text)]; damaged frames are skipped (errtext's reader)."""
-    return errtext.read_errors(progress_path(ring, seq))
-
-
-def show_progress(ring: Ring, seg: Segment, slot: int, lc: int, job: Job) -> None:
-    """Fill ``job.progress``/``progress_message`` from the newest frame of lease ``lc``.
-
-    Only a leased-at-least-once job can have progress; frames of an earlier lease are not shown
-    (a retry starts from nothing).  A frame whose text does not parse is ignored."""
-    if not lc:
-        return
-    frames = read_progress(ring, seg.seq).get(slot)
-    if not frames:
-        return
-    mine = [text for flc, text in frames if flc == lc]
-    if not mine:
-        return
-    frac, _, msg = mine[-1].partition("\t")
-    try:
-        job.progress = check_fraction(float(frac))
-    except ValueError:
-        return
-    job.progress_message = msg or None
-
-
-class LifecycleMethods:
-    """Cancel, pause, progress and results: that part of :class:`ringq.Queue`'s API (a mixin;
-    ``Queue`` owns the attributes it uses: ``_lock``, ``_leases``, ``_ring``, ``_pause``,
-    ``_results``, ``_refresh`` and ``_live``)."""
+    def __init__(self, ctx: QueueContext, results: Results, find: Callable[[str], Job]) -> None:
+        self.ctx = ctx
+        self.results = results
+        self.find = find
 
     def cancel(self, job: Job | str) -> Job:
-        """Cancel a job.  A READY (pending or delayed) job becomes CANCELLED: terminal, never
-        leased.  A LEASED job is marked cancel-requested: its holder sees ``cancel_requested``
-        on its next :meth:`extend` (a Worker's heartbeat sets ``job.cancelled``), and its ack, nack
-        or lost lease ends it CANCELLED instead of DONE or a retry.  Cancelling again is harmless.
-
-        Returns:
-            The job's snapshot after the cancel (CANCELLED, or LEASED with ``cancel_requested``).
-        Raises:
-            JobFinishedError (done, expired or dead-lettered), JobNotFoundError, QueueClosedError.
-        """
-        self._live()
-        with self._lock:
-            self._refresh()
-            from .cancel import cancel  # cancel -> leases -> lifecycle: imported when used
-
-            return cancel(self._leases, job, self.name)
+        """As :meth:`ringq.Queue.cancel`."""
+        self.ctx.live()
+        with self.ctx.lock:
+            self.ctx.refresh()
+            return cancel(self.ctx.leases, job, self.ctx.name)
 
     def pause(self, key: str | None = None) -> None:
-        """Stop leases of the whole queue (``key=None``) or of the jobs of one key, in every
-        process at once and across restarts, until :meth:`resume`.  Enqueues still succeed.
-        Raises ValueError for a key longer than 56 bytes or when 63 keys are paused already."""
-        self._live()
+        """As :meth:`ringq.Queue.pause`."""
+        self.ctx.live()
         if key is None:
-            self._pause.set_queue(True)
+            self.ctx.pause.set_queue(True)
         else:
-            self._pause.set_key(str(key), True)
+            self.ctx.pause.set_key(str(key), True)
 
     def resume(self, key: str | None = None) -> None:
-        """Undo :meth:`pause` (of the queue, or of one key) and wake every sleeping lease."""
-        self._live()
+        """As :meth:`ringq.Queue.resume`."""
+        self.ctx.live()
         if key is None:
-            self._pause.set_queue(False)
+            self.ctx.pause.set_queue(False)
         else:
-            self._pause.set_key(str(key), False)
-        self._ring.ctl.wake()
+            self.ctx.pause.set_key(str(key), False)
+        self.ctx.ring.ctl.wake()
 
     def paused(self) -> dict[str, Any]:
-        """``{"queue": bool, "keys": sorted list of paused keys}``."""
-        self._live()
-        return {"queue": self._pause.queue_paused(), "keys": sorted(self._pause.paused_keys())}
+        """As :meth:`ringq.Queue.paused`."""
+        self.ctx.live()
+        return {"queue": self.ctx.pause.queue_paused(), "keys": sorted(self.ctx.pause.paused_keys())}
 
     def progress(self, job: Job | str, fraction: float, message: str | None = None) -> None:
-        """Report a leased job's progress: ``fraction`` in [0, 1] and an optional message, shown
-        as ``Job.progress``/``progress_message`` by :meth:`get` and :meth:`list_jobs` for the rest
-        of this lease.  Fenced like :meth:`ack`: a stale holder is refused with NotLeasedError.
-        Raises ValueError for a fraction outside [0, 1], JobNotFoundError."""
-        self._live()
+        """As :meth:`ringq.Queue.progress`."""
+        self.ctx.live()
         fraction = check_fraction(fraction)
-        with self._lock:
-            view, slot, w, job_id, token = self._leases.word_for(job, self.name, "report progress of")
-            report_progress(self._ring, view.seg, slot, w, job_id, token, fraction, message)
+        with self.ctx.lock:
+            view, slot, w, job_id, token = self.ctx.leases.word_for(job, self.ctx.name, "report progress of")
+            report_progress(self.ctx.ring, view.seg, slot, w, job_id, token, fraction, message)
 
     def result(self, job_id: str | Job, *, wait: float | None = None) -> Any:
-        """The result stored by ``ack(job, result=...)`` for ``job_id``.
-
-        Args:
-            job_id: the job (or its id).
-            wait: seconds to block until the result is stored (woken by the storing process's
-                futex wake, not by polling); None or 0 returns at once.
-
-        Raises:
-            ResultNotFoundError (a JobNotFoundError): none stored within ``wait``, its ``result_ttl``
-            passed, or the job finished without one (dead-lettered, cancelled, expired, or acked
-            without a result: then it is raised at once).  QueueClosedError.
-        """
-        self._live()
+        """As :meth:`ringq.Queue.result`."""
+        self.ctx.live()
         jid = job_id.id if isinstance(job_id, Job) else job_id
-        return self._results.wait(jid, wait, lambda: finished_without(self, self._results, jid))
+        return self.results.wait(jid, wait, lambda: finished_without(self.find, self.results, jid))

@@ -41,21 +41,23 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ringq import errors
-from ringq.engine import forksafe, unique
+from ringq.engine import forksafe, lifecycle, unique
 from ringq.engine.limits_file import MAX_CONCURRENCY, MAX_LIMITS, MAX_UNIQUE, Limit, LimitsFile
 from ringq.engine.segment import Segment
 from ringq.engine.unique import MAX_UNIQUE_FOR
 from ringq.engine.words import LC_MASK, ST_LEASED
 
-from . import lifecycle
+if TYPE_CHECKING:  # pragma: no cover
+    from .context import QueueContext
+
 
 __all__ = [
     "LimitGate",
     "LimitInfo",
-    "LimitMethods",
+    "Limits",
     "MAX_LIMITS",
     "MAX_CONCURRENCY",
     "MAX_UNIQUE",
@@ -365,10 +367,11 @@ class LimitGate:
             return unique.enqueue_unique(self._file, key, unique_for, enqueue, find)
 
 
-class LimitMethods:
-    """The limits part of :class:`ringq.Queue`'s API (a mixin: ``Queue`` owns ``_gate``)."""
+class Limits:
+    """Concurrency caps and rate limits of one local queue (the API is :class:`ringq.Queue`'s)."""
 
-    _gate: LimitGate
+    def __init__(self, ctx: QueueContext) -> None:
+        self.ctx = ctx
 
     def limit(
         self,
@@ -378,30 +381,12 @@ class LimitMethods:
         rate: tuple[int, float] | None = None,
         burst: int | None = None,
     ) -> None:
-        """Set the limit of key ``name`` (or of every job of this queue, when ``name`` is the
-        queue's name), for every process on the host at once; it persists in ``<name>.limits``.
-
-        Args:
-            name: a job key (``enqueue(..., key=name)``) or this queue's name.
-            concurrency: most leases of such jobs held at once (1..4096).  A holder's slot is
-                freed by its ack or nack, or at once when its process dies.
-            rate: ``(count, per)``: ``count`` leases per ``per`` seconds, spaced evenly (a token
-                bucket, exact across processes): in any span of ``t`` seconds at most
-                ``burst + t * count / per`` leases.  A 2-tuple: an int count (not a bool) in
-                1..2**32-1 and a finite number of seconds > 0.
-            burst: tokens the bucket holds when full: how many leases may start at once after
-                an idle spell (default: the tokens of 50 ms, at least 2, so that a consumer
-                woken a few ms late does not lose its token).
-            Neither ``concurrency`` nor ``rate``: remove the limit.
-        Raises:
-            LimitError: bad values, or all 64 limits of the queue in use.  LimitsFileError: the
-            limits file is damaged.  QueueClosedError.
-        """
-        self._live()  # type: ignore[attr-defined]
-        self._gate.set_limit(name, concurrency, rate, burst)
-        self.wake()  # type: ignore[attr-defined]  # a raised or removed limit may free held-back jobs
+        """As :meth:`ringq.Queue.limit`."""
+        self.ctx.live()  # type: ignore[attr-defined]
+        self.ctx.gate.set_limit(name, concurrency, rate, burst)
+        self.ctx.ring.ctl.wake()  # type: ignore[attr-defined]  # a raised or removed limit may free held-back jobs
 
     def limits(self) -> list[LimitInfo]:
-        """Every limit of this queue with its live use (``running`` leases, next token)."""
-        self._live()  # type: ignore[attr-defined]
-        return self._gate.describe()
+        """As :meth:`ringq.Queue.limits`."""
+        self.ctx.live()  # type: ignore[attr-defined]
+        return self.ctx.gate.describe()

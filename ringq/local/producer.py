@@ -18,7 +18,8 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 from ringq import codec
-from ringq.engine import records, snapshot
+from ringq.backend import MAX_ATTEMPTS_LIMIT, MAX_DELAY, check_attempts
+from ringq.engine import lifecycle, records, snapshot
 from ringq.engine.appends import REC_HEADER_SIZE
 from ringq.engine.index import Index, now_ms
 from ringq.engine.records import KIND_JOB, NewRecord
@@ -27,12 +28,10 @@ from ringq.errors import QueueFullError, SerializationError
 from ringq.ids import check_caller_id
 from ringq.job import Job, JobState
 
-from . import lifecycle
-
 if TYPE_CHECKING:  # pragma: no cover
     from ringq.engine.ring import Ring
 
-__all__ = ["Producer", "check_attempts", "MAX_ATTEMPTS_LIMIT", "MAX_DELAY"]
+__all__ = ["Producer"]
 
 READY = JobState.READY
 # fresh_jobs and enqueue_one build a Job positionally (a third of the cost of keywords), in this order.
@@ -59,13 +58,8 @@ assert tuple(f.name for f in fields(Job)) == (
     "_loc",
 ), "Job's fields changed: update fresh_jobs and Producer.enqueue_one"
 
-MAX_ATTEMPTS_LIMIT = 0xFFFF  # the record header's max_attempts field is 16-bit
-MAX_DELAY = TIME_MAX / 1000 - 86400 * 366  # seconds: a time must fit the state word for a year more
-
-
-def check_attempts(n: int) -> None:
-    if not isinstance(n, int) or not 1 <= n <= MAX_ATTEMPTS_LIMIT:
-        raise ValueError(f"max_attempts must be an int in [1, {MAX_ATTEMPTS_LIMIT}], got {n!r}")
+# A delay, expiry or retry time must fit the state word for a year more.
+assert MAX_DELAY + 86400 * 366 <= TIME_MAX / 1000
 
 
 class Producer:

@@ -20,7 +20,6 @@ otherwise when its visibility timeout passes.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import pathlib
 import random
@@ -31,51 +30,51 @@ import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from ringq.backend import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_RESULT_TTL,
+    DEFAULT_VISIBILITY_TIMEOUT,
+    FEATURE_COMPACT,
+    FEATURE_LIMITS,
+    FEATURE_SCHEDULES,
+    MAX_DELAY,
+    NO_RESULT,
+    CompactionResult,
+    QueueStats,
+    check_attempts,
+    due_delay,
+    expiry_ms,
+)
 from ringq.backoff import BackoffPolicy
-from ringq.engine import forksafe, snapshot, transitions
-from ringq.engine.index import Index
-from ringq.engine.owner import OwnerRegistry
-from ringq.engine.reaper import REAP_INTERVAL, Reaper
+from ringq.engine import forksafe, transitions
+from ringq.engine.reaper import REAP_INTERVAL
 from ringq.engine.recovery import RecoveryReport
-from ringq.engine.relocate import Relocator
 from ringq.engine.ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, Ring
 from ringq.engine.segment import check_geometry
 from ringq.engine.words import ST_DONE, TIME_MAX, lease_count, state
-from ringq.errors import JobNotFoundError, LimitError, NotLeasedError, QueueClosedError
-from ringq.job import Job
-from ringq.results import DEFAULT_RESULT_TTL, Results
+from ringq.errors import JobNotFoundError, LimitError, NotLeasedError
+from ringq.job import Job, JobState
+from ringq.results import Results
 
-from . import lifecycle
-from .admin import AdminMethods, CompactionResult, QueueStats
-from .leases import Leases
-from .lifecycle import LifecycleMethods
-from .limits import LimitGate, LimitMethods
+from .admin import Admin
+from .context import QueueContext
+from .lifecycle import Lifecycle
+from .limits import LimitInfo, Limits
 from .options import QueueOptions
-from .producer import MAX_ATTEMPTS_LIMIT, MAX_DELAY, Producer, check_attempts
-from .schedule import ScheduleMethods
+from .schedule import Schedule, Schedules
 
-__all__ = ["CompactionResult", "Queue", "QueueStats", "QueueOptions", "DEFAULT_VISIBILITY_TIMEOUT", "MAX_ATTEMPTS_LIMIT",
-           "DEFAULT_MAX_ATTEMPTS"]
+__all__ = ["Queue", "QueueOptions", "GeometryWarning"]
 
-_NO_RESULT: Any = object()  # ack() without a result (None is a result: JSON null)
-DEFAULT_VISIBILITY_TIMEOUT = 30.0
-DEFAULT_MAX_ATTEMPTS = 5
+FEATURES = frozenset({FEATURE_SCHEDULES, FEATURE_LIMITS, FEATURE_COMPACT})
 
 
 class GeometryWarning(UserWarning):
     """Queue() was given a slot geometry other than the existing queue's; the queue keeps its own."""
 
 
-def due_delay(delay: Any) -> Any:
-    """An enqueue's ``delay`` as stored: a negative number of seconds means "due now" (nobroker's
-    rule, so ``run_at - time.time()`` works once ``run_at`` passed); anything else unchanged, for
-    the caller's range check (NaN and values past the limit stay errors)."""
-    if isinstance(delay, (int, float)) and not isinstance(delay, bool) and -math.inf < delay < 0:
-        return 0.0
-    return delay
 
 
-class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
+class Queue:
     """A durable job queue: directory ``path``, queue ``name``.  Same API as ``nobroker.Queue``.
 
     Safe to use from many threads and many processes at once.  Delivery is at-least-once: a job
@@ -175,12 +174,12 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
         self.visibility_timeout = float(visibility_timeout)
         self.max_attempts = max_attempts
         self.backoff = backoff or BackoffPolicy()
-        self._ring = Ring(
+        ring = Ring(
             path, name, slot_size=slot_size, slot_count=slot_count, durability=durability,
             flush_interval=flush_interval, sync_acks=sync_acks, state_flush_interval=state_flush_interval,
             lock_timeout=lock_timeout, mode=mode, allow_network_fs=allow_network_fs,
         )
-        ctl = self._ring.ctl
+        ctl = ring.ctl
         for arg, given, default, stored in (("slot_size", slot_size, DEFAULT_SLOT_SIZE, ctl.slot_size),
                                             ("slot_count", slot_count, DEFAULT_SLOT_COUNT, ctl.slot_count)):
             if given not in (default, stored):  # asked for explicitly, yet the queue has another
@@ -188,68 +187,74 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
                               "ignored (the geometry is fixed when a queue is created)", GeometryWarning,
                               stacklevel=2)
         self.durability = durability
-        self.options = QueueOptions.of_queue(self, self._ring, flush_interval, sync_acks, lock_timeout, mode,
+        self.options = QueueOptions.of_queue(self, ring, flush_interval, sync_acks, lock_timeout, mode,
                                              allow_network_fs, allow_foreign, auto_ids, spin)
-        self._owners = OwnerRegistry(os.path.join(self.path, f"{name}.owners"), mode)
-        self._lock = threading.RLock()
-        self._idle = threading.Condition(self._lock)  # notified when the last waiting thread left
+        ctx = self._ctx = QueueContext(ring, name, str(self.path), mode, auto_ids)
+        self._idle = threading.Condition(ctx.lock)  # notified when the last waiting thread left
         self._waiters = 0  # threads asleep in lease or wait_for_wake, outside the lock
-        self._closed = False
-        self._index = Index(self._ring)
-        self._reaper = Reaper(self._ring, self._index, self._owners)
-        self._relocator = Relocator(self._ring, self._index, lambda: self._refresh(relocate=False))
-        self._gate = LimitGate(self.path, name, mode)  # concurrency caps, rate limits, unique windows
-        self._leases = Leases(self._ring, self._index, self._owners, self._relocator, self._refresh, self._gate)
-        self._producer = Producer(self._ring, self._index, self._lock, self._refresh, auto_ids)
-        self._pause = lifecycle.PauseFile(self._ring)
         self._results = Results(name, self._companion)
+        self._admin = Admin(ctx)
+        self._lifecycle = Lifecycle(ctx, self._results, self.get)
+        self._limits = Limits(ctx)
+        self._schedules = Schedules(self)
         self._rng = random.Random()
         forksafe.register(self)
-        with self._lock:
-            self._refresh()
-            self._reap(force=True)
+        with ctx.lock:
+            ctx.refresh()
+            ctx.reap(force=True)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
     @property
     def recovery(self) -> RecoveryReport:
         """What opening and scanning found: quarantined files, damaged records, repairs."""
-        return self._ring.report
+        return self._ctx.ring.report
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._ctx.closed
+
+    @property
+    def features(self) -> frozenset[str]:
+        """The optional features of ringq/backend.py this queue has: all of them."""
+        return FEATURES
+
+    @property
+    def location(self) -> str:
+        """The queue's directory."""
+        return str(self.path)
+
+    def reopen_options(self) -> dict[str, Any]:
+        """Keyword arguments that open this queue again with the same settings (``self.options``)."""
+        return self.options.to_kwargs()
 
     def close(self) -> None:
         """Close the queue (idempotent).  Leases held are not released: they expire or are reclaimed."""
-        with self._lock:
-            if self._closed:
+        with self._ctx.lock:
+            if self._ctx.closed:
                 return
-            self._closed = True
+            self._ctx.closed = True
             if self._waiters:
                 # Threads asleep in lease or wait_for_wake hold pointers into the mappings: wake
                 # them (they then see the queue closed) and let them leave before unmapping.
-                self._ring.ctl.wake()
+                self._ctx.ring.ctl.wake()
                 self._idle.wait_for(lambda: not self._waiters, timeout=10)
-            self._index.clear()
-            self._gate.close()
-            self._ring.close()
-            self._owners.close()
-            self._pause.close()
+            self._ctx.close()
             self._results.close()
+            self._schedules.close()
 
     @contextlib.contextmanager
     def _asleep(self) -> Iterator[None]:
         """Around a sleep outside the queue lock on the shared mappings: counted, so that
         :meth:`close` wakes the sleeper and waits for it to leave before unmapping.  Raises
         QueueClosedError if the queue is closed already."""
-        with self._lock:
-            self._live()
+        with self._ctx.lock:
+            self._ctx.live()
             self._waiters += 1
         try:
             yield
         finally:
-            with self._lock:
+            with self._ctx.lock:
                 self._waiters -= 1
                 if not self._waiters:
                     self._idle.notify_all()
@@ -257,10 +262,9 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
     def drop_inherited_locks(self) -> None:
         """In a forked child (ringq/forksafe.py): a parent thread may have been inside a call of
         this queue at the fork, holding its lock, which no thread of the child will ever release."""
-        self._lock = threading.RLock()
-        self._idle = threading.Condition(self._lock)
+        self._ctx.new_lock()
+        self._idle = threading.Condition(self._ctx.lock)
         self._waiters = 0
-        self._producer.lock = self._lock
 
     def _companion(self, name: str) -> Queue:
         """A queue in the same directory with this one's settings (the results queue)."""
@@ -278,20 +282,17 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
         # there: the exit hook of ringq/durability.py already flushed, and the OS drops the
         # descriptors, mappings and flocks.  Otherwise close only if the queue lock is free.
         try:
-            if self._closed or sys.is_finalizing():
+            if self._ctx.closed or sys.is_finalizing():
                 return
-            if not self._lock.acquire(blocking=False):
+            if not self._ctx.lock.acquire(blocking=False):
                 return
             try:
                 self.close()
             finally:
-                self._lock.release()
+                self._ctx.lock.release()
         except Exception:
             pass
 
-    def _live(self) -> None:
-        if self._closed:
-            raise QueueClosedError(f"queue {self.name!r} in {self.path} is closed")
 
     # -- enqueue ------------------------------------------------------------------------------------
 
@@ -328,9 +329,9 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
             DuplicateJobError (a unique window is open and its job already retired).
         """
         if unique_for is None and job_id is None:  # the common case, without enqueue_many's lists
-            if self._closed:
-                self._live()
-            return self._producer.enqueue_one(
+            if self._ctx.closed:
+                self._ctx.live()
+            return self._ctx.producer.enqueue_one(
                 payload, priority, due_delay(delay), self.max_attempts if max_attempts is None else max_attempts,
                 key, None if expires_in is None and expires_at is None else expiry_ms(expires_in, expires_at))
 
@@ -343,8 +344,8 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
             return add()
         if key is None:
             raise LimitError("unique_for needs a key: enqueue(..., key=..., unique_for=seconds)")
-        self._live()
-        return self._gate.enqueue_unique(key, unique_for, add, self.get)
+        self._ctx.live()
+        return self._ctx.gate.enqueue_unique(key, unique_for, add, self.get)
 
     def enqueue_many(self, payloads: Sequence[Any], *, priority: int = 0, delay: float = 0.0,
                      max_attempts: int | None = None, job_ids: Sequence[str] | None = None,
@@ -355,48 +356,17 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
 
         Every payload is encoded before anything is written: if one fails, none is stored.
         """
-        self._live()
+        self._ctx.live()
         attempts = self.max_attempts if max_attempts is None else max_attempts
-        return self._producer.enqueue(list(payloads), priority, due_delay(delay), attempts,
+        return self._ctx.producer.enqueue(list(payloads), priority, due_delay(delay), attempts,
                                       None if job_ids is None else list(job_ids), key,
                                       expiry_ms(expires_in, expires_at))
 
     # -- catching up ----------------------------------------------------------------------------------
 
-    def _refresh(self, relocate: bool = True, quick: bool = False) -> None:
-        """Catch up with other processes; segments seen sealed for the first time are offered for
-        straggler relocation (unless ``relocate`` is False), and any copies read in.  ``quick``:
-        skip it if nothing was appended, returned or rotated since the last one (Index.catch_up)."""
-        sealed = self._index.catch_up(quick)
-        if relocate and sum(self._relocator.offer(view) for view in sealed):
-            self._refresh(relocate=False)  # map and read the copies (they may have rotated the tail)
 
-    def _reap(self, force: bool = False) -> int:
-        before = self._reaper.last
-        n = self._reaper.reap(force)
-        if self._reaper.last != before:  # a pass ran: offer sealed segments for relocation too
-            moved = 0
-            for view in list(self._index.views.values()):
-                if view.sealed:
-                    moved += self._relocator.offer(view)
-            if moved:  # read the copies in: what follows (a purge, a count) must see them
-                self._refresh(relocate=False)
-        return n
 
-    def _settle(self, force: bool = True) -> None:
-        """Catch up and reclaim expired and dead holders' leases, before a call that changes
-        state: read-only calls already show such a lease as what reclaiming makes it (READY or
-        DEAD), so a change must act on that state, not on the word still stored.  ``force``
-        scans now; otherwise the reaper's own schedule decides (cheap: the hot ack path, which
-        catches up only when a scan is due -- the job it settles is found, or caught up with, by
-        ringq/leases.py's locate)."""
-        if force or self._reaper.due():
-            self._refresh()
-            if self._reap(force):
-                self._refresh()
 
-    def _job_at(self, segseq: int, slot: int, word: int | None = None) -> Job:
-        return snapshot.job_at(self._ring, self._index.views[segseq].seg, slot, word)
 
     # -- lease --------------------------------------------------------------------------------------
 
@@ -422,7 +392,7 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
         Raises:
             QueueClosedError; ValueError for bad arguments.
         """
-        self._live()
+        self._ctx.live()
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             raise ValueError(f"count must be an int >= 1, got {count!r}")
         if wait is not None and (not isinstance(wait, (int, float)) or wait != wait):
@@ -433,58 +403,58 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
             raise ValueError(f"visibility_timeout must be > 0 seconds, got {vt!r}")
         deadline = None if not wait else time.monotonic() + wait
         got: list[Job] = []
-        ctl = self._ring.ctl
-        claim = self._leases.claim
-        pause = self._pause
+        ctl = self._ctx.ring.ctl
+        claim = self._ctx.leases.claim
+        pause = self._ctx.pause
         skip = lambda v, s: pause.blocks(v.seg, s)  # noqa: E731  (per-key pause)
         direct = None
         while True:
             seen = ctl.wake_word()
-            with self._lock:
-                self._live()
-                self._refresh(quick=True)
-                if self._reap():
-                    self._refresh()  # the reclaimed jobs moved their segments' change counters
+            with self._ctx.lock:
+                self._ctx.live()
+                self._ctx.refresh(quick=True)
+                if self._ctx.reap():
+                    self._ctx.refresh()  # the reclaimed jobs moved their segments' change counters
                 direct = None
                 if not pause.queue_paused():  # a paused queue leases nothing; resume wakes sleepers
                     # With no limit and no paused key, plain jobs are leased in one C call each.
-                    direct = (None if self._gate.active() or pause.paused_keys()
-                              else self._leases.direct(vt, detach))
+                    direct = (None if self._ctx.gate.active() or pause.paused_keys()
+                              else self._ctx.leases.direct(vt, detach))
                     floor_ms = time.time_ns() // 1_000_000 + int(vt * 1000)
                     if direct is not None:
                         direct.taken = 0
-                    got.extend(self._index.take(count - len(got),
-                                                lambda v, s, w, now: claim(v, s, w, now, vt, detach), self._gate,
+                    got.extend(self._ctx.index.take(count - len(got),
+                                                lambda v, s, w, now: claim(v, s, w, now, vt, detach), self._ctx.gate,
                                                 skip, direct))
                     if direct is not None and direct.taken:  # they expire no sooner than this
                         ctl.lower_deadline_floor(floor_ms)
-                next_due = self._index.next_due_ms()
+                next_due = self._ctx.index.next_due_ms()
             if got or deadline is None:  # blocks only while nothing at all is leasable
                 return got
             left = deadline - time.monotonic()
             if left <= 0:
                 return got
-            nap = min(left, REAP_INTERVAL, self._reaper.until_floor())  # dead holders: seen within REAP_INTERVAL
+            nap = min(left, REAP_INTERVAL, self._ctx.reaper.until_floor())  # dead holders: seen within REAP_INTERVAL
             if next_due is not None:
                 nap = min(nap, max(0.0, next_due / 1000 - time.time()) + 0.001)
-            held_back = self._gate.nap()  # until a limit that holds a job back may let it go
+            held_back = self._ctx.gate.nap()  # until a limit that holds a job back may let it go
             if held_back is not None:
                 nap = min(nap, held_back)
             with self._asleep():
-                if direct is None or self._index.heap:
+                if direct is None or self._ctx.index.heap:
                     ctl.sleep(seen, nap, self.spin)
                     leased = None
                 else:  # nothing leasable known: wait, and lease a job appended meanwhile in C
-                    leased = self._leases.wait_claim(seen, nap, self.spin, direct)
+                    leased = self._ctx.leases.wait_claim(seen, nap, self.spin, direct)
             if leased is not None:
-                with self._lock:
-                    self._live()
-                    if self._gate.active() or pause.queue_paused() or pause.paused_keys():
+                with self._ctx.lock:
+                    self._ctx.live()
+                    if self._ctx.gate.active() or pause.queue_paused() or pause.paused_keys():
                         # A limit or a pause appeared while we slept: the C call knew nothing of it.
-                        self._leases.unclaim(leased)
+                        self._ctx.leases.unclaim(leased)
                         continue
-                    self._refresh(quick=True)  # reads the new record in
-                    job = self._leases.waited(leased, direct)
+                    self._ctx.refresh(quick=True)  # reads the new record in
+                    job = self._ctx.leases.waited(leased, direct)
                 if job is not None:
                     got.append(job)  # the next pass adds what else is due, without waiting
 
@@ -495,8 +465,8 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
         appended in between is never slept through.  For callers that lease without blocking
         (an event loop) and wait for work in another thread.
         """
-        self._live()
-        return self._ring.ctl.wake_word()
+        self._ctx.live()
+        return self._ctx.ring.ctl.wake_word()
 
     def wait_for_wake(self, token: int, timeout: float) -> None:
         """Block until the wake counter moves from ``token``, a delayed job seen by this process's
@@ -507,19 +477,19 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
         lock while sleeping, so other threads keep using the queue.  Spurious returns are
         allowed: callers look for work again and wait again.
         """
-        self._live()
-        nap = min(timeout, self._reaper.until_floor())
-        with self._lock:
-            next_due = self._index.next_due_ms()
+        self._ctx.live()
+        nap = min(timeout, self._ctx.reaper.until_floor())
+        with self._ctx.lock:
+            next_due = self._ctx.index.next_due_ms()
             if next_due is not None and next_due / 1000 > time.time():
                 nap = min(nap, next_due / 1000 - time.time() + 0.001)
         with self._asleep():
-            self._ring.ctl.sleep(token, nap, self.spin)
+            self._ctx.ring.ctl.sleep(token, nap, self.spin)
 
     def wake(self) -> None:
         """Wake every thread and process sleeping in :meth:`lease` or :meth:`wait_for_wake` on this queue."""
-        self._live()
-        self._ring.ctl.wake()
+        self._ctx.live()
+        self._ctx.ring.ctl.wake()
 
     def lease_one(self, *, visibility_timeout: float | None = None, wait: float | None = None,
                   detach: bool = False) -> Job | None:
@@ -529,7 +499,7 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
 
     # -- ack / nack / extend ------------------------------------------------------------------------
 
-    def ack(self, job: Job | str, *, result: Any = _NO_RESULT, result_ttl: float = DEFAULT_RESULT_TTL) -> None:
+    def ack(self, job: Job | str, *, result: Any = NO_RESULT, result_ttl: float = DEFAULT_RESULT_TTL) -> None:
         """Mark a leased job done.  Acking it again (same token, or by bare id) is harmless.
 
         Passing the :class:`Job` checks its fencing token; passing a bare id does not (for
@@ -543,34 +513,34 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
         Raises NotLeasedError (not leased, or stale token), JobNotFoundError, SerializationError
         (a result that cannot be stored: the job is not acked).
         """
-        self._live()
-        if result is not _NO_RESULT:
-            with self._lock:  # fencing first: a stale holder must not store a result
-                view, slot, w, job_id, token = self._leases.word_for(job, self.name, "ack")
+        self._ctx.live()
+        if result is not NO_RESULT:
+            with self._ctx.lock:  # fencing first: a stale holder must not store a result
+                view, slot, w, job_id, token = self._ctx.leases.word_for(job, self.name, "ack")
                 repeated = state(w) == ST_DONE and (token is None or lease_count(w) == token)
                 if not repeated:
                     transitions.require_lease(w, job_id, token, "ack")
             if not repeated:  # a repeated ack is harmless and stores nothing
                 self._results.store(job_id, result, result_ttl)
-        with self._lock:
-            self._settle(force=False)
-            self._leases.ack(job, self.name)
-        self._ring.dur.sync_acks_now()
+        with self._ctx.lock:
+            self._ctx.settle(force=False)
+            self._ctx.leases.ack(job, self.name)
+        self._ctx.ring.dur.sync_acks_now()
 
     def ack_many(self, jobs: Iterable[Job | str]) -> None:
         """Ack every job of ``jobs`` (as :meth:`ack`), with one sync for all of them under
         ``sync_acks=True``.  Every job that can be acked is; then the first refusal
         (NotLeasedError, JobNotFoundError) is raised."""
-        self._live()
+        self._ctx.live()
         first: Exception | None = None
-        with self._lock:
-            self._settle(force=False)
+        with self._ctx.lock:
+            self._ctx.settle(force=False)
             for job in jobs:
                 try:
-                    self._leases.ack(job, self.name)
+                    self._ctx.leases.ack(job, self.name)
                 except (NotLeasedError, JobNotFoundError) as exc:
                     first = first or exc
-        self._ring.dur.sync_acks_now()
+        self._ctx.ring.dur.sync_acks_now()
         if first is not None:
             raise first
 
@@ -587,39 +557,269 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
         Raises:
             NotLeasedError, JobNotFoundError, ValueError (negative delay).
         """
-        self._live()
+        self._ctx.live()
         if delay is not None and not 0 <= delay <= MAX_DELAY:
             raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
-        with self._lock:
-            self._settle(force=False)
-            out = self._leases.nack(job, self.name, error, delay, self.backoff, self._rng)
-        self._ring.dur.sync_acks_now()
+        with self._ctx.lock:
+            self._ctx.settle(force=False)
+            out = self._ctx.leases.nack(job, self.name, error, delay, self.backoff, self._rng)
+        self._ctx.ring.dur.sync_acks_now()
         return out
 
     def extend(self, job: Job | str, seconds: float) -> Job:
         """Push a lease's deadline to ``max(deadline, now) + seconds``.  Raises NotLeasedError if lost."""
-        self._live()
+        self._ctx.live()
         if not 0 < seconds < TIME_MAX / 1000:
             raise ValueError(f"seconds must be > 0 (and finite), got {seconds!r}")
-        with self._lock:
-            self._settle(force=False)
-            return self._leases.extend(job, self.name, seconds)
+        with self._ctx.lock:
+            self._ctx.settle(force=False)
+            return self._ctx.leases.extend(job, self.name, seconds)
+
+    # -- reads and whole-queue operations, lifecycle, limits, periodic jobs -------------------------
+
+    def sync_counters(self) -> dict[str, int]:
+        """Durability counters (for tests and tools): this process's ``append_syncs``, ``covered``
+        (appends another producer's sync covered), ``state_syncs``, ``pending`` and ``flusher``
+        (1 while its flusher runs), and ``queue_append_syncs`` by every process since creation."""
+        return self._admin.sync_counters()
+
+    def introspect(self) -> dict[str, Any]:
+        """Read-only engine words (for tests and tools): ``tail_segment``, ``next_seq``,
+        ``slot_size``, ``slot_count``, ``lock_waiters``, ``synced_position``, ``segments`` (seq ->
+        tail, records, sealed, retired) and ``known_ids`` (ids this process's index remembers)."""
+        return self._admin.introspect()
+
+    def import_jobs(self, jobs: Sequence[Job], *, source: str | None = None) -> int:
+        """Store jobs brought from elsewhere (another queue's snapshot), keeping their state.
+
+        ``source`` names the queue they come from (``ringq.ids.source_tag(queue)``): a job whose id
+        has the automatic form (16 hex digits, unique only within its own queue) is stored as
+        ``<source>-<id>`` (``ringq.ids.migrated_id``), the same on every run.  Without ``source``
+        such an id is refused (ValueError, nothing written).
+
+        Each job keeps its ``id``, ``payload``, ``priority``, ``attempts``, ``max_attempts``,
+        ``last_error`` and ``available_at`` (an absolute time: a past one is due at once); a DEAD
+        job is stored in the dead-letter queue, any other state as READY.  Ids make it idempotent:
+        a job whose id is retained is not written again, so an import killed midway can simply be
+        rerun.  All of it is one append under the writer lock (one durability sync); every payload
+        is encoded first.
+
+        Returns:
+            How many jobs were written (those whose id was not retained yet).
+        Raises:
+            SerializationError (nothing written), ValueError (an empty id, attempts out of range),
+            RecordTooLargeError, QueueFullError, QueueClosedError.
+        """
+        return self._admin.import_jobs(jobs, source=source)
+
+    def get(self, job_id: str) -> Job:
+        """The job with this id (a snapshot).  Raises JobNotFoundError if it is not retained."""
+        return self._admin.get(job_id)
+
+    def list_jobs(self, state: JobState | str | None = None, *, limit: int | None = None) -> list[Job]:
+        """Retained jobs in enqueue order, optionally only those in ``state``, at most ``limit``.
+
+        ``state`` is a :class:`JobState` (or its value) or ``"delayed"``: READY jobs not yet due
+        (``"ready"`` includes them, as in nobroker).  ``limit=None`` means all.  Raises ValueError
+        for an unknown state or a negative limit.
+        """
+        return self._admin.list_jobs(state, limit=limit)
+
+    def dlq(self, *, limit: int | None = None) -> list[Job]:
+        """Dead-lettered jobs, oldest first."""
+        return self._admin.dlq(limit=limit)
+
+    def requeue_dead(self, job_id: str | None = None) -> int:
+        """Move dead-lettered jobs (one, or all) back to READY with attempts reset; returns how many.
+
+        The job keeps its id; it is re-appended as a new record that supersedes the dead one.
+        Raises JobNotFoundError, or NotLeasedError if ``job_id`` is not dead.
+        """
+        return self._admin.requeue_dead(job_id)
+
+    def discard_dead(self, job_id: str) -> None:
+        """Remove one job of the dead-letter queue for good (DEAD -> GONE, as :meth:`purge` does
+        to every job).  Raises JobNotFoundError, or NotLeasedError if the job is not dead."""
+        return self._admin.discard_dead(job_id)
+
+    def purge(self) -> int:
+        """Remove every retained job (ready, delayed, leased, done, dead); returns how many: every
+        job :meth:`stats` would have counted in ``total`` just before.
+
+        Runs under the writer lock, after catching up, so no record (a job enqueued, a straggler's
+        relocated copy) is published between what it reads and what it removes.  Nothing is
+        reclaimed, relocated or retired first: a purge removes jobs in whatever state they are."""
+        return self._admin.purge()
+
+    def compact(self) -> CompactionResult:
+        """Give back disk space now: retire every finished segment and relocate stragglers.
+
+        nobroker rewrites its log without finished jobs; ringq never rewrites a segment.  Instead
+        every sealed segment whose jobs are all finished is unlinked, and sealed segments kept
+        alive only by a few dead-lettered or long-delayed jobs have those jobs re-appended at the
+        tail first (straggler relocation: see docs/design-notes.md), then retired.  The tail
+        segment is never retired, and finished jobs in segments that still hold live jobs stay
+        (``get`` finds them) until those segments retire.
+
+        Returns:
+            A :class:`CompactionResult`: segment bytes before and after, jobs kept (unfinished:
+            ready, delayed, leased, dead) and finished jobs dropped.
+        Raises:
+            QueueClosedError; CompactionError if a segment could not be unlinked (the jobs are
+            untouched: a segment is unlinked only once none of its jobs is live).
+        """
+        return self._admin.compact()
+
+    def stats(self) -> QueueStats:
+        """Counts by state, each segment's from one copy of its state table, plus the cumulative
+        counters.  Read-only: a lease that has expired or whose holder died is counted as what
+        reclaiming it will make it (ready, or dead if its attempts are used up), though nothing is
+        written until some process leases.  Raises QueueClosedError."""
+        return self._admin.stats()
+
+    def cancel(self, job: Job | str) -> Job:
+        """Cancel a job.  A READY (pending or delayed) job becomes CANCELLED: terminal, never
+        leased.  A LEASED job is marked cancel-requested: its holder sees ``cancel_requested``
+        on its next :meth:`extend` (a Worker's heartbeat sets ``job.cancelled``), and its ack, nack
+        or lost lease ends it CANCELLED instead of DONE or a retry.  Cancelling again is harmless.
+
+        Returns:
+            The job's snapshot after the cancel (CANCELLED, or LEASED with ``cancel_requested``).
+        Raises:
+            JobFinishedError (done, expired or dead-lettered), JobNotFoundError, QueueClosedError.
+        """
+        return self._lifecycle.cancel(job)
+
+    def pause(self, key: str | None = None) -> None:
+        """Stop leases of the whole queue (``key=None``) or of the jobs of one key, in every
+        process at once and across restarts, until :meth:`resume`.  Enqueues still succeed.
+        Raises ValueError for a key longer than 56 bytes or when 63 keys are paused already."""
+        return self._lifecycle.pause(key)
+
+    def resume(self, key: str | None = None) -> None:
+        """Undo :meth:`pause` (of the queue, or of one key) and wake every sleeping lease."""
+        return self._lifecycle.resume(key)
+
+    def paused(self) -> dict[str, Any]:
+        """``{"queue": bool, "keys": sorted list of paused keys}``."""
+        return self._lifecycle.paused()
+
+    def progress(self, job: Job | str, fraction: float, message: str | None = None) -> None:
+        """Report a leased job's progress: ``fraction`` in [0, 1] and an optional message, shown
+        as ``Job.progress``/``progress_message`` by :meth:`get` and :meth:`list_jobs` for the rest
+        of this lease.  Fenced like :meth:`ack`: a stale holder is refused with NotLeasedError.
+        Raises ValueError for a fraction outside [0, 1], JobNotFoundError."""
+        return self._lifecycle.progress(job, fraction, message)
+
+    def result(self, job_id: str | Job, *, wait: float | None = None) -> Any:
+        """The result stored by ``ack(job, result=...)`` for ``job_id``.
+
+        Args:
+            job_id: the job (or its id).
+            wait: seconds to block until the result is stored (woken by the storing process's
+                futex wake, not by polling); None or 0 returns at once.
+
+        Raises:
+            ResultNotFoundError (a JobNotFoundError): none stored within ``wait``, its ``result_ttl``
+            passed, or the job finished without one (dead-lettered, cancelled, expired, or acked
+            without a result: then it is raised at once).  QueueClosedError.
+        """
+        return self._lifecycle.result(job_id, wait=wait)
+
+    def limit(
+        self,
+        name: str,
+        *,
+        concurrency: int | None = None,
+        rate: tuple[int, float] | None = None,
+        burst: int | None = None,
+    ) -> None:
+        """Set the limit of key ``name`` (or of every job of this queue, when ``name`` is the
+        queue's name), for every process on the host at once; it persists in ``<name>.limits``.
+
+        Args:
+            name: a job key (``enqueue(..., key=name)``) or this queue's name.
+            concurrency: most leases of such jobs held at once (1..4096).  A holder's slot is
+                freed by its ack or nack, or at once when its process dies.
+            rate: ``(count, per)``: ``count`` leases per ``per`` seconds, spaced evenly (a token
+                bucket, exact across processes): in any span of ``t`` seconds at most
+                ``burst + t * count / per`` leases.  A 2-tuple: an int count (not a bool) in
+                1..2**32-1 and a finite number of seconds > 0.
+            burst: tokens the bucket holds when full: how many leases may start at once after
+                an idle spell (default: the tokens of 50 ms, at least 2, so that a consumer
+                woken a few ms late does not lose its token).
+            Neither ``concurrency`` nor ``rate``: remove the limit.
+        Raises:
+            LimitError: bad values, or all 64 limits of the queue in use.  LimitsFileError: the
+            limits file is damaged.  QueueClosedError.
+        """
+        return self._limits.limit(name, concurrency=concurrency, rate=rate, burst=burst)
+
+    def limits(self) -> list[LimitInfo]:
+        """Every limit of this queue with its live use (``running`` leases, next token)."""
+        return self._limits.limits()
+
+    def schedule(
+        self,
+        name: str,
+        payload: Any,
+        *,
+        cron: str | None = None,
+        every: float | None = None,
+        tz: str = "UTC",
+        priority: int = 0,
+        max_attempts: int | None = None,
+    ) -> Schedule:
+        """Create or replace the periodic job ``name``: one job with ``payload`` per tick.
+
+        Give exactly one of ``every`` (seconds; ticks at creation + k * every) or ``cron`` (a
+        5-field cron expression, or 6 with seconds first, evaluated in time zone ``tz``, an IANA
+        name).  Every tick enqueues exactly one job, whichever and however many processes serve
+        the queue (a ``Worker``, or :meth:`run_schedules`), with the idempotent id
+        ``schedule:<name>:<tick ms since the Unix epoch>``; ticks missed while nothing ran give one
+        catch-up job.  Calling it again with the same arguments changes nothing; with another
+        payload, priority or max_attempts it replaces those and keeps the ticks; with other
+        timing it starts the ticks afresh.  Stored durably in ``<name>.sched`` (docs/schedules.md).
+
+        Returns:
+            The :class:`Schedule` (``next_fire``: seconds since the Unix epoch).
+        Raises:
+            ValueError for a bad name, cron expression, time zone (not a str naming a known
+            IANA zone), interval or priority;
+            SerializationError for the payload; ScheduleFileError for a damaged schedule file.
+        """
+        return self._schedules.schedule(name, payload, cron=cron, every=every, tz=tz, priority=priority, max_attempts=max_attempts)
+
+    def schedules(self) -> list[Schedule]:
+        """The periodic jobs of this queue (:class:`Schedule`), oldest first."""
+        return self._schedules.schedules()
+
+    def unschedule(self, name: str) -> None:
+        """Delete the periodic job ``name`` (jobs it already enqueued stay).
+
+        Raises:
+            ScheduleNotFoundError (a KeyError) if there is none.
+        """
+        return self._schedules.unschedule(name)
+
+    def run_schedules(self) -> list[Job]:
+        """Enqueue the job of every periodic job whose tick is due; returns those enqueued.
+
+        ``Worker`` calls this itself; scripts without a worker call it now and then (at the latest
+        by :meth:`next_schedule_fire`).  Safe to call from any number of processes at once.
+        """
+        return self._schedules.run_schedules()
+
+    def next_schedule_fire(self) -> float | None:
+        """Seconds until the earliest tick of any periodic job (<= 0: due now), or None if there
+        are none.  Cheap: one read of shared memory."""
+        return self._schedules.next_schedule_fire()
+
+    def __len__(self) -> int:
+        """Number of retained jobs (``stats().total``)."""
+        return self.stats().total
 
     def __repr__(self) -> str:
         return f"Queue({str(self.path)!r}, name={self.name!r}, durability={self.durability!r})"
 
 
-def expiry_ms(expires_in: float | None, expires_at: float | None) -> int | None:
-    """The absolute expiry (ms since the Unix epoch) of ``expires_in``/``expires_at``; ValueError
-    for both, a negative or non-finite value."""
-    if expires_in is not None and expires_at is not None:
-        raise ValueError("give expires_in or expires_at, not both")
-    if expires_in is not None:
-        if not 0 <= expires_in < TIME_MAX / 1000:
-            raise ValueError(f"expires_in must be a finite number of seconds from 0 to about 34 years, got {expires_in!r}")
-        return int(time.time() * 1000 + expires_in * 1000)
-    if expires_at is not None:
-        if not 0 <= expires_at < 2**62 / 1000:
-            raise ValueError(f"expires_at must be seconds since the Unix epoch, got {expires_at!r}")
-        return int(expires_at * 1000)
-    return None

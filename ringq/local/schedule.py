@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 from ringq import codec
 from ringq.engine.mapped import Mapped, crc32c, fsync_dir
 from ringq.engine.owner import OwnerRegistry
-from ringq.errors import CorruptionError, FormatVersionError, RingqError
+from ringq.errors import CorruptionError, FormatVersionError, QueueClosedError, RingqError
 
 if TYPE_CHECKING:
     from ringq.job import Job
@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Schedule",
     "Scheduler",
+    "Schedules",
     "ScheduleFileError",
     "ScheduleNotFoundError",
     "job_id_for",
@@ -779,19 +780,25 @@ def _uid(defs: list[_Def]) -> int:
             return u
 
 
-_SCHEDULER_LOCK = threading.Lock()  # creates each queue's Scheduler once, on first use
-
-
-class ScheduleMethods:
-    """The periodic-jobs part of :class:`ringq.Queue`'s API (a mixin).  Each queue's
+class Schedules:
+    """The periodic jobs of one local queue (the API is :class:`ringq.Queue`'s).  Its
     :class:`Scheduler` is made on first use, so a queue without schedules never maps their files."""
 
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+        self._made: Scheduler | None = None
+        self._making = threading.Lock()
+
     def _scheduler(self) -> Scheduler:
-        with _SCHEDULER_LOCK:
-            sch = self.__dict__.get("_schedules_obj")
-            if sch is None:
-                sch = self.__dict__["_schedules_obj"] = Scheduler(self)  # type: ignore[arg-type]
-            return sch
+        with self._making:
+            if self._made is None:
+                self._made = Scheduler(self.queue)
+            return self._made
+
+    def close(self) -> None:
+        with self._making:
+            if self._made is not None:
+                self._made.close()
 
     def schedule(
         self,
@@ -804,24 +811,7 @@ class ScheduleMethods:
         priority: int = 0,
         max_attempts: int | None = None,
     ) -> Schedule:
-        """Create or replace the periodic job ``name``: one job with ``payload`` per tick.
-
-        Give exactly one of ``every`` (seconds; ticks at creation + k * every) or ``cron`` (a
-        5-field cron expression, or 6 with seconds first, evaluated in time zone ``tz``, an IANA
-        name).  Every tick enqueues exactly one job, whichever and however many processes serve
-        the queue (a ``Worker``, or :meth:`run_schedules`), with the idempotent id
-        ``schedule:<name>:<tick ms since the Unix epoch>``; ticks missed while nothing ran give one
-        catch-up job.  Calling it again with the same arguments changes nothing; with another
-        payload, priority or max_attempts it replaces those and keeps the ticks; with other
-        timing it starts the ticks afresh.  Stored durably in ``<name>.sched`` (docs/schedules.md).
-
-        Returns:
-            The :class:`Schedule` (``next_fire``: seconds since the Unix epoch).
-        Raises:
-            ValueError for a bad name, cron expression, time zone (not a str naming a known
-            IANA zone), interval or priority;
-            SerializationError for the payload; ScheduleFileError for a damaged schedule file.
-        """
+        """As :meth:`ringq.Queue.schedule`."""
         return self._scheduler().add(
             name,
             payload,
@@ -833,28 +823,21 @@ class ScheduleMethods:
         )
 
     def schedules(self) -> list[Schedule]:
-        """The periodic jobs of this queue (:class:`Schedule`), oldest first."""
+        """As :meth:`ringq.Queue.schedules`."""
         return self._scheduler().list()
 
     def unschedule(self, name: str) -> None:
-        """Delete the periodic job ``name`` (jobs it already enqueued stay).
-
-        Raises:
-            ScheduleNotFoundError (a KeyError) if there is none.
-        """
+        """As :meth:`ringq.Queue.unschedule`."""
         self._scheduler().remove(name)
 
     def run_schedules(self) -> list[Job]:
-        """Enqueue the job of every periodic job whose tick is due; returns those enqueued.
-
-        ``Worker`` calls this itself; scripts without a worker call it now and then (at the latest
-        by :meth:`next_schedule_fire`).  Safe to call from any number of processes at once.
-        """
-        self._live()  # type: ignore[attr-defined]
+        """As :meth:`ringq.Queue.run_schedules`."""
+        if self.queue.closed:
+            raise QueueClosedError(f"queue {self.queue.name!r} in {self.queue.path} is closed")
         return self._scheduler().run_due()
 
     def next_schedule_fire(self) -> float | None:
-        """Seconds until the earliest tick of any periodic job (<= 0: due now), or None if there
-        are none.  Cheap: one read of shared memory."""
-        self._live()  # type: ignore[attr-defined]
+        """As :meth:`ringq.Queue.next_schedule_fire`."""
+        if self.queue.closed:
+            raise QueueClosedError(f"queue {self.queue.name!r} in {self.queue.path} is closed")
         return self._scheduler().due_in()

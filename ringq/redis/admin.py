@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from ringq import codec
+from ringq.backend import QueueStats
 from ringq.errors import NotLeasedError, SerializationError
 from ringq.ids import check_caller_id, renamed
 from ringq.job import Job, JobState
-from ringq.local.queue import QueueStats
 
 from .scripts import Scripts, refuse
 from .scripts import job_from_reply as _job

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ringq.backend import check_fraction
 from ringq.errors import JobFinishedError
 from ringq.job import Job
-from ringq.local.lifecycle import check_fraction
 from ringq.results import Results, finished_without
 
 from .scripts import PAUSE, Scripts, job_from_reply, refuse
@@ -74,4 +74,4 @@ class RedisLifecycleMethods:
         wake list (at most a second at a time)."""
         self._scripts.live()
         jid = job_id.id if isinstance(job_id, Job) else job_id
-        return self._results.wait(jid, wait, lambda: finished_without(self, self._results, jid))
+        return self._results.wait(jid, wait, lambda: finished_without(self.get, self._results, jid))

@@ -28,19 +28,22 @@ from collections.abc import Sequence
 from typing import Any
 
 from ringq import codec
+from ringq.backend import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_RESULT_TTL,
+    DEFAULT_VISIBILITY_TIMEOUT,
+    MAX_DELAY,
+    NO_RESULT,
+    check_attempts,
+    check_queue_name,
+    due_delay,
+    expiry_ms,
+)
 from ringq.backoff import BackoffPolicy
 from ringq.errors import MissingExtraError, SerializationError
 from ringq.ids import check_caller_id
 from ringq.job import Job, JobState
-from ringq.local.queue import (
-    _NO_RESULT,
-    DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_VISIBILITY_TIMEOUT,
-    MAX_ATTEMPTS_LIMIT,
-    due_delay,
-    expiry_ms,
-)
-from ringq.results import DEFAULT_RESULT_TTL, Results
+from ringq.results import Results
 
 from .admin import RedisAdminMethods
 from .lifecycle import RedisLifecycleMethods
@@ -50,13 +53,6 @@ from .scripts import job_from_reply as _job
 __all__ = ["RedisQueue", "client_for", "guard", "redact_url"]
 
 MAX_NAP = 1.0  # seconds: longest single BLPOP, bounding how late a wake-up pushed elsewhere is seen
-MAX_DELAY = 86400 * 365 * 33  # seconds: as the local queue's limit
-
-
-def _name_ok(name: str) -> bool:
-    from ringq.engine.ring import NAME_RE
-
-    return isinstance(name, str) and bool(NAME_RE.match(name))
 
 
 class RedisQueue(RedisAdminMethods, RedisLifecycleMethods):
@@ -121,11 +117,10 @@ class RedisQueue(RedisAdminMethods, RedisLifecycleMethods):
         unknown = set(local_options) - self._LOCAL_ONLY
         if unknown:
             raise TypeError(f"RedisQueue got unexpected keyword arguments {sorted(unknown)}")
-        if not _name_ok(name):
-            raise ValueError(f"queue name must match [A-Za-z0-9_-]{{1,64}}, got {name!r}")
+        check_queue_name(name)
         if not 0 < visibility_timeout < MAX_DELAY:
             raise ValueError(f"visibility_timeout must be > 0 seconds, got {visibility_timeout!r}")
-        _check_attempts(max_attempts)
+        check_attempts(max_attempts)
         if not retain_done >= 0:
             raise ValueError(f"retain_done must be >= 0 seconds, got {retain_done!r}")
         if not isinstance(min_replicas, int) or min_replicas < 0:
@@ -243,7 +238,7 @@ class RedisQueue(RedisAdminMethods, RedisLifecycleMethods):
                 f"delay must be between 0 and about 33 years (in seconds), got {delay!r}"
             )
         attempts = self.max_attempts if max_attempts is None else max_attempts
-        _check_attempts(attempts)
+        check_attempts(attempts)
         args: list[Any] = [priority, int(round(delay * 1000)), attempts, len(payloads)]
         for jid, payload in zip(ids, payloads):
             kind, data = codec.encode(payload)
@@ -351,11 +346,11 @@ class RedisQueue(RedisAdminMethods, RedisLifecycleMethods):
     # -- ack / nack / extend ---------------------------------------------------------------------------
 
     def ack(
-        self, job: Job | str, *, result: Any = _NO_RESULT, result_ttl: float = DEFAULT_RESULT_TTL
+        self, job: Job | str, *, result: Any = NO_RESULT, result_ttl: float = DEFAULT_RESULT_TTL
     ) -> None:
         """Mark a leased job done; as :meth:`ringq.Queue.ack` (acking again is harmless).  A
         ``result`` is kept in the companion queue ``<name>-results`` on the same server."""
-        if result is not _NO_RESULT:
+        if result is not NO_RESULT:
             jid, tok = (job.id, int(job.lease_token or 0)) if isinstance(job, Job) else (job, -1)
             cur = self.get(jid)
             repeated = cur.state is JobState.DONE and (tok < 0 or int(cur.lease_token or 0) == tok)
@@ -409,6 +404,3 @@ class RedisQueue(RedisAdminMethods, RedisLifecycleMethods):
         return f"RedisQueue({redact_url(self.url)!r}, name={self.name!r})"
 
 
-def _check_attempts(n: int) -> None:
-    if not isinstance(n, int) or not 1 <= n <= MAX_ATTEMPTS_LIMIT:
-        raise ValueError(f"max_attempts must be an int in [1, {MAX_ATTEMPTS_LIMIT}], got {n!r}")

@@ -1,0 +1,111 @@
+"""What the parts of one local queue share: its engine objects, its lock, and the catch-up and
+reclaim steps that come before a read or a change.
+
+A :class:`ringq.Queue` owns one :class:`QueueContext` and hands it to each of its parts (the
+admin reads and whole-queue operations, the lifecycle calls, the limits), which name what they
+use from it.  Every attribute is meant for those parts; none is another object's private state.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from ringq.engine import snapshot
+from ringq.engine.index import Index
+from ringq.engine.lifecycle import PauseFile
+from ringq.engine.owner import OwnerRegistry
+from ringq.engine.reaper import Reaper
+from ringq.engine.relocate import Relocator
+from ringq.engine.ring import Ring
+from ringq.errors import QueueClosedError
+from ringq.job import Job
+
+from .leases import Leases
+from .limits import LimitGate
+from .producer import Producer
+
+__all__ = ["QueueContext"]
+
+
+class QueueContext:
+    """The engine objects of queue ``name`` in directory ``path`` for this process, and the
+    queue's lock (a ``threading.RLock`` every part takes around its use of them).
+
+    Attributes:
+        ring, index, reaper, relocator, owners, gate, leases, producer, pause: the engine's
+            segments, the reader's index, lease reclaiming, straggler relocation, lease owners,
+            the limits gate, claim/ack, enqueue and the pause file.
+        closed: True once the queue is closed (:meth:`live` then raises).
+    """
+
+    def __init__(self, ring: Ring, name: str, path: str, mode: int, auto_ids: bool) -> None:
+        self.ring = ring
+        self.name = name
+        self.path = path
+        self.lock = threading.RLock()
+        self.closed = False
+        self.owners = OwnerRegistry(os.path.join(path, f"{name}.owners"), mode)
+        self.index = Index(ring)
+        self.reaper = Reaper(ring, self.index, self.owners)
+        self.relocator = Relocator(ring, self.index, lambda: self.refresh(relocate=False))
+        self.gate = LimitGate(path, name, mode)  # concurrency caps, rate limits, unique windows
+        self.leases = Leases(ring, self.index, self.owners, self.relocator, self.refresh, self.gate)
+        self.producer = Producer(ring, self.index, self.lock, self.refresh, auto_ids)
+        self.pause = PauseFile(ring)
+
+    def new_lock(self) -> None:
+        """Replace the lock (in a forked child: a parent thread may have held the old one)."""
+        self.lock = threading.RLock()
+        self.producer.lock = self.lock
+
+    def live(self) -> None:
+        """Raise QueueClosedError if the queue is closed."""
+        if self.closed:
+            raise QueueClosedError(f"queue {self.name!r} in {self.path} is closed")
+
+    def refresh(self, relocate: bool = True, quick: bool = False) -> None:
+        """Catch up with other processes; segments seen sealed for the first time are offered for
+        straggler relocation (unless ``relocate`` is False), and any copies read in.  ``quick``:
+        skip it if nothing was appended, returned or rotated since the last one (Index.catch_up)."""
+        sealed = self.index.catch_up(quick)
+        if relocate and sum(self.relocator.offer(view) for view in sealed):
+            self.refresh(relocate=False)  # map and read the copies (they may have rotated the tail)
+
+    def reap(self, force: bool = False) -> int:
+        """Reclaim expired and dead holders' leases (on the reaper's schedule unless ``force``);
+        a pass that ran also offers sealed segments for relocation.  Returns the leases reclaimed."""
+        before = self.reaper.last
+        n = self.reaper.reap(force)
+        if self.reaper.last != before:
+            moved = 0
+            for view in list(self.index.views.values()):
+                if view.sealed:
+                    moved += self.relocator.offer(view)
+            if moved:  # read the copies in: what follows (a purge, a count) must see them
+                self.refresh(relocate=False)
+        return n
+
+    def settle(self, force: bool = True) -> None:
+        """Catch up and reclaim expired and dead holders' leases, before a call that changes
+        state: read-only calls already show such a lease as what reclaiming makes it (READY or
+        DEAD), so a change must act on that state, not on the word still stored.  ``force``
+        scans now; otherwise the reaper's own schedule decides (cheap: the hot ack path, which
+        catches up only when a scan is due -- the job it settles is found, or caught up with, by
+        ringq/local/leases.py's locate)."""
+        if force or self.reaper.due():
+            self.refresh()
+            if self.reap(force):
+                self.refresh()
+
+    def job_at(self, segseq: int, slot: int, word: int | None = None) -> Job:
+        """The snapshot of the job at ``slot`` of segment ``segseq`` (with ``word`` as its state)."""
+        return snapshot.job_at(self.ring, self.index.views[segseq].seg, slot, word)
+
+    def close(self) -> None:
+        """Release the engine objects (the caller holds the lock and woke its sleepers)."""
+        self.index.clear()
+        self.gate.close()
+        self.ring.close()
+        self.owners.close()
+        self.pause.close()

@@ -80,6 +80,7 @@ class Job:
     progress_message: str | None = None
     cancelled: Any = field(default=None, repr=False, compare=False)
     _loc: tuple[int, int] = field(default=(0, 0), repr=False, compare=False)
+    _acked: bool = field(default=False, repr=False, compare=False)  # this snapshot's ack went in
 
     def snapshot(self) -> Job:
         """A detached copy (a Job is already a snapshot; this is nobroker's spelling)."""

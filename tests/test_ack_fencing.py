@@ -50,3 +50,47 @@ def test_stale_ack_after_the_job_moved_out_of_a_retired_segment_is_refused(tmp_p
         with pytest.raises(NotLeasedError, match="moved"):
             q.nack(held)
         assert q.get(held.id).state is JobState.DEAD
+
+
+def _retire_first_segment(q: Queue) -> None:
+    """Seal the (16-slot) first segment and finish everything, so that it retires."""
+    q.enqueue({"next": 1})
+    for job in q.lease(32):
+        q.ack(job)
+    q.compact()
+
+
+def test_stale_ack_after_another_holder_finished_and_the_segment_retired_is_refused(tmp_path):
+    with Queue(tmp_path, visibility_timeout=0.05, slot_size=128, slot_count=16) as q:
+        q.enqueue_many([{"i": i} for i in range(16)])
+        stale = q.lease_one()
+        time.sleep(0.1)  # its lease expires; another holder takes the job and finishes it
+        batch = q.lease(16)
+        with pytest.raises(NotLeasedError):
+            q.ack(stale)
+        for job in batch:
+            q.ack(job)
+        _retire_first_segment(q)
+        with pytest.raises(NotLeasedError, match="segment retired"):
+            q.ack(stale)
+        with pytest.raises(NotLeasedError, match="segment retired"):
+            q.ack(stale, result={"r": 1})
+        with pytest.raises(NotLeasedError, match="segment retired"):
+            q.nack(stale)
+        with pytest.raises(NotLeasedError, match="segment retired"):
+            q.extend(stale, 10)
+        for job in batch:  # the holders whose acks went in: a repeat stays harmless
+            q.ack(job)
+            q.ack(job, result="again")  # stores nothing
+
+
+def test_ack_of_a_purged_job_is_refused_before_and_after_its_segment_retired(tmp_path):
+    for retire in (False, True):
+        with Queue(tmp_path / str(retire), slot_size=128, slot_count=16) as q:
+            q.enqueue_many([{"i": i} for i in range(16)])
+            held = q.lease_one()
+            q.purge()
+            if retire:
+                _retire_first_segment(q)
+            with pytest.raises(NotLeasedError, match="purged|segment retired"):
+                q.ack(held)

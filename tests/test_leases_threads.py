@@ -11,12 +11,13 @@ across processes, kills and expiries are tests/test_processes_history.py.
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
 
 from procs import spawn
 
-from ringq import Queue, Worker
+from ringq import NotLeasedError, Queue, Worker
 
 N = 4000
 PRODUCE = """
@@ -124,3 +125,48 @@ def test_lease_with_wait_returns_with_what_one_wake_up_brought(tmp_path):
         waited = time.monotonic() - t
         assert 0.15 < waited < 2.0 and 1 <= len(got) <= 30
         assert len(got) + len(q.lease(100)) == 30
+
+
+def test_a_lease_that_waited_for_the_queue_lock_is_handed_out_in_time(tmp_path):
+    """A waiting lease takes its job in C before it takes the queue lock; when another thread
+    holds the lock long (a list_jobs over many jobs), the lease must not reach the caller expired
+    -- possibly reclaimed and finished by another process meanwhile -- but extended from the
+    moment it is handed out, or not at all."""
+    vt = 0.05
+    with Queue(tmp_path, visibility_timeout=vt) as q:
+        q.enqueue_many([{"pad": i} for i in range(40000)], delay=3600)
+        producer = spawn(
+            "import sys, time, ringq\nq = ringq.Queue(sys.argv[1])\n"
+            "for k in range(30):\n    q.enqueue({'k': k}); time.sleep(0.05)\n", str(tmp_path))
+        stop = threading.Event()
+        late: list[tuple[str, float]] = []
+        got: list[str] = []
+
+        def waiter() -> None:
+            while not stop.is_set():
+                job = q.lease_one(wait=0.5)
+                if job is None:
+                    continue
+                now = time.time()
+                if job.lease_deadline < now:
+                    late.append((job.id, job.lease_deadline - now))
+                got.append(job.id)
+                with contextlib.suppress(NotLeasedError):  # the ack too may wait past the 50 ms
+                    q.ack(job)
+
+        def busy() -> None:
+            while not stop.is_set():
+                q.list_jobs()
+
+        ts = [threading.Thread(target=waiter) for _ in range(4)] + [threading.Thread(target=busy)]
+        for t in ts:
+            t.start()
+        assert producer.wait(60) == 0
+        deadline = time.monotonic() + 30
+        while len(set(got)) < 30 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stop.set()
+        for t in ts:
+            t.join()
+        assert not late, late[:5]
+        assert len(set(got)) == 30

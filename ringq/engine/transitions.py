@@ -170,6 +170,14 @@ def moved(job_id: str, op: str) -> str:
     )
 
 
+def finished_without(job_id: str, op: str) -> str:
+    """Why a lease on a record whose segment retired (every job in it finished) is refused."""
+    return (
+        f"cannot {op} job {job_id!r}: its segment retired since this lease, so the job finished "
+        "without it (acked by another holder, purged or cancelled)"
+    )
+
+
 def require_lease(w: int, job_id: str, token: int | None, op: str) -> None:
     """Raise NotLeasedError saying what happened unless ``w`` is a lease held with ``token``."""
     st, reason, lc = state(w), why(w), lease_count(w)

@@ -64,7 +64,10 @@ class Leases:
         "extend"): a lease belongs to
         the record it was taken on, so a leased snapshot whose record is no longer mapped is
         never matched to a newer copy of the job by id -- whose fencing tokens start again at 1.
-        If such a copy exists the lease is stale (NotLeasedError); if not, Retired."""
+        If such a copy exists the lease is stale (NotLeasedError).  If not, the job finished and
+        its segment retired: a repeated ack through the snapshot whose own ack went in raises
+        Retired (harmless); any other use of the lease, NotLeasedError -- the job was finished
+        without it (by another holder, a purge or a cancel)."""
         index = self.index
         if isinstance(job, Job):
             segseq, slot = job._loc
@@ -77,7 +80,11 @@ class Leases:
             if fenced and segseq and job.lease_token is not None:
                 if index.find(job.id) is not None:
                     raise NotLeasedError(transitions.moved(job.id, fenced))
-                raise Retired(job.id)
+                if job._acked:
+                    if fenced == "ack":
+                        raise Retired(job.id)  # this snapshot's own ack went in: a repeat, harmless
+                    raise NotLeasedError(f"cannot {fenced} job {job.id!r}: it was already acked")
+                raise NotLeasedError(transitions.finished_without(job.id, fenced))
             if (
                 view is None
                 and segseq
@@ -236,18 +243,37 @@ class Leases:
 
     def waited(self, got: Waited, direct: Direct) -> Job | None:
         """Under the queue lock, after the caller caught up (the leased record is read in): the
-        job :meth:`wait_claim` leased, or None if its payload does not decode (quarantined)."""
+        job :meth:`wait_claim` leased, or None if its payload does not decode (quarantined) or
+        the lease ran out and was reclaimed before this thread got the lock."""
         view, slot, word = got.view, got.slot, got.word
+        seg = view.seg
         try:
             self.index.read_through(view, slot)
-            self.ring.ctl.lower_deadline_floor(view.seg.epoch_ms + rel_time(word))
+            if seg.load_state(slot) != word:
+                return None  # it expired while this thread waited for the lock, and was reclaimed
+            # The visibility timeout counts from when the caller gets the lease, not from the C
+            # claim: a lease that waited for the lock is extended by one CAS (nobody else holds it).
+            due = now_ms() + direct.vt_ms - seg.epoch_ms
+            if rel_time(word) < due - direct.vt_ms // 10:
+                new = transitions.extended(word, due)
+                if not seg.cas_state(slot, word, new)[0]:
+                    return None  # reclaimed meanwhile
+                word = new
+            self.ring.ctl.lower_deadline_floor(seg.epoch_ms + rel_time(word))
             return direct.made(view, slot, word)
         finally:
-            self._settled((view.seg.seq, slot))
+            self._settled((seg.seq, slot))
 
     def ack(self, job: Job | str, queue: str) -> Segment | None:
         """CAS one job to DONE; returns its segment, or None for a repeated ack.  The durability
-        strategy is told (it syncs under ``sync_acks`` when the caller calls ``sync_acks_now``)."""
+        strategy is told (it syncs under ``sync_acks`` when the caller calls ``sync_acks_now``).
+        A snapshot whose ack went in is marked so, for a repeat after its segment retired."""
+        out = self._ack(job, queue)
+        if isinstance(job, Job):
+            job._acked = True
+        return out
+
+    def _ack(self, job: Job | str, queue: str) -> Segment | None:
         try:
             view, slot, job_id = self.locate(job, queue, fenced="ack")
         except Retired:

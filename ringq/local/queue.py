@@ -58,6 +58,7 @@ from ringq.results import Results
 
 from .admin import Admin
 from .context import QueueContext
+from .leases import Retired
 from .lifecycle import Lifecycle
 from .limits import LimitInfo, Limits
 from .options import QueueOptions
@@ -516,10 +517,14 @@ class Queue:
         self._ctx.live()
         if result is not NO_RESULT:
             with self._ctx.lock:  # fencing first: a stale holder must not store a result
-                view, slot, w, job_id, token = self._ctx.leases.word_for(job, self.name, "ack")
-                repeated = state(w) == ST_DONE and (token is None or lease_count(w) == token)
-                if not repeated:
-                    transitions.require_lease(w, job_id, token, "ack")
+                try:
+                    view, slot, w, job_id, token = self._ctx.leases.word_for(job, self.name, "ack")
+                except Retired:  # this snapshot was acked before its segment retired
+                    repeated = True
+                else:
+                    repeated = state(w) == ST_DONE and (token is None or lease_count(w) == token)
+                    if not repeated:
+                        transitions.require_lease(w, job_id, token, "ack")
             if not repeated:  # a repeated ack is harmless and stores nothing
                 self._results.store(job_id, result, result_ttl)
         with self._ctx.lock:

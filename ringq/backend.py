@@ -12,6 +12,7 @@ Everything here is the queues' common ground, defined once: neither backend impo
 from __future__ import annotations
 
 import math
+import os
 import re
 import time
 from collections.abc import Iterable, Sequence
@@ -35,6 +36,9 @@ __all__ = [
     "FEATURE_LIMITS",
     "FEATURE_COMPACT",
     "QUEUE_NAME_RE",
+    "REDIS_SCHEMES",
+    "is_url",
+    "redact_url",
     "check_queue_name",
     "check_fraction",
     "due_delay",
@@ -62,6 +66,22 @@ class _NoResult:
 
 
 NO_RESULT: Any = _NoResult()
+
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def is_url(target: str | os.PathLike[str]) -> bool:
+    """True if ``target`` names a Redis server rather than a directory."""
+    return isinstance(target, str) and target.startswith(REDIS_SCHEMES)
+
+
+def redact_url(url: str) -> str:
+    """The URL without its password, for messages."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+    return url
 
 
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # file names of a queue parse without ambiguity

@@ -5,15 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["connect", "is_url", "REDIS_SCHEMES"]
+from ringq.backend import REDIS_SCHEMES, is_url, redact_url
 
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-
-
-def is_url(target: str | os.PathLike[str]) -> bool:
-    """True if ``target`` names a Redis server rather than a directory."""
-    return isinstance(target, str) and target.startswith(REDIS_SCHEMES)
-
+__all__ = ["connect", "is_url", "redact_url", "REDIS_SCHEMES"]
 
 def connect(target: str | os.PathLike[str], name: str = "default", **options: Any) -> Any:
     """Open queue ``name``: a local :class:`ringq.Queue` for a directory path, a

@@ -22,6 +22,8 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from ringq.backend import is_url
+
 if TYPE_CHECKING:  # pragma: no cover
     from .job import Job
 
@@ -59,13 +61,8 @@ def check_caller_id(job_id: object, allow_auto_form: bool = False) -> None:
 def source_tag(queue: Any) -> str:
     """``<queue name>-<8 hex digits>`` naming the queue ``queue`` (either backend) by its location:
     the real path of its directory, or its Redis URL without the password."""
-    url = getattr(queue, "url", None)
-    if url is not None:
-        from ringq.redis.queue import redact_url
-
-        location = "redis:" + redact_url(str(url))
-    else:
-        location = "dir:" + os.path.realpath(os.fspath(queue.path))
+    where = queue.location  # a directory, or a Redis URL without its password
+    location = "redis:" + where if is_url(where) else "dir:" + os.path.realpath(where)
     digest = hashlib.sha256(f"{location}\0{queue.name}".encode()).hexdigest()[:8]
     return f"{queue.name}-{digest}"
 

@@ -129,7 +129,7 @@ def test_migrate_renames_deterministically_and_import_without_a_source_refuses(t
 
 def test_a_nobroker_id_of_sixteen_hex_digits_is_renamed_on_import(tmp_path):
     nobroker = pytest.importorskip("nobroker")
-    from ringq.local.foreign import import_nobroker
+    from ringq.local.nobroker import import_nobroker
 
     src = str(tmp_path / "nb")
     nq = nobroker.Queue(src)

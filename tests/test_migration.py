@@ -144,7 +144,9 @@ def test_import_a_named_queue_and_a_missing_one(tmp_path):
     nobroker_queue(d, "emails")
     assert main(["import-nobroker", d, "--name", "nope"]) == 1
     assert main(["import-nobroker", str(tmp_path / "empty")]) == 2
-    res = ringq.local.foreign.import_nobroker(d, names=["emails"])
+    from ringq.local.nobroker import import_nobroker
+
+    res = import_nobroker(d, names=["emails"])
     assert res.queues["emails"]["imported"] == 4
     with Queue(d, "emails") as q:
         assert q.stats().total == 4

@@ -324,7 +324,7 @@ def test_stop_before_children_start_stops_them_cleanly(tmp_path):
         w = Worker(q, lambda j: time.sleep(0.05), processes=2, handle_signals=False)
         w.stop()  # before run(): the children must see it as a stop request, not die of SIGTERM
         stats = w.run()
-        assert [p.exitcode for p in w._children] == [0, 0]
+        assert [p.exitcode for p in w.pool.children] == [0, 0]
         assert stats.leased == stats.succeeded
         assert q.stats().leased == 0
 

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ringq import codec
-from ringq.errors import JobNotFoundError, RingqError
+from ringq.errors import JobNotFoundError
 from ringq.job import Job as EngineJob
 from ringq.job import JobState
 
@@ -258,49 +258,3 @@ def unfinished_jobs(results: Any, kind_queues: list[Any], prefix: str) -> list[J
                     out.append(unfinished(ej, *decode(ej, q.name, prefix)))
     out.sort(key=lambda j: (j.created_at, j.id))
     return out
-
-
-class LifecycleMethods:
-    """Cancel, pause and progress: that part of :class:`ringq.aio.Queue` (a mixin; the queue owns
-    ``_results``, ``_handlers``, ``_kind_queues``, ``_open_engine``, ``queue_name`` and
-    ``_check_open``).  The engine queue of each kind does the work (docs/lifecycle.md)."""
-
-    def cancel(self, id: str) -> bool:
-        """Cancel job ``id``: a queued or delayed one never runs (FAILED, error ``"Cancelled: ..."``);
-        a running one has its handler task cancelled at the next heartbeat, in whichever process
-        runs it, and is recorded the same way.  Returns False if the job is unknown or finished."""
-        self._check_open()
-        if isinstance(find_result(self._results, id), Job):
-            return False
-        for q in self._kind_queues():
-            try:
-                q.cancel(id)
-                return True
-            except JobNotFoundError:
-                continue
-            except RingqError:  # finished meanwhile
-                return False
-        return False
-
-    def pause(self, kind: str) -> None:
-        """Stop starting jobs of ``kind`` in every process (a pause of its engine queue, durable
-        across restarts) until :meth:`resume`.  Running handlers finish; submits still succeed."""
-        self._check_open()
-        self._open_engine(self.queue_name(kind)).pause()
-
-    def resume(self, kind: str) -> None:
-        """Undo :meth:`pause` for ``kind``; waiting processes start its jobs at once."""
-        self._check_open()
-        self._open_engine(self.queue_name(kind)).resume()
-
-    def progress(self, job: Job, fraction: float, message: str | None = None) -> None:
-        """Report the progress of a job this process is running (``fraction`` in [0, 1]); shown as
-        ``Job.progress`` by :meth:`get`.  Raises JobNotFoundError if this process does not run it,
-        NotLeasedError if its lease was lost, ValueError for a fraction outside [0, 1]."""
-        self._check_open()
-        for h in self._handlers.values():
-            for _task, ej in list(h.running.values()):
-                if ej.id == job.id:
-                    h.queue.progress(ej, fraction, message)
-                    return
-        raise JobNotFoundError(f"job {job.id!r} is not running in this process")

@@ -75,7 +75,7 @@ from ringq.job import Job as _EngineJob
 
 from . import job as aio_job
 from .job import CANCELLED_ERROR, Job, Status
-from .retention import RetentionMethods
+from .retention import Retention
 from .store import store_for
 
 __all__ = ["Job", "Queue", "Status"]
@@ -135,7 +135,7 @@ class _Handler:
                 stop.wait(WAIT_CAP)
 
 
-class Queue(aio_job.LifecycleMethods, RetentionMethods):
+class Queue:
     """An asyncio task queue at ``target``: errand's API, durable and multi-process.
 
     Args:
@@ -214,8 +214,9 @@ class Queue(aio_job.LifecycleMethods, RetentionMethods):
         self._lost: set[tuple[str, int]] = set()
         self._cancelling: set[tuple[str, int]] = set()  # running jobs whose cancel was requested
         self._chores: list[asyncio.Task] = []
-        self._sweeping: asyncio.Future | None = None
-        self._sweep_lock = threading.Lock()
+        self._retention = Retention(
+            self._store, keep_seconds, keep_jobs, self.sweep_interval, self.visibility_timeout
+        )
 
     # -- names ----------------------------------------------------------------------------------
 
@@ -305,7 +306,10 @@ class Queue(aio_job.LifecycleMethods, RetentionMethods):
                     _heartbeat(self._handlers, self.visibility_timeout, self._lost, self._cancelling),
                     name="ringq.aio heartbeat",
                 ),
-                asyncio.create_task(self._retention(), name="ringq.aio retention"),
+                asyncio.create_task(
+                    self._retention.run(self._loop, self._results, lambda: self._closing),
+                    name="ringq.aio retention",
+                ),
             ]
             for h in self._handlers.values():
                 self._serve(h)
@@ -326,9 +330,7 @@ class Queue(aio_job.LifecycleMethods, RetentionMethods):
         for t in tasks + self._chores:
             t.cancel()
         await asyncio.gather(*tasks, *self._chores, return_exceptions=True)
-        if self._sweeping is not None:
-            await asyncio.wait([self._sweeping])  # a sweep in its thread ends at its next batch
-            self._sweeping = None
+        await self._retention.finished()
         for h in self._handlers.values():
             for _task, ej in h.running.values():  # cancelled before their first step
                 why = "Interrupted: the queue was closed before the handler started"
@@ -354,6 +356,55 @@ class Queue(aio_job.LifecycleMethods, RetentionMethods):
         self._store.close()
         self._chores = []
         self._closing = False
+
+    # -- cancel, pause, progress (the engine queue of each kind does the work: docs/lifecycle.md) --
+
+    def cancel(self, id: str) -> bool:
+        """Cancel job ``id``: a queued or delayed one never runs (FAILED, error ``"Cancelled: ..."``);
+        a running one has its handler task cancelled at the next heartbeat, in whichever process
+        runs it, and is recorded the same way.  Returns False if the job is unknown or finished."""
+        self._check_open()
+        if isinstance(aio_job.find_result(self._results, id), Job):
+            return False
+        for q in self._kind_queues():
+            try:
+                q.cancel(id)
+                return True
+            except JobNotFoundError:
+                continue
+            except RingqError:  # finished meanwhile
+                return False
+        return False
+
+    def pause(self, kind: str) -> None:
+        """Stop starting jobs of ``kind`` in every process (a pause of its engine queue, durable
+        across restarts) until :meth:`resume`.  Running handlers finish; submits still succeed."""
+        self._check_open()
+        self._open_engine(self.queue_name(kind)).pause()
+
+    def resume(self, kind: str) -> None:
+        """Undo :meth:`pause` for ``kind``; waiting processes start its jobs at once."""
+        self._check_open()
+        self._open_engine(self.queue_name(kind)).resume()
+
+    def progress(self, job: Job, fraction: float, message: str | None = None) -> None:
+        """Report the progress of a job this process is running (``fraction`` in [0, 1]); shown as
+        ``Job.progress`` by :meth:`get`.  Raises JobNotFoundError if this process does not run it,
+        NotLeasedError if its lease was lost, ValueError for a fraction outside [0, 1]."""
+        self._check_open()
+        for h in self._handlers.values():
+            for _task, ej in list(h.running.values()):
+                if ej.id == job.id:
+                    h.queue.progress(ej, fraction, message)
+                    return
+        raise JobNotFoundError(f"job {job.id!r} is not running in this process")
+
+    def prune(self) -> int:
+        """Prune finished jobs beyond the retention limits now; returns how many.  One process
+        prunes at a time (the store's sweep lock); the others return 0 at once.  Runs on its own
+        every ``sweep_interval`` seconds while the queue is open."""
+        self._check_open()
+        return self._retention.prune(self._results, lambda: self._closing)
 
     def _check_open(self) -> None:
         if self._results is None or self._closing:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -61,46 +62,64 @@ def prune_results(
 log = logging.getLogger("ringq.aio")
 
 
-class RetentionMethods:
-    """The retention part of :class:`ringq.aio.Queue` (a mixin; the queue owns ``keep_seconds``,
-    ``keep_jobs``, ``sweep_interval``, ``visibility_timeout``, ``_results``, ``_store``,
-    ``_sweep_lock``, ``_sweeping``, ``_loop``, ``_closing`` and ``_check_open``)."""
+class Retention:
+    """The retention sweeps of one :class:`ringq.aio.Queue`: finished jobs beyond ``keep_seconds``
+    or ``keep_jobs`` are pruned every ``sweep_interval`` seconds, in a worker thread, by one
+    process at a time (``store``'s sweep lock).  ``visibility_timeout`` bounds how long a job
+    another process still runs may look finished."""
 
-    async def _retention(self) -> None:
+    def __init__(
+        self,
+        store: Any,
+        keep_seconds: float | None,
+        keep_jobs: int | None,
+        sweep_interval: float,
+        visibility_timeout: float,
+    ) -> None:
+        self.store = store
+        self.keep_seconds = keep_seconds
+        self.keep_jobs = keep_jobs
+        self.sweep_interval = sweep_interval
+        self.visibility_timeout = visibility_timeout
+        self.sweeping: asyncio.Future[int] | None = None  # the sweep running in its thread
+        self._lock = threading.Lock()  # a flock would let this process's own threads in
+
+    async def run(self, loop: asyncio.AbstractEventLoop, results: Any, closing: Callable[[], bool]) -> None:
+        """Sweep every ``sweep_interval`` seconds until cancelled (none without limits)."""
         if self.keep_seconds is None and self.keep_jobs is None:
             return
         while True:
             await asyncio.sleep(self.sweep_interval)
             # In a worker thread: examining the oldest results costs O(retained) (~50 ms at 100,000).
-            self._sweeping = self._loop.run_in_executor(None, self._prune_locked)
+            self.sweeping = loop.run_in_executor(None, self.prune, results, closing)
             try:
-                await asyncio.shield(self._sweeping)
+                await asyncio.shield(self.sweeping)
             except RingqError as exc:
-                log.error("retention sweep at %s failed: %s", self._store.where, exc)
+                log.error("retention sweep at %s failed: %s", self.store.where, exc)
 
-    def prune(self) -> int:
-        """Prune finished jobs beyond the retention limits now; returns how many.  One process
-        prunes at a time (the store's sweep lock); the others return 0 at once.  Runs on its own
-        every ``sweep_interval`` seconds while the queue is open."""
-        self._check_open()
-        return self._prune_locked()
+    async def finished(self) -> None:
+        """Wait for a sweep running in its thread (it stops at its next batch once closing)."""
+        if self.sweeping is not None:
+            await asyncio.wait([self.sweeping])
+            self.sweeping = None
 
-    def _prune_locked(self) -> int:
-        if not self._sweep_lock.acquire(blocking=False):  # a flock would let our own threads in
+    def prune(self, results: Any, closing: Callable[[], bool]) -> int:
+        """Prune now, unless another thread or process is sweeping (then 0)."""
+        if not self._lock.acquire(blocking=False):
             return 0
         try:
-            lock = self._store.sweep_lock()
+            lock = self.store.sweep_lock()
             if not lock.acquire():
                 return 0
             try:
                 return prune_results(
-                    self._results,
+                    results,
                     self.keep_seconds,
                     self.keep_jobs,
                     max(60.0, self.visibility_timeout),
-                    lambda: not self._closing and lock.renew(),
+                    lambda: not closing() and lock.renew(),
                 )
             finally:
                 lock.release()
         finally:
-            self._sweep_lock.release()
+            self._lock.release()

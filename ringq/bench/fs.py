@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from . import FLOOR, MMAP_FLOOR, Sizes, environment, single_producer
+from .harness import FLOOR, MMAP_FLOOR, Sizes, environment, single_producer
 
 __all__ = [
     "FILE_SYSTEMS",

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from . import FLOOR, MMAP_FLOOR, Row, Sizes, environment, raw_floor, single_producer
+from .harness import FLOOR, MMAP_FLOOR, Row, Sizes, environment, raw_floor, single_producer
 from .promises import GOALS, PROMISES
 
 __all__ = ["add_arguments", "run", "measure", "summarize", "text_report", "TIE"]

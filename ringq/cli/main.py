@@ -363,7 +363,7 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_import_nobroker(args: argparse.Namespace) -> int:
-    from ringq.local.foreign import import_nobroker
+    from ringq.local.nobroker import import_nobroker
 
     if not os.path.isdir(args.source):
         raise UserError(f"{args.source}: no such directory")

@@ -63,8 +63,8 @@ MAX_SLOT_COUNT = 1 << 24  # slot numbers must fit the 24 bits of a ``supersedes`
 
 # Static header of both files (CRC-covered): magic, version, header size, seq, slot size, slot
 # count, epoch ms, state offset, data offset, file size; then the CRC32C of those 64 bytes.
-_SEG_STATIC = struct.Struct("<QIIQIIQQQQ")
-assert _SEG_STATIC.size == 64
+SEG_STATIC = struct.Struct("<QIIQIIQQQQ")
+assert SEG_STATIC.size == 64
 OFF_HDR_CRC = 64
 # Mutable words of the state file's header page.  Those the C helper updates itself (appends,
 # acks) take their offsets from csrc/ringq.h.
@@ -125,13 +125,13 @@ def check_geometry(slot_size: int, slot_count: int) -> None:
         raise ValueError(f"slot_count must be between 1 and {MAX_SLOT_COUNT - 1}, got {slot_count}")
 
 
-def _static(magic: int, seq: int, slot_size: int, slot_count: int, epoch_ms: int) -> bytes:
+def static_header(magic: int, seq: int, slot_size: int, slot_count: int, epoch_ms: int) -> bytes:
     state_off, data_off, _ = seg_layout(slot_size, slot_count)
     if magic == SEG_MAGIC:
         offs = (0, REC_DATA_OFF, rec_file_size(slot_size, slot_count))
     else:
         offs = (state_off, 0, data_off)
-    static = _SEG_STATIC.pack(
+    static = SEG_STATIC.pack(
         magic, FORMAT_VERSION, PAGE, seq, slot_size, slot_count, epoch_ms, *offs
     )
     return static + struct.pack("<I", crc32c(static))
@@ -186,7 +186,7 @@ def read_static(path: str, head: bytes, real_size: int, magic_want: int) -> tupl
     what = "state file" if magic_want == STATE_MAGIC else "segment"
     if len(head) < 68:
         raise bad(f"{path}: {real_size} bytes is too short to be a ringq {what}")
-    fields = _SEG_STATIC.unpack_from(head)
+    fields = SEG_STATIC.unpack_from(head)
     magic, version, hsize, seq, slot_size, slot_count, _epoch, state_off, data_off, size = fields
     if magic != magic_want:
         raise bad(f"{path}: not a ringq {what} (bad magic {head[:8]!r})")
@@ -264,13 +264,13 @@ class Segment(Mapped):
         write_file(
             os.path.join(dirpath, state_name(name, seq)),
             data_off,
-            _static(STATE_MAGIC, seq, slot_size, slot_count, epoch),
+            static_header(STATE_MAGIC, seq, slot_size, slot_count, epoch),
             mode,
         )
         write_file(
             final,
             rec_file_size(slot_size, slot_count),
-            _static(SEG_MAGIC, seq, slot_size, slot_count, epoch),
+            static_header(SEG_MAGIC, seq, slot_size, slot_count, epoch),
             mode,
         )
         fsync_dir(dirpath)
@@ -291,7 +291,7 @@ class Segment(Mapped):
         write_file(
             state_path_of(path),
             data_off,
-            _static(STATE_MAGIC, seq, slot_size, slot_count, epoch),
+            static_header(STATE_MAGIC, seq, slot_size, slot_count, epoch),
             mode,
         )
         fsync_dir(os.path.dirname(path) or ".")

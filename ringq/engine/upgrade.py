@@ -31,17 +31,17 @@ from ringq.errors import CorruptionError
 from .lock import WriterLock
 from .mapped import crc32c, fsync_dir, open_nofollow
 from .segment import (
-    _SEG_STATIC,
     OFF_HDR_CRC,
     PAGE,
     REC_DATA_OFF,
     SEG_MAGIC,
+    SEG_STATIC,
     STATE_MAGIC,
-    _static,
     check_geometry,
     rec_file_size,
     seg_layout,
     state_name,
+    static_header,
     write_file,
 )
 
@@ -123,7 +123,7 @@ def _upgrade_one(dirpath: str, name: str, seq: int, report: UpgradeReport) -> No
             fsync_dir(dirpath)
             report.quarantined.append((target, f"format-1 segment not upgraded: {why}"))
             return
-        fields = _SEG_STATIC.unpack_from(head)
+        fields = SEG_STATIC.unpack_from(head)
         slot_size, slot_count, epoch = fields[4], fields[5], fields[6]
         state_off, data_off, size = seg_layout(slot_size, slot_count)
         table = os.pread(fd, data_off - state_off, state_off)
@@ -133,7 +133,7 @@ def _upgrade_one(dirpath: str, name: str, seq: int, report: UpgradeReport) -> No
             os.close(fd)
     mode = st.st_mode & 0o777
     state_head = bytearray(PAGE)
-    state_head[:68] = _static(STATE_MAGIC, seq, slot_size, slot_count, epoch)
+    state_head[:68] = static_header(STATE_MAGIC, seq, slot_size, slot_count, epoch)
     state_head[MUTABLE[0] : MUTABLE[1]] = head[MUTABLE[0] : MUTABLE[1]]
     write_file(
         os.path.join(dirpath, state_name(name, seq)),
@@ -146,7 +146,7 @@ def _upgrade_one(dirpath: str, name: str, seq: int, report: UpgradeReport) -> No
     write_file(
         seg_path,
         rec_file_size(slot_size, slot_count),
-        _static(SEG_MAGIC, seq, slot_size, slot_count, epoch),
+        static_header(SEG_MAGIC, seq, slot_size, slot_count, epoch),
         mode,
         [(REC_DATA_OFF, slots)],
     )
@@ -159,7 +159,7 @@ def _check_v1(head: bytes, real_size: int, seq: int) -> str:
     if len(head) < 68:
         return "file shorter than its header"
     magic, version, hsize, hseq, slot_size, slot_count, _e, state_off, data_off, size = (
-        _SEG_STATIC.unpack_from(head)
+        SEG_STATIC.unpack_from(head)
     )
     if (magic, version) != (SEG_MAGIC, 1):
         return "not a format-1 segment"

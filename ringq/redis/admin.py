@@ -1,6 +1,6 @@
 """Reads and whole-queue operations on the Redis backend: that part of :class:`ringq.RedisQueue`'s
 API (get, list_jobs, dlq, stats, requeue_dead, purge, import_jobs, server_identity), as
-ringq/admin.py's AdminMethods is for the local Queue.  Each is one script of ringq/_redis_lua.py,
+ringq/local/admin.py's Admin is for the local Queue.  Each is one script of ringq/_redis_lua.py,
 so a read sees one consistent instant.
 """
 
@@ -18,21 +18,22 @@ from ringq.job import Job, JobState
 from .scripts import Scripts, refuse
 from .scripts import job_from_reply as _job
 
-__all__ = ["RedisAdminMethods"]
+__all__ = ["RedisAdmin"]
 
 
-class RedisAdminMethods:
-    """A mixin: ``RedisQueue`` owns ``_scripts`` (ringq/redis_scripts.py), ``name``, ``cluster``
-    and ``retain_done``."""
+class RedisAdmin:
+    """Reads and whole-queue operations of one Redis queue (the API is :class:`RedisQueue`'s),
+    through its scripts."""
 
-    name: str
-    cluster: bool
-    retain_done: float
-    _scripts: Scripts
+    def __init__(self, scripts: Scripts, name: str, cluster: bool, retain_done: float) -> None:
+        self.scripts = scripts
+        self.name = name
+        self.cluster = cluster
+        self.retain_done = retain_done
 
     def get(self, job_id: str) -> Job:
-        """The job with this id (a snapshot).  Raises JobNotFoundError if it is not retained."""
-        out = self._scripts.run("get", [job_id])
+        """As :meth:`RedisQueue.get`."""
+        out = self.scripts.run("get", [job_id])
         if not out:
             refuse(self.name, "nf", job_id, "get")
         return _job(out[0], out[1])
@@ -40,9 +41,9 @@ class RedisAdminMethods:
     def list_jobs(
         self, state: JobState | str | None = None, *, limit: int | None = None, decode: bool = True
     ) -> list[Job]:
-        """Retained jobs in enqueue order, optionally only those in ``state``, at most ``limit``."""
+        """As :meth:`RedisQueue.list_jobs`."""
         want = "" if state is None else JobState(state).value
-        out = self._scripts.run("list", [want, -1 if limit is None else limit])
+        out = self.scripts.run("list", [want, -1 if limit is None else limit])
         jobs = []
         for i in range(0, len(out), 2):
             try:
@@ -52,13 +53,12 @@ class RedisAdminMethods:
         return jobs
 
     def dlq(self, *, limit: int | None = None) -> list[Job]:
-        """Dead-lettered jobs, oldest first."""
+        """As :meth:`RedisQueue.dlq`."""
         return self.list_jobs(JobState.DEAD, limit=limit)
 
     def requeue_dead(self, job_id: str | None = None) -> int:
-        """Move dead-lettered jobs (one, or all) back to READY with attempts reset; returns how many.
-        Raises JobNotFoundError, or NotLeasedError if ``job_id`` is not dead."""
-        out = self._scripts.run("requeue", ["" if job_id is None else job_id], write=True)
+        """As :meth:`RedisQueue.requeue_dead`."""
+        out = self.scripts.run("requeue", ["" if job_id is None else job_id], write=True)
         if out == b"nf":
             refuse(self.name, "nf", str(job_id), "requeue")
         if out == b"notdead":
@@ -66,17 +66,12 @@ class RedisAdminMethods:
         return int(out)
 
     def purge(self) -> int:
-        """Remove every retained job (ready, delayed, leased, done, dead); returns how many."""
-        return int(self._scripts.run("purge", [], write=True))
+        """As :meth:`RedisQueue.purge`."""
+        return int(self.scripts.run("purge", [], write=True))
 
     def stats(self) -> QueueStats:
-        """Counts by state and the cumulative counters (one script, so one consistent instant).
-        Cancelled and expired jobs are kept ``retain_done`` seconds, like done ones.
-
-        ``enqueued_total``, ``acked_total`` and ``dead_lettered_total`` count, since the queue's
-        first use, new jobs stored by enqueue, acks, and moves to the dead-letter queue (by nack
-        or lease expiry, the latter counted when a lease call reclaims it); purge keeps them."""
-        ready, delayed, leased, done, dead, cancelled, expired, enq, acked, dl = self._scripts.run(
+        """As :meth:`RedisQueue.stats`."""
+        ready, delayed, leased, done, dead, cancelled, expired, enq, acked, dl = self.scripts.run(
             "stats", [int(self.retain_done * 1000)]
         )
         total = ready + delayed + leased + done + dead + cancelled + expired
@@ -95,16 +90,8 @@ class RedisAdminMethods:
             expired=expired,
         )
 
-    def __len__(self) -> int:
-        """Number of retained jobs (``stats().total``)."""
-        return self.stats().total
-
     def import_jobs(self, jobs: Sequence[Job], *, source: str | None = None) -> int:
-        """Store copies of ``jobs`` (READY, delayed or DEAD) keeping id, payload, priority, attempts,
-        max attempts, available-at, enqueue time and last error; a job whose id is retained is
-        skipped, so importing twice adds nothing.  Returns how many were added (for migrate).
-        ``source``: as :meth:`ringq.Queue.import_jobs` (an automatic-form id becomes
-        ``<source>-<id>``; without ``source`` it is refused with ValueError, nothing written)."""
+        """As :meth:`RedisQueue.import_jobs`."""
         jobs = renamed(jobs, source)
         for j in jobs:
             check_caller_id(j.id)
@@ -122,17 +109,15 @@ class RedisAdminMethods:
                 "dead" if j.state is JobState.DEAD else "ready",
                 j.last_error or "",
             ]
-        return int(self._scripts.run("import", args, write=True)) if jobs else 0
+        return int(self.scripts.run("import", args, write=True)) if jobs else 0
 
     def server_identity(self) -> str:
-        """Which server and database hold this queue, however the URL spells them:
-        ``"<run_id>/<db>"`` (Redis' ``INFO server`` run_id is unique per server process; on a
-        cluster, that of the node serving the queue's hash slot).  Raises ConnectionLostError."""
+        """As :meth:`RedisQueue.server_identity`."""
 
         def ask() -> str:
-            client = self._scripts.client
+            client = self.scripts.client
             if self.cluster:
-                node = client.get_node_from_key(self._scripts.keys[0])
+                node = client.get_node_from_key(self.scripts.keys[0])
                 info = client.info("server", target_nodes=node)
                 if "run_id" not in info:  # keyed by node name when the client asked several
                     info = next(iter(info.values()))
@@ -140,4 +125,4 @@ class RedisAdminMethods:
             db = client.connection_pool.connection_kwargs.get("db", 0)
             return f"{client.info('server')['run_id']}/{db}"
 
-        return self._scripts.call(ask, changes=False)
+        return self.scripts.call(ask, changes=False)

@@ -34,6 +34,7 @@ from ringq.backend import (
     DEFAULT_VISIBILITY_TIMEOUT,
     MAX_DELAY,
     NO_RESULT,
+    QueueStats,
     check_attempts,
     check_queue_name,
     due_delay,
@@ -45,8 +46,8 @@ from ringq.ids import check_caller_id
 from ringq.job import Job, JobState
 from ringq.results import Results
 
-from .admin import RedisAdminMethods
-from .lifecycle import RedisLifecycleMethods
+from .admin import RedisAdmin
+from .lifecycle import RedisLifecycle
 from .scripts import WAKE, Scripts, client_for, guard, redact_url, redis, refuse
 from .scripts import job_from_reply as _job
 
@@ -55,7 +56,7 @@ __all__ = ["RedisQueue", "client_for", "guard", "redact_url"]
 MAX_NAP = 1.0  # seconds: longest single BLPOP, bounding how late a wake-up pushed elsewhere is seen
 
 
-class RedisQueue(RedisAdminMethods, RedisLifecycleMethods):
+class RedisQueue:
     """A job queue on a Redis server: the same methods, arguments, results and errors as
     :class:`ringq.Queue`.  Safe to use from many threads, processes and hosts.
 
@@ -159,12 +160,46 @@ class RedisQueue(RedisAdminMethods, RedisLifecycleMethods):
                 replica_timeout=replica_timeout,
             ),
         )
+        self._socket_timeout = float(socket_timeout)
+        self._admin = RedisAdmin(self._scripts, name, self.cluster, self.retain_done)
+        self._lifecycle = RedisLifecycle(self._scripts, self._results, name, self.get)
 
     # -- opening and closing ------------------------------------------------------------------------
 
     @property
     def closed(self) -> bool:
         return self._scripts.closed
+
+    @property
+    def features(self) -> frozenset[str]:
+        """None of ringq/backend.py's optional features: no schedules, limits or compaction."""
+        return frozenset()
+
+    @property
+    def location(self) -> str:
+        """The server's URL, without its password."""
+        return redact_url(self.url)
+
+    def reopen_options(self) -> dict[str, Any]:
+        """Keyword arguments that open this queue again with the same settings."""
+        return {
+            "visibility_timeout": self.visibility_timeout,
+            "max_attempts": self.max_attempts,
+            "backoff": self.backoff,
+            "retain_done": self.retain_done,
+            "min_replicas": self.min_replicas,
+            "replica_timeout": self.replica_timeout,
+            "socket_timeout": self._socket_timeout,
+            "auto_ids": self.auto_ids,
+        }
+
+    def run_schedules(self) -> list[Job]:
+        """Nothing: periodic jobs are not available on the Redis backend (``[]``)."""
+        return []
+
+    def next_schedule_fire(self) -> float | None:
+        """None: periodic jobs are not available on the Redis backend."""
+        return None
 
     def close(self) -> None:
         """Close the connections (idempotent).  Leases held are not released: they expire."""
@@ -399,6 +434,85 @@ class RedisQueue(RedisAdminMethods, RedisLifecycleMethods):
         out = self._scripts.run("extend", [jid, tok, int(seconds * 1000)])
         refuse(self.name, out[0], jid, "extend")
         return _job(out[1], out[2])
+
+    # -- reads and whole-queue operations, lifecycle ---------------------------------------------------
+
+    def get(self, job_id: str) -> Job:
+        """The job with this id (a snapshot).  Raises JobNotFoundError if it is not retained."""
+        return self._admin.get(job_id)
+
+    def list_jobs(
+        self, state: JobState | str | None = None, *, limit: int | None = None, decode: bool = True
+    ) -> list[Job]:
+        """Retained jobs in enqueue order, optionally only those in ``state``, at most ``limit``."""
+        return self._admin.list_jobs(state, limit=limit, decode=decode)
+
+    def dlq(self, *, limit: int | None = None) -> list[Job]:
+        """Dead-lettered jobs, oldest first."""
+        return self._admin.dlq(limit=limit)
+
+    def requeue_dead(self, job_id: str | None = None) -> int:
+        """Move dead-lettered jobs (one, or all) back to READY with attempts reset; returns how many.
+        Raises JobNotFoundError, or NotLeasedError if ``job_id`` is not dead."""
+        return self._admin.requeue_dead(job_id)
+
+    def purge(self) -> int:
+        """Remove every retained job (ready, delayed, leased, done, dead); returns how many."""
+        return self._admin.purge()
+
+    def stats(self) -> QueueStats:
+        """Counts by state and the cumulative counters (one script, so one consistent instant).
+        Cancelled and expired jobs are kept ``retain_done`` seconds, like done ones.
+
+        ``enqueued_total``, ``acked_total`` and ``dead_lettered_total`` count, since the queue's
+        first use, new jobs stored by enqueue, acks, and moves to the dead-letter queue (by nack
+        or lease expiry, the latter counted when a lease call reclaims it); purge keeps them."""
+        return self._admin.stats()
+
+    def import_jobs(self, jobs: Sequence[Job], *, source: str | None = None) -> int:
+        """Store copies of ``jobs`` (READY, delayed or DEAD) keeping id, payload, priority, attempts,
+        max attempts, available-at, enqueue time and last error; a job whose id is retained is
+        skipped, so importing twice adds nothing.  Returns how many were added (for migrate).
+        ``source``: as :meth:`ringq.Queue.import_jobs` (an automatic-form id becomes
+        ``<source>-<id>``; without ``source`` it is refused with ValueError, nothing written)."""
+        return self._admin.import_jobs(jobs, source=source)
+
+    def server_identity(self) -> str:
+        """Which server and database hold this queue, however the URL spells them:
+        ``"<run_id>/<db>"`` (Redis' ``INFO server`` run_id is unique per server process; on a
+        cluster, that of the node serving the queue's hash slot).  Raises ConnectionLostError."""
+        return self._admin.server_identity()
+
+    def cancel(self, job: Job | str) -> Job:
+        """As :meth:`ringq.Queue.cancel`: CANCELLED if ready or delayed, cancel-requested if
+        leased.  Raises JobFinishedError, JobNotFoundError."""
+        return self._lifecycle.cancel(job)
+
+    def pause(self, key: str | None = None) -> None:
+        """Stop leases of the whole queue on every host until :meth:`resume`.  Per-key pause is
+        not available on Redis (ValueError)."""
+        return self._lifecycle.pause(key)
+
+    def resume(self, key: str | None = None) -> None:
+        """Undo :meth:`pause`; sleeping leases are woken."""
+        return self._lifecycle.resume(key)
+
+    def paused(self) -> dict[str, Any]:
+        """``{"queue": bool, "keys": []}``."""
+        return self._lifecycle.paused()
+
+    def progress(self, job: Job | str, fraction: float, message: str | None = None) -> None:
+        """As :meth:`ringq.Queue.progress`: fenced like an ack; shown by get and list_jobs."""
+        return self._lifecycle.progress(job, fraction, message)
+
+    def result(self, job_id: str | Job, *, wait: float | None = None) -> Any:
+        """As :meth:`ringq.Queue.result`.  A waiting call sleeps in BLPOP on the results queue's
+        wake list (at most a second at a time)."""
+        return self._lifecycle.result(job_id, wait=wait)
+
+    def __len__(self) -> int:
+        """Number of retained jobs (``stats().total``)."""
+        return self.stats().total
 
     def __repr__(self) -> str:
         return f"RedisQueue({redact_url(self.url)!r}, name={self.name!r})"

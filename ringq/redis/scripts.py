@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ringq import codec
+from ringq.backend import redact_url
 from ringq.errors import (
     BackendError,
     ConnectionLostError,
@@ -248,9 +249,3 @@ def guard(url: str, fn: Any, *, changes: bool = True) -> Any:
         raise BackendError(f"Redis at {redact_url(url)} refused the operation: {exc}") from exc
 
 
-def redact_url(url: str) -> str:
-    """The URL without its password, for messages."""
-    if "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
-    return url

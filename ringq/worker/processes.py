@@ -11,9 +11,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["ProcessesMethods", "WorkerStats"]
+if TYPE_CHECKING:  # pragma: no cover
+    from ringq.backend import QueueBackend
+
+__all__ = ["ProcessPool", "WorkerStats"]
 
 log = logging.getLogger("ringq.worker")
 
@@ -43,61 +46,93 @@ class WorkerStats:
                 "lost_leases": self.lost_leases}
 
 
-class ProcessesMethods:
-    """``processes=N`` mode of :class:`ringq.Worker` (a mixin; the worker owns the settings and
-    ``stats``, ``restarts``, ``_rows``, ``_children``, ``_stop`` and ``stop``)."""
+class ProcessPool:
+    """``Worker(processes=N)``: N forked children, each opening the queue again
+    (``connect(queue.location, queue.name, **queue.reopen_options())``) and running the worker
+    ``make_worker(queue, options)`` builds there with ``options`` (the parent's settings).  A child
+    killed by a signal or failing is replaced while ``max_restarts`` allows; ``stop`` (the
+    parent's) ends the run.  Each child counts its work in a row of shared counters as it goes."""
 
-    def _run_processes(self) -> WorkerStats:
+    def __init__(
+        self,
+        queue: QueueBackend,
+        processes: int,
+        max_restarts: int,
+        options: dict[str, Any],
+        stop: threading.Event,
+        make_worker: Callable[[QueueBackend, dict[str, Any]], Any],
+    ) -> None:
+        self.queue = queue
+        self.processes = processes
+        self.max_restarts = max_restarts
+        self.options = options
+        self.stop_event = stop
+        self.make_worker = make_worker
+        self.restarts = 0  # children replaced during the run
+        self.children: list[multiprocessing.Process] = []
+        self.rows: tuple[Any, list[str]] | None = None  # during the run: the shared counters
+
+    def signal_children(self) -> None:
+        """Ask every running child to finish its in-flight handlers and exit (SIGTERM)."""
+        for p in list(self.children):
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGTERM)
+
+    def live_stats(self) -> dict[str, int] | None:
+        """The children's counters summed, while the run goes on; None outside it."""
+        rows = self.rows
+        if rows is None:
+            return None
+        shared, fields = rows
+        n = len(fields)
+        return {f: sum(shared[slot * n + i] for slot in range(len(shared) // n)) for i, f in enumerate(fields)}
+
+    def run(self, stats: WorkerStats) -> WorkerStats:
+        """Run the children until every one has finished; their counts are added to ``stats``."""
         q = self.queue
-        # Every setting the queue was opened with (a local queue's frozen options), so that the
-        # children behave as the parent's queue does.
-        options = getattr(q, "options", None)
-        if options is not None:
-            spec = dict(path=q.path, name=q.name, **options.to_kwargs())
-        else:
-            spec = dict(path=q.path, name=q.name, visibility_timeout=q.visibility_timeout,
-                        max_attempts=q.max_attempts, backoff=q.backoff)
+        spec = dict(path=q.location, name=q.name, **q.reopen_options())
+        max_jobs = self.options.get("max_jobs")
         ctx = multiprocessing.get_context("fork")
         # Each child slot has a row of counters in shared memory that its children update as they
         # go: the work of a child killed by a signal is counted up to its last finished job.
         fields = list(WorkerStats().to_dict())
         shared = ctx.Array("q", self.processes * len(fields), lock=False)
-        self._rows = (shared, fields)
+        self.rows = (shared, fields)
         restarts = self.restarts = 0
 
         def start(slot: int) -> multiprocessing.Process:
-            opts = dict(concurrency=self.concurrency, poll_interval=self.poll_interval, max_jobs=self.max_jobs,
-                        idle_timeout=self.idle_timeout, heartbeat=self.heartbeat)
-            if self.max_jobs is not None:  # a replacement takes over what its slot had left
-                opts["max_jobs"] = self.max_jobs - shared[slot * len(fields) + fields.index("leased")]
+            opts = dict(self.options)
+            if max_jobs is not None:  # a replacement takes over what its slot had left
+                opts["max_jobs"] = max_jobs - shared[slot * len(fields) + fields.index("leased")]
             # Children start with SIGINT/SIGTERM blocked: until they install their own handlers they
             # would run the parent's (copied by fork), or die of a SIGTERM sent by an early stop().
             mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
             try:
-                p = ctx.Process(target=_child_main, args=(spec, self.handler, opts, (shared, slot, fields), mask),
+                p = ctx.Process(target=_child_main, args=(spec, self.make_worker, opts, (shared, slot, fields), mask),
                                 daemon=False)
                 p.start()
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             return p
 
-        self._children = [start(i) for i in range(self.processes)]
+        self.children = [start(i) for i in range(self.processes)]
         running = [True] * self.processes
-        if self._stop.is_set():
-            self.stop()
+        if self.stop_event.is_set():
+            self.signal_children()
         try:
             while any(running):
-                for slot, p in enumerate(self._children):
+                for slot, p in enumerate(self.children):
                     if not running[slot] or p.is_alive():
                         continue
                     p.join()
                     running[slot] = False
-                    if p.exitcode == 0:
+                    code = p.exitcode or 0
+                    if code == 0:
                         continue
-                    how = f"killed by signal {-p.exitcode}" if p.exitcode < 0 else f"exited with status {p.exitcode}"
-                    left = None if self.max_jobs is None else (
-                        self.max_jobs - shared[slot * len(fields) + fields.index("leased")])
-                    if self._stop.is_set() or (left is not None and left <= 0):
+                    how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+                    left = None if max_jobs is None else (
+                        max_jobs - shared[slot * len(fields) + fields.index("leased")])
+                    if self.stop_event.is_set() or (left is not None and left <= 0):
                         log.error("worker process %d %s", p.pid, how)
                     elif restarts >= self.max_restarts:
                         log.error("worker process %d %s; not replaced: the restart budget (%d) is spent",
@@ -105,22 +140,22 @@ class ProcessesMethods:
                     else:
                         restarts += 1
                         self.restarts = restarts
-                        self._children[slot] = start(slot)
+                        self.children[slot] = start(slot)
                         running[slot] = True
                         log.error("worker process %d %s; replaced by %d (restart %d of %d)", p.pid, how,
-                                  self._children[slot].pid, restarts, self.max_restarts)
+                                  self.children[slot].pid, restarts, self.max_restarts)
                 time.sleep(0.05)
         except BaseException:  # a second SIGINT: abort, leaving nobody behind
-            for p in self._children:
+            for p in self.children:
                 if p.is_alive():
                     os.kill(p.pid, signal.SIGKILL)
                 p.join()
             raise
         self.restarts = restarts
-        self._rows = None
+        self.rows = None
         for slot in range(self.processes):
-            self.stats.add(**{f: shared[slot * len(fields) + i] for i, f in enumerate(fields)})
-        return self.stats
+            stats.add(**{f: shared[slot * len(fields) + i] for i, f in enumerate(fields)})
+        return stats
 
 
 class _SharedRowStats(WorkerStats):
@@ -141,13 +176,11 @@ class _SharedRowStats(WorkerStats):
                     self._shared[self._base + i] += v
 
 
-def _child_main(spec: dict, handler: Callable, opts: dict, row: tuple, mask: set) -> None:
+def _child_main(spec: dict, make_worker: Callable, opts: dict, row: tuple, mask: set) -> None:
     from ringq.connect import connect
 
-    from .worker import Worker  # the child runs a Worker of its own
-
     stopping = threading.Event()
-    worker: Worker | None = None
+    worker: Any = None
 
     def on_term(_signum: int, _frame: Any) -> None:
         stopping.set()
@@ -159,7 +192,7 @@ def _child_main(spec: dict, handler: Callable, opts: dict, row: tuple, mask: set
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # blocked by the parent around fork
     parent = os.getppid()
     with connect(spec.pop("path"), spec.pop("name"), **spec) as q:
-        worker = Worker(q, handler, handle_signals=False, progress=False, **opts)
+        worker = make_worker(q, opts)
         worker.stats = _SharedRowStats(*row)
         if stopping.is_set():
             worker.stop()

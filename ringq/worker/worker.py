@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import multiprocessing
 import os
 import signal
 import threading
@@ -19,10 +18,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ringq.backend import FEATURE_SCHEDULES, QueueBackend
 from ringq.errors import JobNotFoundError, NotLeasedError, QueueClosedError
 from ringq.job import Job, JobState
 
-from .processes import ProcessesMethods, WorkerStats
+from .processes import ProcessPool, WorkerStats
 
 __all__ = ["Worker", "WorkerStats"]
 
@@ -37,7 +37,7 @@ LEASE_RETRY_MAX = 1.0
 LEASE_LOG_EVERY = 5.0
 
 
-class Worker(ProcessesMethods):
+class Worker:
     """Run ``handler(job)`` for jobs leased from ``queue``.
 
     The first seven parameters may be given by position, in nobroker's order (its Worker is a
@@ -91,7 +91,7 @@ class Worker(ProcessesMethods):
 
     def __init__(
         self,
-        queue: Any,
+        queue: QueueBackend,
         handler: Callable[[Job], Any],
         concurrency: int = 1,
         poll_interval: float = 0.1,
@@ -140,15 +140,14 @@ class Worker(ProcessesMethods):
         self._taken = 0
         self._taken_lock = threading.Lock()
         self._signals = 0
-        self._children: list[multiprocessing.Process] = []
         self.metrics_port = metrics_port
         self.metrics_address: tuple[str, int] | None = None  # where metrics are served during run()
         self.progress = progress
-        self._rows: tuple[Any, list[str]] | None = None  # processes mode: the children's shared counters
+        self.pool: ProcessPool | None = None  # processes mode: the children of the last run()
         # Called after each handler returns or raises, with ("succeeded" | "failed", seconds).
         self.observers: list[Callable[[str, float], None]] = []
         # Periodic jobs (docs/schedules.md): fired from the lease loop of a local queue.
-        self._schedules = callable(getattr(queue, "run_schedules", None))
+        self._schedules = FEATURE_SCHEDULES in queue.features
         self._schedule_error_logged = -math.inf
         # Lease failures shared by the threads: (monotonic time of the first, of the last log line, count)
         self._lease_outage: tuple[float, float, int] | None = None
@@ -157,9 +156,8 @@ class Worker(ProcessesMethods):
     def stop(self) -> None:
         """Ask the worker to finish in-flight handlers, ack them, and return from ``run()``."""
         self._stop.set()
-        for p in list(self._children):
-            if p.is_alive():
-                os.kill(p.pid, signal.SIGTERM)
+        if self.pool is not None:
+            self.pool.signal_children()
 
     @property
     def stopping(self) -> bool:
@@ -173,7 +171,17 @@ class Worker(ProcessesMethods):
         detach = attach(self)
         try:
             if self.processes:
-                return self._run_processes()
+                opts = dict(concurrency=self.concurrency, poll_interval=self.poll_interval, max_jobs=self.max_jobs,
+                            idle_timeout=self.idle_timeout, heartbeat=self.heartbeat)
+                handler = self.handler
+                self.pool = ProcessPool(
+                    self.queue, self.processes, self.max_restarts, opts, self._stop,
+                    lambda q, o: Worker(q, handler, handle_signals=False, progress=False, **o),
+                )
+                try:
+                    return self.pool.run(self.stats)
+                finally:
+                    self.restarts = self.pool.restarts
             self._last_busy = time.monotonic()
             threads = [threading.Thread(target=self._loop, name=f"ringq-worker-{i}", daemon=True)
                        for i in range(self.concurrency)]
@@ -412,19 +420,14 @@ class Worker(ProcessesMethods):
 
         return restore
 
-    # -- processes ------------------------------------------------------------------------------------
-
     # -- live numbers (ringq/progress.py, ringq/metrics.py) ------------------------------------------
 
     def live_stats(self) -> dict[str, int]:
         """What this run has done so far (``WorkerStats.to_dict()`` form); in processes mode the
         sum of the children's shared counters."""
-        rows = self._rows
-        if rows is None:
-            return self.stats.to_dict()
-        shared, fields = rows
-        n = len(fields)
-        return {f: sum(shared[slot * n + i] for slot in range(len(shared) // n)) for i, f in enumerate(fields)}
+        pool = self.pool
+        live = None if pool is None else pool.live_stats()
+        return self.stats.to_dict() if live is None else live
 
     def _observe(self, outcome: str, seconds: float) -> None:
         for fn in self.observers:

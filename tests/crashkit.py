@@ -22,11 +22,11 @@ from typing import Any
 
 import ringq
 from ringq.engine import appends as appends_mod
+from ringq.engine import claim as claim_mod
 from ringq.engine import index as index_mod
 from ringq.engine import segment as seg_mod
 from ringq.engine.control import OFF_BOOT
 from ringq.engine.segment import REC_DATA_OFF, seg_layout, segment_name, state_name
-from ringq.local import leases as leases_mod
 from ringq.local.queue import Queue
 
 NAME = "q"
@@ -272,7 +272,7 @@ class Recorder:
                 return rc
 
         proxy = LibProxy()
-        for mod in (appends_mod, index_mod, leases_mod):
+        for mod in (appends_mod, index_mod, claim_mod):
             patches.append((mod, "lib", mod.lib))
             mod.lib = proxy  # type: ignore[assignment]
         self.active = True

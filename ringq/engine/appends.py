@@ -1,9 +1,10 @@
 """Appending: turning packed batches and single jobs into published records of a queue's segments,
 under its writer lock, in as few C calls as the common case allows (``ringq_append_fast``,
-``ringq_append``), with rotation across segments.  A mixin of :class:`ringq.ring.Ring`, which owns
-the attributes used here (``ctl``, ``lock``, ``segs``, ``dur``, ``report``, the scratch buffer
-and the record template) and the segment methods called (``_tail_segment``, ``_allocate``,
-``_link``).  Byte layouts: ``docs/format.md``; the append protocol: ``docs/design.md``.
+``ringq_append``), with rotation across segments.  An :class:`Appender` belongs to one
+:class:`ringq.engine.ring.Ring`, whose control file, writer lock, durability strategy and report
+it uses, and whose segment methods (``tail_segment``, ``allocate``, ``link``) it calls; it owns
+the record template and the scratch it lays records out in.  Byte layouts: ``docs/format.md``;
+the append protocol: ``docs/design.md``.
 """
 
 from __future__ import annotations
@@ -12,17 +13,23 @@ import os
 import time
 from array import array
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import native
 from . import native, records, recovery
+from .native import CData
 from ._native import ffi, lib
 from .control import CTL_WORDS, CTL_WORDS_WAKE, OFF_ENQUEUED_TOTAL, OFF_NEXT_SEQ, OFF_TAIL_SEG
 from .records import NewRecord
 from .segment import REC_DATA_OFF, Segment
 from .words import ST_READY, pack, position
 
-__all__ = ["AppendMethods", "Placement", "REC_HEADER_SIZE", "SCRATCH_KEEP", "discard_fresh"]
+if TYPE_CHECKING:  # pragma: no cover
+    from .ring import Ring
+
+__all__ = ["Appender", "Placement", "REC_HEADER_SIZE", "SCRATCH_KEEP", "discard_fresh"]
 
 REC_HEADER_SIZE = records.REC_HEADER.size
 #: Bytes of scratch a Ring keeps between appends for laying records out in slots; a batch that
@@ -43,19 +50,33 @@ def discard_fresh(fresh: list[Segment]) -> None:
                 pass
 
 
-class AppendMethods:
-    """Appending records: part of :class:`ringq.ring.Ring` (a mixin)."""
+class Appender:
+    """Appending records to the segments of ``ring``."""
 
-    # -- append ---------------------------------------------------------------------------------
+    def __init__(self, ring: Ring) -> None:
+        self.ring = ring
+        # Used under the writer lock only: the template record header, the head slot of a single
+        # job, the end slot, tail and seq out-words, and the layout scratch.
+        self._tmpl = ffi.new("ringq_rec_header *")
+        self._heads1 = ffi.new("uint32_t[1]")
+        self._end = ffi.new("uint32_t *")
+        self._tail = ffi.new("uint32_t *")
+        self._seq = ffi.new("uint64_t *")
+        self._last: Segment | None = None  # the segment append_packed wrote to last
+        self._scratch: tuple[bytearray, CData] | None = None
+
+    def forget_last(self) -> None:
+        """Forget the segment appended to last (it is being closed or retired)."""
+        self._last = None
 
     def max_record_bytes(self) -> int:
         """The largest record (64-byte header + id + payload) this queue stores, in bytes: what a
         segment holds, capped at the 32-bit length field of the record header (4 GiB - 1)."""
-        return min(self.ctl.slot_size * self.ctl.slot_count, records.MAX_RECORD_FIELD)
+        return min(self.ring.ctl.slot_size * self.ring.ctl.slot_count, records.MAX_RECORD_FIELD)
 
     def check_sizes(self, recs: Sequence[NewRecord]) -> None:
         """Raise RecordTooLargeError if any record of the batch exceeds a limit (nothing allocated)."""
-        records.check_sizes(recs, self.max_record_bytes(), self.name)
+        records.check_sizes(recs, self.max_record_bytes(), self.ring.name)
 
     def append(self, recs: list[NewRecord]) -> list[Placement]:
         """Append records durably (per the durability strategy); one lock hold, one sync.
@@ -74,10 +95,10 @@ class AppendMethods:
         Needs no lock of the caller's: a caller may release its own locks first, so that other
         threads append (and share the sync, under group commit) while this one waits for the disk.
         """
-        touched, pos, *woken = ticket  # a third item: the one-call append woke them already
-        self.dur.after_append(touched, pos)
-        if not woken:
-            self.ctl.wake()
+        touched, pos = ticket[0], ticket[1]
+        self.ring.dur.after_append(touched, pos)
+        if len(ticket) < 3:  # a third item: the one-call append woke them already
+            self.ring.ctl.wake()
 
     def append_nowait(self, recs: list[NewRecord]) -> tuple[list[Placement], tuple[dict[int, list[int]], int]]:
         """Publish records under the writer lock; returns ``(placements, ticket)`` for :meth:`finish`.
@@ -88,26 +109,26 @@ class AppendMethods:
         but not yet durable.
         """
         self.check_sizes(recs)  # the whole batch, before a byte of it is allocated or written
-        ctl = self.ctl
+        ctl = self.ring.ctl
         slot_size = ctl.slot_size
         out: list[Placement] = []
         touched: dict[int, list[int]] = {}
         tmpl = self._tmpl
         head, endp = self._heads1, self._end
         spans = [-(-r.length() // slot_size) for r in recs]
-        with self.lock:
-            seg = self._tail_segment()
-            tail = recovery.repair_tail(seg, self.report)
+        with self.ring.lock:
+            seg = self.ring.tail_segment()
+            tail = recovery.repair_tail(seg, self.ring.report)
             # Plan first and allocate every segment the batch needs before writing a byte, so that
             # a full disk fails the whole batch cleanly (QueueFullError) instead of half of it.
-            fresh = self._allocate(seg, tail, spans)
+            fresh = self.ring.allocate(seg, tail, spans)
             next_seq = max(ctl.next_seq(), seg.last_seq() + 1)
             ctl.set_next_seq(next_seq + len(recs))  # reserve first: a crash leaves a gap, never a reuse
             now_us = time.time_ns() // 1000
             now_ms = now_us // 1000
             for rec, span in zip(recs, spans):
                 if span > seg.slot_count - tail:
-                    seg = self._link(seg, fresh.pop(0))
+                    seg = self.ring.link(seg, fresh.pop(0))
                     tail = 0
                 avail_ms = now_ms + rec.delay_ms if rec.at_ms is None else rec.at_ms
                 enq_us = now_us if rec.enqueued_us is None else rec.enqueued_us
@@ -162,7 +183,7 @@ class AppendMethods:
         Raises QueueFullError (nothing written) if a new segment cannot be allocated,
         LockTimeoutError, OSError for a failed write.
         """
-        ctl = self.ctl
+        ctl = self.ring.ctl
         slot_size = ctl.slot_size
         tmpl = self._tmpl
         heads = self._heads1 if n == 1 else ffi.new("uint32_t[]", n)
@@ -188,27 +209,28 @@ class AppendMethods:
             return [(segseq, 0, n)], [heads[0]] if n == 1 else ffi.unpack(heads, n), first_seq, now_us, avail_ms, ticket
         bound = (len(data) + n * REC_HEADER_SIZE) // slot_size + n  # slots the batch may take
         fresh: list[Segment] = []
-        with self.lock:
+        with self.ring.lock:
             # Usually one C call checks the segment this process appended to last is still the
             # tail segment, with nothing past its tail and room for the batch, and reserves the
             # seqs; otherwise the general way.
-            seg = self._last
-            rc = 1 if seg is None or seg.mm is None else lib.ringq_append_reserve(
-                seg.ptr, seg.size, seg.geom, ctl.ptr, ctl.size, OFF_TAIL_SEG, OFF_NEXT_SEQ, n, bound,
+            last = self._last
+            rc = 1 if last is None or last.mm is None else lib.ringq_append_reserve(
+                last.ptr, last.size, last.geom, ctl.ptr, ctl.size, OFF_TAIL_SEG, OFF_NEXT_SEQ, n, bound,
                 self._tail, self._seq)
-            if rc == 0:
+            if rc == 0 and last is not None:
+                seg = last
                 tail, first_seq = self._tail[0], self._seq[0]
             else:
-                native.check(rc, f"append to {seg.path if seg is not None else self.name}")
-                seg = self._tail_segment()
-                tail = recovery.repair_tail(seg, self.report)
+                native.check(rc, f"append to {last.path if last is not None else self.ring.name}")
+                seg = self.ring.tail_segment()
+                tail = recovery.repair_tail(seg, self.ring.report)
                 if bound > seg.slot_count - tail:
                     # It may not fit: plan exactly, and create every segment the batch needs before
                     # a byte is written, so that a full disk fails the whole batch (QueueFullError).
                     total = np.asarray(payload_lens, dtype=np.int64) + REC_HEADER_SIZE
                     if id_lens is not None:
                         total += np.asarray(id_lens, dtype=np.int64)
-                    fresh = self._allocate(seg, tail, (-(-total // slot_size)).tolist())
+                    fresh = self.ring.allocate(seg, tail, (-(-total // slot_size)).tolist())
                 first_seq = max(ctl.next_seq(), seg.last_seq() + 1)
                 ctl.set_next_seq(first_seq + n)  # reserve first: a crash leaves a gap, never a reuse
             now_us = time.time_ns() // 1000
@@ -241,8 +263,8 @@ class AppendMethods:
         enqueued_us, available_ms, ticket)``.  Raises as :meth:`append_packed`."""
         length = REC_HEADER_SIZE + len(data)
         scratch = self._scratch
-        if scratch is None or len(scratch[0]) < length + self.ctl.slot_size:
-            scratch = self._grow_scratch(length + self.ctl.slot_size)
+        if scratch is None or len(scratch[0]) < length + self.ring.ctl.slot_size:
+            scratch = self._grow_scratch(length + self.ring.ctl.slot_size)
         got = self._append_fast(1, bytes((codec,)), ffi.NULL, [len(data)], data, scratch, self._heads1,
                                 priority, delay_ms, max_attempts, kind)
         if got is not None:
@@ -252,8 +274,8 @@ class AppendMethods:
             1, bytes((codec,)), None, [len(data)], data, length, priority, delay_ms, max_attempts, kind)
         return placed[0][0], heads[0], seq, now_us, avail_ms, ticket
 
-    def _append_fast(self, n: int, codecs: bytes, id_ptr: object, lens_ptr: object, data: bytes,
-                     scratch: tuple[bytearray, object], heads: object, priority: int, delay_ms: int,
+    def _append_fast(self, n: int, codecs: bytes, id_ptr: CData, lens_ptr: CData, data: bytes,
+                     scratch: tuple[bytearray, CData], heads: CData, priority: int, delay_ms: int,
                      max_attempts: int, kind: int,
                      ) -> tuple[int, int, int, int, int, tuple[dict[int, list[int]], int]] | None:
         """The whole append in one C call (``ringq_append_fast``: lock, checks, seqs, write,
@@ -263,8 +285,8 @@ class AppendMethods:
         seg = self._last
         if seg is None or seg.mm is None:
             return None
-        ctl = self.ctl
-        lock = self.lock
+        ctl = self.ring.ctl
+        lock = self.ring.lock
         lock_fd = lock.enter_thread()
         try:
             if lock_fd < 0:
@@ -275,7 +297,7 @@ class AppendMethods:
             tmpl.kind = kind
             endp = self._end
             # With no sync between publishing and returning, the call wakes consumers itself.
-            words = CTL_WORDS_WAKE if self.durability in ("none", "interval") else CTL_WORDS
+            words = CTL_WORDS_WAKE if self.ring.durability in ("none", "interval") else CTL_WORDS
             rc = lib.ringq_append_fast(lock_fd, ctl.ptr, ctl.size, words, seg.rfd, REC_DATA_OFF, seg.ptr,
                                        seg.size, seg.geom, seg.epoch_ms, delay_ms, tmpl, codecs, id_ptr, lens_ptr,
                                        n, data, len(data), scratch[1], len(scratch[0]), heads, endp)
@@ -288,16 +310,16 @@ class AppendMethods:
         native.check(rc, f"write records to {seg.path}")
         return None
 
-    def _grow_scratch(self, need: int) -> tuple[bytearray, object]:
+    def _grow_scratch(self, need: int) -> tuple[bytearray, CData]:
         buf = bytearray(need)
         scratch = (buf, ffi.from_buffer("uint8_t[]", buf))
         if need <= SCRATCH_KEEP:
             self._scratch = scratch
         return scratch
 
-    def _append_runs(self, seg: Segment, tail: int, fresh: list[Segment], k: int, n: int, tmpl: object,
-                     avail_ms: int, codecs: bytes, id_ptr: object, lens_ptr: object, data: bytes,
-                     scratch: tuple[bytearray, object], heads: object,
+    def _append_runs(self, seg: Segment, tail: int, fresh: list[Segment], k: int, n: int, tmpl: CData,
+                     avail_ms: int, codecs: bytes, id_ptr: CData, lens_ptr: CData, data: bytes,
+                     scratch: tuple[bytearray, CData], heads: CData,
                      ) -> tuple[list[tuple[int, int, int]], dict[int, list[int]], Segment, int]:
         """The rest of :meth:`append_packed` when the batch did not go in one run: write every run
         (across rotations into the ``fresh`` segments, or in scratch-sized pieces), then publish them
@@ -313,9 +335,10 @@ class AppendMethods:
                 if k < 0:
                     native.check(k, f"write records to {cur.path}")
                 if k == 0:  # cur is full: on to the next segment planned
-                    cur = next(later, None)
-                    if cur is None:
+                    nxt = next(later, None)
+                    if nxt is None:
                         raise RuntimeError("ringq: a batch did not fit the segments planned for it")
+                    cur = nxt
                     cur_tail = 0
                 else:
                     runs.append((cur, i, k, cur_tail, endp[0]))
@@ -327,7 +350,7 @@ class AppendMethods:
                                      pack(ST_READY, 0, 0, avail_ms - cur.epoch_ms), codecs, id_ptr, lens_ptr,
                                      n, i, data, len(data), sptr, len(sbuf), 0, ffi.NULL, 0, 0, heads, endp)
         except BaseException:
-            slot_size = self.ctl.slot_size
+            slot_size = self.ring.ctl.slot_size
             for s, _first, _k, lo, hi in runs:
                 if s is seg:  # best effort: recovery must not adopt a part of a failed batch
                     try:
@@ -341,7 +364,7 @@ class AppendMethods:
         touched: dict[int, list[int]] = {}
         for s, first, cnt, lo, hi in runs:
             if s is not seg:
-                seg = self._link(seg, s)
+                seg = self.ring.link(seg, s)
             native.check(
                 lib.ringq_append_publish(s.ptr, s.size, s.geom, heads + first, cnt, hi,
                                          pack(ST_READY, 0, 0, avail_ms - s.epoch_ms), first_seq + first + cnt - 1),
@@ -350,5 +373,5 @@ class AppendMethods:
             placed.append((s.seq, first, cnt))
             rng = touched.setdefault(s.seq, [lo, hi])
             rng[1] = hi
-        self.ctl.count("enqueued", n)
+        self.ring.ctl.count("enqueued", n)
         return placed, touched, seg, runs[-1][4]

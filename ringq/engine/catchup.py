@@ -1,8 +1,9 @@
 """Catching up: how a reader's index learns what other processes did -- new segments, new records
 (validated by ``ringq_seg_scan``, read into the per-slot arrays and lanes of ringq/views.py), jobs
-returned to READY -- cheaply when nothing moved.  A mixin of :class:`ringq.index.Index`, which
-owns the attributes used here (``ring``, ``views``, ``ids``, ``seen_change``, the catch-up stamp,
-the scan buffer) and the ordering methods called (``park``, ``_queue_lane``, ``_queue_lane_next``).
+returned to READY -- cheaply when nothing moved.  A :class:`CatchUp` belongs to one
+:class:`ringq.engine.index.Index`: it fills the index's views and known ids and hands jobs to its
+ordering (``park``, ``queue_lane``, ``queue_lane_next``); the catch-up stamp and the scan buffer
+are its own.
 """
 
 from __future__ import annotations
@@ -18,21 +19,28 @@ from .views import Lane, View, now_ms
 from .words import ST_DEAD, ST_EMPTY, ST_READY, WHY_NONE, np_state, pack, split_position, state
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .index import Index
     from .ring import Ring
 
-__all__ = ["CatchUpMethods", "FEW", "FULL_CATCH_UP"]
+__all__ = ["CatchUp", "FEW", "FULL_CATCH_UP"]
 
 FEW = 8  # records an ingest reads field by field rather than through numpy arrays
 FULL_CATCH_UP = 1.0  # seconds: a catch-up looks at every segment at least this often
 
 
-class CatchUpMethods:
-    """Catching up with other processes: part of :class:`ringq.index.Index` (a mixin)."""
+class CatchUp:
+    """Catching up ``index`` with other processes."""
 
-    ring: Ring
-    views: dict[int, View]
+    def __init__(self, index: Index) -> None:
+        self.index = index
+        self.ring: Ring = index.ring
+        self._few = records.FewScanner(FEW)
+        self._stamp: tuple[int, int] | None = None  # control words at the last catch-up
+        self._stamp_until = 0.0
 
-    # -- catching up ------------------------------------------------------------------------------
+    def forget(self) -> None:
+        """The next catch-up runs in full (the views were dropped)."""
+        self._stamp = None
 
     def catch_up(self, quick: bool = False) -> list[View]:
         """Catch up with other processes: new segments, new records, jobs returned to READY.
@@ -57,7 +65,7 @@ class CatchUpMethods:
             # retired (each of those bumps the ring generation), so only the unsealed views can
             # have new records, and no view is newly sealed.
             self._stamp = stamp
-            for view in self.views.values():
+            for view in self.index.views.values():
                 if not view.sealed and view.seg.tail() > view.scanned:
                     self._ingest(view)
             self._look_for_returned()
@@ -65,21 +73,21 @@ class CatchUpMethods:
         self._stamp, self._stamp_until = stamp, t + FULL_CATCH_UP
         dropped = False
         for seq in ring.refresh():
-            dropped |= self.views.pop(seq, None) is not None
+            dropped |= self.index.views.pop(seq, None) is not None
         segs = ring.segs
-        if len(segs) != len(self.views):
-            for seq in [s for s in self.views if s not in segs]:
-                del self.views[seq]
+        if len(segs) != len(self.index.views):
+            for seq in [s for s in self.index.views if s not in segs]:
+                del self.index.views[seq]
                 dropped = True
             for seg in segs:
-                if seg.seq not in self.views:
-                    self.views[seg.seq] = View(seg)
+                if seg.seq not in self.index.views:
+                    self.index.views[seg.seq] = View(seg)
         if (
             dropped
         ):  # forget the ids of retired segments, or a long-lived process grows without bound
-            self.ids = {jid: loc for jid, loc in self.ids.items() if loc[0] in self.views}
+            self.index.ids = {jid: loc for jid, loc in self.index.ids.items() if loc[0] in self.index.views}
         newly_sealed: list[View] = []
-        for view in self.views.values():
+        for view in self.index.views.values():
             if view.sealed:
                 continue
             seg = view.seg
@@ -94,9 +102,9 @@ class CatchUpMethods:
 
     def _look_for_returned(self) -> None:
         change = self.ring.ctl.change_counter()
-        if change != self.seen_change:
-            self.seen_change = change
-            for view in self.views.values():
+        if change != self.index.seen_change:
+            self.index.seen_change = change
+            for view in self.index.views.values():
                 c = view.seg.change()
                 if c != view.change:
                     view.change = c
@@ -162,7 +170,7 @@ class CatchUpMethods:
                 )
             for row in ok[ok["id_len"] > 0]:
                 slot = int(row["slot"])
-                self.ids[
+                self.index.ids[
                     records.read_id(seg, slot, int(row["id_len"])).decode("utf-8", "replace")
                 ] = (seg.seq, slot)
             now = now_ms()
@@ -170,7 +178,7 @@ class CatchUpMethods:
                 self._complete_supersede(int(row["supersedes"]))
                 # A copy sits in its lane behind younger jobs: give it its own entry now, keyed
                 # by its original place, rather than when the lane's cursor reaches it.
-                self.park(view, int(row["slot"]), now)
+                self.index.park(view, int(row["slot"]), now)
         prios = ok["priority"]
         first = int(prios[0])
         groups = (
@@ -185,7 +193,7 @@ class CatchUpMethods:
             mine = slots if len(groups) == 1 else slots[prios == p]
             view.lanepos[mine] = np.arange(lane.slots.n, lane.slots.n + len(mine), dtype=np.uint32)
             lane.slots.extend(mine)
-            self._queue_lane(view, lane)
+            self.index.queue_lane(view, lane)
 
     def _ingest_few(self, view: View, tail: int) -> None:
         """:meth:`_ingest` for a handful of records, field by field (what a consumer woken for
@@ -216,7 +224,7 @@ class CatchUpMethods:
             if state(r.state) == ST_EMPTY:  # published, its state page lost (see _ingest)
                 seg.cas_state(slot, 0, pack(ST_READY, WHY_NONE, 0, avail - seg.epoch_ms))
             if r.id_len:
-                self.ids[records.read_id(seg, slot, r.id_len).decode("utf-8", "replace")] = (seg.seq, slot)
+                self.index.ids[records.read_id(seg, slot, r.id_len).decode("utf-8", "replace")] = (seg.seq, slot)
             lane = view.lanes.get(prio)
             if lane is None:
                 lane = view.lanes[prio] = Lane(prio)
@@ -225,8 +233,8 @@ class CatchUpMethods:
             if sup:
                 self._complete_supersede(sup)
                 now = now_ms() if now is None else now
-                self.park(view, slot, now)
-            self._queue_lane_next(view, lane)
+                self.index.park(view, slot, now)
+            self.index.queue_lane_next(view, lane)
 
     def _complete_supersede(self, ref: int) -> None:
         """A requeued or relocated record names the record it replaces: make sure that one is GONE."""
@@ -254,4 +262,4 @@ class CatchUpMethods:
         now = now_ms()
         for p, lane in view.lanes.items():
             for slot in ready[(prios == p) & (pos < lane.cursor)].tolist():
-                self.park(view, slot, now)
+                self.index.park(view, slot, now)

@@ -51,7 +51,7 @@ import os
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import ackjournal, forksafe
 from .control import OFF_SYNC_COUNT, OFF_SYNC_GEN, OFF_SYNCED
@@ -147,9 +147,8 @@ class Strategy:
 
     def _count_sync(self) -> None:
         self.syncs += 1
-        ctl = self.ring.ctl
-        if ctl is not None:
-            ctl.add64(OFF_SYNC_COUNT)
+        if self.ring.opened:
+            self.ring.ctl.add64(OFF_SYNC_COUNT)
 
     # -- hooks the ring calls -------------------------------------------------------------------
 
@@ -181,7 +180,7 @@ class Strategy:
             pend = self._acks.pending
             item = pend.get(seg.seq)
             if item is None:
-                pend[seg.seq] = (seg, [(slot, word)])
+                pend[seg.seq] = [seg, [(slot, word)]]
             else:
                 item[1].append((slot, word))
         self.note_state(seg, slot)
@@ -280,7 +279,7 @@ def _stop_flushers_at_exit() -> None:
     for strategy in list(_LIVE):
         try:
             strategy.stop_flusher(timeout=60.0)  # joins only this process's own thread
-            if strategy.ring.ctl is not None:
+            if strategy.ring.opened:
                 strategy.flush()  # a forked child's copy flushes nothing (the parent's work)
         except Exception:  # noqa: BLE001 -- an exit hook must not raise; a closed mapping has nothing pending
             pass
@@ -288,7 +287,7 @@ def _stop_flushers_at_exit() -> None:
 
 class _AckBatch(threading.local):
     def __init__(self) -> None:
-        self.pending: dict[int, list] = {}  # seg seq -> [segment, first slot, end slot]
+        self.pending: dict[int, list[Any]] = {}  # seg seq -> [segment, [(slot, word), ...]]
 
 
 def _flusher_main(
@@ -296,7 +295,7 @@ def _flusher_main(
 ) -> None:
     while not stop.wait(period):
         strategy = ref()
-        if strategy is None or strategy.ring.ctl is None:
+        if strategy is None or not strategy.ring.opened:
             return
         try:
             strategy.flush()
@@ -334,6 +333,7 @@ class Group(Strategy):
     name = "group"
 
     linger = 50e-6  # seconds a contended leader waits before reading the tail
+    _leader_fd: int  # this process's descriptor of the group lock file (-1: none yet)
 
     def _reset(self) -> None:
         super()._reset()

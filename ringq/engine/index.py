@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import native, records
+from . import native
 from ._native import ffi, lib
-from .catchup import FEW, CatchUpMethods
+from .catchup import CatchUp
 from .views import Direct, Lane, View, due, now_ms, order
 from .words import (
     ST_DEAD,
@@ -53,7 +53,7 @@ AUTO_ID = re.compile(r"^[0-9a-f]{16}$")
 RETAINED = (ST_READY, ST_LEASED, ST_DONE, ST_DEAD)
 
 
-class Index(CatchUpMethods):
+class Index:
     """The views of every mapped segment, the ready and scheduled heaps, and known job ids."""
 
     def __init__(self, ring: Ring) -> None:
@@ -67,13 +67,14 @@ class Index(CatchUpMethods):
         self.ids: dict[str, tuple[int, int]] = {}
         self.seen_change = -1
         self._claim_out = ffi.new("ringq_claim_out *")
-        self._few = records.FewScanner(FEW)
-        self._stamp: tuple[int, int] | None = None  # control words at the last catch-up
-        self._stamp_until = 0.0
+        # Learning of other processes' work is the CatchUp's; its two entry points are the index's.
+        self.catchup = CatchUp(self)
+        self.catch_up = self.catchup.catch_up
+        self.read_through = self.catchup.read_through
 
     def clear(self) -> None:
         self.views.clear()
-        self._stamp = None
+        self.catchup.forget()
 
     # -- ordering -------------------------------------------------------------------------------
 
@@ -149,7 +150,7 @@ class Index(CatchUpMethods):
                 w,
             )
 
-    def _queue_lane_next(self, view: View, lane: Lane) -> None:
+    def queue_lane_next(self, view: View, lane: Lane) -> None:
         """Queue a lane whose candidate was just leased, keyed by the next slot in lane order
         without looking at its state word (no C call): ringq_claim_next checks it when it comes
         first, and hands back any other candidate."""
@@ -157,7 +158,7 @@ class Index(CatchUpMethods):
             return
         slot = int(lane.slots.a[lane.cursor])
         if not view.plain[slot]:
-            self._queue_lane(view, lane)
+            self.queue_lane(view, lane)
             return
         lane.queued = True
         heapq.heappush(
@@ -165,7 +166,7 @@ class Index(CatchUpMethods):
             (-lane.prio, int(view.avail[slot]), order(view, slot), 0, view.seg.seq, lane.prio, slot, 0),
         )
 
-    def _queue_lane(self, view: View, lane: Lane, now: int | None = None) -> None:
+    def queue_lane(self, view: View, lane: Lane, now: int | None = None) -> None:
         if lane.queued:
             return
         key = self._lane_key(view, lane, now)
@@ -230,7 +231,7 @@ class Index(CatchUpMethods):
                         got = direct.made(view, co.slot, co.word)
                         if got is not None:
                             out.append(got)
-                        self._queue_lane_next(view, lane)
+                        self.queue_lane_next(view, lane)
                         continue
                     if co.status == CLAIM_NONE:
                         lane.cursor = arr.n
@@ -247,14 +248,14 @@ class Index(CatchUpMethods):
                 if skip is not None and skip(view, slot):
                     lane.cursor += 1
                     passed.append((view, slot))
-                    self._queue_lane(view, lane, now)
+                    self.queue_lane(view, lane, now)
                     continue
                 got = claim(view, slot, w, now)
                 if got is not None or held_back.blocked(segseq, slot):
                     lane.cursor += 1
                 if got is not None:
                     out.append(got)
-                self._queue_lane(view, lane, now)
+                self.queue_lane(view, lane, now)
             else:
                 self.parked.discard((segseq, slot))
                 w = view.seg.load_state(slot)

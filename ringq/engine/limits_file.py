@@ -83,11 +83,11 @@ def _check_rate(rate: Any) -> tuple[int, float]:
         ok = (
             isinstance(n, numbers.Integral)
             and not isinstance(n, bool)
-            and 1 <= n <= 0xFFFFFFFF
+            and 1 <= int(n) <= 0xFFFFFFFF
             and isinstance(per, numbers.Real)
             and not isinstance(per, bool)
             and math.isfinite(per)
-            and per > 0
+            and float(per) > 0
         )
     if not ok:
         raise LimitError(

@@ -15,6 +15,7 @@ import os
 import stat
 import threading
 import time
+from typing import Any
 
 from ringq.errors import CorruptionError
 
@@ -75,7 +76,9 @@ class Mapped:
         self.fd = fd
         self.size = size
         prot = mmap.PROT_READ if readonly else mmap.PROT_READ | mmap.PROT_WRITE
-        self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
+        # The buffer over the mapping (an mmap here, a cffi buffer for a segment's pair of
+        # files), None once closed.
+        self.mm: Any = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
         self.ptr = ffi.from_buffer("uint8_t[]", self.mm)
 
     # Atomic word access (acquire loads, release stores, seq-cst RMW), offsets checked in C.

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import errno as _errno
 import os
+from typing import Any
 
 from ringq.errors import CorruptionError, QueueFullError, RingqError
 
 from ._native import ffi, lib
 
-__all__ = ["ffi", "lib", "check", "futex_missing"]
+__all__ = ["ffi", "lib", "check", "futex_missing", "CData"]
+
+#: A cffi object (a struct, a pointer, an array): typed by the C header, not by Python.
+CData = Any
 
 _CODES: dict[int, tuple[type[RingqError], str]] = {
     lib.RINGQ_EBOUNDS: (CorruptionError, "offset or length outside the mapping"),

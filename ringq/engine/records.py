@@ -19,6 +19,7 @@ import numpy as np
 from ringq.errors import RecordTooLargeError
 
 from . import native
+from .native import CData
 from ._native import ffi, lib
 from .segment import Segment
 from .words import ST_READY
@@ -217,7 +218,7 @@ class FewScanner:
         return n, self._next[0]
 
 
-def check_one(seg: Segment, slot: int) -> object | None:
+def check_one(seg: Segment, slot: int) -> CData | None:
     """The ``ringq_rec_info`` of the valid record at ``slot``, or None if it fails validation."""
     info = ffi.new("ringq_rec_info *")
     if lib.ringq_rec_check(seg.ptr, seg.size, seg.geom, slot, info) != 0:
@@ -225,7 +226,7 @@ def check_one(seg: Segment, slot: int) -> object | None:
     return info
 
 
-def read_record(seg: Segment, slot: int) -> tuple[object, bytes, bytearray]:
+def read_record(seg: Segment, slot: int) -> tuple[CData, bytes, bytearray]:
     """Validate and copy one record: ``(info cdata, id bytes, payload bytearray)``.
 
     Raises CorruptionError if it fails validation (the caller marks it BAD).
@@ -268,6 +269,6 @@ def read_id(seg: Segment, slot: int, id_len: int) -> bytes:
     return bytes(seg.mm[base : base + id_len])
 
 
-def job_id(info: object, id_bytes: bytes) -> str:
+def job_id(info: CData, id_bytes: bytes) -> str:
     """A record's job id: its explicit id, or 16 hex digits of its seq."""
     return bytes(id_bytes).decode("utf-8", "replace") if info.id_len else f"{info.seq:016x}"

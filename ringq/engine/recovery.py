@@ -212,7 +212,7 @@ def recover_segments(segs: SegmentSet, mode: int, report: RecoveryReport) -> lis
     append whose writer died before it returned: it is never adopted (a live writer overwrites
     it), and a segment created for a batch but never linked is removed like a temporary file.
     """
-    ctl = segs.ctl
+    ctl = segs.control
     boot = this_boot()
     same_boot = boot is not None and ctl.boot_id() == boot
     linked = ctl.tail_seq()
@@ -319,28 +319,29 @@ def recover_segments(segs: SegmentSet, mode: int, report: RecoveryReport) -> lis
     for path in journals:
         # A journal whose segment is gone: the segment retired (every job finished) and a late
         # ack created the journal again.  Nothing in it can matter.
-        seq = path[len(os.path.join(segs.dir, segs.name)) + 1 : -len(".acks")]
-        if not (re.fullmatch(r"[0-9a-f]{16}", seq) and int(seq, 16) in segs):
+        hexseq = path[len(os.path.join(segs.dir, segs.name)) + 1 : -len(".acks")]
+        if not (re.fullmatch(r"[0-9a-f]{16}", hexseq) and int(hexseq, 16) in segs):
             try:
                 os.unlink(path)
             except OSError:
                 pass
     for seq in live[:-1]:
-        seg = segs.get(seq)
-        if not seg.sealed():
-            seg.seal()
+        older = segs.get(seq)
+        if older is not None and not older.sealed():
+            older.seal()
     ctl_tail = ctl.tail_seq()
     if ctl_tail > max(seqs, default=0) + MAX_SEQ_GAP:
         report.repairs.append((ctl.path, f"tail segment {ctl_tail} is impossible; ignored"))
         ctl_tail = 0
     tail_seq = live[-1] if live else 0
-    if not live or tail_seq < ctl_tail or segs.get(tail_seq).sealed():
+    newest = segs.get(tail_seq) if live else None
+    if newest is None or tail_seq < ctl_tail or newest.sealed():
         # No usable tail: none at all, the control file's tail segment vanished (deleted or
         # quarantined), or the newest one is sealed.  Appending to a sealed segment would hide the
         # records from readers that finished with it, and reusing the seq of a vanished one would
         # collide with the mapping other processes still hold of it.
-        if live:
-            segs.get(tail_seq).seal()
+        if newest is not None:
+            newest.seal()
         tail_seq = max(ctl_tail, max(seqs, default=0)) + 1
         segs.add(
             Segment(

@@ -32,8 +32,8 @@ from ringq.errors import UnsupportedFilesystemError
 
 from . import durability as _durability
 from . import errtext, forksafe, records, recovery
-from ._native import ffi
-from .appends import AppendMethods, Placement, discard_fresh
+from .appends import Appender, Placement, discard_fresh
+from .control import Control
 from .lock import WriterLock
 from .records import NewRecord
 from .recovery import RecoveryReport
@@ -74,7 +74,7 @@ def fs_type(path: str, mounts_text: str | None = None) -> str:
 
 
 
-class Ring(AppendMethods):
+class Ring:
     """The segments of one queue name in one directory, as this process sees them.
 
     Args:
@@ -98,6 +98,8 @@ class Ring(AppendMethods):
     """
 
     MAX_RECORD_FIELD = records.MAX_RECORD_FIELD
+    ctl: Control  # the control file, from when __init__ opened it (``opened``)
+    lock: WriterLock
 
     def __init__(
         self,
@@ -122,18 +124,17 @@ class Ring(AppendMethods):
         self.durability = durability
         self.mode = mode
         self.report = RecoveryReport()
-        self.ctl = None
+        self.opened = False  # the control file is open (and mapped) until close
         self.segs = SegmentSet(self.dir, name)
-        self.lock: WriterLock | None = None
-        # For append_packed, used under the writer lock only: the template record header, the
-        # head slot of a single job, the end slot out-word, and the layout scratch.
-        self._tmpl = ffi.new("ringq_rec_header *")
-        self._heads1 = ffi.new("uint32_t[1]")
-        self._end = ffi.new("uint32_t *")
-        self._tail = ffi.new("uint32_t *")
-        self._seq = ffi.new("uint64_t *")
-        self._last: Segment | None = None  # the segment append_packed wrote to last
-        self._scratch: tuple[bytearray, object] | None = None
+        # Appending is the Appender's; its methods are the ring's.
+        self.appender = appender = Appender(self)
+        self.append = appender.append
+        self.append_nowait = appender.append_nowait
+        self.append_packed = appender.append_packed
+        self.append_one = appender.append_one
+        self.finish = appender.finish
+        self.max_record_bytes = appender.max_record_bytes
+        self.check_sizes = appender.check_sizes
         dmode = mode | ((mode & 0o444) >> 2)
         try:
             os.makedirs(self.dir, mode=dmode, exist_ok=True)
@@ -150,6 +151,7 @@ class Ring(AppendMethods):
         try:
             with self.lock:
                 self.ctl = recovery.open_control(self.segs, slot_size, slot_count, mode, self.report)
+                self.opened = True
                 self.lock.ctl = self.segs.ctl = self.ctl
                 for item in recovery.recover_segments(self.segs, mode, self.report):
                     # Copies first, then the rename: a crash in between salvages again at the next
@@ -202,9 +204,9 @@ class Ring(AppendMethods):
     def read_errors(self, seq: int) -> dict[int, list[tuple[int, str]]]:
         return errtext.read_errors(self.segs.err_path(seq))
 
-    # -- append (the rest: ringq/appends.py) ----------------------------------------------------------
+    # -- segments for the appender (ringq/engine/appends.py) -----------------------------------------
 
-    def _allocate(self, seg: Segment, tail: int, spans: list[int]) -> list[Segment]:
+    def allocate(self, seg: Segment, tail: int, spans: list[int]) -> list[Segment]:
         """Create (complete and durable) every segment a batch of ``spans`` needs after ``seg``."""
         room, need = seg.slot_count - tail, 0
         for span in spans:
@@ -222,7 +224,7 @@ class Ring(AppendMethods):
             raise
         return fresh
 
-    def _tail_segment(self) -> Segment:
+    def tail_segment(self) -> Segment:
         seq = self.ctl.tail_seq()
         seg = self.segs.segment(seq)
         if seg is None or seg.retired():
@@ -254,11 +256,11 @@ class Ring(AppendMethods):
 
     def _rotate(self, seg: Segment | None, after: int | None = None) -> Segment:
         """Under the lock: seal ``seg`` and link a new tail segment.  Raises QueueFullError."""
-        seq = (seg.seq if seg is not None else after) + 1
+        seq = (seg.seq if seg is not None else after or 0) + 1
         path = Segment.create(self.dir, self.name, seq, self.ctl.slot_size, self.ctl.slot_count, self.mode)
-        return self._link(seg, Segment(path))
+        return self.link(seg, Segment(path))
 
-    def _link(self, seg: Segment | None, new: Segment) -> Segment:
+    def link(self, seg: Segment | None, new: Segment) -> Segment:
         """Under the lock: seal ``seg`` and make the complete, fsynced ``new`` the tail segment."""
         self.segs.add(new)
         if seg is not None:
@@ -289,11 +291,12 @@ class Ring(AppendMethods):
 
     def close(self) -> None:
         dur = getattr(self, "dur", None)
-        if dur is not None and self.ctl is not None:
+        if dur is not None and self.opened:
             dur.close()
         self.segs.close()
-        if self.ctl is not None:
+        if self.opened:
             self.ctl.close()
-            self.ctl = None
-        if self.lock is not None:
-            self.lock.close()
+            self.opened = False
+        lock = getattr(self, "lock", None)  # absent if the directory could not be opened
+        if lock is not None:
+            lock.close()

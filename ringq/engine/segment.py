@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import struct
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -138,7 +139,7 @@ def static_header(magic: int, seq: int, slot_size: int, slot_count: int, epoch_m
 
 
 def write_file(
-    final: str, size: int, head: bytes, mode: int, body: list[tuple[int, bytes]] = ()
+    final: str, size: int, head: bytes, mode: int, body: Sequence[tuple[int, bytes]] = ()
 ) -> None:
     """Create ``final`` whole and durable: ``<final>.tmp`` allocated and zero-filled to ``size``
     bytes, ``head`` written at 0 and each ``(offset, bytes)`` of ``body``, fsynced, renamed into
@@ -375,7 +376,7 @@ class Segment(Mapped):
                 "slot_count": self.slot_count,
             },
         )
-        self._states = None
+        self._states: np.ndarray | None = None
 
     def record_file_off(self, slot: int) -> int:
         """File offset of ``slot`` in the record file."""

@@ -12,6 +12,7 @@ import os
 import re
 import stat
 import threading
+from collections.abc import Iterable
 from collections.abc import Iterator
 
 import numpy as np
@@ -111,6 +112,13 @@ class SegmentSet:
             geometry = (self.ctl.slot_size, self.ctl.slot_count)
         return Segment(path, expect_seq=seq, expect_geometry=geometry)
 
+    @property
+    def control(self) -> Control:
+        """The queue's control file (set by the ring once it is open)."""
+        if self.ctl is None:
+            raise RuntimeError(f"the control file of queue {self.name!r} in {self.dir} is not open")
+        return self.ctl
+
     def segment(self, seq: int) -> Segment | None:
         """The mapped segment ``seq``, opening it if it exists but is not mapped yet; None if gone."""
         seg = self.by_seq.get(seq)
@@ -129,10 +137,10 @@ class SegmentSet:
         """Map segments created since we last looked.  True if any was added.  Never closes a
         mapping: the caller decides when, with :meth:`drop_retired`."""
         changed = False
-        tail = self.ctl.tail_seq()
+        tail = self.control.tail_seq()
         if tail - self.max_seen > 64:
             # A long gap (or a damaged control word): list the directory instead of trying each seq.
-            todo = sorted(s for s in self.listed_seqs() if self.max_seen < s <= tail)
+            todo: Iterable[int] = sorted(s for s in self.listed_seqs() if self.max_seen < s <= tail)
         else:
             todo = range(self.max_seen + 1, tail + 1)
         self.max_seen = max(self.max_seen, tail)
@@ -150,7 +158,7 @@ class SegmentSet:
 
     def drop_retired(self) -> list[int]:
         """Close and forget mappings of segments that have been retired; returns their seqs."""
-        gen = self.ctl.ring_gen()
+        gen = self.control.ring_gen()
         if gen == self.seen_gen:
             return []
         self.seen_gen = gen
@@ -186,12 +194,12 @@ class SegmentSet:
 
     def try_retire(self, seg: Segment) -> bool:
         """Retire ``seg`` if it is sealed, not the tail, and finished; True if this call retired it."""
-        if not seg.sealed() or seg.seq >= self.ctl.tail_seq():
+        if not seg.sealed() or seg.seq >= self.control.tail_seq():
             return False
         if not self.finished_all(seg) or not seg.begin_retirement():
             return False
         self.unlink(seg.seq)
-        self.ctl.bump_ring_gen()
+        self.control.bump_ring_gen()
         return True
 
     def retire_finished(self, thorough: bool = False) -> int:

@@ -17,7 +17,7 @@ import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 from ringq.backoff import BackoffPolicy
 from ringq.job import Job, JobState
@@ -71,7 +71,7 @@ NO_RESULT: Any = _NoResult()
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
-def is_url(target: str | os.PathLike[str]) -> bool:
+def is_url(target: str | os.PathLike[str]) -> TypeGuard[str]:
     """True if ``target`` names a Redis server rather than a directory."""
     return isinstance(target, str) and target.startswith(REDIS_SCHEMES)
 

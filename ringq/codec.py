@@ -30,6 +30,7 @@ import json
 import re
 import struct
 import sys
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from .errors import SerializationError
@@ -94,6 +95,7 @@ _json_once = (
     )
 )
 
+_orjson: ModuleType | None
 try:  # optional: a faster parser for decoding only (~0.2 us instead of ~1.7 us per small payload)
     import orjson as _orjson
 except ImportError:  # pragma: no cover - depends on the environment

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ringq.backend import REDIS_SCHEMES, is_url, redact_url
 
+if TYPE_CHECKING:  # pragma: no cover - the backends load on first use
+    from ringq.local.queue import Queue
+    from ringq.redis.queue import RedisQueue
+
 __all__ = ["connect", "is_url", "redact_url", "REDIS_SCHEMES"]
 
-def connect(target: str | os.PathLike[str], name: str = "default", **options: Any) -> Any:
+def connect(target: str | os.PathLike[str], name: str = "default", **options: Any) -> Queue | RedisQueue:
     """Open queue ``name``: a local :class:`ringq.Queue` for a directory path, a
     :class:`ringq.redis_queue.RedisQueue` for a ``redis://``, ``rediss://`` or ``unix://`` URL.
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, overload
 
 from ringq import codec
 from ringq.errors import JobNotFoundError
@@ -94,6 +94,14 @@ Job.__module__ = Status.__module__ = "ringq.aio"  # their public home, as in rep
 
 
 CANCELLED_ERROR = "Cancelled: cancelled by Queue.cancel"
+
+
+@overload
+def utc(seconds: float) -> datetime: ...
+
+
+@overload
+def utc(seconds: None) -> None: ...
 
 
 def utc(seconds: float | None) -> datetime | None:

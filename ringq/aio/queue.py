@@ -90,6 +90,8 @@ ENGINE_MAX_ATTEMPTS = 0xFFFF  # the engine never dead-letters aio jobs: giving u
 WAIT_CAP = 0.5  # seconds a waiter thread sleeps at most: bounds the reclaim latency when idle
 LEASE_BATCH = 64  # jobs leased per call while filling free capacity
 
+_RunKey = tuple[str, str | None]  # a running job: (job id, lease token)
+
 
 @dataclass(eq=False)
 class _Handler:
@@ -101,7 +103,7 @@ class _Handler:
     retries: int
     backoff: BackoffPolicy
     timeout: float | None
-    running: dict[tuple[str, int], tuple[asyncio.Task, _EngineJob]] = field(default_factory=dict)
+    running: dict[_RunKey, tuple[asyncio.Task[None], _EngineJob]] = field(default_factory=dict)
     queue: Any = None  # the kind's engine queue while serving
     waiter: threading.Thread | None = None
     stop: threading.Event = field(default_factory=threading.Event)
@@ -211,9 +213,9 @@ class Queue:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         self._closing = False
-        self._lost: set[tuple[str, int]] = set()
-        self._cancelling: set[tuple[str, int]] = set()  # running jobs whose cancel was requested
-        self._chores: list[asyncio.Task] = []
+        self._lost: set[_RunKey] = set()
+        self._cancelling: set[_RunKey] = set()  # running jobs whose cancel was requested
+        self._chores: list[asyncio.Task[None]] = []
         self._retention = Retention(
             self._store, keep_seconds, keep_jobs, self.sweep_interval, self.visibility_timeout
         )
@@ -412,6 +414,13 @@ class Queue:
                 f"aio queue {self.name!r} at {self._store.where} is not open (use `async with queue:`)"
             )
 
+    def _opened_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop :meth:`open` was called on (kept after :meth:`aclose`, until the next open)."""
+        loop = self._loop
+        if loop is None:
+            raise QueueClosedError(f"aio queue {self.name!r} at {self._store.where} was never opened")
+        return loop
+
     def _open_engine(self, qname: str) -> Any:
         with self._qlock:
             q = self._queues.get(qname)
@@ -432,7 +441,7 @@ class Queue:
         h.pump_pending = False
 
         def ask_pump() -> None:  # looks up _pump at each call: the loop's current one
-            self._loop.call_soon_threadsafe(self._pump, h.kind)
+            self._opened_loop().call_soon_threadsafe(self._pump, h.kind)
 
         h.waiter = threading.Thread(
             target=h.wait_loop,
@@ -478,12 +487,13 @@ class Queue:
         rec = {"kind": kind, "payload": payload}
         self._check_record_size(q.name, rec, job_id)
         q.enqueue(rec, job_id=job_id, delay=delay)
+        loop = self._opened_loop()
         if threading.get_ident() == self._loop_thread:
             self._pump(kind)
         else:
-            self._loop.call_soon_threadsafe(self._pump, kind)
+            loop.call_soon_threadsafe(self._pump, kind)
         if delay > 0:
-            self._loop.call_soon_threadsafe(self._loop.call_later, delay, self._pump, kind)
+            loop.call_soon_threadsafe(loop.call_later, delay, self._pump, kind)
         return job_id
 
     # -- reading --------------------------------------------------------------------------------
@@ -522,13 +532,13 @@ class Queue:
                 log.error("leasing %r jobs at %s failed: %s", kind, self._store.where, exc)
                 return
             for ej in jobs:
-                task = self._loop.create_task(self._run(h, ej), name=f"ringq.aio {kind} {ej.id}")
+                task = self._opened_loop().create_task(self._run(h, ej), name=f"ringq.aio {kind} {ej.id}")
                 h.running[(ej.id, ej.lease_token)] = (task, ej)
             started += len(jobs)
             if len(jobs) < free:
                 return
             if started >= 4 * LEASE_BATCH:  # let the loop breathe; carry on next iteration
-                self._loop.call_soon(self._pump, kind)
+                self._opened_loop().call_soon(self._pump, kind)
                 return
 
     async def _run(self, h: _Handler, ej: _EngineJob) -> None:
@@ -556,7 +566,7 @@ class Queue:
                 wait = h.backoff.delay_for(ej.attempts)
                 log.info("job %s (%s) failed, retrying in %.3g s: %s", ej.id, job.kind, wait, error)
                 _release(q, ej, error, wait)
-                self._loop.call_later(wait, self._pump, h.kind)
+                self._opened_loop().call_later(wait, self._pump, h.kind)
                 return
             if error is not None:
                 log.warning("job %s (%s) failed: %s", ej.id, job.kind, error)
@@ -570,7 +580,9 @@ class Queue:
             )
         except asyncio.CancelledError:
             if key in self._cancelling and not self._closing:  # Queue.cancel asked for it
-                asyncio.current_task().uncancel()
+                task = asyncio.current_task()
+                assert task is not None  # _run always runs as a task (_pump's create_task)
+                task.uncancel()
                 self._finish(q, ej, job, Status.FAILED, None, CANCELLED_ERROR)
                 return
             if key not in self._lost:  # interrupted (closing): let the job run again, anywhere
@@ -581,7 +593,7 @@ class Queue:
             self._lost.discard(key)
             self._cancelling.discard(key)
             if not self._closing:
-                self._loop.call_soon(self._pump, h.kind)
+                self._opened_loop().call_soon(self._pump, h.kind)
 
     def _finish(
         self, q: Any, ej: _EngineJob, job: Job, status: Status, result: Any, error: str | None
@@ -657,7 +669,7 @@ def _check_handler(concurrency: Any, retries: Any, timeout: Any) -> None:
 
 
 async def _heartbeat(
-    handlers: dict[str, _Handler], vt: float, lost: set[tuple[str, int]], cancelling: set[tuple[str, int]]
+    handlers: dict[str, _Handler], vt: float, lost: set[_RunKey], cancelling: set[_RunKey]
 ) -> None:
     """Every ``vt / 3`` seconds extend the leases of running handlers by ``vt``; cancel a handler
     whose lease was lost (adding its key to ``lost``, so its job is not released again), or whose

@@ -53,6 +53,7 @@ class SweepLock(Protocol):
 
 class Store(Protocol):
     where: str  # the target for messages (a URL's password removed)
+    checks_record_size: bool  # its engine queues refuse a record larger than max_record_bytes
 
     def start(self) -> None:
         """Connect (Redis; ConnectionLostError if unreachable).  Before any other call."""
@@ -160,8 +161,9 @@ class RedisStore:
 
     def __init__(self, url: str, name: str) -> None:
         from ringq.redis import queue as redis_queue
+        from ringq.redis.scripts import HAVE_REDIS
 
-        if redis_queue.redis is None:
+        if not HAVE_REDIS:
             raise MissingExtraError(
                 "ringq.aio on Redis needs redis-py, which is not installed: pip install 'ringq[redis]'"
             )

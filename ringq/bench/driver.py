@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.replot:
         with open(args.replot, encoding="utf-8") as fh:
             old = json.load(fh)
-        rows = [Row(**r) for r in old["rows"]]
+        rows: list[Row] = [Row(**r) for r in old["rows"]]
         os.makedirs(args.out, exist_ok=True)
         print(markdown(rows, old["floor_ops_per_s"]))
         for p in plots(rows, args.out, old["floor_ops_per_s"], lambda s: print(s, file=sys.stderr)):
@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     own = args.dir is None
     scratch = tempfile.mkdtemp(prefix="ringq-bench-") if own else os.path.abspath(args.dir)
     os.makedirs(scratch, exist_ok=True)
-    rows: list[Row] = []
+    rows = []
     try:
         env = environment(scratch)
         log(f"ringq bench ({mode}) in {scratch} [{env['file_system']}] on {env['cpu']} x{env['cpus']}, "

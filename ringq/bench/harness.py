@@ -129,7 +129,7 @@ def environment(scratch: str) -> dict[str, Any]:
     with contextlib.suppress(OSError):
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
             cpu = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), "")
-    versions = {}
+    versions: dict[str, str | None] = {}
     for pkg in ("ringq", "numpy", "cffi", "nobroker", "persist-queue", "litequeue", "redis", "faster-fifo",
                 "matplotlib", "orjson"):
         try:
@@ -509,7 +509,7 @@ FAN_SPIN = 0.002  # seconds: the spin row's Queue(spin=): longer than the ~1 ms 
 
 def _fan_ringq_consumer(path: str, spin: float, n: int, ready, out) -> None:
     q = _open_ringq(path, "none", spin=spin)
-    lat = []
+    lat: list[int] = []
     ready.set()
     while len(lat) < n:
         job = q.lease_one(wait=5.0)
@@ -635,8 +635,11 @@ def _rss() -> dict[str, int]:
 
 def _child_cold(system: str, path: str) -> dict[str, Any]:
     """In a fresh process: open the queue, lease one job; time, peak RSS, RSS growth, stats()."""
+    Q: Any
     if system == "ringq":
-        from ringq.local.queue import Queue as Q
+        from ringq.local.queue import Queue as RingqQueue
+
+        Q = RingqQueue
     else:
         Q = importlib.import_module("nobroker").Queue
     import gc
@@ -800,7 +803,7 @@ def plots(rows: list[Row], outdir: str, floor: float | None, log: Callable[[str]
     except ImportError:
         log("no plots: matplotlib is not installed (pip install 'ringq[bench]')")
         return []
-    made = []
+    made: list[str] = []
     strat = [r for r in rows if r.scenario == "processes"]
     if strat:
         fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -809,9 +812,10 @@ def plots(rows: list[Row], outdir: str, floor: float | None, log: Callable[[str]
             labels = sorted({r.system.removeprefix("ringq ") for r in sel}, key=STRATEGIES.index)
             procs = sorted({r.producers for r in sel})
             width = 0.8 / max(1, len(procs))
-            for k, p in enumerate(procs):
-                vals = [next((r.ops_per_s for r in sel if r.system == f"ringq {s}" and r.producers == p), 0) for s in labels]
-                ax.bar(np.arange(len(labels)) + k * width, vals, width, label=f"{p} producer process(es)")
+            for k, nproc in enumerate(procs):
+                vals = [next((r.ops_per_s for r in sel if r.system == f"ringq {s}" and r.producers == nproc), 0)
+                        for s in labels]
+                ax.bar(np.arange(len(labels)) + k * width, vals, width, label=f"{nproc} producer process(es)")
             if floor:
                 ax.axhline(floor, color="k", ls="--", lw=1, label="raw pwrite+fdatasync floor (ops/s)")
             ax.set_xticks(np.arange(len(labels)) + width * (len(procs) - 1) / 2, labels)

@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
+from typing import Any, overload
 
 from .harness import FLOOR, MMAP_FLOOR, Row, Sizes, environment, raw_floor, single_producer
 from .promises import GOALS, PROMISES
@@ -83,6 +83,12 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
     floor = find(FLOOR, "enqueue x1")
     mfloor = find(MMAP_FLOOR, "enqueue x1")
     base = floor.ops_per_s if floor else None
+
+    @overload
+    def cost(r: Row) -> dict[str, Any]: ...
+
+    @overload
+    def cost(r: Row | None) -> dict[str, Any] | None: ...
 
     def cost(r: Row | None) -> dict[str, Any] | None:
         if r is None:

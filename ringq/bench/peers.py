@@ -23,9 +23,9 @@ from typing import Any
 
 
 class Adapter:
-    enqueue_many: Callable[[list], Any] | None = None
+    enqueue_many: Callable[[list[dict[str, Any]]], Any] | None = None
 
-    def enqueue(self, p: dict) -> None:
+    def enqueue(self, p: dict[str, Any]) -> None:
         raise NotImplementedError
 
     def lease_ack(self) -> None:
@@ -33,6 +33,11 @@ class Adapter:
 
     def close(self) -> None:
         pass
+
+
+# A configuration of a peer: its label, whether an enqueue that returned survives power loss,
+# and how to open one fresh queue in a directory.
+Config = tuple[str, bool, Callable[[str], Adapter]]
 
 
 # -- nobroker --------------------------------------------------------------------------------------
@@ -43,7 +48,7 @@ class _Nobroker(Adapter):
         self.q = importlib.import_module("nobroker").Queue(path, fsync=fsync)
         self.enqueue_many = self.q.enqueue_many
 
-    def enqueue(self, p: dict) -> None:
+    def enqueue(self, p: dict[str, Any]) -> None:
         self.q.enqueue(p)
 
     def lease_ack(self) -> None:
@@ -61,7 +66,7 @@ class _PersistQueue(Adapter):
         pq = importlib.import_module("persistqueue")
         self.q = pq.SQLiteAckQueue(path, auto_commit=True)
 
-    def enqueue(self, p: dict) -> None:
+    def enqueue(self, p: dict[str, Any]) -> None:
         self.q.put(p)
 
     def lease_ack(self) -> None:
@@ -80,7 +85,7 @@ class _LiteQueue(Adapter):
     def __init__(self, path: str) -> None:
         self.q = importlib.import_module("litequeue").LiteQueue(os.path.join(path, "q.sqlite3"))
 
-    def enqueue(self, p: dict) -> None:
+    def enqueue(self, p: dict[str, Any]) -> None:
         self.q.put(json.dumps(p))
 
     def lease_ack(self) -> None:
@@ -105,10 +110,10 @@ class _SqliteWal(Adapter):
                         "state INTEGER NOT NULL DEFAULT 0, lease_until REAL)")
         self.db.execute("CREATE INDEX IF NOT EXISTS jobs_ready ON jobs(state, id)")
 
-    def enqueue(self, p: dict) -> None:
+    def enqueue(self, p: dict[str, Any]) -> None:
         self.db.execute("INSERT INTO jobs(payload) VALUES (?)", (json.dumps(p),))
 
-    def enqueue_many(self, ps: list) -> None:  # type: ignore[override]
+    def enqueue_many(self, ps: list[dict[str, Any]]) -> None:
         self.db.execute("BEGIN IMMEDIATE")
         self.db.executemany("INSERT INTO jobs(payload) VALUES (?)", [(json.dumps(p),) for p in ps])
         self.db.execute("COMMIT")
@@ -167,10 +172,10 @@ class _Redis(Adapter):
         self.r.config_set("appendfsync", appendfsync)
         self.key, self.pkey = key, key + ":processing"
 
-    def enqueue(self, p: dict) -> None:
+    def enqueue(self, p: dict[str, Any]) -> None:
         self.r.rpush(self.key, json.dumps(p))
 
-    def enqueue_many(self, ps: list) -> None:  # type: ignore[override]
+    def enqueue_many(self, ps: list[dict[str, Any]]) -> None:
         self.r.rpush(self.key, *[json.dumps(p) for p in ps])
 
     def lease_ack(self) -> None:
@@ -192,11 +197,14 @@ class _RingqOnRedis(Adapter):
         self.q = connect(f"redis://127.0.0.1:{server.port}/0", name)
         self.enqueue_many = self.q.enqueue_many
 
-    def enqueue(self, p: dict) -> None:
+    def enqueue(self, p: dict[str, Any]) -> None:
         self.q.enqueue(p)
 
     def lease_ack(self) -> None:
-        self.q.ack(self.q.lease_one())
+        job = self.q.lease_one()
+        if job is None:  # the harness enqueues every job it leases first
+            raise RuntimeError(f"ringq-on-redis queue {self.q.name!r} has no job to lease")
+        self.q.ack(job)
 
     def close(self) -> None:
         self.q.purge()
@@ -221,7 +229,7 @@ class Peer:
         return None
 
     @contextlib.contextmanager
-    def configs(self, scratch: str) -> Iterator[list[tuple[str, bool, Callable[[str], Adapter]]]]:
+    def configs(self, scratch: str) -> Iterator[list[Config]]:
         yield []
 
 
@@ -232,7 +240,7 @@ class NobrokerPeer(Peer):
         return _need("nobroker", "nobroker==0.1.2")
 
     @contextlib.contextmanager
-    def configs(self, scratch):
+    def configs(self, scratch: str) -> Iterator[list[Config]]:
         yield [("nobroker fsync=True", True, lambda p: _Nobroker(p, True)),
                ("nobroker fsync=False", False, lambda p: _Nobroker(p, False))]
 
@@ -244,7 +252,7 @@ class PersistQueuePeer(Peer):
         return _need("persistqueue", "persist-queue")
 
     @contextlib.contextmanager
-    def configs(self, scratch):
+    def configs(self, scratch: str) -> Iterator[list[Config]]:
         # SQLite's compiled-in default synchronous=FULL, WAL, one commit per put: durable.
         yield [("persist-queue SQLiteAckQueue", True, _PersistQueue)]
 
@@ -256,7 +264,7 @@ class LiteQueuePeer(Peer):
         return _need("litequeue", "litequeue")
 
     @contextlib.contextmanager
-    def configs(self, scratch):
+    def configs(self, scratch: str) -> Iterator[list[Config]]:
         # litequeue sets WAL + synchronous=NORMAL: a power loss may roll back the last commits.
         yield [("litequeue (WAL, synchronous=NORMAL)", False, _LiteQueue)]
 
@@ -265,7 +273,7 @@ class SqlitePeer(Peer):
     name = "sqlite3 WAL"
 
     @contextlib.contextmanager
-    def configs(self, scratch):
+    def configs(self, scratch: str) -> Iterator[list[Config]]:
         yield [("sqlite3 WAL synchronous=FULL", True, lambda p: _SqliteWal(p, "FULL")),
                ("sqlite3 WAL synchronous=NORMAL", False, lambda p: _SqliteWal(p, "NORMAL"))]
 
@@ -282,7 +290,7 @@ class RedisPeer(Peer):
         return None
 
     @contextlib.contextmanager
-    def configs(self, scratch):
+    def configs(self, scratch: str) -> Iterator[list[Config]]:
         # One server per setting: appendfsync is server-wide and the contestants run interleaved.
         always = _RedisServer(scratch)
         try:

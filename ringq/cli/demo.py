@@ -114,6 +114,7 @@ def run(source: str | None = None, limit: int | None = None, workers: int | None
                 st = q.stats()
                 if kill and killed is None and st.done >= len(ids) * 0.4:
                     for victim in procs:
+                        assert victim.pid is not None  # every process of procs was started
                         held = _leases_of(q, victim.pid)
                         if held:
                             os.kill(victim.pid, signal.SIGKILL)
@@ -133,7 +134,7 @@ def run(source: str | None = None, limit: int | None = None, workers: int | None
                 time.sleep(0.005 if killed is None and kill else 0.05)
             wall = time.monotonic() - t0
             for p in procs:
-                if p.is_alive():
+                if p.is_alive() and p.pid is not None:  # alive: started, so it has a pid
                     os.kill(p.pid, signal.SIGTERM)
             for p in procs:
                 p.join()

@@ -31,9 +31,9 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NoReturn
 
 from ringq.errors import RingqError
 from ringq.job import Job, JobState
@@ -95,7 +95,7 @@ def _job_line(job: Job) -> str:
     return "  ".join(parts)
 
 
-def _table(rows: list[list[str]], header: list[str], right: set[int] = frozenset()) -> str:
+def _table(rows: list[list[str]], header: list[str], right: Collection[int] = frozenset()) -> str:
     cols = [header] + rows
     widths = [max(len(r[i]) for r in cols) for i in range(len(header))]
     lines = ("  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
@@ -682,7 +682,7 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("ringq.bench") is None:
         raise UserError("the benchmark harness (module ringq.bench) is not part of this installation")
-    from ringq import bench  # type: ignore[attr-defined]
+    from ringq import bench
 
     return int(bench.main(args.args) or 0)
 
@@ -695,7 +695,7 @@ class _Parser(argparse.ArgumentParser):
 
     json_errors = False
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         # "argument --wait: --wait must be ..." says the option's name once
         message = re.sub(r"^argument [^:]+: (-\S+ must)", r"\1", message)
         text = " ".join(f"{message} (see '{self.prog} --help')".split())
@@ -739,7 +739,7 @@ def _ranged(option: str, kind: type = float, lo: float | None = None, hi: float 
 def _parser() -> argparse.ArgumentParser:
     # Global options live on the main parser and, with SUPPRESS defaults, on every subcommand too,
     # so that `ringq stats --json` and `ringq --json stats` both work.
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)  # only a parent: its arguments are copied to each subcommand
     common.add_argument("-d", "--dir", default=argparse.SUPPRESS, help="queue directory (default ./.ringq)")
     common.add_argument("--url", default=argparse.SUPPRESS, help="a Redis queue instead: redis://, rediss://, unix://")
     common.add_argument("-q", "--queue", default=argparse.SUPPRESS, help="queue name (default 'default')")

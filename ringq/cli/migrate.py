@@ -86,11 +86,11 @@ def location(target: str | os.PathLike[str]) -> tuple[Any, ...]:
         return ("dir", os.path.realpath(os.fspath(target)))
     parts = urlsplit(str(target))
     query = parse_qs(parts.query)
-    db = query.get("db", [None])[0]
+    query_db = query.get("db", [None])[0]
     if parts.scheme == "unix":
-        return ("unix", os.path.realpath(unquote(parts.path)), int(db or 0))
+        return ("unix", os.path.realpath(unquote(parts.path)), int(query_db or 0))
     path_db = parts.path.strip("/")
-    db = db if db is not None else (path_db or 0)
+    db = query_db if query_db is not None else (path_db or 0)
     host = (parts.hostname or "localhost").lower()
     host = "loopback" if host in _LOOPBACK else host
     return ("tcp", host, parts.port or 6379, int(db))

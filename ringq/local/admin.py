@@ -68,7 +68,7 @@ def shown_word(reaper: Reaper, view: View, slot: int) -> int:
 
 def list_jobs(
     ring: Ring, index: Index, reaper: Reaper, which: JobState | str | None, limit: int | None
-) -> list:
+) -> list[Job]:
     """Retained jobs in enqueue order (see Queue.list_jobs).  Raises ValueError for an unknown state."""
     want = {ST_READY, ST_LEASED, ST_DONE, ST_DEAD}
     delayed = which == "delayed"
@@ -86,7 +86,7 @@ def list_jobs(
         else:
             want = {k for k, v in STATE_OF.items() if v is js}
     now = now_ms()
-    out = []
+    out: list[Job] = []
     # One instant for the whole read: reclaims shown are due at ``now``, never delayed past it.
     for _rank, view, slot, word in index.heads(want, partial(reaper.show_reclaimed, now=now)):
         if limit is not None and len(out) >= limit:

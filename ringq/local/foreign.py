@@ -141,7 +141,7 @@ def _records(data: bytes) -> tuple[list[tuple[int, dict[str, Any]]], str | None]
     """Decode records after the file header; returns (records, why reading stopped early or None)."""
     import zlib  # here, not at module level: Queue() imports this module, and needs no zlib to open
 
-    out = []
+    out: list[tuple[int, dict[str, Any]]] = []
     off = _FILE_HEADER.size
     while off < len(data):
         if off + _RECORD_HEADER.size > len(data):
@@ -185,6 +185,7 @@ def read_nobroker_log(log_path: str | os.PathLike[str]) -> tuple[list[Job], str 
         raise CorruptionError(f"{log_path}: nobroker log format version {version}; only version 1 can be imported")
     records, stopped = _records(data)
     jobs: dict[str, Job] = {}
+    job: Job | None
     for rtype, r in records:
         if rtype == PURGE:
             jobs.clear()
@@ -193,7 +194,8 @@ def read_nobroker_log(log_path: str | os.PathLike[str]) -> tuple[list[Job], str 
             job = Job.from_dict(r)
             jobs[job.id] = job
             continue
-        job = jobs.get(r.get("id"))
+        job_id = r.get("id")
+        job = None if job_id is None else jobs.get(job_id)
         if job is None:
             continue  # history of a purged job, or of one compacted away
         if rtype == LEASE:

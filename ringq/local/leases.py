@@ -260,7 +260,8 @@ class Leases:
                     return None  # reclaimed meanwhile
                 word = new
             self.ring.ctl.lower_deadline_floor(seg.epoch_ms + rel_time(word))
-            return direct.made(view, slot, word)
+            job: Job | None = direct.made(view, slot, word)  # the ``made`` of :meth:`direct`
+            return job
         finally:
             self._settled((seg.seq, slot))
 

@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ringq import errors
 from ringq.engine import forksafe, lifecycle, unique
@@ -49,6 +49,7 @@ from ringq.engine.limits_file import MAX_CONCURRENCY, MAX_LIMITS, MAX_UNIQUE, Li
 from ringq.engine.segment import Segment
 from ringq.engine.unique import MAX_UNIQUE_FOR
 from ringq.engine.words import LC_MASK, ST_LEASED
+from ringq.job import Job
 
 if TYPE_CHECKING:  # pragma: no cover
     from .context import QueueContext
@@ -125,7 +126,7 @@ class LimitGate:
             tuple[int, int], tuple[_Ticket, Segment, int]
         ] = {}  # job loc -> ticket, segment, lease count
         self._mine: dict[tuple[int, int], tuple[int, int]] = {}  # (limit index, byte) -> job loc
-        self._blocked: dict[str, list[tuple]] = {}
+        self._blocked: dict[str, list[tuple[int, ...]]] = {}
         self._blocked_set: set[tuple[int, int]] = set()
         self._due: dict[str, int] = {}  # limit name -> ns when its next token is due
         self._mutex = threading.RLock()
@@ -211,7 +212,9 @@ class LimitGate:
         self._keys[loc] = key
         return key
 
-    def admit(self, seg: Segment, slot: int, entry: Callable[[], tuple]) -> _Ticket | None | bool:
+    def admit(
+        self, seg: Segment, slot: int, entry: Callable[[], tuple[int, ...]]
+    ) -> _Ticket | Literal[False] | None:
         """Decide whether the READY job at ``slot`` may be leased now.
 
         Returns None when no limit applies, a ticket (pass it to :meth:`bind` or :meth:`undo`)
@@ -244,7 +247,9 @@ class LimitGate:
                     ticket.tokens.append((lim.index, lim.interval_ns))
             return ticket
 
-    def _block(self, name: str, seg: Segment, slot: int, entry: Callable[[], tuple]) -> bool:
+    def _block(
+        self, name: str, seg: Segment, slot: int, entry: Callable[[], tuple[int, ...]]
+    ) -> Literal[False]:
         loc = (seg.seq, slot)
         if loc not in self._blocked_set:
             self._blocked_set.add(loc)
@@ -316,11 +321,11 @@ class LimitGate:
                 self._unlock(index, j)
             return True
 
-    def reoffer(self) -> list[tuple]:
+    def reoffer(self) -> list[tuple[int, ...]]:
         """Heap entries of blocked jobs worth another try now (the best few per limit)."""
         if not self._blocked:
             return []
-        out = []
+        out: list[tuple[int, ...]] = []
         now = time.time_ns()
         with self._mutex:
             for name in list(self._blocked):
@@ -357,14 +362,15 @@ class LimitGate:
     # -- unique windows ----------------------------------------------------------------------------
 
     def enqueue_unique(
-        self, key: str, unique_for: float, enqueue: Callable[[], Any], find: Callable[[str], Any]
-    ) -> Any:
+        self, key: str, unique_for: float, enqueue: Callable[[], Job], find: Callable[[str], Job]
+    ) -> Job:
         """Run ``enqueue()`` unless a unique window for ``key`` is open; then return ``find(id)``
         of the job that opened it (ringq/unique.py).  Raises DuplicateJobError if that job is no
         longer retained, LimitError if ``unique_for`` is not a positive number of seconds or the
         table is full."""
         with self._mutex:
-            return unique.enqueue_unique(self._file, key, unique_for, enqueue, find)
+            job: Job = unique.enqueue_unique(self._file, key, unique_for, enqueue, find)  # either one's
+            return job
 
 
 class Limits:
@@ -382,11 +388,11 @@ class Limits:
         burst: int | None = None,
     ) -> None:
         """As :meth:`ringq.Queue.limit`."""
-        self.ctx.live()  # type: ignore[attr-defined]
+        self.ctx.live()
         self.ctx.gate.set_limit(name, concurrency, rate, burst)
-        self.ctx.ring.ctl.wake()  # type: ignore[attr-defined]  # a raised or removed limit may free held-back jobs
+        self.ctx.ring.ctl.wake()  # a raised or removed limit may free held-back jobs
 
     def limits(self) -> list[LimitInfo]:
         """As :meth:`ringq.Queue.limits`."""
-        self.ctx.live()  # type: ignore[attr-defined]
+        self.ctx.live()
         return self.ctx.gate.describe()

@@ -207,6 +207,7 @@ class Producer:
                 key,
                 exp_s,
             )
+        assert ids is not None  # encoded from job_ids, which are given here
         with self.lock, ring.locked():
             self.refresh(True)
             found: dict[int, tuple[int, int]] = {}

@@ -448,6 +448,7 @@ class Queue:
                 else:  # nothing leasable known: wait, and lease a job appended meanwhile in C
                     leased = self._ctx.leases.wait_claim(seen, nap, self.spin, direct)
             if leased is not None:
+                assert direct is not None  # only wait_claim, given ``direct``, leases while asleep
                 with self._ctx.lock:
                     self._ctx.live()
                     if self._ctx.gate.active() or pause.queue_paused() or pause.paused_keys():

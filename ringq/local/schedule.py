@@ -31,6 +31,7 @@ iteration and bounds its lease wait by the next tick; scripts call :meth:`ringq.
 from __future__ import annotations
 
 import base64
+import builtins
 import errno
 import fcntl
 import json
@@ -42,7 +43,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from ringq import codec
 from ringq.engine.mapped import Mapped, crc32c, fsync_dir
@@ -184,7 +185,7 @@ class _Def:
     max_attempts: int | None
     anchor_ms: int
 
-    def timing(self) -> tuple:
+    def timing(self) -> tuple[str | None, int | None, str, int | None]:
         return (self.cron, self.every_ms, self.tz, self.anchor_ms if self.every_ms else None)
 
     def to_json(self) -> dict[str, Any]:
@@ -230,6 +231,7 @@ class _Def:
         if self.every_ms is not None:
             k = max(1, (t_ms - self.anchor_ms) // self.every_ms + 1)
             return self.anchor_ms + k * self.every_ms
+        assert self.cron is not None  # exactly one of cron and every_ms (add, from_json)
         return _cron_next(self.cron, self.tz, t_ms)
 
     def latest_at_or_before(self, now_ms: int, floor_ms: int) -> int:
@@ -237,6 +239,7 @@ class _Def:
         if self.every_ms is not None:
             k = (now_ms - self.anchor_ms) // self.every_ms
             return max(floor_ms, self.anchor_ms + k * self.every_ms)
+        assert self.cron is not None  # exactly one of cron and every_ms (add, from_json)
         tick = floor_ms
         for _ in range(10_000):  # a cron tick at most every second: bounded by the time missed
             nxt = _cron_next(self.cron, self.tz, tick)
@@ -282,7 +285,7 @@ def _cron_prev(expr: str, tz: str, t_ms: int) -> int:
     return int(next(_cronsim().CronSim(expr, dt, reverse=True)).timestamp() * 1000)
 
 
-def check_cron(expr: str, tz: str) -> None:
+def check_cron(expr: object, tz: str) -> None:
     """Raise ValueError unless ``expr`` is a cron expression cronsim accepts (5 fields, or 6 with
     seconds first) and ``tz`` a known time zone."""
     if not isinstance(expr, str):
@@ -457,7 +460,15 @@ class Scheduler:
                 self._tab = None
             self._owners.close()
 
+    @overload
+    def _table(self, create: Literal[True]) -> Mapped: ...
+
+    @overload
+    def _table(self, create: Literal[False]) -> Mapped | None: ...
+
     def _table(self, create: bool) -> Mapped | None:
+        """The ticks table, opened once; created if missing when ``create``, else None if
+        there is none (looked for at most every ``_EXISTS_RECHECK`` seconds)."""
         if self._tab is not None:
             return self._tab
         if not create:
@@ -682,7 +693,7 @@ class Scheduler:
             ms = tab.load64(OFF_EARLIEST) >> 20
         return None if ms >= NEVER else ms / 1000 - time.time()
 
-    def run_due(self) -> list[Job]:
+    def run_due(self) -> builtins.list[Job]:
         """Fire every tick that is due; returns the jobs enqueued (one per schedule at most).
 
         Raises whatever the enqueue raises (QueueFullError, LockTimeoutError, ...) after giving the

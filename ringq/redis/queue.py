@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ringq import codec
@@ -41,17 +41,19 @@ from ringq.backend import (
     expiry_ms,
 )
 from ringq.backoff import BackoffPolicy
-from ringq.errors import MissingExtraError, SerializationError
+from ringq.errors import LimitError, MissingExtraError, SerializationError
 from ringq.ids import check_caller_id
 from ringq.job import Job, JobState
 from ringq.results import Results
 
 from .admin import RedisAdmin
 from .lifecycle import RedisLifecycle
-from .scripts import WAKE, Scripts, client_for, guard, redact_url, redis, refuse
+from .scripts import HAVE_REDIS, WAKE, Scripts, client_for, guard, redact_url, refuse
 from .scripts import job_from_reply as _job
 
 __all__ = ["RedisQueue", "client_for", "guard", "redact_url"]
+
+_NO_KEYS = "job keys (limits and unique windows) are not available on the Redis backend"
 
 MAX_NAP = 1.0  # seconds: longest single BLPOP, bounding how late a wake-up pushed elsewhere is seen
 
@@ -111,7 +113,7 @@ class RedisQueue:
         auto_ids: bool = True,
         **local_options: Any,
     ) -> None:
-        if redis is None:
+        if not HAVE_REDIS:
             raise MissingExtraError(
                 "the Redis backend needs redis-py, which is not installed: pip install 'ringq[redis]'"
             )
@@ -223,17 +225,23 @@ class RedisQueue:
         delay: float = 0.0,
         max_attempts: int | None = None,
         job_id: str | None = None,
+        key: str | None = None,
+        unique_for: float | None = None,
         expires_in: float | None = None,
         expires_at: float | None = None,
     ) -> Job:
         """Add one job; as :meth:`ringq.Queue.enqueue`.  Raises ConnectionLostError (outcome
-        unknown: re-send with a ``job_id`` to make a retry safe), ReplicationTimeoutError."""
+        unknown: re-send with a ``job_id`` to make a retry safe), ReplicationTimeoutError;
+        LimitError for a ``key`` or ``unique_for`` (limits are not available on Redis)."""
+        if unique_for is not None:
+            raise LimitError(_NO_KEYS)
         return self.enqueue_many(
             [payload],
             priority=priority,
             delay=delay,
             max_attempts=max_attempts,
             job_ids=None if job_id is None else [job_id],
+            key=key,
             expires_in=expires_in,
             expires_at=expires_at,
         )[0]
@@ -246,13 +254,17 @@ class RedisQueue:
         delay: float = 0.0,
         max_attempts: int | None = None,
         job_ids: Sequence[str] | None = None,
+        key: str | None = None,
         expires_in: float | None = None,
         expires_at: float | None = None,
     ) -> list[Job]:
         """Add many jobs in one atomic script: all are stored or none.  As :meth:`ringq.Queue.enqueue_many`
         (``expires_in`` is turned into a time on this host's clock; the lease script compares it
-        with the server's)."""
+        with the server's).  A ``key`` is refused with LimitError: limits are not available on
+        Redis."""
         self._scripts.live()
+        if key is not None:
+            raise LimitError(_NO_KEYS)
         ex = expiry_ms(expires_in, expires_at) or 0
         payloads = list(payloads)
         ids = [""] * len(payloads) if job_ids is None else list(job_ids)
@@ -397,7 +409,7 @@ class RedisQueue:
                 self._results.store(jid, result, result_ttl)
         self.ack_many([job])
 
-    def ack_many(self, jobs: Sequence[Job | str]) -> None:
+    def ack_many(self, jobs: Iterable[Job | str]) -> None:
         """Ack several jobs in one script.  Every job that can be acked is; then the first refusal
         (NotLeasedError, JobNotFoundError) is raised.  A retry after ConnectionLostError is safe."""
         items = [(j.id, int(j.lease_token or 0)) if isinstance(j, Job) else (j, -1) for j in jobs]

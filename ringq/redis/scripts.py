@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from ringq import codec
 from ringq.backend import redact_url
@@ -33,9 +33,13 @@ try:
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 except ImportError:  # pragma: no cover - depends on the environment
-    redis = None
+    HAVE_REDIS = False  # the three names above are undefined: RedisQueue() raises MissingExtraError
+else:
+    HAVE_REDIS = True
 
-__all__ = ["Scripts", "client_for", "guard", "job_from_reply", "redact_url", "refuse"]
+__all__ = ["HAVE_REDIS", "Scripts", "client_for", "guard", "job_from_reply", "redact_url", "refuse"]
+
+_T = TypeVar("_T")
 
 _STATES = {
     "ready": JobState.READY,
@@ -113,7 +117,7 @@ class Scripts:
         if self.closed:
             raise QueueClosedError(f"queue {self.name!r} at {redact_url(self.url)} is closed")
 
-    def call(self, fn: Callable[[], Any], *, changes: bool = True) -> Any:
+    def call(self, fn: Callable[[], _T], *, changes: bool = True) -> _T:
         """``fn()`` (a command on :attr:`client`) with redis-py's errors mapped as :func:`guard`."""
         return guard(self.url, fn, changes=changes)
 
@@ -126,7 +130,7 @@ class Scripts:
             lambda: self._eval(script, list(args), write), changes=script not in _READS
         )
 
-    def _eval(self, script: str, args: list, write: bool) -> Any:
+    def _eval(self, script: str, args: list[Any], write: bool) -> Any:
         keys = self.keys
         for _ in range(2):
             sha = self._sha[script]
@@ -233,7 +237,7 @@ def client_for(url: str, **options: Any) -> Any:
     return r
 
 
-def guard(url: str, fn: Any, *, changes: bool = True) -> Any:
+def guard(url: str, fn: Callable[[], _T], *, changes: bool = True) -> _T:
     """Call ``fn()`` and turn redis-py's errors into ringq's: ConnectionLostError for a dropped or
     refused connection or a timeout, BackendError for a command the server refused.  ``changes``:
     ``fn`` would change the queue, so a lost reply leaves its effect unknown and the message says

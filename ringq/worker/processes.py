@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -69,13 +70,13 @@ class ProcessPool:
         self.stop_event = stop
         self.make_worker = make_worker
         self.restarts = 0  # children replaced during the run
-        self.children: list[multiprocessing.Process] = []
+        self.children: list[BaseProcess] = []
         self.rows: tuple[Any, list[str]] | None = None  # during the run: the shared counters
 
     def signal_children(self) -> None:
         """Ask every running child to finish its in-flight handlers and exit (SIGTERM)."""
         for p in list(self.children):
-            if p.is_alive():
+            if p.is_alive() and p.pid is not None:  # alive: started, so it has a pid
                 os.kill(p.pid, signal.SIGTERM)
 
     def live_stats(self) -> dict[str, int] | None:
@@ -100,7 +101,7 @@ class ProcessPool:
         self.rows = (shared, fields)
         restarts = self.restarts = 0
 
-        def start(slot: int) -> multiprocessing.Process:
+        def start(slot: int) -> BaseProcess:
             opts = dict(self.options)
             if max_jobs is not None:  # a replacement takes over what its slot had left
                 opts["max_jobs"] = max_jobs - shared[slot * len(fields) + fields.index("leased")]
@@ -147,7 +148,7 @@ class ProcessPool:
                 time.sleep(0.05)
         except BaseException:  # a second SIGINT: abort, leaving nobody behind
             for p in self.children:
-                if p.is_alive():
+                if p.is_alive() and p.pid is not None:
                     os.kill(p.pid, signal.SIGKILL)
                 p.join()
             raise
@@ -176,7 +177,13 @@ class _SharedRowStats(WorkerStats):
                     self._shared[self._base + i] += v
 
 
-def _child_main(spec: dict, make_worker: Callable, opts: dict, row: tuple, mask: set) -> None:
+def _child_main(
+    spec: dict[str, Any],
+    make_worker: Callable[[QueueBackend, dict[str, Any]], Any],
+    opts: dict[str, Any],
+    row: tuple[Any, int, list[str]],
+    mask: set[int | signal.Signals],
+) -> None:
     from ringq.connect import connect
 
     stopping = threading.Event()

@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import native
 from . import native, records, recovery
-from .native import CData
 from ._native import ffi, lib
 from .control import CTL_WORDS, CTL_WORDS_WAKE, OFF_ENQUEUED_TOTAL, OFF_NEXT_SEQ, OFF_TAIL_SEG
+from .native import CData
 from .records import NewRecord
 from .segment import REC_DATA_OFF, Segment
 from .words import ST_READY, pack, position

@@ -19,8 +19,8 @@ import numpy as np
 from ringq.errors import RecordTooLargeError
 
 from . import native
-from .native import CData
 from ._native import ffi, lib
+from .native import CData
 from .segment import Segment
 from .words import ST_READY
 

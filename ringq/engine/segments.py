@@ -12,8 +12,7 @@ import os
 import re
 import stat
 import threading
-from collections.abc import Iterable
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 

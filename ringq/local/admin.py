@@ -258,7 +258,7 @@ class Admin:
     def introspect(self) -> dict[str, Any]:
         """As :meth:`ringq.Queue.introspect`."""
         self.ctx.live()
-        with self.ctx.lock:
+        with self.ctx.live_lock:
             self.ctx.refresh(relocate=False)
             return {**introspect(self.ctx.ring), "known_ids": len(self.ctx.index.ids)}
 
@@ -270,7 +270,7 @@ class Admin:
     def get(self, job_id: str) -> Job:
         """As :meth:`ringq.Queue.get`."""
         self.ctx.live()
-        with self.ctx.lock:
+        with self.ctx.live_lock:
             self.ctx.refresh()
             view, slot, _ = self.ctx.leases.locate(job_id, self.ctx.name)
             return self.ctx.job_at(view.seg.seq, slot, shown_word(self.ctx.reaper, view, slot))
@@ -280,7 +280,7 @@ class Admin:
         self.ctx.live()
         if limit is not None and (not isinstance(limit, int) or limit < 0):
             raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
-        with self.ctx.lock:
+        with self.ctx.live_lock:
             self.ctx.refresh()
             return list_jobs(self.ctx.ring, self.ctx.index, self.ctx.reaper, state, limit)
 
@@ -291,9 +291,9 @@ class Admin:
     def requeue_dead(self, job_id: str | None = None) -> int:
         """As :meth:`ringq.Queue.requeue_dead`."""
         self.ctx.live()
-        with self.ctx.lock:
+        with self.ctx.live_lock:
             self.ctx.settle()
-        with self.ctx.lock, self.ctx.ring.locked():
+        with self.ctx.live_lock, self.ctx.ring.locked():
             self.ctx.refresh()
             if job_id is not None:
                 view, slot, _ = self.ctx.leases.locate(job_id, self.ctx.name)
@@ -310,7 +310,7 @@ class Admin:
     def discard_dead(self, job_id: str) -> None:
         """As :meth:`ringq.Queue.discard_dead`."""
         self.ctx.live()
-        with self.ctx.lock:
+        with self.ctx.live_lock:
             self.ctx.settle()
             view, slot, _ = self.ctx.leases.locate(job_id, self.ctx.name)
             if not discard_dead(self.ctx.ring, view.seg, slot):
@@ -319,7 +319,7 @@ class Admin:
     def purge(self) -> int:
         """As :meth:`ringq.Queue.purge`."""
         self.ctx.live()
-        with self.ctx.lock, self.ctx.ring.locked():
+        with self.ctx.live_lock, self.ctx.ring.locked():
             self.ctx.refresh(relocate=False)
             n = purge(self.ctx.ring, self.ctx.index)
             self.ctx.owners.held.clear()
@@ -330,7 +330,7 @@ class Admin:
     def compact(self) -> CompactionResult:
         """As :meth:`ringq.Queue.compact`."""
         self.ctx.live()
-        with self.ctx.lock:
+        with self.ctx.live_lock:
             self.ctx.settle()
             before_bytes, before = segment_bytes(self.ctx.ring), self.stats()
             compact(f"queue {self.ctx.name!r} in {self.ctx.path}", self.ctx.ring, self.ctx.index, self.ctx.relocator,
@@ -342,6 +342,6 @@ class Admin:
     def stats(self) -> QueueStats:
         """As :meth:`ringq.Queue.stats`."""
         self.ctx.live()
-        with self.ctx.lock:
+        with self.ctx.live_lock:
             self.ctx.refresh()
             return QueueStats(*counts(self.ctx.ring, self.ctx.index, self.ctx.reaper))

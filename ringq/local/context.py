@@ -28,6 +28,50 @@ from .producer import Producer
 __all__ = ["QueueContext"]
 
 
+class LiveLock:
+    """The queue lock, taken only while the queue is open: ``with ctx.live_lock:`` raises
+    QueueClosedError (and holds nothing) once :meth:`QueueContext.close` ran, so a call that
+    waited for the lock behind a close never touches the unmapped files."""
+
+    __slots__ = ("ctx",)
+
+    def __init__(self, ctx: QueueContext) -> None:
+        self.ctx = ctx
+
+    def __enter__(self) -> None:
+        ctx = self.ctx
+        ctx.lock.acquire()
+        if ctx.closed:
+            ctx.lock.release()
+            ctx.live()
+
+    def __exit__(self, *exc: object) -> None:
+        self.ctx.lock.release()
+
+
+class Outside:
+    """Around a use of the mappings outside the queue lock (a sleep on the futex, a sync after
+    an append): counted, so that a close wakes such users and waits for them to leave before it
+    unmaps.  Raises QueueClosedError on entry if the queue is closed."""
+
+    __slots__ = ("ctx",)
+
+    def __init__(self, ctx: QueueContext) -> None:
+        self.ctx = ctx
+
+    def __enter__(self) -> None:
+        ctx = self.ctx
+        with ctx.live_lock:
+            ctx.users += 1
+
+    def __exit__(self, *exc: object) -> None:
+        ctx = self.ctx
+        with ctx.lock:
+            ctx.users -= 1
+            if not ctx.users:
+                ctx.idle.notify_all()
+
+
 class QueueContext:
     """The engine objects of queue ``name`` in directory ``path`` for this process, and the
     queue's lock (a ``threading.RLock`` every part takes around its use of them).
@@ -44,6 +88,10 @@ class QueueContext:
         self.name = name
         self.path = path
         self.lock = threading.RLock()
+        self.live_lock = LiveLock(self)  # the lock, while the queue is open
+        self.outside = Outside(self)  # a use of the mappings outside the lock (see Outside)
+        self.users = 0  # threads inside ``outside``
+        self.idle = threading.Condition(self.lock)  # notified when the last of them left
         self.closed = False
         self.owners = OwnerRegistry(os.path.join(path, f"{name}.owners"), mode)
         self.index = Index(ring)
@@ -51,13 +99,15 @@ class QueueContext:
         self.relocator = Relocator(ring, self.index, lambda: self.refresh(relocate=False))
         self.gate = LimitGate(path, name, mode)  # concurrency caps, rate limits, unique windows
         self.leases = Leases(ring, self.index, self.owners, self.relocator, self.refresh, self.gate)
-        self.producer = Producer(ring, self.index, self.lock, self.refresh, auto_ids)
+        self.producer = Producer(ring, self.index, self.live_lock, self.outside, self.refresh, auto_ids)
         self.pause = PauseFile(ring)
 
     def new_lock(self) -> None:
-        """Replace the lock (in a forked child: a parent thread may have held the old one)."""
+        """Replace the lock (in a forked child: a parent thread may have held the old one, and
+        none of the child's threads is inside ``outside``)."""
         self.lock = threading.RLock()
-        self.producer.lock = self.lock
+        self.idle = threading.Condition(self.lock)
+        self.users = 0
 
     def live(self) -> None:
         """Raise QueueClosedError if the queue is closed."""
@@ -103,7 +153,12 @@ class QueueContext:
         return snapshot.job_at(self.ring, self.index.views[segseq].seg, slot, word)
 
     def close(self) -> None:
-        """Release the engine objects (the caller holds the lock and woke its sleepers)."""
+        """Close: wake the threads using the mappings outside the lock, wait for them to leave,
+        then release the engine objects.  The caller holds the lock."""
+        self.closed = True
+        if self.users:
+            self.ring.ctl.wake()  # sleepers on the futex see the queue closed
+            self.idle.wait_for(lambda: not self.users, timeout=10)
         self.index.clear()
         self.gate.close()
         self.ring.close()

@@ -32,37 +32,37 @@ class Lifecycle:
     def cancel(self, job: Job | str) -> Job:
         """As :meth:`ringq.Queue.cancel`."""
         self.ctx.live()
-        with self.ctx.lock:
+        with self.ctx.live_lock:
             self.ctx.refresh()
             return cancel(self.ctx.leases, job, self.ctx.name)
 
     def pause(self, key: str | None = None) -> None:
         """As :meth:`ringq.Queue.pause`."""
-        self.ctx.live()
-        if key is None:
-            self.ctx.pause.set_queue(True)
-        else:
-            self.ctx.pause.set_key(str(key), True)
+        with self.ctx.live_lock:
+            if key is None:
+                self.ctx.pause.set_queue(True)
+            else:
+                self.ctx.pause.set_key(str(key), True)
 
     def resume(self, key: str | None = None) -> None:
         """As :meth:`ringq.Queue.resume`."""
-        self.ctx.live()
-        if key is None:
-            self.ctx.pause.set_queue(False)
-        else:
-            self.ctx.pause.set_key(str(key), False)
-        self.ctx.ring.ctl.wake()
+        with self.ctx.live_lock:
+            if key is None:
+                self.ctx.pause.set_queue(False)
+            else:
+                self.ctx.pause.set_key(str(key), False)
+            self.ctx.ring.ctl.wake()
 
     def paused(self) -> dict[str, Any]:
         """As :meth:`ringq.Queue.paused`."""
-        self.ctx.live()
-        return {"queue": self.ctx.pause.queue_paused(), "keys": sorted(self.ctx.pause.paused_keys())}
+        with self.ctx.live_lock:
+            return {"queue": self.ctx.pause.queue_paused(), "keys": sorted(self.ctx.pause.paused_keys())}
 
     def progress(self, job: Job | str, fraction: float, message: str | None = None) -> None:
         """As :meth:`ringq.Queue.progress`."""
         self.ctx.live()
         fraction = check_fraction(fraction)
-        with self.ctx.lock:
+        with self.ctx.live_lock:
             view, slot, w, job_id, token = self.ctx.leases.word_for(job, self.ctx.name, "report progress of")
             report_progress(self.ctx.ring, view.seg, slot, w, job_id, token, fraction, message)
 

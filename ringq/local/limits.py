@@ -388,11 +388,11 @@ class Limits:
         burst: int | None = None,
     ) -> None:
         """As :meth:`ringq.Queue.limit`."""
-        self.ctx.live()
-        self.ctx.gate.set_limit(name, concurrency, rate, burst)
-        self.ctx.ring.ctl.wake()  # a raised or removed limit may free held-back jobs
+        with self.ctx.live_lock:
+            self.ctx.gate.set_limit(name, concurrency, rate, burst)
+            self.ctx.ring.ctl.wake()  # a raised or removed limit may free held-back jobs
 
     def limits(self) -> list[LimitInfo]:
         """As :meth:`ringq.Queue.limits`."""
-        self.ctx.live()
-        return self.ctx.gate.describe()
+        with self.ctx.live_lock:
+            return self.ctx.gate.describe()

@@ -11,9 +11,9 @@ tail included: a volume with room for one segment) and trying again.
 
 from __future__ import annotations
 
-import threading
 from array import array
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
@@ -64,14 +64,16 @@ assert MAX_DELAY + 86400 * 366 <= TIME_MAX / 1000
 
 
 class Producer:
-    """Appends jobs for one queue in this process.  ``lock`` is the queue's thread lock;
+    """Appends jobs for one queue in this process.  ``lock`` is the queue's thread lock (taken only while the queue is open),
+    ``outside`` counts a use of the mappings outside it (ringq/local/context.py);
     ``refresh(relocate)`` catches the index up with other processes."""
 
     def __init__(
         self,
         ring: Ring,
         index: Index,
-        lock: threading.RLock,
+        lock: AbstractContextManager[None],
+        outside: AbstractContextManager[None],
         refresh: Callable[[bool], None],
         auto_ids: bool = True,
     ) -> None:
@@ -79,6 +81,7 @@ class Producer:
         self.ring = ring
         self.index = index
         self.lock = lock
+        self.outside = outside  # around the sync after an append, which runs outside the lock
         self.refresh = refresh
         self.max_bytes = ring.max_record_bytes()  # the geometry is fixed when the queue is created
 
@@ -108,7 +111,8 @@ class Producer:
                 ring.append_one, kind, data, priority, delay_ms, attempts, rkind
             )
         # Sync outside our lock, so that other threads append meanwhile (and share the sync).
-        ring.finish(ticket)
+        with self.outside:
+            ring.finish(ticket)
         return Job(
             f"{seq:016x}",
             payload,
@@ -193,7 +197,8 @@ class Producer:
                     rkind,
                 )
             # Sync outside our lock, so that other threads append meanwhile (and share the sync).
-            ring.finish(ticket)
+            with self.outside:
+                ring.finish(ticket)
             return fresh_jobs(
                 placed,
                 heads,
@@ -237,7 +242,8 @@ class Producer:
                     attempts,
                     rkind,
                 )
-                ring.finish(ticket)
+                with self.outside:
+                    ring.finish(ticket)
                 jobs = fresh_jobs(
                     placed,
                     heads,

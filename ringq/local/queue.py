@@ -19,15 +19,13 @@ otherwise when its visibility timeout passes.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pathlib
 import random
 import sys
-import threading
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ringq.backend import (
@@ -191,8 +189,6 @@ class Queue:
         self.options = QueueOptions.of_queue(self, ring, flush_interval, sync_acks, lock_timeout, mode,
                                              allow_network_fs, allow_foreign, auto_ids, spin)
         ctx = self._ctx = QueueContext(ring, name, str(self.path), mode, auto_ids)
-        self._idle = threading.Condition(ctx.lock)  # notified when the last waiting thread left
-        self._waiters = 0  # threads asleep in lease or wait_for_wake, outside the lock
         self._results = Results(name, self._companion)
         self._admin = Admin(ctx)
         self._lifecycle = Lifecycle(ctx, self._results, self.get)
@@ -234,38 +230,14 @@ class Queue:
         with self._ctx.lock:
             if self._ctx.closed:
                 return
-            self._ctx.closed = True
-            if self._waiters:
-                # Threads asleep in lease or wait_for_wake hold pointers into the mappings: wake
-                # them (they then see the queue closed) and let them leave before unmapping.
-                self._ctx.ring.ctl.wake()
-                self._idle.wait_for(lambda: not self._waiters, timeout=10)
-            self._ctx.close()
+            self._ctx.close()  # waits for the threads asleep in lease or wait_for_wake to leave
             self._results.close()
             self._schedules.close()
-
-    @contextlib.contextmanager
-    def _asleep(self) -> Iterator[None]:
-        """Around a sleep outside the queue lock on the shared mappings: counted, so that
-        :meth:`close` wakes the sleeper and waits for it to leave before unmapping.  Raises
-        QueueClosedError if the queue is closed already."""
-        with self._ctx.lock:
-            self._ctx.live()
-            self._waiters += 1
-        try:
-            yield
-        finally:
-            with self._ctx.lock:
-                self._waiters -= 1
-                if not self._waiters:
-                    self._idle.notify_all()
 
     def drop_inherited_locks(self) -> None:
         """In a forked child (ringq/forksafe.py): a parent thread may have been inside a call of
         this queue at the fork, holding its lock, which no thread of the child will ever release."""
         self._ctx.new_lock()
-        self._idle = threading.Condition(self._ctx.lock)
-        self._waiters = 0
 
     def _companion(self, name: str) -> Queue:
         """A queue in the same directory with this one's settings (the results queue)."""
@@ -410,9 +382,8 @@ class Queue:
         skip = lambda v, s: pause.blocks(v.seg, s)  # noqa: E731  (per-key pause)
         direct = None
         while True:
-            seen = ctl.wake_word()
-            with self._ctx.lock:
-                self._ctx.live()
+            with self._ctx.live_lock:
+                seen = ctl.wake_word()  # before looking for work: nothing appended after it is slept through
                 self._ctx.refresh(quick=True)
                 if self._ctx.reap():
                     self._ctx.refresh()  # the reclaimed jobs moved their segments' change counters
@@ -441,7 +412,7 @@ class Queue:
             held_back = self._ctx.gate.nap()  # until a limit that holds a job back may let it go
             if held_back is not None:
                 nap = min(nap, held_back)
-            with self._asleep():
+            with self._ctx.outside:
                 if direct is None or self._ctx.index.heap:
                     ctl.sleep(seen, nap, self.spin)
                     leased = None
@@ -449,7 +420,7 @@ class Queue:
                     leased = self._ctx.leases.wait_claim(seen, nap, self.spin, direct)
             if leased is not None:
                 assert direct is not None  # only wait_claim, given ``direct``, leases while asleep
-                with self._ctx.lock:
+                with self._ctx.live_lock:
                     self._ctx.live()
                     if self._ctx.gate.active() or pause.queue_paused() or pause.paused_keys():
                         # A limit or a pause appeared while we slept: the C call knew nothing of it.
@@ -467,8 +438,8 @@ class Queue:
         appended in between is never slept through.  For callers that lease without blocking
         (an event loop) and wait for work in another thread.
         """
-        self._ctx.live()
-        return self._ctx.ring.ctl.wake_word()
+        with self._ctx.live_lock:
+            return self._ctx.ring.ctl.wake_word()
 
     def wait_for_wake(self, token: int, timeout: float) -> None:
         """Block until the wake counter moves from ``token``, a delayed job seen by this process's
@@ -481,17 +452,17 @@ class Queue:
         """
         self._ctx.live()
         nap = min(timeout, self._ctx.reaper.until_floor())
-        with self._ctx.lock:
+        with self._ctx.live_lock:
             next_due = self._ctx.index.next_due_ms()
             if next_due is not None and next_due / 1000 > time.time():
                 nap = min(nap, next_due / 1000 - time.time() + 0.001)
-        with self._asleep():
+        with self._ctx.outside:
             self._ctx.ring.ctl.sleep(token, nap, self.spin)
 
     def wake(self) -> None:
         """Wake every thread and process sleeping in :meth:`lease` or :meth:`wait_for_wake` on this queue."""
-        self._ctx.live()
-        self._ctx.ring.ctl.wake()
+        with self._ctx.live_lock:
+            self._ctx.ring.ctl.wake()
 
     def lease_one(self, *, visibility_timeout: float | None = None, wait: float | None = None,
                   detach: bool = False) -> Job | None:
@@ -517,7 +488,7 @@ class Queue:
         """
         self._ctx.live()
         if result is not NO_RESULT:
-            with self._ctx.lock:  # fencing first: a stale holder must not store a result
+            with self._ctx.live_lock:  # fencing first: a stale holder must not store a result
                 try:
                     view, slot, w, job_id, token = self._ctx.leases.word_for(job, self.name, "ack")
                 except Retired:  # this snapshot was acked before its segment retired
@@ -528,7 +499,7 @@ class Queue:
                         transitions.require_lease(w, job_id, token, "ack")
             if not repeated:  # a repeated ack is harmless and stores nothing
                 self._results.store(job_id, result, result_ttl)
-        with self._ctx.lock:
+        with self._ctx.live_lock:
             self._ctx.settle(force=False)
             self._ctx.leases.ack(job, self.name)
         self._ctx.ring.dur.sync_acks_now()
@@ -539,7 +510,7 @@ class Queue:
         (NotLeasedError, JobNotFoundError) is raised."""
         self._ctx.live()
         first: Exception | None = None
-        with self._ctx.lock:
+        with self._ctx.live_lock:
             self._ctx.settle(force=False)
             for job in jobs:
                 try:
@@ -566,7 +537,7 @@ class Queue:
         self._ctx.live()
         if delay is not None and not 0 <= delay <= MAX_DELAY:
             raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
-        with self._ctx.lock:
+        with self._ctx.live_lock:
             self._ctx.settle(force=False)
             out = self._ctx.leases.nack(job, self.name, error, delay, self.backoff, self._rng)
         self._ctx.ring.dur.sync_acks_now()
@@ -577,7 +548,7 @@ class Queue:
         self._ctx.live()
         if not 0 < seconds < TIME_MAX / 1000:
             raise ValueError(f"seconds must be > 0 (and finite), got {seconds!r}")
-        with self._ctx.lock:
+        with self._ctx.live_lock:
             self._ctx.settle(force=False)
             return self._ctx.leases.extend(job, self.name, seconds)
 

@@ -1,0 +1,61 @@
+"""Closing a queue while other threads are inside its calls: every such call returns, or raises
+QueueClosedError, and nothing touches the unmapped files (which would be a segmentation fault).
+
+The threads lease with and without waiting, enqueue (whose sync runs outside the queue lock),
+ack, read, pause and set limits while the main thread closes; each round in a child process,
+so that a crash fails the test instead of the run.
+"""
+
+from __future__ import annotations
+
+from procs import run_py
+
+RACE = """
+import sys, threading, time
+from ringq import Queue, QueueClosedError
+
+def round_(d, i):
+    q = Queue(d, name=f"q{i}", durability=sys.argv[2])
+    q.enqueue_many(list(range(50)))
+    stop = threading.Event()
+    errors = []
+
+    def loop(op):
+        while not stop.is_set():
+            try:
+                op()
+            except QueueClosedError:
+                return
+            except Exception as exc:  # anything else is a finding
+                errors.append(repr(exc))
+                return
+
+    def lease_ack():
+        job = q.lease_one(wait=0.01)
+        if job is not None:
+            q.ack(job)
+
+    ops = [lease_ack, lambda: q.lease(5), lambda: q.enqueue({"x": 1}), q.stats, q.list_jobs,
+           q.wake_token, q.wake, lambda: q.wait_for_wake(q.wake_token(), 0.01), q.paused,
+           lambda: (q.pause("k"), q.resume("k")), q.limits, lambda: q.lease_one(wait=0.2)]
+    threads = [threading.Thread(target=loop, args=(op,)) for op in ops]
+    for t in threads:
+        t.start()
+    time.sleep(0.05 + 0.01 * (i % 5))
+    q.close()
+    stop.set()
+    for t in threads:
+        t.join(10)
+        assert not t.is_alive(), "a thread did not return after close"
+    assert not errors, errors
+
+for i in range(int(sys.argv[3])):
+    round_(sys.argv[1], i)
+print("ok")
+"""
+
+
+def test_closing_while_threads_are_inside_calls_never_crashes(tmp_path):
+    for durability in ("none", "msync"):
+        out = run_py(RACE, str(tmp_path / durability), durability, "12", timeout=120)
+        assert out.returncode == 0 and out.stdout.strip() == "ok", (out.returncode, out.stderr[-3000:])

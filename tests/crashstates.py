@@ -30,11 +30,13 @@ import argparse
 import base64
 import collections
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 import multiprocessing
 import os
 import random
+import re
 import shutil
 import sys
 import tempfile
@@ -231,13 +233,21 @@ def _verify(path: str) -> dict[str, Any]:
     return rep
 
 
-def _open(path: str, spec: wl.Spec, problems: list[str], repairs: list[str]):
+def _open(
+    path: str,
+    spec: wl.Spec,
+    problems: list[str],
+    repairs: list[str],
+    name: str = wl.NAME,
+    **kw: Any,
+):
     """Open the queue, doing the repair a typed error names (at most twice)."""
     from ringq import CorruptionError, FormatVersionError, Queue, RingqError
 
     for _ in range(3):
         try:
-            return Queue(path, wl.NAME, visibility_timeout=600, **wl.GEOMETRY, **spec.open_opts)
+            opts = {"visibility_timeout": 600, **wl.GEOMETRY, **spec.open_opts, **kw}
+            return Queue(path, name, **opts)
         except FormatVersionError as exc:
             if "ringq upgrade" not in str(exc) or "upgrade" in repairs:
                 problems.append(f"open raised FormatVersionError: {exc}")
@@ -248,7 +258,7 @@ def _open(path: str, spec: wl.Spec, problems: list[str], repairs: list[str]):
                 problems.append(f"ringq upgrade, as the error said, failed: {out} {err}")
                 return None
         except CorruptionError as exc:
-            ctl = os.path.join(path, f"{wl.NAME}.ctl")
+            ctl = os.path.join(path, f"{name}.ctl")
             if f"remove {ctl}" not in str(exc) or "remove-ctl" in repairs:
                 problems.append(f"open raised {type(exc).__name__}: {exc}")
                 return None
@@ -331,6 +341,12 @@ def _check(path: str, spec: wl.Spec, e: Expect) -> list[str]:
     q = _open(path, spec, problems, repairs)
     if q is None:
         return problems
+    reports = [q.recovery]
+    if "schedule" in spec.checks:
+        q = _schedules_repaired(q, path, spec, e, problems, repairs)
+        if q is None:
+            return problems
+        reports.append(q.recovery)
     try:
         if "schedule" in spec.checks and "scheduled" in e.marks:
             e.attempted.add(_key({"n": 100}))
@@ -352,11 +368,10 @@ def _check(path: str, spec: wl.Spec, e: Expect) -> list[str]:
             )
         if probe.id in e.durable:
             problems.append(f"a new enqueue got job id {probe.id} of a job enqueued before")
-        report = q.recovery
     finally:
         q.close()
     after = _verify(path)
-    _check_verify(before, after, report, repairs, problems)
+    _check_verify(before, after, reports, repairs, problems)
     return problems
 
 
@@ -406,9 +421,9 @@ def _drain(q, e: Expect, problems: list[str]) -> None:
     problems.append("the drain did not end")
 
 
-def _check_verify(before, after, report, repairs: list[str], problems: list[str]) -> None:
-    """``ringq verify`` agrees with what recovery did."""
-    found = bool(report.quarantined or report.corrupt_records or report.repairs)
+def _check_verify(before, after, reports: list, repairs: list[str], problems: list[str]) -> None:
+    """``ringq verify`` agrees with what recovery did (``reports``: of each open)."""
+    found = any(r.quarantined or r.corrupt_records or r.repairs for r in reports)
     if before is not None and "remove-ctl" not in repairs and "upgrade" not in repairs:
         if before["damage"] and not found:
             problems.append(
@@ -416,9 +431,12 @@ def _check_verify(before, after, report, repairs: list[str], problems: list[str]
             )
         if found and not before["damage"]:
             problems.append(
-                f"recovery reported damage that verify did not see: {report.describe()}"
+                f"recovery reported damage that verify did not see: {reports[0].describe()}"
             )
-    kept = bool(report.quarantined or report.corrupt_records)
+    kept = any(
+        r.quarantined or r.corrupt_records or any(".quarantined" in w for _p, w in r.repairs)
+        for r in reports
+    )
     if after["damage"] and not kept:
         problems.append(f"verify after recovery finds damage: {after['damage'][:2]}")
 
@@ -427,8 +445,32 @@ def _check_upgrade(q, e: Expect, jobs: list, problems: list[str]) -> None:
     pass  # the set-up's jobs are durable facts: the listing checks them
 
 
+def _schedules_repaired(q, path: str, spec: wl.Spec, e: Expect, problems, repairs):
+    """Read the schedules; a damaged schedule file or ticks table raises a typed error naming its
+    repair (remove both files: their schedules are lost, jobs are not), which is done, and the
+    queue is opened again.  Returns the queue to go on with (None if it did not open)."""
+    from ringq import CorruptionError
+
+    try:
+        q.schedules()
+        return q
+    except CorruptionError as exc:
+        named = re.findall(r"remove (\S+) and the \.(sched|ticks) file", str(exc))
+        if not named:
+            raise
+    first, other = named[0]
+    for victim in (first, first.rsplit(".", 1)[0] + "." + other):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(victim)
+    repairs.append("schedules-reset")
+    e.marks.pop("scheduled", None)
+    q.close()
+    return _open(path, spec, problems, repairs)
+
+
 def _check_schedule(q, e: Expect, jobs: list, problems: list[str]) -> None:
-    if "scheduled" in e.marks and not any(s.name == "tick" for s in q.schedules()):
+    defined = q.schedules()
+    if "scheduled" in e.marks and not any(s.name == "tick" for s in defined):
         problems.append("the schedule defined before the crash is gone")
     fired = q.run_schedules()
     ids = collections.Counter(j.id for j in q.list_jobs())
@@ -445,6 +487,14 @@ def _check_limit(q, e: Expect, jobs: list, problems: list[str]) -> None:
 def _check_results(q, e: Expect, jobs: list, problems: list[str]) -> None:
     from ringq import ResultNotFoundError
 
+    # The results are a companion queue ``q-results`` (docs/format.md): opened first, with the
+    # repairs its errors name.
+    companion = _open(
+        q.dir, wl.Spec("results", ""), problems, [], name=f"{wl.NAME}-results", auto_ids=False
+    )
+    if companion is None:
+        return
+    companion.close()
     by_id = {j.id: j for j in jobs}
     for n in e.marks.get("result", ()):
         j = by_id.get(n["id"])
@@ -496,8 +546,10 @@ def run(
         with concurrent.futures.ProcessPoolExecutor(
             workers, mp_context=ctx, initializer=_init_worker
         ) as pool:
-            for spec in specs:
-                rec = record(spec, workdir)
+            # Recording is a child process each: two at a time while the parent waits.
+            with concurrent.futures.ThreadPoolExecutor(workers) as recorders:
+                recs = list(recorders.map(lambda spec: record(spec, workdir), specs))
+            for spec, rec in zip(specs, recs):
                 counts = dict.fromkeys(("calls", "points", "exhaustive", "states", "space"), 0)
                 inflight: collections.deque = collections.deque()
                 for state in generate(rec, limit, rng, counts):

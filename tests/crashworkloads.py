@@ -142,6 +142,7 @@ def w_upgrade(qdir: str) -> None:
 def w_schedule(qdir: str) -> None:
     """Define a periodic job, wait for its first tick and fire it."""
     q = opened(qdir)
+    note(op="attempt", payload={"n": 100})  # every tick's job has this payload
     q.schedule("tick", {"n": 100}, every=0.2)
     note(op="scheduled", name="tick")
     deadline = time.time() + 5

@@ -327,9 +327,11 @@ def examine(path: str, name: str = "default", *, limit: int | None = None) -> Qu
             continue
         if entry.name == f"{name}.pause":
             with open(entry.path, "rb") as fh:
-                if not valid_pause_header(fh.read(PAUSE_SIZE + 1)):
-                    report.damage.append(f"{entry.path}: damaged pause file (set aside at the next open; "
-                                         "the queue then runs unpaused)")
+                head = fh.read(PAUSE_SIZE + 1)
+            # An empty one is a creation cut short, which the next open completes: not damage.
+            if head and not valid_pause_header(head):
+                report.damage.append(f"{entry.path}: damaged pause file (set aside at the next open; "
+                                     "the queue then runs unpaused)")
         if entry.name.endswith(".quarantined"):
             report.damage.append(f"{entry.path}: quarantined earlier as damaged; its jobs are not served")
         m = SEG_RE.match(entry.name)

@@ -40,3 +40,23 @@ def test_an_empty_pause_file_is_no_damage_to_verify(tmp_path) -> None:
     """Power lost after ``<name>.pause`` was created and before its page was written: the open
     writes it; ``ringq verify`` reported it as damage (recovery did not)."""
     assert _check_saved("pause-file-empty.json", tmp_path) == []
+
+
+def test_an_ack_journal_is_named_on_disk_before_a_journaled_ack_returns(tmp_path) -> None:
+    """The journal of ``sync_acks=True`` was created and fdatasynced, its directory never: at the
+    crash points after the first ack returned, a state without the journal's name was allowed, and
+    the acked job came back.  Replays the recorded trace: from the first journaled ack on, every
+    state the model allows has the journal."""
+    rec = cs.record(spec("lease-ack-nack-sync-acks"), str(tmp_path))
+    model = crashmodel.Model(rec.root, rec.root_ino, rec.initial)
+    acked, points = False, 0
+    for ev in rec.events:
+        if ev.type == cr.NOTE and json.loads(ev.data)["op"] == "acked":
+            acked = True
+        if not model.apply(ev) or not acked:
+            continue
+        points += 1
+        names = [set(ns) for u in model.space() if u.key[0] == "dir" for ns in u.options]
+        names = names or [set(model.root.durable)]
+        assert all("q.0000000000000001.acks" in ns for ns in names), ev.describe()
+    assert points > 5

@@ -65,6 +65,7 @@ class Index(CatchUpMethods):
             set()
         )  # jobs with an individual entry (scheduled or due)
         self.ids: dict[str, tuple[int, int]] = {}
+        self.supersede_later: set[int] = set()  # copies' originals found leased (catchup.py)
         self.seen_change = -1
         self._claim_out = ffi.new("ringq_claim_out *")
         self._few = records.FewScanner(FEW)

@@ -373,6 +373,8 @@ class Queue(AdminMethods, LifecycleMethods, LimitMethods, ScheduleMethods):
         before = self._reaper.last
         n = self._reaper.reap(force)
         if self._reaper.last != before:  # a pass ran: offer sealed segments for relocation too
+            if self._index.supersede_later:
+                self._index.retry_supersedes()
             moved = 0
             for view in list(self._index.views.values()):
                 if view.sealed:

@@ -42,6 +42,14 @@ def test_an_empty_pause_file_is_no_damage_to_verify(tmp_path) -> None:
     assert _check_saved("pause-file-empty.json", tmp_path) == []
 
 
+def test_a_copy_replaces_an_original_whose_word_is_an_older_lease(tmp_path) -> None:
+    """Power lost after a dead job was relocated: the copy's record is on disk, the original's
+    state page at a version from before its nack (LEASED, holder dead).  The reader skipped the
+    supersede (a leased original is its holder's), the reaper then made the original DEAD, and the
+    job was listed twice.  The supersede is now retried after the reaper pass."""
+    assert _check_saved("copy-original-leased.json", tmp_path) == []
+
+
 def test_an_ack_journal_is_named_on_disk_before_a_journaled_ack_returns(tmp_path) -> None:
     """The journal of ``sync_acks=True`` was created and fdatasynced, its directory never: at the
     crash points after the first ack returned, a state without the journal's name was allowed, and

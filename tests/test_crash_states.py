@@ -156,3 +156,10 @@ def test_an_ack_journal_is_named_on_disk_before_a_journaled_ack_returns(tmp_path
         names = names or [set(model.root.durable)]
         assert all("q.0000000000000001.acks" in ns for ns in names), ev.describe()
     assert points > 5
+
+
+def test_verify_reports_a_retired_flag_over_jobs_whose_acks_were_lost(tmp_path) -> None:
+    """Power lost in a retirement: the header page with the retired flag on disk, the state
+    table's page (the acks) at an older version, the unlink not.  Recovery clears the flag and
+    reports it; ``ringq verify`` took it for a retirement about to finish (a note)."""
+    assert _check_saved("retired-flag-acks-lost.json", tmp_path) == []

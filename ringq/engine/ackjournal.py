@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from ringq.errors import CorruptionError
 
 from .lock import WriterLock
-from .mapped import crc32c, open_nofollow
+from .mapped import crc32c, fsync_dir, open_nofollow
 from .segment import OFF_JSIZE, OFF_JTAIL, Segment
 from .transitions import TRANSITIONS
 from .words import ST_EMPTY, ST_LEASED, ST_READY, lease_count, state
@@ -92,6 +92,10 @@ def _grow(seg: Segment, path: str, end: int, mode: int) -> None:
             pos += os.pwrite(fd, zeros, pos)
     finally:
         os.close(fd)
+    if size == 0:
+        # The journal may have just been created: its name must be on disk before an ack that
+        # relies on it returns (an fdatasync of the file does not make its directory entry durable).
+        fsync_dir(os.path.dirname(path) or ".")
     seg.store64(OFF_JSIZE, target)
 
 

@@ -16,7 +16,17 @@ import numpy as np
 from . import records
 from .transitions import gone
 from .views import Lane, View, now_ms
-from .words import ST_DEAD, ST_EMPTY, ST_READY, WHY_NONE, np_state, pack, split_position, state
+from .words import (
+    ST_DEAD,
+    ST_EMPTY,
+    ST_LEASED,
+    ST_READY,
+    WHY_NONE,
+    np_state,
+    pack,
+    split_position,
+    state,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .index import Index
@@ -37,6 +47,7 @@ class CatchUp:
         self._few = records.FewScanner(FEW)
         self._stamp: tuple[int, int] | None = None  # control words at the last catch-up
         self._stamp_until = 0.0
+        self.supersede_later: set[int] = set()  # copies whose originals were found leased
 
     def forget(self) -> None:
         """The next catch-up runs in full (the views were dropped)."""
@@ -244,9 +255,20 @@ class CatchUp:
             return
         w = seg.load_state(slot)
         # DEAD: a requeue or a relocation of a dead job; READY: a relocated delayed job.  A leased
-        # original is left alone (a lease after a clock jump): its holder finishes it.
-        if state(w) in (ST_DEAD, ST_READY) and seg.cas_state(slot, w, gone(w))[0]:
+        # original is left alone (a lease after a clock jump): its holder finishes it.  It is
+        # looked at again after the next reaper pass (retry_supersedes): after a power loss the
+        # original's state word may be an older LEASED one whose holder is dead, which the reaper
+        # turns back into READY or DEAD, and then this copy must still replace it.
+        if state(w) == ST_LEASED:
+            self.supersede_later.add(ref)
+        elif state(w) in (ST_DEAD, ST_READY) and seg.cas_state(slot, w, gone(w))[0]:
             self.ring.segs.note_finished(seg)
+
+    def retry_supersedes(self) -> None:
+        """After a reaper pass: complete the supersedes skipped while their originals were leased."""
+        pending, self.supersede_later = self.supersede_later, set()
+        for ref in pending:
+            self._complete_supersede(ref)
 
     def _find_returned(self, view: View) -> None:
         """Jobs of ``view`` back in READY behind their lane's cursor: give each its own heap entry,

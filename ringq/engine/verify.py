@@ -225,8 +225,6 @@ def _segment(path: str, expect_seq: int, limit: int | None, now_ms: int,
         if tail > seg.slot_count:
             rep.damage.append(f"tail {tail} is beyond the segment's {seg.slot_count} slots")
             return rep
-        if rep.header["retired"]:
-            rep.notes.append("retired: every job finished; the file is about to be unlinked")
         infos, _next = scan(seg, 0)
         states = seg.states
         heads = 0
@@ -283,6 +281,15 @@ def _segment(path: str, expect_seq: int, limit: int | None, now_ms: int,
                     rec.owner = 0
             rep.records.append(rec)
         rep.record_count = heads
+        if rep.header["retired"]:
+            # What recovery repairs (and reports) at the next open: a power loss can keep the flag
+            # and lose the acks it was set after.
+            unfinished = sum(n for k, n in rep.counts.items() if k not in ("done", "gone", "cancelled", "expired"))
+            if unfinished:
+                rep.damage.append(f"retired flag set over {unfinished} unfinished job(s) (cleared at the next open; "
+                                  "the jobs are kept)")
+            else:
+                rep.notes.append("retired: every job finished; the file is about to be unlinked")
         if tail < seg.slot_count and seg.load64(seg.state_off_of(tail)) & 7 not in (ST_EMPTY, ST_CONT):
             rep.notes.append(f"records published beyond the stored tail {tail} (re-adopted by the next writer)")
     finally:
@@ -328,9 +335,11 @@ def examine(path: str, name: str = "default", *, limit: int | None = None) -> Qu
             continue
         if entry.name == f"{name}.pause":
             with open(entry.path, "rb") as fh:
-                if not valid_pause_header(fh.read(PAUSE_SIZE + 1)):
-                    report.damage.append(f"{entry.path}: damaged pause file (set aside at the next open; "
-                                         "the queue then runs unpaused)")
+                head = fh.read(PAUSE_SIZE + 1)
+            # An empty one is a creation cut short, which the next open completes: not damage.
+            if head and not valid_pause_header(head):
+                report.damage.append(f"{entry.path}: damaged pause file (set aside at the next open; "
+                                     "the queue then runs unpaused)")
         if entry.name.endswith(".quarantined"):
             report.damage.append(f"{entry.path}: quarantined earlier as damaged; its jobs are not served")
         m = SEG_RE.match(entry.name)

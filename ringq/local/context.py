@@ -128,6 +128,8 @@ class QueueContext:
         before = self.reaper.last
         n = self.reaper.reap(force)
         if self.reaper.last != before:
+            if self.index.catchup.supersede_later:  # originals the pass may have made READY or DEAD
+                self.index.catchup.retry_supersedes()
             moved = 0
             for view in list(self.index.views.values()):
                 if view.sealed:

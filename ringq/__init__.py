@@ -73,6 +73,7 @@ def __getattr__(name: str) -> Any:
     globals()[name] = value
     return value
 
+
 __all__ = [
     "BackendError",
     "BackoffPolicy",

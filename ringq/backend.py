@@ -84,7 +84,9 @@ def redact_url(url: str) -> str:
     return url
 
 
-QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # file names of a queue parse without ambiguity
+QUEUE_NAME_RE = re.compile(
+    r"^[A-Za-z0-9_-]{1,64}$"
+)  # file names of a queue parse without ambiguity
 
 
 def check_queue_name(name: object) -> str:
@@ -120,7 +122,9 @@ def expiry_ms(expires_in: float | None, expires_at: float | None) -> int | None:
         raise ValueError("give expires_in or expires_at, not both")
     if expires_in is not None:
         if not 0 <= expires_in <= MAX_DELAY:
-            raise ValueError(f"expires_in must be a finite number of seconds from 0 to about 33 years, got {expires_in!r}")
+            raise ValueError(
+                f"expires_in must be a finite number of seconds from 0 to about 33 years, got {expires_in!r}"
+            )
         return int(time.time() * 1000 + expires_in * 1000)
     if expires_at is not None:
         if not 0 <= expires_at < 2**62 / 1000:
@@ -266,24 +270,39 @@ class QueueBackend(Protocol):
     ) -> list[Job]: ...
 
     def lease(
-        self, count: int = 1, *, visibility_timeout: float | None = None, wait: float | None = None, detach: bool = False
+        self,
+        count: int = 1,
+        *,
+        visibility_timeout: float | None = None,
+        wait: float | None = None,
+        detach: bool = False,
     ) -> list[Job]: ...
 
     def lease_one(
-        self, *, visibility_timeout: float | None = None, wait: float | None = None, detach: bool = False
+        self,
+        *,
+        visibility_timeout: float | None = None,
+        wait: float | None = None,
+        detach: bool = False,
     ) -> Job | None: ...
 
-    def ack(self, job: Job | str, *, result: Any = NO_RESULT, result_ttl: float = DEFAULT_RESULT_TTL) -> None: ...
+    def ack(
+        self, job: Job | str, *, result: Any = NO_RESULT, result_ttl: float = DEFAULT_RESULT_TTL
+    ) -> None: ...
 
     def ack_many(self, jobs: Iterable[Job | str]) -> None: ...
 
-    def nack(self, job: Job | str, *, error: str | None = None, delay: float | None = None) -> Job: ...
+    def nack(
+        self, job: Job | str, *, error: str | None = None, delay: float | None = None
+    ) -> Job: ...
 
     def extend(self, job: Job | str, seconds: float) -> Job: ...
 
     def get(self, job_id: str) -> Job: ...
 
-    def list_jobs(self, state: JobState | str | None = None, *, limit: int | None = None) -> list[Job]: ...
+    def list_jobs(
+        self, state: JobState | str | None = None, *, limit: int | None = None
+    ) -> list[Job]: ...
 
     def dlq(self, *, limit: int | None = None) -> list[Job]: ...
 

@@ -38,8 +38,19 @@ from .errors import SerializationError
 if TYPE_CHECKING:  # numpy is imported where an array is decoded, never to encode JSON
     import numpy as np
 
-__all__ = ["JSON", "BYTES", "NDARRAY", "MIXED", "KEYED", "MAX_KEY_BYTES", "encode", "decode", "jsonable",
-           "wrap_key", "split_key"]
+__all__ = [
+    "JSON",
+    "BYTES",
+    "NDARRAY",
+    "MIXED",
+    "KEYED",
+    "MAX_KEY_BYTES",
+    "encode",
+    "decode",
+    "jsonable",
+    "wrap_key",
+    "split_key",
+]
 
 JSON = 1
 BYTES = 2

@@ -13,7 +13,10 @@ if TYPE_CHECKING:  # pragma: no cover - the backends load on first use
 
 __all__ = ["connect", "is_url", "redact_url", "REDIS_SCHEMES"]
 
-def connect(target: str | os.PathLike[str], name: str = "default", **options: Any) -> Queue | RedisQueue:
+
+def connect(
+    target: str | os.PathLike[str], name: str = "default", **options: Any
+) -> Queue | RedisQueue:
     """Open queue ``name``: a local :class:`ringq.Queue` for a directory path, a
     :class:`ringq.redis_queue.RedisQueue` for a ``redis://``, ``rediss://`` or ``unix://`` URL.
 

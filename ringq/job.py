@@ -107,7 +107,9 @@ class Job:
             max_attempts=int(data.get("max_attempts", 5)),
             available_at=float(data.get("available_at", 0.0)),
             enqueued_at=float(data.get("enqueued_at", 0.0)),
-            lease_deadline=None if data.get("lease_deadline") is None else float(data["lease_deadline"]),
+            lease_deadline=None
+            if data.get("lease_deadline") is None
+            else float(data["lease_deadline"]),
             lease_token=None if token is None else str(token),
             last_error=data.get("last_error"),
             seq=int(data.get("seq", 0)),

@@ -298,14 +298,18 @@ class Queue:
         self._closing = False
         try:
             self._store.start()
-            self._results = self._store.open(self.results_queue_name, **self._engine_opts, auto_ids=False)
+            self._results = self._store.open(
+                self.results_queue_name, **self._engine_opts, auto_ids=False
+            )
         except BaseException:
             self._store.close()
             raise
         try:
             self._chores = [
                 asyncio.create_task(
-                    _heartbeat(self._handlers, self.visibility_timeout, self._lost, self._cancelling),
+                    _heartbeat(
+                        self._handlers, self.visibility_timeout, self._lost, self._cancelling
+                    ),
                     name="ringq.aio heartbeat",
                 ),
                 asyncio.create_task(
@@ -418,7 +422,9 @@ class Queue:
         """The loop :meth:`open` was called on (kept after :meth:`aclose`, until the next open)."""
         loop = self._loop
         if loop is None:
-            raise QueueClosedError(f"aio queue {self.name!r} at {self._store.where} was never opened")
+            raise QueueClosedError(
+                f"aio queue {self.name!r} at {self._store.where} was never opened"
+            )
         return loop
 
     def _open_engine(self, qname: str) -> Any:
@@ -532,7 +538,9 @@ class Queue:
                 log.error("leasing %r jobs at %s failed: %s", kind, self._store.where, exc)
                 return
             for ej in jobs:
-                task = self._opened_loop().create_task(self._run(h, ej), name=f"ringq.aio {kind} {ej.id}")
+                task = self._opened_loop().create_task(
+                    self._run(h, ej), name=f"ringq.aio {kind} {ej.id}"
+                )
                 h.running[(ej.id, ej.lease_token)] = (task, ej)
             started += len(jobs)
             if len(jobs) < free:

@@ -84,7 +84,9 @@ class Retention:
         self.sweeping: asyncio.Future[int] | None = None  # the sweep running in its thread
         self._lock = threading.Lock()  # a flock would let this process's own threads in
 
-    async def run(self, loop: asyncio.AbstractEventLoop, results: Any, closing: Callable[[], bool]) -> None:
+    async def run(
+        self, loop: asyncio.AbstractEventLoop, results: Any, closing: Callable[[], bool]
+    ) -> None:
         """Sweep every ``sweep_interval`` seconds until cancelled (none without limits)."""
         if self.keep_seconds is None and self.keep_jobs is None:
             return

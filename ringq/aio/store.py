@@ -99,7 +99,9 @@ class DirStore:
     def __init__(self, path: str, name: str) -> None:
         from ringq.local.foreign import check_not_foreign
 
-        check_not_foreign(path)  # an errand SQLite file, a nobroker directory: say so now, not at open
+        check_not_foreign(
+            path
+        )  # an errand SQLite file, a nobroker directory: say so now, not at open
         self.path = self.where = path
         self._sweep_file = os.path.join(path, f"{name}-r.sweep")
         self._fd = -1

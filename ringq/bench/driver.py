@@ -35,21 +35,37 @@ SCENARIOS = ("floor", "single", "processes", "peers", "fanout", "cold")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ringq bench", description="Benchmark ringq's durability strategies against "
-                                "the raw fdatasync limit and peer queues (docs/benchmarks.md).")
+    p = argparse.ArgumentParser(
+        prog="ringq bench",
+        description="Benchmark ringq's durability strategies against "
+        "the raw fdatasync limit and peer queues (docs/benchmarks.md).",
+    )
     size = p.add_mutually_exclusive_group()
     size.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds (CI)")
-    size.add_argument("--full", action="store_true", help="the full run of docs/benchmarks.md (minutes)")
-    p.add_argument("--dir", help="scratch directory on the file system to measure (default: a temp dir)")
+    size.add_argument(
+        "--full", action="store_true", help="the full run of docs/benchmarks.md (minutes)"
+    )
+    p.add_argument(
+        "--dir", help="scratch directory on the file system to measure (default: a temp dir)"
+    )
     p.add_argument("--out", default="benchmarks/out", help="where results.json and the plots go")
-    p.add_argument("--only", help=f"comma-separated scenarios out of {','.join(SCENARIOS)} ('peers' adds the "
-                   "peer queues to 'single')")
+    p.add_argument(
+        "--only",
+        help=f"comma-separated scenarios out of {','.join(SCENARIOS)} ('peers' adds the "
+        "peer queues to 'single')",
+    )
     p.add_argument("--peers", action="store_true", help="include peer queues in the short run")
     p.add_argument("--no-peers", action="store_true", help="skip peer queues")
-    p.add_argument("--cold-jobs", type=int, help="pending jobs for cold open / memory (overrides the size)")
+    p.add_argument(
+        "--cold-jobs", type=int, help="pending jobs for cold open / memory (overrides the size)"
+    )
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--quiet", action="store_true", help="only the table")
-    p.add_argument("--replot", metavar="RESULTS_JSON", help="redraw the table and plots of an earlier run into --out")
+    p.add_argument(
+        "--replot",
+        metavar="RESULTS_JSON",
+        help="redraw the table and plots of an earlier run into --out",
+    )
     from . import fs, here  # their options live with their code
 
     fs.add_arguments(p)
@@ -83,7 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     only = set(SCENARIOS if not args.only else args.only.split(","))
     bad = only - set(SCENARIOS)
     if bad:
-        print(f"ringq bench: unknown scenario(s) {sorted(bad)}; choose from {SCENARIOS}", file=sys.stderr)
+        print(
+            f"ringq bench: unknown scenario(s) {sorted(bad)}; choose from {SCENARIOS}",
+            file=sys.stderr,
+        )
         return 2
     if args.no_peers or (mode == "short" and not args.peers and not args.only):
         only.discard("peers")  # the short run is ringq alone unless asked
@@ -95,8 +114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     try:
         env = environment(scratch)
-        log(f"ringq bench ({mode}) in {scratch} [{env['file_system']}] on {env['cpu']} x{env['cpus']}, "
-            f"Linux {env['kernel']}, Python {env['python']}")
+        log(
+            f"ringq bench ({mode}) in {scratch} [{env['file_system']}] on {env['cpu']} x{env['cpus']}, "
+            f"Linux {env['kernel']}, Python {env['python']}"
+        )
         if "floor" in only:
             log("physical limit:")
             for kind in (FLOOR, MMAP_FLOOR):
@@ -115,7 +136,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 importlib.import_module("nobroker")
                 nb = "peers" in only or mode != "short"
             except ImportError:
-                log("  skipped nobroker cold open: nobroker is not installed (pip install nobroker==0.1.2)")
+                log(
+                    "  skipped nobroker cold open: nobroker is not installed (pip install nobroker==0.1.2)"
+                )
                 nb = False
             rows += cold_open(scratch, sz, log, nb and not args.no_peers)
         if "floor" in only:
@@ -130,8 +153,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = markdown(rows, floor)
     print(table)
     env["loadavg_at_end"] = loadavg()
-    result = {"mode": mode, "sizes": asdict(sz), "env": env, "floor_ops_per_s": floor,
-              "rows": [asdict(r) for r in rows]}
+    result = {
+        "mode": mode,
+        "sizes": asdict(sz),
+        "env": env,
+        "floor_ops_per_s": floor,
+        "rows": [asdict(r) for r in rows],
+    }
     with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as fh:
         json.dump(result, fh, indent=1)
     with open(os.path.join(args.out, "results.md"), "w", encoding="utf-8") as fh:

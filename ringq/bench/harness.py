@@ -89,11 +89,29 @@ class Row:
         return self.ops_per_s / base if base else None
 
 
-def _lat_row(scenario: str, system: str, variant: str, durable: bool, lat_ns: Sequence[int], jobs: int,
-             seconds: float, producers: int = 1, **extra: Any) -> Row:
+def _lat_row(
+    scenario: str,
+    system: str,
+    variant: str,
+    durable: bool,
+    lat_ns: Sequence[int],
+    jobs: int,
+    seconds: float,
+    producers: int = 1,
+    **extra: Any,
+) -> Row:
     a = np.asarray(lat_ns, dtype=np.float64) / 1000.0
-    row = Row(scenario, system, variant, durable, producers, jobs, seconds, jobs / seconds if seconds else 0.0,
-              extra=extra)
+    row = Row(
+        scenario,
+        system,
+        variant,
+        durable,
+        producers,
+        jobs,
+        seconds,
+        jobs / seconds if seconds else 0.0,
+        extra=extra,
+    )
     if len(a):
         row.p50_us, row.p99_us, row.p999_us = (float(x) for x in np.percentile(a, [50, 99, 99.9]))
         row.cdf_us = [round(float(x), 2) for x in np.quantile(a, np.linspace(0, 1, 201))]
@@ -128,10 +146,22 @@ def environment(scratch: str) -> dict[str, Any]:
     cpu = ""
     with contextlib.suppress(OSError):
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), "")
+            cpu = next(
+                (ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), ""
+            )
     versions: dict[str, str | None] = {}
-    for pkg in ("ringq", "numpy", "cffi", "nobroker", "persist-queue", "litequeue", "redis", "faster-fifo",
-                "matplotlib", "orjson"):
+    for pkg in (
+        "ringq",
+        "numpy",
+        "cffi",
+        "nobroker",
+        "persist-queue",
+        "litequeue",
+        "redis",
+        "faster-fifo",
+        "matplotlib",
+        "orjson",
+    ):
         try:
             versions[pkg] = md.version(pkg)
         except md.PackageNotFoundError:
@@ -146,8 +176,11 @@ def environment(scratch: str) -> dict[str, Any]:
     redis_bin = shutil.which("redis-server")
     if redis_bin:
         with contextlib.suppress(Exception):
-            versions["redis-server"] = subprocess.run([redis_bin, "--version"], capture_output=True, text=True,
-                                                      timeout=10).stdout.split()[2].removeprefix("v=")
+            versions["redis-server"] = (
+                subprocess.run([redis_bin, "--version"], capture_output=True, text=True, timeout=10)
+                .stdout.split()[2]
+                .removeprefix("v=")
+            )
     mounts = ""
     with contextlib.suppress(OSError):
         real = os.path.realpath(scratch)
@@ -155,7 +188,11 @@ def environment(scratch: str) -> dict[str, Any]:
         with open("/proc/self/mounts", encoding="utf-8") as fh:
             for line in fh:
                 p = line.split()
-                if len(p) >= 4 and (real == p[1] or real.startswith(p[1].rstrip("/") + "/")) and len(p[1]) >= len(best):
+                if (
+                    len(p) >= 4
+                    and (real == p[1] or real.startswith(p[1].rstrip("/") + "/"))
+                    and len(p[1]) >= len(best)
+                ):
                     best, mounts = p[1], f"{p[0]} on {p[1]} type {p[2]} ({p[3]})"
     return {
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -198,6 +235,7 @@ def raw_floor(scratch: str, n: int, label: str, kind: str = FLOOR) -> Row:
         os.fsync(fd)
         rec = b"r" * 128
         if kind == FLOOR:
+
             def op(i: int) -> None:
                 os.pwrite(fd, rec, i * 128)
                 os.fdatasync(fd)
@@ -302,22 +340,37 @@ def _open_ringq(path: str, durability: str, **kw: Any):
 # run in rounds of equal chunks, in a rotating order; a figure is the sum over its chunks.
 
 
-def _contestants(kind: str, scratch: str, sz: Sizes, stack: contextlib.ExitStack, with_peers: bool,
-                 log: Callable[[str], None]) -> list[tuple[str, bool, Callable[[str], Any]]]:
+def _contestants(
+    kind: str,
+    scratch: str,
+    sz: Sizes,
+    stack: contextlib.ExitStack,
+    with_peers: bool,
+    log: Callable[[str], None],
+) -> list[tuple[str, bool, Callable[[str], Any]]]:
     out: list[tuple[str, bool, Callable[[str], Any]]] = []
     if kind == "one":
-        out += [(FLOOR, True, lambda p: _FloorAdapter(p, FLOOR, sz.ops)),
-                (MMAP_FLOOR, True, lambda p: _FloorAdapter(p, MMAP_FLOOR, sz.ops)),
-                (FORMAT1, True, lambda p: _Format1Adapter(p, sz.ops))]
+        out += [
+            (FLOOR, True, lambda p: _FloorAdapter(p, FLOOR, sz.ops)),
+            (MMAP_FLOOR, True, lambda p: _FloorAdapter(p, MMAP_FLOOR, sz.ops)),
+            (FORMAT1, True, lambda p: _Format1Adapter(p, sz.ops)),
+        ]
     if kind == "leasemany":
-        return [("ringq msync (default)", True, lambda p: _RingqAdapter(p, "msync")),
-                ("ringq msync, sync_acks", True, lambda p: _RingqAdapter(p, "msync", sync_acks=True))]
+        return [
+            ("ringq msync (default)", True, lambda p: _RingqAdapter(p, "msync")),
+            ("ringq msync, sync_acks", True, lambda p: _RingqAdapter(p, "msync", sync_acks=True)),
+        ]
     if kind == "lease":
-        out += [("ringq none", False, lambda p: _RingqAdapter(p, "none")),
-                ("ringq msync (default)", True, lambda p: _RingqAdapter(p, "msync")),
-                ("ringq msync, sync_acks", True, lambda p: _RingqAdapter(p, "msync", sync_acks=True))]
+        out += [
+            ("ringq none", False, lambda p: _RingqAdapter(p, "none")),
+            ("ringq msync (default)", True, lambda p: _RingqAdapter(p, "msync")),
+            ("ringq msync, sync_acks", True, lambda p: _RingqAdapter(p, "msync", sync_acks=True)),
+        ]
     else:
-        out += [(f"ringq {d}", d in DURABLE, (lambda d: lambda p: _RingqAdapter(p, d))(d)) for d in STRATEGIES]  # noqa: B023
+        out += [
+            (f"ringq {d}", d in DURABLE, (lambda d: lambda p: _RingqAdapter(p, d))(d))  # noqa: B023
+            for d in STRATEGIES
+        ]
     if with_peers:
         from . import peers as bp
 
@@ -334,10 +387,16 @@ def _contestants(kind: str, scratch: str, sz: Sizes, stack: contextlib.ExitStack
     return out
 
 
-def single_producer(scratch: str, sz: Sizes, log: Callable[[str], None], with_peers: bool) -> list[Row]:
+def single_producer(
+    scratch: str, sz: Sizes, log: Callable[[str], None], with_peers: bool
+) -> list[Row]:
     rows = []
-    for kind, variant in (("one", "enqueue x1"), ("many", f"enqueue_many x{BATCH}"), ("lease", "lease_one+ack"),
-                          ("leasemany", f"lease({ACK_BATCH})+ack_many")):
+    for kind, variant in (
+        ("one", "enqueue x1"),
+        ("many", f"enqueue_many x{BATCH}"),
+        ("lease", "lease_one+ack"),
+        ("leasemany", f"lease({ACK_BATCH})+ack_many"),
+    ):
         log(f"{variant} (one producer, {sz.rounds} interleaved rounds):")
         with contextlib.ExitStack() as stack:
             opened = []
@@ -407,7 +466,9 @@ def _producer_child(path: str, durability: str, mode: str, n: int, go, out) -> N
     out.close()
 
 
-def run_producers(path: str, durability: str, mode: str, calls: int, producers: int) -> tuple[list[int], float]:
+def run_producers(
+    path: str, durability: str, mode: str, calls: int, producers: int
+) -> tuple[list[int], float]:
     """``producers`` fresh processes, each ``calls`` enqueue (or enqueue_many) calls, started together.
 
     Returns (every call's latency, wall seconds from the start signal to the last finish).
@@ -451,7 +512,7 @@ def producer_processes(scratch: str, sz: Sizes, log: Callable[[str], None]) -> l
         secs = dict.fromkeys(keys, 0.0)
         total = sz.ops if mode == "one" else sz.batches
         for r in range(sz.rounds):
-            for k in keys[r % len(keys):] + keys[: r % len(keys)]:
+            for k in keys[r % len(keys) :] + keys[: r % len(keys)]:
                 per = max(1, total // sz.rounds // k[1])
                 got, t = run_producers(paths[k], k[0], mode, per, k[1])
                 lat[k] += got
@@ -461,10 +522,21 @@ def producer_processes(scratch: str, sz: Sizes, log: Callable[[str], None]) -> l
             nsync = q.sync_counters()["queue_append_syncs"]
             q.close()
             jobs = len(lat[k]) * (BATCH if mode == "many" else 1)
-            row = _lat_row("processes", f"ringq {k[0]}", variant, k[0] in DURABLE, lat[k], jobs, secs[k], k[1],
-                           syncs=nsync)
+            row = _lat_row(
+                "processes",
+                f"ringq {k[0]}",
+                variant,
+                k[0] in DURABLE,
+                lat[k],
+                jobs,
+                secs[k],
+                k[1],
+                syncs=nsync,
+            )
             rows.append(row)
-            log(f"  ringq {k[0]:9s} x{k[1]}: {row.ops_per_s:12,.0f} jobs/s  ({nsync} syncs for {jobs} jobs)")
+            log(
+                f"  ringq {k[0]:9s} x{k[1]}: {row.ops_per_s:12,.0f} jobs/s  ({nsync} syncs for {jobs} jobs)"
+            )
             shutil.rmtree(paths[k], ignore_errors=True)
     return rows
 
@@ -525,7 +597,9 @@ def _fan_ringq(scratch: str, n: int, spin: float = 0.0) -> list[int]:
     path = tempfile.mkdtemp(prefix="fan-", dir=scratch)
     q = _open_ringq(path, "none")
     try:
-        return _ping(_fan_ringq_consumer, (path, spin), lambda: q.enqueue({"t": time.monotonic_ns()}), n)
+        return _ping(
+            _fan_ringq_consumer, (path, spin), lambda: q.enqueue({"t": time.monotonic_ns()}), n
+        )
     finally:
         q.close()
         shutil.rmtree(path, ignore_errors=True)
@@ -591,16 +665,37 @@ def _fan_pyqueue(make: Callable[[], Any], n: int) -> list[int]:
 
 def fanout(scratch: str, sz: Sizes, log: Callable[[str], None]) -> list[Row]:
     systems: list[tuple[str, str, Callable[[], list[int]]]] = [
-        ("raw futex wake", "floor: FUTEX_WAKE through a shared file mapping", lambda: _fan_futex(scratch, sz.fanout)),
-        ("ringq", "lease_one(wait=...) woken by enqueue (none)", lambda: _fan_ringq(scratch, sz.fanout)),
-        ("ringq", f"lease_one(wait=...), Queue(spin={FAN_SPIN}): polls before it sleeps (none)",
-         lambda: _fan_ringq(scratch, sz.fanout, FAN_SPIN)),
-        ("multiprocessing.Queue", "get() woken by put()", lambda: _fan_pyqueue(lambda: mp.get_context("fork").Queue(), sz.fanout)),
+        (
+            "raw futex wake",
+            "floor: FUTEX_WAKE through a shared file mapping",
+            lambda: _fan_futex(scratch, sz.fanout),
+        ),
+        (
+            "ringq",
+            "lease_one(wait=...) woken by enqueue (none)",
+            lambda: _fan_ringq(scratch, sz.fanout),
+        ),
+        (
+            "ringq",
+            f"lease_one(wait=...), Queue(spin={FAN_SPIN}): polls before it sleeps (none)",
+            lambda: _fan_ringq(scratch, sz.fanout, FAN_SPIN),
+        ),
+        (
+            "multiprocessing.Queue",
+            "get() woken by put()",
+            lambda: _fan_pyqueue(lambda: mp.get_context("fork").Queue(), sz.fanout),
+        ),
     ]
     try:
         import faster_fifo
 
-        systems.append(("faster-fifo", "get() woken by put()", lambda: _fan_pyqueue(faster_fifo.Queue, sz.fanout)))
+        systems.append(
+            (
+                "faster-fifo",
+                "get() woken by put()",
+                lambda: _fan_pyqueue(faster_fifo.Queue, sz.fanout),
+            )
+        )
     except ImportError:
         log("  skipped faster-fifo fan-out: faster-fifo is not installed (pip install faster-fifo)")
     rows = []
@@ -688,8 +783,18 @@ def _fill(system: str, path: str, n: int) -> None:
 def _run_child(args: list[str]) -> dict[str, Any]:
     env = dict(os.environ)
     env["PYTHONPATH"] = PKG_ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    res = subprocess.run([sys.executable, "-c", "import sys; from ringq.bench.harness import child_main; child_main(sys.argv[1:])",
-                          *args], capture_output=True, text=True, env=env, timeout=1800)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from ringq.bench.harness import child_main; child_main(sys.argv[1:])",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
     if res.returncode != 0:
         raise RuntimeError(f"child {args} failed: {res.stderr.strip()[-500:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -699,7 +804,9 @@ def child_main(argv: list[str]) -> None:
     print(json.dumps(_child_cold(argv[1], argv[2]) if argv[0] == "cold" else {}))
 
 
-def cold_open(scratch: str, sz: Sizes, log: Callable[[str], None], with_nobroker: bool) -> list[Row]:
+def cold_open(
+    scratch: str, sz: Sizes, log: Callable[[str], None], with_nobroker: bool
+) -> list[Row]:
     rows = []
     systems = ["ringq"] + (["nobroker"] if with_nobroker else [])
     for system in systems:
@@ -708,13 +815,22 @@ def cold_open(scratch: str, sz: Sizes, log: Callable[[str], None], with_nobroker
         _fill(system, path, sz.cold)
         fill_s = time.perf_counter() - t
         res = _run_child(["cold", system, path])
-        row = Row("cold-open", system, f"open + lease_one, {sz.cold:,} pending", False, jobs=sz.cold,
-                  seconds=res["open_lease_s"], extra={**res, "fill_s": fill_s})
+        row = Row(
+            "cold-open",
+            system,
+            f"open + lease_one, {sz.cold:,} pending",
+            False,
+            jobs=sz.cold,
+            seconds=res["open_lease_s"],
+            extra={**res, "fill_s": fill_s},
+        )
         row.extra["anon_bytes_per_job"] = res["anon_growth"] / sz.cold
         row.extra["rss_bytes_per_job"] = (res["anon_growth"] + res["file_growth"]) / sz.cold
         rows.append(row)
-        msg = (f"  {system:9s} cold open+lease of {sz.cold:,}: {res['open_lease_s'] * 1000:9.1f} ms, peak RSS "
-               f"{res['peak_rss'] / 2**20:7.1f} MiB, +{row.extra['anon_bytes_per_job']:.1f} B anon/job")
+        msg = (
+            f"  {system:9s} cold open+lease of {sz.cold:,}: {res['open_lease_s'] * 1000:9.1f} ms, peak RSS "
+            f"{res['peak_rss'] / 2**20:7.1f} MiB, +{row.extra['anon_bytes_per_job']:.1f} B anon/job"
+        )
         if "stats_s" in res:
             msg += f", stats() {min(res['stats_s']) * 1000:.2f} ms"
         log(msg)
@@ -736,23 +852,38 @@ def _fmt(x: float | None, unit: str = "") -> str:
 def markdown(rows: list[Row], floor: float | None) -> str:
     """The results as Markdown tables.  Durable rows carry ratios to the fdatasync floor measured
     right before them (else the run's mean) and to the run's mean mmap floor."""
+
     def interleaved(kind: str) -> float | None:
-        return next((r.ops_per_s for r in rows if r.system == kind and r.variant == "enqueue x1"), None)
+        return next(
+            (r.ops_per_s for r in rows if r.system == kind and r.variant == "enqueue x1"), None
+        )
 
     mfl = [r.ops_per_s for r in rows if r.scenario == "floor" and r.system == MMAP_FLOOR]
     fl_i, mfl_i = interleaved(FLOOR), interleaved(MMAP_FLOOR)
     mfloor = sum(mfl) / len(mfl) if mfl else None
 
     def nob(r: Row) -> float | None:
-        key = ("one" if r.variant.startswith("enqueue x1") else "many" if "enqueue_many" in r.variant else
-               "lease" if "lease" in r.variant else None)
+        key = (
+            "one"
+            if r.variant.startswith("enqueue x1")
+            else "many"
+            if "enqueue_many" in r.variant
+            else "lease"
+            if "lease" in r.variant
+            else None
+        )
         if key is None:
             return None
         want_durable = r.durable
         for o in rows:
-            if o.system.startswith("nobroker") and o.durable == want_durable and (
-                (key == "one" and o.variant.startswith("enqueue x1")) or (key == "many" and "enqueue_many" in o.variant)
-                or (key == "lease" and "lease" in o.variant)
+            if (
+                o.system.startswith("nobroker")
+                and o.durable == want_durable
+                and (
+                    (key == "one" and o.variant.startswith("enqueue x1"))
+                    or (key == "many" and "enqueue_many" in o.variant)
+                    or (key == "lease" and "lease" in o.variant)
+                )
             ):
                 return o.ops_per_s
         return None
@@ -760,8 +891,10 @@ def markdown(rows: list[Row], floor: float | None) -> str:
     out = []
     thr = [r for r in rows if r.scenario in ("floor", "single", "processes")]
     if thr:
-        out.append("| scenario | system | variant | durable | procs | jobs/s | × fdatasync floor | × mmap floor | "
-                   "× nobroker | p50 µs | p99 µs | p99.9 µs |")
+        out.append(
+            "| scenario | system | variant | durable | procs | jobs/s | × fdatasync floor | × mmap floor | "
+            "× nobroker | p50 µs | p99 µs | p99.9 µs |"
+        )
         out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in thr:
             nb = nob(r) if r.scenario == "single" else None  # ratios within one interleaved set
@@ -777,24 +910,37 @@ def markdown(rows: list[Row], floor: float | None) -> str:
     fan = [r for r in rows if r.scenario == "fanout"]
     if fan:
         base = next((r.p50_us for r in fan if r.system == "raw futex wake"), None)
-        out += ["", "| fan-out (producer → blocked consumer → handler start) | p50 µs | p99 µs | p99.9 µs | p50 × floor |",
-                "|---|---|---|---|---|"]
+        out += [
+            "",
+            "| fan-out (producer → blocked consumer → handler start) | p50 µs | p99 µs | p99.9 µs | p50 × floor |",
+            "|---|---|---|---|---|",
+        ]
         for r in fan:
-            out.append(f"| {r.system}: {r.variant} | {_fmt(r.p50_us)} | {_fmt(r.p99_us)} | {_fmt(r.p999_us)} | "
-                       f"{_fmt(r.p50_us / base if base and r.p50_us else None)} |")
+            out.append(
+                f"| {r.system}: {r.variant} | {_fmt(r.p50_us)} | {_fmt(r.p99_us)} | {_fmt(r.p999_us)} | "
+                f"{_fmt(r.p50_us / base if base and r.p50_us else None)} |"
+            )
     cold = [r for r in rows if r.scenario == "cold-open"]
     if cold:
-        out += ["", "| cold open | pending jobs | open + first lease ms | peak RSS MiB | anon RSS B/job | "
-                "anon+file RSS B/job | stats() ms |", "|---|---|---|---|---|---|---|"]
+        out += [
+            "",
+            "| cold open | pending jobs | open + first lease ms | peak RSS MiB | anon RSS B/job | "
+            "anon+file RSS B/job | stats() ms |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for r in cold:
             st = r.extra.get("stats_s")
-            out.append(f"| {r.system} | {r.jobs:,} | {_fmt(r.seconds * 1000)} | {_fmt(r.extra['peak_rss'] / 2**20)} | "
-                       f"{_fmt(r.extra['anon_bytes_per_job'])} | {_fmt(r.extra['rss_bytes_per_job'])} | "
-                       f"{_fmt(min(st) * 1000) if st else '–'} |")
+            out.append(
+                f"| {r.system} | {r.jobs:,} | {_fmt(r.seconds * 1000)} | {_fmt(r.extra['peak_rss'] / 2**20)} | "
+                f"{_fmt(r.extra['anon_bytes_per_job'])} | {_fmt(r.extra['rss_bytes_per_job'])} | "
+                f"{_fmt(min(st) * 1000) if st else '–'} |"
+            )
     return "\n".join(out)
 
 
-def plots(rows: list[Row], outdir: str, floor: float | None, log: Callable[[str], None]) -> list[str]:
+def plots(
+    rows: list[Row], outdir: str, floor: float | None, log: Callable[[str], None]
+) -> list[str]:
     try:
         import matplotlib
 
@@ -813,11 +959,27 @@ def plots(rows: list[Row], outdir: str, floor: float | None, log: Callable[[str]
             procs = sorted({r.producers for r in sel})
             width = 0.8 / max(1, len(procs))
             for k, nproc in enumerate(procs):
-                vals = [next((r.ops_per_s for r in sel if r.system == f"ringq {s}" and r.producers == nproc), 0)
-                        for s in labels]
-                ax.bar(np.arange(len(labels)) + k * width, vals, width, label=f"{nproc} producer process(es)")
+                vals = [
+                    next(
+                        (
+                            r.ops_per_s
+                            for r in sel
+                            if r.system == f"ringq {s}" and r.producers == nproc
+                        ),
+                        0,
+                    )
+                    for s in labels
+                ]
+                ax.bar(
+                    np.arange(len(labels)) + k * width,
+                    vals,
+                    width,
+                    label=f"{nproc} producer process(es)",
+                )
             if floor:
-                ax.axhline(floor, color="k", ls="--", lw=1, label="raw pwrite+fdatasync floor (ops/s)")
+                ax.axhline(
+                    floor, color="k", ls="--", lw=1, label="raw pwrite+fdatasync floor (ops/s)"
+                )
             ax.set_xticks(np.arange(len(labels)) + width * (len(procs) - 1) / 2, labels)
             ax.set_yscale("log")
             ax.set_ylabel("jobs/s (log)")
@@ -829,14 +991,37 @@ def plots(rows: list[Row], outdir: str, floor: float | None, log: Callable[[str]
         plt.close(fig)
         made.append(p)
     for name, sel, title in (
-        ("latency_enqueue.png", [r for r in rows if r.cdf_us and r.variant == "enqueue x1"
-                                 and r.scenario in ("single", "floor")],
-         "enqueue latency (1 producer, one job per call, interleaved)"),
-        ("latency_fanout.png", [r for r in rows if r.cdf_us and r.scenario == "fanout"],
-         "fan-out latency: producer -> blocked consumer -> handler start"),
-        ("latency_lease_ack.png", [r for r in rows if r.cdf_us and "lease" in r.variant], "lease+ack round trip"),
-        ("latency_enqueue_procs.png", [r for r in rows if r.cdf_us and r.scenario == "processes" and r.durable
-                                       and r.variant == "enqueue x1"], "durable enqueue latency, producer processes"),
+        (
+            "latency_enqueue.png",
+            [
+                r
+                for r in rows
+                if r.cdf_us and r.variant == "enqueue x1" and r.scenario in ("single", "floor")
+            ],
+            "enqueue latency (1 producer, one job per call, interleaved)",
+        ),
+        (
+            "latency_fanout.png",
+            [r for r in rows if r.cdf_us and r.scenario == "fanout"],
+            "fan-out latency: producer -> blocked consumer -> handler start",
+        ),
+        (
+            "latency_lease_ack.png",
+            [r for r in rows if r.cdf_us and "lease" in r.variant],
+            "lease+ack round trip",
+        ),
+        (
+            "latency_enqueue_procs.png",
+            [
+                r
+                for r in rows
+                if r.cdf_us
+                and r.scenario == "processes"
+                and r.durable
+                and r.variant == "enqueue x1"
+            ],
+            "durable enqueue latency, producer processes",
+        ),
     ):
         if not sel:
             continue
@@ -844,8 +1029,12 @@ def plots(rows: list[Row], outdir: str, floor: float | None, log: Callable[[str]
         q = np.linspace(0, 1, 201)
         for k, r in enumerate(sel):
             label = r.system + (f" x{r.producers}" if r.scenario == "processes" else "")
-            ax.plot(r.cdf_us, q, ls=("-", "--", ":")[k // 10 % 3],
-                    label=label + ("" if r.durable or r.scenario == "fanout" else " (not durable)"))
+            ax.plot(
+                r.cdf_us,
+                q,
+                ls=("-", "--", ":")[k // 10 % 3],
+                label=label + ("" if r.durable or r.scenario == "fanout" else " (not durable)"),
+            )
         ax.set_xscale("log")
         ax.set_xlabel("µs (log)")
         ax.set_ylabel("fraction of calls")

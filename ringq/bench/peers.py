@@ -106,8 +106,10 @@ class _SqliteWal(Adapter):
         self.db = sqlite3.connect(os.path.join(path, "q.sqlite3"), isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute(f"PRAGMA synchronous={synchronous}")
-        self.db.execute("CREATE TABLE IF NOT EXISTS jobs (id INTEGER PRIMARY KEY, payload TEXT NOT NULL, "
-                        "state INTEGER NOT NULL DEFAULT 0, lease_until REAL)")
+        self.db.execute(
+            "CREATE TABLE IF NOT EXISTS jobs (id INTEGER PRIMARY KEY, payload TEXT NOT NULL, "
+            "state INTEGER NOT NULL DEFAULT 0, lease_until REAL)"
+        )
         self.db.execute("CREATE INDEX IF NOT EXISTS jobs_ready ON jobs(state, id)")
 
     def enqueue(self, p: dict[str, Any]) -> None:
@@ -121,7 +123,9 @@ class _SqliteWal(Adapter):
     def lease_ack(self) -> None:
         row = self.db.execute(
             "UPDATE jobs SET state=1, lease_until=? WHERE id=(SELECT id FROM jobs WHERE state=0 ORDER BY id LIMIT 1) "
-            "RETURNING id, payload", (time.time() + 30,)).fetchone()
+            "RETURNING id, payload",
+            (time.time() + 30,),
+        ).fetchone()
         json.loads(row[1])
         self.db.execute("UPDATE jobs SET state=2 WHERE id=? AND state=1", (row[0],))
 
@@ -139,10 +143,28 @@ class _RedisServer:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.proc = subprocess.Popen(
-            [shutil.which("redis-server") or "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-             "--dir", self.dir, "--appendonly", "yes", "--appendfsync", "always", "--save", "",
-             "--daemonize", "no", "--logfile", os.path.join(self.dir, "redis.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                shutil.which("redis-server") or "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                self.dir,
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+                "--daemonize",
+                "no",
+                "--logfile",
+                os.path.join(self.dir, "redis.log"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         redis = importlib.import_module("redis")
         self.client = redis.Redis(host="127.0.0.1", port=self.port)
         end = time.monotonic() + 10
@@ -241,8 +263,10 @@ class NobrokerPeer(Peer):
 
     @contextlib.contextmanager
     def configs(self, scratch: str) -> Iterator[list[Config]]:
-        yield [("nobroker fsync=True", True, lambda p: _Nobroker(p, True)),
-               ("nobroker fsync=False", False, lambda p: _Nobroker(p, False))]
+        yield [
+            ("nobroker fsync=True", True, lambda p: _Nobroker(p, True)),
+            ("nobroker fsync=False", False, lambda p: _Nobroker(p, False)),
+        ]
 
 
 class PersistQueuePeer(Peer):
@@ -274,8 +298,10 @@ class SqlitePeer(Peer):
 
     @contextlib.contextmanager
     def configs(self, scratch: str) -> Iterator[list[Config]]:
-        yield [("sqlite3 WAL synchronous=FULL", True, lambda p: _SqliteWal(p, "FULL")),
-               ("sqlite3 WAL synchronous=NORMAL", False, lambda p: _SqliteWal(p, "NORMAL"))]
+        yield [
+            ("sqlite3 WAL synchronous=FULL", True, lambda p: _SqliteWal(p, "FULL")),
+            ("sqlite3 WAL synchronous=NORMAL", False, lambda p: _SqliteWal(p, "NORMAL")),
+        ]
 
 
 class RedisPeer(Peer):
@@ -300,12 +326,28 @@ class RedisPeer(Peer):
             raise
         try:
             n = iter(range(1 << 30))
-            yield [("redis appendfsync=always", True, lambda p: _Redis(always, "always", f"q{next(n)}")),
-                   ("redis appendfsync=everysec", False, lambda p: _Redis(everysec, "everysec", f"q{next(n)}")),
-                   ("ringq-on-redis appendfsync=always", True,
-                    lambda p: _RingqOnRedis(always, "always", f"r{next(n)}")),
-                   ("ringq-on-redis appendfsync=everysec", False,
-                    lambda p: _RingqOnRedis(everysec, "everysec", f"r{next(n)}"))]
+            yield [
+                (
+                    "redis appendfsync=always",
+                    True,
+                    lambda p: _Redis(always, "always", f"q{next(n)}"),
+                ),
+                (
+                    "redis appendfsync=everysec",
+                    False,
+                    lambda p: _Redis(everysec, "everysec", f"q{next(n)}"),
+                ),
+                (
+                    "ringq-on-redis appendfsync=always",
+                    True,
+                    lambda p: _RingqOnRedis(always, "always", f"r{next(n)}"),
+                ),
+                (
+                    "ringq-on-redis appendfsync=everysec",
+                    False,
+                    lambda p: _RingqOnRedis(everysec, "everysec", f"r{next(n)}"),
+                ),
+            ]
         finally:
             everysec.stop()
             always.stop()

@@ -58,15 +58,35 @@ def _handle(job, ledger) -> None:
             h.update(chunk)
             zsize += len(comp.compress(chunk))
     zsize += len(comp.flush())
-    ledger.write(json.dumps({"id": job.id, "sha256": h.hexdigest(), "zsize": zsize, "attempt": job.attempts,
-                             "latency": start - job.enqueued_at, "pid": os.getpid()}) + "\n")
+    ledger.write(
+        json.dumps(
+            {
+                "id": job.id,
+                "sha256": h.hexdigest(),
+                "zsize": zsize,
+                "attempt": job.attempts,
+                "latency": start - job.enqueued_at,
+                "pid": os.getpid(),
+            }
+        )
+        + "\n"
+    )
     ledger.flush()
 
 
 def _worker_main(qdir: str, ledger_dir: str, threads: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with Queue(qdir, QUEUE) as q, open(os.path.join(ledger_dir, f"ledger-{os.getpid()}.jsonl"), "a") as ledger:
-        w = Worker(q, lambda job: _handle(job, ledger), concurrency=threads, handle_signals=False, poll_interval=0.2)
+    with (
+        Queue(qdir, QUEUE) as q,
+        open(os.path.join(ledger_dir, f"ledger-{os.getpid()}.jsonl"), "a") as ledger,
+    ):
+        w = Worker(
+            q,
+            lambda job: _handle(job, ledger),
+            concurrency=threads,
+            handle_signals=False,
+            poll_interval=0.2,
+        )
         signal.signal(signal.SIGTERM, lambda *_: w.stop())
         w.run()
 
@@ -74,11 +94,23 @@ def _worker_main(qdir: str, ledger_dir: str, threads: int) -> None:
 def _leases_of(q: Queue, pid: int) -> int:
     """Leases currently recorded under process ``pid`` (owner word, for display and the kill)."""
     files = examine(str(q.path), q.name)
-    return sum(1 for seg in files.segments for rec in seg.records if rec.state == "leased" and rec.owner_pid == pid)
+    return sum(
+        1
+        for seg in files.segments
+        for rec in seg.records
+        if rec.state == "leased" and rec.owner_pid == pid
+    )
 
 
-def run(source: str | None = None, limit: int | None = None, workers: int | None = None, qdir: str | None = None,
-        kill: bool = True, threads: int = 2, out=print) -> int:
+def run(
+    source: str | None = None,
+    limit: int | None = None,
+    workers: int | None = None,
+    qdir: str | None = None,
+    kill: bool = True,
+    threads: int = 2,
+    out=print,
+) -> int:
     """Run the demo; returns the process exit status (0 when nothing is missing)."""
     source = source or sysconfig.get_paths()["stdlib"]
     workers = workers or os.cpu_count() or 2
@@ -97,9 +129,16 @@ def run(source: str | None = None, limit: int | None = None, workers: int | None
     ctx = multiprocessing.get_context("fork")
     try:
         with Queue(qdir, QUEUE, slot_count=slot_count, visibility_timeout=30.0) as q:
-            out(f"ringq demo: {len(files)} files ({sum(s for _, s in files) / 1e6:.1f} MB) from {source}")
-            out(f"queue: {qdir} (queue {QUEUE!r}, durability {q.durability}); {workers} worker processes x {threads} threads")
-            procs = [ctx.Process(target=_worker_main, args=(qdir, ledger_dir, threads)) for _ in range(workers)]
+            out(
+                f"ringq demo: {len(files)} files ({sum(s for _, s in files) / 1e6:.1f} MB) from {source}"
+            )
+            out(
+                f"queue: {qdir} (queue {QUEUE!r}, durability {q.durability}); {workers} worker processes x {threads} threads"
+            )
+            procs = [
+                ctx.Process(target=_worker_main, args=(qdir, ledger_dir, threads))
+                for _ in range(workers)
+            ]
             for p in procs:
                 p.start()
             t0 = time.monotonic()
@@ -120,7 +159,9 @@ def run(source: str | None = None, limit: int | None = None, workers: int | None
                             os.kill(victim.pid, signal.SIGKILL)
                             victim.join()
                             killed = (victim.pid, held, st.done)
-                            out(f"SIGKILLed worker {victim.pid} while it held {held} lease(s), at {st.done} done; starting a replacement")
+                            out(
+                                f"SIGKILLed worker {victim.pid} while it held {held} lease(s), at {st.done} done; starting a replacement"
+                            )
                             procs.remove(victim)
                             rep = ctx.Process(target=_worker_main, args=(qdir, ledger_dir, threads))
                             rep.start()
@@ -168,12 +209,16 @@ def _report(q: Queue, files, ids, ledger_dir, wall, killed, kill, out) -> int:
     out(f"wall time        {wall:.2f} s")
     out(f"jobs/s           {len(ids) / wall:,.0f}")
     if killed:
-        out(f"killed worker    pid {killed[0]} holding {killed[1]} lease(s); its leases came back at once")
+        out(
+            f"killed worker    pid {killed[0]} holding {killed[1]} lease(s); its leases came back at once"
+        )
     elif kill:
         out("killed worker    none (no worker held a lease when checked)")
     out(f"redeliveries     {redeliveries} (handler runs beyond one per job: {extra_runs})")
     if len(lat):
-        out(f"enqueue->start   p50 {np.percentile(lat, 50):.2f} ms, p99 {np.percentile(lat, 99):.2f} ms")
+        out(
+            f"enqueue->start   p50 {np.percentile(lat, 50):.2f} ms, p99 {np.percentile(lat, 99):.2f} ms"
+        )
     out(f"queue stats      {st.to_dict()}")
     out(f"missing jobs     {len(missing)}")
     if missing or unhashed:

@@ -80,7 +80,12 @@ def _short(value: Any, width: int = 50) -> str:
 
 def _job_line(job: Job) -> str:
     d = job.to_dict()
-    parts = [job.id, job.state.value, f"attempts={job.attempts}/{job.max_attempts}", f"priority={job.priority}"]
+    parts = [
+        job.id,
+        job.state.value,
+        f"attempts={job.attempts}/{job.max_attempts}",
+        f"priority={job.priority}",
+    ]
     if job.state is JobState.LEASED:
         parts += [f"token={job.lease_token}", f"deadline={_ago(job.lease_deadline)}"]
     elif job.state is JobState.READY and job.available_at > time.time():
@@ -88,7 +93,10 @@ def _job_line(job: Job) -> str:
     if job.cancel_requested:
         parts.append("cancel-requested")
     if job.progress is not None:
-        parts.append(f"progress={job.progress:.0%}" + (f" {_short(job.progress_message, 40)}" if job.progress_message else ""))
+        parts.append(
+            f"progress={job.progress:.0%}"
+            + (f" {_short(job.progress_message, 40)}" if job.progress_message else "")
+        )
     parts.append(f"payload={_short(d['payload'])}")
     if job.last_error:
         parts.append(f"error={_short(job.last_error, 80)}")
@@ -98,8 +106,12 @@ def _job_line(job: Job) -> str:
 def _table(rows: list[list[str]], header: list[str], right: Collection[int] = frozenset()) -> str:
     cols = [header] + rows
     widths = [max(len(r[i]) for r in cols) for i in range(len(header))]
-    lines = ("  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
-             for r in cols)
+    lines = (
+        "  ".join(
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))
+        )
+        for r in cols
+    )
     return "\n".join(line.rstrip() for line in lines)
 
 
@@ -118,9 +130,15 @@ def _open(args: argparse.Namespace, *, create: bool = False, **kw: Any):
     if getattr(args, "url", None):  # a Redis queue: it exists as soon as anything names it
         return connect(args.url, args.queue, **kw)
     if not create and not queue_exists(args.dir, args.queue):
-        where = "no such directory" if not os.path.isdir(args.dir) else "nothing was ever enqueued there"
+        where = (
+            "no such directory"
+            if not os.path.isdir(args.dir)
+            else "nothing was ever enqueued there"
+        )
         _refuse_foreign(args.dir)
-        raise UserError(f"no queue {args.queue!r} in {args.dir} ({where}); check --dir and --queue", status=1)
+        raise UserError(
+            f"no queue {args.queue!r} in {args.dir} ({where}); check --dir and --queue", status=1
+        )
     q = Queue(args.dir, args.queue, **kw)
     _warn_damage(q.recovery)
     return q
@@ -131,10 +149,15 @@ def _warn_damage(report: Any) -> None:
     for path, reason in report.quarantined:
         print(f"ringq: warning: quarantined {path}: {reason}", file=sys.stderr)
     for path in report.quarantined_earlier:
-        print(f"ringq: warning: {path} was quarantined earlier and still needs an operator (see docs/guarantees.md)",
-              file=sys.stderr)
+        print(
+            f"ringq: warning: {path} was quarantined earlier and still needs an operator (see docs/guarantees.md)",
+            file=sys.stderr,
+        )
     for path, slot, reason in report.corrupt_records:
-        print(f"ringq: warning: {path} slot {slot}: {reason}; the record is quarantined (BAD)", file=sys.stderr)
+        print(
+            f"ringq: warning: {path} slot {slot}: {reason}; the record is quarantined (BAD)",
+            file=sys.stderr,
+        )
     for path, what in report.repairs:
         print(f"ringq: warning: repaired {path}: {what}", file=sys.stderr)
 
@@ -147,7 +170,9 @@ def _payload(text: str, force_text: bool, where: str = "payload") -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         if text.lstrip().startswith(("{", "[")):
-            raise UserError(f"{where} looks like JSON but does not parse: {exc} (use --text to send it as a string)") from None
+            raise UserError(
+                f"{where} looks like JSON but does not parse: {exc} (use --text to send it as a string)"
+            ) from None
         return text
 
 
@@ -177,9 +202,14 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         raise UserError("--job-id must not be empty")
     if args.payload == "-":
         if args.count > 1 or args.job_id:
-            raise UserError("--count and --job-id cannot be used with a payload read from stdin ('-')")
-        payloads = [_payload(line.rstrip("\n"), args.text, f"stdin line {n}")
-                    for n, line in enumerate(sys.stdin, 1) if line.strip()]
+            raise UserError(
+                "--count and --job-id cannot be used with a payload read from stdin ('-')"
+            )
+        payloads = [
+            _payload(line.rstrip("\n"), args.text, f"stdin line {n}")
+            for n, line in enumerate(sys.stdin, 1)
+            if line.strip()
+        ]
     else:
         if args.count > 1 and args.job_id:
             raise UserError("--job-id names one job; it cannot be used with --count > 1")
@@ -199,8 +229,12 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 def cmd_lease(args: argparse.Namespace) -> int:
     with _open(args) as q:
         # Detached: this process exits at once; the lease must outlive it (until ack/nack or VT).
-        jobs = q.lease(args.count, visibility_timeout=args.visibility_timeout, wait=args.wait, detach=True)
-    _emit(args, [j.to_dict() for j in jobs], "\n".join(_job_line(j) for j in jobs) if jobs else None)
+        jobs = q.lease(
+            args.count, visibility_timeout=args.visibility_timeout, wait=args.wait, detach=True
+        )
+    _emit(
+        args, [j.to_dict() for j in jobs], "\n".join(_job_line(j) for j in jobs) if jobs else None
+    )
     return 0
 
 
@@ -209,7 +243,11 @@ def cmd_ack(args: argparse.Namespace) -> int:
         for job_id in args.ids:
             q.ack(_with_token(q, job_id, args.token))
     # One id prints {"acked": id}, as nobroker does; several print the list.
-    _emit(args, {"acked": args.ids[0] if len(args.ids) == 1 else args.ids}, "\n".join(f"acked {i}" for i in args.ids))
+    _emit(
+        args,
+        {"acked": args.ids[0] if len(args.ids) == 1 else args.ids},
+        "\n".join(f"acked {i}" for i in args.ids),
+    )
     return 0
 
 
@@ -234,9 +272,16 @@ def cmd_get(args: argparse.Namespace) -> int:
 def cmd_cancel(args: argparse.Namespace) -> int:
     with _open(args) as q:
         jobs = [q.cancel(i) for i in args.ids]
-    _emit(args, [j.to_dict() for j in jobs],
-          "\n".join(f"{j.id} cancel requested (its holder is told)" if j.cancel_requested else f"{j.id} cancelled"
-                    for j in jobs))
+    _emit(
+        args,
+        [j.to_dict() for j in jobs],
+        "\n".join(
+            f"{j.id} cancel requested (its holder is told)"
+            if j.cancel_requested
+            else f"{j.id} cancelled"
+            for j in jobs
+        ),
+    )
     return 0
 
 
@@ -266,7 +311,9 @@ def _job_rows(jobs: list[Job]) -> str:
             if j.cancel_requested:
                 state = "leased (cancel requested)"
             if j.progress is not None:
-                when += f", {j.progress:.0%}" + (f" {_short(j.progress_message, 30)}" if j.progress_message else "")
+                when += f", {j.progress:.0%}" + (
+                    f" {_short(j.progress_message, 30)}" if j.progress_message else ""
+                )
         elif j.state is JobState.READY:
             if j.available_at > now:
                 state, when = "delayed", f"due {_ago(j.available_at, now)}"
@@ -274,9 +321,20 @@ def _job_rows(jobs: list[Job]) -> str:
                 when = "due"
         else:
             when = ""
-        rows.append([j.id, state, f"{j.attempts}/{j.max_attempts}", str(j.priority), when,
-                     _short(j.to_dict()["payload"], 40), _short(j.last_error or "", 60)])
-    return _table(rows, ["ID", "STATE", "ATTEMPTS", "PRIO", "WHEN", "PAYLOAD", "LAST ERROR"], right={2, 3})
+        rows.append(
+            [
+                j.id,
+                state,
+                f"{j.attempts}/{j.max_attempts}",
+                str(j.priority),
+                when,
+                _short(j.to_dict()["payload"], 40),
+                _short(j.last_error or "", 60),
+            ]
+        )
+    return _table(
+        rows, ["ID", "STATE", "ATTEMPTS", "PRIO", "WHEN", "PAYLOAD", "LAST ERROR"], right={2, 3}
+    )
 
 
 def _check_limit(args: argparse.Namespace) -> None:
@@ -303,7 +361,11 @@ def cmd_dlq(args: argparse.Namespace) -> int:
             _emit(args, {"requeued": n}, f"requeued {n} job(s)")
             return 0
         jobs = q.dlq(limit=args.limit)
-    _emit(args, [j.to_dict() for j in jobs], _job_rows(jobs) if jobs else "(dead-letter queue is empty)")
+    _emit(
+        args,
+        [j.to_dict() for j in jobs],
+        _job_rows(jobs) if jobs else "(dead-letter queue is empty)",
+    )
     return 0
 
 
@@ -311,8 +373,10 @@ def cmd_purge(args: argparse.Namespace) -> int:
     with _open(args) as q:
         if not args.yes:
             total = q.stats().total
-            raise UserError(f"purge removes all {total} job(s) of queue {args.queue!r} in {args.dir}; "
-                            "pass --yes to confirm")
+            raise UserError(
+                f"purge removes all {total} job(s) of queue {args.queue!r} in {args.dir}; "
+                "pass --yes to confirm"
+            )
         n = q.purge()
     _emit(args, {"purged": n}, f"purged {n} job(s)")
     return 0
@@ -331,8 +395,16 @@ def _examine(args: argparse.Namespace, limit: int | None):
 def cmd_compact(args: argparse.Namespace) -> int:
     with _open(args) as q:
         res = q.compact()
-    _emit(args, {"bytes_before": res.bytes_before, "bytes_after": res.bytes_after, "jobs_kept": res.jobs_kept,
-                 "jobs_dropped": res.jobs_dropped}, res.describe())
+    _emit(
+        args,
+        {
+            "bytes_before": res.bytes_before,
+            "bytes_after": res.bytes_after,
+            "jobs_kept": res.jobs_kept,
+            "jobs_dropped": res.jobs_dropped,
+        },
+        res.describe(),
+    )
     return 0
 
 
@@ -340,9 +412,17 @@ def cmd_recover(args: argparse.Namespace) -> int:
     with _open(args) as q:
         rep = q.recovery
         st = q.stats().to_dict()
-    data = {"repaired": rep.repaired, "describe": rep.describe(), "quarantined": rep.quarantined,
-            "corrupt_records": rep.corrupt_records, "repairs": rep.repairs, "readopted": rep.readopted,
-            "removed_temp": rep.removed_temp, "quarantined_earlier": rep.quarantined_earlier, **st}
+    data = {
+        "repaired": rep.repaired,
+        "describe": rep.describe(),
+        "quarantined": rep.quarantined,
+        "corrupt_records": rep.corrupt_records,
+        "repairs": rep.repairs,
+        "readopted": rep.readopted,
+        "removed_temp": rep.removed_temp,
+        "quarantined_earlier": rep.quarantined_earlier,
+        **st,
+    }
     _emit(args, data, f"{rep.describe()}\n" + "  ".join(f"{k}={v}" for k, v in st.items()))
     return 0
 
@@ -354,10 +434,16 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
         raise UserError(f"{args.target}: no such directory")
     name = args.upgrade_queue
     if name is not None and not os.path.exists(os.path.join(args.target, f"{name}.ctl")):
-        raise UserError(f"no queue {name!r} in {args.target} (no {name}.ctl); check --queue", status=1)
+        raise UserError(
+            f"no queue {name!r} in {args.target} (no {name}.ctl); check --queue", status=1
+        )
     rep = upgrade(args.target, name)
-    lines = [f"upgraded {p}" for p in rep.upgraded] + [f"quarantined {p}: {why}" for p, why in rep.quarantined]
-    text = "\n".join(lines) if lines else f"{args.target}: nothing to upgrade (no format-1 segments)"
+    lines = [f"upgraded {p}" for p in rep.upgraded] + [
+        f"quarantined {p}: {why}" for p, why in rep.quarantined
+    ]
+    text = (
+        "\n".join(lines) if lines else f"{args.target}: nothing to upgrade (no format-1 segments)"
+    )
     _emit(args, {"upgraded": rep.upgraded, "quarantined": rep.quarantined}, text)
     return 0
 
@@ -373,11 +459,13 @@ def cmd_import_nobroker(args: argparse.Namespace) -> int:
         raise UserError(str(exc), status=1) from None
     data = res.to_dict()
     into = args.into or args.source
-    lines = [f"{name}: {c['imported']} job(s) imported into ringq queue {name!r} in {into}, {c['existing']} "
-             f"already there (of them: {c['ready']} ready, {c['delayed']} delayed, {c['dead']} dead, "
-             f"{c['leased']} leased by nobroker: the lost lease counted as an attempt, dead if it was the last, "
-             f"else due when the lease expires); {c['done']} finished job(s) left out"
-             for name, c in data["queues"].items()]
+    lines = [
+        f"{name}: {c['imported']} job(s) imported into ringq queue {name!r} in {into}, {c['existing']} "
+        f"already there (of them: {c['ready']} ready, {c['delayed']} delayed, {c['dead']} dead, "
+        f"{c['leased']} leased by nobroker: the lost lease counted as an attempt, dead if it was the last, "
+        f"else due when the lease expires); {c['done']} finished job(s) left out"
+        for name, c in data["queues"].items()
+    ]
     lines += [f"warning: reading {path} stopped early: {why}" for path, why in res.stopped]
     _emit(args, data, "\n".join(lines) or f"no nobroker queue in {args.source}")
     return 0
@@ -393,15 +481,22 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     out = [f"queue {rep.name!r} in {rep.dir}", "files:"]
     out += [f"  {name:<40} {size:>12,} bytes" for name, size in rep.files]
     if rep.control:
-        out.append(f"control {rep.name}.ctl: " + " ".join(f"{k}={v}" for k, v in rep.control.items()))
+        out.append(
+            f"control {rep.name}.ctl: " + " ".join(f"{k}={v}" for k, v in rep.control.items())
+        )
     for seg in rep.segments:
         out.append("")
         out.append(f"segment {os.path.basename(seg.path)} ({seg.file_size:,} bytes)")
         if seg.header:
             h = dict(seg.header)
-            h["epoch"] = datetime.fromtimestamp(h.pop("epoch_ms") / 1000).isoformat(timespec="milliseconds")
+            h["epoch"] = datetime.fromtimestamp(h.pop("epoch_ms") / 1000).isoformat(
+                timespec="milliseconds"
+            )
             out.append("  header: " + " ".join(f"{k}={v}" for k, v in h.items()))
-            out.append(f"  records: {seg.record_count}  " + " ".join(f"{k}={v}" for k, v in sorted(seg.counts.items())))
+            out.append(
+                f"  records: {seg.record_count}  "
+                + " ".join(f"{k}={v}" for k, v in sorted(seg.counts.items()))
+            )
         rows = []
         for r in seg.records:
             when = "" if r.time_ms is None else _ago(r.time_ms / 1000, now)
@@ -409,16 +504,44 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 when += f" (owner {r.owner}, pid {r.owner_pid})"
             elif r.owner == 0:
                 when += " (detached)"
-            rows.append([str(r.slot), str(r.span), str(r.offset), r.state,
-                         "-" if r.attempts is None else f"{r.attempts}/{r.max_attempts}",
-                         "ok" if r.crc_ok else "BAD", "-" if r.seq is None else str(r.seq),
-                         "-" if r.priority is None else str(r.priority), r.id or "-", when.strip(), r.preview or "-"])
+            rows.append(
+                [
+                    str(r.slot),
+                    str(r.span),
+                    str(r.offset),
+                    r.state,
+                    "-" if r.attempts is None else f"{r.attempts}/{r.max_attempts}",
+                    "ok" if r.crc_ok else "BAD",
+                    "-" if r.seq is None else str(r.seq),
+                    "-" if r.priority is None else str(r.priority),
+                    r.id or "-",
+                    when.strip(),
+                    r.preview or "-",
+                ]
+            )
         if rows:
-            table = _table(rows, ["SLOT", "SPAN", "OFFSET", "STATE", "ATTEMPTS", "CRC", "SEQ", "PRIO", "ID", "TIME",
-                                  "PAYLOAD"], right={0, 1, 2, 4, 6, 7})
+            table = _table(
+                rows,
+                [
+                    "SLOT",
+                    "SPAN",
+                    "OFFSET",
+                    "STATE",
+                    "ATTEMPTS",
+                    "CRC",
+                    "SEQ",
+                    "PRIO",
+                    "ID",
+                    "TIME",
+                    "PAYLOAD",
+                ],
+                right={0, 1, 2, 4, 6, 7},
+            )
             out += ["  " + line for line in table.splitlines()]
         if seg.record_count > len(seg.records):
-            out.append(f"  ... {seg.record_count - len(seg.records)} more record(s); --limit 0 shows all")
+            out.append(
+                f"  ... {seg.record_count - len(seg.records)} more record(s); --limit 0 shows all"
+            )
         out += [f"  DAMAGE: {d}" for d in seg.damage]
         out += [f"  note: {n}" for n in seg.notes]
     out += [f"DAMAGE: {d}" for d in rep.damage]
@@ -432,12 +555,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
     damage = rep.damaged
     nrec = sum(s.record_count for s in rep.segments)
     notes = rep.notes + [f"{s.path}: {n}" for s in rep.segments for n in s.notes]
-    summary = {"ok": not damage, "dir": rep.dir, "queue": rep.name, "segments": len(rep.segments),
-               "records": nrec, "damage": damage, "notes": notes}
+    summary = {
+        "ok": not damage,
+        "dir": rep.dir,
+        "queue": rep.name,
+        "segments": len(rep.segments),
+        "records": nrec,
+        "damage": damage,
+        "notes": notes,
+    }
     lines = [f"DAMAGE: {d}" for d in damage] + [f"note: {n}" for n in notes]
     verdict = "ok" if not damage else f"{len(damage)} problem(s)"
-    lines.append(f"{verdict}: queue {rep.name!r} in {rep.dir}: {len(rep.segments)} segment(s), "
-                 f"{nrec} record(s) checked")
+    lines.append(
+        f"{verdict}: queue {rep.name!r} in {rep.dir}: {len(rep.segments)} segment(s), "
+        f"{nrec} record(s) checked"
+    )
     _emit(args, summary, "\n".join(lines))
     return 1 if damage else 0
 
@@ -447,7 +579,9 @@ def _port(text: str) -> int:
     try:
         port = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid port {text!r}: not an integer 0 to 65535") from None
+        raise argparse.ArgumentTypeError(
+            f"invalid port {text!r}: not an integer 0 to 65535"
+        ) from None
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"invalid port {port}: must be 0 (a free one) to 65535")
     return port
@@ -459,12 +593,16 @@ def _load_handler(spec: str) -> Callable[[Job], Any]:
     if not sep or not mod_name or not attr:
         raise UserError(f"handler must be given as module:function, got {spec!r}")
     if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as `python -m` would: handlers usually live next to the caller
+        sys.path.insert(
+            0, os.getcwd()
+        )  # as `python -m` would: handlers usually live next to the caller
     try:
         obj: Any = importlib.import_module(mod_name)
     except ModuleNotFoundError as exc:
         if exc.name and (mod_name == exc.name or mod_name.startswith(exc.name + ".")):
-            raise UserError(f"cannot import handler {spec!r}: no module named {exc.name!r}") from None
+            raise UserError(
+                f"cannot import handler {spec!r}: no module named {exc.name!r}"
+            ) from None
         raise UserError(f"importing {mod_name!r} failed: {type(exc).__name__}: {exc}") from None
     except Exception as exc:
         raise UserError(f"importing {mod_name!r} failed: {type(exc).__name__}: {exc}") from None
@@ -472,7 +610,9 @@ def _load_handler(spec: str) -> Callable[[Job], Any]:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise UserError(f"cannot load handler {spec!r}: {mod_name!r} has no attribute {attr!r}") from None
+            raise UserError(
+                f"cannot load handler {spec!r}: {mod_name!r} has no attribute {attr!r}"
+            ) from None
     if not callable(obj):
         raise UserError(f"handler {spec!r} is a {type(obj).__name__}, not a callable")
     return obj
@@ -483,16 +623,26 @@ def cmd_work(args: argparse.Namespace) -> int:
 
     handler = _load_handler(args.handler)
     # -v: every job's outcome and a failed handler's traceback (logged at DEBUG by the worker).
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, stream=sys.stderr,
-                        format="ringq work: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        stream=sys.stderr,
+        format="ringq work: %(message)s",
+    )
     if args.poll_interval is not None and not args.poll_interval > 0:
         raise UserError(f"--poll-interval must be > 0 seconds, got {args.poll_interval}")
     kw = {} if args.visibility_timeout is None else {"visibility_timeout": args.visibility_timeout}
     with _open(args, create=True, **kw) as q:
-        w = Worker(q, handler, concurrency=args.concurrency, processes=args.processes, max_jobs=args.max_jobs,
-                   idle_timeout=args.idle_timeout, metrics_port=args.metrics_port,
-                   progress=False if args.json else None,
-                   **({} if args.poll_interval is None else {"poll_interval": args.poll_interval}))
+        w = Worker(
+            q,
+            handler,
+            concurrency=args.concurrency,
+            processes=args.processes,
+            max_jobs=args.max_jobs,
+            idle_timeout=args.idle_timeout,
+            metrics_port=args.metrics_port,
+            progress=False if args.json else None,
+            **({} if args.poll_interval is None else {"poll_interval": args.poll_interval}),
+        )
         stats = w.run()
     st = stats.to_dict()
     _emit(args, st, "  ".join(f"{k}={v}" for k, v in st.items()))
@@ -536,8 +686,14 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         raise UserError(str(exc), status=1) from None
     with _open(args) as q:
         mode = "actions allowed" if args.allow_actions else "read-only"
-        serve(q, args.port, allow_actions=args.allow_actions,
-              ready=lambda port: _serving(args, f"the dashboard ({mode})", f"http://127.0.0.1:{port}/"))
+        serve(
+            q,
+            args.port,
+            allow_actions=args.allow_actions,
+            ready=lambda port: _serving(
+                args, f"the dashboard ({mode})", f"http://127.0.0.1:{port}/"
+            ),
+        )
     return 0
 
 
@@ -561,8 +717,13 @@ class _Sampler:
         t = time.monotonic()
         enq = st["enqueued_total"]
         fin = st["acked_total"] + st["dead_lettered_total"]
-        out: dict[str, Any] = {"time": time.time(), **st, "finished_total": fin, "enqueue_rate": None,
-                               "finish_rate": None}
+        out: dict[str, Any] = {
+            "time": time.time(),
+            **st,
+            "finished_total": fin,
+            "enqueue_rate": None,
+            "finish_rate": None,
+        }
         if self.prev is not None and t > self.prev[0]:
             dt = t - self.prev[0]
             out["enqueue_rate"] = round((enq - self.prev[1]) / dt, 1)
@@ -577,10 +738,12 @@ class _Sampler:
 def _top_line(s: dict[str, Any]) -> str:
     rate = lambda v: "-" if v is None else f"{v:,.1f}"
     stamp = datetime.fromtimestamp(s["time"]).strftime("%H:%M:%S")
-    return (f"{stamp}  ready={s['ready']} delayed={s['delayed']} leased={s['leased']} done={s['done']} "
-            f"dead={s['dead']} total={s['total']}  enq/s={rate(s['enqueue_rate'])} fin/s={rate(s['finish_rate'])}  "
-            f"since creation: enqueued={s['enqueued_total']} acked={s['acked_total']} "
-            f"dead-lettered={s['dead_lettered_total']}")
+    return (
+        f"{stamp}  ready={s['ready']} delayed={s['delayed']} leased={s['leased']} done={s['done']} "
+        f"dead={s['dead']} total={s['total']}  enq/s={rate(s['enqueue_rate'])} fin/s={rate(s['finish_rate'])}  "
+        f"since creation: enqueued={s['enqueued_total']} acked={s['acked_total']} "
+        f"dead-lettered={s['dead_lettered_total']}"
+    )
 
 
 def _top_curses(args: argparse.Namespace, sampler: _Sampler) -> None:
@@ -603,11 +766,16 @@ def _top_curses(args: argparse.Namespace, sampler: _Sampler) -> None:
             for k in ("ready", "delayed", "leased", "done", "dead"):
                 bar = "#" * round(bar_w * s[k] / total)
                 lines.append(f"{k:<8} {s[k]:>10,}  {bar}")
-            lines += [f"{'total':<8} {s['total']:>10,}", f"{'corrupt':<8} {s['corrupt']:>10,}", "",
-                      f"enqueued {rate(s['enqueue_rate']):>12}   (since creation: {s['enqueued_total']:,})",
-                      f"finished {rate(s['finish_rate']):>12}   (since creation: {s['acked_total']:,} acked, "
-                      f"{s['dead_lettered_total']:,} dead-lettered)",
-                      "", datetime.fromtimestamp(s["time"]).strftime("updated %H:%M:%S")]
+            lines += [
+                f"{'total':<8} {s['total']:>10,}",
+                f"{'corrupt':<8} {s['corrupt']:>10,}",
+                "",
+                f"enqueued {rate(s['enqueue_rate']):>12}   (since creation: {s['enqueued_total']:,})",
+                f"finished {rate(s['finish_rate']):>12}   (since creation: {s['acked_total']:,} acked, "
+                f"{s['dead_lettered_total']:,} dead-lettered)",
+                "",
+                datetime.fromtimestamp(s["time"]).strftime("updated %H:%M:%S"),
+            ]
             for y, line in enumerate(lines[: h - 1]):
                 scr.addnstr(y, 0, line, w - 1)
             scr.refresh()
@@ -657,9 +825,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise UserError(f"--source {args.source}: no such directory")
     keep = args.keep
     if keep is not None and os.path.exists(keep) and (not os.path.isdir(keep) or os.listdir(keep)):
-        raise UserError(f"--keep {keep}: must be a new or empty directory (the demo checks its own accounting)")
-    return demo.run(source=args.source, limit=args.limit, workers=args.workers, qdir=keep,
-                    kill=not args.no_kill, threads=args.threads)
+        raise UserError(
+            f"--keep {keep}: must be a new or empty directory (the demo checks its own accounting)"
+        )
+    return demo.run(
+        source=args.source,
+        limit=args.limit,
+        workers=args.workers,
+        qdir=keep,
+        kill=not args.no_kill,
+        threads=args.threads,
+    )
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -681,7 +857,9 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("ringq.bench") is None:
-        raise UserError("the benchmark harness (module ringq.bench) is not part of this installation")
+        raise UserError(
+            "the benchmark harness (module ringq.bench) is not part of this installation"
+        )
     from ringq import bench
 
     return int(bench.main(args.args) or 0)
@@ -706,8 +884,14 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _ranged(option: str, kind: type = float, lo: float | None = None, hi: float | None = None, *,
-            above: bool = False) -> Callable[[str], Any]:
+def _ranged(
+    option: str,
+    kind: type = float,
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    above: bool = False,
+) -> Callable[[str], Any]:
     """An argparse ``type``: a finite ``kind`` (int or float) no less than ``lo`` (greater, when
     ``above``) and no more than ``hi``; anything else is a usage error naming ``option``."""
     if lo is None:
@@ -725,11 +909,17 @@ def _ranged(option: str, kind: type = float, lo: float | None = None, hi: float 
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{option} must be a{'n integer' if kind is int else ' number'}, "
-                                             f"got {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"{option} must be a{'n integer' if kind is int else ' number'}, got {text!r}"
+            ) from None
         if kind is float and not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"{option} must be a finite number, got {text!r}")
-        if lo is not None and (value <= lo if above else value < lo) or hi is not None and value > hi:
+        if (
+            lo is not None
+            and (value <= lo if above else value < lo)
+            or hi is not None
+            and value > hi
+        ):
             raise argparse.ArgumentTypeError(f"{option} must be {desc}, got {text}")
         return value
 
@@ -740,166 +930,375 @@ def _parser() -> argparse.ArgumentParser:
     # Global options live on the main parser and, with SUPPRESS defaults, on every subcommand too,
     # so that `ringq stats --json` and `ringq --json stats` both work.
     common = _Parser(add_help=False)  # only a parent: its arguments are copied to each subcommand
-    common.add_argument("-d", "--dir", default=argparse.SUPPRESS, help="queue directory (default ./.ringq)")
-    common.add_argument("--url", default=argparse.SUPPRESS, help="a Redis queue instead: redis://, rediss://, unix://")
-    common.add_argument("-q", "--queue", default=argparse.SUPPRESS, help="queue name (default 'default')")
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
-    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                        help="more output (work: each job's outcome and handler tracebacks)")
+    common.add_argument(
+        "-d", "--dir", default=argparse.SUPPRESS, help="queue directory (default ./.ringq)"
+    )
+    common.add_argument(
+        "--url",
+        default=argparse.SUPPRESS,
+        help="a Redis queue instead: redis://, rediss://, unix://",
+    )
+    common.add_argument(
+        "-q", "--queue", default=argparse.SUPPRESS, help="queue name (default 'default')"
+    )
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+    )
+    common.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="more output (work: each job's outcome and handler tracebacks)",
+    )
 
-    p = _Parser(prog="ringq", description="ringq: a durable job queue for one host, no broker.",
-                                epilog="Examples for every command: docs/cli.md")
+    p = _Parser(
+        prog="ringq",
+        description="ringq: a durable job queue for one host, no broker.",
+        epilog="Examples for every command: docs/cli.md",
+    )
     p.add_argument("-d", "--dir", default=None, help="queue directory (default ./.ringq)")
-    p.add_argument("--url", default=None, help="a Redis queue instead: redis://, rediss://, unix://")
+    p.add_argument(
+        "--url", default=None, help="a Redis queue instead: redis://, rediss://, unix://"
+    )
     p.add_argument("-q", "--queue", default="default", help="queue name (default 'default')")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("-v", "--verbose", action="store_true",
-                   help="more output (work: each job's outcome and handler tracebacks)")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="more output (work: each job's outcome and handler tracebacks)",
+    )
     p.add_argument("--version", action="version", version=f"ringq {_version()}")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
 
-    def cmd(name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
+    def cmd(
+        name: str, func: Callable[[argparse.Namespace], int], help: str
+    ) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, parents=[common], help=help, description=help)
         sp.set_defaults(func=func)
         return sp
 
-    e = cmd("enqueue", cmd_enqueue, "add a job: payload as JSON if it parses, else as text ('-': one per stdin line)")
+    e = cmd(
+        "enqueue",
+        cmd_enqueue,
+        "add a job: payload as JSON if it parses, else as text ('-': one per stdin line)",
+    )
     e.add_argument("payload", help="JSON value or text; '-' reads one payload per line from stdin")
-    e.add_argument("--text", action="store_true", help="take the payload as a string, never as JSON")
+    e.add_argument(
+        "--text", action="store_true", help="take the payload as a string, never as JSON"
+    )
     e.add_argument("--priority", type=int, default=0, help="higher leases first (default 0)")
-    e.add_argument("--delay", type=_ranged("--delay"), default=0.0, help="seconds before the job may be leased")
-    e.add_argument("--count", type=_ranged("--count", int, 1), default=1, help="enqueue N copies (default 1)")
-    e.add_argument("--job-id", "--id", dest="job_id",
-                   help="idempotency key: an existing job with this id is returned, nothing written")
+    e.add_argument(
+        "--delay", type=_ranged("--delay"), default=0.0, help="seconds before the job may be leased"
+    )
+    e.add_argument(
+        "--count", type=_ranged("--count", int, 1), default=1, help="enqueue N copies (default 1)"
+    )
+    e.add_argument(
+        "--job-id",
+        "--id",
+        dest="job_id",
+        help="idempotency key: an existing job with this id is returned, nothing written",
+    )
     e.add_argument("--max-attempts", type=int, help="leases before dead-lettering (default: 5)")
-    e.add_argument("--expires-in", type=float,
-                   help="seconds: a job not leased by then becomes expired and never runs")
+    e.add_argument(
+        "--expires-in",
+        type=float,
+        help="seconds: a job not leased by then becomes expired and never runs",
+    )
 
-    le = cmd("lease", cmd_lease, "lease jobs; the lease outlives this command (until ack, nack or its timeout)")
-    le.add_argument("-n", "--count", type=_ranged("--count", int, 1), default=1, help="most jobs to lease (default 1)")
-    le.add_argument("--visibility-timeout", "--timeout", dest="visibility_timeout",
-                    type=_ranged("--visibility-timeout", float, 0, above=True),
-                    help="seconds the lease lasts (default 30)")
-    le.add_argument("--wait", type=_ranged("--wait", float, 0), help="block up to this many seconds for a job")
+    le = cmd(
+        "lease",
+        cmd_lease,
+        "lease jobs; the lease outlives this command (until ack, nack or its timeout)",
+    )
+    le.add_argument(
+        "-n",
+        "--count",
+        type=_ranged("--count", int, 1),
+        default=1,
+        help="most jobs to lease (default 1)",
+    )
+    le.add_argument(
+        "--visibility-timeout",
+        "--timeout",
+        dest="visibility_timeout",
+        type=_ranged("--visibility-timeout", float, 0, above=True),
+        help="seconds the lease lasts (default 30)",
+    )
+    le.add_argument(
+        "--wait", type=_ranged("--wait", float, 0), help="block up to this many seconds for a job"
+    )
 
     a = cmd("ack", cmd_ack, "mark leased jobs done (by id: no fencing-token check unless --token)")
     a.add_argument("ids", nargs="+", metavar="ID")
-    a.add_argument("--token", type=_ranged("--token", int, 1), help="fencing token printed by lease; refused if stale")
+    a.add_argument(
+        "--token",
+        type=_ranged("--token", int, 1),
+        help="fencing token printed by lease; refused if stale",
+    )
 
     n = cmd("nack", cmd_nack, "report a leased job failed: retry after backoff, or dead-letter it")
     n.add_argument("id", metavar="ID")
     n.add_argument("--error", help="text kept as the job's last_error")
-    n.add_argument("--delay", type=_ranged("--delay", float, 0), help="seconds before the retry (default: the backoff policy)")
-    n.add_argument("--token", type=_ranged("--token", int, 1), help="fencing token printed by lease; refused if stale")
+    n.add_argument(
+        "--delay",
+        type=_ranged("--delay", float, 0),
+        help="seconds before the retry (default: the backoff policy)",
+    )
+    n.add_argument(
+        "--token",
+        type=_ranged("--token", int, 1),
+        help="fencing token printed by lease; refused if stale",
+    )
 
     cmd("stats", cmd_stats, "counts of jobs by state")
 
     g = cmd("get", cmd_get, "one job: state, attempts, progress, payload")
     g.add_argument("id", metavar="ID")
 
-    ca = cmd("cancel", cmd_cancel, "cancel jobs: pending ones never run; a leased one's holder is told to stop")
+    ca = cmd(
+        "cancel",
+        cmd_cancel,
+        "cancel jobs: pending ones never run; a leased one's holder is told to stop",
+    )
     ca.add_argument("ids", nargs="+", metavar="ID")
 
-    for verb, text in (("pause", "stop leases of the queue (or of one key) in every process until resumed"),
-                       ("resume", "let leases of the queue (or of one key) go on")):
+    for verb, text in (
+        ("pause", "stop leases of the queue (or of one key) in every process until resumed"),
+        ("resume", "let leases of the queue (or of one key) go on"),
+    ):
         pz = cmd(verb, cmd_pause, text)
         pz.add_argument("--key", help="only jobs of this key (default: the whole queue)")
 
     li = cmd("list", cmd_list, "retained jobs in enqueue order")
-    li.add_argument("--state", choices=[*(s.value for s in JobState), "delayed"],
-                    help="only jobs in this state ('ready' includes delayed jobs; 'delayed' is only those not yet due)")
-    li.add_argument("--limit", type=_ranged("--limit", int, 0), help="at most N jobs (0 or omitted: all)")
+    li.add_argument(
+        "--state",
+        choices=[*(s.value for s in JobState), "delayed"],
+        help="only jobs in this state ('ready' includes delayed jobs; 'delayed' is only those not yet due)",
+    )
+    li.add_argument(
+        "--limit", type=_ranged("--limit", int, 0), help="at most N jobs (0 or omitted: all)"
+    )
 
     d = cmd("dlq", cmd_dlq, "list the dead-letter queue, or requeue from it")
-    d.add_argument("--requeue", nargs="?", const=ALL, metavar="ID",
-                   help="move dead jobs back to ready with attempts reset: all, or just ID")
-    d.add_argument("--limit", type=_ranged("--limit", int, 0), help="list at most N jobs (0 or omitted: all)")
+    d.add_argument(
+        "--requeue",
+        nargs="?",
+        const=ALL,
+        metavar="ID",
+        help="move dead jobs back to ready with attempts reset: all, or just ID",
+    )
+    d.add_argument(
+        "--limit", type=_ranged("--limit", int, 0), help="list at most N jobs (0 or omitted: all)"
+    )
 
     pu = cmd("purge", cmd_purge, "remove every job of the queue (needs --yes)")
     pu.add_argument("--yes", action="store_true", help="really remove them")
 
-    i = cmd("inspect", cmd_inspect, "segments and slots as stored: header fields, offsets, states, CRC, payloads")
-    i.add_argument("--limit", type=_ranged("--limit", int, 0), default=20, help="records shown per segment (default 20; 0 = all)")
+    i = cmd(
+        "inspect",
+        cmd_inspect,
+        "segments and slots as stored: header fields, offsets, states, CRC, payloads",
+    )
+    i.add_argument(
+        "--limit",
+        type=_ranged("--limit", int, 0),
+        default=20,
+        help="records shown per segment (default 20; 0 = all)",
+    )
 
     cmd("verify", cmd_verify, "check every published record and header; exit 1 on any damage")
 
-    up = sub.add_parser("upgrade", help="upgrade a directory's format-1 queues to format 2 in place (stop every "
-                        "process using them first)", description="upgrade a directory's format-1 queues to format 2 "
-                        "in place, crash-safely (rerun it after a crash); stop every process using them first")
+    up = sub.add_parser(
+        "upgrade",
+        help="upgrade a directory's format-1 queues to format 2 in place (stop every "
+        "process using them first)",
+        description="upgrade a directory's format-1 queues to format 2 "
+        "in place, crash-safely (rerun it after a crash); stop every process using them first",
+    )
     up.set_defaults(func=cmd_upgrade)
     up.add_argument("target", metavar="DIR", help="the queue directory")
-    up.add_argument("-q", "--queue", dest="upgrade_queue", default=None, help="only this queue (default: every queue)")
-    up.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    up.add_argument(
+        "-q",
+        "--queue",
+        dest="upgrade_queue",
+        default=None,
+        help="only this queue (default: every queue)",
+    )
+    up.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+    )
 
-    cmd("compact", cmd_compact, "give back disk space now: retire finished segments, relocate stragglers")
-    cmd("recover", cmd_recover, "open the queue and report what recovery found and did, with the counts")
+    cmd(
+        "compact",
+        cmd_compact,
+        "give back disk space now: retire finished segments, relocate stragglers",
+    )
+    cmd(
+        "recover",
+        cmd_recover,
+        "open the queue and report what recovery found and did, with the counts",
+    )
 
-    im = cmd("import-nobroker", cmd_import_nobroker,
-             "copy the unfinished (pending, delayed, dead) jobs of a nobroker queue directory into ringq "
-             "queues of the same names (rerunnable)")
-    im.add_argument("source", metavar="DIR", help="the nobroker queue directory (holds <name>.NNNNNN.log)")
-    im.add_argument("--into", metavar="RINGQ_DIR",
-                    help="the ringq queue directory (default: DIR itself, so the program's path stays the same)")
-    im.add_argument("--name", action="append",
-                    help="only this nobroker queue (repeatable; default: every queue in DIR, each into the "
-                         "ringq queue of the same name)")
+    im = cmd(
+        "import-nobroker",
+        cmd_import_nobroker,
+        "copy the unfinished (pending, delayed, dead) jobs of a nobroker queue directory into ringq "
+        "queues of the same names (rerunnable)",
+    )
+    im.add_argument(
+        "source", metavar="DIR", help="the nobroker queue directory (holds <name>.NNNNNN.log)"
+    )
+    im.add_argument(
+        "--into",
+        metavar="RINGQ_DIR",
+        help="the ringq queue directory (default: DIR itself, so the program's path stays the same)",
+    )
+    im.add_argument(
+        "--name",
+        action="append",
+        help="only this nobroker queue (repeatable; default: every queue in DIR, each into the "
+        "ringq queue of the same name)",
+    )
 
     w = cmd("work", cmd_work, "run a handler (module:function) on leased jobs until stopped")
     w.add_argument("handler", metavar="module:function")
-    w.add_argument("-c", "--concurrency", type=_ranged("--concurrency", int, 1), default=1, help="handler threads per process (default 1)")
-    w.add_argument("--processes", type=_ranged("--processes", int, 0), default=0, help="worker processes (default 0: this process)")
-    w.add_argument("--max-jobs", type=_ranged("--max-jobs", int, 1), help="stop after N jobs (per process)")
-    w.add_argument("--idle-timeout", type=_ranged("--idle-timeout", float, 0), help="stop after this many seconds without work")
-    w.add_argument("--visibility-timeout", type=_ranged("--visibility-timeout", float, 0, above=True), help="lease length in seconds (default 30; heartbeats renew it)")
-    w.add_argument("--poll-interval", type=_ranged("--poll-interval", float, 0, above=True),
-                   help="seconds an idle thread sleeps before re-checking stop (default 0.1; new jobs wake it at once)")
+    w.add_argument(
+        "-c",
+        "--concurrency",
+        type=_ranged("--concurrency", int, 1),
+        default=1,
+        help="handler threads per process (default 1)",
+    )
+    w.add_argument(
+        "--processes",
+        type=_ranged("--processes", int, 0),
+        default=0,
+        help="worker processes (default 0: this process)",
+    )
+    w.add_argument(
+        "--max-jobs", type=_ranged("--max-jobs", int, 1), help="stop after N jobs (per process)"
+    )
+    w.add_argument(
+        "--idle-timeout",
+        type=_ranged("--idle-timeout", float, 0),
+        help="stop after this many seconds without work",
+    )
+    w.add_argument(
+        "--visibility-timeout",
+        type=_ranged("--visibility-timeout", float, 0, above=True),
+        help="lease length in seconds (default 30; heartbeats renew it)",
+    )
+    w.add_argument(
+        "--poll-interval",
+        type=_ranged("--poll-interval", float, 0, above=True),
+        help="seconds an idle thread sleeps before re-checking stop (default 0.1; new jobs wake it at once)",
+    )
 
-    w.add_argument("--metrics-port", type=_port, help="serve Prometheus metrics on 127.0.0.1:PORT while working")
+    w.add_argument(
+        "--metrics-port",
+        type=_port,
+        help="serve Prometheus metrics on 127.0.0.1:PORT while working",
+    )
 
-    me = cmd("metrics", cmd_metrics, "serve Prometheus metrics of the queue on 127.0.0.1 (needs ringq[metrics])")
-    me.add_argument("--port", type=_port, default=9464, help="TCP port (default 9464; 0: a free one)")
+    me = cmd(
+        "metrics",
+        cmd_metrics,
+        "serve Prometheus metrics of the queue on 127.0.0.1 (needs ringq[metrics])",
+    )
+    me.add_argument(
+        "--port", type=_port, default=9464, help="TCP port (default 9464; 0: a free one)"
+    )
 
-    da = cmd("dashboard", cmd_dashboard, "serve a local web dashboard on 127.0.0.1 (needs ringq[dashboard])")
-    da.add_argument("--port", type=_port, default=8765, help="TCP port (default 8765; 0: a free one)")
-    da.add_argument("--allow-actions", action="store_true",
-                    help="allow requeue, discard and purge from the browser (default: read-only)")
+    da = cmd(
+        "dashboard",
+        cmd_dashboard,
+        "serve a local web dashboard on 127.0.0.1 (needs ringq[dashboard])",
+    )
+    da.add_argument(
+        "--port", type=_port, default=8765, help="TCP port (default 8765; 0: a free one)"
+    )
+    da.add_argument(
+        "--allow-actions",
+        action="store_true",
+        help="allow requeue, discard and purge from the browser (default: read-only)",
+    )
 
     t = cmd("top", cmd_top, "live view of counts and rates (q or Ctrl-C quits)")
-    t.add_argument("--interval", type=_ranged("--interval", float, 0, above=True), default=1.0, help="seconds between refreshes (default 1)")
-    t.add_argument("--once", action="store_true", help="print one sample (rates over one interval) and exit")
+    t.add_argument(
+        "--interval",
+        type=_ranged("--interval", float, 0, above=True),
+        default=1.0,
+        help="seconds between refreshes (default 1)",
+    )
+    t.add_argument(
+        "--once", action="store_true", help="print one sample (rates over one interval) and exit"
+    )
 
     dm = cmd("demo", cmd_demo, "fan real files out to worker processes, SIGKILL one, lose nothing")
-    dm.add_argument("--source", help="directory tree to process (default: this Python's standard library)")
+    dm.add_argument(
+        "--source", help="directory tree to process (default: this Python's standard library)"
+    )
     dm.add_argument("--limit", type=_ranged("--limit", int, 1), help="process at most N files")
-    dm.add_argument("--workers", type=_ranged("--workers", int, 1), help="worker processes (default: one per core)")
-    dm.add_argument("--threads", type=_ranged("--threads", int, 1), default=2, help="handler threads per worker process (default 2)")
+    dm.add_argument(
+        "--workers",
+        type=_ranged("--workers", int, 1),
+        help="worker processes (default: one per core)",
+    )
+    dm.add_argument(
+        "--threads",
+        type=_ranged("--threads", int, 1),
+        default=2,
+        help="handler threads per worker process (default 2)",
+    )
     dm.add_argument("--no-kill", action="store_true", help="do not SIGKILL a worker midway")
     dm.add_argument("--keep", metavar="DIR", help="keep the queue directory at DIR for inspection")
 
-    mg = cmd("migrate", cmd_migrate, "copy pending, delayed and dead jobs from SRC to DST (dirs or Redis URLs)")
+    mg = cmd(
+        "migrate",
+        cmd_migrate,
+        "copy pending, delayed and dead jobs from SRC to DST (dirs or Redis URLs)",
+    )
     mg.add_argument("src", metavar="SRC")
     mg.add_argument("dst", metavar="DST")
-    mg.add_argument("--purge-source", action="store_true", help="then purge SRC (refused while it has leased jobs)")
+    mg.add_argument(
+        "--purge-source",
+        action="store_true",
+        help="then purge SRC (refused while it has leased jobs)",
+    )
 
     sc = cmd("schedule", cmd_schedule, "periodic jobs: add, list or remove (fired by `ringq work`)")
     scs = sc.add_subparsers(dest="schedule_cmd", metavar="ACTION")
     sca = scs.add_parser("add", parents=[common], help="create or replace a periodic job")
     sca.add_argument("name", help="schedule name [A-Za-z0-9_.-]{1,64}")
     sca.add_argument("payload", help="JSON value or text (as for enqueue)")
-    sca.add_argument("--text", action="store_true", help="take the payload as a string, never as JSON")
+    sca.add_argument(
+        "--text", action="store_true", help="take the payload as a string, never as JSON"
+    )
     when = sca.add_mutually_exclusive_group(required=True)
-    when.add_argument("--every", type=_ranged("--every", float, 0, above=True), help="seconds between ticks")
+    when.add_argument(
+        "--every", type=_ranged("--every", float, 0, above=True), help="seconds between ticks"
+    )
     when.add_argument("--cron", help="cron expression, e.g. '0 2 * * *' (6 fields: seconds first)")
     sca.add_argument("--tz", default="UTC", help="time zone of --cron (IANA name; default UTC)")
     sca.add_argument("--priority", type=int, default=0, help="priority of each job (default 0)")
-    sca.add_argument("--max-attempts", type=int, help="leases per job before dead-lettering (default: 5)")
+    sca.add_argument(
+        "--max-attempts", type=int, help="leases per job before dead-lettering (default: 5)"
+    )
     scs.add_parser("list", parents=[common], help="periodic jobs with their next and last tick")
-    scr = scs.add_parser("rm", parents=[common], help="remove a periodic job (its enqueued jobs stay)")
+    scr = scs.add_parser(
+        "rm", parents=[common], help="remove a periodic job (its enqueued jobs stay)"
+    )
     scr.add_argument("name")
 
     # Everything after `bench` belongs to ringq.bench; main() splits it off before parsing.
-    b = sub.add_parser("bench", help="run the benchmark harness (arguments after 'bench' go to ringq.bench)",
-                       add_help=False)
+    b = sub.add_parser(
+        "bench",
+        help="run the benchmark harness (arguments after 'bench' go to ringq.bench)",
+        add_help=False,
+    )
     b.set_defaults(func=cmd_bench, args=[])
     return p
 
@@ -911,8 +1310,15 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     if action == "add":
         payload = _payload(args.payload, args.text)
         with _open(args, create=True) as q:
-            s = q.schedule(args.name, payload, every=args.every, cron=args.cron, tz=args.tz, priority=args.priority,
-                           max_attempts=args.max_attempts)
+            s = q.schedule(
+                args.name,
+                payload,
+                every=args.every,
+                cron=args.cron,
+                tz=args.tz,
+                priority=args.priority,
+                max_attempts=args.max_attempts,
+            )
         _emit(args, s.to_dict(), _schedule_line(s))
         return 0
     with _open(args) as q:
@@ -921,7 +1327,11 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             _emit(args, {"removed": args.name}, None)
             return 0
         items = q.schedules()
-    _emit(args, [s.to_dict() for s in items], "\n".join(_schedule_line(s) for s in items) if items else None)
+    _emit(
+        args,
+        [s.to_dict() for s in items],
+        "\n".join(_schedule_line(s) for s in items) if items else None,
+    )
     return 0
 
 
@@ -929,7 +1339,11 @@ def _schedule_line(s: Any) -> str:
     when = f"every {s.every:g}s" if s.every is not None else f"cron '{s.cron}' {s.tz}"
 
     def at(t: float | None) -> str:
-        return "-" if t is None else datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
+        return (
+            "-"
+            if t is None
+            else datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
+        )
 
     nxt = f"firing {at(s.firing_tick)}" if s.firing else f"next={at(s.next_fire)}"
     return f"{s.name}  {when}  {nxt}  last={at(s.last_fire)}  priority={s.priority}  payload={_short(s.to_dict()['payload'])}"
@@ -1001,7 +1415,7 @@ URL_REFUSED = {
     "import-nobroker": "it imports into a queue directory (then `ringq migrate DIR URL`)",
     "migrate": "give the Redis URL as SRC or DST",
     "metrics": "its per-priority counts and holders are read from a queue directory's records "
-               "(on Redis, scrape `ringq --url URL top --json` or the server's own exporter)",
+    "(on Redis, scrape `ringq --url URL top --json` or the server's own exporter)",
     "dashboard": "its pages read a queue directory's records and storage (on Redis, use `top`)",
     "demo": "the demo runs on a temporary queue directory of its own",
     "bench": "the benchmarks take their own options",

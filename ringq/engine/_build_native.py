@@ -49,7 +49,13 @@ ffibuilder.set_source(
     '#include "ringq.h"',
     sources=SOURCES,
     include_dirs=[os.path.relpath(CSRC)],
-    extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra", *shlex.split(os.environ.get("RINGQ_CFLAGS", ""))],
+    extra_compile_args=[
+        "-std=gnu11",
+        "-O2",
+        "-Wall",
+        "-Wextra",
+        *shlex.split(os.environ.get("RINGQ_CFLAGS", "")),
+    ],
     extra_link_args=shlex.split(os.environ.get("RINGQ_LDFLAGS", "")),
 )
 

@@ -38,6 +38,7 @@ SCRATCH_KEEP = 4 << 20
 #: Where an appended record went: ``(segment seq, head slot, job seq, enqueued_us, available_ms)``.
 Placement = tuple[int, int, int, int, int]
 
+
 def discard_fresh(fresh: list[Segment]) -> None:
     """Remove segments created for a batch that failed before they were linked (nobody uses them)."""
     for f in fresh:
@@ -99,7 +100,9 @@ class Appender:
         if len(ticket) < 3:  # a third item: the one-call append woke them already
             self.ring.ctl.wake()
 
-    def append_nowait(self, recs: list[NewRecord]) -> tuple[list[Placement], tuple[dict[int, list[int]], int]]:
+    def append_nowait(
+        self, recs: list[NewRecord]
+    ) -> tuple[list[Placement], tuple[dict[int, list[int]], int]]:
         """Publish records under the writer lock; returns ``(placements, ticket)`` for :meth:`finish`.
 
         The path of records that each carry their own state, times and attempts (recovery salvage,
@@ -122,7 +125,9 @@ class Appender:
             # a full disk fails the whole batch cleanly (QueueFullError) instead of half of it.
             fresh = self.ring.allocate(seg, tail, spans)
             next_seq = max(ctl.next_seq(), seg.last_seq() + 1)
-            ctl.set_next_seq(next_seq + len(recs))  # reserve first: a crash leaves a gap, never a reuse
+            ctl.set_next_seq(
+                next_seq + len(recs)
+            )  # reserve first: a crash leaves a gap, never a reuse
             now_us = time.time_ns() // 1000
             now_ms = now_us // 1000
             for rec, span in zip(recs, spans):
@@ -144,12 +149,31 @@ class Appender:
                     # store of the state word: the record's bytes are in the page cache before it
                     # is visible.
                     native.check(
-                        lib.ringq_append(seg.rfd, REC_DATA_OFF, seg.ptr, seg.size, seg.geom, tail, tmpl,
-                                         pack(rec.state, 0, 0, avail_ms - seg.epoch_ms), bytes((rec.codec,)),
-                                         [len(rec.id_bytes)], [len(rec.payload)], 1, 0,
-                                         rec.id_bytes + rec.payload, len(rec.id_bytes) + len(rec.payload),
-                                         ffi.from_buffer("uint8_t[]", bytearray(span * slot_size)), span * slot_size, 1,
-                                         ffi.NULL, 0, 0, head, endp),
+                        lib.ringq_append(
+                            seg.rfd,
+                            REC_DATA_OFF,
+                            seg.ptr,
+                            seg.size,
+                            seg.geom,
+                            tail,
+                            tmpl,
+                            pack(rec.state, 0, 0, avail_ms - seg.epoch_ms),
+                            bytes((rec.codec,)),
+                            [len(rec.id_bytes)],
+                            [len(rec.payload)],
+                            1,
+                            0,
+                            rec.id_bytes + rec.payload,
+                            len(rec.id_bytes) + len(rec.payload),
+                            ffi.from_buffer("uint8_t[]", bytearray(span * slot_size)),
+                            span * slot_size,
+                            1,
+                            ffi.NULL,
+                            0,
+                            0,
+                            head,
+                            endp,
+                        ),
                         f"write record to {seg.path}",
                     )
                 finally:
@@ -161,10 +185,21 @@ class Appender:
                 next_seq += 1
         return out, (touched, position(seg.seq, tail))
 
-    def append_packed(self, n: int, codecs: bytes, id_lens: array | None, payload_lens: array | list[int],
-                      data: bytes,
-                      largest: int, priority: int, delay_ms: int, max_attempts: int, kind: int,
-                      ) -> tuple[list[tuple[int, int, int]], list[int], int, int, int, tuple[dict[int, list[int]], int]]:
+    def append_packed(
+        self,
+        n: int,
+        codecs: bytes,
+        id_lens: array | None,
+        payload_lens: array | list[int],
+        data: bytes,
+        largest: int,
+        priority: int,
+        delay_ms: int,
+        max_attempts: int,
+        kind: int,
+    ) -> tuple[
+        list[tuple[int, int, int]], list[int], int, int, int, tuple[dict[int, list[int]], int]
+    ]:
         """Publish ``n`` new jobs under the writer lock with one ``ringq_append`` per segment touched.
 
         The batch comes packed (ringq/producer.py builds it): ``codecs`` one byte per job,
@@ -192,20 +227,44 @@ class Appender:
         if n == 1:
             need = largest + slot_size
         else:
-            need = max(min(len(data) + n * (REC_HEADER_SIZE + slot_size), SCRATCH_KEEP),
-                       -(-largest // slot_size) * slot_size)
+            need = max(
+                min(len(data) + n * (REC_HEADER_SIZE + slot_size), SCRATCH_KEEP),
+                -(-largest // slot_size) * slot_size,
+            )
         scratch = self._scratch
         if scratch is None or len(scratch[0]) < need:
             scratch = self._grow_scratch(need)
         sbuf, sptr = scratch
         id_ptr = ffi.NULL if id_lens is None else ffi.from_buffer("uint16_t[]", id_lens)
         # A list (one job) goes to C as a temporary array; an array('I') without a copy.
-        lens_ptr = payload_lens if type(payload_lens) is list else ffi.from_buffer("uint32_t[]", payload_lens)
-        got = self._append_fast(n, codecs, id_ptr, lens_ptr, data, scratch, heads, priority, delay_ms,
-                                max_attempts, kind)
+        lens_ptr = (
+            payload_lens
+            if type(payload_lens) is list
+            else ffi.from_buffer("uint32_t[]", payload_lens)
+        )
+        got = self._append_fast(
+            n,
+            codecs,
+            id_ptr,
+            lens_ptr,
+            data,
+            scratch,
+            heads,
+            priority,
+            delay_ms,
+            max_attempts,
+            kind,
+        )
         if got is not None:
             segseq, _tail, first_seq, now_us, avail_ms, ticket = got
-            return [(segseq, 0, n)], [heads[0]] if n == 1 else ffi.unpack(heads, n), first_seq, now_us, avail_ms, ticket
+            return (
+                [(segseq, 0, n)],
+                [heads[0]] if n == 1 else ffi.unpack(heads, n),
+                first_seq,
+                now_us,
+                avail_ms,
+                ticket,
+            )
         bound = (len(data) + n * REC_HEADER_SIZE) // slot_size + n  # slots the batch may take
         fresh: list[Segment] = []
         with self.ring.lock:
@@ -213,9 +272,23 @@ class Appender:
             # tail segment, with nothing past its tail and room for the batch, and reserves the
             # seqs; otherwise the general way.
             last = self._last
-            rc = 1 if last is None or last.mm is None else lib.ringq_append_reserve(
-                last.ptr, last.size, last.geom, ctl.ptr, ctl.size, OFF_TAIL_SEG, OFF_NEXT_SEQ, n, bound,
-                self._tail, self._seq)
+            rc = (
+                1
+                if last is None or last.mm is None
+                else lib.ringq_append_reserve(
+                    last.ptr,
+                    last.size,
+                    last.geom,
+                    ctl.ptr,
+                    ctl.size,
+                    OFF_TAIL_SEG,
+                    OFF_NEXT_SEQ,
+                    n,
+                    bound,
+                    self._tail,
+                    self._seq,
+                )
+            )
             if rc == 0 and last is not None:
                 seg = last
                 tail, first_seq = self._tail[0], self._seq[0]
@@ -231,7 +304,9 @@ class Appender:
                         total += np.asarray(id_lens, dtype=np.int64)
                     fresh = self.ring.allocate(seg, tail, (-(-total // slot_size)).tolist())
                 first_seq = max(ctl.next_seq(), seg.last_seq() + 1)
-                ctl.set_next_seq(first_seq + n)  # reserve first: a crash leaves a gap, never a reuse
+                ctl.set_next_seq(
+                    first_seq + n
+                )  # reserve first: a crash leaves a gap, never a reuse
             now_us = time.time_ns() // 1000
             avail_ms = now_us // 1000 + delay_ms
             tmpl.seq = first_seq
@@ -240,23 +315,64 @@ class Appender:
             tmpl.priority = priority
             tmpl.max_attempts = max_attempts
             tmpl.kind = kind
-            k = lib.ringq_append(seg.rfd, REC_DATA_OFF, seg.ptr, seg.size, seg.geom, tail, tmpl,
-                                 pack(ST_READY, 0, 0, avail_ms - seg.epoch_ms), codecs, id_ptr, lens_ptr,
-                                 n, 0, data, len(data), sptr, len(sbuf), 1, ctl.ptr, ctl.size, OFF_ENQUEUED_TOTAL,
-                                 heads, endp)
+            k = lib.ringq_append(
+                seg.rfd,
+                REC_DATA_OFF,
+                seg.ptr,
+                seg.size,
+                seg.geom,
+                tail,
+                tmpl,
+                pack(ST_READY, 0, 0, avail_ms - seg.epoch_ms),
+                codecs,
+                id_ptr,
+                lens_ptr,
+                n,
+                0,
+                data,
+                len(data),
+                sptr,
+                len(sbuf),
+                1,
+                ctl.ptr,
+                ctl.size,
+                OFF_ENQUEUED_TOTAL,
+                heads,
+                endp,
+            )
             if k == n:  # the common case: one run, written and published by the one call
                 end = endp[0]
                 placed = [(seg.seq, 0, n)]
                 touched = {seg.seq: [tail, end]}
             else:
                 placed, touched, seg, end = self._append_runs(
-                    seg, tail, fresh, k, n, tmpl, avail_ms, codecs, id_ptr, lens_ptr, data, scratch, heads)
+                    seg,
+                    tail,
+                    fresh,
+                    k,
+                    n,
+                    tmpl,
+                    avail_ms,
+                    codecs,
+                    id_ptr,
+                    lens_ptr,
+                    data,
+                    scratch,
+                    heads,
+                )
             self._last = seg
             slots = [heads[0]] if n == 1 else ffi.unpack(heads, n)
         return placed, slots, first_seq, now_us, avail_ms, (touched, position(seg.seq, end))
 
-    def append_one(self, codec: int, data: bytes, priority: int, delay_ms: int, max_attempts: int, kind: int,
-                   ) -> tuple[int, int, int, int, int, tuple[dict[int, list[int]], int]]:
+    def append_one(
+        self,
+        codec: int,
+        data: bytes,
+        priority: int,
+        delay_ms: int,
+        max_attempts: int,
+        kind: int,
+    ) -> tuple[int, int, int, int, int, tuple[dict[int, list[int]], int]]:
         """One new job without an explicit id: :meth:`append_packed` for one job, without its
         lists.  ``data`` is the encoded payload.  Returns ``(segment seq, head slot, seq,
         enqueued_us, available_ms, ticket)``.  Raises as :meth:`append_packed`."""
@@ -264,19 +380,50 @@ class Appender:
         scratch = self._scratch
         if scratch is None or len(scratch[0]) < length + self.ring.ctl.slot_size:
             scratch = self._grow_scratch(length + self.ring.ctl.slot_size)
-        got = self._append_fast(1, bytes((codec,)), ffi.NULL, [len(data)], data, scratch, self._heads1,
-                                priority, delay_ms, max_attempts, kind)
+        got = self._append_fast(
+            1,
+            bytes((codec,)),
+            ffi.NULL,
+            [len(data)],
+            data,
+            scratch,
+            self._heads1,
+            priority,
+            delay_ms,
+            max_attempts,
+            kind,
+        )
         if got is not None:
             return got
         # Elsewhere than the segment appended to last, contended, a tail to repair, or a rotation.
         placed, heads, seq, now_us, avail_ms, ticket = self.append_packed(
-            1, bytes((codec,)), None, [len(data)], data, length, priority, delay_ms, max_attempts, kind)
+            1,
+            bytes((codec,)),
+            None,
+            [len(data)],
+            data,
+            length,
+            priority,
+            delay_ms,
+            max_attempts,
+            kind,
+        )
         return placed[0][0], heads[0], seq, now_us, avail_ms, ticket
 
-    def _append_fast(self, n: int, codecs: bytes, id_ptr: CData, lens_ptr: CData, data: bytes,
-                     scratch: tuple[bytearray, CData], heads: CData, priority: int, delay_ms: int,
-                     max_attempts: int, kind: int,
-                     ) -> tuple[int, int, int, int, int, tuple[dict[int, list[int]], int]] | None:
+    def _append_fast(
+        self,
+        n: int,
+        codecs: bytes,
+        id_ptr: CData,
+        lens_ptr: CData,
+        data: bytes,
+        scratch: tuple[bytearray, CData],
+        heads: CData,
+        priority: int,
+        delay_ms: int,
+        max_attempts: int,
+        kind: int,
+    ) -> tuple[int, int, int, int, int, tuple[dict[int, list[int]], int]] | None:
         """The whole append in one C call (``ringq_append_fast``: lock, checks, seqs, write,
         publish, unlock) when nobody else holds the writer lock and the batch fits the segment this
         process appended to last.  Returns ``(segment seq, first head slot, first seq,
@@ -297,13 +444,44 @@ class Appender:
             endp = self._end
             # With no sync between publishing and returning, the call wakes consumers itself.
             words = CTL_WORDS_WAKE if self.ring.durability in ("none", "interval") else CTL_WORDS
-            rc = lib.ringq_append_fast(lock_fd, ctl.ptr, ctl.size, words, seg.rfd, REC_DATA_OFF, seg.ptr,
-                                       seg.size, seg.geom, seg.epoch_ms, delay_ms, tmpl, codecs, id_ptr, lens_ptr,
-                                       n, data, len(data), scratch[1], len(scratch[0]), heads, endp)
+            rc = lib.ringq_append_fast(
+                lock_fd,
+                ctl.ptr,
+                ctl.size,
+                words,
+                seg.rfd,
+                REC_DATA_OFF,
+                seg.ptr,
+                seg.size,
+                seg.geom,
+                seg.epoch_ms,
+                delay_ms,
+                tmpl,
+                codecs,
+                id_ptr,
+                lens_ptr,
+                n,
+                data,
+                len(data),
+                scratch[1],
+                len(scratch[0]),
+                heads,
+                endp,
+            )
             if rc > 0:
                 tail, end = heads[0], endp[0]
-                return (seg.seq, tail, tmpl.seq, tmpl.enqueued_us, tmpl.available_ms,
-                        ({seg.seq: [tail, end]}, position(seg.seq, end), *((True,) if words is CTL_WORDS_WAKE else ())))
+                return (
+                    seg.seq,
+                    tail,
+                    tmpl.seq,
+                    tmpl.enqueued_us,
+                    tmpl.available_ms,
+                    (
+                        {seg.seq: [tail, end]},
+                        position(seg.seq, end),
+                        *((True,) if words is CTL_WORDS_WAKE else ()),
+                    ),
+                )
         finally:
             lock.exit_thread()
         native.check(rc, f"write records to {seg.path}")
@@ -316,16 +494,30 @@ class Appender:
             self._scratch = scratch
         return scratch
 
-    def _append_runs(self, seg: Segment, tail: int, fresh: list[Segment], k: int, n: int, tmpl: CData,
-                     avail_ms: int, codecs: bytes, id_ptr: CData, lens_ptr: CData, data: bytes,
-                     scratch: tuple[bytearray, CData], heads: CData,
-                     ) -> tuple[list[tuple[int, int, int]], dict[int, list[int]], Segment, int]:
+    def _append_runs(
+        self,
+        seg: Segment,
+        tail: int,
+        fresh: list[Segment],
+        k: int,
+        n: int,
+        tmpl: CData,
+        avail_ms: int,
+        codecs: bytes,
+        id_ptr: CData,
+        lens_ptr: CData,
+        data: bytes,
+        scratch: tuple[bytearray, CData],
+        heads: CData,
+    ) -> tuple[list[tuple[int, int, int]], dict[int, list[int]], Segment, int]:
         """The rest of :meth:`append_packed` when the batch did not go in one run: write every run
         (across rotations into the ``fresh`` segments, or in scratch-sized pieces), then publish them
         in order, linking each fresh segment after the one before it is published.  A failed write
         publishes nothing: the runs already written are zeroed and the fresh segments removed."""
         sbuf, sptr = scratch
-        runs: list[tuple[Segment, int, int, int, int]] = []  # (segment, first job, jobs, from slot, end)
+        runs: list[
+            tuple[Segment, int, int, int, int]
+        ] = []  # (segment, first job, jobs, from slot, end)
         endp = self._end
         later = iter(fresh)
         i, cur, cur_tail = 0, seg, tail
@@ -345,15 +537,39 @@ class Appender:
                     cur_tail = endp[0]
                 if i == n:
                     break
-                k = lib.ringq_append(cur.rfd, REC_DATA_OFF, cur.ptr, cur.size, cur.geom, cur_tail, tmpl,
-                                     pack(ST_READY, 0, 0, avail_ms - cur.epoch_ms), codecs, id_ptr, lens_ptr,
-                                     n, i, data, len(data), sptr, len(sbuf), 0, ffi.NULL, 0, 0, heads, endp)
+                k = lib.ringq_append(
+                    cur.rfd,
+                    REC_DATA_OFF,
+                    cur.ptr,
+                    cur.size,
+                    cur.geom,
+                    cur_tail,
+                    tmpl,
+                    pack(ST_READY, 0, 0, avail_ms - cur.epoch_ms),
+                    codecs,
+                    id_ptr,
+                    lens_ptr,
+                    n,
+                    i,
+                    data,
+                    len(data),
+                    sptr,
+                    len(sbuf),
+                    0,
+                    ffi.NULL,
+                    0,
+                    0,
+                    heads,
+                    endp,
+                )
         except BaseException:
             slot_size = self.ring.ctl.slot_size
             for s, _first, _k, lo, hi in runs:
                 if s is seg:  # best effort: recovery must not adopt a part of a failed batch
                     try:
-                        os.pwrite(s.rfd, bytes((hi - lo) * slot_size), REC_DATA_OFF + lo * slot_size)
+                        os.pwrite(
+                            s.rfd, bytes((hi - lo) * slot_size), REC_DATA_OFF + lo * slot_size
+                        )
                     except OSError:
                         pass
             discard_fresh(fresh)
@@ -365,8 +581,16 @@ class Appender:
             if s is not seg:
                 seg = self.ring.link(seg, s)
             native.check(
-                lib.ringq_append_publish(s.ptr, s.size, s.geom, heads + first, cnt, hi,
-                                         pack(ST_READY, 0, 0, avail_ms - s.epoch_ms), first_seq + first + cnt - 1),
+                lib.ringq_append_publish(
+                    s.ptr,
+                    s.size,
+                    s.geom,
+                    heads + first,
+                    cnt,
+                    hi,
+                    pack(ST_READY, 0, 0, avail_ms - s.epoch_ms),
+                    first_seq + first + cnt - 1,
+                ),
                 f"publish records in {s.path}",
             )
             placed.append((s.seq, first, cnt))

@@ -96,7 +96,9 @@ class CatchUp:
         if (
             dropped
         ):  # forget the ids of retired segments, or a long-lived process grows without bound
-            self.index.ids = {jid: loc for jid, loc in self.index.ids.items() if loc[0] in self.index.views}
+            self.index.ids = {
+                jid: loc for jid, loc in self.index.ids.items() if loc[0] in self.index.views
+            }
         newly_sealed: list[View] = []
         for view in self.index.views.values():
             if view.sealed:
@@ -235,7 +237,10 @@ class CatchUp:
             if state(r.state) == ST_EMPTY:  # published, its state page lost (see _ingest)
                 seg.cas_state(slot, 0, pack(ST_READY, WHY_NONE, 0, avail - seg.epoch_ms))
             if r.id_len:
-                self.index.ids[records.read_id(seg, slot, r.id_len).decode("utf-8", "replace")] = (seg.seq, slot)
+                self.index.ids[records.read_id(seg, slot, r.id_len).decode("utf-8", "replace")] = (
+                    seg.seq,
+                    slot,
+                )
             lane = view.lanes.get(prio)
             if lane is None:
                 lane = view.lanes[prio] = Lane(prio)

@@ -15,7 +15,15 @@ from .control import CTL_WORDS, OFF_CTL_CHANGE, OFF_WAITERS, OFF_WAKE, Control
 from .native import ffi, lib
 from .segment import Segment
 
-__all__ = ["WaitClaimed", "wait_claim", "ack_slot", "ACKED", "REPEATED", "REFUSED", "CANCEL_REQUESTED"]
+__all__ = [
+    "WaitClaimed",
+    "wait_claim",
+    "ack_slot",
+    "ACKED",
+    "REPEATED",
+    "REFUSED",
+    "CANCEL_REQUESTED",
+]
 
 # ringq_ack_slot's answers (csrc/ringq.h)
 ACKED, REPEATED, REFUSED, CANCEL_REQUESTED = 0, 1, 2, 3
@@ -32,7 +40,8 @@ class WaitClaimed(NamedTuple):
 class _Buffers(threading.local):
     def __init__(self) -> None:
         self.args = ffi.new(
-            "ringq_wait_args *", {"wake_off": OFF_WAKE, "waiters_off": OFF_WAITERS, "change_off": OFF_CTL_CHANGE}
+            "ringq_wait_args *",
+            {"wake_off": OFF_WAKE, "waiters_off": OFF_WAITERS, "change_off": OFF_CTL_CHANGE},
         )
         self.out = ffi.new("ringq_claim_out *")
         self.word = ffi.new("uint64_t *")
@@ -68,20 +77,34 @@ def wait_claim(
     a.vt_ms = vt_ms
     a.owner_base = owner_base
     a.from_slot = from_slot
-    native.check(lib.ringq_wait_claim(ctl.ptr, ctl.size, seg.ptr, seg.size, seg.geom, a, co), seg.path)
+    native.check(
+        lib.ringq_wait_claim(ctl.ptr, ctl.size, seg.ptr, seg.size, seg.geom, a, co), seg.path
+    )
     if co.status != lib.RINGQ_CLAIMED:
         return None
     return WaitClaimed(co.slot, co.word, co.prev)
 
 
-def ack_slot(seg: Segment, slot: int, token: int, now_rel: int, ctl: Control) -> tuple[int, int, int]:
+def ack_slot(
+    seg: Segment, slot: int, token: int, now_rel: int, ctl: Control
+) -> tuple[int, int, int]:
     """CAS ``slot``'s lease with fencing token ``token`` (0: any) to DONE at ``now_rel`` (ms since
     the segment's epoch), counting it finished and acked.  Returns ``(answer, word, finished)``:
     ACKED (``word`` the DONE word, ``finished`` the segment's new finished count), REPEATED,
     REFUSED (``word`` the word seen) or CANCEL_REQUESTED; raises for a bounds error."""
     bufs = _buffers
     rc = lib.ringq_ack_slot(
-        seg.ptr, seg.size, seg.geom, slot, token, now_rel, ctl.ptr, ctl.size, CTL_WORDS, bufs.word, bufs.finished
+        seg.ptr,
+        seg.size,
+        seg.geom,
+        slot,
+        token,
+        now_rel,
+        ctl.ptr,
+        ctl.size,
+        CTL_WORDS,
+        bufs.word,
+        bufs.finished,
     )
     native.check(min(rc, 0), seg.path)
     return rc, bufs.word[0], bufs.finished[0]

@@ -31,7 +31,9 @@ OFF_RING_GEN = 80  # u64: bumped on every rotation and retirement
 OFF_WAKE = 88  # u32: futex word; producers bump it and wake sleepers
 OFF_WAITERS = 92  # u32: number of consumers asleep on OFF_WAKE
 OFF_CTL_CHANGE = 96  # u64: bumped whenever any job returns to READY (hint to rescan)
-OFF_BOOT = 104  # 16 bytes: the kernel boot id of the boot in which recovery last ran (zero: unknown)
+OFF_BOOT = (
+    104  # 16 bytes: the kernel boot id of the boot in which recovery last ran (zero: unknown)
+)
 # Durability words (ringq/durability.py), in the free space after 104.
 OFF_SYNCED = 192  # u64: group commit's synced-up-to watermark, a position (seg seq << 24) | slot
 OFF_SYNC_COUNT = (
@@ -135,7 +137,9 @@ class Control(Mapped):
         if timeout <= 0:
             return
         if spin > 0:
-            rc = lib.ringq_spin_wait(self.ptr, self.size, OFF_WAKE, seen, int(min(spin, timeout) * 1e9))
+            rc = lib.ringq_spin_wait(
+                self.ptr, self.size, OFF_WAKE, seen, int(min(spin, timeout) * 1e9)
+            )
             if native.check(rc, self.path) == 0:
                 return
             timeout -= spin
@@ -233,7 +237,10 @@ class Control(Mapped):
         """A lease expiring at ``ms`` (ms since the epoch) was just taken."""
         ms = min(max(ms, 0), self.FLOOR_NEVER)
         native.check(
-            lib.ringq_lower_packed64(self.ptr, self.size, OFF_MIN_DEADLINE, self.FLOOR_GEN_BITS, ms), self.path
+            lib.ringq_lower_packed64(
+                self.ptr, self.size, OFF_MIN_DEADLINE, self.FLOOR_GEN_BITS, ms
+            ),
+            self.path,
         )
 
     def raise_deadline_floor(self, seen: int, ms: int) -> bool:

@@ -38,8 +38,16 @@ class Format1Writer:
         os.fsync(self.fd)
         self.mm = mmap.mmap(self.fd, self.size)
         self.ptr = ffi.from_buffer("uint8_t[]", self.mm)
-        self.geom = ffi.new("ringq_geom *", {"seg_seq": 1, "state_off": self.state_off, "data_off": self.data_off,
-                                             "slot_size": self.slot_size, "slot_count": self.slot_count})
+        self.geom = ffi.new(
+            "ringq_geom *",
+            {
+                "seg_seq": 1,
+                "state_off": self.state_off,
+                "data_off": self.data_off,
+                "slot_size": self.slot_size,
+                "slot_count": self.slot_count,
+            },
+        )
         self.tail = 0
         self.seq = 0
 
@@ -52,12 +60,16 @@ class Format1Writer:
         now_us = time.time_ns() // 1000
         records.fill_header(buf, rec, span, self.seq, now_us, now_us // 1000)
         slot = self.tail
-        rc = lib.ringq_rec_write(self.ptr, self.size, self.geom, slot, ffi.from_buffer(buf), len(buf), 1)
+        rc = lib.ringq_rec_write(
+            self.ptr, self.size, self.geom, slot, ffi.from_buffer(buf), len(buf), 1
+        )
         if rc <= 0:
             raise RuntimeError(f"ringq_rec_write returned {rc}")
         self.tail += span
         start = self.state_off + slot * 16
-        lib.ringq_msync(self.ptr, self.size, start, self.data_off + self.tail * self.slot_size - start)
+        lib.ringq_msync(
+            self.ptr, self.size, start, self.data_off + self.tail * self.slot_size - start
+        )
 
     def close(self) -> None:
         ffi.release(self.ptr)

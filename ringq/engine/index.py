@@ -163,7 +163,16 @@ class Index:
         lane.queued = True
         heapq.heappush(
             self.heap,
-            (-lane.prio, int(view.avail[slot]), order(view, slot), 0, view.seg.seq, lane.prio, slot, 0),
+            (
+                -lane.prio,
+                int(view.avail[slot]),
+                order(view, slot),
+                0,
+                view.seg.seq,
+                lane.prio,
+                slot,
+                0,
+            ),
         )
 
     def queue_lane(self, view: View, lane: Lane, now: int | None = None) -> None:
@@ -220,9 +229,20 @@ class Index:
                     arr = lane.slots
                     co = self._claim_out
                     native.check(
-                        lib.ringq_claim_next(seg.ptr, seg.size, seg.geom, arr.cptr, arr.n, lane.cursor,
-                                             slot, view.plain_ptr, max(0, now - seg.epoch_ms),
-                                             max(0, now + direct.vt_ms - seg.epoch_ms), direct.owner_base, co),
+                        lib.ringq_claim_next(
+                            seg.ptr,
+                            seg.size,
+                            seg.geom,
+                            arr.cptr,
+                            arr.n,
+                            lane.cursor,
+                            slot,
+                            view.plain_ptr,
+                            max(0, now - seg.epoch_ms),
+                            max(0, now + direct.vt_ms - seg.epoch_ms),
+                            direct.owner_base,
+                            co,
+                        ),
                         seg.path,
                     )
                     if co.status == CLAIMED:

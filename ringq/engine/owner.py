@@ -74,23 +74,37 @@ class OwnerRegistry:
             self.forget()  # a forked child shares the parent's lock: never use it
         fd = self._ensure_fd()
         for idx in range(1, MAX_OWNERS + 1):
-            if native.check(lib.ringq_owner_trylock(fd, idx), f"lock owner slot {idx} of {self.path}"):
+            if native.check(
+                lib.ringq_owner_trylock(fd, idx), f"lock owner slot {idx} of {self.path}"
+            ):
                 self.index, self.pid = idx, os.getpid()
                 return idx
-        raise errors.RingqError(f"{self.path}: all {MAX_OWNERS} owner slots are held by live processes")
+        raise errors.RingqError(
+            f"{self.path}: all {MAX_OWNERS} owner slots are held by live processes"
+        )
 
     def is_alive(self, idx: int) -> bool:
         """True if some open file description other than ours holds owner index ``idx``."""
         if idx == self.index and self.pid == os.getpid():
             return True
-        return bool(native.check(lib.ringq_owner_probe(self._ensure_fd(), idx), f"probe owner {idx} of {self.path}"))
+        return bool(
+            native.check(
+                lib.ringq_owner_probe(self._ensure_fd(), idx), f"probe owner {idx} of {self.path}"
+            )
+        )
 
     def try_hold(self, idx: int) -> bool:
         """Take ``idx`` if its holder is gone (True); release it later with :meth:`release`."""
-        return bool(native.check(lib.ringq_owner_trylock(self._ensure_fd(), idx), f"lock owner {idx} of {self.path}"))
+        return bool(
+            native.check(
+                lib.ringq_owner_trylock(self._ensure_fd(), idx), f"lock owner {idx} of {self.path}"
+            )
+        )
 
     def release(self, idx: int) -> None:
-        native.check(lib.ringq_owner_unlock(self._ensure_fd(), idx), f"unlock owner {idx} of {self.path}")
+        native.check(
+            lib.ringq_owner_unlock(self._ensure_fd(), idx), f"unlock owner {idx} of {self.path}"
+        )
 
     def forget(self) -> None:
         """Drop the index without unlocking (after fork: the lock belongs to the parent)."""

@@ -140,7 +140,9 @@ class Reaper:
                     continue  # a detached lease: only its visibility timeout ends it
                 if idx == mine:
                     key2 = (seg.seq, slot)
-                    if key2 not in held and key2 not in claiming:  # a dead predecessor's (our index)
+                    if (
+                        key2 not in held and key2 not in claiming
+                    ):  # a dead predecessor's (our index)
                         reclaimed += self.reclaim(view, slot, word, WHY_DIED, now)
                 else:
                     suspects.setdefault(idx, []).append((view, slot, word))

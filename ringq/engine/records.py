@@ -212,7 +212,9 @@ class FewScanner:
         if start >= tail:
             return 0, start
         n = native.check(
-            lib.ringq_seg_scan(seg.ptr, seg.size, seg.geom, start, tail, self.infos, tail - start, self._next),
+            lib.ringq_seg_scan(
+                seg.ptr, seg.size, seg.geom, start, tail, self.infos, tail - start, self._next
+            ),
             seg.path,
         )
         return n, self._next[0]
@@ -250,7 +252,9 @@ def read_record(seg: Segment, slot: int) -> tuple[CData, bytes, bytearray]:
 # together, by whoever needs a record's body without its CRC check (ringq/engine/lifecycle.py too).
 OFF_BODY = ffi.offsetof("ringq_rec_header", "id_len")
 BODY = struct.Struct("<HBBI")
-assert [ffi.offsetof("ringq_rec_header", f) - OFF_BODY for f in ("codec", "kind", "payload_len")] == [2, 3, 4]
+assert [
+    ffi.offsetof("ringq_rec_header", f) - OFF_BODY for f in ("codec", "kind", "payload_len")
+] == [2, 3, 4]
 
 
 def read_body(seg: Segment, slot: int) -> tuple[int, bytes, bytes]:

@@ -359,7 +359,9 @@ def recover_segments(segs: SegmentSet, mode: int, report: RecoveryReport) -> lis
         ctl.set_tail_seq(tail_seq)
         dirty = True
     if boot is not None and not same_boot:
-        ctl.set_boot_id(boot)  # not synced on its own: a restart before it reaches the disk only repeats this
+        ctl.set_boot_id(
+            boot
+        )  # not synced on its own: a restart before it reaches the disk only repeats this
     if dirty:
         ctl.sync_page()
     if dirty or report.readopted:

@@ -42,12 +42,32 @@ from .segments import SegmentSet
 from .transitions import bad
 from .words import ST_BAD, ST_CONT, ST_GONE, state
 
-__all__ = ["Ring", "NewRecord", "RecoveryReport", "DURABILITY", "DEFAULT_SLOT_SIZE", "DEFAULT_SLOT_COUNT",
-           "fs_type", "Placement"]
+__all__ = [
+    "Ring",
+    "NewRecord",
+    "RecoveryReport",
+    "DURABILITY",
+    "DEFAULT_SLOT_SIZE",
+    "DEFAULT_SLOT_COUNT",
+    "fs_type",
+    "Placement",
+]
 
 DEFAULT_SLOT_SIZE = 256
 DEFAULT_SLOT_COUNT = 16384
-NETWORK_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "fuse.sshfs", "afs", "ceph", "glusterfs", "lustre"}
+NETWORK_FS = {
+    "nfs",
+    "nfs4",
+    "cifs",
+    "smb3",
+    "smbfs",
+    "9p",
+    "fuse.sshfs",
+    "afs",
+    "ceph",
+    "glusterfs",
+    "lustre",
+}
 DURABILITY = _durability.STRATEGIES
 
 
@@ -71,7 +91,6 @@ def fs_type(path: str, mounts_text: str | None = None) -> str:
         if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
             best, kind = mnt, parts[2]
     return kind
-
 
 
 class Ring:
@@ -117,8 +136,13 @@ class Ring:
         allow_network_fs: bool = False,
     ) -> None:
         check_queue_name(name)
-        self.dur = _durability.make(self, durability, flush_interval=flush_interval, sync_acks=sync_acks,
-                                    state_flush_interval=state_flush_interval)
+        self.dur = _durability.make(
+            self,
+            durability,
+            flush_interval=flush_interval,
+            sync_acks=sync_acks,
+            state_flush_interval=state_flush_interval,
+        )
         self.dir = os.fspath(path)
         self.name = name
         self.durability = durability
@@ -139,7 +163,9 @@ class Ring:
         try:
             os.makedirs(self.dir, mode=dmode, exist_ok=True)
         except OSError as exc:
-            raise type(exc)(exc.errno, f"cannot create queue directory {self.dir}: {exc.strerror}") from None
+            raise type(exc)(
+                exc.errno, f"cannot create queue directory {self.dir}: {exc.strerror}"
+            ) from None
         kind = fs_type(self.dir)
         if kind in NETWORK_FS and not allow_network_fs:
             raise UnsupportedFilesystemError(
@@ -150,7 +176,9 @@ class Ring:
         forksafe.register(self)
         try:
             with self.lock:
-                self.ctl = recovery.open_control(self.segs, slot_size, slot_count, mode, self.report)
+                self.ctl = recovery.open_control(
+                    self.segs, slot_size, slot_count, mode, self.report
+                )
                 self.opened = True
                 self.lock.ctl = self.segs.ctl = self.ctl
                 for item in recovery.recover_segments(self.segs, mode, self.report):
@@ -217,8 +245,18 @@ class Ring:
         fresh: list[Segment] = []
         try:
             for i in range(need):
-                fresh.append(Segment(Segment.create(
-                    self.dir, self.name, seg.seq + 1 + i, self.ctl.slot_size, self.ctl.slot_count, self.mode)))
+                fresh.append(
+                    Segment(
+                        Segment.create(
+                            self.dir,
+                            self.name,
+                            seg.seq + 1 + i,
+                            self.ctl.slot_size,
+                            self.ctl.slot_count,
+                            self.mode,
+                        )
+                    )
+                )
         except BaseException:
             discard_fresh(fresh)
             raise
@@ -257,7 +295,9 @@ class Ring:
     def _rotate(self, seg: Segment | None, after: int | None = None) -> Segment:
         """Under the lock: seal ``seg`` and link a new tail segment.  Raises QueueFullError."""
         seq = (seg.seq if seg is not None else after or 0) + 1
-        path = Segment.create(self.dir, self.name, seq, self.ctl.slot_size, self.ctl.slot_count, self.mode)
+        path = Segment.create(
+            self.dir, self.name, seq, self.ctl.slot_size, self.ctl.slot_count, self.mode
+        )
         return self.link(seg, Segment(path))
 
     def link(self, seg: Segment | None, new: Segment) -> Segment:

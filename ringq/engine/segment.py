@@ -72,7 +72,9 @@ OFF_HDR_CRC = 64
 OFF_TAIL = lib.RINGQ_SEG_OFF_TAIL  # u32: next free slot (writers, under the lock)
 OFF_SEALED = 132  # u32: 1 once a newer segment took over appends
 OFF_CHANGE = 136  # u64: bumped when a job of this segment returns to READY
-OFF_RETIRED = lib.RINGQ_SEG_OFF_RETIRED  # u32: 1 once retirement began (the file is about to be unlinked)
+OFF_RETIRED = (
+    lib.RINGQ_SEG_OFF_RETIRED
+)  # u32: 1 once retirement began (the file is about to be unlinked)
 OFF_FINISHED = lib.RINGQ_SEG_OFF_FINISHED  # u64: records that reached DONE or GONE
 OFF_NRECORDS = lib.RINGQ_SEG_OFF_NRECORDS  # u64: records published (heads below the tail)
 OFF_LAST_SEQ = lib.RINGQ_SEG_OFF_LAST_SEQ  # u64: seq of the last record published here

@@ -221,7 +221,13 @@ class SegmentSet:
         back with every job READY), then the state file, the error and progress side files and the
         ack journal."""
         prog = os.path.join(self.dir, f"{self.name}.{seq:016x}.prog")
-        for p in (self.path(seq), self.state_path(seq), self.err_path(seq), self.acks_path(seq), prog):
+        for p in (
+            self.path(seq),
+            self.state_path(seq),
+            self.err_path(seq),
+            self.acks_path(seq),
+            prog,
+        ):
             try:
                 os.unlink(p)
             except FileNotFoundError:

@@ -32,7 +32,12 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["job_at", "fresh_lease", "last_error"]
 
 
-STATE_OF = {ST_READY: JobState.READY, ST_LEASED: JobState.LEASED, ST_DONE: JobState.DONE, ST_DEAD: JobState.DEAD}
+STATE_OF = {
+    ST_READY: JobState.READY,
+    ST_LEASED: JobState.LEASED,
+    ST_DONE: JobState.DONE,
+    ST_DEAD: JobState.DEAD,
+}
 
 
 def state_of(word: int) -> JobState | None:
@@ -45,7 +50,11 @@ def state_of(word: int) -> JobState | None:
 
 
 def job_at(
-    ring: Ring, seg: Segment, slot: int, word: int | None = None, decode: bool = True,
+    ring: Ring,
+    seg: Segment,
+    slot: int,
+    word: int | None = None,
+    decode: bool = True,
     just_leased: bool = False,
 ) -> Job:
     """The job at ``slot`` of ``seg`` as of state word ``word`` (read now if None).

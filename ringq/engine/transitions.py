@@ -60,7 +60,10 @@ TRANSITIONS: dict[tuple[int, int], str] = {
     (ST_EMPTY, ST_DONE): "recovery replays a journaled ack whose state words were lost",
     (ST_READY, ST_DONE): "cancel of a pending or delayed job; expiry before start (both carry the "
     "cancel flag); recovery replays a journaled ack whose lease was lost",
-    (ST_READY, ST_DEAD): "recovery replays a journaled nack that dead-lettered a job whose lease was lost",
+    (
+        ST_READY,
+        ST_DEAD,
+    ): "recovery replays a journaled nack that dead-lettered a job whose lease was lost",
     (ST_EMPTY, ST_BAD): "a record below the tail fails validation",
     (ST_READY, ST_BAD): "a record fails validation when read",
     (ST_LEASED, ST_BAD): "a record fails validation when read",
@@ -135,7 +138,7 @@ def cancel_requested(w: int) -> int:
 
 
 def ended_unrun(w: int) -> str | None:
-    """"cancelled" or "expired" for a DONE word that carries the cancel flag, else None."""
+    """ "cancelled" or "expired" for a DONE word that carries the cancel flag, else None."""
     if state(w) != ST_DONE or not w & FLAG_CANCEL:
         return None
     return "expired" if why(w) == END_EXPIRED else "cancelled"

@@ -162,7 +162,9 @@ def _preview(codec_id: int, payload: bytes) -> str:
             text = f"undecodable array: {exc}"
     elif codec_id == codec.MIXED:
         try:
-            text = "mixed " + json.dumps(codec.jsonable(codec.decode(codec_id, payload)), default=str)
+            text = "mixed " + json.dumps(
+                codec.jsonable(codec.decode(codec_id, payload)), default=str
+            )
         except SerializationError as exc:
             text = f"undecodable mixed payload: {exc}"
     else:
@@ -174,22 +176,34 @@ def _control(path: str, report: QueueFiles) -> None:
     try:
         ctl = Control(path, readonly=True)
     except CorruptionError as exc:
-        report.damage.append(f"control file: {exc}. If the segments are intact, removing it makes the next "
-                             "open rebuild it from them")
+        report.damage.append(
+            f"control file: {exc}. If the segments are intact, removing it makes the next "
+            "open rebuild it from them"
+        )
         return
     try:
         report.control = {
-            "slot_size": ctl.slot_size, "slot_count": ctl.slot_count, "next_seq": ctl.load64(OFF_NEXT_SEQ),
-            "tail_segment": ctl.load64(OFF_TAIL_SEG), "ring_gen": ctl.load64(OFF_RING_GEN),
-            "wake": ctl.load32(OFF_WAKE), "waiters": ctl.load32(OFF_WAITERS), "change": ctl.load64(OFF_CTL_CHANGE),
+            "slot_size": ctl.slot_size,
+            "slot_count": ctl.slot_count,
+            "next_seq": ctl.load64(OFF_NEXT_SEQ),
+            "tail_segment": ctl.load64(OFF_TAIL_SEG),
+            "ring_gen": ctl.load64(OFF_RING_GEN),
+            "wake": ctl.load32(OFF_WAKE),
+            "waiters": ctl.load32(OFF_WAITERS),
+            "change": ctl.load64(OFF_CTL_CHANGE),
             "sync_count": ctl.load64(OFF_SYNC_COUNT),
         }
     finally:
         ctl.close()
 
 
-def _segment(path: str, expect_seq: int, limit: int | None, now_ms: int,
-             geometry: tuple[int, int] | None = None) -> SegmentReport | None:
+def _segment(
+    path: str,
+    expect_seq: int,
+    limit: int | None,
+    now_ms: int,
+    geometry: tuple[int, int] | None = None,
+) -> SegmentReport | None:
     """The report of one segment, or None if it was retired (unlinked) while we looked."""
     try:
         rep = SegmentReport(path=path, file_size=os.path.getsize(path))
@@ -197,30 +211,45 @@ def _segment(path: str, expect_seq: int, limit: int | None, now_ms: int,
     except FileNotFoundError:
         return None
     except StateFileError as exc:
-        rep.damage.append(f"state file: {exc}. The next open gives the segment a fresh state file from its "
-                          "record file (every intact record ready again)")
+        rep.damage.append(
+            f"state file: {exc}. The next open gives the segment a fresh state file from its "
+            "record file (every intact record ready again)"
+        )
         return rep
     except FormatVersionError as exc:  # not damage: an older (or newer) format, left untouched
         rep.notes.append(f"segment format: {exc}")
         return rep
     except CorruptionError as exc:
-        rep.damage.append(f"segment header: {exc}. The next open copies the intact unfinished jobs of this "
-                          "file (each record has its own CRC) to the tail, then sets the file aside")
+        rep.damage.append(
+            f"segment header: {exc}. The next open copies the intact unfinished jobs of this "
+            "file (each record has its own CRC) to the tail, then sets the file aside"
+        )
         return rep
     try:
         if seg.seq != expect_seq:
             rep.damage.append(f"header says segment {seg.seq}, the file name says {expect_seq}")
         if geometry is not None and (seg.slot_size, seg.slot_count) != geometry:
-            rep.damage.append(f"geometry {(seg.slot_size, seg.slot_count)} (slot size, slot count) differs from the "
-                              f"queue's {geometry}: a segment of another queue (quarantined at the next open)")
+            rep.damage.append(
+                f"geometry {(seg.slot_size, seg.slot_count)} (slot size, slot count) differs from the "
+                f"queue's {geometry}: a segment of another queue (quarantined at the next open)"
+            )
         tail = seg.load32(OFF_TAIL)
         rep.header = {
-            "seq": seg.seq, "slot_size": seg.slot_size, "slot_count": seg.slot_count, "epoch_ms": seg.epoch_ms,
+            "seq": seg.seq,
+            "slot_size": seg.slot_size,
+            "slot_count": seg.slot_count,
+            "epoch_ms": seg.epoch_ms,
             # Offsets in the files: the state table's in the state file, slot 0's in the record file.
-            "state_off": seg.state_off, "data_off": REC_DATA_OFF, "size": rep.file_size, "tail": tail,
-            "sealed": seg.load32(OFF_SEALED), "retired": seg.load32(OFF_RETIRED),
-            "records": seg.load64(OFF_NRECORDS), "finished": seg.load64(OFF_FINISHED),
-            "last_seq": seg.load64(OFF_LAST_SEQ), "change": seg.load64(OFF_CHANGE),
+            "state_off": seg.state_off,
+            "data_off": REC_DATA_OFF,
+            "size": rep.file_size,
+            "tail": tail,
+            "sealed": seg.load32(OFF_SEALED),
+            "retired": seg.load32(OFF_RETIRED),
+            "records": seg.load64(OFF_NRECORDS),
+            "finished": seg.load64(OFF_FINISHED),
+            "last_seq": seg.load64(OFF_LAST_SEQ),
+            "change": seg.load64(OFF_CHANGE),
         }
         if tail > seg.slot_count:
             rep.damage.append(f"tail {tail} is beyond the segment's {seg.slot_count} slots")
@@ -246,35 +275,64 @@ def _segment(path: str, expect_seq: int, limit: int | None, now_ms: int,
             rep.counts[name] = rep.counts.get(name, 0) + 1
             offset = seg.record_file_off(slot)
             if not ok:
-                rep.damage.append(f"slot {slot} (byte {offset}): record fails its magic/length/CRC check")
-            elif st in (ST_READY, ST_LEASED) and int(row["attempts_before"]) + ((word >> 6) & LC_MASK) > int(row["max_attempts"]):
-                rep.damage.append(f"slot {slot}: implausible state word {word:#x}: more attempts than max_attempts")
+                rep.damage.append(
+                    f"slot {slot} (byte {offset}): record fails its magic/length/CRC check"
+                )
+            elif st in (ST_READY, ST_LEASED) and int(row["attempts_before"]) + (
+                (word >> 6) & LC_MASK
+            ) > int(row["max_attempts"]):
+                rep.damage.append(
+                    f"slot {slot}: implausible state word {word:#x}: more attempts than max_attempts"
+                )
             elif st == ST_LEASED and t > now_ms + 10 * 365 * 86400 * 1000:
-                rep.damage.append(f"slot {slot}: implausible state word {word:#x}: a lease deadline years away")
+                rep.damage.append(
+                    f"slot {slot}: implausible state word {word:#x}: a lease deadline years away"
+                )
             elif word & FLAG_CANCEL and st not in (ST_LEASED, ST_DONE, ST_GONE, ST_BAD):
-                rep.damage.append(f"slot {slot}: implausible state word {word:#x}: the cancel flag on a {name} job")
+                rep.damage.append(
+                    f"slot {slot}: implausible state word {word:#x}: the cancel flag on a {name} job"
+                )
             elif int(row["kind"]) not in (KIND_JOB, KIND_EXPIRES):
                 rep.damage.append(f"slot {slot}: unknown record kind {int(row['kind'])}")
             elif int(row["kind"]) == KIND_EXPIRES and int(row["payload_len"]) < 8:
-                rep.damage.append(f"slot {slot}: an expiring job's record is too short for its expiry field")
+                rep.damage.append(
+                    f"slot {slot}: an expiring job's record is too short for its expiry field"
+                )
             elif st == ST_BAD:
-                rep.damage.append(f"slot {slot} (byte {offset}): marked BAD by a reader (payload does not decode)")
+                rep.damage.append(
+                    f"slot {slot} (byte {offset}): marked BAD by a reader (payload does not decode)"
+                )
             elif st == ST_EMPTY:
-                rep.notes.append(f"slot {slot}: published record with an empty state word (re-published by the next reader)")
+                rep.notes.append(
+                    f"slot {slot}: published record with an empty state word (re-published by the next reader)"
+                )
             if limit is not None and len(rep.records) >= limit:
                 continue
-            rec = RecordReport(slot=slot, span=int(row["span"]), offset=offset, state=name, crc_ok=ok)
+            rec = RecordReport(
+                slot=slot, span=int(row["span"]), offset=offset, state=name, crc_ok=ok
+            )
             if ok:
                 lc = (word >> 6) & LC_MASK
                 base = seg.data_off + slot * seg.slot_size + 64  # in the mapping, not the file
                 id_len, plen = int(row["id_len"]), int(row["payload_len"])
                 rec.seq, rec.priority = int(row["seq"]), int(row["priority"])
-                rec.attempts, rec.max_attempts = int(row["attempts_before"]) + lc, int(row["max_attempts"])
-                rec.id = bytes(seg.mm[base : base + id_len]).decode("utf-8", "replace") if id_len else f"{rec.seq:016x}"
+                rec.attempts, rec.max_attempts = (
+                    int(row["attempts_before"]) + lc,
+                    int(row["max_attempts"]),
+                )
+                rec.id = (
+                    bytes(seg.mm[base : base + id_len]).decode("utf-8", "replace")
+                    if id_len
+                    else f"{rec.seq:016x}"
+                )
                 rec.codec, rec.payload_len = int(row["codec"]), plen
                 rec.time_ms = t if st not in (ST_EMPTY, ST_BAD) else None
-                skip = 8 if int(row["kind"]) == KIND_EXPIRES else 0  # the expiry field, then the payload
-                rec.preview = _preview(rec.codec, bytes(seg.mm[base + id_len + skip : base + id_len + plen]))
+                skip = (
+                    8 if int(row["kind"]) == KIND_EXPIRES else 0
+                )  # the expiry field, then the payload
+                rec.preview = _preview(
+                    rec.codec, bytes(seg.mm[base + id_len + skip : base + id_len + plen])
+                )
                 if st == ST_LEASED and ((owner >> 16) & LC_MASK) == lc:
                     rec.owner, rec.owner_pid = owner & 0xFFFF, owner >> 34
                 elif st == ST_LEASED:
@@ -284,14 +342,25 @@ def _segment(path: str, expect_seq: int, limit: int | None, now_ms: int,
         if rep.header["retired"]:
             # What recovery repairs (and reports) at the next open: a power loss can keep the flag
             # and lose the acks it was set after.
-            unfinished = sum(n for k, n in rep.counts.items() if k not in ("done", "gone", "cancelled", "expired"))
+            unfinished = sum(
+                n
+                for k, n in rep.counts.items()
+                if k not in ("done", "gone", "cancelled", "expired")
+            )
             if unfinished:
-                rep.damage.append(f"retired flag set over {unfinished} unfinished job(s) (cleared at the next open; "
-                                  "the jobs are kept)")
+                rep.damage.append(
+                    f"retired flag set over {unfinished} unfinished job(s) (cleared at the next open; "
+                    "the jobs are kept)"
+                )
             else:
                 rep.notes.append("retired: every job finished; the file is about to be unlinked")
-        if tail < seg.slot_count and seg.load64(seg.state_off_of(tail)) & 7 not in (ST_EMPTY, ST_CONT):
-            rep.notes.append(f"records published beyond the stored tail {tail} (re-adopted by the next writer)")
+        if tail < seg.slot_count and seg.load64(seg.state_off_of(tail)) & 7 not in (
+            ST_EMPTY,
+            ST_CONT,
+        ):
+            rep.notes.append(
+                f"records published beyond the stored tail {tail} (re-adopted by the next writer)"
+            )
     finally:
         seg.close()
     return rep
@@ -326,8 +395,10 @@ def examine(path: str, name: str = "default", *, limit: int | None = None) -> Qu
         if not entry.is_file(follow_symlinks=False):
             if SEG_RE.match(entry.name) or entry.name == f"{name}.ctl":
                 kind = "a symbolic link" if entry.is_symlink() else "not a regular file"
-                report.damage.append(f"{entry.path}: {kind} where a segment or control file belongs "
-                                     "(quarantined at the next open; its jobs are not served)")
+                report.damage.append(
+                    f"{entry.path}: {kind} where a segment or control file belongs "
+                    "(quarantined at the next open; its jobs are not served)"
+                )
             continue
         try:
             report.files.append((entry.name, entry.stat(follow_symlinks=False).st_size))
@@ -338,10 +409,14 @@ def examine(path: str, name: str = "default", *, limit: int | None = None) -> Qu
                 head = fh.read(PAUSE_SIZE + 1)
             # An empty one is a creation cut short, which the next open completes: not damage.
             if head and not valid_pause_header(head):
-                report.damage.append(f"{entry.path}: damaged pause file (set aside at the next open; "
-                                     "the queue then runs unpaused)")
+                report.damage.append(
+                    f"{entry.path}: damaged pause file (set aside at the next open; "
+                    "the queue then runs unpaused)"
+                )
         if entry.name.endswith(".quarantined"):
-            report.damage.append(f"{entry.path}: quarantined earlier as damaged; its jobs are not served")
+            report.damage.append(
+                f"{entry.path}: quarantined earlier as damaged; its jobs are not served"
+            )
         m = SEG_RE.match(entry.name)
         if m:
             segs.append((int(m.group("seq"), 16), entry.path))
@@ -355,6 +430,7 @@ def examine(path: str, name: str = "default", *, limit: int | None = None) -> Qu
             report.segments.append(seg_report)
     tail_seg = report.control.get("tail_segment")
     if tail_seg and segs and tail_seg not in {s for s, _ in segs}:
-        report.notes.append(f"the tail segment {tail_seg} named by the control file is missing (recreated on the next append)")
+        report.notes.append(
+            f"the tail segment {tail_seg} named by the control file is missing (recreated on the next append)"
+        )
     return report
-

@@ -201,9 +201,7 @@ def compact(
         ring.segs.retire_finished(thorough=True)
         refresh()
     except OSError as exc:
-        raise CompactionError(
-            f"compacting {what}: {exc}; no job was moved or lost"
-        ) from exc
+        raise CompactionError(f"compacting {what}: {exc}; no job was moved or lost") from exc
 
 
 def segment_bytes(ring: Ring) -> int:
@@ -240,10 +238,6 @@ def introspect(ring: Ring) -> dict[str, Any]:
     }
 
 
-
-
-
-
 class Admin:
     """Reads and whole-queue operations of one local queue (the API is :class:`ringq.Queue`'s)."""
 
@@ -253,7 +247,10 @@ class Admin:
     def sync_counters(self) -> dict[str, int]:
         """As :meth:`ringq.Queue.sync_counters`."""
         self.ctx.live()
-        return {**self.ctx.ring.dur.counters(), "queue_append_syncs": self.ctx.ring.ctl.sync_count()}
+        return {
+            **self.ctx.ring.dur.counters(),
+            "queue_append_syncs": self.ctx.ring.ctl.sync_count(),
+        }
 
     def introspect(self) -> dict[str, Any]:
         """As :meth:`ringq.Queue.introspect`."""
@@ -275,7 +272,9 @@ class Admin:
             view, slot, _ = self.ctx.leases.locate(job_id, self.ctx.name)
             return self.ctx.job_at(view.seg.seq, slot, shown_word(self.ctx.reaper, view, slot))
 
-    def list_jobs(self, state: JobState | str | None = None, *, limit: int | None = None) -> list[Job]:
+    def list_jobs(
+        self, state: JobState | str | None = None, *, limit: int | None = None
+    ) -> list[Job]:
         """As :meth:`ringq.Queue.list_jobs`."""
         self.ctx.live()
         if limit is not None and (not isinstance(limit, int) or limit < 0):
@@ -333,11 +332,20 @@ class Admin:
         with self.ctx.live_lock:
             self.ctx.settle()
             before_bytes, before = segment_bytes(self.ctx.ring), self.stats()
-            compact(f"queue {self.ctx.name!r} in {self.ctx.path}", self.ctx.ring, self.ctx.index, self.ctx.relocator,
-                    self.ctx.refresh)
+            compact(
+                f"queue {self.ctx.name!r} in {self.ctx.path}",
+                self.ctx.ring,
+                self.ctx.index,
+                self.ctx.relocator,
+                self.ctx.refresh,
+            )
             after = self.stats()
-            return CompactionResult(before_bytes, segment_bytes(self.ctx.ring), after.total - after.done,
-                                    max(0, before.done - after.done))
+            return CompactionResult(
+                before_bytes,
+                segment_bytes(self.ctx.ring),
+                after.total - after.done,
+                max(0, before.done - after.done),
+            )
 
     def stats(self) -> QueueStats:
         """As :meth:`ringq.Queue.stats`."""

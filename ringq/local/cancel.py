@@ -17,7 +17,6 @@ from ringq.errors import JobFinishedError
 from ringq.job import Job
 
 if TYPE_CHECKING:  # pragma: no cover
-
     from .leases import Leases
 
 __all__ = ["cancel"]

@@ -99,7 +99,9 @@ class QueueContext:
         self.relocator = Relocator(ring, self.index, lambda: self.refresh(relocate=False))
         self.gate = LimitGate(path, name, mode)  # concurrency caps, rate limits, unique windows
         self.leases = Leases(ring, self.index, self.owners, self.relocator, self.refresh, self.gate)
-        self.producer = Producer(ring, self.index, self.live_lock, self.outside, self.refresh, auto_ids)
+        self.producer = Producer(
+            ring, self.index, self.live_lock, self.outside, self.refresh, auto_ids
+        )
         self.pause = PauseFile(ring)
 
     def new_lock(self) -> None:

@@ -99,7 +99,11 @@ def imported_marker(path: str | os.PathLike[str], name: str) -> str:
 
 def unimported_nobroker_queues(path: str | os.PathLike[str]) -> dict[str, str]:
     """The nobroker queues in directory ``path`` (as :func:`nobroker_queues`) not yet imported there."""
-    return {n: log for n, log in nobroker_queues(path).items() if not os.path.exists(imported_marker(path, n))}
+    return {
+        n: log
+        for n, log in nobroker_queues(path).items()
+        if not os.path.exists(imported_marker(path, n))
+    }
 
 
 def check_not_foreign(path: str | os.PathLike[str], name: str | None = None) -> None:
@@ -182,7 +186,9 @@ def read_nobroker_log(log_path: str | os.PathLike[str]) -> tuple[list[Job], str 
     if magic != NOBROKER_MAGIC:
         raise CorruptionError(f"{log_path} is not a nobroker log (magic {magic!r})")
     if version != NOBROKER_VERSION:
-        raise CorruptionError(f"{log_path}: nobroker log format version {version}; only version 1 can be imported")
+        raise CorruptionError(
+            f"{log_path}: nobroker log format version {version}; only version 1 can be imported"
+        )
     records, stopped = _records(data)
     jobs: dict[str, Job] = {}
     job: Job | None

@@ -105,7 +105,9 @@ class Leases:
             )
         return index.views[loc[0]], loc[1], job_id
 
-    def word_for(self, job: Job | str, queue: str, op: str) -> tuple[View, int, int, str, int | None]:
+    def word_for(
+        self, job: Job | str, queue: str, op: str
+    ) -> tuple[View, int, int, str, int | None]:
         """``(view, slot, state word, id, fencing token or None)`` of a job whose lease the caller
         checks for ``op`` (see :meth:`locate`)."""
         view, slot, job_id = self.locate(job, queue, fenced=op)
@@ -131,7 +133,18 @@ class Leases:
         # visibility timeout alone.
         owner = 0 if detach else self.owners.acquire()
         ticket = self.gate.admit(
-            seg, slot, lambda: (-int(view.prio[slot]), due(view, slot, w), order(view, slot), 1, seg.seq, 0, slot, 0)
+            seg,
+            slot,
+            lambda: (
+                -int(view.prio[slot]),
+                due(view, slot, w),
+                order(view, slot),
+                1,
+                seg.seq,
+                0,
+                slot,
+                0,
+            ),
         )
         if ticket is False:
             return None  # a limit holds it back: it stays READY
@@ -214,8 +227,17 @@ class Leases:
         claiming = self.owners.claiming
         claiming[key] = claiming.get(key, 0) + 1
         try:
-            got = claim.wait_claim(ctl, seg, seen, self.index.seen_change, candidate, timeout, spin,
-                                   direct.vt_ms, direct.owner_base)
+            got = claim.wait_claim(
+                ctl,
+                seg,
+                seen,
+                self.index.seen_change,
+                candidate,
+                timeout,
+                spin,
+                direct.vt_ms,
+                direct.owner_base,
+            )
             if got is not None:
                 return Waited(view, got.slot, got.word, got.prev)
         except BaseException:
@@ -285,7 +307,9 @@ class Leases:
         if token is None or token > 0:
             # The common case in one C call: LEASED with this token -> DONE (ringq/transitions.py
             # allows it; a cancel-requested lease comes back as 3 for the policy below).
-            answer, word, finished = claim.ack_slot(seg, slot, token or 0, max(0, now_ms() - seg.epoch_ms), self.ring.ctl)
+            answer, word, finished = claim.ack_slot(
+                seg, slot, token or 0, max(0, now_ms() - seg.epoch_ms), self.ring.ctl
+            )
             if answer == claim.ACKED:  # counted as acked and finished by the call
                 return self._acked(view, seg, slot, word, finished)
             if answer == claim.REPEATED:

@@ -56,14 +56,19 @@ class Lifecycle:
     def paused(self) -> dict[str, Any]:
         """As :meth:`ringq.Queue.paused`."""
         with self.ctx.live_lock:
-            return {"queue": self.ctx.pause.queue_paused(), "keys": sorted(self.ctx.pause.paused_keys())}
+            return {
+                "queue": self.ctx.pause.queue_paused(),
+                "keys": sorted(self.ctx.pause.paused_keys()),
+            }
 
     def progress(self, job: Job | str, fraction: float, message: str | None = None) -> None:
         """As :meth:`ringq.Queue.progress`."""
         self.ctx.live()
         fraction = check_fraction(fraction)
         with self.ctx.live_lock:
-            view, slot, w, job_id, token = self.ctx.leases.word_for(job, self.ctx.name, "report progress of")
+            view, slot, w, job_id, token = self.ctx.leases.word_for(
+                job, self.ctx.name, "report progress of"
+            )
             report_progress(self.ctx.ring, view.seg, slot, w, job_id, token, fraction, message)
 
     def result(self, job_id: str | Job, *, wait: float | None = None) -> Any:

@@ -369,7 +369,9 @@ class LimitGate:
         longer retained, LimitError if ``unique_for`` is not a positive number of seconds or the
         table is full."""
         with self._mutex:
-            job: Job = unique.enqueue_unique(self._file, key, unique_for, enqueue, find)  # either one's
+            job: Job = unique.enqueue_unique(
+                self._file, key, unique_for, enqueue, find
+            )  # either one's
             return job
 
 

@@ -47,8 +47,13 @@ class NobrokerImport:
         return {"queues": self.queues, "stopped": self.stopped}
 
 
-def import_nobroker(source: str | os.PathLike[str], into: str | os.PathLike[str] | None = None, *,
-                    names: list[str] | None = None, **queue_options: Any) -> NobrokerImport:
+def import_nobroker(
+    source: str | os.PathLike[str],
+    into: str | os.PathLike[str] | None = None,
+    *,
+    names: list[str] | None = None,
+    **queue_options: Any,
+) -> NobrokerImport:
     """Copy the unfinished jobs of the nobroker queues in directory ``source`` into ringq queues.
 
     Each nobroker queue goes into the ringq queue of the same name in directory ``into``
@@ -78,10 +83,14 @@ def import_nobroker(source: str | os.PathLike[str], into: str | os.PathLike[str]
     if names:
         missing = [n for n in names if n not in found]
         if missing:
-            raise FileNotFoundError(f"no nobroker queue {missing[0]!r} in {source} (found: {sorted(found) or 'none'})")
+            raise FileNotFoundError(
+                f"no nobroker queue {missing[0]!r} in {source} (found: {sorted(found) or 'none'})"
+            )
         found = {n: found[n] for n in names}
     if not found:
-        raise FileNotFoundError(f"no nobroker queue in {source} (no <name>.NNNNNN.log starting with NOBROKER)")
+        raise FileNotFoundError(
+            f"no nobroker queue in {source} (no <name>.NNNNNN.log starting with NOBROKER)"
+        )
     result = NobrokerImport()
     for name, log in sorted(found.items()):
         jobs, stopped = read_locked(source, name, log)
@@ -101,8 +110,10 @@ def import_nobroker(source: str | os.PathLike[str], into: str | os.PathLike[str]
                 counts["leased"] += 1
                 if job.attempts >= job.max_attempts:
                     job.state, job.lease_deadline = JobState.DEAD, None
-                    job.last_error = (f"its lease (attempt {job.attempts} of {job.max_attempts}) was lost in "
-                                      "the import from nobroker; no attempt left")
+                    job.last_error = (
+                        f"its lease (attempt {job.attempts} of {job.max_attempts}) was lost in "
+                        "the import from nobroker; no attempt left"
+                    )
                     counts["dead"] += 1
                 else:
                     job.state, job.available_at = JobState.READY, job.lease_deadline or now
@@ -140,5 +151,3 @@ def _write_marker(into: str, name: str, source: str, counts: dict[str, int]) -> 
         os.fsync(dfd)
     finally:
         os.close(dfd)
-
-

@@ -36,17 +36,36 @@ class QueueOptions:
     spin: float = 0.0
 
     @classmethod
-    def of_queue(cls, queue: Any, ring: Any, flush_interval: float, sync_acks: bool, lock_timeout: float,
-                 mode: int, allow_network_fs: bool, allow_foreign: bool, auto_ids: bool = True,
-                 spin: float = 0.0) -> QueueOptions:
+    def of_queue(
+        cls,
+        queue: Any,
+        ring: Any,
+        flush_interval: float,
+        sync_acks: bool,
+        lock_timeout: float,
+        mode: int,
+        allow_network_fs: bool,
+        allow_foreign: bool,
+        auto_ids: bool = True,
+        spin: float = 0.0,
+    ) -> QueueOptions:
         """The options of a queue just opened: the resolved strategy settings and the geometry the
         queue really has (an existing queue keeps its own, whatever was asked)."""
         return cls(
-            durability=queue.durability, flush_interval=float(flush_interval), sync_acks=bool(sync_acks),
-            state_flush_interval=ring.dur.state_flush_interval, visibility_timeout=queue.visibility_timeout,
-            max_attempts=queue.max_attempts, backoff=queue.backoff, lock_timeout=lock_timeout,
-            slot_size=ring.ctl.slot_size, slot_count=ring.ctl.slot_count, mode=mode,
-            allow_network_fs=allow_network_fs, allow_foreign=allow_foreign, auto_ids=bool(auto_ids),
+            durability=queue.durability,
+            flush_interval=float(flush_interval),
+            sync_acks=bool(sync_acks),
+            state_flush_interval=ring.dur.state_flush_interval,
+            visibility_timeout=queue.visibility_timeout,
+            max_attempts=queue.max_attempts,
+            backoff=queue.backoff,
+            lock_timeout=lock_timeout,
+            slot_size=ring.ctl.slot_size,
+            slot_count=ring.ctl.slot_count,
+            mode=mode,
+            allow_network_fs=allow_network_fs,
+            allow_foreign=allow_foreign,
+            auto_ids=bool(auto_ids),
             spin=float(spin),
         )
 

@@ -71,8 +71,6 @@ class GeometryWarning(UserWarning):
     """Queue() was given a slot geometry other than the existing queue's; the queue keeps its own."""
 
 
-
-
 class Queue:
     """A durable job queue: directory ``path``, queue ``name``.  Same API as ``nobroker.Queue``.
 
@@ -153,7 +151,9 @@ class Queue:
         if not allow_foreign:
             from .foreign import check_not_foreign
 
-            check_not_foreign(path, name)  # before anything is created: never an empty queue beside old jobs
+            check_not_foreign(
+                path, name
+            )  # before anything is created: never an empty queue beside old jobs
         if durability is None:
             durability = "msync" if fsync else "none"
         if not 0 < visibility_timeout < TIME_MAX / 1000:
@@ -167,27 +167,52 @@ class Queue:
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"{arg} must be an int, got {value!r}")
         check_geometry(slot_size, slot_count)
-        self.path = pathlib.Path(path)  # the queue directory (nobroker: its log file; ringq has none)
+        self.path = pathlib.Path(
+            path
+        )  # the queue directory (nobroker: its log file; ringq has none)
         self.dir = self.path
         self.name = name
         self.visibility_timeout = float(visibility_timeout)
         self.max_attempts = max_attempts
         self.backoff = backoff or BackoffPolicy()
         ring = Ring(
-            path, name, slot_size=slot_size, slot_count=slot_count, durability=durability,
-            flush_interval=flush_interval, sync_acks=sync_acks, state_flush_interval=state_flush_interval,
-            lock_timeout=lock_timeout, mode=mode, allow_network_fs=allow_network_fs,
+            path,
+            name,
+            slot_size=slot_size,
+            slot_count=slot_count,
+            durability=durability,
+            flush_interval=flush_interval,
+            sync_acks=sync_acks,
+            state_flush_interval=state_flush_interval,
+            lock_timeout=lock_timeout,
+            mode=mode,
+            allow_network_fs=allow_network_fs,
         )
         ctl = ring.ctl
-        for arg, given, default, stored in (("slot_size", slot_size, DEFAULT_SLOT_SIZE, ctl.slot_size),
-                                            ("slot_count", slot_count, DEFAULT_SLOT_COUNT, ctl.slot_count)):
+        for arg, given, default, stored in (
+            ("slot_size", slot_size, DEFAULT_SLOT_SIZE, ctl.slot_size),
+            ("slot_count", slot_count, DEFAULT_SLOT_COUNT, ctl.slot_count),
+        ):
             if given not in (default, stored):  # asked for explicitly, yet the queue has another
-                warnings.warn(f"queue {name!r} in {path} was created with {arg}={stored}; {arg}={given} is "
-                              "ignored (the geometry is fixed when a queue is created)", GeometryWarning,
-                              stacklevel=2)
+                warnings.warn(
+                    f"queue {name!r} in {path} was created with {arg}={stored}; {arg}={given} is "
+                    "ignored (the geometry is fixed when a queue is created)",
+                    GeometryWarning,
+                    stacklevel=2,
+                )
         self.durability = durability
-        self.options = QueueOptions.of_queue(self, ring, flush_interval, sync_acks, lock_timeout, mode,
-                                             allow_network_fs, allow_foreign, auto_ids, spin)
+        self.options = QueueOptions.of_queue(
+            self,
+            ring,
+            flush_interval,
+            sync_acks,
+            lock_timeout,
+            mode,
+            allow_network_fs,
+            allow_foreign,
+            auto_ids,
+            spin,
+        )
         ctx = self._ctx = QueueContext(ring, name, str(self.path), mode, auto_ids)
         self._results = Results(name, self._companion)
         self._admin = Admin(ctx)
@@ -266,12 +291,21 @@ class Queue:
         except Exception:
             pass
 
-
     # -- enqueue ------------------------------------------------------------------------------------
 
-    def enqueue(self, payload: Any, *, priority: int = 0, delay: float = 0.0, max_attempts: int | None = None,
-                job_id: str | None = None, key: str | None = None, unique_for: float | None = None,
-                expires_in: float | None = None, expires_at: float | None = None) -> Job:
+    def enqueue(
+        self,
+        payload: Any,
+        *,
+        priority: int = 0,
+        delay: float = 0.0,
+        max_attempts: int | None = None,
+        job_id: str | None = None,
+        key: str | None = None,
+        unique_for: float | None = None,
+        expires_in: float | None = None,
+        expires_at: float | None = None,
+    ) -> Job:
         """Add one job; durable (per the durability strategy) when this returns.
 
         Args:
@@ -305,13 +339,27 @@ class Queue:
             if self._ctx.closed:
                 self._ctx.live()
             return self._ctx.producer.enqueue_one(
-                payload, priority, due_delay(delay), self.max_attempts if max_attempts is None else max_attempts,
-                key, None if expires_in is None and expires_at is None else expiry_ms(expires_in, expires_at))
+                payload,
+                priority,
+                due_delay(delay),
+                self.max_attempts if max_attempts is None else max_attempts,
+                key,
+                None
+                if expires_in is None and expires_at is None
+                else expiry_ms(expires_in, expires_at),
+            )
 
         def add() -> Job:
-            return self.enqueue_many([payload], priority=priority, delay=delay, max_attempts=max_attempts,
-                                     job_ids=None if job_id is None else [job_id], key=key,
-                                     expires_in=expires_in, expires_at=expires_at)[0]
+            return self.enqueue_many(
+                [payload],
+                priority=priority,
+                delay=delay,
+                max_attempts=max_attempts,
+                job_ids=None if job_id is None else [job_id],
+                key=key,
+                expires_in=expires_in,
+                expires_at=expires_at,
+            )[0]
 
         if unique_for is None:
             return add()
@@ -320,10 +368,18 @@ class Queue:
         self._ctx.live()
         return self._ctx.gate.enqueue_unique(key, unique_for, add, self.get)
 
-    def enqueue_many(self, payloads: Sequence[Any], *, priority: int = 0, delay: float = 0.0,
-                     max_attempts: int | None = None, job_ids: Sequence[str] | None = None,
-                     key: str | None = None, expires_in: float | None = None,
-                     expires_at: float | None = None) -> list[Job]:
+    def enqueue_many(
+        self,
+        payloads: Sequence[Any],
+        *,
+        priority: int = 0,
+        delay: float = 0.0,
+        max_attempts: int | None = None,
+        job_ids: Sequence[str] | None = None,
+        key: str | None = None,
+        expires_in: float | None = None,
+        expires_at: float | None = None,
+    ) -> list[Job]:
         """Add many jobs with one lock hold and one durability sync.  Same arguments as :meth:`enqueue`
         (``key`` applies to every job of the batch; ``unique_for`` is for single enqueues).
 
@@ -331,20 +387,28 @@ class Queue:
         """
         self._ctx.live()
         attempts = self.max_attempts if max_attempts is None else max_attempts
-        return self._ctx.producer.enqueue(list(payloads), priority, due_delay(delay), attempts,
-                                      None if job_ids is None else list(job_ids), key,
-                                      expiry_ms(expires_in, expires_at))
+        return self._ctx.producer.enqueue(
+            list(payloads),
+            priority,
+            due_delay(delay),
+            attempts,
+            None if job_ids is None else list(job_ids),
+            key,
+            expiry_ms(expires_in, expires_at),
+        )
 
     # -- catching up ----------------------------------------------------------------------------------
 
-
-
-
-
     # -- lease --------------------------------------------------------------------------------------
 
-    def lease(self, count: int = 1, *, visibility_timeout: float | None = None, wait: float | None = None,
-              detach: bool = False) -> list[Job]:
+    def lease(
+        self,
+        count: int = 1,
+        *,
+        visibility_timeout: float | None = None,
+        wait: float | None = None,
+        detach: bool = False,
+    ) -> list[Job]:
         """Lease up to ``count`` due jobs, highest priority first, then by available_at and FIFO.
 
         A leased job is invisible to every other process until acked, nacked, its holder dies, or
@@ -383,21 +447,32 @@ class Queue:
         direct = None
         while True:
             with self._ctx.live_lock:
-                seen = ctl.wake_word()  # before looking for work: nothing appended after it is slept through
+                seen = (
+                    ctl.wake_word()
+                )  # before looking for work: nothing appended after it is slept through
                 self._ctx.refresh(quick=True)
                 if self._ctx.reap():
                     self._ctx.refresh()  # the reclaimed jobs moved their segments' change counters
                 direct = None
                 if not pause.queue_paused():  # a paused queue leases nothing; resume wakes sleepers
                     # With no limit and no paused key, plain jobs are leased in one C call each.
-                    direct = (None if self._ctx.gate.active() or pause.paused_keys()
-                              else self._ctx.leases.direct(vt, detach))
+                    direct = (
+                        None
+                        if self._ctx.gate.active() or pause.paused_keys()
+                        else self._ctx.leases.direct(vt, detach)
+                    )
                     floor_ms = time.time_ns() // 1_000_000 + int(vt * 1000)
                     if direct is not None:
                         direct.taken = 0
-                    got.extend(self._ctx.index.take(count - len(got),
-                                                lambda v, s, w, now: claim(v, s, w, now, vt, detach), self._ctx.gate,
-                                                skip, direct))
+                    got.extend(
+                        self._ctx.index.take(
+                            count - len(got),
+                            lambda v, s, w, now: claim(v, s, w, now, vt, detach),
+                            self._ctx.gate,
+                            skip,
+                            direct,
+                        )
+                    )
                     if direct is not None and direct.taken:  # they expire no sooner than this
                         ctl.lower_deadline_floor(floor_ms)
                 next_due = self._ctx.index.next_due_ms()
@@ -406,7 +481,9 @@ class Queue:
             left = deadline - time.monotonic()
             if left <= 0:
                 return got
-            nap = min(left, REAP_INTERVAL, self._ctx.reaper.until_floor())  # dead holders: seen within REAP_INTERVAL
+            nap = min(
+                left, REAP_INTERVAL, self._ctx.reaper.until_floor()
+            )  # dead holders: seen within REAP_INTERVAL
             if next_due is not None:
                 nap = min(nap, max(0.0, next_due / 1000 - time.time()) + 0.001)
             held_back = self._ctx.gate.nap()  # until a limit that holds a job back may let it go
@@ -464,15 +541,22 @@ class Queue:
         with self._ctx.live_lock:
             self._ctx.ring.ctl.wake()
 
-    def lease_one(self, *, visibility_timeout: float | None = None, wait: float | None = None,
-                  detach: bool = False) -> Job | None:
+    def lease_one(
+        self,
+        *,
+        visibility_timeout: float | None = None,
+        wait: float | None = None,
+        detach: bool = False,
+    ) -> Job | None:
         """Lease one job, or return None if none is due (after waiting up to ``wait`` seconds)."""
         jobs = self.lease(1, visibility_timeout=visibility_timeout, wait=wait, detach=detach)
         return jobs[0] if jobs else None
 
     # -- ack / nack / extend ------------------------------------------------------------------------
 
-    def ack(self, job: Job | str, *, result: Any = NO_RESULT, result_ttl: float = DEFAULT_RESULT_TTL) -> None:
+    def ack(
+        self, job: Job | str, *, result: Any = NO_RESULT, result_ttl: float = DEFAULT_RESULT_TTL
+    ) -> None:
         """Mark a leased job done.  Acking it again (same token, or by bare id) is harmless.
 
         Passing the :class:`Job` checks its fencing token; passing a bare id does not (for
@@ -593,7 +677,9 @@ class Queue:
         """The job with this id (a snapshot).  Raises JobNotFoundError if it is not retained."""
         return self._admin.get(job_id)
 
-    def list_jobs(self, state: JobState | str | None = None, *, limit: int | None = None) -> list[Job]:
+    def list_jobs(
+        self, state: JobState | str | None = None, *, limit: int | None = None
+    ) -> list[Job]:
         """Retained jobs in enqueue order, optionally only those in ``state``, at most ``limit``.
 
         ``state`` is a :class:`JobState` (or its value) or ``"delayed"``: READY jobs not yet due
@@ -765,7 +851,15 @@ class Queue:
             IANA zone), interval or priority;
             SerializationError for the payload; ScheduleFileError for a damaged schedule file.
         """
-        return self._schedules.schedule(name, payload, cron=cron, every=every, tz=tz, priority=priority, max_attempts=max_attempts)
+        return self._schedules.schedule(
+            name,
+            payload,
+            cron=cron,
+            every=every,
+            tz=tz,
+            priority=priority,
+            max_attempts=max_attempts,
+        )
 
     def schedules(self) -> list[Schedule]:
         """The periodic jobs of this queue (:class:`Schedule`), oldest first."""
@@ -798,5 +892,3 @@ class Queue:
 
     def __repr__(self) -> str:
         return f"Queue({str(self.path)!r}, name={self.name!r}, durability={self.durability!r})"
-
-

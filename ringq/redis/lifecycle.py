@@ -24,7 +24,9 @@ class RedisLifecycle:
     """Cancel, pause, progress and results of one Redis queue (the API is :class:`RedisQueue`'s);
     ``find(id)`` is the queue's ``get``."""
 
-    def __init__(self, scripts: Scripts, results: Results, name: str, find: Callable[[str], Job]) -> None:
+    def __init__(
+        self, scripts: Scripts, results: Results, name: str, find: Callable[[str], Job]
+    ) -> None:
         self.scripts = scripts
         self.results = results
         self.name = name

@@ -528,5 +528,3 @@ class RedisQueue:
 
     def __repr__(self) -> str:
         return f"RedisQueue({redact_url(self.url)!r}, name={self.name!r})"
-
-

@@ -251,5 +251,3 @@ def guard(url: str, fn: Callable[[], _T], *, changes: bool = True) -> _T:
         ) from exc
     except redis.ResponseError as exc:
         raise BackendError(f"Redis at {redact_url(url)} refused the operation: {exc}") from exc
-
-

@@ -43,8 +43,13 @@ class WorkerStats:
                 setattr(self, k, getattr(self, k) + v)
 
     def to_dict(self) -> dict[str, int]:
-        return {"leased": self.leased, "succeeded": self.succeeded, "failed": self.failed, "dead": self.dead,
-                "lost_leases": self.lost_leases}
+        return {
+            "leased": self.leased,
+            "succeeded": self.succeeded,
+            "failed": self.failed,
+            "dead": self.dead,
+            "lost_leases": self.lost_leases,
+        }
 
 
 class ProcessPool:
@@ -86,7 +91,10 @@ class ProcessPool:
             return None
         shared, fields = rows
         n = len(fields)
-        return {f: sum(shared[slot * n + i] for slot in range(len(shared) // n)) for i, f in enumerate(fields)}
+        return {
+            f: sum(shared[slot * n + i] for slot in range(len(shared) // n))
+            for i, f in enumerate(fields)
+        }
 
     def run(self, stats: WorkerStats) -> WorkerStats:
         """Run the children until every one has finished; their counts are added to ``stats``."""
@@ -109,8 +117,11 @@ class ProcessPool:
             # would run the parent's (copied by fork), or die of a SIGTERM sent by an early stop().
             mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
             try:
-                p = ctx.Process(target=_child_main, args=(spec, self.make_worker, opts, (shared, slot, fields), mask),
-                                daemon=False)
+                p = ctx.Process(
+                    target=_child_main,
+                    args=(spec, self.make_worker, opts, (shared, slot, fields), mask),
+                    daemon=False,
+                )
                 p.start()
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -131,20 +142,33 @@ class ProcessPool:
                     if code == 0:
                         continue
                     how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
-                    left = None if max_jobs is None else (
-                        max_jobs - shared[slot * len(fields) + fields.index("leased")])
+                    left = (
+                        None
+                        if max_jobs is None
+                        else (max_jobs - shared[slot * len(fields) + fields.index("leased")])
+                    )
                     if self.stop_event.is_set() or (left is not None and left <= 0):
                         log.error("worker process %d %s", p.pid, how)
                     elif restarts >= self.max_restarts:
-                        log.error("worker process %d %s; not replaced: the restart budget (%d) is spent",
-                                  p.pid, how, self.max_restarts)
+                        log.error(
+                            "worker process %d %s; not replaced: the restart budget (%d) is spent",
+                            p.pid,
+                            how,
+                            self.max_restarts,
+                        )
                     else:
                         restarts += 1
                         self.restarts = restarts
                         self.children[slot] = start(slot)
                         running[slot] = True
-                        log.error("worker process %d %s; replaced by %d (restart %d of %d)", p.pid, how,
-                                  self.children[slot].pid, restarts, self.max_restarts)
+                        log.error(
+                            "worker process %d %s; replaced by %d (restart %d of %d)",
+                            p.pid,
+                            how,
+                            self.children[slot].pid,
+                            restarts,
+                            self.max_restarts,
+                        )
                 time.sleep(0.05)
         except BaseException:  # a second SIGINT: abort, leaving nobody behind
             for p in self.children:

@@ -171,11 +171,20 @@ class Worker:
         detach = attach(self)
         try:
             if self.processes:
-                opts = dict(concurrency=self.concurrency, poll_interval=self.poll_interval, max_jobs=self.max_jobs,
-                            idle_timeout=self.idle_timeout, heartbeat=self.heartbeat)
+                opts = dict(
+                    concurrency=self.concurrency,
+                    poll_interval=self.poll_interval,
+                    max_jobs=self.max_jobs,
+                    idle_timeout=self.idle_timeout,
+                    heartbeat=self.heartbeat,
+                )
                 handler = self.handler
                 self.pool = ProcessPool(
-                    self.queue, self.processes, self.max_restarts, opts, self._stop,
+                    self.queue,
+                    self.processes,
+                    self.max_restarts,
+                    opts,
+                    self._stop,
                     lambda q, o: Worker(q, handler, handle_signals=False, progress=False, **o),
                 )
                 try:
@@ -183,9 +192,13 @@ class Worker:
                 finally:
                     self.restarts = self.pool.restarts
             self._last_busy = time.monotonic()
-            threads = [threading.Thread(target=self._loop, name=f"ringq-worker-{i}", daemon=True)
-                       for i in range(self.concurrency)]
-            beat = threading.Thread(target=self._heartbeat_loop, name="ringq-heartbeat", daemon=True)
+            threads = [
+                threading.Thread(target=self._loop, name=f"ringq-worker-{i}", daemon=True)
+                for i in range(self.concurrency)
+            ]
+            beat = threading.Thread(
+                target=self._heartbeat_loop, name="ringq-heartbeat", daemon=True
+            )
             for t in threads:
                 t.start()
             beat.start()
@@ -319,14 +332,20 @@ class Worker:
         with self._lease_outage_lock:
             if self._lease_outage is None:
                 self._lease_outage = (now, now, 1)
-                log.warning("lease failed: %s (retrying with backoff up to %g s)", text, LEASE_RETRY_MAX,
-                            exc_info=exc if log.isEnabledFor(logging.DEBUG) else None)
+                log.warning(
+                    "lease failed: %s (retrying with backoff up to %g s)",
+                    text,
+                    LEASE_RETRY_MAX,
+                    exc_info=exc if log.isEnabledFor(logging.DEBUG) else None,
+                )
                 return
             first, logged, count = self._lease_outage
             count += 1
             if now - logged >= LEASE_LOG_EVERY:
                 logged = now
-                log.warning("lease still failing after %.1f s (%d failures): %s", now - first, count, text)
+                log.warning(
+                    "lease still failing after %.1f s (%d failures): %s", now - first, count, text
+                )
             self._lease_outage = (first, logged, count)
 
     def _lease_recovered(self) -> None:
@@ -361,12 +380,20 @@ class Worker:
         if result is not None:
             # The traceback is for whoever asked for debug output (`ringq work -v`); the one-line
             # warning is always there.
-            log.warning("job %s failed (attempt %d of %d): %s", job.id, job.attempts, job.max_attempts, text,
-                        exc_info=exc if log.isEnabledFor(logging.DEBUG) else None)
+            log.warning(
+                "job %s failed (attempt %d of %d): %s",
+                job.id,
+                job.attempts,
+                job.max_attempts,
+                text,
+                exc_info=exc if log.isEnabledFor(logging.DEBUG) else None,
+            )
             if result.state is JobState.DEAD:
                 self.stats.add(dead=1)
                 # nobroker's Worker logs this line too; a program that watches for it keeps working.
-                log.error("job %s exhausted %d attempts and moved to the DLQ", job.id, result.max_attempts)
+                log.error(
+                    "job %s exhausted %d attempts and moved to the DLQ", job.id, result.max_attempts
+                )
 
     def _heartbeat_loop(self) -> None:
         # Beats until every handler thread has returned, so that handlers still running after
@@ -386,7 +413,9 @@ class Worker:
                 extended = self.queue.extend(job, seconds)
             except QueueClosedError:
                 return
-            except Exception as exc:  # lost (expired, purged, reclaimed) or a queue error: stop beating it
+            except (
+                Exception
+            ) as exc:  # lost (expired, purged, reclaimed) or a queue error: stop beating it
                 with self._inflight_lock:
                     racing = self._inflight.get(key) is not job
                 if not racing:  # (a beat that raced its own handler's ack or nack failed by design)
@@ -432,5 +461,3 @@ class Worker:
     def _observe(self, outcome: str, seconds: float) -> None:
         for fn in self.observers:
             fn(outcome, seconds)
-
-

@@ -4,7 +4,7 @@
  * (MAP_SHARED).  Every function that takes a mapping takes its base address *and* its length, and
  * checks every offset and length -- including the ones it reads out of the file itself -- before it
  * touches memory.  Nothing here allocates, and nothing here decides what a queue does; the Python
- * engine (ringq/ring.py and the modules under it) and the queue (ringq/queue.py) own the policy.
+ * engine (ringq/engine/ring.py and the modules under it) and the queue (ringq/local/queue.py) own the policy.
  *
  * Return convention (after LMDB): 0 or a positive count on success; a negative errno value (-EINTR,
  * -ENOSPC, ...) for an OS error; or one of the RINGQ_E* codes below, all of which lie in a reserved
@@ -52,7 +52,7 @@
 #define RINGQ_WHY_EXPIRED 1u /* the visibility timeout passed */
 #define RINGQ_WHY_DIED    2u /* the process holding the lease died */
 #define RINGQ_WHY_PURGED  3u
-/* Field positions of the state word (ringq/words.py takes them from here). */
+/* Field positions of the state word (ringq/engine/words.py takes them from here). */
 #define RINGQ_W_WHY_SHIFT   3
 #define RINGQ_W_CANCEL      0x20u /* bit 5: cancel flag (policy: only Python sets it) */
 #define RINGQ_W_LC_SHIFT    6
@@ -138,7 +138,7 @@ int ringq_fetch_add32(uint8_t *base, size_t maplen, size_t off, uint32_t delta, 
 /* A word packing (value << gen_bits) | generation: set value to min(value, v) and add one to the
  * generation (modulo 2**gen_bits), in one CAS loop; v is clamped to the bits above gen_bits.
  * gen_bits in [1, 63].  Returns 0, RINGQ_EINVAL or a bounds/alignment error.  The queue's
- * lease-deadline floor (ringq/control.py) is such a word. */
+ * lease-deadline floor (ringq/engine/control.py) is such a word. */
 int ringq_lower_packed64(uint8_t *base, size_t maplen, size_t off, uint32_t gen_bits, uint64_t v);
 
 /* ---- futex on a 32-bit word of a MAP_SHARED file mapping -------------------------------------- */
@@ -294,7 +294,7 @@ int ringq_ack_slot(uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t s
 
 /* ---- appends ------------------------------------------------------------------------------------ */
 /* Mutable words of a segment's header page that publishing an append updates (the state file's
- * header page, offsets in the mapping; docs/format.md "state file").  ringq/segment.py checks its
+ * header page, offsets in the mapping; docs/format.md "state file").  ringq/engine/segment.py checks its
  * own offsets against these. */
 #define RINGQ_SEG_OFF_TAIL     128u /* u32: next free slot */
 #define RINGQ_SEG_OFF_NRECORDS 160u /* u64: records published (heads below the tail) */
@@ -358,7 +358,7 @@ int ringq_append(int fd, uint64_t data_file_off, uint8_t *base, size_t maplen, c
  * the batch as ringq_append does (READY words whose time is available_ms - epoch_ms, clamped to
  * [0, RINGQ_TIME_MAX]), adding n to the enqueued word; then releases the lock and, if the
  * lock_waiters word is non-zero, bumps lock_wake and wakes one waiter on it (the protocol of
- * ringq/lock.py).  If w->wake is non-zero it then wakes consumers as Control.wake does: bumps
+ * ringq/engine/lock.py).  If w->wake is non-zero it then wakes consumers as Control.wake does: bumps
  * the wake word and, if the waiters word is non-zero, wakes every sleeper on it (for a strategy
  * with no sync between publishing and returning, so sleepers hear of the jobs at once).  *tmpl keeps the seq of the first record and the times, heads[] each head slot,
  * *end the new tail.

@@ -15,7 +15,7 @@ id      name         bytes on disk
                      UTF-8 key, u8 inner codec id (1-4), the inner codec's bytes
 ======  ===========  ===================================================================
 
-The ``keyed`` envelope carries a job's limit key (``enqueue(..., key=...)``, ringq/limits.py)
+The ``keyed`` envelope carries a job's limit key (``enqueue(..., key=...)``, ringq/local/limits.py)
 inside the payload bytes, so every path that copies a record's payload and codec verbatim
 (relocation, requeue, salvage) keeps the key without knowing about it.
 

@@ -18,7 +18,7 @@ def connect(
     target: str | os.PathLike[str], name: str = "default", **options: Any
 ) -> Queue | RedisQueue:
     """Open queue ``name``: a local :class:`ringq.Queue` for a directory path, a
-    :class:`ringq.redis_queue.RedisQueue` for a ``redis://``, ``rediss://`` or ``unix://`` URL.
+    :class:`ringq.redis.queue.RedisQueue` for a ``redis://``, ``rediss://`` or ``unix://`` URL.
 
     Both have the same methods, arguments, results and errors; ``options`` are passed on
     (storage options of the local queue, such as ``durability``, are ignored by the Redis one;

@@ -130,7 +130,7 @@ class ForeignQueueError(RingqError):
 
 class LimitError(RingqError, ValueError):
     """A limit could not be set: a bad name, cap or rate, or the limits table is full
-    (ringq/limits.py; 64 limits and 1024 live unique windows per queue)."""
+    (ringq/local/limits.py; 64 limits and 1024 live unique windows per queue)."""
 
 
 class LimitsFileError(CorruptionError):

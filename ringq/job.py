@@ -50,7 +50,7 @@ class Job:
             not on ``extend``; two snapshots of one job with equal versions saw the same state.
             Derived from the lease count: ``2 * leases``, minus one while leased.
         key: the limit key given to ``enqueue(..., key=...)`` (concurrency caps, rate limits and
-            unique windows apply per key: ringq/limits.py), or None.
+            unique windows apply per key: ringq/local/limits.py), or None.
         cancel_requested: True while LEASED if :meth:`Queue.cancel` asked its holder to stop
             (``extend`` and the worker's heartbeat return snapshots that show it).
         expires_at: seconds since the Unix epoch after which it is never leased (EXPIRED), or None.

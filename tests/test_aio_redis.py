@@ -1,4 +1,4 @@
-"""ringq.aio's storage seam (ringq/aio_store.py) on both backends, and what only Redis can do to
+"""ringq.aio's storage seam (ringq/aio/store.py) on both backends, and what only Redis can do to
 a serving process: refuse connections, drop them, restart.  Real redis-server processes."""
 
 import asyncio

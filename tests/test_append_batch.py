@@ -285,7 +285,7 @@ def test_producer_processes_each_job_stored_exactly_once(tmp_path):
 
 def test_the_one_call_append_follows_the_writer_locks_waiter_protocol(tmp_path):
     """An uncontended append takes and releases the flock inside one C call: on release it wakes
-    a registered waiter as ringq/lock.py's own release does, and leaves the lock free."""
+    a registered waiter as ringq/engine/lock.py's own release does, and leaves the lock free."""
     ring = Ring(tmp_path, "q", slot_size=SLOT, slot_count=64, durability="none")
     ring.finish(ring.append_one(JSON, b'"warm"', 0, 0, 5, KIND_JOB)[-1])  # the general way, once
     ctl = ring.ctl

@@ -1,4 +1,4 @@
-"""Durability strategies (ringq/durability.py): each one round-trips, group commit shares syncs
+"""Durability strategies (ringq/engine/durability.py): each one round-trips, group commit shares syncs
 across real processes without losing a job, the interval flusher and the state flush run.
 
 No assertion here is about speed; "fewer syncs than jobs" counts syscalls, it does not time them.

@@ -1,5 +1,5 @@
 """A child forked while other threads of its parent are inside calls of a Queue can use the queue:
-locks those threads held at the fork are replaced in the child (ringq/forksafe.py), so the child
+locks those threads held at the fork are replaced in the child (ringq/engine/forksafe.py), so the child
 never waits for a thread that does not exist in it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Concurrency caps, rate limits and unique windows across real processes (ringq/limits.py)."""
+"""Concurrency caps, rate limits and unique windows across real processes (ringq/local/limits.py)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@
 Theory of operation
 -------------------
 Storage is two kinds of ordinary ringq queues (``ringq stats/list`` see them), in a directory or
-on a Redis server (ringq/aio_store.py is the only code that knows which):
+on a Redis server (ringq/aio/store.py is the only code that knows which):
 
 * one *job queue* per kind, ``<name>-j-<kind>`` (``<name>-jh-<hash>`` for a kind that is not
   ``[A-Za-z0-9_]{1,40}``), whose records are ``{"kind": kind, "payload": payload}``.  A queue
@@ -27,7 +27,7 @@ on a Redis server (ringq/aio_store.py is the only code that knows which):
   error, times; the payload only if small, else it stays in the job record), appended with
   ``job_id=<job id>`` so that a job can finish only once;
 * nothing else: a job is unfinished while its job record is READY or LEASED, finished once its
-  result record exists, and pruned (by retention, ringq/aio_retention.py) once the result record
+  result record exists, and pruned (by retention, ringq/aio/retention.py) once the result record
   is DONE.
 
 Running a job: lease it (one process at a time) -> if a result already exists (a crash came
@@ -197,7 +197,7 @@ class Queue:
             _sweep_default(keep_seconds) if sweep_interval is None else sweep_interval
         )
         # The largest record (64-byte header + id + encoded payload), in bytes, on both backends:
-        # what one segment of the directory geometry holds (ringq/ring.py max_record_bytes).
+        # what one segment of the directory geometry holds (ringq/engine/ring.py max_record_bytes).
         self.max_record_bytes = min(int(slot_size) * int(slot_count), records.MAX_RECORD_FIELD)
         self._engine_opts = dict(
             durability=durability,

@@ -108,7 +108,7 @@ class DirStore:
         forksafe.register(self)
 
     def drop_inherited_locks(self) -> None:
-        """In a forked child (ringq/forksafe.py): close the copy of the sweep lock's descriptor,
+        """In a forked child (ringq/engine/forksafe.py): close the copy of the sweep lock's descriptor,
         which would otherwise keep a dead parent's flock held."""
         if self._fd >= 0:
             os.close(self._fd)

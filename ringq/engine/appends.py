@@ -202,7 +202,7 @@ class Appender:
     ]:
         """Publish ``n`` new jobs under the writer lock with one ``ringq_append`` per segment touched.
 
-        The batch comes packed (ringq/producer.py builds it): ``codecs`` one byte per job,
+        The batch comes packed (ringq/local/producer.py builds it): ``codecs`` one byte per job,
         ``payload_lens`` (u32) and ``id_lens`` (u16, None: no explicit ids) per job, and ``data``
         their ids and payloads back to back; ``largest`` is the length in bytes of its longest
         record (header included), which the caller checked against :meth:`max_record_bytes`.  Every

@@ -1,5 +1,5 @@
 """Catching up: how a reader's index learns what other processes did -- new segments, new records
-(validated by ``ringq_seg_scan``, read into the per-slot arrays and lanes of ringq/views.py), jobs
+(validated by ``ringq_seg_scan``, read into the per-slot arrays and lanes of ringq/engine/views.py), jobs
 returned to READY -- cheaply when nothing moved.  A :class:`CatchUp` belongs to one
 :class:`ringq.engine.index.Index`: it fills the index's views and known ids and hands jobs to its
 ordering (``park``, ``queue_lane``, ``queue_lane_next``); the catch-up stamp and the scan buffer

@@ -34,7 +34,7 @@ OFF_CTL_CHANGE = 96  # u64: bumped whenever any job returns to READY (hint to re
 OFF_BOOT = (
     104  # 16 bytes: the kernel boot id of the boot in which recovery last ran (zero: unknown)
 )
-# Durability words (ringq/durability.py), in the free space after 104.
+# Durability words (ringq/engine/durability.py), in the free space after 104.
 OFF_SYNCED = 192  # u64: group commit's synced-up-to watermark, a position (seg seq << 24) | slot
 OFF_SYNC_COUNT = (
     200  # u64: append syncs issued by all processes (any strategy); for tests and bench

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 A record is written with ``pwrite`` into its segment's record file, then *published* by the
-release-store of its state word into the state file's shared mapping (ringq/ring.py).  From then on
+release-store of its state word into the state file's shared mapping (ringq/engine/ring.py).  From then on
 every process sees it and a process crash cannot lose it: the page cache owns the bytes.  The record
 bytes on disk are the commit point: recovery makes an intact record READY whatever its state word
 says, so only the record file is synced for an append.  Only a kernel crash or a power loss can, until the pages are written back.
@@ -108,7 +108,7 @@ class Strategy:
         _LIVE.add(self)
 
     def drop_inherited_locks(self) -> None:
-        """In a forked child (ringq/forksafe.py): drop the parent's descriptors and thread locks now."""
+        """In a forked child (ringq/engine/forksafe.py): drop the parent's descriptors and thread locks now."""
         self._reset()
 
     def _reset(self) -> None:
@@ -174,7 +174,7 @@ class Strategy:
 
     def note_ack(self, seg: Segment, slot: int, word: int) -> None:
         """An ack or nack of this thread wrote state word ``word`` into ``slot``.  Under
-        ``sync_acks`` it is journaled (ringq/ackjournal.py) by :meth:`sync_acks_now`, which the
+        ``sync_acks`` it is journaled (ringq/engine/ackjournal.py) by :meth:`sync_acks_now`, which the
         caller runs before it returns, after its locks are released: a batch shares one sync."""
         if self.sync_acks:
             pend = self._acks.pending
@@ -209,7 +209,7 @@ class Strategy:
         }
 
     def synced_position(self) -> int:
-        """Group commit's synced-up-to watermark (a position, ringq/words.py); 0 if never raised."""
+        """Group commit's synced-up-to watermark (a position, ringq/engine/words.py); 0 if never raised."""
         return self.ring.ctl.load64(OFF_SYNCED)
 
     # -- the flusher ----------------------------------------------------------------------------

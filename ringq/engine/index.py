@@ -13,7 +13,7 @@ Built from validated scans of newly published records (never by iterating jobs i
   segment's change counter; readers seeing it move give those jobs individual entries.
 
 The index decides *which* job to try next; claiming it (the CAS) is the caller's.  What it knows
-per segment is ringq/views.py; how it learns of other processes' work, ringq/catchup.py.
+per segment is ringq/engine/views.py; how it learns of other processes' work, ringq/engine/catchup.py.
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ class Index:
         """Try candidates best first until ``want`` claims succeed or none is left.
 
         ``claim(view, slot, word, now)`` attempts one job and returns a result or None (lost the
-        race, or not leasable after all).  ``held_back`` is the limits gate (ringq/limits.py):
+        race, or not leasable after all).  ``held_back`` is the limits gate (ringq/local/limits.py):
         jobs it held back are offered again (``reoffer()``), and a lane moves past a job it holds
         (``blocked(segseq, slot)``), which then waits in the gate, not in the lane.
         ``skip(view, slot)``, if given, passes over a job for this call (a paused key): it keeps

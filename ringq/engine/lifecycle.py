@@ -8,7 +8,7 @@
   lease reads before it looks for work, and a table of paused keys.  It is durable: a paused queue
   stays paused across restarts until resumed.
 * **Progress** frames go to a per-segment side file ``<name>.<seq>.prog`` with the error side
-  file's frame format (ringq/errtext.py): text ``"<fraction>\\t<message>"`` tagged with the slot and
+  file's frame format (ringq/engine/errtext.py): text ``"<fraction>\\t<message>"`` tagged with the slot and
   the lease count, so a stale holder's report is never shown for a later lease.
 
 Layouts: docs/format.md.  Nothing here reaches into another module's private state.
@@ -109,7 +109,7 @@ def key_of(seg: Segment, slot: int) -> str | None:
     """The key of the job at ``slot`` (the short string given at ``enqueue(..., key=...)``), or
     None: read from the record's bytes without decoding the payload.
 
-    The one place a job's key is read (per-key pause here, limits in ringq/limits.py): the key is
+    The one place a job's key is read (per-key pause here, limits in ringq/local/limits.py): the key is
     the keyed envelope (codec.KEYED) around the payload's codec bytes, which an expiring record
     (KIND_EXPIRES) prefixes with its 8-byte expiry."""
     base = seg.data_off + slot * seg.slot_size

@@ -1,7 +1,7 @@
 """The limits file ``<name>.limits``: its layout, validation, the sequence-locked table of
 limits, and the words processes share through it (token buckets, cap-slot locks).
 
-docs/limits.md has the layout; ringq/limits.py has the theory of operation.  The table is written
+docs/limits.md has the layout; ringq/local/limits.py has the theory of operation.  The table is written
 under an ``flock`` of the file and published with a sequence lock: a generation word that is odd
 while a writer changes entries.  Readers copy the table when the generation moves.  A writer killed
 mid-change leaves the generation odd: the next reader that can take the ``flock`` re-checks every

@@ -4,7 +4,7 @@ Only appenders (and the few operations that must see every published record: ide
 requeue, relocation, recovery) take it; readers never do.  ``flock`` has no timeout, so a waiter
 sleeps on a futex word of the control page that a releaser bumps when it sees waiters, and gives up
 with LockTimeoutError after ``timeout`` seconds.  Reentrant within a thread.  Fork-safe: a child
-closes its copy of the descriptor at once (ringq/forksafe.py) and opens its own on first use.
+closes its copy of the descriptor at once (ringq/engine/forksafe.py) and opens its own on first use.
 
 An uncontended append takes and releases the flock inside one C call (``ringq_append_fast``,
 holding only the thread lock here: :meth:`WriterLock.enter_thread`) and follows the same waiter

@@ -2,7 +2,7 @@
 
 A vectorised pass over the state tables finds LEASED words whose deadline passed (reclaimed as
 *expired*) and leases whose holder is gone (reclaimed as *holder died*): the owner index in the
-owner word is probed with ``F_OFD_GETLK`` (ringq/owner.py); an unlocked index means the holder is
+owner word is probed with ``F_OFD_GETLK`` (ringq/engine/owner.py); an unlocked index means the holder is
 dead.  The reclaimer holds that index's lock itself while it reclaims, so no new process can adopt
 the index mid-way.  Reclaiming CASes ``LEASED(n)`` to ``READY(n)`` with the reason, or to ``DEAD(n)``
 when the attempts are used up.  Reads show leases a reclaim would end as what it would make them

@@ -108,7 +108,7 @@ class NewRecord:
     delay_ms: int = 0
     max_attempts: int = 5
     attempts_before: int = 0
-    supersedes: int = 0  # position (ringq/words.py) of the record this one replaces, or 0
+    supersedes: int = 0  # position (ringq/engine/words.py) of the record this one replaces, or 0
     state: int = (
         ST_READY  # the state the record is published in (READY, or DEAD for a relocated dead job)
     )

@@ -2,24 +2,24 @@
 
 Files of queue ``<name>`` in its directory (byte layouts in ``docs/format.md``)::
 
-    <name>.lock            flock target for writers; never holds data (ringq/lock.py)
-    <name>.ctl             one page of shared words (ringq/control.py)
-    <name>.owners          one byte per lease owner, each held by an OFD lock (ringq/owner.py)
-    <name>.<seq>.seg       record files: header page, fixed-size slots of records (ringq/segment.py)
+    <name>.lock            flock target for writers; never holds data (ringq/engine/lock.py)
+    <name>.ctl             one page of shared words (ringq/engine/control.py)
+    <name>.owners          one byte per lease owner, each held by an OFD lock (ringq/engine/owner.py)
+    <name>.<seq>.seg       record files: header page, fixed-size slots of records (ringq/engine/segment.py)
     <name>.<seq>.state     state files: header words and the state table of segment <seq>
-    <name>.<seq>.err       per-segment side file of nack error texts (ringq/errtext.py)
+    <name>.<seq>.err       per-segment side file of nack error texts (ringq/engine/errtext.py)
 
 *Append* (producers): take the writer lock -> read the tail segment and its tail from the shared
 mappings (never from a cache kept across the lock) -> repair a tail left behind by a crash ->
 plan, and create every new segment the batch needs -> reserve seqs -> write the batch with one
 ``ringq_append`` per segment (headers, CRCs, one ``pwrite``) -> publish it in order (release-store
 of each state word, then the segment's tail), linking each new segment after the one before it is
-published -> release the lock -> apply the durability strategy (ringq/durability.py) -> wake
+published -> release the lock -> apply the durability strategy (ringq/engine/durability.py) -> wake
 sleeping consumers.  A batch that spans segments is written whole before any of it is published.
 
 *Rotation* seals the full segment (after storing its final tail) and links a new, complete,
-fsynced one.  Readers never take the lock (ringq/index.py); recovery is ringq/recovery.py,
-retirement ringq/segments.py.
+fsynced one.  Readers never take the lock (ringq/engine/index.py); recovery is ringq/engine/recovery.py,
+retirement ringq/engine/segments.py.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class Ring:
         slot_size, slot_count: geometry of new segments, used only when the queue is created
             (bytes per slot, multiple of 64; slots per segment).  An existing queue keeps its own.
         durability, flush_interval, sync_acks, state_flush_interval: the durability strategy
-            (ringq/durability.py; docs/durability.md says what each survives).
+            (ringq/engine/durability.py; docs/durability.md says what each survives).
         lock_timeout: seconds to wait for the writer lock before LockTimeoutError.
         mode: permission bits of files created (directories get the matching x bits).
         allow_network_fs: open a queue on NFS/SMB anyway (flock and shared mappings do not work
@@ -196,7 +196,7 @@ class Ring:
             raise
 
     def drop_inherited_locks(self) -> None:
-        """In a forked child (ringq/forksafe.py): replace the map lock, which a parent thread (the
+        """In a forked child (ringq/engine/forksafe.py): replace the map lock, which a parent thread (the
         flusher) may have held at the fork; the child has no such thread."""
         self.segs.maplock = threading.Lock()
 

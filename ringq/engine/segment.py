@@ -12,7 +12,7 @@ Each file is created whole (``posix_fallocate``, then zero-filled page by page s
 sync converts unwritten extents), its header written and fsynced, and only then renamed to its final
 name; the state file first, the record file second, then the directory is fsynced.  The record file
 is the segment's identity: a state file without one is a creation or retirement cut short, and a
-record file without its state file gets a fresh one at open (ringq/recovery.py).  A file is
+record file without its state file gets a fresh one at open (ringq/engine/recovery.py).  A file is
 validated from ``pread`` bytes *before* it is mapped, and only the lengths its header declares --
 checked against the file's real size -- are mapped, so a truncated or foreign file is refused
 instead of raising SIGBUS later.
@@ -78,7 +78,7 @@ OFF_RETIRED = (
 OFF_FINISHED = lib.RINGQ_SEG_OFF_FINISHED  # u64: records that reached DONE or GONE
 OFF_NRECORDS = lib.RINGQ_SEG_OFF_NRECORDS  # u64: records published (heads below the tail)
 OFF_LAST_SEQ = lib.RINGQ_SEG_OFF_LAST_SEQ  # u64: seq of the last record published here
-OFF_JTAIL = 176  # u64: bytes of the ack journal reserved by writers (ringq/ackjournal.py)
+OFF_JTAIL = 176  # u64: bytes of the ack journal reserved by writers (ringq/engine/ackjournal.py)
 OFF_JSIZE = 184  # u64: bytes of the ack journal zero-filled so far
 
 
@@ -405,7 +405,7 @@ class Segment(Mapped):
 
     def cas_state(self, slot: int, expected: int, desired: int) -> tuple[bool, int]:
         """CAS the state word of ``slot``; ``(swapped, current word)``.  The change must be a
-        transition of ringq/transitions.py (StateTransitionError otherwise)."""
+        transition of ringq/engine/transitions.py (StateTransitionError otherwise)."""
         transitions.check(expected, desired)
         return self.cas64(self.state_off + slot * 16, expected, desired)
 

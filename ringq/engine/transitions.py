@@ -1,6 +1,6 @@
 """The job state machine: which state-word changes are allowed, and the words each operation writes.
 
-Every CAS on a state word goes through :meth:`ringq.segment.Segment.cas_state`, which consults
+Every CAS on a state word goes through :meth:`ringq.engine.segment.Segment.cas_state`, which consults
 :data:`TRANSITIONS` and refuses (``StateTransitionError``) a change the table does not list: the
 table is the state machine, not a description of it.  The functions below compute the new word of
 each operation from the old one; the queue and the reaper only choose which to apply.

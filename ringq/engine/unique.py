@@ -1,7 +1,7 @@
 """Unique windows: ``enqueue(..., key=k, unique_for=s)`` adds a job only if no window of ``k`` is open.
 
 A window is an entry ``(hash of k, expiry, job id)`` in the unique table of the limits file
-(ringq/limits_file.py; docs/limits.md has the layout), written under the file's ``flock``.  While
+(ringq/engine/limits_file.py; docs/limits.md has the layout), written under the file's ``flock``.  While
 an entry is live, an enqueue of ``k`` returns the job that opened the window instead of adding one.
 """
 

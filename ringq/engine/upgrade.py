@@ -1,7 +1,7 @@
 """``ringq upgrade``: turn a queue directory's format-1 segments into format 2, in place.
 
 A format-1 segment is one file: header page, state table, slots.  Format 2 keeps the same header
-words and state table in a state file and the slots in a record file (ringq/segment.py,
+words and state table in a state file and the slots in a record file (ringq/engine/segment.py,
 docs/format.md).  Each segment is converted under the queue's writer lock, in an order that a
 SIGKILL or a power loss at any step leaves openable with every job:
 

@@ -2,7 +2,7 @@
 
 Nothing here takes the writer lock, repairs, quarantines or creates anything: it opens the control
 file and each segment as they are, validates every segment header, scans every published record
-(heads below each segment's tail) with the C helper's CRC check (:func:`ringq.records.scan`), and
+(heads below each segment's tail) with the C helper's CRC check (:func:`ringq.engine.records.scan`), and
 reads state words with plain loads.  A queue in use may change while it is read; a record being
 written is never counted as damage because only heads below the published tail are checked.
 
@@ -271,7 +271,7 @@ def _segment(
                 name = "delayed"
             unrun = ended_unrun(word)
             if unrun:
-                name = unrun  # DONE with the cancel flag: cancelled or expired (ringq/words.py)
+                name = unrun  # DONE with the cancel flag: cancelled or expired (ringq/engine/words.py)
             rep.counts[name] = rep.counts.get(name, 0) + 1
             offset = seg.record_file_off(slot)
             if not ok:

@@ -1,6 +1,6 @@
 """What a reader knows of each segment: the per-slot copy of its records' immutable fields
 (``View``), its lanes (``Lane``), the growable vectors behind them (``Grow``), and the keys jobs
-are ordered by (``order``, ``due``).  Built by ringq/catchup.py, ordered by ringq/index.py."""
+are ordered by (``order``, ``due``).  Built by ringq/engine/catchup.py, ordered by ringq/engine/index.py."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def now_ms() -> int:
 
 class Direct:
     """How :meth:`Index.take` leases plain candidates itself: for ``vt_ms`` milliseconds, with
-    owner word ``owner_base`` (ringq/words.py owner_pack with lease count 0); ``made(view, slot,
+    owner word ``owner_base`` (ringq/engine/words.py owner_pack with lease count 0); ``made(view, slot,
     word)`` returns the caller's result for a job just leased (or None to drop it); ``taken``
     counts the jobs leased so (the caller resets it)."""
 

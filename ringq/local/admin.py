@@ -1,7 +1,7 @@
 """Whole-queue operations: listing, counting, requeueing the dead, purging, compaction, introspection.
 
 Reads show a lease that a reclaim would end (expired, or held by a dead process) as what the
-reclaim would make it, without writing (ringq/reaper.py, ``show_reclaimed``).
+reclaim would make it, without writing (ringq/engine/reaper.py, ``show_reclaimed``).
 """
 
 from __future__ import annotations

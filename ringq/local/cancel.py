@@ -1,9 +1,9 @@
 """Cancelling jobs (docs/lifecycle.md); expiry before start is ringq/engine/lifecycle.py's.
 
-Both are one CAS on the job's state word, to DONE with the cancel flag (ringq/words.py): reason
+Both are one CAS on the job's state word, to DONE with the cancel flag (ringq/engine/words.py): reason
 END_CANCELLED or END_EXPIRED.  A leased job cannot be taken from its holder, so cancelling it only
 sets the cancel flag on its LEASED word; the holder sees it on its next extend, and whatever ends
-that lease ends the job cancelled (ringq/transitions.py, ``acked`` and ``failed``).
+that lease ends the job cancelled (ringq/engine/transitions.py, ``acked`` and ``failed``).
 """
 
 from __future__ import annotations

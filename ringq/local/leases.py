@@ -2,9 +2,9 @@
 
 A claim CASes ``READY(n, due)`` to ``LEASED(n+1, now + visibility timeout)`` (a failed CAS means
 another process got there first), then tags the owner word with this process's owner index and
-``n+1`` (ringq/owner.py).  Ack, nack and extend CAS from ``LEASED(n)`` and are refused with
+``n+1`` (ringq/engine/owner.py).  Ack, nack and extend CAS from ``LEASED(n)`` and are refused with
 NotLeasedError, saying what happened, when the word is not a lease held with the caller's token.
-The words written are computed by ringq/transitions.py; durability of acks is ringq/durability.py's.
+The words written are computed by ringq/engine/transitions.py; durability of acks is ringq/engine/durability.py's.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class Leases:
         gate: LimitGate,
     ) -> None:
         self.ring = ring
-        self.gate = gate  # concurrency caps and rate limits (ringq/limits.py)
+        self.gate = gate  # concurrency caps and rate limits (ringq/local/limits.py)
         self.index = index
         self.owners = owners
         self.relocator = relocator
@@ -117,7 +117,7 @@ class Leases:
     def claim(self, view: View, slot: int, w: int, now: int, vt: float, detach: bool) -> Job | None:
         """Lease the READY job with word ``w`` for ``vt`` seconds; None if another process won."""
         seg = view.seg
-        # -- lifecycle: a job never leased before its expires-at never runs (ringq/lifecycle.py);
+        # -- lifecycle: a job never leased before its expires-at never runs (ringq/engine/lifecycle.py);
         # one leased in time has started, so its retries are not expiries.
         # (A relocated copy carries its attempts in the record, not in its fresh lease count.)
         exp = None if lease_count(w) or view.attb[slot] else lifecycle.expires_ms(seg, slot)
@@ -305,7 +305,7 @@ class Leases:
         seg = view.seg
         self._release_slot(seg, slot)
         if token is None or token > 0:
-            # The common case in one C call: LEASED with this token -> DONE (ringq/transitions.py
+            # The common case in one C call: LEASED with this token -> DONE (ringq/engine/transitions.py
             # allows it; a cancel-requested lease comes back as 3 for the policy below).
             answer, word, finished = claim.ack_slot(
                 seg, slot, token or 0, max(0, now_ms() - seg.epoch_ms), self.ring.ctl

@@ -10,7 +10,7 @@ fixed-layout file every process maps (docs/limits.md has the layout):
 * **Concurrency cap** ``c``: the cap of limit *i* is ``c`` one-byte ranges of the limits file,
   starting at ``LOCK_BASE + i * MAX_CONCURRENCY`` (far past its end: a lock needs no bytes).  A
   lease of a keyed job first takes an exclusive OFD lock (``F_OFD_SETLK``, as the owner locks of
-  ringq/owner.py) on one free byte of its key's range; no free byte means the key is at its cap
+  ringq/engine/owner.py) on one free byte of its key's range; no free byte means the key is at its cap
   and the job stays READY.  The byte is unlocked at ack or nack; the kernel drops it when the
   holder dies, however it dies, so a SIGKILLed holder's slot is free at once.
 * **Rate limit** ``n`` per ``per`` seconds: a token bucket kept in one 64-bit word, changed only
@@ -28,8 +28,8 @@ is odd while a writer changes entries); readers copy the table when the generati
 killed mid-change leaves the generation odd: the next reader that can take the ``flock`` re-checks
 every entry's CRC, drops torn ones and makes the generation even again.
 
-The parts: ringq/limits_file.py owns the file (layout, validation, repair, the sequence lock, the
-bucket words and cap-slot locks); ringq/unique.py the unique windows; this module the gate a lease
+The parts: ringq/engine/limits_file.py owns the file (layout, validation, repair, the sequence lock, the
+bucket words and cap-slot locks); ringq/engine/unique.py the unique windows; this module the gate a lease
 passes (:class:`LimitGate`: admit, bind, undo, release, reoffer, nap) and the Queue's limits API.
 """
 
@@ -156,7 +156,7 @@ class LimitGate:
         burst: int | None,
     ) -> None:
         """Create, change or (with neither ``concurrency`` nor ``rate``) remove the limit ``name``
-        (:meth:`ringq.limits_file.LimitsFile.set_limit`)."""
+        (:meth:`ringq.engine.limits_file.LimitsFile.set_limit`)."""
         with self._mutex:
             self._file.set_limit(name, concurrency, rate, burst)
 
@@ -365,7 +365,7 @@ class LimitGate:
         self, key: str, unique_for: float, enqueue: Callable[[], Job], find: Callable[[str], Job]
     ) -> Job:
         """Run ``enqueue()`` unless a unique window for ``key`` is open; then return ``find(id)``
-        of the job that opened it (ringq/unique.py).  Raises DuplicateJobError if that job is no
+        of the job that opened it (ringq/engine/unique.py).  Raises DuplicateJobError if that job is no
         longer retained, LimitError if ``unique_for`` is not a positive number of seconds or the
         table is full."""
         with self._mutex:

@@ -2,18 +2,18 @@
 
 Theory of operation
 -------------------
-Producers append records through the engine (ringq/ring.py) under its flock.  Everything else is
-lock-free: a job's mutable state is one 8-byte state word (ringq/words.py) and every change is a CAS
-on it that the job state machine allows (ringq/transitions.py), so any number of processes lease,
+Producers append records through the engine (ringq/engine/ring.py) under its flock.  Everything else is
+lock-free: a job's mutable state is one 8-byte state word (ringq/engine/words.py) and every change is a CAS
+on it that the job state machine allows (ringq/engine/transitions.py), so any number of processes lease,
 ack and reclaim concurrently and a CAS that fails simply means another process got there first.
 
 This class is the public API and the only coordinator of the modules below it: the reader's
-index (ringq/index.py), the reaper (ringq/reaper.py), straggler relocation (ringq/relocate.py),
-job snapshots (ringq/snapshot.py) and the engine (ringq/ring.py).
+index (ringq/engine/index.py), the reaper (ringq/engine/reaper.py), straggler relocation (ringq/engine/relocate.py),
+job snapshots (ringq/engine/snapshot.py) and the engine (ringq/engine/ring.py).
 
 Leases carry a fencing token (the job's lease count); ack/nack/extend CAS on a word that includes
 it, so a stale holder is refused with NotLeasedError.  A lease also records its holder's owner index
-(ringq/owner.py); a lease whose owner process is gone is reclaimed at once by whoever notices,
+(ringq/engine/owner.py); a lease whose owner process is gone is reclaimed at once by whoever notices,
 otherwise when its visibility timeout passes.
 """
 
@@ -105,7 +105,7 @@ class Queue:
         allow_foreign: open the queue even in a directory holding a nobroker queue (a log
             ``<name>.NNNNNN.log``) not yet imported there; refused by default, whatever ``name``,
             with ForeignQueueError, whose message says to run ``ringq import-nobroker DIR``
-            (ringq/foreign.py check_not_foreign).
+            (ringq/local/foreign.py check_not_foreign).
         auto_ids: False for a queue whose every job has a caller id (a companion queue keyed by
             another queue's job ids, such as a results queue): enqueue without an id is refused,
             and ids of the automatic form are allowed, since none is ever made here (ringq/ids.py).
@@ -117,7 +117,7 @@ class Queue:
             (docs/benchmarks.md, fan-out).
 
     Attributes:
-        options: the frozen :class:`~ringq.options.QueueOptions` the queue was opened with.
+        options: the frozen :class:`~ringq.local.options.QueueOptions` the queue was opened with.
 
     Raises:
         ValueError: invalid name or settings.  OSError: directory not creatable/writable (the
@@ -260,7 +260,7 @@ class Queue:
             self._schedules.close()
 
     def drop_inherited_locks(self) -> None:
-        """In a forked child (ringq/forksafe.py): a parent thread may have been inside a call of
+        """In a forked child (ringq/engine/forksafe.py): a parent thread may have been inside a call of
         this queue at the fork, holding its lock, which no thread of the child will ever release."""
         self._ctx.new_lock()
 
@@ -277,7 +277,7 @@ class Queue:
     def __del__(self) -> None:
         # Never blocks.  During interpreter shutdown daemon threads (a worker's, a flusher's) are
         # frozen wherever they stood and may hold any lock close() takes, so nothing is done
-        # there: the exit hook of ringq/durability.py already flushed, and the OS drops the
+        # there: the exit hook of ringq/engine/durability.py already flushed, and the OS drops the
         # descriptors, mappings and flocks.  Otherwise close only if the queue lock is free.
         try:
             if self._ctx.closed or sys.is_finalizing():

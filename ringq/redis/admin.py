@@ -1,6 +1,6 @@
 """Reads and whole-queue operations on the Redis backend: that part of :class:`ringq.RedisQueue`'s
 API (get, list_jobs, dlq, stats, requeue_dead, purge, import_jobs, server_identity), as
-ringq/local/admin.py's Admin is for the local Queue.  Each is one script of ringq/_redis_lua.py,
+ringq/local/admin.py's Admin is for the local Queue.  Each is one script of ringq/redis/lua.py,
 so a read sees one consistent instant.
 """
 

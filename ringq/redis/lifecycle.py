@@ -1,6 +1,6 @@
 """Cancel, pause, progress and results on the Redis backend: that part of
 :class:`ringq.RedisQueue`'s API, as ringq/local/lifecycle.py's Lifecycle is for the local Queue.
-docs/lifecycle.md describes the behaviour; each transition is one script of ringq/_redis_lua.py.
+docs/lifecycle.md describes the behaviour; each transition is one script of ringq/redis/lua.py.
 """
 
 from __future__ import annotations

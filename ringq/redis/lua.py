@@ -1,4 +1,4 @@
-"""The server-side Lua scripts of the Redis backend (ringq/redis_queue.py): one per transition.
+"""The server-side Lua scripts of the Redis backend (ringq/redis/queue.py): one per transition.
 
 Each script runs atomically on the server, so a transition (enqueue, lease, ack, nack, extend,
 expiry, requeue, purge) is all-or-nothing and never interleaves with another.  Every key a script

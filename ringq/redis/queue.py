@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-Every transition of a job is one server-side Lua script (ringq/_redis_lua.py) run with EVALSHA, so
+Every transition of a job is one server-side Lua script (ringq/redis/lua.py) run with EVALSHA, so
 it is atomic; all keys of a queue share the hash tag ``{ringq:<name>}``, so a queue lives in one
 hash slot and works on Redis Cluster.  Times are the server's clock.
 

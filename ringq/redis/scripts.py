@@ -2,10 +2,10 @@
 jobs and errors.
 
 :class:`Scripts` owns one queue's redis-py client and key names, loads each script of
-ringq/_redis_lua.py once and runs it with ``EVALSHA`` (loading it again if the server lost its
+ringq/redis/lua.py once and runs it with ``EVALSHA`` (loading it again if the server lost its
 script cache), waits for replicas with ``WAIT`` when asked, and maps redis-py's exceptions to
 ringq's (:func:`guard`).  :func:`job_from_reply` and :func:`refuse` read the scripts' replies.
-ringq/redis_queue.py builds the public API on them.
+ringq/redis/queue.py builds the public API on them.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class Scripts:
         return guard(self.url, fn, changes=changes)
 
     def run(self, script: str, args: Sequence[Any], write: bool = False) -> Any:
-        """Run ``script`` (a name of ringq/_redis_lua.py's SCRIPTS) on the queue's keys with ``args``
+        """Run ``script`` (a name of ringq/redis/lua.py's SCRIPTS) on the queue's keys with ``args``
         and return its reply.  ``write``: wait for ``min_replicas`` after it.  Raises
         QueueClosedError, ConnectionLostError, BackendError, ReplicationTimeoutError."""
         self.live()

@@ -24,7 +24,7 @@ endpoint                   same JSON as
 ``/api/list?state=S``      ``ringq list --json --state S``
 ``/api/dlq``               ``ringq dlq --json``
 ``/api/verify``            ``ringq verify --json`` (runs a verify)
-``/api/overview``          the event stream's payload (ringq/view.py)
+``/api/overview``          the event stream's payload (ringq/web/view.py)
 ``/api/leases``            in-flight leases with holder and deadline
 ``/api/dead-groups``       dead letters grouped by error
 ``/api/jobs/{id}``         ``ringq get --json ID`` plus payload and

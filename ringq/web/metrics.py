@@ -1,7 +1,7 @@
 """Prometheus metrics of a queue and of a worker, in the text exposition format (extra ``[metrics]``).
 
 Served by ``ringq --dir DIR metrics --port N`` and by ``Worker(metrics_port=N)``, on 127.0.0.1.
-Queue metrics are read at each scrape (ringq/view.py: the control file's cumulative counters and
+Queue metrics are read at each scrape (ringq/web/view.py: the control file's cumulative counters and
 one copy of each state table), so every process of the host reports the same numbers; worker
 metrics count what that worker process did.  Rates are the Prometheus way: ``rate()`` of the
 ``_total`` counters.

@@ -3,7 +3,7 @@
 
 Every function here only reads: counts come from :meth:`ringq.Queue.stats` (the control file's
 cumulative counters and one copy of each state table), per-record facts (priority, holder) from
-:func:`ringq.verify.examine`, which validates every retained record.  A view therefore costs time
+:func:`ringq.engine.verify.examine`, which validates every retained record.  A view therefore costs time
 in proportion to the retained jobs; it is meant for a monitor's scrape interval, not a hot loop.
 The JSON shapes of :func:`stats`, :func:`jobs`, :func:`dead` and :func:`verify` are exactly what
 ``ringq stats|list|dlq|verify --json`` print.
@@ -56,7 +56,7 @@ def dead(q: Queue, limit: int | None = None) -> list[dict[str, Any]]:
 
 
 def verify_summary(rep: QueueFiles) -> dict[str, Any]:
-    """``ringq verify --json`` of an :func:`ringq.verify.examine` report."""
+    """``ringq verify --json`` of an :func:`ringq.engine.verify.examine` report."""
     notes = rep.notes + [f"{s.path}: {n}" for s in rep.segments for n in s.notes]
     return {
         "ok": not rep.damaged,

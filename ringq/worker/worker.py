@@ -449,7 +449,7 @@ class Worker:
 
         return restore
 
-    # -- live numbers (ringq/progress.py, ringq/metrics.py) ------------------------------------------
+    # -- live numbers (ringq/worker/progress.py, ringq/web/metrics.py) ------------------------------------------
 
     def live_stats(self) -> dict[str, int]:
         """What this run has done so far (``WorkerStats.to_dict()`` form); in processes mode the

@@ -11,7 +11,7 @@
  * ringq_claim_next (the one-call lease of a lane's first job) and, for jobs returned to READY, a
  * plain CAS (the Python policy path); a reaper thread returns some leases to READY (as an expired
  * lease is), and consumers ack with ringq_ack_slot under their fencing token.  Each thread passes
- * its own argument and result structs, as ringq/leases.py does.
+ * its own argument and result structs, as ringq/local/leases.py does.
  *
  * The history: every (slot, lease count) is claimed by at most one thread, every successful ack
  * names the lease count of a claim that thread made and is the only ack of its slot, and at the

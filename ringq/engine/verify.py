@@ -271,7 +271,9 @@ def _segment(
                 name = "delayed"
             unrun = ended_unrun(word)
             if unrun:
-                name = unrun  # DONE with the cancel flag: cancelled or expired (ringq/engine/words.py)
+                name = (
+                    unrun  # DONE with the cancel flag: cancelled or expired (ringq/engine/words.py)
+                )
             rep.counts[name] = rep.counts.get(name, 0) + 1
             offset = seg.record_file_off(slot)
             if not ok:

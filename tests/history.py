@@ -310,6 +310,7 @@ def worker_main(d: str, cfg: dict[str, Any], index: int, label: str, logpath: st
     if worker is not None:
         wt = threading.Thread(target=worker.run, name="worker", daemon=True)
         wt.start()
+    open(os.path.join(os.path.dirname(logpath), f"{label}.ready"), "w").close()
     while not stopped():
         time.sleep(0.01)
     for t in threads:
@@ -353,6 +354,13 @@ def run(seed: int, keep: bool = False) -> Run:
     gen = defaultdict(int)
     for i in range(len(cfg["procs"])):
         procs[i] = (f"p{i}g0", spawn(d, cfg, i, f"p{i}g0", logdir))
+    # The workload's clock starts when every first-generation process runs: on a loaded machine
+    # starting interpreters can take longer than the whole workload.
+    give_up = time.time() + 60
+    while time.time() < give_up and not all(
+        os.path.exists(os.path.join(logdir, f"{label}.ready")) or p.poll() is not None for label, p in procs.values()
+    ):
+        time.sleep(0.01)
     t0 = time.time()
     for at, i in cfg["kills"]:
         time.sleep(max(0.0, t0 + at - time.time()))
@@ -377,6 +385,8 @@ def run(seed: int, keep: bool = False) -> Run:
         if p.returncode != 0:
             out.violations.append(f"{label} exited {p.returncode}: {err.decode(errors='replace')[-1500:]}")
     for name in sorted(os.listdir(logdir)):
+        if not name.endswith(".log"):
+            continue
         with open(os.path.join(logdir, name)) as f:
             for line in f:
                 if line.endswith("\n"):
@@ -642,6 +652,7 @@ def check(run_: Run) -> None:
     run_.stats = {
         "events": len(ev),
         "enqueued": len(enqueued),
+        "enqueue_errors": sorted({x["err"] for x in ev if x["op"] == "enqueue" and not x["ok"]})[:3],
         "grants": sum(len(g) for g in grants.values()),
         "kills": len(killed),
         "drained": len(drained),

@@ -26,7 +26,7 @@ SEEDS = [random.Random(SEED).randrange(2**32) for _ in range(RUNS)]
 @pytest.mark.parametrize("seed", SEEDS)
 def test_history(seed):
     run = history.run(seed)
-    assert run.stats["enqueued"] > 0 and run.stats["grants"] > 0, run.stats
+    assert run.stats["enqueued"] > 0 and run.stats["grants"] > 0, (run.stats, run.violations[:5])
     assert not run.violations, (
         f"seed {seed} (replay: python tests/history.py --seed {seed} -v), plan {run.cfg}:\n"
         + "\n".join(run.violations[:20])

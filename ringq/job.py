@@ -6,6 +6,7 @@ ringq/engine/transitions.py (the state machine every change consults).
 from __future__ import annotations
 
 import enum
+import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -78,8 +79,9 @@ class Job:
     expires_at: float | None = None
     progress: float | None = None
     progress_message: str | None = None
-    cancelled: Any = field(default=None, repr=False, compare=False)
-    _loc: tuple[int, int] = field(default=(0, 0), repr=False, compare=False)
+    cancelled: threading.Event | None = field(default=None, repr=False, compare=False)
+    # (segment seq, slot, queue identity) of the record it was read from: the queue's own handle
+    _loc: tuple[int, int, int] = field(default=(0, 0, 0), repr=False, compare=False)
     _acked: bool = field(default=False, repr=False, compare=False)  # this snapshot's ack went in
 
     def snapshot(self) -> Job:

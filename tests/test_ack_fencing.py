@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from ringq import JobState, NotLeasedError, Queue
+from ringq import JobNotFoundError, JobState, NotLeasedError, Queue
 
 
 def test_repeated_ack_by_the_holder_is_harmless(tmp_path):
@@ -94,3 +94,25 @@ def test_ack_of_a_purged_job_is_refused_before_and_after_its_segment_retired(tmp
                 _retire_first_segment(q)
             with pytest.raises(NotLeasedError, match="purged|segment retired"):
                 q.ack(held)
+
+
+def test_a_snapshot_of_another_queues_job_is_refused_not_matched_by_position(tmp_path):
+    """Two queues of one directory (and two directories) number their segments and slots alike:
+    a snapshot leased from one must never ack, nack or extend the job at the same position of
+    the other."""
+    with Queue(tmp_path, "b") as b, Queue(tmp_path, "c") as c, Queue(tmp_path / "other", "b") as b2:
+        b.enqueue("job-of-b")
+        c.enqueue("x", job_id="invoice-17")
+        b2.enqueue("job-of-the-other-b")
+        jb, jc, jb2 = b.lease_one(), c.lease_one(), b2.lease_one()
+        for stranger in (jc, jb2):
+            for call in (lambda j: b.ack(j), lambda j: b.nack(j), lambda j: b.extend(j, 5)):
+                with pytest.raises(NotLeasedError, match="another queue"):
+                    call(stranger)
+            with pytest.raises(JobNotFoundError, match="another queue"):
+                b.cancel(stranger)
+        assert b.get(jb.id).state is JobState.LEASED
+        b.ack(jb)
+        c.ack(jc)
+        b2.ack(jb2)
+        assert b.get(jb.id).state is c.get(jc.id).state is JobState.DONE

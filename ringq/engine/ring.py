@@ -118,6 +118,7 @@ class Ring:
 
     MAX_RECORD_FIELD = records.MAX_RECORD_FIELD
     ctl: Control  # the control file, from when __init__ opened it (``opened``)
+    identity: int  # the queue's identity (its control file's device and inode), from then too
     lock: WriterLock
 
     def __init__(
@@ -180,6 +181,12 @@ class Ring:
                     self.segs, slot_size, slot_count, mode, self.report
                 )
                 self.opened = True
+                st = os.fstat(self.ctl.fd)
+                # What this queue is, as its control file: a job snapshot records it, so that a
+                # snapshot of another queue's job is never taken for one of this queue's records.
+                self.identity = self.segs.origin = (
+                    (st.st_dev << 40) ^ st.st_ino
+                ) & 0x7FFFFFFFFFFFFFFF or 1
                 self.lock.ctl = self.segs.ctl = self.ctl
                 for item in recovery.recover_segments(self.segs, mode, self.report):
                     # Copies first, then the rename: a crash in between salvages again at the next

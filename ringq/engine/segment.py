@@ -233,6 +233,7 @@ class Segment(Mapped):
     """
 
     __slots__ = (
+        "origin",
         "seq",
         "slot_size",
         "slot_count",
@@ -306,6 +307,7 @@ class Segment(Mapped):
         expect_seq: int | None = None,
         expect_geometry: tuple[int, int] | None = None,
     ) -> None:
+        self.origin = 0  # the identity of the queue whose member it is (SegmentSet), 0: none
         """Open, validate and map a segment.  ``readonly`` maps its state file PROT_READ too (loads
         only: for verify).  ``expect_seq`` and ``expect_geometry`` (slot size, slot count), when
         given, are checked against the record file first (CorruptionError).  Raises FileNotFoundError if the record file is gone, StateFileError if

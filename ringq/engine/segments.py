@@ -42,6 +42,7 @@ class SegmentSet:
         self.dir = dirpath
         self.name = name
         self.ctl = ctl
+        self.origin = 0  # the queue's identity (Ring.identity), given to every segment it maps
         self.by_seq: dict[int, Segment] = {}
         self.maplock = threading.Lock()
         self.max_seen = 0
@@ -89,6 +90,7 @@ class SegmentSet:
     def add(self, seg: Segment) -> None:
         """Map a segment this process just created.  ``max_seen`` stays: it means every seq up to
         it was looked at, and other processes may have created the ones between."""
+        seg.origin = self.origin
         self.by_seq[seg.seq] = seg
 
     def seqs(self) -> list[int]:
@@ -109,7 +111,9 @@ class SegmentSet:
             raise CorruptionError(f"{path}: is a symbolic link, not a segment")
         if geometry is None and self.ctl is not None:
             geometry = (self.ctl.slot_size, self.ctl.slot_count)
-        return Segment(path, expect_seq=seq, expect_geometry=geometry)
+        seg = Segment(path, expect_seq=seq, expect_geometry=geometry)
+        seg.origin = self.origin
+        return seg
 
     @property
     def control(self) -> Control:

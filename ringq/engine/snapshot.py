@@ -97,7 +97,7 @@ def job_at(
         version=2 * lc - (st == ST_LEASED),
         cancel_requested=st == ST_LEASED and bool(word & FLAG_CANCEL),
         expires_at=expires_at,
-        _loc=(seg.seq, slot),
+        _loc=(seg.seq, slot, seg.origin),
     )
     if not just_leased:
         lifecycle.show_progress(ring, seg, slot, lc, job)
@@ -126,7 +126,7 @@ def fresh_lease(view: View, slot: int, word: int) -> Job:
         seq=seq,
         version=1,
         key=codec.split_key(codec_id, data)[0] if codec_id == codec.KEYED else None,
-        _loc=(seg.seq, slot),
+        _loc=(seg.seq, slot, seg.origin),
     )
 
 

@@ -70,7 +70,17 @@ class Leases:
         without it (by another holder, a purge or a cancel)."""
         index = self.index
         if isinstance(job, Job):
-            segseq, slot = job._loc
+            segseq, slot, origin = job._loc
+            if origin and origin != self.ring.identity:
+                # A snapshot of another queue's job: its record position means nothing here.
+                what = (
+                    f"cannot {fenced} job {job.id!r}"
+                    if fenced
+                    else f"job {job.id!r} is not in queue {queue!r}"
+                )
+                raise (NotLeasedError if fenced else JobNotFoundError)(
+                    f"{what}: the snapshot comes from another queue than {queue!r} in {self.ring.dir}"
+                )
             view = index.views.get(segseq)
             if view is None:
                 self.refresh()

@@ -133,7 +133,7 @@ class Producer:
             None,
             None,
             None,
-            (segseq, slot),
+            (segseq, slot, ring.identity),
         )
 
     def enqueue(
@@ -211,6 +211,7 @@ class Producer:
                 attempts,
                 key,
                 exp_s,
+                ring.identity,
             )
         assert ids is not None  # encoded from job_ids, which are given here
         with self.lock, ring.locked():
@@ -256,10 +257,11 @@ class Producer:
                     attempts,
                     key,
                     exp_s,
+                    ring.identity,
                 )
                 for i, job in zip(todo, jobs):
                     made[i] = job
-                    self.index.ids[job_ids[i]] = job._loc
+                    self.index.ids[job_ids[i]] = job._loc[:2]
             out = []
             for i, jid in enumerate(job_ids):
                 if i in found:
@@ -366,6 +368,7 @@ def fresh_jobs(
     attempts: int,
     key: str | None,
     expires_at: float | None,
+    origin: int,
 ) -> list[Job]:
     """The snapshots of jobs just appended by Ring.append_packed (no read back).  Built
     positionally (a third of the keyword form's cost; the field order is checked at import)."""
@@ -393,7 +396,7 @@ def fresh_jobs(
                 None,
                 None,
                 None,
-                (segseq, heads[i]),
+                (segseq, heads[i], origin),
             )
             for i in range(first, first + cnt)
         ]

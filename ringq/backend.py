@@ -36,12 +36,24 @@ __all__ = [
     "FEATURE_LIMITS",
     "FEATURE_COMPACT",
     "QUEUE_NAME_RE",
+    "RESULTS_SUFFIX",
+    "reserved_for_results",
+    "refuse_reserved",
     "REDIS_SCHEMES",
     "is_url",
     "redact_url",
     "check_queue_name",
     "check_fraction",
     "due_delay",
+    "check_priority",
+    "check_delay",
+    "check_retry_delay",
+    "check_lease_args",
+    "check_visibility_timeout",
+    "check_extension",
+    "check_limit",
+    "check_job_ref",
+    "check_result_ttl",
     "expiry_ms",
     "check_attempts",
 ]
@@ -84,6 +96,23 @@ def redact_url(url: str) -> str:
     return url
 
 
+RESULTS_SUFFIX = "-results"  # the companion queue holding queue X's results is X-results
+
+
+def reserved_for_results(name: str, auto_ids: bool) -> bool:
+    """True if queue ``name``, opened with ``auto_ids``, is a results queue used as a job queue:
+    enqueues into it are refused (its jobs would be taken for expired results and removed).
+    The results store opens it with ``auto_ids=False``."""
+    return auto_ids and name.endswith(RESULTS_SUFFIX)
+
+
+def refuse_reserved(name: str) -> None:
+    raise ValueError(
+        f"queue {name!r} holds the results of queue {name[: -len(RESULTS_SUFFIX)]!r} (names ending in "
+        f"{RESULTS_SUFFIX!r} are kept for results): choose another name for a job queue; reads work as usual"
+    )
+
+
 QUEUE_NAME_RE = re.compile(
     r"^[A-Za-z0-9_-]{1,64}$"
 )  # file names of a queue parse without ambiguity
@@ -121,16 +150,97 @@ def expiry_ms(expires_in: float | None, expires_at: float | None) -> int | None:
     if expires_in is not None and expires_at is not None:
         raise ValueError("give expires_in or expires_at, not both")
     if expires_in is not None:
-        if not 0 <= expires_in <= MAX_DELAY:
+        if not _number(expires_in) or not 0 <= expires_in <= MAX_DELAY:
             raise ValueError(
                 f"expires_in must be a finite number of seconds from 0 to about 33 years, got {expires_in!r}"
             )
         return int(time.time() * 1000 + expires_in * 1000)
     if expires_at is not None:
-        if not 0 <= expires_at < 2**62 / 1000:
+        if not _number(expires_at) or not 0 <= expires_at < 2**62 / 1000:
             raise ValueError(f"expires_at must be seconds since the Unix epoch, got {expires_at!r}")
         return int(expires_at * 1000)
     return None
+
+
+def _number(x: object) -> bool:
+    """A real number of seconds (not a bool, not NaN)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x
+
+
+def check_priority(priority: object) -> int:
+    """``priority`` if it is a signed 32-bit int (not a bool); ValueError otherwise."""
+    if (
+        not isinstance(priority, int)
+        or isinstance(priority, bool)
+        or not -(2**31) <= priority < 2**31
+    ):
+        raise ValueError(f"priority must be a 32-bit signed int, got {priority!r}")
+    return priority
+
+
+def check_delay(delay: object) -> float:
+    """An enqueue's delay in seconds, as stored (a negative one means now: :func:`due_delay`);
+    ValueError unless it is a number from 0 to MAX_DELAY."""
+    d = due_delay(delay)
+    if not _number(d) or not 0 <= d <= MAX_DELAY:
+        raise ValueError(f"delay must be between 0 and about 33 years (in seconds), got {delay!r}")
+    return float(d)
+
+
+def check_retry_delay(delay: object) -> float | None:
+    """A nack's ``delay`` (None: the backoff policy's); ValueError unless 0 to MAX_DELAY seconds."""
+    if delay is not None and (not _number(delay) or not 0 <= delay <= MAX_DELAY):  # type: ignore[operator]
+        raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
+    return None if delay is None else float(delay)  # type: ignore[arg-type]
+
+
+def check_lease_args(
+    count: object, wait: object, visibility_timeout: object
+) -> tuple[int, float | None, float]:
+    """``(count, wait, visibility_timeout)`` of a lease call, checked before anything is leased.
+
+    Raises ValueError: count not an int >= 1 (a bool is refused), wait not None or a number
+    (NaN refused), visibility timeout not in (0, MAX_DELAY] seconds."""
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise ValueError(f"count must be an int >= 1, got {count!r}")
+    if wait is not None and not _number(wait):
+        raise ValueError(f"wait must be a number of seconds or None, got {wait!r}")
+    vt = check_visibility_timeout(visibility_timeout)
+    return count, None if wait is None else float(wait), vt  # type: ignore[arg-type]
+
+
+def check_visibility_timeout(vt: object) -> float:
+    """A visibility timeout (or an extension) in seconds: ValueError unless in (0, MAX_DELAY]."""
+    if not _number(vt) or not 0 < vt <= MAX_DELAY:  # type: ignore[operator]
+        raise ValueError(f"visibility_timeout must be > 0 seconds, got {vt!r}")
+    return float(vt)  # type: ignore[arg-type]
+
+
+def check_extension(seconds: object) -> float:
+    """An extend's seconds: ValueError unless in (0, MAX_DELAY]."""
+    if not _number(seconds) or not 0 < seconds <= MAX_DELAY:  # type: ignore[operator]
+        raise ValueError(f"seconds must be > 0 (and finite), got {seconds!r}")
+    return float(seconds)  # type: ignore[arg-type]
+
+
+def check_limit(limit: object) -> int | None:
+    """A listing's ``limit``: None or an int >= 0 (not a bool); ValueError otherwise."""
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+        raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
+    return limit
+
+
+def check_job_ref(job: object) -> None:
+    """TypeError unless ``job`` is a :class:`Job` or a job id (a str)."""
+    if not isinstance(job, (Job, str)):
+        raise TypeError(f"expected a Job or a job id (str), got {type(job).__name__} {job!r}")
+
+
+def check_result_ttl(ttl: object) -> float:
+    """A result's time to live in seconds: ValueError unless in (0, 30 years)."""
+    if not _number(ttl) or not 0 < ttl < 86400 * 366 * 30:  # type: ignore[operator]
+        raise ValueError(f"result_ttl must be > 0 seconds, got {ttl!r}")
+    return float(ttl)  # type: ignore[arg-type]
 
 
 def check_attempts(n: int) -> None:

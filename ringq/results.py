@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .backend import RESULTS_SUFFIX, check_result_ttl
 from .errors import JobNotFoundError, NotLeasedError
 from .job import Job, JobState
 
@@ -34,7 +35,7 @@ class ResultNotFoundError(JobNotFoundError):
 
 def results_queue_name(name: str) -> str:
     """The companion queue's name.  Raises ValueError if it would exceed the 64-character limit."""
-    out = f"{name}-results"
+    out = f"{name}{RESULTS_SUFFIX}"
     if len(out) > 64:
         raise ValueError(f"queue names of at most 56 characters can keep results, not {name!r}")
     return out
@@ -81,8 +82,7 @@ class Results:
         """Keep ``result`` for ``ttl`` seconds.  The first result stored for an id is kept (a rerun
         of a job whose first holder stored a result and lost its lease adds nothing).  Raises
         SerializationError (nothing stored), ValueError for a bad ttl."""
-        if not 0 < ttl < 86400 * 366 * 30:
-            raise ValueError(f"result_ttl must be > 0 seconds, got {ttl!r}")
+        ttl = check_result_ttl(ttl)
         self.queue.enqueue(result, job_id=job_id, delay=ttl, max_attempts=1)
         self.prune()
 

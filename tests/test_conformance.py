@@ -424,3 +424,76 @@ def test_a_waiting_lease_returns_as_soon_as_jobs_are_due(q):
     assert len(got) == 30 and time.monotonic() - t < 0.5
     t = time.monotonic()
     assert q.lease(100, wait=0.2) == [] and time.monotonic() - t >= 0.15
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda q: q.lease(1, wait=math.nan),
+        lambda q: q.lease(True),
+        lambda q: q.lease_one(visibility_timeout=math.nan),
+        lambda q: q.list_jobs(limit=-1),
+        lambda q: q.list_jobs(limit=True),
+        lambda q: q.dlq(limit="2"),
+        lambda q: q.enqueue("x", priority=True),
+        lambda q: q.enqueue("x", delay="5"),
+        lambda q: q.enqueue("x", expires_in="5"),
+    ],
+)
+def test_bad_arguments_are_refused_alike(q, call):
+    with pytest.raises(ValueError):
+        call(q)
+
+
+@pytest.mark.parametrize("call", [lambda q: q.ack(123), lambda q: q.get(123), lambda q: q.cancel(123),
+                                  lambda q: q.nack(None), lambda q: q.extend(1.5, 5)])
+def test_a_job_is_a_job_or_its_id(q, call):
+    with pytest.raises(TypeError, match="a Job or a job id"):
+        call(q)
+
+
+def test_a_bad_result_ttl_stores_nothing_and_acks_nothing(q):
+    q.enqueue("x")
+    job = q.lease_one()
+    with pytest.raises(ValueError):
+        q.ack(job, result=1, result_ttl="5")
+    assert q.get(job.id).state is JobState.LEASED
+    q.ack(job)
+
+
+def test_closing_while_threads_wait_in_lease_raises_closed(queue_factory):
+    import threading
+
+    q = queue_factory()
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            q.lease_one(wait=10)
+        except BaseException as exc:  # the history of this thread is its exception
+            errors.append(exc)
+
+    ts = [threading.Thread(target=wait) for _ in range(3)]
+    for t in ts:
+        t.start()
+    time.sleep(0.3)
+    q.close()
+    for t in ts:
+        t.join(15)
+    assert len(errors) == 3 and all(isinstance(e, QueueClosedError) for e in errors), errors
+
+
+def test_a_results_queue_takes_no_jobs_but_can_be_read(queue_factory):
+    """``<name>-results`` holds the results of queue ``<name>``: a job enqueued there would be
+    taken for an expired result and removed, never run.  Enqueues are refused; reads work."""
+    main = queue_factory("emails")
+    other = queue_factory("emails-results")
+    with pytest.raises(ValueError, match="holds the results"):
+        other.enqueue({"user": "job"})
+    with pytest.raises(ValueError, match="holds the results"):
+        other.enqueue_many([1, 2])
+    main.enqueue(1)
+    job = main.lease_one()
+    main.ack(job, result={"sent": True})
+    assert main.result(job.id) == {"sent": True}
+    assert other.stats().total == 1

@@ -112,3 +112,23 @@ def test_worker_metrics_port(qdir):
     assert value(fams, "ringq_worker_handler_seconds_count", outcome="failed") == 1
     assert value(fams, "ringq_jobs", state="leased") == 1
     assert w.metrics_address is None  # the endpoint ends with run()
+
+
+def test_worker_metrics_on_a_redis_queue(redis_url):
+    """A Worker serving a Redis queue serves its metrics too: counts by state from the server
+    (there are no files to read for the by-priority table)."""
+    import ringq
+
+    q = ringq.connect(redis_url, "wm")
+    q.enqueue_many([{"n": i} for i in range(3)])
+    got = {}
+
+    def handler(job) -> None:
+        if not got:
+            got.update(scrape(f"http://127.0.0.1:{w.metrics_address[1]}/metrics"))
+
+    w = Worker(q, handler, metrics_port=0, max_jobs=3, idle_timeout=10, handle_signals=False)
+    w.run()
+    q.close()
+    assert value(got, "ringq_jobs", queue="wm", state="leased") >= 1
+    assert value(got, "ringq_enqueued_total", queue="wm") == 3

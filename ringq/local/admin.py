@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ringq.backend import CompactionResult, QueueStats
+from ringq.backend import CompactionResult, QueueStats, check_limit
 from ringq.engine import snapshot, transitions
 from ringq.engine.index import Index, View, now_ms
 from ringq.engine.reaper import Reaper
@@ -277,8 +277,7 @@ class Admin:
     ) -> list[Job]:
         """As :meth:`ringq.Queue.list_jobs`."""
         self.ctx.live()
-        if limit is not None and (not isinstance(limit, int) or limit < 0):
-            raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
+        check_limit(limit)
         with self.ctx.live_lock:
             self.ctx.refresh()
             return list_jobs(self.ctx.ring, self.ctx.index, self.ctx.reaper, state, limit)

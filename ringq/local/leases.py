@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ringq.backend import check_job_ref
 from ringq.backoff import BackoffPolicy
 from ringq.engine import claim, lifecycle, snapshot, transitions
 from ringq.engine.index import Direct, Index, View, due, now_ms, order
@@ -69,6 +70,7 @@ class Leases:
         Retired (harmless); any other use of the lease, NotLeasedError -- the job was finished
         without it (by another holder, a purge or a cancel)."""
         index = self.index
+        check_job_ref(job)
         if isinstance(job, Job):
             segseq, slot, origin = job._loc
             if origin and origin != self.ring.identity:

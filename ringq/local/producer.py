@@ -18,7 +18,15 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 from ringq import codec
-from ringq.backend import MAX_ATTEMPTS_LIMIT, MAX_DELAY, check_attempts
+from ringq.backend import (
+    MAX_ATTEMPTS_LIMIT,
+    MAX_DELAY,
+    check_attempts,
+    check_delay,
+    check_priority,
+    refuse_reserved,
+    reserved_for_results,
+)
 from ringq.engine import lifecycle, records, snapshot
 from ringq.engine.appends import REC_HEADER_SIZE
 from ringq.engine.index import Index, now_ms
@@ -78,6 +86,7 @@ class Producer:
         auto_ids: bool = True,
     ) -> None:
         self.auto_ids = auto_ids  # False: every job has a caller id, of any form (Queue(auto_ids=))
+        self.reserved = reserved_for_results(ring.name, auto_ids)
         self.ring = ring
         self.index = index
         self.lock = lock
@@ -95,6 +104,8 @@ class Producer:
         expires_at_ms: int | None = None,
     ) -> Job:
         """One job without a caller id: :meth:`enqueue` without the lists."""
+        if self.reserved:
+            refuse_reserved(self.ring.name)
         delay_ms = check_args(priority, delay, attempts, None, self.auto_ids)
         kind, data = codec.encode(payload)
         if key is not None:
@@ -154,6 +165,8 @@ class Producer:
         writes nothing (so does an id repeated in the batch after its first use).
         """
         n = len(payloads)
+        if self.reserved:
+            refuse_reserved(self.ring.name)
         delay_ms = check_args(priority, delay, attempts, job_ids, self.auto_ids, n)
         if not n:
             return []
@@ -324,12 +337,9 @@ def check_args(
             raise ValueError(f"job_ids has {len(job_ids)} ids for {n} payloads")
         for jid in job_ids:
             check_caller_id(jid, allow_auto_form=not auto_ids)  # ringq/ids.py
-    if not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
-        raise ValueError(f"priority must be a 32-bit signed int, got {priority!r}")
-    if not 0 <= delay <= MAX_DELAY:
-        raise ValueError(f"delay must be between 0 and about 33 years (in seconds), got {delay!r}")
+    check_priority(priority)
     check_attempts(attempts)
-    return int(round(delay * 1000))
+    return int(round(check_delay(delay) * 1000))
 
 
 def encode_all(

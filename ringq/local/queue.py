@@ -35,11 +35,14 @@ from ringq.backend import (
     FEATURE_COMPACT,
     FEATURE_LIMITS,
     FEATURE_SCHEDULES,
-    MAX_DELAY,
     NO_RESULT,
     CompactionResult,
     QueueStats,
     check_attempts,
+    check_extension,
+    check_lease_args,
+    check_retry_delay,
+    check_visibility_timeout,
     due_delay,
     expiry_ms,
 )
@@ -49,7 +52,7 @@ from ringq.engine.reaper import REAP_INTERVAL
 from ringq.engine.recovery import RecoveryReport
 from ringq.engine.ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, Ring
 from ringq.engine.segment import check_geometry
-from ringq.engine.words import ST_DONE, TIME_MAX, lease_count, state
+from ringq.engine.words import ST_DONE, lease_count, state
 from ringq.errors import JobNotFoundError, LimitError, NotLeasedError
 from ringq.job import Job, JobState
 from ringq.results import Results
@@ -156,8 +159,7 @@ class Queue:
             )  # before anything is created: never an empty queue beside old jobs
         if durability is None:
             durability = "msync" if fsync else "none"
-        if not 0 < visibility_timeout < TIME_MAX / 1000:
-            raise ValueError(f"visibility_timeout must be > 0 seconds, got {visibility_timeout!r}")
+        visibility_timeout = check_visibility_timeout(visibility_timeout)
         check_attempts(max_attempts)
         if not isinstance(spin, (int, float)) or isinstance(spin, bool) or not 0 <= spin <= 1:
             raise ValueError(f"spin must be a number of seconds from 0 to 1, got {spin!r}")
@@ -430,14 +432,12 @@ class Queue:
             QueueClosedError; ValueError for bad arguments.
         """
         self._ctx.live()
-        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-            raise ValueError(f"count must be an int >= 1, got {count!r}")
-        if wait is not None and (not isinstance(wait, (int, float)) or wait != wait):
-            # Checked before anything is leased: a NaN would fail in the sleep, after the lease.
-            raise ValueError(f"wait must be a number of seconds or None, got {wait!r}")
-        vt = self.visibility_timeout if visibility_timeout is None else visibility_timeout
-        if not 0 < vt < TIME_MAX / 1000:
-            raise ValueError(f"visibility_timeout must be > 0 seconds, got {vt!r}")
+        # Checked before anything is leased: a NaN wait would fail in the sleep, after the lease.
+        count, wait, vt = check_lease_args(
+            count,
+            wait,
+            self.visibility_timeout if visibility_timeout is None else visibility_timeout,
+        )
         deadline = None if not wait else time.monotonic() + wait
         got: list[Job] = []
         ctl = self._ctx.ring.ctl
@@ -619,8 +619,7 @@ class Queue:
             NotLeasedError, JobNotFoundError, ValueError (negative delay).
         """
         self._ctx.live()
-        if delay is not None and not 0 <= delay <= MAX_DELAY:
-            raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
+        delay = check_retry_delay(delay)
         with self._ctx.live_lock:
             self._ctx.settle(force=False)
             out = self._ctx.leases.nack(job, self.name, error, delay, self.backoff, self._rng)
@@ -630,8 +629,7 @@ class Queue:
     def extend(self, job: Job | str, seconds: float) -> Job:
         """Push a lease's deadline to ``max(deadline, now) + seconds``.  Raises NotLeasedError if lost."""
         self._ctx.live()
-        if not 0 < seconds < TIME_MAX / 1000:
-            raise ValueError(f"seconds must be > 0 (and finite), got {seconds!r}")
+        seconds = check_extension(seconds)
         with self._ctx.live_lock:
             self._ctx.settle(force=False)
             return self._ctx.leases.extend(job, self.name, seconds)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ringq import codec
-from ringq.backend import QueueStats
+from ringq.backend import QueueStats, check_job_ref, check_limit
 from ringq.errors import NotLeasedError, SerializationError
 from ringq.ids import check_caller_id, renamed
 from ringq.job import Job, JobState
@@ -33,6 +33,7 @@ class RedisAdmin:
 
     def get(self, job_id: str) -> Job:
         """As :meth:`RedisQueue.get`."""
+        check_job_ref(job_id)
         out = self.scripts.run("get", [job_id])
         if not out:
             refuse(self.name, "nf", job_id, "get")
@@ -43,6 +44,7 @@ class RedisAdmin:
     ) -> list[Job]:
         """As :meth:`RedisQueue.list_jobs`."""
         want = "" if state is None else JobState(state).value
+        check_limit(limit)
         out = self.scripts.run("list", [want, -1 if limit is None else limit])
         jobs = []
         for i in range(0, len(out), 2):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ringq.backend import check_fraction
+from ringq.backend import check_fraction, check_job_ref
 from ringq.errors import JobFinishedError
 from ringq.job import Job
 from ringq.results import Results, finished_without
@@ -35,6 +35,7 @@ class RedisLifecycle:
     def cancel(self, job: Job | str) -> Job:
         """As :meth:`RedisQueue.cancel`."""
         self.scripts.live()
+        check_job_ref(job)
         jid = job.id if isinstance(job, Job) else job
         out = self.scripts.run("cancel", [jid], write=True)
         status = out[0].decode() if isinstance(out[0], bytes) else out[0]

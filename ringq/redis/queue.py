@@ -32,13 +32,20 @@ from ringq.backend import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_RESULT_TTL,
     DEFAULT_VISIBILITY_TIMEOUT,
-    MAX_DELAY,
     NO_RESULT,
     QueueStats,
     check_attempts,
+    check_delay,
+    check_extension,
+    check_job_ref,
+    check_lease_args,
+    check_priority,
     check_queue_name,
-    due_delay,
+    check_retry_delay,
+    check_visibility_timeout,
     expiry_ms,
+    refuse_reserved,
+    reserved_for_results,
 )
 from ringq.backoff import BackoffPolicy
 from ringq.errors import LimitError, MissingExtraError, SerializationError
@@ -121,8 +128,7 @@ class RedisQueue:
         if unknown:
             raise TypeError(f"RedisQueue got unexpected keyword arguments {sorted(unknown)}")
         check_queue_name(name)
-        if not 0 < visibility_timeout < MAX_DELAY:
-            raise ValueError(f"visibility_timeout must be > 0 seconds, got {visibility_timeout!r}")
+        visibility_timeout = check_visibility_timeout(visibility_timeout)
         check_attempts(max_attempts)
         if not retain_done >= 0:
             raise ValueError(f"retain_done must be >= 0 seconds, got {retain_done!r}")
@@ -263,6 +269,8 @@ class RedisQueue:
         with the server's).  A ``key`` is refused with LimitError: limits are not available on
         Redis."""
         self._scripts.live()
+        if reserved_for_results(self.name, self.auto_ids):
+            refuse_reserved(self.name)
         if key is not None:
             raise LimitError(_NO_KEYS)
         ex = expiry_ms(expires_in, expires_at) or 0
@@ -277,13 +285,8 @@ class RedisQueue:
         if job_ids is not None:
             for jid in ids:
                 check_caller_id(jid, allow_auto_form=not self.auto_ids)  # ringq/ids.py
-        if not isinstance(priority, int) or not -(2**31) <= priority < 2**31:
-            raise ValueError(f"priority must be a 32-bit signed int, got {priority!r}")
-        delay = due_delay(delay)
-        if not 0 <= delay <= MAX_DELAY:
-            raise ValueError(
-                f"delay must be between 0 and about 33 years (in seconds), got {delay!r}"
-            )
+        check_priority(priority)
+        delay = check_delay(delay)
         attempts = self.max_attempts if max_attempts is None else max_attempts
         check_attempts(attempts)
         args: list[Any] = [priority, int(round(delay * 1000)), attempts, len(payloads)]
@@ -321,11 +324,11 @@ class RedisQueue:
         their visibility timeout.
         """
         self._scripts.live()
-        if not isinstance(count, int) or count < 1:
-            raise ValueError(f"count must be an int >= 1, got {count!r}")
-        vt = self.visibility_timeout if visibility_timeout is None else visibility_timeout
-        if not 0 < vt < MAX_DELAY:
-            raise ValueError(f"visibility_timeout must be > 0 seconds, got {vt!r}")
+        count, wait, vt = check_lease_args(
+            count,
+            wait,
+            self.visibility_timeout if visibility_timeout is None else visibility_timeout,
+        )
         deadline = None if not wait else time.monotonic() + wait
         got: list[Job] = []
         while True:
@@ -398,6 +401,7 @@ class RedisQueue:
         """Mark a leased job done; as :meth:`ringq.Queue.ack` (acking again is harmless).  A
         ``result`` is kept in the companion queue ``<name>-results`` on the same server."""
         if result is not NO_RESULT:
+            check_job_ref(job)
             jid, tok = (job.id, int(job.lease_token or 0)) if isinstance(job, Job) else (job, -1)
             cur = self.get(jid)
             repeated = cur.state is JobState.DONE and (tok < 0 or int(cur.lease_token or 0) == tok)
@@ -412,6 +416,9 @@ class RedisQueue:
     def ack_many(self, jobs: Iterable[Job | str]) -> None:
         """Ack several jobs in one script.  Every job that can be acked is; then the first refusal
         (NotLeasedError, JobNotFoundError) is raised.  A retry after ConnectionLostError is safe."""
+        jobs = list(jobs)
+        for j in jobs:
+            check_job_ref(j)
         items = [(j.id, int(j.lease_token or 0)) if isinstance(j, Job) else (j, -1) for j in jobs]
         if not items:
             return
@@ -424,8 +431,8 @@ class RedisQueue:
     def nack(self, job: Job | str, *, error: str | None = None, delay: float | None = None) -> Job:
         """Report a leased job as failed; as :meth:`ringq.Queue.nack` (the backoff delay is drawn here)."""
         self._scripts.live()
-        if delay is not None and not 0 <= delay <= MAX_DELAY:
-            raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
+        delay = check_retry_delay(delay)
+        check_job_ref(job)
         jid, tok = (job.id, int(job.lease_token or 0)) if isinstance(job, Job) else (job, -1)
         if delay is None:
             attempts = job.attempts if isinstance(job, Job) else self.get(jid).attempts
@@ -440,8 +447,8 @@ class RedisQueue:
     def extend(self, job: Job | str, seconds: float) -> Job:
         """Push a lease's deadline to ``max(deadline, now) + seconds``.  Raises NotLeasedError if lost."""
         self._scripts.live()
-        if not 0 < seconds < MAX_DELAY:
-            raise ValueError(f"seconds must be > 0 (and finite), got {seconds!r}")
+        seconds = check_extension(seconds)
+        check_job_ref(job)
         jid, tok = (job.id, int(job.lease_token or 0)) if isinstance(job, Job) else (job, -1)
         out = self._scripts.run("extend", [jid, tok, int(seconds * 1000)])
         refuse(self.name, out[0], jid, "extend")

@@ -118,8 +118,15 @@ class Scripts:
             raise QueueClosedError(f"queue {self.name!r} at {redact_url(self.url)} is closed")
 
     def call(self, fn: Callable[[], _T], *, changes: bool = True) -> _T:
-        """``fn()`` (a command on :attr:`client`) with redis-py's errors mapped as :func:`guard`."""
-        return guard(self.url, fn, changes=changes)
+        """``fn()`` (a command on :attr:`client`) with redis-py's errors mapped as :func:`guard`;
+        whatever a command fails with once :meth:`close` ran (in another thread: its connections
+        are gone), QueueClosedError."""
+        try:
+            return guard(self.url, fn, changes=changes)
+        except Exception:
+            if self.closed:
+                self.live()
+            raise
 
     def run(self, script: str, args: Sequence[Any], write: bool = False) -> Any:
         """Run ``script`` (a name of ringq/redis/lua.py's SCRIPTS) on the queue's keys with ``args``

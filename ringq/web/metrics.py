@@ -38,15 +38,17 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("ringq metrics need prometheus_client: pip install 'ringq[metrics]'") from exc
 
+from ringq.backend import QueueBackend
+
 from . import view
 
 __all__ = ["QueueCollector", "WorkerMetrics", "serve", "queue_registry"]
 
 
 class QueueCollector:
-    """A prometheus_client collector reading a :class:`ringq.Queue` at each scrape."""
+    """A prometheus_client collector reading a queue of either backend at each scrape."""
 
-    def __init__(self, queue: Any) -> None:
+    def __init__(self, queue: QueueBackend) -> None:
         self.queue = queue
 
     def describe(self) -> list[Metric]:

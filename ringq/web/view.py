@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from ringq.backend import QueueBackend, is_url
 from ringq.codec import jsonable
 from ringq.engine.verify import QueueFiles, examine
 from ringq.job import JobState
@@ -78,7 +79,7 @@ def _records(rep: QueueFiles) -> list[Any]:
     return [r for seg in rep.segments for r in seg.records if r.crc_ok]
 
 
-def overview(q: Queue, rep: QueueFiles | None = None) -> dict[str, Any]:
+def overview(q: QueueBackend, rep: QueueFiles | None = None) -> dict[str, Any]:
     """Counts by state, by state and priority, the age of the oldest due job, limits, totals.
 
     Shape: ``{"time", "queue", "dir", "stats": {...stats}, "by_priority": [{"state", "priority",
@@ -88,25 +89,30 @@ def overview(q: Queue, rep: QueueFiles | None = None) -> dict[str, Any]:
     """
     now = time.time()
     st = q.stats().to_dict()
-    rep = rep if rep is not None else examine(str(q.dir), q.name, limit=None)
     counts: Counter[tuple[str, int]] = Counter()
     oldest = None
-    for r in _records(rep):
-        if r.state in STATES:
-            counts[(r.state, int(r.priority or 0))] += 1
-        if r.state == "ready" and r.time_ms is not None:
-            oldest = r.time_ms if oldest is None else min(oldest, r.time_ms)
+    if is_url(q.location):  # a Redis queue: no files to read; the counts by state stand alone
+        sync_count = None
+    else:
+        rep = rep if rep is not None else examine(q.location, q.name, limit=None)
+        for r in _records(rep):
+            if r.state in STATES:
+                counts[(r.state, int(r.priority or 0))] += 1
+            if r.state == "ready" and r.time_ms is not None:
+                oldest = r.time_ms if oldest is None else min(oldest, r.time_ms)
+        sync_count = rep.control.get("sync_count")
+    limits = q.limits() if isinstance(q, Queue) else []
     return {
         "time": now,
         "queue": q.name,
-        "dir": str(q.dir),
+        "dir": q.location,
         "stats": st,
         "by_priority": [
             {"state": s, "priority": p, "jobs": n} for (s, p), n in sorted(counts.items())
         ],
         "oldest_ready_age": None if oldest is None else max(0.0, now - oldest / 1000),
-        "sync_count": rep.control.get("sync_count"),
-        "limits": [i.to_dict() for i in q.limits()],
+        "sync_count": sync_count,
+        "limits": [i.to_dict() for i in limits],
         "visibility_timeout": q.visibility_timeout,
         "paused": q.paused(),
     }

@@ -48,13 +48,21 @@ from .results import ResultNotFoundError
 
 if TYPE_CHECKING:  # the names below load the storage engine (and numpy): on first use, not here
     from .engine.recovery import RecoveryReport
+    from .local.limits import LimitInfo
+    from .local.options import QueueOptions
     from .local.queue import Queue
+    from .local.schedule import Schedule
+    from .redis.queue import RedisQueue
     from .worker.worker import Worker, WorkerStats
 
 __version__ = "0.1.0"
 
 _LAZY = {
     "Queue": ("ringq.local.queue", "Queue"),
+    "QueueOptions": ("ringq.local.options", "QueueOptions"),
+    "LimitInfo": ("ringq.local.limits", "LimitInfo"),
+    "Schedule": ("ringq.local.schedule", "Schedule"),
+    "RedisQueue": ("ringq.redis.queue", "RedisQueue"),
     "RecoveryReport": ("ringq.engine.recovery", "RecoveryReport"),
     "Worker": ("ringq.worker.worker", "Worker"),
     "WorkerStats": ("ringq.worker.worker", "WorkerStats"),
@@ -89,6 +97,7 @@ __all__ = [
     "JobFinishedError",
     "JobNotFoundError",
     "JobState",
+    "LimitInfo",
     "LimitError",
     "LimitsFileError",
     "LockTimeoutError",
@@ -97,13 +106,16 @@ __all__ = [
     "NotLeasedError",
     "Queue",
     "QueueClosedError",
+    "QueueOptions",
     "QueueFullError",
     "QueueStats",
     "RecordTooLargeError",
     "RecoveryReport",
+    "RedisQueue",
     "ResultNotFoundError",
     "ReplicationTimeoutError",
     "RingqError",
+    "Schedule",
     "SerializationError",
     "UnsupportedFilesystemError",
     "Worker",

@@ -4,7 +4,9 @@
 dashboard use it: the directory-backed :class:`ringq.Queue` (ringq/local/queue.py) and the
 Redis-backed :class:`ringq.redis.queue.RedisQueue` both satisfy it (checked by mypy, and by
 tests/test_conformance.py running one suite on both).  What only one of them can do is named in
-``features``; a method of such a feature exists on both and says so where it has no meaning.
+``features``: the interface's ``run_schedules`` and ``next_schedule_fire`` exist on both (and do
+nothing where there are no schedules); the other methods of a feature (``schedule``, ``limit``,
+``compact``, ...) are the local queue's alone.
 
 Everything here is the queues' common ground, defined once: neither backend imports the other.
 """

@@ -20,9 +20,12 @@ def connect(
     """Open queue ``name``: a local :class:`ringq.Queue` for a directory path, a
     :class:`ringq.redis.queue.RedisQueue` for a ``redis://``, ``rediss://`` or ``unix://`` URL.
 
-    Both have the same methods, arguments, results and errors; ``options`` are passed on
-    (storage options of the local queue, such as ``durability``, are ignored by the Redis one;
-    ``min_replicas``, ``retain_done`` and ``socket_timeout`` exist only there).
+    Both satisfy :class:`ringq.backend.QueueBackend`: the same methods, arguments, results and
+    errors for everything that interface names.  What only the local queue has (limits, periodic
+    jobs, compaction, the recovery report) is on :class:`ringq.Queue` alone: check
+    ``FEATURE_... in q.features`` and narrow with ``isinstance(q, ringq.Queue)``.  ``options`` are
+    passed on (storage options of the local queue, such as ``durability``, are ignored by the
+    Redis one; ``min_replicas``, ``retain_done`` and ``socket_timeout`` exist only there).
 
     Raises:
         ValueError: an unknown URL scheme (``something://``), bad name or setting.

@@ -177,7 +177,8 @@ class RedisStore:
         self._registered: set[str] = set()
         self._r: Any = None
 
-    def _call(self, fn: Any) -> Any:
+    def call(self, fn: Any) -> Any:
+        """``fn()``, a command on this store's Redis client, with ringq's error mapping."""
         from ringq.redis.queue import guard
 
         return guard(self.url, fn)
@@ -185,24 +186,24 @@ class RedisStore:
     def start(self) -> None:
         from ringq.redis.queue import client_for
 
-        self._r = self._call(
+        self._r = self.call(
             lambda: client_for(self.url, socket_timeout=30.0, socket_connect_timeout=10.0)
         )
         # Queues made without aio (the command line) are in no registry: find them by their keys.
         pattern = f"{{ringq:{self._name}-*}}:meta"
-        found = self._call(
+        found = self.call(
             lambda: {
                 k.decode()[len("{ringq:") : -len("}:meta")] for k in self._r.scan_iter(pattern)
             }
         )
         if found:
-            self._call(lambda: self._r.sadd(self._registry, *found))
+            self.call(lambda: self._r.sadd(self._registry, *found))
 
     def open(self, qname: str, **options: Any) -> Any:
         q = connect(self.url, qname, retain_done=REDIS_RETAIN_DONE, **options)
         if qname not in self._registered:
             try:
-                self._call(lambda: self._r.sadd(self._registry, qname))
+                self.call(lambda: self._r.sadd(self._registry, qname))
             except BaseException:
                 q.close()
                 raise
@@ -210,7 +211,7 @@ class RedisStore:
         return q
 
     def queue_names(self, prefixes: tuple[str, ...]) -> list[str]:
-        names = self._call(lambda: self._r.smembers(self._registry))
+        names = self.call(lambda: self._r.smembers(self._registry))
         return [n.decode() for n in names if n.decode().startswith(prefixes)]
 
     def sweep_lock(self) -> SweepLock:
@@ -234,13 +235,13 @@ class _RedisLock:
         self._lock = lock
 
     def acquire(self) -> bool:
-        return bool(self._store._call(lambda: self._lock.acquire(blocking=False)))
+        return bool(self._store.call(lambda: self._lock.acquire(blocking=False)))
 
     def renew(self) -> bool:
         from redis.exceptions import LockError
 
         try:  # PX back to the full TTL, if the token still matches
-            self._store._call(self._lock.reacquire)
+            self._store.call(self._lock.reacquire)
         except LockError:
             return False
         return True
@@ -249,6 +250,6 @@ class _RedisLock:
         from redis.exceptions import LockError
 
         try:
-            self._store._call(self._lock.release)  # compare-and-delete: never frees another's lock
+            self._store.call(self._lock.release)  # compare-and-delete: never frees another's lock
         except LockError:
             pass  # it expired meanwhile: nothing of ours to release

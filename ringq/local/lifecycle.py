@@ -42,7 +42,7 @@ class Lifecycle:
             if key is None:
                 self.ctx.pause.set_queue(True)
             else:
-                self.ctx.pause.set_key(str(key), True)
+                self.ctx.pause.set_key(_key(key), True)
 
     def resume(self, key: str | None = None) -> None:
         """As :meth:`ringq.Queue.resume`."""
@@ -50,7 +50,7 @@ class Lifecycle:
             if key is None:
                 self.ctx.pause.set_queue(False)
             else:
-                self.ctx.pause.set_key(str(key), False)
+                self.ctx.pause.set_key(_key(key), False)
             self.ctx.ring.ctl.wake()
 
     def paused(self) -> dict[str, Any]:
@@ -76,3 +76,11 @@ class Lifecycle:
         self.ctx.live()
         jid = job_id.id if isinstance(job_id, Job) else job_id
         return self.results.wait(jid, wait, lambda: finished_without(self.find, self.results, jid))
+
+
+def _key(key: object) -> str:
+    """A pause's key: a str, as ``enqueue(..., key=)`` takes (``5`` or ``b"pdf"`` would pause a
+    key no job has)."""
+    if not isinstance(key, str):
+        raise TypeError(f"a key is a str, got {type(key).__name__} {key!r}")
+    return key

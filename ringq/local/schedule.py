@@ -46,6 +46,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from ringq import codec
+from ringq.backend import check_attempts, check_priority
 from ringq.engine.mapped import Mapped, crc32c, fsync_dir
 from ringq.engine.owner import OwnerRegistry
 from ringq.errors import CorruptionError, FormatVersionError, QueueClosedError, RingqError
@@ -580,20 +581,9 @@ class Scheduler:
             every_ms = max(1, int(round(every * 1000)))
         else:
             check_cron(cron, tz)
-        if (
-            isinstance(priority, bool)
-            or not isinstance(priority, int)
-            or not -(2**31) <= priority < 2**31
-        ):
-            raise ValueError(f"priority must be a 32-bit signed int, got {priority!r}")
-        if max_attempts is not None and (
-            isinstance(max_attempts, bool)
-            or not isinstance(max_attempts, int)
-            or not 1 <= max_attempts <= 0xFFFF
-        ):
-            raise ValueError(
-                f"max_attempts must be an int in [1, 65535] or None, got {max_attempts!r}"
-            )
+        check_priority(priority)
+        if max_attempts is not None:
+            check_attempts(max_attempts)
         kind, data = codec.encode(payload)
         with self._lock:
             tab = self._table(create=True)

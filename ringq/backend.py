@@ -44,6 +44,8 @@ __all__ = [
     "due_delay",
     "expiry_ms",
     "check_attempts",
+    "timeout_ms",
+    "MAX_TIMEOUT",
 ]
 
 DEFAULT_VISIBILITY_TIMEOUT = 30.0  # seconds a lease lasts unless extended
@@ -51,6 +53,7 @@ DEFAULT_MAX_ATTEMPTS = 5  # leases before a job moves to the dead-letter queue
 DEFAULT_RESULT_TTL = 3600.0  # seconds a result stored by ack(result=) is kept
 MAX_ATTEMPTS_LIMIT = 0xFFFF  # the local record header's max_attempts field is 16-bit
 MAX_DELAY = 86400 * 365 * 33  # seconds: the longest delay (and expiry, and lease) of either queue
+MAX_TIMEOUT = 0xFFFFFFFF / 1000  # seconds: a job's hard timeout is stored as u32 milliseconds
 
 # Optional features (``QueueBackend.features``):
 FEATURE_SCHEDULES = "schedules"  # schedule(), schedules(), unschedule(); run_schedules() fires them
@@ -131,6 +134,23 @@ def expiry_ms(expires_in: float | None, expires_at: float | None) -> int | None:
             raise ValueError(f"expires_at must be seconds since the Unix epoch, got {expires_at!r}")
         return int(expires_at * 1000)
     return None
+
+
+def timeout_ms(timeout: float | None) -> int | None:
+    """A hard timeout (``enqueue(..., timeout=)``, ``Worker(timeout=)``) in milliseconds (at least
+    1), or None for none.  Raises ValueError unless it is a number of seconds in
+    ``(0, MAX_TIMEOUT]`` (about 49 days)."""
+    if timeout is None:
+        return None
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not 0 < timeout <= MAX_TIMEOUT
+    ):
+        raise ValueError(
+            f"timeout must be a number of seconds > 0 and at most {MAX_TIMEOUT:.0f}, got {timeout!r}"
+        )
+    return min(0xFFFFFFFF, max(1, int(round(timeout * 1000))))
 
 
 def check_attempts(n: int) -> None:
@@ -254,6 +274,7 @@ class QueueBackend(Protocol):
         unique_for: float | None = None,
         expires_in: float | None = None,
         expires_at: float | None = None,
+        timeout: float | None = None,
     ) -> Job: ...
 
     def enqueue_many(
@@ -267,6 +288,7 @@ class QueueBackend(Protocol):
         key: str | None = None,
         expires_in: float | None = None,
         expires_at: float | None = None,
+        timeout: float | None = None,
     ) -> list[Job]: ...
 
     def lease(
@@ -325,6 +347,10 @@ class QueueBackend(Protocol):
     def progress(self, job: Job | str, fraction: float, message: str | None = None) -> None: ...
 
     def result(self, job_id: str | Job, *, wait: float | None = None) -> Any: ...
+
+    def trace_first_attempt(self, job: Job | str, traceparent: str) -> None: ...
+
+    def first_attempt_trace(self, job: Job | str) -> str | None: ...
 
     def wake_token(self) -> int: ...
 

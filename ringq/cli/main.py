@@ -641,6 +641,8 @@ def cmd_work(args: argparse.Namespace) -> int:
             idle_timeout=args.idle_timeout,
             metrics_port=args.metrics_port,
             progress=False if args.json else None,
+            timeout=args.timeout,
+            grace=args.grace,
             **({} if args.poll_interval is None else {"poll_interval": args.poll_interval}),
         )
         stats = w.run()
@@ -1201,6 +1203,18 @@ def _parser() -> argparse.ArgumentParser:
         "--metrics-port",
         type=_port,
         help="serve Prometheus metrics on 127.0.0.1:PORT while working",
+    )
+    w.add_argument(
+        "--timeout",
+        type=_ranged("--timeout", float, 0, above=True),
+        help="seconds one attempt may run before it is stopped and nacked (a job's own wins)",
+    )
+    w.add_argument(
+        "--grace",
+        type=_ranged("--grace", float, 0),
+        default=30.0,
+        help="seconds running handlers get to finish after SIGTERM/SIGINT before their jobs are "
+        "handed back (default 30)",
     )
 
     me = cmd(

@@ -79,11 +79,11 @@ def job_at(
             0  # the reason field says how it ended unrun (in ``state``), not why a lease was lost
         )
     when = (seg.epoch_ms + rel_time(word)) / 1000
-    payload, expires_at = lifecycle.unwrap(info, payload)
+    codec_id, payload, meta = lifecycle.unwrap(info, payload)
     job = Job(
         id=records.job_id(info, id_bytes),
-        key=codec.split_key(info.codec, payload)[0],
-        payload=codec.decode(info.codec, payload) if decode else None,
+        key=codec.split_key(codec_id, payload)[0],
+        payload=codec.decode(codec_id, payload) if decode else None,
         priority=info.priority,
         state=js,
         attempts=info.attempts_before + lc,
@@ -96,7 +96,9 @@ def job_at(
         seq=info.seq,
         version=2 * lc - (st == ST_LEASED),
         cancel_requested=st == ST_LEASED and bool(word & FLAG_CANCEL),
-        expires_at=expires_at,
+        expires_at=None if meta.expires_ms is None else meta.expires_ms / 1000,
+        timeout=None if meta.timeout_ms is None else meta.timeout_ms / 1000,
+        trace_context=meta.trace_context(),
         _loc=(seg.seq, slot),
     )
     if not just_leased:

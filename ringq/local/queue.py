@@ -28,6 +28,7 @@ import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ringq import tracing
 from ringq.backend import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_RESULT_TTL,
@@ -42,9 +43,10 @@ from ringq.backend import (
     check_attempts,
     due_delay,
     expiry_ms,
+    timeout_ms,
 )
 from ringq.backoff import BackoffPolicy
-from ringq.engine import forksafe, transitions
+from ringq.engine import forksafe, meta, transitions
 from ringq.engine.reaper import REAP_INTERVAL
 from ringq.engine.recovery import RecoveryReport
 from ringq.engine.ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, Ring
@@ -305,6 +307,7 @@ class Queue:
         unique_for: float | None = None,
         expires_in: float | None = None,
         expires_at: float | None = None,
+        timeout: float | None = None,
     ) -> Job:
         """Add one job; durable (per the durability strategy) when this returns.
 
@@ -326,6 +329,12 @@ class Queue:
             expires_in: seconds from now after which the job, if nobody leased it yet, is never
                 leased: it becomes EXPIRED (docs/lifecycle.md).  ``expires_at``: the same as a time,
                 seconds since the Unix epoch.  Give at most one.
+            timeout: seconds one attempt of the job may run in a :class:`ringq.Worker` (or
+                ``ringq.aio``) before it is stopped and nacked with ``"timeout after N s"``; it
+                wins over the Worker's own ``timeout`` (docs/operations.md).  Stored in the record.
+
+        With ``ringq[otel]`` installed and a span current, the W3C trace context is stored with
+        the job too (``Job.trace_context``; docs/operations.md, "Traces").
 
         Returns:
             The job (``state`` READY).
@@ -338,6 +347,7 @@ class Queue:
         if unique_for is None and job_id is None:  # the common case, without enqueue_many's lists
             if self._ctx.closed:
                 self._ctx.live()
+            trace = tracing.carrier()
             return self._ctx.producer.enqueue_one(
                 payload,
                 priority,
@@ -345,8 +355,8 @@ class Queue:
                 self.max_attempts if max_attempts is None else max_attempts,
                 key,
                 None
-                if expires_in is None and expires_at is None
-                else expiry_ms(expires_in, expires_at),
+                if expires_in is None and expires_at is None and timeout is None and trace is None
+                else meta.of(expiry_ms(expires_in, expires_at), timeout_ms(timeout), trace),
             )
 
         def add() -> Job:
@@ -359,6 +369,7 @@ class Queue:
                 key=key,
                 expires_in=expires_in,
                 expires_at=expires_at,
+                timeout=timeout,
             )[0]
 
         if unique_for is None:
@@ -379,6 +390,7 @@ class Queue:
         key: str | None = None,
         expires_in: float | None = None,
         expires_at: float | None = None,
+        timeout: float | None = None,
     ) -> list[Job]:
         """Add many jobs with one lock hold and one durability sync.  Same arguments as :meth:`enqueue`
         (``key`` applies to every job of the batch; ``unique_for`` is for single enqueues).
@@ -394,7 +406,7 @@ class Queue:
             attempts,
             None if job_ids is None else list(job_ids),
             key,
-            expiry_ms(expires_in, expires_at),
+            meta.of(expiry_ms(expires_in, expires_at), timeout_ms(timeout), tracing.carrier()),
         )
 
     # -- catching up ----------------------------------------------------------------------------------
@@ -773,6 +785,17 @@ class Queue:
         of this lease.  Fenced like :meth:`ack`: a stale holder is refused with NotLeasedError.
         Raises ValueError for a fraction outside [0, 1], JobNotFoundError."""
         return self._lifecycle.progress(job, fraction, message)
+
+    def trace_first_attempt(self, job: Job | str, traceparent: str) -> None:
+        """Keep ``traceparent`` (a W3C traceparent) as the span of ``job``'s first attempt, for the
+        link a retry's span makes to it (ringq/tracing.py; a Worker calls this when a first
+        attempt fails in its handler).  Best effort; raises JobNotFoundError."""
+        return self._lifecycle.trace_first_attempt(job, traceparent)
+
+    def first_attempt_trace(self, job: Job | str) -> str | None:
+        """The traceparent kept by :meth:`trace_first_attempt` for ``job``, or None.  Raises
+        JobNotFoundError."""
+        return self._lifecycle.first_attempt_trace(job)
 
     def result(self, job_id: str | Job, *, wait: float | None = None) -> Any:
         """The result stored by ``ack(job, result=...)`` for ``job_id``.

@@ -10,10 +10,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from ringq import codec
-from ringq.backend import QueueStats
+from ringq.backend import QueueStats, timeout_ms
 from ringq.errors import NotLeasedError, SerializationError
 from ringq.ids import check_caller_id, renamed
 from ringq.job import Job, JobState
+from ringq.tracing import clean
 
 from .scripts import Scripts, refuse
 from .scripts import job_from_reply as _job
@@ -108,6 +109,8 @@ class RedisAdmin:
                 int(j.enqueued_at * 1000),
                 "dead" if j.state is JobState.DEAD else "ready",
                 j.last_error or "",
+                timeout_ms(j.timeout) or 0,
+                *(t or "" for t in clean(j.trace_context)),
             ]
         return int(self.scripts.run("import", args, write=True)) if jobs else 0
 

@@ -168,11 +168,11 @@ def failed(span: Any, error: str) -> None:
 
 
 def traceparent_of(span: Any) -> str | None:
-    """The traceparent of ``span`` (from :func:`processing`) if it is recorded, else None: what a
-    backend keeps as the first attempt's span for a retry's link."""
-    if span is None or not span.is_recording():
+    """The traceparent of ``span`` (from :func:`processing`, ended or not) if it was sampled, else
+    None: what a backend keeps as the first attempt's span for a retry's link."""
+    if span is None:
         return None
     sc = span.get_span_context()
-    if not sc.is_valid:
+    if not sc.is_valid or not sc.trace_flags.sampled:
         return None
     return f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{int(sc.trace_flags):02x}"

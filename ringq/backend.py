@@ -26,6 +26,9 @@ __all__ = [
     "QueueBackend",
     "QueueStats",
     "CompactionResult",
+    "SearchPage",
+    "ascii_contains",
+    "SEARCH_STATES",
     "NO_RESULT",
     "DEFAULT_VISIBILITY_TIMEOUT",
     "DEFAULT_MAX_ATTEMPTS",
@@ -225,6 +228,35 @@ class CompactionResult:
         )
 
 
+# The states a search (and ``list_jobs``) takes: a JobState's value, or "delayed" (READY, not due).
+SEARCH_STATES = ("ready", "delayed", "leased", "done", "dead", "cancelled", "expired")
+
+_ASCII_LOWER = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ", b"abcdefghijklmnopqrstuvwxyz")
+
+
+def ascii_contains(text: str, needle: str) -> bool:
+    """True if ``needle`` is a substring of ``text``, ASCII letters compared without regard to
+    case and every other character exactly: the rule of a search by error text (the local engine
+    applies it in C, csrc/search.c)."""
+    return needle.encode("utf-8").translate(_ASCII_LOWER) in text.encode("utf-8").translate(
+        _ASCII_LOWER
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SearchPage:
+    """One page of a job search (``search()``): ``jobs`` in enqueue order, ``total`` matches in
+    the whole queue, ``next`` the cursor to pass as ``after`` for the following page (None: this
+    was the last)."""
+
+    jobs: list[Job]
+    total: int
+    next: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"jobs": [j.to_dict() for j in self.jobs], "total": self.total, "next": self.next}
+
+
 @runtime_checkable
 class QueueBackend(Protocol):
     """The queue API common to both backends (nobroker's names).  Each method's full contract is
@@ -325,6 +357,18 @@ class QueueBackend(Protocol):
     def list_jobs(
         self, state: JobState | str | None = None, *, limit: int | None = None
     ) -> list[Job]: ...
+
+    def search(
+        self,
+        *,
+        state: str | None = None,
+        key: str | None = None,
+        priority: int | None = None,
+        job_id: str | None = None,
+        error: str | None = None,
+        after: str | None = None,
+        limit: int | None = 50,
+    ) -> SearchPage: ...
 
     def dlq(self, *, limit: int | None = None) -> list[Job]: ...
 

@@ -40,6 +40,7 @@ from ringq.backend import (
     NO_RESULT,
     CompactionResult,
     QueueStats,
+    SearchPage,
     check_attempts,
     due_delay,
     expiry_ms,
@@ -50,6 +51,7 @@ from ringq.engine import forksafe, meta, transitions
 from ringq.engine.reaper import REAP_INTERVAL
 from ringq.engine.recovery import RecoveryReport
 from ringq.engine.ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, Ring
+from ringq.engine.search import Query
 from ringq.engine.segment import check_geometry
 from ringq.engine.words import ST_DONE, TIME_MAX, lease_count, state
 from ringq.errors import JobNotFoundError, LimitError, NotLeasedError
@@ -699,6 +701,38 @@ class Queue:
         for an unknown state or a negative limit.
         """
         return self._admin.list_jobs(state, limit=limit)
+
+    def search(
+        self,
+        *,
+        state: str | None = None,
+        key: str | None = None,
+        priority: int | None = None,
+        job_id: str | None = None,
+        error: str | None = None,
+        after: str | None = None,
+        limit: int | None = 50,
+    ) -> SearchPage:
+        """Find jobs: those matching every filter given, in enqueue order (as :meth:`list_jobs`),
+        ``limit`` per page (None: all).
+
+        Args:
+            state: ``ready`` (delayed jobs included), ``delayed``, ``leased``, ``done``, ``dead``,
+                ``cancelled`` or ``expired``.
+            key: the job's key, exactly.  priority: exactly.  job_id: exactly.
+            error: a substring of the job's ``last_error`` (ASCII letters compared without
+                regard to case).
+            after: the ``next`` cursor of the page before.
+
+        Returns:
+            A :class:`ringq.backend.SearchPage`: the page's jobs, the number of matches in the
+            whole queue, and the cursor of the next page.  Costs a pass over the state tables and
+            record headers (no payload decoded) and one read of each error side file when
+            ``error`` is given: docs/benchmarks.md ("Search") has the figures.
+        Raises:
+            ValueError: an unknown state, a bad cursor or limit.
+        """
+        return self._admin.search(Query(state, key, priority, job_id, error), after, limit)
 
     def dlq(self, *, limit: int | None = None) -> list[Job]:
         """Dead-lettered jobs, oldest first."""

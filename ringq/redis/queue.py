@@ -34,7 +34,9 @@ from ringq.backend import (
     DEFAULT_VISIBILITY_TIMEOUT,
     MAX_DELAY,
     NO_RESULT,
+    SEARCH_STATES,
     QueueStats,
+    SearchPage,
     check_attempts,
     check_queue_name,
     due_delay,
@@ -465,6 +467,24 @@ class RedisQueue:
     ) -> list[Job]:
         """Retained jobs in enqueue order, optionally only those in ``state``, at most ``limit``."""
         return self._admin.list_jobs(state, limit=limit, decode=decode)
+
+    def search(
+        self,
+        *,
+        state: str | None = None,
+        key: str | None = None,
+        priority: int | None = None,
+        job_id: str | None = None,
+        error: str | None = None,
+        after: str | None = None,
+        limit: int | None = 50,
+    ) -> SearchPage:
+        """As :meth:`ringq.Queue.search`.  Reads every retained job of the state asked for (no
+        index on the server): meant for a person's search, not a hot loop.  A ``key`` matches
+        nothing (jobs on Redis have none)."""
+        if state is not None and state not in SEARCH_STATES:
+            raise ValueError(f"state must be one of {list(SEARCH_STATES)}, got {state!r}")
+        return self._admin.search(state, key, priority, job_id, error, after, limit)
 
     def dlq(self, *, limit: int | None = None) -> list[Job]:
         """Dead-lettered jobs, oldest first."""

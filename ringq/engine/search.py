@@ -52,11 +52,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Query", "search", "STATES", "cursor_of"]
 
 STATES = SEARCH_STATES
-# last_error of a job whose last lease was lost (ringq/engine/snapshot.py last_error)
-_LOST = {
-    WHY_EXPIRED: "lease expired: visibility timeout passed before ack",
-    WHY_DIED: "lease holder died: its process exited without ack",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +151,7 @@ def _error_mask(
     why = np_why(words)
     unrun = (st == ST_DONE) & np_cancel_flag(words)  # there the field is how it ended, not why
     out = np.zeros(len(heads), bool)
-    for reason, text in _LOST.items():
+    for reason, text in snapshot.LOST_TEXT.items():
         if ascii_contains(text, needle):
             out |= (why == reason) & ~unrun
     lost = ((why == WHY_EXPIRED) | (why == WHY_DIED)) & ~unrun

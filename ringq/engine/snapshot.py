@@ -32,6 +32,12 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["job_at", "fresh_lease", "last_error"]
 
 
+#: last_error of a job whose last lease was lost, by the reason in its state word
+LOST_TEXT = {
+    WHY_EXPIRED: "lease expired: visibility timeout passed before ack",
+    WHY_DIED: "lease holder died: its process exited without ack",
+}
+
 STATE_OF = {
     ST_READY: JobState.READY,
     ST_LEASED: JobState.LEASED,
@@ -136,10 +142,9 @@ def last_error(
     ring: Ring, seg: Segment, slot: int, reason: int, lc: int, st: int, carried: int = 0
 ) -> str | None:
     """The job's last error: why its last lease was lost, or the text of its latest nack."""
-    if reason == WHY_EXPIRED:
-        return "lease expired: visibility timeout passed before ack"
-    if reason == WHY_DIED:
-        return "lease holder died: its process exited without ack"
+    lost = LOST_TEXT.get(reason)
+    if lost is not None:
+        return lost
     if not carried and (lc == 0 or (st == ST_LEASED and lc == 1)):
         return None  # in its first lease no nack can have happened: spare the side-file read
     entries = ring.read_errors(seg.seq).get(slot)

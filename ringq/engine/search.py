@@ -262,10 +262,13 @@ def search(
         order = order[past]
     page = order if limit is None else order[:limit]
     jobs: list[Job] = []
+    errors: dict[int, dict[int, list[tuple[int, str]]]] = {}  # each side file read once
     for i in page.tolist():
         view = index.views[int(segs[i])]
         try:
-            jobs.append(snapshot.job_at(ring, view.seg, int(slots[i]), int(words[i])))
+            jobs.append(
+                snapshot.job_at(ring, view.seg, int(slots[i]), int(words[i]), errors=errors)
+            )
         except (CorruptionError, SerializationError):
             continue
     more = limit is not None and len(order) > limit

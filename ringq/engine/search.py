@@ -254,13 +254,19 @@ def search(
         return [], 0, None
     enq, seq = np.concatenate(enq_l), np.concatenate(seq_l).astype(np.int64)
     segs, slots, words = np.concatenate(seg_l), np.concatenate(slot_l), np.concatenate(word_l)
-    order = np.lexsort((seq, enq))
-    total = len(order)
+    total = len(enq)
+    idx = np.arange(total)
     if cur is not None:
-        e, s = enq[order], seq[order]
-        past = (e > cur[0]) | ((e == cur[0]) & (s > cur[1]))
-        order = order[past]
-    page = order if limit is None else order[:limit]
+        idx = np.flatnonzero((enq > cur[0]) | ((enq == cur[0]) & (seq > cur[1])))
+    more = limit is not None and len(idx) > limit
+    if more and limit:
+        # Only the first ``limit`` in order are needed: those enqueued no later than the
+        # limit-th earliest (a partition, not a sort of every match), then sorted.
+        kth = np.partition(enq[idx], limit - 1)[limit - 1]
+        idx = idx[enq[idx] <= kth]
+    page = idx[np.lexsort((seq[idx], enq[idx]))]
+    if limit is not None:
+        page = page[:limit]
     jobs: list[Job] = []
     errors: dict[int, dict[int, list[tuple[int, str]]]] = {}  # each side file read once
     for i in page.tolist():
@@ -271,6 +277,5 @@ def search(
             )
         except (CorruptionError, SerializationError):
             continue
-    more = limit is not None and len(order) > limit
     nxt = cursor_of(int(enq[page[-1]]), int(seq[page[-1]])) if more and len(page) else None
     return jobs, total, nxt

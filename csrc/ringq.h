@@ -383,4 +383,16 @@ int ringq_append_fast(int lock_fd, uint8_t *ctl, size_t ctl_len, const ringq_ctl
 int ringq_append_publish(uint8_t *base, size_t maplen, const ringq_geom *g, const uint32_t *heads,
                          uint32_t n, uint32_t end, uint64_t state, uint64_t last_seq);
 
+/* ---- search ---------------------------------------------------------------------------------- */
+
+/* Read the frames of an error side file (ringq/engine/errtext.py: u32 text length n, u32 CRC32C
+ * of the next 8 + n bytes, u32 slot, u32 lease count, n bytes of text) held in buf[0..len), as
+ * errtext.read_errors does: from offset 0, each frame's length says where the next starts; a frame
+ * whose CRC fails is skipped; a frame cut short by the end of buf ends the scan.  For the i-th
+ * valid frame (i < cap) stores slots[i], lcs[i] and match[i]: 1 if its text contains needle[0..nlen)
+ * comparing ASCII letters without regard to case (other bytes exactly; nlen 0 always matches), else
+ * 0.  Returns the number of valid frames (counting past cap; only cap are stored), or RINGQ_EINVAL. */
+int64_t ringq_frames_scan(const uint8_t *buf, size_t len, const uint8_t *needle, size_t nlen,
+                          uint32_t *slots, uint32_t *lcs, uint8_t *match, size_t cap);
+
 #endif /* RINGQ_H */

@@ -28,6 +28,9 @@ __all__ = [
     "QueueBackend",
     "QueueStats",
     "CompactionResult",
+    "SearchPage",
+    "ascii_contains",
+    "SEARCH_STATES",
     "NO_RESULT",
     "DEFAULT_VISIBILITY_TIMEOUT",
     "DEFAULT_MAX_ATTEMPTS",
@@ -58,6 +61,8 @@ __all__ = [
     "check_result_ttl",
     "expiry_ms",
     "check_attempts",
+    "timeout_ms",
+    "MAX_TIMEOUT",
 ]
 
 DEFAULT_VISIBILITY_TIMEOUT = 30.0  # seconds a lease lasts unless extended
@@ -65,6 +70,7 @@ DEFAULT_MAX_ATTEMPTS = 5  # leases before a job moves to the dead-letter queue
 DEFAULT_RESULT_TTL = 3600.0  # seconds a result stored by ack(result=) is kept
 MAX_ATTEMPTS_LIMIT = 0xFFFF  # the local record header's max_attempts field is 16-bit
 MAX_DELAY = 86400 * 365 * 33  # seconds: the longest delay (and expiry, and lease) of either queue
+MAX_TIMEOUT = 0xFFFFFFFF / 1000  # seconds: a job's hard timeout is stored as u32 milliseconds
 
 # Optional features (``QueueBackend.features``):
 FEATURE_SCHEDULES = "schedules"  # schedule(), schedules(), unschedule(); run_schedules() fires them
@@ -245,6 +251,23 @@ def check_result_ttl(ttl: object) -> float:
     return float(ttl)  # type: ignore[arg-type]
 
 
+def timeout_ms(timeout: float | None) -> int | None:
+    """A hard timeout (``enqueue(..., timeout=)``, ``Worker(timeout=)``) in milliseconds (at least
+    1), or None for none.  Raises ValueError unless it is a number of seconds in
+    ``(0, MAX_TIMEOUT]`` (about 49 days)."""
+    if timeout is None:
+        return None
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not 0 < timeout <= MAX_TIMEOUT
+    ):
+        raise ValueError(
+            f"timeout must be a number of seconds > 0 and at most {MAX_TIMEOUT:.0f}, got {timeout!r}"
+        )
+    return min(0xFFFFFFFF, max(1, int(round(timeout * 1000))))
+
+
 def check_attempts(n: int) -> None:
     """Raise ValueError unless ``n`` is an int in ``[1, MAX_ATTEMPTS_LIMIT]`` (a bool is refused)."""
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_ATTEMPTS_LIMIT:
@@ -317,6 +340,35 @@ class CompactionResult:
         )
 
 
+# The states a search (and ``list_jobs``) takes: a JobState's value, or "delayed" (READY, not due).
+SEARCH_STATES = ("ready", "delayed", "leased", "done", "dead", "cancelled", "expired")
+
+_ASCII_LOWER = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ", b"abcdefghijklmnopqrstuvwxyz")
+
+
+def ascii_contains(text: str, needle: str) -> bool:
+    """True if ``needle`` is a substring of ``text``, ASCII letters compared without regard to
+    case and every other character exactly: the rule of a search by error text (the local engine
+    applies it in C, csrc/search.c)."""
+    return needle.encode("utf-8").translate(_ASCII_LOWER) in text.encode("utf-8").translate(
+        _ASCII_LOWER
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SearchPage:
+    """One page of a job search (``search()``): ``jobs`` in enqueue order, ``total`` matches in
+    the whole queue, ``next`` the cursor to pass as ``after`` for the following page (None: this
+    was the last)."""
+
+    jobs: list[Job]
+    total: int
+    next: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"jobs": [j.to_dict() for j in self.jobs], "total": self.total, "next": self.next}
+
+
 @runtime_checkable
 class QueueBackend(Protocol):
     """The queue API common to both backends (nobroker's names).  Each method's full contract is
@@ -366,6 +418,7 @@ class QueueBackend(Protocol):
         unique_for: float | None = None,
         expires_in: float | None = None,
         expires_at: float | None = None,
+        timeout: float | None = None,
     ) -> Job: ...
 
     def enqueue_many(
@@ -379,6 +432,7 @@ class QueueBackend(Protocol):
         key: str | None = None,
         expires_in: float | None = None,
         expires_at: float | None = None,
+        timeout: float | None = None,
     ) -> list[Job]: ...
 
     def lease(
@@ -416,6 +470,18 @@ class QueueBackend(Protocol):
         self, state: JobState | str | None = None, *, limit: int | None = None
     ) -> list[Job]: ...
 
+    def search(
+        self,
+        *,
+        state: str | None = None,
+        key: str | None = None,
+        priority: int | None = None,
+        job_id: str | None = None,
+        error: str | None = None,
+        after: str | None = None,
+        limit: int | None = 50,
+    ) -> SearchPage: ...
+
     def dlq(self, *, limit: int | None = None) -> list[Job]: ...
 
     def requeue_dead(self, job_id: str | None = None) -> int: ...
@@ -437,6 +503,10 @@ class QueueBackend(Protocol):
     def progress(self, job: Job | str, fraction: float, message: str | None = None) -> None: ...
 
     def result(self, job_id: str | Job, *, wait: float | None = None) -> Any: ...
+
+    def trace_first_attempt(self, job: Job | str, traceparent: str) -> None: ...
+
+    def first_attempt_trace(self, job: Job | str) -> str | None: ...
 
     def wake_token(self) -> int: ...
 

@@ -44,6 +44,7 @@ __all__ = [
     "NDARRAY",
     "MIXED",
     "KEYED",
+    "IN_META",
     "MAX_KEY_BYTES",
     "encode",
     "decode",
@@ -57,6 +58,10 @@ BYTES = 2
 NDARRAY = 3
 MIXED = 4
 KEYED = 5
+# The codec byte of a record of kind 3 (ringq/engine/meta.py): the payload's own codec is in its
+# metadata block.  Never a payload codec itself, so a reader that does not know kind 3 refuses the
+# payload (unknown codec) instead of decoding the block as part of it.
+IN_META = 6
 MAX_KEY_BYTES = 128  # a key is a limit's name, and a limit's name has 128 bytes in <name>.limits
 _U16 = struct.Struct("<H")
 

@@ -57,8 +57,15 @@ class Job:
         expires_at: seconds since the Unix epoch after which it is never leased (EXPIRED), or None.
         progress: the fraction in [0, 1] its holder last reported with ``Queue.progress``, or None.
         progress_message: the text reported with it, or None.
+        timeout: the job's own hard timeout of one attempt, seconds (``enqueue(..., timeout=)``),
+            or None: a Worker kills (processes) or gives up (threads) an attempt that runs longer
+            (docs/operations.md).  It wins over the Worker's ``timeout``.
+        trace_context: the W3C trace context (``{"traceparent": ..., "tracestate": ...}``) that
+            was current when the job was enqueued (with ``ringq[otel]`` installed), or None; a
+            Worker's span for the job continues it (docs/operations.md, "Traces").
         cancelled: set by :class:`ringq.Worker` on the job handed to a handler: a
-            ``threading.Event`` that is set when a cancel is requested (None elsewhere).
+            ``threading.Event`` that is set when a cancel is requested, or when its timeout
+            passes in a thread (None elsewhere).
     """
 
     id: str
@@ -79,6 +86,8 @@ class Job:
     expires_at: float | None = None
     progress: float | None = None
     progress_message: str | None = None
+    timeout: float | None = None
+    trace_context: dict[str, str] | None = None
     cancelled: threading.Event | None = field(default=None, repr=False, compare=False)
     # (segment seq, slot, queue identity) of the record it was read from: the queue's own handle
     _loc: tuple[int, int, int] = field(default=(0, 0, 0), repr=False, compare=False)
@@ -121,6 +130,10 @@ class Job:
             expires_at=None if data.get("expires_at") is None else float(data["expires_at"]),
             progress=None if data.get("progress") is None else float(data["progress"]),
             progress_message=data.get("progress_message"),
+            timeout=None if data.get("timeout") is None else float(data["timeout"]),
+            trace_context=None
+            if not isinstance(data.get("trace_context"), dict)
+            else {str(k): str(v) for k, v in data["trace_context"].items()},
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -143,6 +156,11 @@ class Job:
             "progress": self.progress,
             "progress_message": self.progress_message,
         }
-        if self.key is not None:  # only keyed jobs carry it: nobroker's form stays unchanged
+        # Only jobs that carry them show these: nobroker's form stays unchanged.
+        if self.key is not None:
             out["key"] = self.key
+        if self.timeout is not None:
+            out["timeout"] = self.timeout
+        if self.trace_context is not None:
+            out["trace_context"] = dict(self.trace_context)
         return out

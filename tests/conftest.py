@@ -53,3 +53,33 @@ def qdir(tmp_path):
 
 
 from redisserver import aio_redis_server, redis_server, redis_url, spawn_redis, target  # noqa: E402, F401  (fixtures)
+
+
+@pytest.fixture(params=["local", "redis"])
+def queue_factory(request, tmp_path):
+    """``make(name=None, **options)`` opens the test's queue through ``ringq.connect``, on a
+    local directory and on Redis (the same queue on every call, as reopening a directory would);
+    ``make.backend`` says which.  Every queue it opened is closed at teardown."""
+    import uuid
+
+    from redisserver import require_redis
+
+    import ringq
+
+    if request.param == "local":
+        where = str(tmp_path / "q")
+    else:
+        require_redis()
+        where = request.getfixturevalue("redis_url")
+    base = f"t{uuid.uuid4().hex[:12]}"
+    opened = []
+
+    def make(name=None, **options):
+        q = ringq.connect(where, base if name is None else f"{base}-{name}", **options)
+        opened.append(q)
+        return q
+
+    make.backend = request.param
+    yield make
+    for q in opened:
+        q.close()

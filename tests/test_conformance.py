@@ -7,11 +7,9 @@ in test_queue.py and the other local-only modules.
 
 import math
 import time
-import uuid
 
 import numpy as np
 import pytest
-from redisserver import require_redis
 
 import ringq
 from ringq import (
@@ -24,27 +22,6 @@ from ringq import (
 )
 
 NOBACKOFF = BackoffPolicy(base=0, jitter=0)
-
-
-@pytest.fixture(params=["local", "redis"])
-def queue_factory(request, tmp_path):
-    if request.param == "local":
-        target = str(tmp_path / "q")
-    else:
-        require_redis()
-        target = request.getfixturevalue("redis_url")
-    base = f"t{uuid.uuid4().hex[:12]}"
-    opened = []
-
-    def make(name=None, **options):
-        q = ringq.connect(target, base if name is None else f"{base}-{name}", **options)
-        opened.append(q)
-        return q
-
-    make.backend = request.param
-    yield make
-    for q in opened:
-        q.close()
 
 
 @pytest.fixture

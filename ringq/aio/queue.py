@@ -61,7 +61,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ringq import codec
+from ringq import codec, tracing
 from ringq.backoff import BackoffPolicy
 from ringq.engine import records
 from ringq.errors import (
@@ -460,7 +460,13 @@ class Queue:
     # -- submitting -----------------------------------------------------------------------------
 
     def submit(
-        self, kind: str, payload: Any = None, *, id: str | None = None, delay: float = 0.0
+        self,
+        kind: str,
+        payload: Any = None,
+        *,
+        id: str | None = None,
+        delay: float = 0.0,
+        timeout: float | None = None,
     ) -> str:
         """Store a job durably and start it; returns its id.  Not a coroutine.
 
@@ -475,6 +481,11 @@ class Queue:
             id: an idempotency key: if a job with this id is retained, nothing is stored and its
                 id is returned.
             delay: seconds before the job may start.
+            timeout: seconds one run of this job may take; it wins over its handler's ``timeout``
+                (the run is cancelled and fails as a handler timeout does).  Stored with the job.
+
+        With ``ringq[otel]`` installed the trace context current here is stored with the job and
+        its handler runs in a span that continues it (docs/operations.md, "Traces").
 
         Raises:
             QueueClosedError (not open), SerializationError (payload not JSON), RecordTooLargeError
@@ -492,7 +503,7 @@ class Queue:
         q = self._open_engine(self.queue_name(kind))
         rec = {"kind": kind, "payload": payload}
         self._check_record_size(q.name, rec, job_id)
-        q.enqueue(rec, job_id=job_id, delay=delay)
+        q.enqueue(rec, job_id=job_id, delay=delay, timeout=timeout)
         loop = self._opened_loop()
         if threading.get_ident() == self._loop_thread:
             self._pump(kind)
@@ -569,7 +580,12 @@ class Queue:
                     f"GaveUp: started {ej.attempts - 1} times without finishing; last: {ej.last_error}",
                 )
                 return
-            result, error = await _call_handler(h, job)
+            with tracing.processing(q.name, ej, lambda: q.first_attempt_trace(ej)) as span:
+                result, error = await _call_handler(h, job, ej.timeout)
+                if error is not None:
+                    tracing.failed(span, error)
+                    if ej.attempts == 1 and (tp := tracing.traceparent_of(span)) is not None:
+                        _quietly(q.trace_first_attempt, ej, tp)
             if error is not None and ej.attempts <= h.retries:
                 wait = h.backoff.delay_for(ej.attempts)
                 log.info("job %s (%s) failed, retrying in %.3g s: %s", ej.id, job.kind, wait, error)
@@ -703,20 +719,24 @@ async def _heartbeat(
                     log.warning("job %s: extending its lease failed: %s", ej.id, exc)
 
 
-async def _call_handler(h: _Handler, job: Job) -> tuple[Any, str | None]:
-    """Run ``h``'s handler on ``job`` under its timeout: (result, None), or (None, error text)."""
+async def _call_handler(
+    h: _Handler, job: Job, own_timeout: float | None = None
+) -> tuple[Any, str | None]:
+    """Run ``h``'s handler on ``job`` under its timeout (the job's own, ``own_timeout``, wins over
+    the handler's): (result, None), or (None, error text)."""
+    limit = own_timeout if own_timeout is not None else h.timeout
     try:
-        async with asyncio.timeout(h.timeout) as deadline:
+        async with asyncio.timeout(limit) as deadline:
             if inspect.iscoroutinefunction(h.fn):
                 return await h.fn(job), None
             return await asyncio.to_thread(h.fn, job), None
     except asyncio.CancelledError:
         raise
     except Exception as exc:  # the handler's failure is data, not ours
-        if h.timeout is not None and deadline.expired():
+        if limit is not None and deadline.expired():
             return (
                 None,
-                f"TimeoutError: handler for {job.kind!r} did not finish within {h.timeout:g} s",
+                f"TimeoutError: handler for {job.kind!r} did not finish within {limit:g} s",
             )
         return None, f"{type(exc).__name__}: {exc}"
 

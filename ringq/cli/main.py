@@ -348,7 +348,17 @@ def _check_limit(args: argparse.Namespace) -> None:
 def cmd_list(args: argparse.Namespace) -> int:
     _check_limit(args)
     with _open(args) as q:
-        jobs = q.list_jobs(args.state, limit=args.limit)
+        if args.key is None and args.error is None and args.priority is None and args.id is None:
+            jobs = q.list_jobs(args.state, limit=args.limit)
+        else:  # the dashboard's search (docs/dashboard.md)
+            jobs = q.search(
+                state=args.state,
+                key=args.key,
+                priority=args.priority,
+                job_id=args.id,
+                error=args.error,
+                limit=args.limit,
+            ).jobs
     _emit(args, [j.to_dict() for j in jobs], _job_rows(jobs) if jobs else "(no jobs)")
     return 0
 
@@ -641,6 +651,8 @@ def cmd_work(args: argparse.Namespace) -> int:
             idle_timeout=args.idle_timeout,
             metrics_port=args.metrics_port,
             progress=False if args.json else None,
+            timeout=args.timeout,
+            grace=args.grace,
             **({} if args.poll_interval is None else {"poll_interval": args.poll_interval}),
         )
         stats = w.run()
@@ -1081,6 +1093,14 @@ def _parser() -> argparse.ArgumentParser:
     li.add_argument(
         "--limit", type=_ranged("--limit", int, 0), help="at most N jobs (0 or omitted: all)"
     )
+    li.add_argument("--key", help="only jobs of this key")
+    li.add_argument("--priority", type=int, help="only jobs of this priority")
+    li.add_argument("--id", help="only the job with this id")
+    li.add_argument(
+        "--error",
+        metavar="TEXT",
+        help="only jobs whose last error contains TEXT (ASCII letters in any case)",
+    )
 
     d = cmd("dlq", cmd_dlq, "list the dead-letter queue, or requeue from it")
     d.add_argument(
@@ -1201,6 +1221,18 @@ def _parser() -> argparse.ArgumentParser:
         "--metrics-port",
         type=_port,
         help="serve Prometheus metrics on 127.0.0.1:PORT while working",
+    )
+    w.add_argument(
+        "--timeout",
+        type=_ranged("--timeout", float, 0, above=True),
+        help="seconds one attempt may run before it is stopped and nacked (a job's own wins)",
+    )
+    w.add_argument(
+        "--grace",
+        type=_ranged("--grace", float, 0),
+        default=30.0,
+        help="seconds running handlers get to finish after SIGTERM/SIGINT before their jobs are "
+        "handed back (default 30)",
     )
 
     me = cmd(

@@ -2,7 +2,7 @@
 
 * **Expiry** is stored in the record: a record of kind ``KIND_EXPIRES`` (header byte 51) starts
   its payload with an 8-byte little-endian expires-at (ms since the Unix epoch), followed by the
-  codec's bytes.  A claim that finds such a job past its expiry CASes it to EXPIRED instead
+  codec's bytes; a record of kind 3 carries it in its metadata block (ringq/engine/meta.py).  A claim that finds such a job past its expiry CASes it to EXPIRED instead
   (``transitions.expired``); snapshots strip the prefix and show ``Job.expires_at``.
 * **Pause** lives in ``<name>.pause``, one mapped page (layout below): a whole-queue word every
   lease reads before it looks for work, and a table of paused keys.  It is durable: a paused queue
@@ -26,8 +26,9 @@ from ringq.backend import check_fraction
 from ringq.errors import CorruptionError, SerializationError
 from ringq.job import Job
 
-from . import errtext, records, transitions
+from . import errtext, meta, records, transitions
 from .mapped import Mapped, crc32c, open_nofollow
+from .meta import KIND_EXPIRES, KIND_JOB
 from .words import lease_count
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,11 +46,12 @@ __all__ = [
     "progress_path",
     "write_progress",
     "show_progress",
+    "trace_path",
+    "write_first_attempt",
+    "read_first_attempt",
     "MAX_KEY",
 ]
 
-KIND_EXPIRES = 2  # record kind: a job whose payload starts with an 8-byte expires-at (ms)
-_EXP = struct.Struct("<q")
 _REC_HEADER = records.REC_HEADER.size
 
 
@@ -58,20 +60,15 @@ _REC_HEADER = records.REC_HEADER.size
 
 def wrap_expiry(data: bytes, expires_at_ms: int) -> bytes:
     """The payload bytes of a job that expires at ``expires_at_ms`` (ms since the Unix epoch)."""
-    return _EXP.pack(expires_at_ms) + data
+    return meta.wrap(0, data, meta.Meta(expires_ms=expires_at_ms))[1]
 
 
-def unwrap(info: Any, payload: bytearray) -> tuple[bytearray, float | None]:
-    """``(codec bytes, expires-at in seconds or None)`` of a validated record's payload bytes.
+def unwrap(info: Any, payload: bytearray) -> tuple[int, bytearray, meta.Meta]:
+    """``(codec, codec bytes, meta)`` of a validated record's payload bytes (ringq/engine/meta.py:
+    the expiry prefix of kind 2, the metadata block of kind 3).
 
-    Raises CorruptionError for a KIND_EXPIRES record too short to hold its expiry."""
-    if info.kind != KIND_EXPIRES:
-        return payload, None
-    if len(payload) < _EXP.size:
-        raise CorruptionError("record of kind 2 (expiring job) is shorter than its expiry field")
-    (ms,) = _EXP.unpack_from(payload, 0)
-    del payload[: _EXP.size]
-    return payload, ms / 1000
+    Raises CorruptionError for a prefix too short or that does not parse."""
+    return meta.split(info.kind, info.codec, payload)
 
 
 def expires_ms(seg: Segment, slot: int) -> int | None:
@@ -81,13 +78,16 @@ def expires_ms(seg: Segment, slot: int) -> int | None:
     caller re-validates the record before it acts on an expiry that has passed."""
     base = seg.data_off + slot * seg.slot_size
     mm = seg.mm  # a buffer over the mapping: unpack_from reads a number whatever its type
-    id_len, _codec, kind, _plen = records.BODY.unpack_from(mm, base + records.OFF_BODY)
-    if kind != KIND_EXPIRES:
+    id_len, _codec, kind, plen = records.BODY.unpack_from(mm, base + records.OFF_BODY)
+    if kind == KIND_JOB:
         return None
     off = base + _REC_HEADER + id_len
-    if off + _EXP.size > len(mm):
+    if off + plen > len(mm):
         return None
-    return _EXP.unpack_from(mm, off)[0]
+    try:
+        return meta.peek(kind, mm, off, plen).expires_ms
+    except CorruptionError:
+        return None  # the record is refused (marked BAD) when its snapshot is read
 
 
 def expire(ring: Ring, seg: Segment, slot: int, w: int, now: int) -> bool:
@@ -110,18 +110,24 @@ def key_of(seg: Segment, slot: int) -> str | None:
     None: read from the record's bytes without decoding the payload.
 
     The one place a job's key is read (per-key pause here, limits in ringq/local/limits.py): the key is
-    the keyed envelope (codec.KEYED) around the payload's codec bytes, which an expiring record
-    (KIND_EXPIRES) prefixes with its 8-byte expiry."""
+    the keyed envelope (codec.KEYED) around the payload's codec bytes, behind the record's expiry
+    prefix or metadata block (ringq/engine/meta.py)."""
     base = seg.data_off + slot * seg.slot_size
     mm = seg.mm
     if mm is None or base + _REC_HEADER > seg.size:
         return None
     id_len, codec_id, kind, plen = records.BODY.unpack_from(mm, base + records.OFF_BODY)
-    if codec_id != codec.KEYED:
+    if codec_id != codec.KEYED and codec_id != codec.IN_META:
         return None
     start = base + _REC_HEADER + id_len
-    if kind == KIND_EXPIRES:
-        start, plen = start + _EXP.size, plen - _EXP.size
+    if start + plen > seg.size:
+        return None
+    try:
+        codec_id, start, plen = meta.body(kind, codec_id, mm, start, plen)
+    except CorruptionError:
+        return None
+    if codec_id != codec.KEYED:
+        return None
     end = min(start + 3 + codec.MAX_KEY_BYTES, start + plen, seg.size)
     if end < start + 3:
         return None
@@ -322,3 +328,27 @@ def show_progress(ring: Ring, seg: Segment, slot: int, lc: int, job: Job) -> Non
     except ValueError:
         return
     job.progress_message = msg or None
+
+
+# -- first attempts' spans ---------------------------------------------------------------------------
+
+
+def trace_path(ring: Ring, seq: int) -> str:
+    """``<name>.<seq>.trace``: the traceparent of each job's first attempt that a Worker recorded
+    (ringq/tracing.py), in the error side file's frames with the attempt number (1) for the lease
+    count.  Deleted with its segment."""
+    return os.path.join(ring.dir, f"{ring.name}.{seq:016x}.trace")
+
+
+def write_first_attempt(ring: Ring, seg: Segment, slot: int, traceparent: str) -> None:
+    """Keep ``traceparent`` as the span of the first attempt of the job at ``slot`` (best effort:
+    a frame not written is noted in the recovery report, never raised)."""
+    why = errtext.write_error(trace_path(ring, seg.seq), slot, 1, traceparent, ring.mode)
+    if why is not None:
+        ring.report.repairs.append((trace_path(ring, seg.seq), why))
+
+
+def read_first_attempt(ring: Ring, seg: Segment, slot: int) -> str | None:
+    """The traceparent recorded for the first attempt of the job at ``slot``, or None."""
+    frames = errtext.read_errors(trace_path(ring, seg.seq)).get(slot)
+    return next((text for att, text in frames if att == 1), None) if frames else None

@@ -20,6 +20,7 @@ from ringq.errors import RecordTooLargeError
 
 from . import native
 from ._native import ffi, lib
+from .meta import KIND_JOB
 from .native import CData
 from .segment import Segment
 from .words import ST_READY
@@ -69,7 +70,6 @@ def _struct_of(ctype: str) -> tuple[struct.Struct, tuple[str, ...]]:
 REC_HEADER, REC_FIELDS = _struct_of("ringq_rec_header")
 assert REC_HEADER.size == lib.RINGQ_REC_HEADER == ffi.sizeof("ringq_rec_header")
 REC_MAGIC = lib.RINGQ_REC_MAGIC
-KIND_JOB = 1
 MAX_RECORD_FIELD = 0xFFFFFFFF  # the record header's length fields are 32-bit
 MAX_ID_FIELD = 0xFFFF  # and its id length field 16-bit
 
@@ -118,7 +118,7 @@ class NewRecord:
     enqueued_us: int | None = (
         None  # enqueue time, µs since the epoch (a copy keeps its original's); None: now
     )
-    kind: int = KIND_JOB  # header byte 51: 1 job, 2 job whose payload starts with its expires-at
+    kind: int = KIND_JOB  # header byte 51: 1 job, 2 expiry prefix, 3 metadata block (meta.py)
 
     def length(self) -> int:
         """Bytes of the record: header, id and payload."""

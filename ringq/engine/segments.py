@@ -222,15 +222,17 @@ class SegmentSet:
     def unlink(self, seq: int) -> None:
         """Remove segment ``seq``'s files durably: the record file first (a state file left alone
         by a crash is removed at the next open; a record file without its state file would come
-        back with every job READY), then the state file, the error and progress side files and the
-        ack journal."""
-        prog = os.path.join(self.dir, f"{self.name}.{seq:016x}.prog")
+        back with every job READY), then the state file, the error, progress and trace side files
+        and the ack journal."""
+        side = [
+            os.path.join(self.dir, f"{self.name}.{seq:016x}.{ext}") for ext in ("prog", "trace")
+        ]
         for p in (
             self.path(seq),
             self.state_path(seq),
             self.err_path(seq),
             self.acks_path(seq),
-            prog,
+            *side,
         ):
             try:
                 os.unlink(p)

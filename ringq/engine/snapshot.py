@@ -32,6 +32,12 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["job_at", "fresh_lease", "last_error"]
 
 
+#: last_error of a job whose last lease was lost, by the reason in its state word
+LOST_TEXT = {
+    WHY_EXPIRED: "lease expired: visibility timeout passed before ack",
+    WHY_DIED: "lease holder died: its process exited without ack",
+}
+
 STATE_OF = {
     ST_READY: JobState.READY,
     ST_LEASED: JobState.LEASED,
@@ -56,9 +62,12 @@ def job_at(
     word: int | None = None,
     decode: bool = True,
     just_leased: bool = False,
+    errors: dict[int, dict[int, list[tuple[int, str]]]] | None = None,
 ) -> Job:
     """The job at ``slot`` of ``seg`` as of state word ``word`` (read now if None).
     ``just_leased``: ``word`` is a lease taken a moment ago, which has no progress to show yet.
+    ``errors``: segment seq -> its error side file as read (ring.read_errors), filled and reused
+    by a caller that builds many snapshots at once.
 
     Raises CorruptionError (the record is then marked BAD), SerializationError, JobNotFoundError
     (the slot holds no retained job).
@@ -79,11 +88,11 @@ def job_at(
             0  # the reason field says how it ended unrun (in ``state``), not why a lease was lost
         )
     when = (seg.epoch_ms + rel_time(word)) / 1000
-    payload, expires_at = lifecycle.unwrap(info, payload)
+    codec_id, payload, meta = lifecycle.unwrap(info, payload)
     job = Job(
         id=records.job_id(info, id_bytes),
-        key=codec.split_key(info.codec, payload)[0],
-        payload=codec.decode(info.codec, payload) if decode else None,
+        key=codec.split_key(codec_id, payload)[0],
+        payload=codec.decode(codec_id, payload) if decode else None,
         priority=info.priority,
         state=js,
         attempts=info.attempts_before + lc,
@@ -92,11 +101,13 @@ def job_at(
         enqueued_at=info.enqueued_us / 1e6,
         lease_deadline=when if st == ST_LEASED else None,
         lease_token=str(lc) if lc else None,
-        last_error=last_error(ring, seg, slot, reason, lc, st, info.attempts_before),
+        last_error=last_error(ring, seg, slot, reason, lc, st, info.attempts_before, errors),
         seq=info.seq,
         version=2 * lc - (st == ST_LEASED),
         cancel_requested=st == ST_LEASED and bool(word & FLAG_CANCEL),
-        expires_at=expires_at,
+        expires_at=None if meta.expires_ms is None else meta.expires_ms / 1000,
+        timeout=None if meta.timeout_ms is None else meta.timeout_ms / 1000,
+        trace_context=meta.trace_context(),
         _loc=(seg.seq, slot, seg.origin),
     )
     if not just_leased:
@@ -131,16 +142,28 @@ def fresh_lease(view: View, slot: int, word: int) -> Job:
 
 
 def last_error(
-    ring: Ring, seg: Segment, slot: int, reason: int, lc: int, st: int, carried: int = 0
+    ring: Ring,
+    seg: Segment,
+    slot: int,
+    reason: int,
+    lc: int,
+    st: int,
+    carried: int = 0,
+    errors: dict[int, dict[int, list[tuple[int, str]]]] | None = None,
 ) -> str | None:
-    """The job's last error: why its last lease was lost, or the text of its latest nack."""
-    if reason == WHY_EXPIRED:
-        return "lease expired: visibility timeout passed before ack"
-    if reason == WHY_DIED:
-        return "lease holder died: its process exited without ack"
+    """The job's last error: why its last lease was lost, or the text of its latest nack
+    (``errors``: as :func:`job_at`'s)."""
+    lost = LOST_TEXT.get(reason)
+    if lost is not None:
+        return lost
     if not carried and (lc == 0 or (st == ST_LEASED and lc == 1)):
         return None  # in its first lease no nack can have happened: spare the side-file read
-    entries = ring.read_errors(seg.seq).get(slot)
+    if errors is None:
+        entries = ring.read_errors(seg.seq).get(slot)
+    else:
+        if seg.seq not in errors:
+            errors[seg.seq] = ring.read_errors(seg.seq)
+        entries = errors[seg.seq].get(slot)
     if not entries:
         return None
     best = [e for e in entries if e[0] <= lc]

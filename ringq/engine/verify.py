@@ -24,6 +24,7 @@ from typing import Any
 from ringq import codec
 from ringq.errors import CorruptionError, FormatVersionError, SerializationError
 
+from . import meta
 from .control import (
     OFF_CTL_CHANGE,
     OFF_NEXT_SEQ,
@@ -34,7 +35,8 @@ from .control import (
     OFF_WAKE,
     Control,
 )
-from .lifecycle import KIND_EXPIRES, PAUSE_SIZE, valid_pause_header
+from .lifecycle import PAUSE_SIZE, valid_pause_header
+from .meta import KIND_EXPIRES, KIND_META
 from .records import KIND_JOB, scan
 from .segment import (
     OFF_CHANGE,
@@ -140,6 +142,17 @@ def queue_exists(path: str, name: str) -> bool:
         return any(SEG_RE.match(f) and f.startswith(name + ".") for f in os.listdir(path))
     except OSError:
         return False
+
+
+def _meta_damage(seg: Any, slot: int, row: Any) -> str | None:
+    """Why the metadata block of the kind-3 record at ``slot`` cannot be read, or None."""
+    base = seg.data_off + slot * seg.slot_size + 64
+    start, plen = base + int(row["id_len"]), int(row["payload_len"])
+    try:
+        meta.split(KIND_META, int(row["codec"]), bytearray(seg.mm[start : start + plen]))
+    except CorruptionError as exc:
+        return f"a job's metadata block does not parse: {exc}"
+    return None
 
 
 def _preview(codec_id: int, payload: bytes) -> str:
@@ -294,12 +307,14 @@ def _segment(
                 rep.damage.append(
                     f"slot {slot}: implausible state word {word:#x}: the cancel flag on a {name} job"
                 )
-            elif int(row["kind"]) not in (KIND_JOB, KIND_EXPIRES):
+            elif int(row["kind"]) not in (KIND_JOB, KIND_EXPIRES, KIND_META):
                 rep.damage.append(f"slot {slot}: unknown record kind {int(row['kind'])}")
             elif int(row["kind"]) == KIND_EXPIRES and int(row["payload_len"]) < 8:
                 rep.damage.append(
                     f"slot {slot}: an expiring job's record is too short for its expiry field"
                 )
+            elif int(row["kind"]) == KIND_META and (why := _meta_damage(seg, slot, row)):
+                rep.damage.append(f"slot {slot}: {why}")
             elif st == ST_BAD:
                 rep.damage.append(
                     f"slot {slot} (byte {offset}): marked BAD by a reader (payload does not decode)"
@@ -329,12 +344,13 @@ def _segment(
                 )
                 rec.codec, rec.payload_len = int(row["codec"]), plen
                 rec.time_ms = t if st not in (ST_EMPTY, ST_BAD) else None
-                skip = (
-                    8 if int(row["kind"]) == KIND_EXPIRES else 0
-                )  # the expiry field, then the payload
-                rec.preview = _preview(
-                    rec.codec, bytes(seg.mm[base + id_len + skip : base + id_len + plen])
-                )
+                try:  # the expiry field or metadata block (ringq/engine/meta.py), then the payload
+                    inner, start, n = meta.body(
+                        int(row["kind"]), rec.codec, seg.mm, base + id_len, plen
+                    )
+                except CorruptionError:
+                    inner, start, n = rec.codec, base + id_len, plen
+                rec.preview = _preview(inner, bytes(seg.mm[start : start + n]))
                 if st == ST_LEASED and ((owner >> 16) & LC_MASK) == lc:
                     rec.owner, rec.owner_pid = owner & 0xFFFF, owner >> 34
                 elif st == ST_LEASED:

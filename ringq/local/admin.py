@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ringq.backend import CompactionResult, QueueStats, check_limit
-from ringq.engine import snapshot, transitions
+from ringq.backend import CompactionResult, QueueStats, SearchPage, check_limit
+from ringq.engine import search, snapshot, transitions
 from ringq.engine.index import Index, View, now_ms
 from ringq.engine.reaper import Reaper
 from ringq.engine.relocate import Relocator, superseding_copy
@@ -281,6 +281,24 @@ class Admin:
         with self.ctx.live_lock:
             self.ctx.refresh()
             return list_jobs(self.ctx.ring, self.ctx.index, self.ctx.reaper, state, limit)
+
+    def search(self, query: search.Query, after: str | None, limit: int | None) -> SearchPage:
+        """As :meth:`ringq.Queue.search`."""
+        self.ctx.live()
+        if limit is not None and (not isinstance(limit, int) or limit < 0):
+            raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
+        with self.ctx.live_lock:
+            self.ctx.refresh()
+            jobs, total, nxt = search.search(
+                self.ctx.ring,
+                self.ctx.index,
+                self.ctx.reaper.show_reclaimed,
+                query,
+                after,
+                limit,
+                now_ms(),
+            )
+            return SearchPage(jobs, total, nxt)
 
     def dlq(self, *, limit: int | None = None) -> list[Job]:
         """As :meth:`ringq.Queue.dlq`."""

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ringq.backend import check_fraction
-from ringq.engine.lifecycle import report_progress
+from ringq.engine.lifecycle import read_first_attempt, report_progress, write_first_attempt
 from ringq.job import Job
 from ringq.results import Results, finished_without
 
@@ -70,6 +70,20 @@ class Lifecycle:
                 job, self.ctx.name, "report progress of"
             )
             report_progress(self.ctx.ring, view.seg, slot, w, job_id, token, fraction, message)
+
+    def trace_first_attempt(self, job: Job | str, traceparent: str) -> None:
+        """As :meth:`ringq.Queue.trace_first_attempt`."""
+        self.ctx.live()
+        with self.ctx.live_lock:
+            view, slot, _id = self.ctx.leases.locate(job, self.ctx.name)
+            write_first_attempt(self.ctx.ring, view.seg, slot, traceparent)
+
+    def first_attempt_trace(self, job: Job | str) -> str | None:
+        """As :meth:`ringq.Queue.first_attempt_trace`."""
+        self.ctx.live()
+        with self.ctx.live_lock:
+            view, slot, _id = self.ctx.leases.locate(job, self.ctx.name)
+            return read_first_attempt(self.ctx.ring, view.seg, slot)
 
     def result(self, job_id: str | Job, *, wait: float | None = None) -> Any:
         """As :meth:`ringq.Queue.result`."""

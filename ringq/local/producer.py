@@ -26,8 +26,9 @@ from ringq.backend import (
     check_priority,
     refuse_reserved,
     reserved_for_results,
+    timeout_ms,
 )
-from ringq.engine import lifecycle, records, snapshot
+from ringq.engine import meta, records, snapshot
 from ringq.engine.appends import REC_HEADER_SIZE
 from ringq.engine.index import Index, now_ms
 from ringq.engine.records import KIND_JOB, NewRecord
@@ -62,6 +63,8 @@ assert tuple(f.name for f in fields(Job)) == (
     "expires_at",
     "progress",
     "progress_message",
+    "timeout",
+    "trace_context",
     "cancelled",
     "_loc",
     "_acked",
@@ -101,7 +104,7 @@ class Producer:
         delay: float,
         attempts: int,
         key: str | None = None,
-        expires_at_ms: int | None = None,
+        m: meta.Meta | None = None,
     ) -> Job:
         """One job without a caller id: :meth:`enqueue` without the lists."""
         if self.reserved:
@@ -111,8 +114,8 @@ class Producer:
         if key is not None:
             kind, data = codec.wrap_key(key, kind, data)
         rkind = KIND_JOB
-        if expires_at_ms is not None:  # lifecycle: the expiry goes in front of the codec's bytes
-            data, rkind = lifecycle.wrap_expiry(data, expires_at_ms), lifecycle.KIND_EXPIRES
+        if m is not None:  # the expiry prefix or the metadata block (ringq/engine/meta.py)
+            kind, data, rkind = meta.wrap(kind, data, m)
         ring = self.ring
         length = REC_HEADER_SIZE + len(data)
         if length > self.max_bytes:
@@ -140,9 +143,7 @@ class Producer:
             0,
             key,
             False,
-            None if expires_at_ms is None else expires_at_ms / 1000,
-            None,
-            None,
+            *shown(m),
             None,
             (segseq, slot, ring.identity),
         )
@@ -155,7 +156,7 @@ class Producer:
         attempts: int,
         job_ids: Sequence[str] | None,
         key: str | None = None,
-        expires_at_ms: int | None = None,
+        m: meta.Meta | None = None,
     ) -> list[Job]:
         """Append ``payloads`` as new jobs; returns their snapshots, in order.
 
@@ -172,9 +173,11 @@ class Producer:
             return []
         kinds, datas = encode_all(payloads, key)
         rkind = KIND_JOB
-        if expires_at_ms is not None:  # lifecycle: the expiry goes in front of the codec's bytes
-            datas = [lifecycle.wrap_expiry(d, expires_at_ms) for d in datas]
-            rkind = lifecycle.KIND_EXPIRES
+        if m is not None:  # the expiry prefix or the metadata block (ringq/engine/meta.py)
+            wrapped = [meta.wrap(k, d, m) for k, d in zip(kinds, datas)]
+            kinds = tuple(w[0] for w in wrapped)
+            datas = [w[1] for w in wrapped]
+            rkind = wrapped[0][2]
         ids = None if job_ids is None else encode_ids(job_ids)
         lens = list(map(len, datas))
         longest = max(lens)
@@ -193,7 +196,6 @@ class Producer:
                 self.ring.name,
             )
         ring = self.ring
-        exp_s = None if expires_at_ms is None else expires_at_ms / 1000
         if job_ids is None:
             with self.lock:
                 placed, heads, seq0, enq_us, avail_ms, ticket = self.retry_full(
@@ -223,7 +225,7 @@ class Producer:
                 priority,
                 attempts,
                 key,
-                exp_s,
+                m,
                 ring.identity,
             )
         assert ids is not None  # encoded from job_ids, which are given here
@@ -269,7 +271,7 @@ class Producer:
                     priority,
                     attempts,
                     key,
-                    exp_s,
+                    m,
                     ring.identity,
                 )
                 for i, job in zip(todo, jobs):
@@ -377,12 +379,13 @@ def fresh_jobs(
     priority: int,
     attempts: int,
     key: str | None,
-    expires_at: float | None,
+    m: meta.Meta | None,
     origin: int,
 ) -> list[Job]:
     """The snapshots of jobs just appended by Ring.append_packed (no read back).  Built
     positionally (a third of the keyword form's cost; the field order is checked at import)."""
     avail, enq = avail_ms / 1000, enq_us / 1e6
+    exp, progress, message, timeout, trace = shown(m)
     out = []
     for segseq, first, cnt in placed:
         out += [
@@ -402,15 +405,33 @@ def fresh_jobs(
                 0,
                 key,
                 False,
-                expires_at,
-                None,
-                None,
+                exp,
+                progress,
+                message,
+                timeout,
+                None if trace is None else dict(trace),
                 None,
                 (segseq, heads[i], origin),
             )
             for i in range(first, first + cnt)
         ]
     return out
+
+
+def shown(
+    m: meta.Meta | None,
+) -> tuple[float | None, None, None, float | None, dict[str, str] | None]:
+    """The Job fields ``expires_at``, ``progress``, ``progress_message``, ``timeout`` and
+    ``trace_context`` of a job just enqueued with ``m``."""
+    if m is None:
+        return None, None, None, None, None
+    return (
+        None if m.expires_ms is None else m.expires_ms / 1000,
+        None,
+        None,
+        None if m.timeout_ms is None else m.timeout_ms / 1000,
+        m.trace_context(),
+    )
 
 
 def imported_record(job: Job) -> NewRecord:
@@ -422,6 +443,10 @@ def imported_record(job: Job) -> NewRecord:
     kind, data = codec.encode(job.payload)
     if job.key is not None:
         kind, data = codec.wrap_key(job.key, kind, data)
+    rkind = KIND_JOB
+    m = meta.of(None, timeout_ms(job.timeout), job.trace_context)
+    if m is not None:  # its timeout and trace context travel with it
+        kind, data, rkind = meta.wrap(kind, data, m)
     dead = job.state is JobState.DEAD
     return NewRecord(
         data,
@@ -433,6 +458,7 @@ def imported_record(job: Job) -> NewRecord:
         min(max(int(job.attempts), 0), MAX_ATTEMPTS_LIMIT),
         state=ST_DEAD if dead else ST_READY,
         at_ms=now_ms() if dead else int(job.available_at * 1000),
+        kind=rkind,
     )
 
 

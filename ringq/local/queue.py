@@ -28,6 +28,7 @@ import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ringq import tracing
 from ringq.backend import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_RESULT_TTL,
@@ -38,6 +39,7 @@ from ringq.backend import (
     NO_RESULT,
     CompactionResult,
     QueueStats,
+    SearchPage,
     check_attempts,
     check_extension,
     check_lease_args,
@@ -45,12 +47,14 @@ from ringq.backend import (
     check_visibility_timeout,
     due_delay,
     expiry_ms,
+    timeout_ms,
 )
 from ringq.backoff import BackoffPolicy
-from ringq.engine import forksafe, transitions
+from ringq.engine import forksafe, meta, transitions
 from ringq.engine.reaper import REAP_INTERVAL
 from ringq.engine.recovery import RecoveryReport
 from ringq.engine.ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, Ring
+from ringq.engine.search import Query
 from ringq.engine.segment import check_geometry
 from ringq.engine.words import ST_DONE, lease_count, state
 from ringq.errors import JobNotFoundError, LimitError, NotLeasedError
@@ -307,6 +311,7 @@ class Queue:
         unique_for: float | None = None,
         expires_in: float | None = None,
         expires_at: float | None = None,
+        timeout: float | None = None,
     ) -> Job:
         """Add one job; durable (per the durability strategy) when this returns.
 
@@ -328,6 +333,12 @@ class Queue:
             expires_in: seconds from now after which the job, if nobody leased it yet, is never
                 leased: it becomes EXPIRED (docs/lifecycle.md).  ``expires_at``: the same as a time,
                 seconds since the Unix epoch.  Give at most one.
+            timeout: seconds one attempt of the job may run in a :class:`ringq.Worker` (or
+                ``ringq.aio``) before it is stopped and nacked with ``"timeout after N s"``; it
+                wins over the Worker's own ``timeout`` (docs/operations.md).  Stored in the record.
+
+        With ``ringq[otel]`` installed and a span current, the W3C trace context is stored with
+        the job too (``Job.trace_context``; docs/operations.md, "Traces").
 
         Returns:
             The job (``state`` READY).
@@ -340,6 +351,7 @@ class Queue:
         if unique_for is None and job_id is None:  # the common case, without enqueue_many's lists
             if self._ctx.closed:
                 self._ctx.live()
+            trace = tracing.carrier()
             return self._ctx.producer.enqueue_one(
                 payload,
                 priority,
@@ -347,8 +359,8 @@ class Queue:
                 self.max_attempts if max_attempts is None else max_attempts,
                 key,
                 None
-                if expires_in is None and expires_at is None
-                else expiry_ms(expires_in, expires_at),
+                if expires_in is None and expires_at is None and timeout is None and trace is None
+                else meta.of(expiry_ms(expires_in, expires_at), timeout_ms(timeout), trace),
             )
 
         def add() -> Job:
@@ -361,6 +373,7 @@ class Queue:
                 key=key,
                 expires_in=expires_in,
                 expires_at=expires_at,
+                timeout=timeout,
             )[0]
 
         if unique_for is None:
@@ -381,6 +394,7 @@ class Queue:
         key: str | None = None,
         expires_in: float | None = None,
         expires_at: float | None = None,
+        timeout: float | None = None,
     ) -> list[Job]:
         """Add many jobs with one lock hold and one durability sync.  Same arguments as :meth:`enqueue`
         (``key`` applies to every job of the batch; ``unique_for`` is for single enqueues).
@@ -396,7 +410,7 @@ class Queue:
             attempts,
             None if job_ids is None else list(job_ids),
             key,
-            expiry_ms(expires_in, expires_at),
+            meta.of(expiry_ms(expires_in, expires_at), timeout_ms(timeout), tracing.carrier()),
         )
 
     # -- catching up ----------------------------------------------------------------------------------
@@ -686,6 +700,38 @@ class Queue:
         """
         return self._admin.list_jobs(state, limit=limit)
 
+    def search(
+        self,
+        *,
+        state: str | None = None,
+        key: str | None = None,
+        priority: int | None = None,
+        job_id: str | None = None,
+        error: str | None = None,
+        after: str | None = None,
+        limit: int | None = 50,
+    ) -> SearchPage:
+        """Find jobs: those matching every filter given, in enqueue order (as :meth:`list_jobs`),
+        ``limit`` per page (None: all).
+
+        Args:
+            state: ``ready`` (delayed jobs included), ``delayed``, ``leased``, ``done``, ``dead``,
+                ``cancelled`` or ``expired``.
+            key: the job's key, exactly.  priority: exactly.  job_id: exactly.
+            error: a substring of the job's ``last_error`` (ASCII letters compared without
+                regard to case).
+            after: the ``next`` cursor of the page before.
+
+        Returns:
+            A :class:`ringq.backend.SearchPage`: the page's jobs, the number of matches in the
+            whole queue, and the cursor of the next page.  Costs a pass over the state tables and
+            record headers (no payload decoded) and one read of each error side file when
+            ``error`` is given: docs/benchmarks.md ("Search") has the figures.
+        Raises:
+            ValueError: an unknown state, a bad cursor or limit.
+        """
+        return self._admin.search(Query(state, key, priority, job_id, error), after, limit)
+
     def dlq(self, *, limit: int | None = None) -> list[Job]:
         """Dead-lettered jobs, oldest first."""
         return self._admin.dlq(limit=limit)
@@ -771,6 +817,17 @@ class Queue:
         of this lease.  Fenced like :meth:`ack`: a stale holder is refused with NotLeasedError.
         Raises ValueError for a fraction outside [0, 1], JobNotFoundError."""
         return self._lifecycle.progress(job, fraction, message)
+
+    def trace_first_attempt(self, job: Job | str, traceparent: str) -> None:
+        """Keep ``traceparent`` (a W3C traceparent) as the span of ``job``'s first attempt, for the
+        link a retry's span makes to it (ringq/tracing.py; a Worker calls this when a first
+        attempt fails in its handler).  Best effort; raises JobNotFoundError."""
+        return self._lifecycle.trace_first_attempt(job, traceparent)
+
+    def first_attempt_trace(self, job: Job | str) -> str | None:
+        """The traceparent kept by :meth:`trace_first_attempt` for ``job``, or None.  Raises
+        JobNotFoundError."""
+        return self._lifecycle.first_attempt_trace(job)
 
     def result(self, job_id: str | Job, *, wait: float | None = None) -> Any:
         """The result stored by ``ack(job, result=...)`` for ``job_id``.

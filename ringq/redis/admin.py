@@ -6,14 +6,23 @@ so a read sees one consistent instant.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from ringq import codec
-from ringq.backend import QueueStats, check_job_ref, check_limit
-from ringq.errors import NotLeasedError, SerializationError
+from ringq.backend import (
+    QueueStats,
+    SearchPage,
+    ascii_contains,
+    check_job_ref,
+    check_limit,
+    timeout_ms,
+)
+from ringq.errors import JobNotFoundError, NotLeasedError, SerializationError
 from ringq.ids import check_caller_id, renamed
 from ringq.job import Job, JobState
+from ringq.tracing import clean
 
 from .scripts import Scripts, refuse
 from .scripts import job_from_reply as _job
@@ -53,6 +62,51 @@ class RedisAdmin:
             except SerializationError:
                 continue
         return jobs
+
+    def search(
+        self,
+        state: str | None,
+        key: str | None,
+        priority: int | None,
+        job_id: str | None,
+        error: str | None,
+        after: str | None,
+        limit: int | None,
+    ) -> SearchPage:
+        """As :meth:`RedisQueue.search`: one read of the queue's jobs (the list script), filtered
+        here; the cursor is the seq of the page's last job."""
+        if limit is not None and (not isinstance(limit, int) or limit < 0):
+            raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
+        try:
+            past = -1 if after is None else int(after)
+        except ValueError:
+            raise ValueError(f"not a search cursor: {after!r} (pass a page's next)") from None
+        if key is not None:  # no job has a key on Redis (enqueue refuses one)
+            return SearchPage([], 0, None)
+        if job_id is not None:
+            try:
+                found = [self.get(job_id)]
+            except JobNotFoundError:
+                found = []
+        else:
+            found = self.list_jobs("ready" if state == "delayed" else state)
+        now = time.time()
+        hits = [
+            j
+            for j in found
+            if (
+                state is None
+                or j.state.value == state
+                or (state == "delayed" and j.state is JobState.READY and j.available_at > now)
+            )
+            and (state != "delayed" or j.available_at > now)
+            and (priority is None or j.priority == priority)
+            and (error is None or ascii_contains(j.last_error or "", error))
+        ]
+        rest = [j for j in hits if j.seq > past]
+        page = rest if limit is None else rest[:limit]
+        more = limit is not None and len(rest) > limit
+        return SearchPage(page, len(hits), str(page[-1].seq) if more and page else None)
 
     def dlq(self, *, limit: int | None = None) -> list[Job]:
         """As :meth:`RedisQueue.dlq`."""
@@ -110,6 +164,8 @@ class RedisAdmin:
                 int(j.enqueued_at * 1000),
                 "dead" if j.state is JobState.DEAD else "ready",
                 j.last_error or "",
+                timeout_ms(j.timeout) or 0,
+                *(t or "" for t in clean(j.trace_context)),
             ]
         return int(self.scripts.run("import", args, write=True)) if jobs else 0
 

@@ -5,6 +5,7 @@ docs/lifecycle.md describes the behaviour; each transition is one script of ring
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -72,6 +73,20 @@ class RedisLifecycle:
         text = "" if message is None else str(message).encode("utf-8", "replace").decode()
         status = self.scripts.run("progress", [jid, tok, repr(f), text, int(message is not None)])
         refuse(self.name, status, jid, "report progress of")
+
+    def trace_first_attempt(self, job: Job | str, traceparent: str) -> None:
+        """As :meth:`RedisQueue.trace_first_attempt`."""
+        jid = job.id if isinstance(job, Job) else job
+        self.scripts.run("trace_note", [jid, traceparent])
+
+    def first_attempt_trace(self, job: Job | str) -> str | None:
+        """As :meth:`RedisQueue.first_attempt_trace`."""
+        jid = job.id if isinstance(job, Job) else job
+        out = self.scripts.run("get", [jid])
+        if not out:
+            return None
+        fa = json.loads(out[0]).get("fa")
+        return fa if isinstance(fa, str) else None
 
     def result(self, job_id: str | Job, *, wait: float | None = None) -> Any:
         """As :meth:`RedisQueue.result`."""

@@ -30,7 +30,9 @@ Job fields in ``meta``: id, p (priority), s (seq), st (ready/leased/done/dead), 
 m (max attempts), av (available at, ms), enq (enqueued at, ms), dl (lease deadline, ms),
 t (fencing token: leases so far), why ("expired" when the last lease ran out), e (last error),
 rk (the job's member in ``ready``), fin (finish time, ms), cx (1: cancel requested while leased),
-ex (expires-at, ms: never leased after it), pg / pm (progress fraction / message of the current lease).
+ex (expires-at, ms: never leased after it), pg / pm (progress fraction / message of the current lease),
+to (hard timeout of one attempt, ms), tp / ts (W3C traceparent / tracestate of the enqueue),
+fa (traceparent of the first attempt's span, recorded by a Worker for a retry's link).
 States (st): ready, leased, done, dead, cancelled, expired.
 """
 
@@ -137,11 +139,12 @@ end
 """
 
 # ARGV: priority, delay_ms, max_attempts, n, then n pairs (id or "", codec byte + payload), then
-# expires-at ms (0: none).
+# expires-at ms (0: none), timeout ms (0: none), traceparent and tracestate ("" : none).
 # Returns per job {"new"|"old", meta JSON, payload or false (for new jobs the caller has it)}.
 ENQUEUE = r"""
 local prio, delay, maxatt, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ex = tonumber(ARGV[5 + 2 * n] or '0')
+local to, tp, ts = tonumber(ARGV[6 + 2 * n] or '0'), ARGV[7 + 2 * n] or '', ARGV[8 + 2 * n] or ''
 local out, due, added = {}, 0, 0
 for i = 1, n do
   local id, pay = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
@@ -160,6 +163,9 @@ for i = 1, n do
     end
     local m = {id = id, p = prio, s = s, a = 0, m = maxatt, av = now + delay, enq = now, t = 0}
     if ex > 0 then m.ex = ex end
+    if to > 0 then m.to = to end
+    if tp ~= '' then m.tp = tp end
+    if ts ~= '' then m.ts = ts end
     if make_ready(m) then due = due + 1 end
     redis.call('HSET', K_PAY, id, pay)
     redis.call('ZADD', K_ALL, s, id)
@@ -396,18 +402,22 @@ return 'ok'
 """
 
 # ARGV: n, then n tuples (id, codec byte + payload, priority, attempts, max_attempts,
-# available_at ms, enqueued_at ms, state "ready"|"dead", last error or "").  Jobs whose id is
+# available_at ms, enqueued_at ms, state "ready"|"dead", last error or "", timeout ms or 0,
+# traceparent or "", tracestate or "").  Jobs whose id is
 # retained are skipped (so a rerun adds nothing).  Returns how many were added.
 IMPORT = r"""
 local n, added = tonumber(ARGV[1]), 0
 for i = 0, n - 1 do
-  local b = 2 + 9 * i
+  local b = 2 + 12 * i
   local id = ARGV[b]
   if redis.call('HEXISTS', K_META, id) == 0 then
     local s = redis.call('INCR', K_SEQ)
     local m = {id = id, p = tonumber(ARGV[b + 2]), s = s, a = tonumber(ARGV[b + 3]), m = tonumber(ARGV[b + 4]),
                av = tonumber(ARGV[b + 5]), enq = tonumber(ARGV[b + 6]), t = tonumber(ARGV[b + 3])}
     if ARGV[b + 8] ~= '' then m.e = ARGV[b + 8] end
+    if tonumber(ARGV[b + 9]) > 0 then m.to = tonumber(ARGV[b + 9]) end
+    if ARGV[b + 10] ~= '' then m.tp = ARGV[b + 10] end
+    if ARGV[b + 11] ~= '' then m.ts = ARGV[b + 11] end
     if ARGV[b + 7] == 'dead' then make_dead(m) else make_ready(m) end
     redis.call('HSET', K_PAY, id, ARGV[b + 1])
     redis.call('ZADD', K_ALL, s, id)
@@ -417,6 +427,13 @@ for i = 0, n - 1 do
 end
 wake(added)
 return added
+"""
+
+# ARGV: id, traceparent.  Keeps the first attempt's traceparent (once; a job not found is left).
+TRACE_NOTE = r"""
+local m = load(ARGV[1])
+if m and not m.fa then m.fa = ARGV[2]; save(m) end
+return 1
 """
 
 SCRIPTS = {
@@ -434,4 +451,5 @@ SCRIPTS = {
     "cancel": CANCEL,
     "pause": PAUSE,
     "progress": PROGRESS,
+    "trace_note": TRACE_NOTE,
 }

@@ -27,13 +27,15 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ringq import codec
+from ringq import codec, tracing
 from ringq.backend import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_RESULT_TTL,
     DEFAULT_VISIBILITY_TIMEOUT,
     NO_RESULT,
+    SEARCH_STATES,
     QueueStats,
+    SearchPage,
     check_attempts,
     check_delay,
     check_extension,
@@ -46,12 +48,14 @@ from ringq.backend import (
     expiry_ms,
     refuse_reserved,
     reserved_for_results,
+    timeout_ms,
 )
 from ringq.backoff import BackoffPolicy
 from ringq.errors import LimitError, MissingExtraError, SerializationError
 from ringq.ids import check_caller_id
 from ringq.job import Job, JobState
 from ringq.results import Results
+from ringq.tracing import clean
 
 from .admin import RedisAdmin
 from .lifecycle import RedisLifecycle
@@ -235,6 +239,7 @@ class RedisQueue:
         unique_for: float | None = None,
         expires_in: float | None = None,
         expires_at: float | None = None,
+        timeout: float | None = None,
     ) -> Job:
         """Add one job; as :meth:`ringq.Queue.enqueue`.  Raises ConnectionLostError (outcome
         unknown: re-send with a ``job_id`` to make a retry safe), ReplicationTimeoutError;
@@ -250,6 +255,7 @@ class RedisQueue:
             key=key,
             expires_in=expires_in,
             expires_at=expires_at,
+            timeout=timeout,
         )[0]
 
     def enqueue_many(
@@ -263,6 +269,7 @@ class RedisQueue:
         key: str | None = None,
         expires_in: float | None = None,
         expires_at: float | None = None,
+        timeout: float | None = None,
     ) -> list[Job]:
         """Add many jobs in one atomic script: all are stored or none.  As :meth:`ringq.Queue.enqueue_many`
         (``expires_in`` is turned into a time on this host's clock; the lease script compares it
@@ -274,6 +281,7 @@ class RedisQueue:
         if key is not None:
             raise LimitError(_NO_KEYS)
         ex = expiry_ms(expires_in, expires_at) or 0
+        to = timeout_ms(timeout) or 0
         payloads = list(payloads)
         ids = [""] * len(payloads) if job_ids is None else list(job_ids)
         if len(ids) != len(payloads):
@@ -298,7 +306,8 @@ class RedisQueue:
                 raise SerializationError(f"job id {jid!r} is not valid Unicode text") from None
         if not payloads:
             return []
-        args.append(ex)
+        tp, ts = clean(tracing.carrier())
+        args += [ex, to, tp or "", ts or ""]
         rows = self._scripts.run("enqueue", args, write=True)
         return [
             _job(meta, pay, (payloads[i],) if tag == b"new" else None)
@@ -466,6 +475,24 @@ class RedisQueue:
         """Retained jobs in enqueue order, optionally only those in ``state``, at most ``limit``."""
         return self._admin.list_jobs(state, limit=limit, decode=decode)
 
+    def search(
+        self,
+        *,
+        state: str | None = None,
+        key: str | None = None,
+        priority: int | None = None,
+        job_id: str | None = None,
+        error: str | None = None,
+        after: str | None = None,
+        limit: int | None = 50,
+    ) -> SearchPage:
+        """As :meth:`ringq.Queue.search`.  Reads every retained job of the state asked for (no
+        index on the server): meant for a person's search, not a hot loop.  A ``key`` matches
+        nothing (jobs on Redis have none)."""
+        if state is not None and state not in SEARCH_STATES:
+            raise ValueError(f"state must be one of {list(SEARCH_STATES)}, got {state!r}")
+        return self._admin.search(state, key, priority, job_id, error, after, limit)
+
     def dlq(self, *, limit: int | None = None) -> list[Job]:
         """Dead-lettered jobs, oldest first."""
         return self._admin.dlq(limit=limit)
@@ -523,6 +550,14 @@ class RedisQueue:
     def progress(self, job: Job | str, fraction: float, message: str | None = None) -> None:
         """As :meth:`ringq.Queue.progress`: fenced like an ack; shown by get and list_jobs."""
         return self._lifecycle.progress(job, fraction, message)
+
+    def trace_first_attempt(self, job: Job | str, traceparent: str) -> None:
+        """As :meth:`ringq.Queue.trace_first_attempt` (kept in the job's hash, field ``fa``)."""
+        return self._lifecycle.trace_first_attempt(job, traceparent)
+
+    def first_attempt_trace(self, job: Job | str) -> str | None:
+        """As :meth:`ringq.Queue.first_attempt_trace`."""
+        return self._lifecycle.first_attempt_trace(job)
 
     def result(self, job_id: str | Job, *, wait: float | None = None) -> Any:
         """As :meth:`ringq.Queue.result`.  A waiting call sleeps in BLPOP on the results queue's

@@ -203,6 +203,10 @@ def job_from_reply(
         expires_at=m["ex"] / 1000 if m.get("ex") else None,
         progress=float(m["pg"]) if st is JobState.LEASED and m.get("pg") is not None else None,
         progress_message=m.get("pm") if st is JobState.LEASED else None,
+        timeout=m["to"] / 1000 if m.get("to") else None,
+        trace_context=None
+        if not m.get("tp")
+        else {"traceparent": m["tp"], **({"tracestate": m["ts"]} if m.get("ts") else {})},
     )
 
 

@@ -22,6 +22,9 @@ endpoint                   same JSON as
 =========================  ==========================================
 ``/api/stats``             ``ringq stats --json``
 ``/api/list?state=S``      ``ringq list --json --state S``
+``/api/search?...``        a page of ``ringq list --json --state S
+                           --key K --priority P --id ID --error T``
+                           (ringq/web/search_page.py)
 ``/api/dlq``               ``ringq dlq --json``
 ``/api/verify``            ``ringq verify --json`` (runs a verify)
 ``/api/overview``          the event stream's payload (ringq/web/view.py)
@@ -64,7 +67,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from ringq.errors import JobFinishedError, JobNotFoundError, NotLeasedError
 from ringq.local.queue import Queue
 
-from . import view
+from . import search_page, view
 
 __all__ = ["make_app", "serve", "EVENT_INTERVAL", "CSRF_HEADER", "LOOPBACK_NAMES"]
 
@@ -199,6 +202,14 @@ def make_app(
             )
         return JSONResponse(await st.run(view.jobs, q, state, lim))
 
+    async def api_search(request: Request) -> JSONResponse:
+        try:
+            kw = search_page.query_of(request.query_params)
+            page = await st.run(lambda: q.search(**kw))
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        return JSONResponse(page.to_dict())
+
     async def api_dlq(_request: Request) -> JSONResponse:
         return JSONResponse(await st.run(view.dead, q))
 
@@ -297,6 +308,7 @@ def make_app(
         Route("/events", events),
         Route("/api/stats", api_stats),
         Route("/api/list", api_list),
+        Route("/api/search", api_search),
         Route("/api/dlq", api_dlq),
         Route("/api/verify", api_verify),
         Route("/api/overview", api_overview),
@@ -353,6 +365,7 @@ NAV = [
     ("waiting", "Waiting"),
     ("leases", "In flight"),
     ("dead", "Dead letters"),
+    ("search", "Search"),
     ("storage", "Storage"),
 ]
 
@@ -602,6 +615,7 @@ PAGES = {
     "waiting": WAITING,
     "leases": LEASES,
     "dead": DEAD,
+    "search": search_page.PAGE,
     "storage": STORAGE,
 }
 

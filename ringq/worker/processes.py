@@ -1,5 +1,9 @@
 """Worker(processes=N): forked children that each open the queue and run a Worker, counted in
-shared memory as they go, and replaced (within a restart budget) when one is killed."""
+shared memory as they go, and replaced (within a restart budget) when one is killed.  The parent
+also enforces hard timeouts and the end of a drain's grace period: it reads which job each
+child's threads run (ringq/worker/board.py), kills a child whose job ran past its deadline (and
+replaces it, outside the restart budget) or that outlived the grace period, and hands that child's
+jobs back itself."""
 
 from __future__ import annotations
 
@@ -14,12 +18,26 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
+from ringq.errors import JobNotFoundError, NotLeasedError
+from ringq.job import Job, JobState
+
+from .board import Board, Entry
+
 if TYPE_CHECKING:  # pragma: no cover
     from ringq.backend import QueueBackend
 
-__all__ = ["ProcessPool", "WorkerStats"]
+__all__ = ["ProcessPool", "WorkerStats", "timeout_error", "KILL_MARGIN"]
 
 log = logging.getLogger("ringq.worker")
+
+# Seconds past its own grace period that a draining child may take to exit (handing back its jobs)
+# before the parent kills it and hands them back itself.
+KILL_MARGIN = 5.0
+
+
+def timeout_error(seconds: float) -> str:
+    """The error a job is nacked with when an attempt runs past its timeout."""
+    return f"timeout after {seconds:g} s"
 
 
 @dataclass
@@ -75,8 +93,10 @@ class ProcessPool:
         self.stop_event = stop
         self.make_worker = make_worker
         self.restarts = 0  # children replaced during the run
+        self.timeouts = 0  # children killed (and replaced) because a job ran past its timeout
         self.children: list[BaseProcess] = []
         self.rows: tuple[Any, list[str]] | None = None  # during the run: the shared counters
+        self.board: Board | None = None  # during the run: what each child's threads run
 
     def signal_children(self) -> None:
         """Ask every running child to finish its in-flight handlers and exit (SIGTERM)."""
@@ -107,7 +127,15 @@ class ProcessPool:
         fields = list(WorkerStats().to_dict())
         shared = ctx.Array("q", self.processes * len(fields), lock=False)
         self.rows = (shared, fields)
+        board = self.board = Board(ctx, self.processes, int(self.options.get("concurrency", 1)))
+        grace = float(self.options.get("grace", 30.0))
+        stop_seen: float | None = None
         restarts = self.restarts = 0
+        self.timeouts = 0
+
+        def count(slot: int, **counts: int) -> None:
+            for k, v in counts.items():
+                shared[slot * len(fields) + fields.index(k)] += v
 
         def start(slot: int) -> BaseProcess:
             opts = dict(self.options)
@@ -117,9 +145,10 @@ class ProcessPool:
             # would run the parent's (copied by fork), or die of a SIGTERM sent by an early stop().
             mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
             try:
+                board.clear(slot)
                 p = ctx.Process(
                     target=_child_main,
-                    args=(spec, self.make_worker, opts, (shared, slot, fields), mask),
+                    args=(spec, self.make_worker, opts, (shared, slot, fields), mask, board),
                     daemon=False,
                 )
                 p.start()
@@ -133,8 +162,28 @@ class ProcessPool:
             self.signal_children()
         try:
             while any(running):
+                if stop_seen is None and self.stop_event.is_set():
+                    stop_seen = time.monotonic()
                 for slot, p in enumerate(self.children):
-                    if not running[slot] or p.is_alive():
+                    if running[slot] and p.is_alive():
+                        late = self._late(slot, stop_seen, grace)
+                        if late is None:
+                            continue
+                        replace = bool(late) and not self.stop_event.is_set()
+                        self._kill_and_hand_back(p, slot, late, count)
+                        if replace:
+                            self.timeouts += 1
+                            self.children[slot] = start(slot)
+                            log.error(
+                                "worker process %d killed: a job ran past its timeout; "
+                                "replaced by %d",
+                                p.pid,
+                                self.children[slot].pid,
+                            )
+                        else:
+                            running[slot] = False
+                        continue
+                    if not running[slot]:
                         continue
                     p.join()
                     running[slot] = False
@@ -178,9 +227,66 @@ class ProcessPool:
             raise
         self.restarts = restarts
         self.rows = None
+        self.board = None
         for slot in range(self.processes):
             stats.add(**{f: shared[slot * len(fields) + i] for i, f in enumerate(fields)})
         return stats
+
+    def _late(self, slot: int, stop_seen: float | None, grace: float) -> list[Entry] | None:
+        """Why the child in ``slot`` must be killed now: the entries whose deadline passed (a
+        timeout), ``[]`` when it outlived a drain's grace period, or None to leave it be."""
+        assert self.board is not None  # during run()
+        entries = self.board.read(slot)
+        now_ms = int(time.time() * 1000)
+        late = [e for e in entries if e.deadline_ms and e.deadline_ms <= now_ms]
+        if late:
+            return late
+        if stop_seen is not None and time.monotonic() - stop_seen > grace + KILL_MARGIN:
+            return []
+        return None
+
+    def _kill_and_hand_back(
+        self, p: BaseProcess, slot: int, late: list[Entry], count: Callable[..., None]
+    ) -> None:
+        """Stop the child in ``slot`` and settle the jobs its threads ran: each ``late`` one
+        nacked with its timeout error (retried or dead-lettered as any failure, counted as failed),
+        the others handed back for immediate redelivery; then SIGKILL it.
+
+        The child is frozen (SIGSTOP) first and killed only after the nacks: alive, it keeps its
+        owner lock, so no reaper (this process's own included) reclaims its leases as a dead
+        holder's in between, and frozen, it runs no more of a handler that was given up."""
+        assert self.board is not None and p.pid is not None  # during run(), started
+        os.kill(p.pid, signal.SIGSTOP)
+        try:  # returns once it is stopped (or gone), reaping nothing: join() below does that
+            os.waitid(os.P_PID, p.pid, os.WSTOPPED | os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:
+            pass
+        timed = {(e.job_id, e.token) for e in late}
+        for e in self.board.read(slot):
+            if e.job_id is None:
+                continue  # an id too long for the board: its lease ends it (holder died)
+            job = Job(id=e.job_id, payload=None, attempts=e.attempts, lease_token=str(e.token))
+            if (e.job_id, e.token) in timed:
+                why, delay = timeout_error(e.timeout_ms / 1000), None
+            else:
+                why, delay = "worker process killed while the job ran; handed back", 0.0
+            try:
+                out = self.queue.nack(job, error=why, delay=delay)
+            except (NotLeasedError, JobNotFoundError) as exc:
+                log.warning("job %s: %s", e.job_id, exc)
+                continue
+            except Exception:
+                log.exception("job %s: could not be handed back", e.job_id)
+                continue
+            if (e.job_id, e.token) in timed:
+                count(slot, failed=1, **({"dead": 1} if out.state is JobState.DEAD else {}))
+                log.warning("job %s failed (attempt %d): %s", e.job_id, e.attempts, why)
+            else:
+                log.warning("job %s: %s", e.job_id, why)
+        os.kill(p.pid, signal.SIGKILL)
+        os.kill(p.pid, signal.SIGCONT)  # a stopped process dies of SIGKILL anyway; be explicit
+        p.join()
+        self.board.clear(slot)
 
 
 class _SharedRowStats(WorkerStats):
@@ -207,6 +313,7 @@ def _child_main(
     opts: dict[str, Any],
     row: tuple[Any, int, list[str]],
     mask: set[int | signal.Signals],
+    board: Board,
 ) -> None:
     from ringq.connect import connect
 
@@ -225,6 +332,7 @@ def _child_main(
     with connect(spec.pop("path"), spec.pop("name"), **spec) as q:
         worker = make_worker(q, opts)
         worker.stats = _SharedRowStats(*row)
+        worker.inflight_board = (board, row[1])
         if stopping.is_set():
             worker.stop()
 

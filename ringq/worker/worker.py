@@ -2,9 +2,14 @@
 
 Threads lease with blocking waits (futex wake-ups, not sleeps), a heartbeat thread extends the
 leases of handlers still running so a slow healthy handler is not redelivered, and ``stop()``,
-SIGINT or SIGTERM let in-flight handlers finish and ack before ``run()`` returns (a second SIGINT
-aborts).  ``processes=N`` runs N worker processes, each opening the queue itself (a forked child
-must never share its parent's lock or owner identity) with ``concurrency`` threads.
+SIGINT or SIGTERM stop leasing at once and let in-flight handlers finish and ack within ``grace``
+seconds; what still runs then is handed back for immediate redelivery and ``run()`` returns (a
+second SIGINT aborts).  A hard ``timeout`` (the job's own, or the Worker's) ends an attempt that
+runs too long: in a thread its ``job.cancelled`` is set and its lease given up, in processes mode
+its child process is killed and replaced.  ``processes=N`` runs N worker processes, each opening
+the queue itself (a forked child must never share its parent's lock or owner identity) with
+``concurrency`` threads.  With ``ringq[otel]`` each handler runs in an OpenTelemetry span
+(ringq/tracing.py).
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ringq.backend import FEATURE_SCHEDULES, QueueBackend
+from ringq import tracing
+from ringq.backend import FEATURE_SCHEDULES, QueueBackend, timeout_ms
 from ringq.errors import JobNotFoundError, NotLeasedError, QueueClosedError
 from ringq.job import Job, JobState
 
-from .processes import ProcessPool, WorkerStats
+from .board import Board
+from .processes import ProcessPool, WorkerStats, timeout_error
 
 __all__ = ["Worker", "WorkerStats"]
 
@@ -78,6 +85,21 @@ class Worker:
             only by in-process threads.
         progress: show live progress (done, failed, rate) on stderr: True, False, or None (the
             default) for "when stderr is a terminal".  Needs ``ringq[progress]`` (rich).
+        timeout: seconds one attempt of a handler may run (default None: no limit).  A job's own
+            ``enqueue(..., timeout=)`` wins over it.  Past it the job is nacked with error
+            ``"timeout after N s"`` (retried with backoff, or dead-lettered, as any failure):
+            with ``processes=N`` its child process is killed and replaced first (the child's
+            other running jobs are handed back for immediate redelivery); in this process the
+            handler's ``job.cancelled`` is set and the lease given up at the deadline, but the
+            thread cannot be killed: it runs on until the handler returns (its outcome is then
+            ignored), and a new thread takes its place (at most ``concurrency`` such threads at
+            once), so a handler should check ``job.cancelled``.
+        grace: seconds in-flight handlers may take to finish after ``stop()``, SIGTERM or SIGINT
+            (default 30).  Leasing stops at once; a handler still running after ``grace`` has its
+            job handed back (nacked with no delay, so another worker runs it at once rather than
+            after the visibility timeout; the attempt counts, as a holder's death does) and
+            ``run()`` returns.  With ``processes=N`` a child still alive a few seconds after its
+            own grace ran out is killed and its jobs handed back by the parent.
 
     Periodic jobs (:meth:`ringq.Queue.schedule`) are fired by every Worker of a local queue: each
     lease-loop iteration reads the earliest next tick (one load from shared memory), fires what is
@@ -86,7 +108,7 @@ class Worker:
 
     Raises:
         ValueError: concurrency < 1, processes < 0, heartbeat <= 0, max_restarts < 0,
-            metrics_port not an int from 0 to 65535.
+            metrics_port not an int from 0 to 65535, timeout not > 0, grace < 0.
     """
 
     def __init__(
@@ -104,6 +126,8 @@ class Worker:
         max_restarts: int = 10,
         metrics_port: int | None = None,
         progress: bool | None = None,
+        timeout: float | None = None,
+        grace: float = 30.0,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -115,6 +139,11 @@ class Worker:
             or not 0 <= metrics_port <= 65535
         ):
             raise ValueError(f"metrics_port must be a TCP port 0..65535, got {metrics_port!r}")
+        timeout_ms(timeout)  # validates: ValueError
+        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not grace >= 0:
+            raise ValueError(f"grace must be a number of seconds >= 0, got {grace!r}")
+        self.timeout = timeout
+        self.grace = float(grace)
         self.queue = queue
         self.handler = handler
         self.concurrency = concurrency
@@ -152,9 +181,26 @@ class Worker:
         # Lease failures shared by the threads: (monotonic time of the first, of the last log line, count)
         self._lease_outage: tuple[float, float, int] | None = None
         self._lease_outage_lock = threading.Lock()
+        # processes mode, in a child: the parent's board of running jobs and this child's slot
+        # there (ringq/worker/board.py); the parent then enforces timeouts by killing the child.
+        self.inflight_board: tuple[Board, int] | None = None
+        self._stop_at: float | None = None  # monotonic time stop() was first asked for
+        # thread key -> (monotonic deadline, job, timeout seconds, loop index) of handlers with a
+        # timeout
+        self._deadlines: dict[int, tuple[float, Job, float, int]] = {}
+        # thread key -> whether another thread replaced it: handlers whose job was given up
+        # (timed out, or handed back at the end of a drain), whose outcome is then ignored
+        self._given_up: dict[int, bool] = {}
+        self._spans: dict[int, Any] = {}  # thread key -> the span its handler runs in
+        self._serving: list[threading.Thread] = []  # loop threads run() waits for
+        self._abandoned = 0  # threads still running a timed-out handler, replaced by others
+        self._wake = threading.Event()  # wakes the heartbeat thread: a deadline was added
 
     def stop(self) -> None:
-        """Ask the worker to finish in-flight handlers, ack them, and return from ``run()``."""
+        """Stop leasing now; let in-flight handlers finish and ack within ``grace`` seconds, hand
+        back what still runs then, and return from ``run()``."""
+        if self._stop_at is None:
+            self._stop_at = time.monotonic()
         self._stop.set()
         if self.pool is not None:
             self.pool.signal_children()
@@ -177,6 +223,8 @@ class Worker:
                     max_jobs=self.max_jobs,
                     idle_timeout=self.idle_timeout,
                     heartbeat=self.heartbeat,
+                    timeout=self.timeout,
+                    grace=self.grace,
                 )
                 handler = self.handler
                 self.pool = ProcessPool(
@@ -192,21 +240,25 @@ class Worker:
                 finally:
                     self.restarts = self.pool.restarts
             self._last_busy = time.monotonic()
-            threads = [
-                threading.Thread(target=self._loop, name=f"ringq-worker-{i}", daemon=True)
-                for i in range(self.concurrency)
-            ]
             beat = threading.Thread(
                 target=self._heartbeat_loop, name="ringq-heartbeat", daemon=True
             )
-            for t in threads:
-                t.start()
+            for i in range(self.concurrency):
+                self._start_loop(i)
             beat.start()
-            for t in threads:
-                while t.is_alive():
-                    t.join(0.1)  # a timed join keeps the main thread responsive to signals
+            while True:
+                with self._inflight_lock:
+                    alive = [t for t in self._serving if t.is_alive()]
+                if not alive:
+                    break
+                at = self._stop_at
+                if at is not None and time.monotonic() - at >= self.grace:
+                    self._hand_back_running()
+                    break
+                alive[0].join(0.05)  # a timed join keeps the main thread responsive to signals
             self._stop.set()
             self._drained.set()
+            self._wake.set()
             beat.join()
             return self.stats
         finally:
@@ -226,7 +278,16 @@ class Worker:
         with self._taken_lock:
             self._taken -= 1
 
-    def _loop(self) -> None:
+    def _start_loop(self, index: int) -> None:
+        """Start lease-loop thread number ``index`` (a replacement takes its predecessor's)."""
+        t = threading.Thread(
+            target=self._loop, args=(index,), name=f"ringq-worker-{index}", daemon=True
+        )
+        with self._inflight_lock:
+            self._serving.append(t)
+        t.start()
+
+    def _loop(self, index: int) -> None:
         retry = LEASE_RETRY_MIN
         while not self._stop.is_set():
             if not self._reserve():
@@ -253,8 +314,13 @@ class Worker:
                 if self.idle_timeout is not None and self._idle_for() >= self.idle_timeout:
                     self._stop.set()
                 continue
+            if self._stop_at is not None:  # leased as stop() came: not started, handed back now
+                self._unreserve()
+                self._release(job, "worker stopping: handed back before its handler started")
+                continue
             self.stats.add(leased=1)
-            self._run_one(job)
+            if not self._run_one(job, index):
+                return  # its handler timed out and a new thread took this one's place
 
     def _fire_schedules(self) -> float:
         """Fire due periodic jobs; returns how long the next lease may wait (seconds): the poll
@@ -291,38 +357,145 @@ class Worker:
                 return 0.0
             return time.monotonic() - self._last_busy
 
-    def _run_one(self, job: Job) -> None:
+    def _run_one(self, job: Job, index: int) -> bool:
+        """Run the handler on ``job`` and record its outcome; False if the thread must stop
+        serving (its handler timed out and another thread was started in its place)."""
         key = threading.get_ident()
-        # Set by the heartbeat when Queue.cancel asks this job's holder to stop (docs/lifecycle.md).
+        # Set by the heartbeat when Queue.cancel asks this job's holder to stop (docs/lifecycle.md),
+        # and at its timeout.
         job.cancelled = threading.Event()
+        limit = job.timeout if job.timeout is not None else self.timeout
+        board = self.inflight_board
         with self._inflight_lock:
             self._inflight[key] = job
             self._last_busy = time.monotonic()
+            if limit is not None and board is None:
+                self._deadlines[key] = (time.monotonic() + limit, job, limit, index)
+        if board is not None:
+            board[0].start(
+                board[1], index, job.id, int(job.lease_token or 0), job.attempts, timeout_ms(limit)
+            )
+        elif limit is not None:
+            self._wake.set()  # the heartbeat thread now sleeps no longer than this deadline
         started = time.monotonic()
+        queue = self.queue
         try:
             try:
-                self.handler(job)
+                with tracing.processing(
+                    queue.name, job, lambda: queue.first_attempt_trace(job)
+                ) as span:
+                    self._spans[key] = span
+                    self.handler(job)
             except BaseException as exc:  # the handler's failure is data, not ours
-                self._finished_handler(key)
+                mine = self._finished_handler(key)
                 self._observe("failed", time.monotonic() - started)
-                self._fail(job, exc)
+                if mine:
+                    self._note_first_attempt(job, key)
+                    self._fail(job, f"{type(exc).__name__}: {exc}", exc)
                 if not isinstance(exc, Exception):  # SystemExit and the like: nack, then stop
                     self._stop.set()
             else:
-                self._finished_handler(key)
+                mine = self._finished_handler(key)
                 self._observe("succeeded", time.monotonic() - started)
-                self._settle(self.queue.ack, job, succeeded=1)
+                if mine:
+                    self._settle(self.queue.ack, job, succeeded=1)
         finally:
+            if board is not None:
+                board[0].end(board[1], index)
             with self._inflight_lock:
                 self._inflight.pop(key, None)
+                self._deadlines.pop(key, None)
+                self._spans.pop(key, None)
                 self._last_busy = time.monotonic()
+                replaced = self._given_up.pop(key, False)
+                if replaced:
+                    self._abandoned -= 1
+        return not replaced
 
-    def _finished_handler(self, key: int) -> None:
-        # No more beats for this job: its ack or nack follows, and a beat racing it would fail
-        # on a job that is no longer leased -- an outcome, not a lost lease.
+    def _finished_handler(self, key: int) -> bool:
+        """The handler returned: no more beats or deadline for its job (its ack or nack follows,
+        and a beat racing it would fail on a job no longer leased -- an outcome, not a lost
+        lease).  False if the job was given up meanwhile (timed out, or handed back): its
+        outcome was recorded then, and the handler's is ignored."""
         with self._inflight_lock:
+            self._deadlines.pop(key, None)
+            if key in self._given_up:
+                return False
             if key in self._inflight:
                 self._inflight[key] = None
+            return True
+
+    def _note_first_attempt(self, job: Job, key: int) -> None:
+        """Keep the span of a failed first attempt, for the link its retry's span makes."""
+        if job.attempts != 1:
+            return
+        tp = tracing.traceparent_of(self._spans.get(key))
+        if tp is None:
+            return
+        try:
+            self.queue.trace_first_attempt(job, tp)
+        except Exception as exc:  # tracing never fails a job
+            log.debug("job %s: first attempt's span not kept: %s", job.id, exc)
+
+    def _expire_due(self) -> None:
+        """Give up every handler past its deadline (thread mode): ``job.cancelled`` is set, the
+        job nacked with ``"timeout after N s"``, and a new lease-loop thread started in the
+        stuck one's place while fewer than ``concurrency`` are stuck."""
+        now = time.monotonic()
+        with self._inflight_lock:
+            due = [(k, j, t, i) for k, (d, j, t, i) in self._deadlines.items() if d <= now]
+            for k, _j, _t, _i in due:
+                del self._deadlines[k]
+                self._inflight[k] = None  # no more beats: the lease is given up below
+                replace = not self._stop.is_set() and self._abandoned < self.concurrency
+                self._given_up[k] = replace
+                if replace:
+                    self._abandoned += 1
+        for k, job, limit, index in due:
+            if job.cancelled is not None:
+                job.cancelled.set()
+            text = timeout_error(limit)
+            log.warning(
+                "job %s: %s; its thread cannot be killed and runs on until the handler returns",
+                job.id,
+                text,
+            )
+            self._note_first_attempt(job, k)
+            self._fail(job, text, None)
+            if self._given_up.get(k):
+                with self._inflight_lock:
+                    self._serving = [t for t in self._serving if t.ident != k]
+                self._start_loop(index)
+
+    def _hand_back_running(self) -> None:
+        """The grace period of a drain ran out: hand back every job whose handler still runs
+        (nacked with no delay and no attempt spared, for immediate redelivery elsewhere)."""
+        with self._inflight_lock:
+            running = [(k, j) for k, j in self._inflight.items() if j is not None]
+            for k, _j in running:
+                self._given_up.setdefault(k, False)
+                self._inflight[k] = None
+                self._deadlines.pop(k, None)
+        for _k, job in running:
+            if job.cancelled is not None:
+                job.cancelled.set()
+            self._release(
+                job,
+                f"worker stopped: handler still running after the {self.grace:g} s grace "
+                "period; handed back",
+            )
+
+    def _release(self, job: Job, why: str) -> None:
+        """Hand ``job`` back for immediate redelivery (a nack with no delay); logged, never raised."""
+        try:
+            self.queue.nack(job, error=why, delay=0)
+        except (NotLeasedError, JobNotFoundError, QueueClosedError) as exc:
+            log.warning("job %s: not handed back: %s", job.id, exc)
+            return
+        except Exception:
+            log.exception("job %s: could not be handed back", job.id)
+            return
+        log.warning("job %s: %s", job.id, why)
 
     def _lease_failed(self, exc: BaseException) -> None:
         """Log a failed lease: the first of an outage as one warning line (the traceback at debug
@@ -374,8 +547,7 @@ class Worker:
         self.stats.add(**count)
         return result
 
-    def _fail(self, job: Job, exc: BaseException) -> None:
-        text = f"{type(exc).__name__}: {exc}"
+    def _fail(self, job: Job, text: str, exc: BaseException | None) -> None:
         result = self._settle(lambda j: self.queue.nack(j, error=text), job, failed=1)
         if result is not None:
             # The traceback is for whoever asked for debug output (`ringq work -v`); the one-line
@@ -386,7 +558,7 @@ class Worker:
                 job.attempts,
                 job.max_attempts,
                 text,
-                exc_info=exc if log.isEnabledFor(logging.DEBUG) else None,
+                exc_info=exc if exc is not None and log.isEnabledFor(logging.DEBUG) else None,
             )
             if result.state is JobState.DEAD:
                 self.stats.add(dead=1)
@@ -397,9 +569,21 @@ class Worker:
 
     def _heartbeat_loop(self) -> None:
         # Beats until every handler thread has returned, so that handlers still running after
-        # stop() keep their leases while they finish.
-        while not self._drained.wait(self.heartbeat):
-            self._beat()
+        # stop() keep their leases while they finish; wakes at each handler's deadline too.
+        next_beat = time.monotonic() + self.heartbeat
+        while not self._drained.is_set():
+            with self._inflight_lock:
+                soonest = min((d[0] for d in self._deadlines.values()), default=math.inf)
+            wait = max(0.0, min(next_beat, soonest) - time.monotonic())
+            self._wake.wait(wait)
+            self._wake.clear()
+            if self._drained.is_set():
+                return
+            if self._deadlines:
+                self._expire_due()
+            if time.monotonic() >= next_beat:
+                self._beat()
+                next_beat = time.monotonic() + self.heartbeat
 
     def _beat(self) -> None:
         with self._inflight_lock:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-import numpy as np
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 from ringq.errors import RecordTooLargeError
 
@@ -24,10 +24,13 @@ from .native import CData
 from .segment import Segment
 from .words import ST_READY
 
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
 __all__ = [
     "NewRecord",
     "REC_HEADER",
-    "REC_INFO_DTYPE",
+    "rec_info_dtype",
     "REC_MAGIC",
     "KIND_JOB",
     "build",
@@ -84,17 +87,31 @@ _NP = {
     "uint16_t": "<u2",
     "uint8_t": "u1",
 }
-#: numpy view of ``ringq_rec_info`` (what the C scan reports per record), from its C declaration.
-REC_INFO_DTYPE = np.dtype(
-    {
-        "names": _INFO_FIELDS,
-        "formats": [
-            _NP[dict(ffi.typeof("ringq_rec_info").fields)[n].type.cname] for n in _INFO_FIELDS
-        ],
-        "offsets": [ffi.offsetof("ringq_rec_info", n) for n in _INFO_FIELDS],
-        "itemsize": ffi.sizeof("ringq_rec_info"),
-    }
-)
+
+
+@cache
+def rec_info_dtype() -> np.dtype:
+    """numpy view of ``ringq_rec_info`` (what the C scan reports per record), from its C
+    declaration.  Built on first use (numpy is not loaded by an enqueue); also spelled
+    ``REC_INFO_DTYPE``."""
+    import numpy as np
+
+    return np.dtype(
+        {
+            "names": _INFO_FIELDS,
+            "formats": [
+                _NP[dict(ffi.typeof("ringq_rec_info").fields)[n].type.cname] for n in _INFO_FIELDS
+            ],
+            "offsets": [ffi.offsetof("ringq_rec_info", n) for n in _INFO_FIELDS],
+            "itemsize": ffi.sizeof("ringq_rec_info"),
+        }
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name == "REC_INFO_DTYPE":
+        return rec_info_dtype()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(slots=True)
@@ -184,15 +201,18 @@ def scan(
     tail = seg.bounded_tail() if end is None else end
     if limit is not None:
         tail = min(tail, start + limit)
+    import numpy as np
+
+    dtype = rec_info_dtype()
     if start >= tail:
-        return np.empty(0, REC_INFO_DTYPE), start
+        return np.empty(0, dtype), start
     cap = tail - start
     out = ffi.new("ringq_rec_info[]", cap)
     nxt = ffi.new("uint32_t *")
     n = native.check(
         lib.ringq_seg_scan(seg.ptr, seg.size, seg.geom, start, tail, out, cap, nxt), seg.path
     )
-    arr = np.frombuffer(ffi.buffer(out, n * REC_INFO_DTYPE.itemsize), dtype=REC_INFO_DTYPE).copy()
+    arr = np.frombuffer(ffi.buffer(out, n * dtype.itemsize), dtype=dtype).copy()
     return arr, nxt[0]
 
 

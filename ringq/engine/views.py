@@ -4,7 +4,6 @@ are ordered by (``order``, ``due``).  Built by ringq/engine/catchup.py, ordered 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -12,13 +11,9 @@ import numpy as np
 
 from ._native import ffi
 from .segment import Segment
-from .words import lease_count, rel_time
+from .words import lease_count, now_ms, rel_time
 
 __all__ = ["View", "Lane", "Grow", "Direct", "now_ms", "order", "due"]
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class Direct:

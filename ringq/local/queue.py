@@ -26,7 +26,8 @@ import sys
 import time
 import warnings
 from collections.abc import Iterable, Sequence
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 from ringq.backend import (
     DEFAULT_MAX_ATTEMPTS,
@@ -45,7 +46,6 @@ from ringq.backend import (
 )
 from ringq.backoff import BackoffPolicy
 from ringq.engine import forksafe, transitions
-from ringq.engine.reaper import REAP_INTERVAL
 from ringq.engine.recovery import RecoveryReport
 from ringq.engine.ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, Ring
 from ringq.engine.segment import check_geometry
@@ -54,13 +54,14 @@ from ringq.errors import JobNotFoundError, LimitError, NotLeasedError
 from ringq.job import Job, JobState
 from ringq.results import Results
 
-from .admin import Admin
 from .context import QueueContext
-from .leases import Retired
-from .lifecycle import Lifecycle
-from .limits import LimitInfo, Limits
 from .options import QueueOptions
-from .schedule import Schedule, Schedules
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .admin import Admin
+    from .lifecycle import Lifecycle
+    from .limits import LimitInfo, Limits
+    from .schedule import Schedule, Schedules
 
 __all__ = ["Queue", "QueueOptions", "GeometryWarning"]
 
@@ -213,17 +214,37 @@ class Queue:
             auto_ids,
             spin,
         )
-        ctx = self._ctx = QueueContext(ring, name, str(self.path), mode, auto_ids)
+        self._ctx = QueueContext(ring, name, str(self.path), mode, auto_ids)
         self._results = Results(name, self._companion)
-        self._admin = Admin(ctx)
-        self._lifecycle = Lifecycle(ctx, self._results, self.get)
-        self._limits = Limits(ctx)
-        self._schedules = Schedules(self)
         self._rng = random.Random()
         forksafe.register(self)
-        with ctx.lock:
-            ctx.refresh()
-            ctx.reap(force=True)
+
+    # The parts behind the reads, the lifecycle calls, the limits and the periodic jobs are made
+    # (and their modules imported) on first use: a queue used only to enqueue loads none of them.
+
+    @cached_property
+    def _admin(self) -> Admin:
+        from .admin import Admin
+
+        return Admin(self._ctx)
+
+    @cached_property
+    def _lifecycle(self) -> Lifecycle:
+        from .lifecycle import Lifecycle
+
+        return Lifecycle(self._ctx, self._results, self.get)
+
+    @cached_property
+    def _limits(self) -> Limits:
+        from .limits import Limits
+
+        return Limits(self._ctx)
+
+    @cached_property
+    def _schedules(self) -> Schedules:
+        from .schedule import Schedules
+
+        return Schedules(self)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -257,7 +278,8 @@ class Queue:
                 return
             self._ctx.close()  # waits for the threads asleep in lease or wait_for_wake to leave
             self._results.close()
-            self._schedules.close()
+            if "_schedules" in self.__dict__:
+                self._schedules.close()
 
     def drop_inherited_locks(self) -> None:
         """In a forked child (ringq/engine/forksafe.py): a parent thread may have been inside a call of
@@ -482,8 +504,8 @@ class Queue:
             if left <= 0:
                 return got
             nap = min(
-                left, REAP_INTERVAL, self._ctx.reaper.until_floor()
-            )  # dead holders: seen within REAP_INTERVAL
+                left, self._ctx.reaper.interval, self._ctx.reaper.until_floor()
+            )  # dead holders: seen within the reaper's interval
             if next_due is not None:
                 nap = min(nap, max(0.0, next_due / 1000 - time.time()) + 0.001)
             held_back = self._ctx.gate.nap()  # until a limit that holds a job back may let it go
@@ -572,6 +594,8 @@ class Queue:
         """
         self._ctx.live()
         if result is not NO_RESULT:
+            from .leases import Retired
+
             with self._ctx.live_lock:  # fencing first: a stale holder must not store a result
                 try:
                     view, slot, w, job_id, token = self._ctx.leases.word_for(job, self.name, "ack")

@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "NewRecord",
     "REC_HEADER",
+    "CLAIMED",
     "rec_info_dtype",
     "REC_MAGIC",
     "KIND_JOB",
@@ -72,6 +73,9 @@ def _struct_of(ctype: str) -> tuple[struct.Struct, tuple[str, ...]]:
 REC_HEADER, REC_FIELDS = _struct_of("ringq_rec_header")
 assert REC_HEADER.size == lib.RINGQ_REC_HEADER == ffi.sizeof("ringq_rec_header")
 REC_MAGIC = lib.RINGQ_REC_MAGIC
+# What ringq_claim_run reports per job leased (csrc/ringq.h), read as an array with struct.
+CLAIMED, CLAIMED_FIELDS = _struct_of("ringq_claimed")
+assert CLAIMED.size == ffi.sizeof("ringq_claimed")
 KIND_JOB = 1
 MAX_RECORD_FIELD = 0xFFFFFFFF  # the record header's length fields are 32-bit
 MAX_ID_FIELD = 0xFFFF  # and its id length field 16-bit

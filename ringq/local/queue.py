@@ -25,9 +25,9 @@ import random
 import sys
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from ringq.backend import (
     DEFAULT_MAX_ATTEMPTS,
@@ -40,9 +40,13 @@ from ringq.backend import (
     NO_RESULT,
     CompactionResult,
     QueueStats,
+    Stop,
     check_attempts,
+    check_consume,
     due_delay,
     expiry_ms,
+    handle_stream,
+    stream_leases,
 )
 from ringq.backoff import BackoffPolicy
 from ringq.engine import forksafe, transitions
@@ -573,6 +577,86 @@ class Queue:
         """Lease one job, or return None if none is due (after waiting up to ``wait`` seconds)."""
         jobs = self.lease(1, visibility_timeout=visibility_timeout, wait=wait, detach=detach)
         return jobs[0] if jobs else None
+
+    @overload
+    def consume(
+        self,
+        handler: None = None,
+        *,
+        count: int | None = None,
+        wait: float | None = None,
+        stop: Stop | None = None,
+        visibility_timeout: float | None = None,
+    ) -> Generator[Job, None, None]: ...
+
+    @overload
+    def consume(
+        self,
+        handler: Callable[[Job], Any],
+        *,
+        count: int | None = None,
+        wait: float | None = None,
+        stop: Stop | None = None,
+        visibility_timeout: float | None = None,
+    ) -> int: ...
+
+    def consume(
+        self,
+        handler: Callable[[Job], Any] | None = None,
+        *,
+        count: int | None = None,
+        wait: float | None = None,
+        stop: Stop | None = None,
+        visibility_timeout: float | None = None,
+    ) -> Generator[Job, None, None] | int:
+        """Stream leases: an iterator of leased jobs (``handler`` None; the caller acks or nacks
+        each), or a loop that runs ``handler(job)`` on each, acks it when the handler returns and
+        nacks it (``"<ExceptionType>: <message>"`` as its error) when it raises.
+
+        The stream leases jobs in batches, one C call per run of plain jobs, sized to how long
+        the consumer takes per job (at most 64, about 2 ms of handling, so that other consumers
+        get their share), and hands them out one at a time.  A job it leased but did not hand out
+        -- the stream stopped, the iterator was closed, or a quarter of the visibility timeout
+        passed since its batch was leased -- goes back to READY unused: its attempt is not
+        counted, and it keeps its place in the order.
+
+        Args:
+            handler: None for an iterator; a callable for the callback loop.
+            count: end after this many jobs (None: no limit).
+            wait: when no job is due, block up to this many seconds for one (woken by the
+                producer's futex wake); the stream ends when that wait finds nothing.  None or 0:
+                end as soon as no job is due.
+            stop: a ``threading.Event`` (or a callable returning True) checked before each job:
+                the stream ends when it is set.
+            visibility_timeout: seconds each lease lasts (default: the queue's).
+
+        Returns:
+            The iterator; or, with ``handler``, how many jobs the handler returned from.  An
+            exception that is not an ``Exception`` (KeyboardInterrupt, SystemExit) is raised
+            after its job is nacked.
+        Raises:
+            ValueError for bad arguments; QueueClosedError.
+        """
+        stopped = check_consume(count, wait, stop)
+        vt = self.visibility_timeout if visibility_timeout is None else visibility_timeout
+        if not 0 < vt < TIME_MAX / 1000:
+            raise ValueError(f"visibility_timeout must be > 0 seconds, got {vt!r}")
+        self._ctx.live()
+
+        def lease(n: int) -> list[Job]:
+            return self.lease(n, visibility_timeout=vt, wait=wait)
+
+        jobs = stream_leases(lease, count, stopped, vt, self._give_back)
+        if handler is None:
+            return jobs
+        return handle_stream(self, jobs, handler)
+
+    def _give_back(self, jobs: list[Job]) -> None:
+        """Return leases the stream took but never handed out (Leases.give_back)."""
+        if self._ctx.closed:
+            return  # a closed queue's leases end with their holder
+        with self._ctx.live_lock:
+            self._ctx.leases.give_back(jobs)
 
     # -- ack / nack / extend ------------------------------------------------------------------------
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Generator, Iterable, Sequence
+from typing import Any, overload
 
 from ringq import codec
 from ringq.backend import (
@@ -35,10 +35,14 @@ from ringq.backend import (
     MAX_DELAY,
     NO_RESULT,
     QueueStats,
+    Stop,
     check_attempts,
+    check_consume,
     check_queue_name,
     due_delay,
     expiry_ms,
+    handle_stream,
+    stream_leases,
 )
 from ringq.backoff import BackoffPolicy
 from ringq.errors import LimitError, MissingExtraError, SerializationError
@@ -367,6 +371,50 @@ class RedisQueue:
         """Lease one job, or return None if none is due (after waiting up to ``wait`` seconds)."""
         jobs = self.lease(1, visibility_timeout=visibility_timeout, wait=wait, detach=detach)
         return jobs[0] if jobs else None
+
+    @overload
+    def consume(
+        self,
+        handler: None = None,
+        *,
+        count: int | None = None,
+        wait: float | None = None,
+        stop: Stop | None = None,
+        visibility_timeout: float | None = None,
+    ) -> Generator[Job, None, None]: ...
+
+    @overload
+    def consume(
+        self,
+        handler: Callable[[Job], Any],
+        *,
+        count: int | None = None,
+        wait: float | None = None,
+        stop: Stop | None = None,
+        visibility_timeout: float | None = None,
+    ) -> int: ...
+
+    def consume(
+        self,
+        handler: Callable[[Job], Any] | None = None,
+        *,
+        count: int | None = None,
+        wait: float | None = None,
+        stop: Stop | None = None,
+        visibility_timeout: float | None = None,
+    ) -> Generator[Job, None, None] | int:
+        """Stream leases as :meth:`ringq.Queue.consume` does (same arguments and answers), one
+        ``lease`` per job: no job is held leased before it is handed out."""
+        stopped = check_consume(count, wait, stop)
+        vt = self.visibility_timeout if visibility_timeout is None else visibility_timeout
+
+        def lease(n: int) -> list[Job]:
+            return self.lease(n, visibility_timeout=vt, wait=wait)
+
+        jobs = stream_leases(lease, count, stopped, vt)
+        if handler is None:
+            return jobs
+        return handle_stream(self, jobs, handler)
 
     def wake_token(self) -> int:
         """For callers that wait in another thread (see :meth:`ringq.Queue.wake_token`): always 0

@@ -159,7 +159,8 @@ static void *consumer(void *arg) {
         uint32_t tail = tail_now();
         /* the one-call lease of the first READY job from the cursor, or of a run of them */
         while (cursor < tail) {
-            if ((seed >> 4) % 2 == 0) {
+            /* (not in the shared-results mode: that check needs the threads waiting together) */
+            if (!shared_out && (seed >> 4) % 2 == 0) {
                 uint32_t next = 0, why = 0;
                 int got = ringq_claim_run(seg, maplen, &g, order, tail, cursor, plain, &keys, now_rel(),
                                           now_rel() + 1000000, me + 1, run, 1 + (seed >> 6) % 8, &next, &why);

@@ -23,6 +23,19 @@ static inline uint64_t word_of(uint32_t st, uint64_t why_bits, uint32_t lc, uint
            (t << RINGQ_W_TIME_SHIFT);
 }
 
+/* A plain first lease of the READY word *w at slot: CAS it to LEASED(lc 1, deadline_rel), reason
+ * kept, then tag the owner word with owner_base and lease count 1.  1 if leased (*w then holds the
+ * READY word replaced), 0 if the CAS lost (*w holds the word another process wrote). */
+static inline int lease_plain(uint8_t *base, const ringq_geom *g, uint32_t slot, uint64_t *w,
+                              uint64_t deadline_rel, uint64_t owner_base, uint64_t *leased) {
+    _Atomic uint64_t *sw = A64(base, g->state_off + (size_t)slot * RINGQ_STATE_ENTRY);
+    *leased = word_of(RINGQ_ST_LEASED, WHY_BITS(*w), 1, deadline_rel);
+    if (!atomic_compare_exchange_strong(sw, w, *leased)) return 0;
+    atomic_store_explicit(A64(base, g->state_off + (size_t)slot * RINGQ_STATE_ENTRY + 8),
+                          owner_base | ((uint64_t)1 << RINGQ_OW_LC_SHIFT), memory_order_release);
+    return 1;
+}
+
 int ringq_claim_next(uint8_t *base, size_t maplen, const ringq_geom *g, const uint32_t *order,
                      uint32_t n, uint32_t start, uint32_t expect, const uint8_t *plain,
                      uint64_t now_rel, uint64_t deadline_rel, uint64_t owner_base,
@@ -57,11 +70,8 @@ int ringq_claim_next(uint8_t *base, size_t maplen, const ringq_geom *g, const ui
                 out->status = RINGQ_CLAIM_ASK;
                 return 0;
             }
-            uint64_t leased = word_of(RINGQ_ST_LEASED, WHY_BITS(w), 1, deadline_rel);
-            if (atomic_compare_exchange_strong(sw, &w, leased)) {
-                atomic_store_explicit(A64(base, g->state_off + (size_t)slot * RINGQ_STATE_ENTRY + 8),
-                                      owner_base | ((uint64_t)1 << RINGQ_OW_LC_SHIFT),
-                                      memory_order_release);
+            uint64_t leased;
+            if (lease_plain(base, g, slot, &w, deadline_rel, owner_base, &leased)) {
                 out->status = RINGQ_CLAIMED;
                 out->prev = w;
                 out->word = leased;
@@ -73,6 +83,75 @@ int ringq_claim_next(uint8_t *base, size_t maplen, const ringq_geom *g, const ui
     out->status = RINGQ_CLAIM_NONE;
     out->index = n;
     return 0;
+}
+
+static inline int ranks_before(const ringq_run_keys *k, uint32_t slot) {
+    if (!k->bounded) return 1;
+    int64_t a = k->avail_ms[slot], e = k->enq_us[slot];
+    if (a != k->bound_avail_ms) return a < k->bound_avail_ms;
+    if (e != k->bound_enq_us) return e < k->bound_enq_us;
+    return (uint32_t)(k->seq[slot] & 0xffffffffu) < k->bound_seq32;
+}
+
+int ringq_claim_run(uint8_t *base, size_t maplen, const ringq_geom *g, const uint32_t *order,
+                    uint32_t n, uint32_t start, const uint8_t *plain, const ringq_run_keys *keys,
+                    uint64_t now_rel, uint64_t deadline_rel, uint64_t owner_base,
+                    ringq_claimed *out, uint32_t cap, uint32_t *next, uint32_t *why) {
+    int rc = geom_check(maplen, g);
+    if (rc) return rc;
+    if (!order || !plain || !keys || !keys->avail_ms || !keys->enq_us || !keys->seq || !out ||
+        !next || !why)
+        return RINGQ_EINVAL;
+    uint32_t got = 0;
+    *why = RINGQ_RUN_END;
+    *next = n;
+    for (uint32_t i = start; i < n; i++) {
+        uint32_t slot = order[i];
+        if (slot >= g->slot_count) continue;
+        _Atomic uint64_t *sw = A64(base, g->state_off + (size_t)slot * RINGQ_STATE_ENTRY);
+        uint64_t w = atomic_load_explicit(sw, memory_order_acquire);
+        while (STATE_OF(w) == RINGQ_ST_READY) {
+            if (got == cap) {
+                *why = RINGQ_RUN_FULL;
+                *next = i;
+                return (int)got;
+            }
+            if (!plain[slot] || LC_OF(w) != 0 || TIME_OF(w) > now_rel || (w & RINGQ_W_CANCEL)) {
+                *why = RINGQ_RUN_ASK;
+                *next = i;
+                return (int)got;
+            }
+            if (!ranks_before(keys, slot)) {
+                *why = RINGQ_RUN_BOUND;
+                *next = i;
+                return (int)got;
+            }
+            ringq_rec_info info;
+            if (check_record(base, g, slot, &info) != 0) { /* the caller quarantines it */
+                *why = RINGQ_RUN_ASK;
+                *next = i;
+                return (int)got;
+            }
+            uint64_t leased;
+            if (lease_plain(base, g, slot, &w, deadline_rel, owner_base, &leased)) {
+                ringq_claimed *c = &out[got++];
+                memset(c, 0, sizeof *c);
+                c->word = leased;
+                c->seq = info.seq;
+                c->enqueued_us = info.enqueued_us;
+                c->available_ms = info.available_ms;
+                c->slot = slot;
+                c->payload_len = info.payload_len;
+                c->priority = info.priority;
+                c->max_attempts = info.max_attempts;
+                c->id_len = info.id_len;
+                c->codec = info.codec;
+                break;
+            }
+            /* w is what another process wrote: READY again (rare) loops, else move on. */
+        }
+    }
+    return (int)got;
 }
 
 int ringq_ack_slot(uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t slot, uint32_t token,

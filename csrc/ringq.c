@@ -376,6 +376,8 @@ int ringq_owner_probe(int fd, uint32_t idx) {
  *   32 i64 available_ms  40 i32 priority  44 u16 max_attempts  46 u16 attempts_before
  *   48 u16 id_len  50 u8 codec  51 u8 kind  52 u32 payload_len  56 u64 supersedes            */
 _Static_assert(sizeof(ringq_rec_header) == RINGQ_REC_HEADER, "record header size");
+_Static_assert(sizeof(ringq_claimed) == 56 && offsetof(ringq_claimed, slot) == 32 &&
+               offsetof(ringq_claimed, codec) == 48, "ringq_claimed layout (read with struct)");
 _Static_assert(offsetof(ringq_rec_header, seq) == 16 && offsetof(ringq_rec_header, priority) == 40 &&
                offsetof(ringq_rec_header, id_len) == 48 && offsetof(ringq_rec_header, payload_len) == 52 &&
                offsetof(ringq_rec_header, supersedes) == 56, "record header offsets");

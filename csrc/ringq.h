@@ -251,6 +251,57 @@ int ringq_claim_next(uint8_t *base, size_t maplen, const ringq_geom *g, const ui
                      uint64_t now_rel, uint64_t deadline_rel, uint64_t owner_base,
                      ringq_claim_out *out);
 
+/* One job ringq_claim_run leased: its head slot, the LEASED word written, and the record's fields
+ * the caller builds the job from, without reading the header again (the record was validated
+ * first).  Natural alignment, no padding: the Python side reads an array of them with struct. */
+typedef struct {
+    uint64_t word;         /* the LEASED word written (lease count 1) */
+    uint64_t seq;          /* queue-wide enqueue sequence number */
+    int64_t  enqueued_us;  /* microseconds since the Unix epoch */
+    int64_t  available_ms; /* milliseconds since the Unix epoch */
+    uint32_t slot;         /* head slot */
+    uint32_t payload_len;  /* bytes of payload, after the header and the id */
+    int32_t  priority;
+    uint16_t max_attempts;
+    uint16_t id_len;       /* bytes of explicit id (0: the id is the seq) */
+    uint8_t  codec;        /* payload codec */
+    uint8_t  pad8;
+    uint16_t pad16;
+    uint32_t pad32;
+} ringq_claimed;
+
+/* The per-slot ordering fields of the caller's index (each slot_count long) and the key of the
+ * best candidate outside this lane: ringq_claim_run leases a candidate only while its key
+ * (avail_ms[slot], enq_us[slot], seq[slot] & 0xffffffff) is below the bound's (unless bounded is 0). */
+typedef struct {
+    const int64_t  *avail_ms;
+    const int64_t  *enq_us;
+    const uint64_t *seq;
+    int64_t  bound_avail_ms;
+    int64_t  bound_enq_us;
+    uint32_t bound_seq32;
+    uint32_t bounded;
+} ringq_run_keys;
+
+/* Why ringq_claim_run stopped (*why). */
+#define RINGQ_RUN_END   0 /* no READY slot left from `start` to n */
+#define RINGQ_RUN_ASK   1 /* order[*next] is READY but not leased here: the caller decides */
+#define RINGQ_RUN_BOUND 2 /* order[*next] ranks after the bound: another lane's job comes first */
+#define RINGQ_RUN_FULL  3 /* cap jobs leased */
+
+/* Lease a run of a lane's jobs in one call: ringq_claim_next's rule (READY, plain[slot], never
+ * leased, due by now_rel, record valid; the same CAS and owner word) applied to order[start..n)
+ * in turn, without an expected slot, until cap jobs are leased or the next READY candidate is not
+ * claimable (RINGQ_RUN_ASK), ranks after keys' bound (RINGQ_RUN_BOUND) or none is left
+ * (RINGQ_RUN_END).  Slots that are not READY are passed over; a lost CAS moves on.  out[0..count)
+ * receives the jobs leased, *next the index in order[] to continue from (the ASK or BOUND
+ * candidate's, or n), *why the reason it stopped.  Returns the count (>= 0), RINGQ_EINVAL (NULL
+ * pointers) or a bounds error of the geometry. */
+int ringq_claim_run(uint8_t *base, size_t maplen, const ringq_geom *g, const uint32_t *order,
+                    uint32_t n, uint32_t start, const uint8_t *plain, const ringq_run_keys *keys,
+                    uint64_t now_rel, uint64_t deadline_rel, uint64_t owner_base,
+                    ringq_claimed *out, uint32_t cap, uint32_t *next, uint32_t *why);
+
 /* Where a consumer that found nothing waits (ringq_wait_claim): words of the control page and the
  * tail segment's position as the caller last saw them. */
 typedef struct {

@@ -17,15 +17,20 @@ import math
 import os
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeGuard, runtime_checkable
+from typing import Any, Protocol, TypeGuard, overload, runtime_checkable
 
 from ringq.backoff import BackoffPolicy
 from ringq.job import Job, JobState
 
 __all__ = [
     "QueueBackend",
+    "Stop",
+    "check_consume",
+    "stream_leases",
+    "handle_stream",
     "QueueStats",
     "CompactionResult",
     "SearchPage",
@@ -369,6 +374,116 @@ class SearchPage:
         return {"jobs": [j.to_dict() for j in self.jobs], "total": self.total, "next": self.next}
 
 
+class _Settable(Protocol):
+    def is_set(self) -> bool: ...
+
+
+#: A stop condition of ``consume``: an object with ``is_set()`` (a threading.Event), or a
+#: callable returning True when the stream should end.
+Stop = _Settable | Callable[[], bool]
+
+CONSUME_BATCH_MAX = 64  # most jobs a streaming consumer holds leased before it hands them out
+CONSUME_BATCH_SPAN = 0.002  # seconds of handling a batch is sized for (fair to other consumers)
+
+
+def check_consume(count: int | None, wait: float | None, stop: Stop | None) -> Callable[[], bool]:
+    """Validate ``consume``'s arguments; returns the stop condition as a function.  Raises
+    ValueError (a count that is not an int >= 1, a wait that is not a number of seconds >= 0,
+    a stop that is neither an event nor a callable)."""
+    if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
+        raise ValueError(f"count must be an int >= 1 or None, got {count!r}")
+    if wait is not None and (
+        not isinstance(wait, (int, float)) or isinstance(wait, bool) or not wait >= 0
+    ):
+        raise ValueError(f"wait must be a number of seconds >= 0 or None, got {wait!r}")
+    if stop is None:
+        return lambda: False
+    is_set = getattr(stop, "is_set", None)
+    if callable(is_set):
+        return is_set  # type: ignore[no-any-return]
+    if callable(stop):
+        return stop
+    raise ValueError(f"stop must be an event (with is_set()) or a callable, got {stop!r}")
+
+
+def stream_leases(
+    lease: Callable[[int], list[Job]],
+    count: int | None,
+    stopped: Callable[[], bool],
+    visibility_timeout: float,
+    give_back: Callable[[list[Job]], None] | None = None,
+) -> Generator[Job, None, None]:
+    """The jobs of ``lease(n)`` calls (each leases up to ``n``, waiting as the consumer asked, and
+    returns ``[]`` to end the stream), one at a time, until ``count`` were handed out or
+    ``stopped()``.  Without ``give_back`` one job is leased per call.  With it, jobs are leased in
+    batches sized to what the consumer takes per job (at most CONSUME_BATCH_MAX, about
+    CONSUME_BATCH_SPAN seconds of handling), and leases not handed out -- the stream stopped, or a
+    quarter of the visibility timeout passed since the batch was leased -- go to
+    ``give_back(jobs)``, which returns them to the queue unused."""
+    left = count
+    size = 1
+    started, handed = 0.0, 0
+    pending: deque[Job] = deque()
+    try:
+        while True:
+            if not pending:
+                if left == 0 or stopped():
+                    return
+                want = size if left is None else min(size, left)
+                jobs = lease(want)
+                if not jobs:
+                    return
+                pending.extend(jobs)
+                started = time.monotonic()
+                handed = 0
+            elif stopped():
+                return
+            if give_back is not None and pending and handed:
+                took = time.monotonic() - started
+                if took > visibility_timeout / 4:
+                    back = list(pending)
+                    pending.clear()
+                    give_back(back)
+                    size = 1
+                    continue
+            job = pending.popleft()
+            handed += 1
+            if left is not None:
+                left -= 1
+            yield job
+            if give_back is not None and not pending:
+                per = (time.monotonic() - started) / handed
+                fit = CONSUME_BATCH_MAX if per <= 0 else int(CONSUME_BATCH_SPAN / per)
+                size = max(1, min(CONSUME_BATCH_MAX, 2 * size, fit))
+    finally:
+        if pending and give_back is not None:
+            give_back(list(pending))
+
+
+def handle_stream(
+    q: QueueBackend, jobs: Generator[Job, None, None], handler: Callable[[Job], Any]
+) -> int:
+    """``consume(handler)``: run ``handler(job)`` for each job of ``jobs``; ack it when the
+    handler returns, nack it (the exception's text as the error) when it raises.  An exception
+    that is not an Exception (KeyboardInterrupt, SystemExit) is raised after the nack.  Returns
+    how many jobs the handler returned from."""
+    done = 0
+    try:
+        for job in jobs:
+            try:
+                handler(job)
+            except BaseException as exc:
+                q.nack(job, error=f"{type(exc).__name__}: {exc}")
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            q.ack(job)
+            done += 1
+    finally:
+        jobs.close()  # leases the stream holds but never handed out go back
+    return done
+
+
 @runtime_checkable
 class QueueBackend(Protocol):
     """The queue API common to both backends (nobroker's names).  Each method's full contract is
@@ -457,6 +572,40 @@ class QueueBackend(Protocol):
     ) -> None: ...
 
     def ack_many(self, jobs: Iterable[Job | str]) -> None: ...
+
+    @overload
+    def consume(
+        self,
+        handler: None = None,
+        *,
+        count: int | None = None,
+        wait: float | None = None,
+        stop: Stop | None = None,
+        visibility_timeout: float | None = None,
+    ) -> Generator[Job, None, None]: ...
+
+    @overload
+    def consume(
+        self,
+        handler: Callable[[Job], Any],
+        *,
+        count: int | None = None,
+        wait: float | None = None,
+        stop: Stop | None = None,
+        visibility_timeout: float | None = None,
+    ) -> int: ...
+
+    def consume(
+        self,
+        handler: Callable[[Job], Any] | None = None,
+        *,
+        count: int | None = None,
+        wait: float | None = None,
+        stop: Stop | None = None,
+        visibility_timeout: float | None = None,
+    ) -> Generator[Job, None, None] | int:
+        """Stream leases (:meth:`ringq.Queue.consume` has the contract)."""
+        ...
 
     def nack(
         self, job: Job | str, *, error: str | None = None, delay: float | None = None

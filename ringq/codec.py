@@ -78,8 +78,13 @@ class _NotJSON(Exception):
 
 def _loaded_numpy() -> Any:
     """The numpy module if something imported it, else None: without it, no value can be an array
-    or a numpy scalar, so a payload needs no numpy to be encoded."""
-    return sys.modules.get("numpy")
+    or a numpy scalar, so a payload needs no numpy to be encoded.  A numpy that another thread is
+    importing right now counts as not imported: no array can exist before its import finished,
+    and its attributes may not be there yet."""
+    np = sys.modules.get("numpy")
+    if np is None or getattr(getattr(np, "__spec__", None), "_initializing", False):
+        return None
+    return np
 
 
 def _not_json(obj: Any) -> Any:

@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .codec import jsonable
+from .codec import decode, jsonable
 
 __all__ = ["Job", "JobState"]
 
@@ -35,7 +35,10 @@ class Job:
 
     Attributes:
         id: the job id: the caller's ``job_id``, or 16 hex digits of ``seq`` when none was given.
-        payload: the decoded payload (JSON value, ``bytes`` or ``numpy.ndarray``).
+        payload: the decoded payload (JSON value, ``bytes`` or ``numpy.ndarray``).  A job handed
+            out by a lease is decoded on first access of ``payload`` (and by equality,
+            :meth:`to_dict`, ``repr`` and ``dataclasses.replace``, which read it); bytes that do
+            not decode raise SerializationError there.
         priority: higher leases first; ties break by ``available_at``, then FIFO by ``seq``.
         state: :class:`JobState` when the snapshot was taken.
         attempts: number of times the job has been leased.
@@ -92,6 +95,8 @@ class Job:
     # (segment seq, slot, queue identity) of the record it was read from: the queue's own handle
     _loc: tuple[int, int, int] = field(default=(0, 0, 0), repr=False, compare=False)
     _acked: bool = field(default=False, repr=False, compare=False)  # this snapshot's ack went in
+    # ``(codec id, bytes)`` of a payload not decoded yet (see ``payload``), else None.
+    _raw: Any = field(default=None, repr=False, compare=False)
 
     def snapshot(self) -> Job:
         """A detached copy (a Job is already a snapshot; this is nobroker's spelling)."""
@@ -164,3 +169,28 @@ class Job:
         if self.trace_context is not None:
             out["trace_context"] = dict(self.trace_context)
         return out
+
+
+# ``payload`` is decoded on first access: a property over the slot that dataclass(slots=True)
+# made for the field, so that Job stays a dataclass (fields, replace, equality, pickling) and a
+# handler that never looks at the payload never pays for decoding it.
+_PAYLOAD_SLOT = Job.__dict__["payload"]
+
+
+def _get_payload(job: Job) -> Any:
+    raw = job._raw
+    if raw is not None:
+        value = decode(raw[0], raw[1])  # SerializationError leaves it undecoded: raised again
+        _PAYLOAD_SLOT.__set__(job, value)
+        job._raw = None
+        return value
+    return _PAYLOAD_SLOT.__get__(job, Job)
+
+
+def _set_payload(job: Job, value: Any) -> None:
+    _PAYLOAD_SLOT.__set__(job, value)
+    job._raw = None
+
+
+# (setattr: the class attribute is replaced after the dataclass machinery ran, on purpose)
+setattr(Job, "payload", property(_get_payload, _set_payload, doc="the decoded payload"))  # noqa: B010

@@ -474,3 +474,87 @@ def test_a_results_queue_takes_no_jobs_but_can_be_read(queue_factory):
     main.ack(job, result={"sent": True})
     assert main.result(job.id) == {"sent": True}
     assert other.stats().total == 1
+
+
+# -- consume: a stream of leases ------------------------------------------------------------------
+
+
+def test_consume_streams_leases_until_count_or_empty(q):
+    q.enqueue_many(list(range(10)))
+    got = [j.payload for j in q.consume(count=4)]
+    assert got == [0, 1, 2, 3]
+    rest = list(q.consume())  # wait=None: ends as soon as nothing is due
+    assert [j.payload for j in rest] == list(range(4, 10))
+    assert all(j.state is JobState.LEASED and j.lease_token == "1" for j in rest)
+    q.ack_many(rest)
+    assert q.stats().done == 6 and q.stats().leased == 4
+
+
+def test_consume_callback_acks_on_return_and_nacks_on_raise(q):
+    q.enqueue_many([1, 2, 3], max_attempts=1)
+
+    def handler(job):
+        if job.payload == 2:
+            raise ValueError("two is bad")
+
+    assert q.consume(handler) == 2
+    st = q.stats()
+    assert (st.done, st.dead, st.ready, st.leased) == (2, 1, 0, 0)
+    assert q.dlq()[0].last_error == "ValueError: two is bad"
+
+
+def test_consume_stops_on_its_condition_and_gives_back_what_it_did_not_hand_out(q):
+    import threading
+
+    q.enqueue_many(list(range(40)))
+    stop = threading.Event()
+    seen = []
+    for job in q.consume(stop=stop):
+        seen.append(job)
+        if len(seen) == 3:
+            stop.set()
+    assert [j.payload for j in seen] == [0, 1, 2]
+    st = q.stats()
+    assert (st.leased, st.ready) == (3, 37)  # nothing else is held
+    again = q.lease(37)
+    assert sorted(j.payload for j in again) == list(range(3, 40))
+    assert all(j.attempts == 1 for j in again)  # a lease given back unused was not an attempt
+    assert list(q.consume(count=1, stop=lambda: True)) == []
+
+
+def test_consume_closed_early_gives_back_its_batch_in_order(q):
+    q.enqueue_many(list(range(200)))
+    it = q.consume()
+    first = [next(it) for _ in range(5)]
+    it.close()
+    assert [j.payload for j in first] == [0, 1, 2, 3, 4]
+    assert q.stats().leased == 5
+    assert [j.payload for j in q.lease(3)] == [5, 6, 7]  # kept their places
+
+
+def test_consume_waits_for_a_job_a_producer_adds(q):
+    import threading
+
+    threading.Timer(0.05, lambda: q.enqueue("late")).start()
+    t = time.monotonic()
+    got = [j.payload for j in q.consume(count=1, wait=5)]
+    assert got == ["late"] and time.monotonic() - t < 4
+    t = time.monotonic()
+    assert list(q.consume(wait=0.05)) == []  # a wait that finds nothing ends the stream
+    assert time.monotonic() - t < 2
+
+
+@pytest.mark.parametrize(
+    "kw", [{"count": 0}, {"count": 1.5}, {"count": True}, {"wait": -1}, {"wait": "1"}, {"stop": 3}]
+)
+def test_consume_refuses_bad_arguments(q, kw):
+    with pytest.raises(ValueError):
+        q.consume(**kw)
+
+
+def test_a_leased_payload_is_decoded_on_first_access(q):
+    q.enqueue({"a": [1, 2]})
+    job = q.lease_one()
+    assert job.payload == {"a": [1, 2]}
+    assert job == job.snapshot() and job.to_dict()["payload"] == {"a": [1, 2]}
+    assert ringq.Job.from_dict(job.to_dict()).payload == job.payload

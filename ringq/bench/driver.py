@@ -31,7 +31,7 @@ from .harness import (
 
 # -- driver ----------------------------------------------------------------------------------------
 
-SCENARIOS = ("floor", "single", "processes", "peers", "fanout", "cold")
+SCENARIOS = ("floor", "single", "processes", "peers", "fanout", "cold", "consume")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -127,6 +127,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows += single_producer(scratch, sz, log, "peers" in only)
         if "processes" in only:
             rows += producer_processes(scratch, sz, log)
+        if "consume" in only:
+            from .consume import consume_path, drain
+
+            log("the consume path, per job (interleaved rounds):")
+            rows += consume_path(scratch, sz, log, min(sz.cold * 4, 4_000_000))
+            log("draining jobs with two worker processes:")
+            rows += drain(scratch, sz.ops * 10, max(2, sz.rounds // 4), log)
         if "fanout" in only:
             log("fan-out latency:")
             rows += fanout(scratch, sz, log)

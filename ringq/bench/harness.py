@@ -920,6 +920,29 @@ def markdown(rows: list[Row], floor: float | None) -> str:
                 f"| {r.system}: {r.variant} | {_fmt(r.p50_us)} | {_fmt(r.p99_us)} | {_fmt(r.p999_us)} | "
                 f"{_fmt(r.p50_us / base if base and r.p50_us else None)} |"
             )
+    cons = [r for r in rows if r.scenario == "consume"]
+    if cons:
+        floor_us = next(
+            (r.extra["us_per_job"] for r in cons if r.system == "interpreter floor"), None
+        )
+        out += [
+            "",
+            "| consume path (one process) | µs per job | × interpreter floor |",
+            "|---|---|---|",
+        ]
+        for r in cons:
+            us = r.extra.get("us_per_job")
+            ratio = us / floor_us if floor_us and us else None
+            out.append(f"| {r.system} | {_fmt(us)} | {_fmt(ratio)} |")
+    drains = [r for r in rows if r.scenario == "drain"]
+    if drains:
+        base_d = next((r.ops_per_s for r in drains if "Pool" in r.system), None)
+        out += ["", "| drain (2 processes, no-op) | jobs/s | × Pool(2) |", "|---|---|---|"]
+        for r in drains:
+            out.append(
+                f"| {r.system}: {r.variant} | {_fmt(r.ops_per_s)} | "
+                f"{_fmt(r.ops_per_s / base_d if base_d else None)} |"
+            )
     cold = [r for r in rows if r.scenario == "cold-open"]
     if cold:
         out += [

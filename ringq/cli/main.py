@@ -122,7 +122,7 @@ def _open(args: argparse.Namespace, *, create: bool = False, **kw: Any):
     """Open the queue of --dir/--queue; unless ``create``, refuse to conjure up a missing one."""
     from ringq.backend import QUEUE_NAME_RE
     from ringq.connect import connect
-    from ringq.engine.verify import queue_exists
+    from ringq.engine.segments import queue_exists
     from ringq.local.queue import Queue
 
     if not QUEUE_NAME_RE.match(args.queue):

@@ -15,8 +15,6 @@ from array import array
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from . import native, records, recovery
 from ._native import ffi, lib
 from .control import CTL_WORDS, CTL_WORDS_WAKE, OFF_ENQUEUED_TOTAL, OFF_NEXT_SEQ, OFF_TAIL_SEG
@@ -299,10 +297,10 @@ class Appender:
                 if bound > seg.slot_count - tail:
                     # It may not fit: plan exactly, and create every segment the batch needs before
                     # a byte is written, so that a full disk fails the whole batch (QueueFullError).
-                    total = np.asarray(payload_lens, dtype=np.int64) + REC_HEADER_SIZE
+                    total = [REC_HEADER_SIZE + p for p in payload_lens]
                     if id_lens is not None:
-                        total += np.asarray(id_lens, dtype=np.int64)
-                    fresh = self.ring.allocate(seg, tail, (-(-total // slot_size)).tolist())
+                        total = [t + i for t, i in zip(total, id_lens)]
+                    fresh = self.ring.allocate(seg, tail, [-(-t // slot_size) for t in total])
                 first_seq = max(ctl.next_seq(), seg.last_seq() + 1)
                 ctl.set_next_seq(
                     first_seq + n

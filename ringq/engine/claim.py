@@ -12,12 +12,18 @@ from typing import NamedTuple
 
 from . import native
 from .control import CTL_WORDS, OFF_CTL_CHANGE, OFF_WAITERS, OFF_WAKE, Control
-from .native import ffi, lib
+from .native import CData, ffi, lib
+from .records import CLAIMED
 from .segment import Segment
 
 __all__ = [
     "WaitClaimed",
     "wait_claim",
+    "claim_run",
+    "RUN_END",
+    "RUN_ASK",
+    "RUN_BOUND",
+    "RUN_FULL",
     "ack_slot",
     "ACKED",
     "REPEATED",
@@ -27,6 +33,14 @@ __all__ = [
 
 # ringq_ack_slot's answers (csrc/ringq.h)
 ACKED, REPEATED, REFUSED, CANCEL_REQUESTED = 0, 1, 2, 3
+# Why ringq_claim_run stopped.
+RUN_END, RUN_ASK, RUN_BOUND, RUN_FULL = (
+    lib.RINGQ_RUN_END,
+    lib.RINGQ_RUN_ASK,
+    lib.RINGQ_RUN_BOUND,
+    lib.RINGQ_RUN_FULL,
+)
+RUN_CAP = 256  # most jobs one ringq_claim_run call leases
 
 
 class WaitClaimed(NamedTuple):
@@ -46,6 +60,10 @@ class _Buffers(threading.local):
         self.out = ffi.new("ringq_claim_out *")
         self.word = ffi.new("uint64_t *")
         self.finished = ffi.new("uint64_t *")
+        self.keys = ffi.new("ringq_run_keys *")
+        self.run = ffi.new("ringq_claimed[]", RUN_CAP)
+        self.run_buf = ffi.buffer(self.run)
+        self.next = ffi.new("uint32_t[2]")
 
 
 _buffers = _Buffers()
@@ -108,3 +126,53 @@ def ack_slot(
     )
     native.check(min(rc, 0), seg.path)
     return rc, bufs.word[0], bufs.finished[0]
+
+
+def claim_run(
+    seg: Segment,
+    order: CData,
+    n: int,
+    start: int,
+    plain: CData,
+    fields: tuple[CData, CData, CData],
+    bound: tuple[int, int, int] | None,
+    now_rel: int,
+    deadline_rel: int,
+    owner_base: int,
+    cap: int,
+) -> tuple[list[tuple[int, ...]], int, int]:
+    """Lease up to ``cap`` (at most RUN_CAP) of a lane's plain jobs in one call
+    (ringq_claim_run): ``order[start:n]`` its head slots, ``plain`` the index's per-slot flags,
+    ``fields`` its per-slot available-at (ms), enqueue time (µs) and seq vectors, ``bound`` the
+    ``(available ms, enqueue µs, seq)`` of the best candidate outside the lane (None: none ranks
+    near).  Returns ``(jobs, next index, why it stopped)``: each job a tuple of
+    ``ringq_claimed``'s fields (records.CLAIMED_FIELDS).  Raises for a bounds error."""
+    bufs = _buffers
+    k = bufs.keys
+    k.avail_ms, k.enq_us, k.seq = fields
+    if bound is None:
+        k.bounded = 0
+    else:
+        k.bounded = 1
+        k.bound_avail_ms, k.bound_enq_us, k.bound_seq32 = bound[0], bound[1], bound[2] & 0xFFFFFFFF
+    nxt = bufs.next
+    got = lib.ringq_claim_run(
+        seg.ptr,
+        seg.size,
+        seg.geom,
+        order,
+        n,
+        start,
+        plain,
+        k,
+        now_rel,
+        deadline_rel,
+        owner_base,
+        bufs.run,
+        min(cap, RUN_CAP),
+        nxt,
+        nxt + 1,
+    )
+    native.check(min(got, 0), seg.path)
+    jobs = list(CLAIMED.iter_unpack(bufs.run_buf[: got * CLAIMED.size])) if got else []
+    return jobs, nxt[0], nxt[1]

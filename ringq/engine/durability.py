@@ -114,7 +114,7 @@ class Strategy:
     def _reset(self) -> None:
         # Called at construction and in a forked child: the child gets fresh locks (never the
         # parent's, which a parent thread may have held at fork) and no flusher thread.
-        self._pid = os.getpid()
+        self._pid = forksafe.pid()
         self._mutex = threading.Lock()
         self._pending: dict[int, list[int]] = {}  # interval: seg seq -> [lo, hi) not yet synced
         self._dirty_state: set[int] = set()  # seg seqs whose state words this process changed
@@ -123,7 +123,7 @@ class Strategy:
         self._acks = _AckBatch()  # per thread: acks noted under sync_acks, not yet synced
 
     def _forked(self) -> bool:
-        if self._pid != os.getpid():
+        if self._pid != forksafe.pid():
             self._reset()
             return True
         return False
@@ -261,7 +261,7 @@ class Strategy:
         (it ends after the sync it may be in)."""
         self._stop.set()
         t = self._flusher
-        if t is not None and t is not threading.current_thread() and self._pid == os.getpid():
+        if t is not None and t is not threading.current_thread() and self._pid == forksafe.pid():
             t.join(timeout=timeout)
 
 
@@ -462,7 +462,7 @@ class Group(Strategy):
 
     def close(self) -> None:
         super().close()
-        if self._leader_fd >= 0 and self._pid == os.getpid():
+        if self._leader_fd >= 0 and self._pid == forksafe.pid():
             os.close(self._leader_fd)
         self._leader_fd = -1
 

@@ -19,7 +19,7 @@ import os
 import weakref
 from typing import Protocol
 
-__all__ = ["register"]
+__all__ = ["register", "pid"]
 
 
 class _Holder(Protocol):
@@ -29,12 +29,23 @@ class _Holder(Protocol):
 _HOLDERS: weakref.WeakSet = weakref.WeakSet()
 
 
+_pid = os.getpid()
+
+
+def pid() -> int:
+    """This process's id, kept here (renewed in a forked child before its holders are called)
+    so that the lease and ack paths compare it without a system call each time."""
+    return _pid
+
+
 def register(holder: _Holder) -> None:
     """Have ``holder.drop_inherited_locks()`` called in every child forked from now on."""
     _HOLDERS.add(holder)
 
 
 def _after_fork_in_child() -> None:
+    global _pid
+    _pid = os.getpid()
     for holder in list(_HOLDERS):
         try:
             holder.drop_inherited_locks()

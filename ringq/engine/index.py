@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import native
 from ._native import ffi, lib
 from .catchup import CatchUp
+from .claim import RUN_ASK, RUN_END, claim_run
 from .views import Direct, Lane, View, due, now_ms, order
 from .words import (
     ST_DEAD,
@@ -46,8 +46,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Index", "View", "Direct", "now_ms", "order", "due"]
 
-CLAIMED = lib.RINGQ_CLAIMED
-CLAIM_NONE = lib.RINGQ_CLAIM_NONE
 
 AUTO_ID = re.compile(r"^[0-9a-f]{16}$")
 RETAINED = (ST_READY, ST_LEASED, ST_DONE, ST_DEAD)
@@ -66,7 +64,6 @@ class Index:
         )  # jobs with an individual entry (scheduled or due)
         self.ids: dict[str, tuple[int, int]] = {}
         self.seen_change = -1
-        self._claim_out = ffi.new("ringq_claim_out *")
         # Learning of other processes' work is the CatchUp's; its two entry points are the index's.
         self.catchup = CatchUp(self)
         self.catch_up = self.catchup.catch_up
@@ -225,36 +222,35 @@ class Index:
                 lane = view.lanes[prio]
                 lane.queued = False
                 if direct is not None:
+                    # The lane's run of plain jobs in one C call, as far as they rank before the
+                    # best candidate of any other lane (the heap's top, of the same priority).
                     seg = view.seg
                     arr = lane.slots
-                    co = self._claim_out
-                    native.check(
-                        lib.ringq_claim_next(
-                            seg.ptr,
-                            seg.size,
-                            seg.geom,
-                            arr.cptr,
-                            arr.n,
-                            lane.cursor,
-                            slot,
-                            view.plain_ptr,
-                            max(0, now - seg.epoch_ms),
-                            max(0, now + direct.vt_ms - seg.epoch_ms),
-                            direct.owner_base,
-                            co,
-                        ),
-                        seg.path,
+                    top = heap[0] if heap else None
+                    bound = None
+                    if top is not None and top[0] == entry[0]:
+                        bound = (top[1], top[2] >> 32, top[2])
+                    jobs, nxt, why = claim_run(
+                        seg,
+                        arr.cptr,
+                        arr.n,
+                        lane.cursor,
+                        view.plain_ptr,
+                        view.run_fields,
+                        bound,
+                        max(0, now - seg.epoch_ms),
+                        max(0, now + direct.vt_ms - seg.epoch_ms),
+                        direct.owner_base,
+                        want - len(out),
                     )
-                    if co.status == CLAIMED:
-                        direct.taken += 1
-                        lane.cursor = co.index + 1
-                        got = direct.made(view, co.slot, co.word)
-                        if got is not None:
-                            out.append(got)
-                        self.queue_lane_next(view, lane)
+                    lane.cursor = nxt
+                    if jobs:
+                        direct.taken += len(jobs)
+                        out += direct.made_run(view, jobs)
+                    if why == RUN_END:
                         continue
-                    if co.status == CLAIM_NONE:
-                        lane.cursor = arr.n
+                    if why != RUN_ASK:  # bounded or full: the lane waits its turn
+                        self.queue_lane_next(view, lane)
                         continue
                     # Another candidate, or one that needs a decision: the general path below.
                 key = self._lane_key(view, lane, now)

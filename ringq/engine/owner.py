@@ -59,7 +59,7 @@ class OwnerRegistry:
 
     def mine(self) -> int:
         """This process's owner index, or 0 if it has none (yet, or since a fork)."""
-        return self.index if self.pid == os.getpid() else 0
+        return self.index if self.pid == forksafe.pid() else 0
 
     def _ensure_fd(self) -> int:
         if self.fd < 0:
@@ -68,16 +68,16 @@ class OwnerRegistry:
 
     def acquire(self) -> int:
         """This process's owner index, taking a free one on first call (or after a fork)."""
-        if self.index and self.pid == os.getpid():
+        if self.index and self.pid == forksafe.pid():
             return self.index
-        if self.pid and self.pid != os.getpid():
+        if self.pid and self.pid != forksafe.pid():
             self.forget()  # a forked child shares the parent's lock: never use it
         fd = self._ensure_fd()
         for idx in range(1, MAX_OWNERS + 1):
             if native.check(
                 lib.ringq_owner_trylock(fd, idx), f"lock owner slot {idx} of {self.path}"
             ):
-                self.index, self.pid = idx, os.getpid()
+                self.index, self.pid = idx, forksafe.pid()
                 return idx
         raise errors.RingqError(
             f"{self.path}: all {MAX_OWNERS} owner slots are held by live processes"
@@ -85,7 +85,7 @@ class OwnerRegistry:
 
     def is_alive(self, idx: int) -> bool:
         """True if some open file description other than ours holds owner index ``idx``."""
-        if idx == self.index and self.pid == os.getpid():
+        if idx == self.index and self.pid == forksafe.pid():
             return True
         return bool(
             native.check(
@@ -108,7 +108,7 @@ class OwnerRegistry:
 
     def forget(self) -> None:
         """Drop the index without unlocking (after fork: the lock belongs to the parent)."""
-        if self.fd >= 0 and self.pid and self.pid != os.getpid():
+        if self.fd >= 0 and self.pid and self.pid != forksafe.pid():
             os.close(self.fd)  # closing our copy does not release the parent's lock
             self.fd = -1
         self.index = 0
@@ -116,7 +116,7 @@ class OwnerRegistry:
 
     def close(self) -> None:
         if self.fd >= 0:
-            if self.index and self.pid == os.getpid():
+            if self.index and self.pid == forksafe.pid():
                 lib.ringq_owner_unlock(self.fd, self.index)
             os.close(self.fd)
         self.fd = -1

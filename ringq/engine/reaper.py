@@ -57,6 +57,8 @@ class Reaper:
     """Reclaims leases of one queue for this process.  ``owners.held`` are the leases this process
     holds (never reclaimed as a dead predecessor's)."""
 
+    interval = REAP_INTERVAL  # a sleeping lease looks again at least this often (seconds)
+
     def __init__(self, ring: Ring, index: Index, owners: OwnerRegistry) -> None:
         self.ring = ring
         self.index = index

@@ -13,8 +13,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-import numpy as np
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 from ringq.errors import RecordTooLargeError
 
@@ -25,10 +25,14 @@ from .native import CData
 from .segment import Segment
 from .words import ST_READY
 
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
 __all__ = [
     "NewRecord",
     "REC_HEADER",
-    "REC_INFO_DTYPE",
+    "CLAIMED",
+    "rec_info_dtype",
     "REC_MAGIC",
     "KIND_JOB",
     "build",
@@ -70,6 +74,9 @@ def _struct_of(ctype: str) -> tuple[struct.Struct, tuple[str, ...]]:
 REC_HEADER, REC_FIELDS = _struct_of("ringq_rec_header")
 assert REC_HEADER.size == lib.RINGQ_REC_HEADER == ffi.sizeof("ringq_rec_header")
 REC_MAGIC = lib.RINGQ_REC_MAGIC
+# What ringq_claim_run reports per job leased (csrc/ringq.h), read as an array with struct.
+CLAIMED, CLAIMED_FIELDS = _struct_of("ringq_claimed")
+assert CLAIMED.size == ffi.sizeof("ringq_claimed")
 MAX_RECORD_FIELD = 0xFFFFFFFF  # the record header's length fields are 32-bit
 MAX_ID_FIELD = 0xFFFF  # and its id length field 16-bit
 
@@ -84,17 +91,31 @@ _NP = {
     "uint16_t": "<u2",
     "uint8_t": "u1",
 }
-#: numpy view of ``ringq_rec_info`` (what the C scan reports per record), from its C declaration.
-REC_INFO_DTYPE = np.dtype(
-    {
-        "names": _INFO_FIELDS,
-        "formats": [
-            _NP[dict(ffi.typeof("ringq_rec_info").fields)[n].type.cname] for n in _INFO_FIELDS
-        ],
-        "offsets": [ffi.offsetof("ringq_rec_info", n) for n in _INFO_FIELDS],
-        "itemsize": ffi.sizeof("ringq_rec_info"),
-    }
-)
+
+
+@cache
+def rec_info_dtype() -> np.dtype:
+    """numpy view of ``ringq_rec_info`` (what the C scan reports per record), from its C
+    declaration.  Built on first use (numpy is not loaded by an enqueue); also spelled
+    ``REC_INFO_DTYPE``."""
+    import numpy as np
+
+    return np.dtype(
+        {
+            "names": _INFO_FIELDS,
+            "formats": [
+                _NP[dict(ffi.typeof("ringq_rec_info").fields)[n].type.cname] for n in _INFO_FIELDS
+            ],
+            "offsets": [ffi.offsetof("ringq_rec_info", n) for n in _INFO_FIELDS],
+            "itemsize": ffi.sizeof("ringq_rec_info"),
+        }
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name == "REC_INFO_DTYPE":
+        return rec_info_dtype()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(slots=True)
@@ -184,15 +205,18 @@ def scan(
     tail = seg.bounded_tail() if end is None else end
     if limit is not None:
         tail = min(tail, start + limit)
+    import numpy as np
+
+    dtype = rec_info_dtype()
     if start >= tail:
-        return np.empty(0, REC_INFO_DTYPE), start
+        return np.empty(0, dtype), start
     cap = tail - start
     out = ffi.new("ringq_rec_info[]", cap)
     nxt = ffi.new("uint32_t *")
     n = native.check(
         lib.ringq_seg_scan(seg.ptr, seg.size, seg.geom, start, tail, out, cap, nxt), seg.path
     )
-    arr = np.frombuffer(ffi.buffer(out, n * REC_INFO_DTYPE.itemsize), dtype=REC_INFO_DTYPE).copy()
+    arr = np.frombuffer(ffi.buffer(out, n * dtype.itemsize), dtype=dtype).copy()
     return arr, nxt[0]
 
 

@@ -18,15 +18,13 @@ import os
 import re
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from ringq.errors import CorruptionError, FormatVersionError
 
 from . import ackjournal
 from ._native import ffi, lib
 from .control import Control
 from .mapped import open_nofollow
-from .records import REC_HEADER, REC_INFO_DTYPE, NewRecord, check_one, scan
+from .records import REC_HEADER, NewRecord, check_one, rec_info_dtype, scan
 from .segment import (
     REC_DATA_OFF,
     STATE_MAGIC,
@@ -283,7 +281,12 @@ def recover_segments(segs: SegmentSet, mode: int, report: RecoveryReport) -> lis
             else:
                 quarantine(path, str(exc), report)
             continue
-        if same_boot and linked and seq > linked and not np_state(seg.states[:, 0]).any():
+        if (
+            same_boot
+            and linked
+            and seq > linked
+            and not seg.state_codes(0, seg.slot_count).strip(b"\0")
+        ):
             # A valid segment of this queue that the control page never named, in this boot, with
             # no state word ever stored: a writer created it for a batch and died before linking
             # it, and nothing in it was published (no enqueue that returned put a job there): a
@@ -403,8 +406,7 @@ def repair_tail(seg: Segment, report: RecoveryReport, durable_records: bool = Fa
     if tail > seg.slot_count:
         # A damaged tail word: rebuild it from the state table (everything up to the last slot that
         # was ever written); the walk below then adopts anything after that.
-        used = np.flatnonzero(np_state(seg.states[:, 0]))
-        rebuilt = int(used[-1]) + 1 if len(used) else 0
+        rebuilt = len(seg.state_codes(0, seg.slot_count).rstrip(b"\0"))
         report.repairs.append(
             (seg.path, f"tail {tail} beyond {seg.slot_count} slots; rebuilt as {rebuilt}")
         )
@@ -436,8 +438,7 @@ def republish(seg: Segment, tail: int, report: RecoveryReport) -> int:
     (EMPTY: the state file is older than the record file, or new) READY at its initial
     available-at, and its continuation slots CONT.  Returns how many.  One vectorised look at the
     state table when nothing was lost."""
-    st = np_state(seg.states[:tail, 0])
-    if not len(st) or not (st == ST_EMPTY).any():
+    if ST_EMPTY not in seg.state_codes(0, tail):
         return 0
     infos, _nxt = scan(seg, 0, end=tail)
     n = 0
@@ -494,6 +495,8 @@ def _salvage(path: str, seq: int, slot_size: int, slot_count: int) -> tuple[list
     buf = bytearray(data_off) if len(table) < data_off else bytearray(table)
     buf += slots
     m_ptr = ffi.from_buffer("uint8_t[]", buf)
+    import numpy as np
+
     try:
         geom = ffi.new(
             "ringq_geom *",
@@ -519,9 +522,8 @@ def _salvage(path: str, seq: int, slot_size: int, slot_count: int) -> tuple[list
         n = lib.ringq_seg_scan(m_ptr, len(buf), geom, 0, end, out, end, nxt)
         if n < 0:
             return [], 0
-        infos = np.frombuffer(
-            ffi.buffer(out, n * REC_INFO_DTYPE.itemsize), dtype=REC_INFO_DTYPE
-        ).copy()
+        dtype = rec_info_dtype()
+        infos = np.frombuffer(ffi.buffer(out, n * dtype.itemsize), dtype=dtype).copy()
         recs, lost = [], 0
         for info in infos:
             st = state(int(info["state"])) if table else ST_READY

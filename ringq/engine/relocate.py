@@ -102,14 +102,21 @@ class Relocator:
         self.catch_up = catch_up
         self._looked: dict[int, int] = {}  # segment seq -> its finished count when last looked at
 
-    def offer(self, view: View, hot: bool = False) -> int:
+    def offer(self, view: View, hot: bool = False, finished: int | None = None) -> int:
         """Relocate ``view``'s stragglers if the rule above allows it; returns how many moved.
 
         ``hot`` (an ack or nack): look at the segment's state table only if ``1/HOT_RECHECK`` of its
         records finished since it was last looked at in vain, so that acking through a long
         sealed segment costs O(1) per ack, not O(segment); the reaper's passes offer every sealed
-        segment without ``hot``."""
+        segment without ``hot``.  ``finished``: the segment's finished count, if the caller just
+        read it (an ack): then a hot offer that is not due yet reads no shared word."""
         seg = view.seg
+        if hot and finished is not None:
+            # The index read ``heads.n`` records (at most the segment's count): not due before
+            # 1/HOT_RECHECK of those finished since the last look.
+            step = max(1, view.heads.n // HOT_RECHECK)
+            if finished - self._looked.get(seg.seq, -(1 << 62)) < step:
+                return 0
         if not view.sealed or seg.mm is None or seg.retired():
             return 0
         nrec = seg.nrecords()

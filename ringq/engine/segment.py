@@ -24,14 +24,17 @@ import os
 import struct
 import time
 from collections.abc import Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ringq.errors import CorruptionError, FormatVersionError, QueueFullError
 
 from . import native, transitions
 from ._native import ffi, lib
 from .mapped import Mapped, crc32c, fsync_dir, open_nofollow
+from .words import STATE_MASK
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
 
 __all__ = [
     "Segment",
@@ -80,6 +83,9 @@ OFF_NRECORDS = lib.RINGQ_SEG_OFF_NRECORDS  # u64: records published (heads below
 OFF_LAST_SEQ = lib.RINGQ_SEG_OFF_LAST_SEQ  # u64: seq of the last record published here
 OFF_JTAIL = 176  # u64: bytes of the ack journal reserved by writers (ringq/engine/ackjournal.py)
 OFF_JSIZE = 184  # u64: bytes of the ack journal zero-filled so far
+
+
+_STATE_BITS = bytes(b & STATE_MASK for b in range(256))
 
 
 class StateFileError(CorruptionError):
@@ -393,10 +399,21 @@ class Segment(Mapped):
         Plain loads: good for counting and hints, never for decisions (those go through CAS).
         """
         if self._states is None:
+            import numpy as np  # on first use: an enqueue never needs it
+
             self._states = np.frombuffer(
                 self.mm, dtype="<u8", count=2 * self.slot_count, offset=self.state_off
             ).reshape(-1, 2)
         return self._states
+
+    def state_codes(self, lo: int, hi: int) -> bytes:
+        """The state (0..7, ringq/engine/words.py ST_*) of slots ``[lo, hi)``, one byte each: plain
+        loads, for the checks made at open and at retirement (``codes.translate(None, wanted)``
+        is empty when every slot is in ``wanted``), without loading numpy."""
+        off = self.state_off + lo * 16
+        with memoryview(self.mm) as mv:
+            low = bytes(mv[off : off + (hi - lo) * 16 : 16])  # each state word's low byte
+        return low.translate(_STATE_BITS)
 
     def state_off_of(self, slot: int) -> int:
         return self.state_off + slot * 16

@@ -14,20 +14,28 @@ import stat
 import threading
 from collections.abc import Iterable, Iterator
 
-import numpy as np
-
 from ringq.backend import QUEUE_NAME_RE
 from ringq.errors import CorruptionError
 
 from .control import Control
 from .mapped import fsync_dir
 from .segment import Segment, segment_name, state_name
-from .words import ST_CONT, ST_DONE, ST_EMPTY, ST_GONE, np_state
+from .words import ST_CONT, ST_DONE, ST_EMPTY, ST_GONE
 
-__all__ = ["SegmentSet", "SEG_RE", "NAME_RE"]
+__all__ = ["SegmentSet", "SEG_RE", "NAME_RE", "queue_exists"]
 
 NAME_RE = QUEUE_NAME_RE
 SEG_RE = re.compile(r"^(?P<name>[A-Za-z0-9_-]{1,64})\.(?P<seq>[0-9a-f]{16})\.seg$")
+
+
+def queue_exists(path: str, name: str) -> bool:
+    """True if directory ``path`` holds queue ``name``: its control file, or any of its segments."""
+    if os.path.isfile(os.path.join(path, f"{name}.ctl")):
+        return True
+    try:
+        return any(SEG_RE.match(f) and f.startswith(name + ".") for f in os.listdir(path))
+    except OSError:
+        return False
 
 
 class SegmentSet:
@@ -182,9 +190,8 @@ class SegmentSet:
     @staticmethod
     def finished_all(seg: Segment) -> bool:
         """True if every published record of ``seg`` is DONE or GONE (vectorised over the state table)."""
-        st = np_state(seg.states[: seg.bounded_tail(), 0])
-        heads = st[(st != ST_EMPTY) & (st != ST_CONT)]
-        return bool(np.all((heads == ST_DONE) | (heads == ST_GONE)))
+        codes = seg.state_codes(0, seg.bounded_tail())
+        return not codes.translate(None, bytes((ST_EMPTY, ST_CONT, ST_DONE, ST_GONE)))
 
     def note_finished(self, seg: Segment, n: int = 1) -> None:
         """``n`` records of ``seg`` reached DONE/GONE; retire the segment if that was the last."""

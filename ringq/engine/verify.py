@@ -50,7 +50,7 @@ from .segment import (
     Segment,
     StateFileError,
 )
-from .segments import NAME_RE, SEG_RE
+from .segments import NAME_RE, SEG_RE, queue_exists
 from .transitions import ended_unrun
 from .words import (
     FLAG_CANCEL,
@@ -132,16 +132,6 @@ class QueueFiles:
         d["files"] = [{"name": n, "bytes": b} for n, b in self.files]
         d["ok"] = not self.damaged
         return d
-
-
-def queue_exists(path: str, name: str) -> bool:
-    """True if directory ``path`` holds queue ``name``: its control file, or any of its segments."""
-    if os.path.isfile(os.path.join(path, f"{name}.ctl")):
-        return True
-    try:
-        return any(SEG_RE.match(f) and f.startswith(name + ".") for f in os.listdir(path))
-    except OSError:
-        return False
 
 
 def _meta_damage(seg: Any, slot: int, row: Any) -> str | None:

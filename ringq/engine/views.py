@@ -4,7 +4,6 @@ are ordered by (``order``, ``due``).  Built by ringq/engine/catchup.py, ordered 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -12,27 +11,32 @@ import numpy as np
 
 from ._native import ffi
 from .segment import Segment
-from .words import lease_count, rel_time
+from .words import lease_count, now_ms, rel_time
 
 __all__ = ["View", "Lane", "Grow", "Direct", "now_ms", "order", "due"]
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class Direct:
     """How :meth:`Index.take` leases plain candidates itself: for ``vt_ms`` milliseconds, with
     owner word ``owner_base`` (ringq/engine/words.py owner_pack with lease count 0); ``made(view, slot,
-    word)`` returns the caller's result for a job just leased (or None to drop it); ``taken``
-    counts the jobs leased so (the caller resets it)."""
+    word)`` returns the caller's result for a job just leased (or None to drop it), ``made_run(view,
+    jobs)`` the results for a run of them leased by one ringq_claim_run (each job a tuple of
+    ringq_claimed's fields, records.CLAIMED_FIELDS); ``taken`` counts the jobs leased so (the
+    caller resets it)."""
 
-    __slots__ = ("vt_ms", "owner_base", "made", "taken")
+    __slots__ = ("vt_ms", "owner_base", "made", "made_run", "taken")
 
-    def __init__(self, vt_ms: int, owner_base: int, made: Callable[[View, int, int], Any]) -> None:
+    def __init__(
+        self,
+        vt_ms: int,
+        owner_base: int,
+        made: Callable[[View, int, int], Any],
+        made_run: Callable[[View, list[tuple[int, ...]]], list[Any]],
+    ) -> None:
         self.vt_ms = vt_ms
         self.owner_base = owner_base
         self.made = made
+        self.made_run = made_run
         self.taken = 0
 
 
@@ -101,6 +105,7 @@ class View:
         "parkme",
         "plain",
         "plain_ptr",
+        "run_fields",
     )
 
     def __init__(self, seg: Segment) -> None:
@@ -127,6 +132,12 @@ class View:
         # no carried attempts), so ringq_claim_next may lease it directly when it comes first.
         self.plain = np.zeros(n, np.uint8)
         self.plain_ptr = ffi.cast("uint8_t *", self.plain.ctypes.data)
+        # What ringq_claim_run compares candidates by (ringq_run_keys): pointers into the vectors.
+        self.run_fields = (
+            ffi.cast("int64_t *", self.avail.ctypes.data),
+            ffi.cast("int64_t *", self.enq.ctypes.data),
+            ffi.cast("uint64_t *", self.seq.ctypes.data),
+        )
 
 
 def order(view: View, slot: int) -> int:

@@ -27,9 +27,13 @@ Position (u64): ``(segment seq << 24) | slot``; orders every slot of the queue.
 
 from __future__ import annotations
 
-import numpy as np
+import time
+from typing import TYPE_CHECKING
 
 from ._native import lib
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
 
 __all__ = [
     "ST_EMPTY",
@@ -73,6 +77,7 @@ __all__ = [
     "np_owner_index",
     "np_owner_lease_count",
     "np_pack",
+    "now_ms",
 ]
 
 ST_EMPTY = lib.RINGQ_ST_EMPTY
@@ -188,44 +193,65 @@ def split_position(pos: int) -> tuple[int, int]:
 
 
 # -- numpy forms (vectors of uint64 words) ---------------------------------------------------------
-
-_U = np.uint64
+# numpy is imported by the first call, not with this module: an enqueue never needs it.
 
 
 def np_state(words: np.ndarray) -> np.ndarray:
-    return words & _U(STATE_MASK)
+    import numpy as np
+
+    return words & np.uint64(STATE_MASK)
 
 
 def np_cancel_flag(words: np.ndarray) -> np.ndarray:
-    return (words & _U(FLAG_CANCEL)) != 0
+    import numpy as np
+
+    return (words & np.uint64(FLAG_CANCEL)) != 0
 
 
 def np_why(words: np.ndarray) -> np.ndarray:
-    return (words >> _U(WHY_SHIFT)) & _U(WHY_MASK)
+    import numpy as np
+
+    return (words >> np.uint64(WHY_SHIFT)) & np.uint64(WHY_MASK)
 
 
 def np_lease_count(words: np.ndarray) -> np.ndarray:
-    return (words >> _U(LC_SHIFT)) & _U(LC_MASK)
+    import numpy as np
+
+    return (words >> np.uint64(LC_SHIFT)) & np.uint64(LC_MASK)
 
 
 def np_rel_time(words: np.ndarray) -> np.ndarray:
     """Times of the words as int64 ms since the segment's epoch."""
-    return (words >> _U(TIME_SHIFT)).astype(np.int64)
+    import numpy as np
+
+    return (words >> np.uint64(TIME_SHIFT)).astype(np.int64)
 
 
 def np_owner_index(owners: np.ndarray) -> np.ndarray:
-    return owners & _U(OWNER_IDX_MASK)
+    import numpy as np
+
+    return owners & np.uint64(OWNER_IDX_MASK)
 
 
 def np_owner_lease_count(owners: np.ndarray) -> np.ndarray:
-    return (owners >> _U(OWNER_LC_SHIFT)) & _U(LC_MASK)
+    import numpy as np
+
+    return (owners >> np.uint64(OWNER_LC_SHIFT)) & np.uint64(LC_MASK)
 
 
 def np_pack(st: np.ndarray, reason: np.ndarray, lc: np.ndarray, time_rel: int) -> np.ndarray:
     """Vector :func:`pack` with one time (ms since the epoch, >= 0) for every word."""
+    import numpy as np
+
+    u = np.uint64
     return (
-        st.astype(_U)
-        | (reason.astype(_U) << _U(WHY_SHIFT))
-        | (lc.astype(_U) << _U(LC_SHIFT))
-        | (_U(time_rel) << _U(TIME_SHIFT))
+        st.astype(u)
+        | (reason.astype(u) << u(WHY_SHIFT))
+        | (lc.astype(u) << u(LC_SHIFT))
+        | (u(time_rel) << u(TIME_SHIFT))
     )
+
+
+def now_ms() -> int:
+    """The wall clock in ms since the Unix epoch: the clock every time in a state word counts by."""
+    return time.time_ns() // 1_000_000

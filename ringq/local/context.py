@@ -10,20 +10,23 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import TYPE_CHECKING
 
-from ringq.engine import snapshot
-from ringq.engine.index import Index
 from ringq.engine.lifecycle import PauseFile
 from ringq.engine.owner import OwnerRegistry
-from ringq.engine.reaper import Reaper
-from ringq.engine.relocate import Relocator
 from ringq.engine.ring import Ring
 from ringq.errors import QueueClosedError
 from ringq.job import Job
 
-from .leases import Leases
 from .limits import LimitGate
 from .producer import Producer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ringq.engine.index import Index
+    from ringq.engine.reaper import Reaper
+    from ringq.engine.relocate import Relocator
+
+    from .leases import Leases
 
 __all__ = ["QueueContext"]
 
@@ -81,6 +84,10 @@ class QueueContext:
             segments, the reader's index, lease reclaiming, straggler relocation, lease owners,
             the limits gate, claim/ack, enqueue and the pause file.
         closed: True once the queue is closed (:meth:`live` then raises).
+
+    The reader's side -- ``index``, ``reaper``, ``relocator``, ``leases`` -- is built on first
+    use, with the catch-up and the reaper pass that every reader starts with (:meth:`open_reader`):
+    a queue used only to enqueue never reads the segments in, nor loads numpy.
     """
 
     def __init__(self, ring: Ring, name: str, path: str, mode: int, auto_ids: bool) -> None:
@@ -94,15 +101,52 @@ class QueueContext:
         self.idle = threading.Condition(self.lock)  # notified when the last of them left
         self.closed = False
         self.owners = OwnerRegistry(os.path.join(path, f"{name}.owners"), mode)
-        self.index = Index(ring)
-        self.reaper = Reaper(ring, self.index, self.owners)
-        self.relocator = Relocator(ring, self.index, lambda: self.refresh(relocate=False))
         self.gate = LimitGate(path, name, mode)  # concurrency caps, rate limits, unique windows
-        self.leases = Leases(ring, self.index, self.owners, self.relocator, self.refresh, self.gate)
         self.producer = Producer(
-            ring, self.index, self.live_lock, self.outside, self.refresh, auto_ids
+            ring, lambda: self.index, self.live_lock, self.outside, self.refresh, auto_ids
         )
         self.pause = PauseFile(ring)
+
+    # -- the reader's side, built on first use ----------------------------------------------------
+
+    # Set by open_reader as plain attributes: no cost per use once built.
+    index: Index
+    reaper: Reaper
+    relocator: Relocator
+    leases: Leases
+
+    def __getattr__(self, name: str) -> object:
+        # Called only for an attribute not set yet: the reader's parts before their first use.
+        if name in ("index", "reaper", "relocator", "leases"):
+            self.open_reader()
+            return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def open_reader(self) -> tuple[Index, Reaper, Relocator, Leases]:
+        """Build the reader's index, reaper, relocator and leases (once; later calls return
+        them), then catch up with every segment and reclaim dead holders' and expired leases at
+        once, as every reader's first look does.  Raises QueueClosedError on a closed queue."""
+        with self.live_lock:
+            parts = self.__dict__.get("_reader")
+            if parts is not None:
+                return parts
+            from ringq.engine.index import Index
+            from ringq.engine.reaper import Reaper
+            from ringq.engine.relocate import Relocator
+
+            from .leases import Leases
+
+            ring = self.ring
+            index = Index(ring)
+            reaper = Reaper(ring, index, self.owners)
+            relocator = Relocator(ring, index, lambda: self.refresh(relocate=False))
+            leases = Leases(ring, index, self.owners, relocator, self.refresh, self.gate)
+            parts = self._reader = (index, reaper, relocator, leases)
+            d = self.__dict__
+            d["index"], d["reaper"], d["relocator"], d["leases"] = parts
+            self.refresh()
+            self.reap(force=True)
+            return parts
 
     def new_lock(self) -> None:
         """Replace the lock (in a forked child: a parent thread may have held the old one, and
@@ -154,6 +198,8 @@ class QueueContext:
 
     def job_at(self, segseq: int, slot: int, word: int | None = None) -> Job:
         """The snapshot of the job at ``slot`` of segment ``segseq`` (with ``word`` as its state)."""
+        from ringq.engine import snapshot
+
         return snapshot.job_at(self.ring, self.index.views[segseq].seg, slot, word)
 
     def close(self) -> None:
@@ -163,7 +209,8 @@ class QueueContext:
         if self.users:
             self.ring.ctl.wake()  # sleepers on the futex see the queue closed
             self.idle.wait_for(lambda: not self.users, timeout=10)
-        self.index.clear()
+        if "_reader" in self.__dict__:
+            self.index.clear()
         self.gate.close()
         self.ring.close()
         self.owners.close()

@@ -13,16 +13,29 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ringq import codec
 from ringq.backend import check_job_ref
 from ringq.backoff import BackoffPolicy
-from ringq.engine import claim, lifecycle, snapshot, transitions
+from ringq.engine import claim, forksafe, lifecycle, records, snapshot, transitions
 from ringq.engine.index import Direct, Index, View, due, now_ms, order
 from ringq.engine.owner import OwnerRegistry
 from ringq.engine.relocate import Relocator
 from ringq.engine.segment import Segment
-from ringq.engine.words import ST_DONE, lease_count, owner_pack, rel_time, state
+from ringq.engine.words import (
+    FLAG_CANCEL,
+    ST_DONE,
+    ST_LEASED,
+    ST_READY,
+    TIME_SHIFT,
+    lease_count,
+    owner_pack,
+    pack,
+    rel_time,
+    state,
+    why,
+)
 from ringq.errors import CorruptionError, JobNotFoundError, NotLeasedError, SerializationError
-from ringq.job import Job
+from ringq.job import Job, JobState
 
 from .limits import LimitGate
 
@@ -30,6 +43,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ringq.engine.ring import Ring
 
 __all__ = ["Leases", "Retired", "token_number"]
+
+LEASED = JobState.LEASED
 
 
 class Retired(JobNotFoundError):
@@ -173,7 +188,7 @@ class Leases:
         # The owner word, tagged with the lease count.  A detached lease is tagged with owner index
         # 0: known to have no owner process, so only its visibility timeout ends it -- unlike a
         # lease whose claimer died before this store (left untagged: see CLAIM_GRACE in the reaper).
-        seg.cas_owner(slot, seg.load_owner(slot), owner_pack(owner, lc, os.getpid()))
+        seg.cas_owner(slot, seg.load_owner(slot), owner_pack(owner, lc, forksafe.pid()))
         if seg.load_state(slot) != new:
             # Stalled past CLAIM_GRACE between the two CAS: the lease was reclaimed as orphaned.
             held.pop(key, None)
@@ -193,7 +208,7 @@ class Leases:
         paused key can concern (the caller checks, and lowers the deadline floor once for the
         ``direct.taken`` jobs it leased).  Cached per (vt, detach) in this process."""
         owner = 0 if detach else self.owners.acquire()
-        key = (int(vt * 1000), owner, os.getpid())
+        key = (int(vt * 1000), owner, forksafe.pid())
         d = self._direct.get(key)
         if d is not None:
             return d
@@ -211,9 +226,67 @@ class Leases:
                 self.ring.mark_bad(seg, slot, str(exc))
                 return None
 
+        ring = self.ring
+        hdr = records.REC_HEADER.size
+
+        def made_run(view: View, jobs: list[tuple[int, ...]]) -> list[Job]:
+            # Jobs ringq_claim_run just leased, built from what it reported: their payloads are
+            # decoded on first access (Job.payload), their keys read now (a limit key is a field).
+            seg = view.seg
+            segseq, mm, epoch, origin = seg.seq, seg.mm, seg.epoch_ms, seg.origin
+            base, size = seg.data_off + hdr, seg.slot_size
+            out = []
+            for word, seq, enq_us, avail_ms, slot, plen, prio, maxatt, idlen, cid, *_ in jobs:
+                start = base + slot * size
+                if idlen:
+                    jid = mm[start : start + idlen].decode("utf-8", "replace")
+                    start += idlen
+                else:
+                    jid = f"{seq:016x}"
+                raw = mm[start : start + plen]
+                key = None
+                if cid == codec.KEYED:
+                    try:
+                        key = codec.split_key(cid, raw)[0]
+                    except SerializationError as exc:
+                        ring.mark_bad(seg, slot, str(exc))
+                        continue
+                if owner:
+                    held[(segseq, slot)] = 1
+                out.append(
+                    Job(
+                        jid,
+                        None,
+                        prio,
+                        LEASED,
+                        1,
+                        maxatt,
+                        avail_ms / 1000,
+                        enq_us / 1e6,
+                        (epoch + (word >> TIME_SHIFT)) / 1000,
+                        "1",
+                        None,
+                        seq,
+                        1,
+                        key,
+                        False,
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        (segseq, slot, origin),
+                        False,
+                        (cid, raw),
+                    )
+                )
+            ring.note_state(seg, 0, final=False)  # the flush is per segment
+            return out
+
         if len(self._direct) > 64:
             self._direct.clear()
-        d = self._direct[key] = Direct(key[0], owner_pack(owner, 0, key[2]), made)
+        d = self._direct[key] = Direct(key[0], owner_pack(owner, 0, key[2]), made, made_run)
         return d
 
     def wait_claim(self, seen: int, timeout: float, spin: float, direct: Direct) -> Waited | None:
@@ -299,10 +372,64 @@ class Leases:
         finally:
             self._settled((seg.seq, slot))
 
+    def give_back(self, jobs: list[Job]) -> int:
+        """Return leases this process took and never handed out (a stream's batch) to READY
+        unused: a lease of count ``n`` becomes READY with count ``n - 1`` (its token was never
+        seen by anyone), due at once -- a first lease at its own available-at, so it keeps its
+        place.  A lease no longer held with that token (reclaimed meanwhile), or asked to
+        cancel, is left alone.  Returns how many went back."""
+        back = 0
+        touched: dict[int, Segment] = {}
+        now = now_ms()
+        for job in jobs:
+            segseq, slot, _origin = job._loc
+            view = self.index.views.get(segseq)
+            token = token_number(job.lease_token)
+            if view is None or not token or token < 1:
+                continue
+            seg = view.seg
+            w = seg.load_state(slot)
+            if state(w) != ST_LEASED or lease_count(w) != token or w & FLAG_CANCEL:
+                continue
+            at = round(job.available_at * 1000) if token == 1 else now
+            ready = pack(ST_READY, why(w), token - 1, max(0, at - seg.epoch_ms))
+            if seg.cas_state(slot, w, ready)[0]:
+                self.owners.held.pop((segseq, slot), None)
+                self._release_slot(seg, slot)
+                self.ring.note_state(seg, slot, final=False)
+                touched[segseq] = seg
+                back += 1
+        for seg in touched.values():
+            self.ring.note_returned(seg)  # readers (this one too) find them again
+        return back
+
     def ack(self, job: Job | str, queue: str) -> Segment | None:
         """CAS one job to DONE; returns its segment, or None for a repeated ack.  The durability
         strategy is told (it syncs under ``sync_acks`` when the caller calls ``sync_acks_now``).
         A snapshot whose ack went in is marked so, for a repeat after its segment retired."""
+        if isinstance(job, Job):
+            # The common case without the general path's lookups: a snapshot of a lease whose
+            # record this index holds, acked in one C call.  Anything else takes _ack.
+            tok = job.lease_token
+            segseq, slot, origin = job._loc
+            view = self.index.views.get(segseq) if origin in (0, self.ring.identity) else None
+            if (
+                view is not None
+                and tok is not None
+                and tok.isdigit()
+                and len(tok) < 12
+                and job.seq
+                and int(view.seq[slot]) == job.seq
+            ):
+                seg = view.seg
+                if self.gate.holds():
+                    self._release_slot(seg, slot)
+                answer, word, finished = claim.ack_slot(
+                    seg, slot, int(tok), max(0, now_ms() - seg.epoch_ms), self.ring.ctl
+                )
+                if answer == claim.ACKED:
+                    job._acked = True
+                    return self._acked(view, seg, slot, word, finished)
         out = self._ack(job, queue)
         if isinstance(job, Job):
             job._acked = True
@@ -344,9 +471,12 @@ class Leases:
         """After the ack's CAS, counted: durability, the holder's bookkeeping, retirement."""
         self.ring.dur.note_ack(seg, slot, done)
         self.owners.held.pop((seg.seq, slot), None)
-        self.ring.segs.finished_up_to(seg, finished)
+        # The index has read ``heads.n`` records of the segment, so fewer finished cannot be all
+        # of them (nor a relocation's share): the shared words are read only past that.
+        if finished >= view.heads.n:
+            self.ring.segs.finished_up_to(seg, finished)
         if view.sealed:
-            self.relocator.offer(view, hot=True)
+            self.relocator.offer(view, hot=True, finished=finished)
         return seg
 
     def nack(

@@ -309,6 +309,10 @@ class LimitGate:
             for s in ticket.slots:
                 self._mine[s] = loc
 
+    def holds(self) -> bool:
+        """True if this process holds any cap slot (so an ack may have one to free)."""
+        return bool(self._held)
+
     def release(self, loc: tuple[int, int]) -> bool:
         """Free the cap slots held for the job at ``loc`` (at its ack or nack).  True if any was held."""
         if not self._held:  # nothing held in this process (no caps): no lock needed to say so

@@ -30,14 +30,14 @@ from ringq.backend import (
 )
 from ringq.engine import meta, records, snapshot
 from ringq.engine.appends import REC_HEADER_SIZE
-from ringq.engine.index import Index, now_ms
 from ringq.engine.records import KIND_JOB, NewRecord
-from ringq.engine.words import ST_DEAD, ST_READY, TIME_MAX
+from ringq.engine.words import ST_DEAD, ST_READY, TIME_MAX, now_ms
 from ringq.errors import QueueFullError, SerializationError
 from ringq.ids import check_caller_id
 from ringq.job import Job, JobState
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ringq.engine.index import Index
     from ringq.engine.ring import Ring
 
 __all__ = ["Producer"]
@@ -68,6 +68,7 @@ assert tuple(f.name for f in fields(Job)) == (
     "cancelled",
     "_loc",
     "_acked",
+    "_raw",
 ), "Job's fields changed: update fresh_jobs and Producer.enqueue_one"
 
 # A delay, expiry or retry time must fit the state word for a year more.
@@ -77,12 +78,13 @@ assert MAX_DELAY + 86400 * 366 <= TIME_MAX / 1000
 class Producer:
     """Appends jobs for one queue in this process.  ``lock`` is the queue's thread lock (taken only while the queue is open),
     ``outside`` counts a use of the mappings outside it (ringq/local/context.py);
-    ``refresh(relocate)`` catches the index up with other processes."""
+    ``refresh(relocate)`` catches the index up with other processes; ``index()`` is the reader's
+    index, asked for only by an enqueue with ids (a plain enqueue never builds it)."""
 
     def __init__(
         self,
         ring: Ring,
-        index: Index,
+        index: Callable[[], Index],
         lock: AbstractContextManager[None],
         outside: AbstractContextManager[None],
         refresh: Callable[[bool], None],
@@ -235,7 +237,7 @@ class Producer:
             first: dict[str, int] = {}
             todo: list[int] = []
             for i, jid in enumerate(job_ids):
-                loc = self.index.find(jid)
+                loc = self.index().find(jid)
                 if loc is not None:
                     found[i] = loc
                 elif jid not in first:
@@ -276,12 +278,12 @@ class Producer:
                 )
                 for i, job in zip(todo, jobs):
                     made[i] = job
-                    self.index.ids[job_ids[i]] = job._loc[:2]
+                    self.index().ids[job_ids[i]] = job._loc[:2]
             out = []
             for i, jid in enumerate(job_ids):
                 if i in found:
                     seq, slot = found[i]
-                    out.append(snapshot.job_at(ring, self.index.views[seq].seg, slot))
+                    out.append(snapshot.job_at(ring, self.index().views[seq].seg, slot))
                 else:
                     out.append(made[first[jid]])
             return out
@@ -294,7 +296,7 @@ class Producer:
             self.refresh(True)
             todo, seen = [], set()
             for i, job in enumerate(jobs):
-                if job.id not in seen and self.index.find(job.id) is None:
+                if job.id not in seen and self.index().find(job.id) is None:
                     todo.append(i)
                 seen.add(job.id)
             placed = ring.append([recs[i] for i in todo]) if todo else []

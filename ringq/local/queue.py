@@ -25,8 +25,9 @@ import random
 import sys
 import time
 import warnings
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Generator, Iterable, Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, overload
 
 from ringq import tracing
 from ringq.backend import (
@@ -40,34 +41,37 @@ from ringq.backend import (
     CompactionResult,
     QueueStats,
     SearchPage,
+    Stop,
     check_attempts,
+    check_consume,
     check_extension,
     check_lease_args,
     check_retry_delay,
     check_visibility_timeout,
     due_delay,
     expiry_ms,
+    handle_stream,
+    stream_leases,
     timeout_ms,
 )
 from ringq.backoff import BackoffPolicy
 from ringq.engine import forksafe, meta, transitions
-from ringq.engine.reaper import REAP_INTERVAL
 from ringq.engine.recovery import RecoveryReport
 from ringq.engine.ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, Ring
-from ringq.engine.search import Query
 from ringq.engine.segment import check_geometry
 from ringq.engine.words import ST_DONE, lease_count, state
 from ringq.errors import JobNotFoundError, LimitError, NotLeasedError
 from ringq.job import Job, JobState
 from ringq.results import Results
 
-from .admin import Admin
 from .context import QueueContext
-from .leases import Retired
-from .lifecycle import Lifecycle
-from .limits import LimitInfo, Limits
 from .options import QueueOptions
-from .schedule import Schedule, Schedules
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .admin import Admin
+    from .lifecycle import Lifecycle
+    from .limits import LimitInfo, Limits
+    from .schedule import Schedule, Schedules
 
 __all__ = ["Queue", "QueueOptions", "GeometryWarning"]
 
@@ -219,17 +223,37 @@ class Queue:
             auto_ids,
             spin,
         )
-        ctx = self._ctx = QueueContext(ring, name, str(self.path), mode, auto_ids)
+        self._ctx = QueueContext(ring, name, str(self.path), mode, auto_ids)
         self._results = Results(name, self._companion)
-        self._admin = Admin(ctx)
-        self._lifecycle = Lifecycle(ctx, self._results, self.get)
-        self._limits = Limits(ctx)
-        self._schedules = Schedules(self)
         self._rng = random.Random()
         forksafe.register(self)
-        with ctx.lock:
-            ctx.refresh()
-            ctx.reap(force=True)
+
+    # The parts behind the reads, the lifecycle calls, the limits and the periodic jobs are made
+    # (and their modules imported) on first use: a queue used only to enqueue loads none of them.
+
+    @cached_property
+    def _admin(self) -> Admin:
+        from .admin import Admin
+
+        return Admin(self._ctx)
+
+    @cached_property
+    def _lifecycle(self) -> Lifecycle:
+        from .lifecycle import Lifecycle
+
+        return Lifecycle(self._ctx, self._results, self.get)
+
+    @cached_property
+    def _limits(self) -> Limits:
+        from .limits import Limits
+
+        return Limits(self._ctx)
+
+    @cached_property
+    def _schedules(self) -> Schedules:
+        from .schedule import Schedules
+
+        return Schedules(self)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -263,7 +287,8 @@ class Queue:
                 return
             self._ctx.close()  # waits for the threads asleep in lease or wait_for_wake to leave
             self._results.close()
-            self._schedules.close()
+            if "_schedules" in self.__dict__:
+                self._schedules.close()
 
     def drop_inherited_locks(self) -> None:
         """In a forked child (ringq/engine/forksafe.py): a parent thread may have been inside a call of
@@ -496,8 +521,8 @@ class Queue:
             if left <= 0:
                 return got
             nap = min(
-                left, REAP_INTERVAL, self._ctx.reaper.until_floor()
-            )  # dead holders: seen within REAP_INTERVAL
+                left, self._ctx.reaper.interval, self._ctx.reaper.until_floor()
+            )  # dead holders: seen within the reaper's interval
             if next_due is not None:
                 nap = min(nap, max(0.0, next_due / 1000 - time.time()) + 0.001)
             held_back = self._ctx.gate.nap()  # until a limit that holds a job back may let it go
@@ -566,6 +591,86 @@ class Queue:
         jobs = self.lease(1, visibility_timeout=visibility_timeout, wait=wait, detach=detach)
         return jobs[0] if jobs else None
 
+    @overload
+    def consume(
+        self,
+        handler: None = None,
+        *,
+        count: int | None = None,
+        wait: float | None = None,
+        stop: Stop | None = None,
+        visibility_timeout: float | None = None,
+    ) -> Generator[Job, None, None]: ...
+
+    @overload
+    def consume(
+        self,
+        handler: Callable[[Job], Any],
+        *,
+        count: int | None = None,
+        wait: float | None = None,
+        stop: Stop | None = None,
+        visibility_timeout: float | None = None,
+    ) -> int: ...
+
+    def consume(
+        self,
+        handler: Callable[[Job], Any] | None = None,
+        *,
+        count: int | None = None,
+        wait: float | None = None,
+        stop: Stop | None = None,
+        visibility_timeout: float | None = None,
+    ) -> Generator[Job, None, None] | int:
+        """Stream leases: an iterator of leased jobs (``handler`` None; the caller acks or nacks
+        each), or a loop that runs ``handler(job)`` on each, acks it when the handler returns and
+        nacks it (``"<ExceptionType>: <message>"`` as its error) when it raises.
+
+        The stream leases jobs in batches, one C call per run of plain jobs, sized to how long
+        the consumer takes per job (at most 64, about 2 ms of handling, so that other consumers
+        get their share), and hands them out one at a time.  A job it leased but did not hand out
+        -- the stream stopped, the iterator was closed, or a quarter of the visibility timeout
+        passed since its batch was leased -- goes back to READY unused: its attempt is not
+        counted, and it keeps its place in the order.
+
+        Args:
+            handler: None for an iterator; a callable for the callback loop.
+            count: end after this many jobs (None: no limit).
+            wait: when no job is due, block up to this many seconds for one (woken by the
+                producer's futex wake); the stream ends when that wait finds nothing.  None or 0:
+                end as soon as no job is due.
+            stop: a ``threading.Event`` (or a callable returning True) checked before each job:
+                the stream ends when it is set.
+            visibility_timeout: seconds each lease lasts (default: the queue's).
+
+        Returns:
+            The iterator; or, with ``handler``, how many jobs the handler returned from.  An
+            exception that is not an ``Exception`` (KeyboardInterrupt, SystemExit) is raised
+            after its job is nacked.
+        Raises:
+            ValueError for bad arguments; QueueClosedError.
+        """
+        stopped = check_consume(count, wait, stop)
+        vt = check_visibility_timeout(
+            self.visibility_timeout if visibility_timeout is None else visibility_timeout
+        )
+        self._ctx.live()
+
+        def lease(n: int) -> list[Job]:
+            return self.lease(n, visibility_timeout=vt, wait=wait)
+
+        jobs = stream_leases(lease, count, stopped, vt, self._give_back)
+        if handler is None:
+            return jobs
+        return handle_stream(self, jobs, handler)
+
+    def _give_back(self, jobs: list[Job]) -> None:
+        """Return leases the stream took but never handed out (Leases.give_back)."""
+        if self._ctx.closed:
+            return  # a closed queue's leases end with their holder
+        with self._ctx.live_lock:
+            self._ctx.leases.give_back(jobs)
+
     # -- ack / nack / extend ------------------------------------------------------------------------
 
     def ack(
@@ -586,6 +691,8 @@ class Queue:
         """
         self._ctx.live()
         if result is not NO_RESULT:
+            from .leases import Retired
+
             with self._ctx.live_lock:  # fencing first: a stale holder must not store a result
                 try:
                     view, slot, w, job_id, token = self._ctx.leases.word_for(job, self.name, "ack")
@@ -730,6 +837,8 @@ class Queue:
         Raises:
             ValueError: an unknown state, a bad cursor or limit.
         """
+        from ringq.engine.search import Query  # numpy: loaded by the first search, not at import
+
         return self._admin.search(Query(state, key, priority, job_id, error), after, limit)
 
     def dlq(self, *, limit: int | None = None) -> list[Job]:

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Generator, Iterable, Sequence
+from typing import Any, overload
 
 from ringq import codec, tracing
 from ringq.backend import (
@@ -36,7 +36,9 @@ from ringq.backend import (
     SEARCH_STATES,
     QueueStats,
     SearchPage,
+    Stop,
     check_attempts,
+    check_consume,
     check_delay,
     check_extension,
     check_job_ref,
@@ -46,8 +48,10 @@ from ringq.backend import (
     check_retry_delay,
     check_visibility_timeout,
     expiry_ms,
+    handle_stream,
     refuse_reserved,
     reserved_for_results,
+    stream_leases,
     timeout_ms,
 )
 from ringq.backoff import BackoffPolicy
@@ -379,6 +383,50 @@ class RedisQueue:
         """Lease one job, or return None if none is due (after waiting up to ``wait`` seconds)."""
         jobs = self.lease(1, visibility_timeout=visibility_timeout, wait=wait, detach=detach)
         return jobs[0] if jobs else None
+
+    @overload
+    def consume(
+        self,
+        handler: None = None,
+        *,
+        count: int | None = None,
+        wait: float | None = None,
+        stop: Stop | None = None,
+        visibility_timeout: float | None = None,
+    ) -> Generator[Job, None, None]: ...
+
+    @overload
+    def consume(
+        self,
+        handler: Callable[[Job], Any],
+        *,
+        count: int | None = None,
+        wait: float | None = None,
+        stop: Stop | None = None,
+        visibility_timeout: float | None = None,
+    ) -> int: ...
+
+    def consume(
+        self,
+        handler: Callable[[Job], Any] | None = None,
+        *,
+        count: int | None = None,
+        wait: float | None = None,
+        stop: Stop | None = None,
+        visibility_timeout: float | None = None,
+    ) -> Generator[Job, None, None] | int:
+        """Stream leases as :meth:`ringq.Queue.consume` does (same arguments and answers), one
+        ``lease`` per job: no job is held leased before it is handed out."""
+        stopped = check_consume(count, wait, stop)
+        vt = self.visibility_timeout if visibility_timeout is None else visibility_timeout
+
+        def lease(n: int) -> list[Job]:
+            return self.lease(n, visibility_timeout=vt, wait=wait)
+
+        jobs = stream_leases(lease, count, stopped, vt)
+        if handler is None:
+            return jobs
+        return handle_stream(self, jobs, handler)
 
     def wake_token(self) -> int:
         """For callers that wait in another thread (see :meth:`ringq.Queue.wake_token`): always 0

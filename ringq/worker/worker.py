@@ -290,37 +290,54 @@ class Worker:
     def _loop(self, index: int) -> None:
         retry = LEASE_RETRY_MIN
         while not self._stop.is_set():
-            if not self._reserve():
-                self._stop.set()
-                return
+            jobs = None
             try:
                 wait = self._fire_schedules() if self._schedules else self.poll_interval
-                job = self.queue.lease_one(wait=wait)
+                # A stream of leases (QueueBackend.consume): leases not handed to a handler when
+                # it ends (stopping, max_jobs, a periodic job due) go back to the queue unused.
+                jobs = self.queue.consume(wait=wait, stop=self._stop)
+                until = time.monotonic() + wait  # back to the periodic jobs at least this often
+                got = False
+                while True:
+                    if not self._reserve():  # max_jobs: what the stream holds goes back
+                        self._stop.set()
+                        return
+                    job = next(jobs, None)
+                    if job is None:
+                        self._unreserve()
+                        break
+                    got = True
+                    if self._lease_outage is not None:
+                        self._lease_recovered()
+                    if (
+                        self._stop_at is not None
+                    ):  # leased as stop() came: not started, handed back now
+                        self._unreserve()
+                        self._release(
+                            job, "worker stopping: handed back before its handler started"
+                        )
+                        continue
+                    self.stats.add(leased=1)
+                    if not self._run_one(job, index):
+                        return  # its handler timed out and a new thread took this one's place
+                    if self._schedules and time.monotonic() >= until:
+                        break
             except QueueClosedError:
-                self._unreserve()
                 self._stop.set()
                 return
             except Exception as exc:  # keep serving: a transient failure (EMFILE, lock timeout) must not end the thread
-                self._unreserve()
                 self._lease_failed(exc)
                 self._stop.wait(retry)
                 retry = min(LEASE_RETRY_MAX, retry * 2)
                 continue
+            finally:
+                if jobs is not None:
+                    jobs.close()
             retry = LEASE_RETRY_MIN
             if self._lease_outage is not None:
                 self._lease_recovered()
-            if job is None:
-                self._unreserve()
-                if self.idle_timeout is not None and self._idle_for() >= self.idle_timeout:
-                    self._stop.set()
-                continue
-            if self._stop_at is not None:  # leased as stop() came: not started, handed back now
-                self._unreserve()
-                self._release(job, "worker stopping: handed back before its handler started")
-                continue
-            self.stats.add(leased=1)
-            if not self._run_one(job, index):
-                return  # its handler timed out and a new thread took this one's place
+            if not got and self.idle_timeout is not None and self._idle_for() >= self.idle_timeout:
+                self._stop.set()
 
     def _fire_schedules(self) -> float:
         """Fire due periodic jobs; returns how long the next lease may wait (seconds): the poll

@@ -289,6 +289,62 @@ static void claim_known_answers(void) {
     free(m);
 }
 
+/* ringq_claim_run: a run of plain jobs in one call, stopping where the caller must decide. */
+static void claim_run_known_answers(void) {
+    ringq_geom g = {.seg_seq = 9, .state_off = 0, .data_off = 8 * RINGQ_STATE_ENTRY, .slot_size = 128, .slot_count = 8};
+    size_t maplen = g.data_off + 8 * 128;
+    uint8_t *m = calloc(1, maplen);
+    for (uint32_t s = 0; s < 6; s++) put_record(m, maplen, &g, s, 10); /* READY, time 1 */
+    uint8_t plain[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    uint32_t order[6] = {0, 1, 2, 3, 4, 5};
+    int64_t avail[8] = {10, 11, 12, 13, 14, 15, 0, 0}, enq[8] = {0};
+    uint64_t seq[8] = {1, 2, 3, 4, 5, 6, 0, 0};
+    ringq_run_keys k = {.avail_ms = avail, .enq_us = enq, .seq = seq, .bounded = 0};
+    ringq_claimed out[8];
+    uint32_t next = 99, why = 99;
+    /* not due yet: nothing leased, the first candidate handed back */
+    CHECK(ringq_claim_run(m, maplen, &g, order, 6, 0, plain, &k, 0, 500, 7, out, 8, &next, &why) == 0);
+    CHECK(why == RINGQ_RUN_ASK && next == 0);
+    /* two leased, then the cap */
+    CHECK(ringq_claim_run(m, maplen, &g, order, 6, 0, plain, &k, 10, 500, 7, out, 2, &next, &why) == 2);
+    CHECK(why == RINGQ_RUN_FULL && next == 2 && out[0].slot == 0 && out[1].slot == 1);
+    CHECK((out[0].word & 7) == RINGQ_ST_LEASED && ((out[0].word >> RINGQ_W_LC_SHIFT) & RINGQ_W_LC_MASK) == 1);
+    CHECK((out[0].word >> RINGQ_W_TIME_SHIFT) == 500 && out[0].payload_len == 10 && out[0].id_len == 0);
+    uint64_t ow = 0;
+    CHECK(ringq_load64(m, maplen, 0 * RINGQ_STATE_ENTRY + 8, &ow) == 0 && ow == (7 | (1ULL << RINGQ_OW_LC_SHIFT)));
+    /* a bound: slots ranking at or after (13, 0, 4) are left for the other lane */
+    k.bounded = 1;
+    k.bound_avail_ms = 13;
+    k.bound_enq_us = 0;
+    k.bound_seq32 = 4;
+    CHECK(ringq_claim_run(m, maplen, &g, order, 6, 2, plain, &k, 10, 500, 7, out, 8, &next, &why) == 1);
+    CHECK(why == RINGQ_RUN_BOUND && next == 3 && out[0].slot == 2);
+    k.bounded = 0;
+    /* a slot that is not plain stops the run there; leased ones are passed over */
+    plain[4] = 0;
+    CHECK(ringq_claim_run(m, maplen, &g, order, 6, 0, plain, &k, 10, 500, 7, out, 8, &next, &why) == 1);
+    CHECK(why == RINGQ_RUN_ASK && next == 4 && out[0].slot == 3);
+    plain[4] = 1;
+    /* a record that fails its CRC is handed back, untouched */
+    m[g.data_off + 5 * 128 + 70] ^= 1;
+    CHECK(ringq_claim_run(m, maplen, &g, order, 6, 0, plain, &k, 10, 500, 7, out, 8, &next, &why) == 1);
+    CHECK(why == RINGQ_RUN_ASK && next == 5 && out[0].slot == 4);
+    uint64_t w5 = 0;
+    CHECK(ringq_load64(m, maplen, 5 * RINGQ_STATE_ENTRY, &w5) == 0 && (w5 & 7) == RINGQ_ST_READY);
+    CHECK(ringq_claim_run(m, maplen, &g, order, 6, 6, plain, &k, 10, 500, 7, out, 8, &next, &why) == 0);
+    CHECK(why == RINGQ_RUN_END && next == 6);
+    /* bad arguments */
+    CHECK(ringq_claim_run(m, maplen, &g, order, 6, 0, plain, NULL, 10, 500, 7, out, 8, &next, &why) == RINGQ_EINVAL);
+    k.seq = NULL;
+    CHECK(ringq_claim_run(m, maplen, &g, order, 6, 0, plain, &k, 10, 500, 7, out, 8, &next, &why) == RINGQ_EINVAL);
+    k.seq = seq;
+    CHECK(ringq_claim_run(m, maplen - 1, &g, order, 6, 0, plain, &k, 10, 500, 7, out, 8, &next, &why) == RINGQ_EBOUNDS);
+    /* order entries beyond the segment are skipped, never read */
+    uint32_t wild[2] = {1000, 5000};
+    CHECK(ringq_claim_run(m, maplen, &g, wild, 2, 0, plain, &k, 10, 500, 7, out, 8, &next, &why) == 0 && why == RINGQ_RUN_END);
+    free(m);
+}
+
 static void fuzz_once(void) {
     ringq_geom g;
     g.slot_size = 64u * (1 + below(6));
@@ -654,6 +710,7 @@ int main(int argc, char **argv) {
     unlink(lpath);
     CHECK(lock_fd >= 0 && lock_other_fd >= 0);
     claim_known_answers();
+    claim_run_known_answers();
     spin_answers();
     packed_answers();
     wait_claim_answers();

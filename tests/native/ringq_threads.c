@@ -8,7 +8,8 @@
  * queue's mappings are: a producer publishes records (ringq_rec_write, then a release-store of
  * the tail and a bump of the wake word with FUTEX_WAKE, as an append does); CONSUMERS threads lease
  * them with ringq_wait_claim (asleep on the futex, leasing the job the wake announced),
- * ringq_claim_next (the one-call lease of a lane's first job) and, for jobs returned to READY, a
+ * ringq_claim_next (the one-call lease of a lane's first job), ringq_claim_run (a run of them in
+ * one call; its leases are counted with claim_next's) and, for jobs returned to READY, a
  * plain CAS (the Python policy path); a reaper thread returns some leases to READY (as an expired
  * lease is), and consumers ack with ringq_ack_slot under their fencing token.  Each thread passes
  * its own argument and result structs, as ringq/local/leases.py does.
@@ -148,12 +149,39 @@ static void *consumer(void *arg) {
     ringq_claim_out co;
     uint32_t cursor = 0;
     uint64_t seen_change = 0;
+    int64_t *avail = calloc(g.slot_count, sizeof *avail), *enq = calloc(g.slot_count, sizeof *enq);
+    uint64_t *seqs = calloc(g.slot_count, sizeof *seqs);
+    ringq_run_keys keys = {.avail_ms = avail, .enq_us = enq, .seq = seqs, .bounded = 0};
+    ringq_claimed run[8];
     while (atomic_load(&done_count) < jobs) {
         uint32_t wake = 0, lc = 0;
         ringq_load32(ctl, ctl_len, WAKE_OFF, &wake);
         uint32_t tail = tail_now();
-        /* the one-call lease of the first READY job from the cursor */
+        /* the one-call lease of the first READY job from the cursor, or of a run of them */
         while (cursor < tail) {
+            /* (not in the shared-results mode: that check needs the threads waiting together) */
+            if (!shared_out && (seed >> 4) % 2 == 0) {
+                uint32_t next = 0, why = 0;
+                int got = ringq_claim_run(seg, maplen, &g, order, tail, cursor, plain, &keys, now_rel(),
+                                          now_rel() + 1000000, me + 1, run, 1 + (seed >> 6) % 8, &next, &why);
+                if (got < 0) {
+                    FAIL("claim_run failed");
+                    break;
+                }
+                for (int i = 0; i < got; i++) {
+                    won(me, run[i].slot, run[i].word, &lc);
+                    atomic_fetch_add(&by_claim, 1);
+                    settle(me, run[i].slot, lc, &seed);
+                }
+                seed = seed * 1103515245u + 12345u;
+                if (why == RINGQ_RUN_END) {
+                    cursor = tail;
+                    break;
+                }
+                cursor = next;
+                if (why != RINGQ_RUN_ASK) continue;
+                /* READY but not plain-claimable here (leased before): the general path below */
+            }
             if (ringq_claim_next(seg, maplen, &g, order, tail, cursor, order[cursor], plain, now_rel(),
                                  now_rel() + 1000000, me + 1, &co) != 0) {
                 FAIL("claim_next failed");
@@ -215,6 +243,9 @@ static void *consumer(void *arg) {
     }
     free(order);
     free(plain);
+    free(avail);
+    free(enq);
+    free(seqs);
     return NULL;
 }
 

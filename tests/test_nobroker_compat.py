@@ -354,7 +354,7 @@ def test_the_listed_differences_hold(tmp_path):
 # where the queue does not exist (the typo guard), never a different status.
 def _nobroker_forms(run):
     """``run(*argv)`` -> (status, stdout, stderr), each call on a fresh directory unless the argv
-    starts with "same"."""
+    starts with "same" (nobroker's test of named queues runs three commands on one)."""
     rc, out, _ = run("lease")
     assert (rc, "no eligible jobs" in out) == (0, True), out
     rc, out, _ = run("dlq")
@@ -379,19 +379,29 @@ def handlers_cwd(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_nobroker_cli_forms_in_process(lib, handlers_cwd, capsys):
+def _fresh_dirs(root):
+    """argv -> (a directory: a new one unless argv starts with "same", the rest of argv)."""
     dirs = iter(range(100))
     current = []
 
-    def run(*argv):
+    def where(argv):
         if argv[0] == "same":
-            argv = argv[1:]
-        else:
-            current[:] = [str(handlers_cwd / f"fresh{next(dirs)}")]
-        rc, out, err = run_cli(lib, capsys, "--dir", current[0], *argv)
+            return current[0], argv[1:]
+        current[:] = [str(root / f"fresh{next(dirs)}")]
+        return current[0], argv
+
+    return where
+
+
+def test_nobroker_cli_forms_in_process(lib, handlers_cwd, capsys):
+    where = _fresh_dirs(handlers_cwd)
+
+    def run(*argv):
+        d, argv = where(argv)
+        rc, out, err = run_cli(lib, capsys, "--dir", d, *argv)
         if lib.__name__ == "ringq" and argv[-1] in ("lease", "dlq"):
             assert "warning: no queue 'default'" in err and "check --dir and --queue" in err, err
-            assert not os.path.exists(current[0])  # the guard creates nothing
+            assert not os.path.exists(d)  # the guard creates nothing
         return rc, out, err
 
     _nobroker_forms(run)
@@ -400,15 +410,11 @@ def test_nobroker_cli_forms_in_process(lib, handlers_cwd, capsys):
 def test_nobroker_cli_forms_as_processes(lib, handlers_cwd):
     entry = ["-m", "nobroker.cli"] if lib.__name__ == "nobroker" else ["-m", "ringq"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(handlers_cwd), *sys.path]))
-    dirs = iter(range(100))
-    current = []
+    where = _fresh_dirs(handlers_cwd)
 
     def run(*argv):
-        if argv[0] == "same":
-            argv = argv[1:]
-        else:
-            current[:] = [str(handlers_cwd / f"fresh{next(dirs)}")]
-        p = subprocess.run([sys.executable, *entry, "--dir", current[0], *argv], capture_output=True,
+        d, argv = where(argv)
+        p = subprocess.run([sys.executable, *entry, "--dir", d, *argv], capture_output=True,
                            text=True, timeout=60, env=env, cwd=handlers_cwd)
         assert "Traceback" not in p.stderr, p.stderr
         return p.returncode, p.stdout, p.stderr

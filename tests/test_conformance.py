@@ -200,6 +200,22 @@ def test_expired_lease_counts_as_an_attempt_and_can_dead_letter(queue_factory):
     assert dead.attempts == 1 and "expired" in dead.last_error
 
 
+def test_an_expired_lease_can_exhaust_attempts(queue_factory):
+    """nobroker's test of that name, as written there: no lease call after the last expiry."""
+    q = queue_factory(visibility_timeout=0.05, max_attempts=2, backoff=NOBACKOFF)
+    q.enqueue("nobody ever acks this")
+    for _ in range(2):
+        assert q.lease_one() is not None
+        time.sleep(0.08)
+    st = q.stats()
+    assert (st.dead, st.leased, st.ready, st.total) == (1, 0, 0, 1), st
+    job = q.enqueue("another")
+    assert q.lease_one().id == job.id  # the lease call reclaims the expired one first
+    time.sleep(0.08)
+    st = q.stats()  # an expired lease with attempts left counts as ready
+    assert (st.dead, st.leased, st.ready, st.dead_lettered_total) == (1, 0, 1, 1), st
+
+
 def test_blocking_lease_is_woken_by_an_expiry(queue_factory):
     q = queue_factory(visibility_timeout=0.3)
     q.enqueue("x")

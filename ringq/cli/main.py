@@ -155,9 +155,10 @@ def _absent(args: argparse.Namespace) -> bool:
 
 
 def _no_queue(args: argparse.Namespace) -> str:
-    where = (
-        "no such directory" if not os.path.isdir(args.dir) else "nothing was ever enqueued there"
-    )
+    if os.path.isdir(args.dir):
+        where = "nothing was ever enqueued there"
+    else:
+        where = "not a directory" if os.path.exists(args.dir) else "no such directory"
     return f"no queue {args.queue!r} in {args.dir} ({where})"
 
 
@@ -179,21 +180,23 @@ def _as_empty(args: argparse.Namespace, then: str = "answering as for an empty q
 
 
 def _warn_damage(report: Any) -> None:
-    """Damage found on open goes to stderr on every command, so it is never silent."""
+    """What this command's open of the queue found and did, on stderr: each file it quarantined,
+    each record it marked BAD, each repair.  Said once, by the command whose open did it: later
+    commands say nothing of it (their open found nothing new); ``ringq verify`` reports the
+    quarantined files and BAD records as damage (exit 1), and ``ringq recover`` lists them, until
+    an operator has dealt with them (docs/guarantees.md)."""
+    said = []
     for path, reason in report.quarantined:
         print(f"ringq: warning: quarantined {path}: {reason}", file=sys.stderr)
-    for path in report.quarantined_earlier:
-        print(
-            f"ringq: warning: {path} was quarantined earlier and still needs an operator (see docs/guarantees.md)",
-            file=sys.stderr,
-        )
+        said.append(reason)
     for path, slot, reason in report.corrupt_records:
         print(
             f"ringq: warning: {path} slot {slot}: {reason}; the record is quarantined (BAD)",
             file=sys.stderr,
         )
     for path, what in report.repairs:
-        print(f"ringq: warning: repaired {path}: {what}", file=sys.stderr)
+        if not any(what in reason for reason in said):  # a salvage the quarantine line told
+            print(f"ringq: warning: repaired {path}: {what}", file=sys.stderr)
 
 
 def _payload(text: str, force_text: bool, where: str = "payload") -> Any:

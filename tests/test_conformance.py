@@ -306,6 +306,28 @@ def test_mixed_payloads_round_trip(q):
     )
 
 
+def test_the_producer_sees_the_payload_the_consumer_gets(q):
+    """`enqueue({1: "a"})` returned a Job showing `{1: "a"}` while consumers got `{"1": "a"}`."""
+    one = q.enqueue({1: "a", "t": (1, 2), "n": {True: None}})
+    many = q.enqueue_many([{2: "b"}, ("x", ("y",)), {"plain": 1}, bytearray(b"raw"),
+                           {"arr": np.arange(3), "pair": (4, 5)}, "{[text]}"])
+    want = [{"1": "a", "t": [1, 2], "n": {"true": None}}, {"2": "b"}, ["x", ["y"]], {"plain": 1},
+            b"raw", {"arr": [0, 1, 2], "pair": [4, 5]}, "{[text]}"]
+    got = [one.payload, *(j.payload for j in many)]
+    leased = {j.id: j.payload for j in q.lease(10)}
+    for job, produced, expected in zip([one, *many], got, want):
+        consumed = leased[job.id]
+        for side in (produced, consumed):
+            if isinstance(expected, dict) and "arr" in expected:
+                assert side["pair"] == expected["pair"] and side["arr"].tolist() == expected["arr"]
+            else:
+                assert side == expected and type(side) is type(expected), (side, expected)
+    plain = [{"n": i, "kind": "resize"} for i in range(3)]
+    assert all(j.payload is p for j, p in zip(q.enqueue_many(plain), plain))  # nothing to convert
+    p = {"n": 1, "nested": [{"ok": True}]}
+    assert q.enqueue(p).payload is p
+
+
 def test_idempotent_job_ids(q):
     a = q.enqueue("first", job_id="order-42")
     b = q.enqueue("second", job_id="order-42")

@@ -96,7 +96,7 @@ class Producer:
     ) -> Job:
         """One job without a caller id: :meth:`enqueue` without the lists."""
         delay_ms = check_args(priority, delay, attempts, None, self.auto_ids)
-        kind, data = codec.encode(payload)
+        kind, data, payload = codec.encode_stored(payload)  # the Job shows what a consumer gets
         if key is not None:
             kind, data = codec.wrap_key(key, kind, data)
         rkind = KIND_JOB
@@ -157,7 +157,7 @@ class Producer:
         delay_ms = check_args(priority, delay, attempts, job_ids, self.auto_ids, n)
         if not n:
             return []
-        kinds, datas = encode_all(payloads, key)
+        kinds, datas, payloads = encode_all(payloads, key)
         rkind = KIND_JOB
         if expires_at_ms is not None:  # lifecycle: the expiry goes in front of the codec's bytes
             datas = [lifecycle.wrap_expiry(d, expires_at_ms) for d in datas]
@@ -332,15 +332,17 @@ def check_args(
 
 def encode_all(
     payloads: Sequence[Any], key: str | None
-) -> tuple[bytes | tuple[int, ...], list[bytes]]:
-    """``(codec ids, bytes)`` of every payload (codec.encode), each wrapped with ``key`` if given
+) -> tuple[tuple[int, ...], list[bytes], list[Any]]:
+    """``(codec ids, bytes, stored values)`` of every payload (codec.encode; codec.stored_many:
+    the values as a consumer will decode them), each wrapped with ``key`` if given
     (codec.wrap_key).  Raises SerializationError."""
     enc = codec.encode
     pairs = [enc(p) for p in payloads]
+    values = codec.stored_many(payloads, pairs)
     if key is not None:
         pairs = [codec.wrap_key(key, k, d) for k, d in pairs]
     kinds, datas = zip(*pairs)
-    return kinds, list(datas)
+    return kinds, list(datas), values
 
 
 def encode_ids(job_ids: Sequence[str]) -> list[bytes]:

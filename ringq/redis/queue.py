@@ -287,8 +287,8 @@ class RedisQueue:
         attempts = self.max_attempts if max_attempts is None else max_attempts
         check_attempts(attempts)
         args: list[Any] = [priority, int(round(delay * 1000)), attempts, len(payloads)]
-        for jid, payload in zip(ids, payloads):
-            kind, data = codec.encode(payload)
+        for i, (jid, payload) in enumerate(zip(ids, payloads)):
+            kind, data, payloads[i] = codec.encode_stored(payload)  # as a consumer will see it
             try:
                 args += [jid.encode("utf-8", "strict"), bytes([kind]) + data]
             except UnicodeEncodeError:

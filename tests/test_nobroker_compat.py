@@ -437,3 +437,11 @@ def test_nobroker_bench_form_as_a_process(tmp_path):
     assert results and all("ops_per_sec" in row for row in results)
     enqueues = [r for r in results if r["variant"] == "enqueue x1"]
     assert enqueues and all(r["ops_per_sec"] > 0 and r["usec_per_op"] > 0 for r in enqueues)
+
+
+def test_bench_takes_nobrokers_markdown_flag(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    import ringq
+
+    rc, out, _ = run_cli(ringq, capsys, "bench", "--jobs", "5", "--only", "floor", "--markdown")
+    assert rc == 0 and out.startswith("| scenario | system |"), out

@@ -106,6 +106,11 @@ def _parser() -> argparse.ArgumentParser:
         "--cold-jobs", type=int, help="pending jobs for cold open / memory (overrides the size)"
     )
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the table as Markdown (it always is; nobroker's bench flag)",
+    )
     p.add_argument("--quiet", action="store_true", help="only the table")
     p.add_argument(
         "--replot",

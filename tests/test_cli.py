@@ -595,3 +595,32 @@ def test_worker_and_servers_refuse_a_port_out_of_range(tmp_path):
                     continue  # the extra is not installed
                 with pytest.raises(ValueError, match="0..65535"):
                     serve(q, bad) if module == "ringq.web.dashboard" else serve(None, bad)
+
+
+def test_the_inspect_example_of_docs_cli_md_is_what_inspect_prints(tmp_path):
+    """docs/cli.md's inspect output showed files and offsets of an older format (.err only, data_off=266240)."""
+    import re
+
+    q = tmp_path / ".ringq"
+    ringq(q, "enqueue", '{"to": "ada@example.com"}')
+    ringq(q, "enqueue", "resize photo-17.jpg", "--priority", "5")
+    ringq(q, "enqueue", '{"report": "daily"}', "--delay", "3600", "--job-id", "daily-2026-11-30")
+    ringq(q, "enqueue", "-", stdin='{"n": 1}\n{"n": 2}\n')
+    ringq(q, "lease")
+    ringq(q, "ack", "0000000000000002")
+    ringq(q, "lease")
+    # (the page's nack takes the backoff delay; "a few seconds after" it, the job is due again)
+    ringq(q, "nack", "0000000000000001", "--error", "SMTPError: 451 try later", "--delay", "0")
+    got = ringq(q, "inspect", "--limit", "3").stdout.splitlines()
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "cli.md"),
+              encoding="utf-8") as fh:
+        doc = fh.read()
+    shown = doc[doc.index("$ ringq inspect --limit 3\n"):].split("```")[0].splitlines()[1:]
+
+    def shape(line: str) -> str:  # what does not depend on the time of the run or the directory
+        line = re.sub(r"queue 'default' in \S+", "queue 'default' in DIR", line)
+        line = re.sub(r"epoch=\S+", "epoch=T", line)
+        line = re.sub(r"(ring_gen|wake|change|sync_count)=\d+", r"\1=N", line)
+        return " ".join(re.sub(r"\d+\.\ds ago|in \d+\.\ds", "TIME", line).split())
+
+    assert [shape(x) for x in got] == [shape(x) for x in shown]

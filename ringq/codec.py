@@ -30,6 +30,9 @@ import json
 import re
 import struct
 import sys
+from collections.abc import Sequence
+from itertools import chain
+from operator import itemgetter
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +50,9 @@ __all__ = [
     "IN_META",
     "MAX_KEY_BYTES",
     "encode",
+    "encode_stored",
+    "stored_many",
+    "stored",
     "decode",
     "jsonable",
     "wrap_key",
@@ -187,6 +193,88 @@ def encode(payload: Any) -> tuple[int, bytes]:
         raise SerializationError(f"payload is not JSON-serialisable: {exc}") from None
     except UnicodeEncodeError as exc:
         raise SerializationError(f"payload holds text that is not valid Unicode: {exc}") from None
+
+
+# Types that JSON gives back as themselves (exact types: a subclass comes back as its base).
+_JSON_LEAVES: frozenset[type] = frozenset({str, int, float, bool, type(None)})
+_STR_KEYS: frozenset[type] = frozenset({str})
+_mixed_leaves: frozenset[type] | None = None
+_first, _second = itemgetter(0), itemgetter(1)
+
+
+def _unchanged(obj: Any, leaves: frozenset[type]) -> bool:
+    """True if ``obj`` is built of dicts with str keys, lists and ``leaves`` only (exact types, at
+    any depth): decoding its encoding gives back an equal value of the same types.  False for a
+    tuple, a dict key that is not a str, a subclass (an IntEnum, a str subclass), ...  One plain
+    loop over each container (cheaper than any C-level pass that calls type() per item)."""
+    t = type(obj)
+    if t is dict:
+        for k, v in obj.items():
+            if type(k) is not str:
+                return False
+            tv = type(v)
+            if tv not in leaves and not ((tv is dict or tv is list) and _unchanged(v, leaves)):
+                return False
+        return True
+    if t is list:
+        for v in obj:
+            tv = type(v)
+            if tv not in leaves and not ((tv is dict or tv is list) and _unchanged(v, leaves)):
+                return False
+        return True
+    return t in leaves
+
+
+def stored(payload: Any, codec: int, data: bytes) -> Any:
+    """``payload`` as :func:`decode` gives it back from ``(codec, data)`` (what :func:`encode`
+    made of it), so that a producer sees what a consumer will: dict keys become strings and tuples
+    lists (JSON), a ``bytearray`` or ``memoryview`` becomes ``bytes``.  ``payload`` itself where
+    that changes nothing (the common case costs a walk of its containers, no decoding); an array
+    is returned as given (same dtype, shape and values as the consumer's copy)."""
+    global _mixed_leaves
+    if codec == JSON:
+        return payload if _unchanged(payload, _JSON_LEAVES) else _loads(data)
+    if codec == BYTES:
+        return data
+    if codec == MIXED:
+        if _mixed_leaves is None:
+            import numpy as np
+
+            _mixed_leaves = _JSON_LEAVES | {bytes, np.ndarray}
+        leaves = _mixed_leaves
+        return payload if _unchanged(payload, leaves) else decode(MIXED, data)
+    return payload
+
+
+def stored_many(payloads: Sequence[Any], encoded: Sequence[tuple[int, bytes]]) -> list[Any]:
+    """:func:`stored` of each payload, given its :func:`encode` result.  A batch of flat dicts
+    with str keys (the usual jobs) is recognised from the encoded text without a call per
+    payload: JSON codec throughout, one ``{`` per payload and no ``[`` in all the text (no nested
+    container, no tuple), and every key a str; such payloads are returned as given (a value of
+    a subclass of str, int or float, such as an IntEnum member, then stays as given: equal to the
+    consumer's).  Any other batch (text holding a brace or bracket included) goes payload by
+    payload."""
+    n = len(payloads)
+    try:
+        text = b"".join(map(_second, encoded))
+        if (
+            list(map(_first, encoded)).count(JSON) == n
+            and text.count(b"{") == n
+            and b"[" not in text
+            and isinstance("".join(chain.from_iterable(map(dict.keys, payloads))), str)
+        ):
+            return list(payloads)
+    except TypeError:  # a payload that is not a dict, or a key that is not a str
+        pass
+    return [stored(p, c, d) for p, (c, d) in zip(payloads, encoded)]
+
+
+def encode_stored(payload: Any) -> tuple[int, bytes, Any]:
+    """``(codec id, bytes, stored value)``: :func:`encode` and :func:`stored` in one call."""
+    codec, data = encode(payload)
+    if codec == JSON:  # stored()'s first case, without its call
+        return codec, data, payload if _unchanged(payload, _JSON_LEAVES) else _loads(data)
+    return codec, data, stored(payload, codec, data)
 
 
 def _check_array(obj: np.ndarray, where: str) -> None:

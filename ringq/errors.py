@@ -23,6 +23,8 @@ __all__ = [
     "FormatVersionError",
     "QueueFullError",
     "UnsupportedFilesystemError",
+    "QueuePathError",
+    "ReadOnlyQueueError",
     "BackendError",
     "ConnectionLostError",
     "ReplicationTimeoutError",
@@ -86,6 +88,18 @@ class QueueFullError(RingqError, OSError):
 
 class UnsupportedFilesystemError(RingqError):
     """The queue directory is on a network file system (NFS, SMB/CIFS) where flock and shared mappings do not work across hosts."""
+
+
+class QueuePathError(RingqError, OSError):
+    """The queue's path cannot be a queue directory: a file is there, or above it.  ``errno`` and
+    ``filename`` are those of the failed call; nothing was created."""
+
+
+class ReadOnlyQueueError(RingqError, OSError):
+    """The queue directory cannot be written by this process: it is on a read-only file system
+    (``EROFS``), or the directory denies this user write permission.  A :class:`~ringq.Queue`
+    writes its lock and state files even to read, so it cannot open there; ``ringq verify`` and
+    ``ringq inspect`` read such a queue without writing anything."""
 
 
 class BackendError(RingqError):

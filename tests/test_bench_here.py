@@ -148,3 +148,22 @@ def test_cheapest_is_the_fastest_keeper_of_each_promise_and_names_ties():
     crash = got["an enqueue that returned survives a process crash"]
     assert (crash["strategy"], crash["ties"]) == ("none", ["interval"])
     assert got["an acked job is not redelivered after power loss"]["strategy"] == "sync_acks"
+
+
+def test_the_global_json_is_honoured_and_the_mmap_store_is_no_floor(tmp_path, capsys):
+    """`ringq --json bench --here DIR` printed text (only `bench --here DIR --json` printed JSON),
+    and the report called the raw mmap store+msync loop a floor."""
+    from ringq.bench import FLOOR, MMAP_STORE
+    from ringq.cli import main
+
+    res = _run("ringq", "--json", "bench", "--here", str(tmp_path), "--ops", "50", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    data = json.loads(res.stdout)
+    assert set(data["floors"]) == {FLOOR} and set(data["contrast"]) == {MMAP_STORE}
+    assert main(["--json", "bench", "--here", str(tmp_path), "--ops", "50"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["contrast"]) == {MMAP_STORE}
+    text = _run("ringq", "bench", "--here", str(tmp_path), "--ops", "50", cwd=tmp_path).stdout
+    assert re.search(rf"^floor +{re.escape(FLOOR)} ", text, re.M)
+    assert re.search(rf"^contrast +{re.escape(MMAP_STORE)} ", text, re.M)
+    assert not re.search(rf"floor +{re.escape(MMAP_STORE)}", text) and "not a floor" in text
+    assert list(tmp_path.iterdir()) == []

@@ -88,7 +88,8 @@ def test_global_options_go_before_or_after_the_command(tmp_path):
     after = json.loads(subprocess.run([sys.executable, "-m", "ringq", "stats", "--dir", str(q), "--queue", "emails",
                                        "--json"], capture_output=True, text=True, check=True).stdout)
     assert before == after and before["total"] == 1
-    one_line_error(ringq(q, "stats", "--queue", "other", rc=None), rc=1)  # a separate queue: not there
+    other = ringq(q, "stats", "--queue", "other")  # a separate queue: not there, so empty
+    assert "total=0" in other.stdout and "no queue 'other'" in other.stderr
 
 
 def test_malformed_json_payload_is_a_one_line_error(tmp_path):
@@ -116,7 +117,7 @@ def test_lease_then_ack_from_another_process(tmp_path):
     assert as_json(q, "stats")["leased"] == 2
     assert as_json(q, "lease") == []
     text = ringq(q, "lease").stdout
-    assert text == ""
+    assert text == "no eligible jobs\n"  # nobroker's words
     out = as_json(q, "ack", leased[0]["id"], "--token", "1")
     assert out == {"acked": leased[0]["id"]}  # one id: a string, as nobroker prints it
     assert ringq(q, "ack", leased[1]["id"]).stdout.strip() == f"acked {leased[1]['id']}"
@@ -240,15 +241,37 @@ def test_purge_refuses_without_yes(tmp_path):
 
 def test_read_only_commands_do_not_create_a_missing_queue(tmp_path):
     missing = tmp_path / "nowhere"
-    for cmd in (["stats"], ["list"], ["lease"], ["dlq"], ["inspect"], ["verify"], ["top", "--once"],
-                ["purge", "--yes"], ["ack", "x"]):
+    # nobroker's commands answer as for an empty queue, exit 0, and warn on stderr (docs/cli.md)
+    empty = {"stats": None, "list": "(no jobs)", "lease": "no eligible jobs",
+             "dlq": "(dead-letter queue is empty)", "purge --yes": "purged 0 job(s)",
+             "dlq --requeue": "requeued 0 job(s)", "compact": "compacted 0 -> 0 bytes"}
+    for cmd, text in empty.items():
+        proc = ringq(missing, *cmd.split())
+        assert proc.stderr.count("\n") == 1 and "warning: no queue 'default' in" in proc.stderr, proc.stderr
+        assert "nowhere" in proc.stderr and "check --dir and --queue" in proc.stderr
+        assert text is None or proc.stdout.startswith(text), (cmd, proc.stdout)
+        assert not missing.exists()
+    assert as_json(missing, "stats")["total"] == 0
+    assert as_json(missing, "lease") == [] and as_json(missing, "list") == []
+    # the others refuse in one line, exit 1
+    for cmd in (["inspect"], ["verify"], ["top", "--once"], ["ack", "x"], ["get", "x"], ["cancel", "x"]):
         err = one_line_error(ringq(missing, *cmd, rc=None), rc=1)
         assert "nowhere" in err, err
         assert not missing.exists()
     ringq(tmp_path / "q", "enqueue", "x")
-    err = one_line_error(ringq(tmp_path / "q", "--queue", "other", "stats", rc=None), rc=1)
+    err = one_line_error(ringq(tmp_path / "q", "--queue", "other", "get", "x", rc=None), rc=1)
     assert "no queue 'other'" in err
+    proc = ringq(tmp_path / "q", "--queue", "other", "stats")
+    assert "no queue 'other'" in proc.stderr and "total=0" in proc.stdout
     assert not (tmp_path / "q" / "other.ctl").exists()
+
+
+def test_lease_wait_on_a_missing_queue_creates_it_and_waits(tmp_path):
+    q = tmp_path / "q"
+    proc = ringq(q, "--json", "lease", "--wait", "0.1")
+    assert json.loads(proc.stdout) == [] and "creating it to wait for jobs" in proc.stderr
+    assert (q / "default.ctl").exists()
+    assert ringq(q, "lease", "--wait", "0.1").stderr == ""  # it exists now: no warning
 
 
 # -- inspect / verify --------------------------------------------------------------------------------
@@ -396,7 +419,8 @@ def test_work_max_jobs_and_failures_reach_the_dlq(handler_dir):
 def test_work_bad_handler_path_is_a_one_line_error(handler_dir, spec, needle):
     q = handler_dir / "q"
     ringq(q, "enqueue", "x")
-    err = one_line_error(ringq(q, "work", spec, "--idle-timeout", "0.2", cwd=handler_dir, rc=None))
+    # exit 1, as nobroker's work exits for a handler it cannot load
+    err = one_line_error(ringq(q, "work", spec, "--idle-timeout", "0.2", cwd=handler_dir, rc=None), rc=1)
     assert needle in err and err.startswith("ringq work:")
     assert as_json(q, "stats")["ready"] == 1
 
@@ -571,3 +595,32 @@ def test_worker_and_servers_refuse_a_port_out_of_range(tmp_path):
                     continue  # the extra is not installed
                 with pytest.raises(ValueError, match="0..65535"):
                     serve(q, bad) if module == "ringq.web.dashboard" else serve(None, bad)
+
+
+def test_the_inspect_example_of_docs_cli_md_is_what_inspect_prints(tmp_path):
+    """docs/cli.md's inspect output showed files and offsets of an older format (.err only, data_off=266240)."""
+    import re
+
+    q = tmp_path / ".ringq"
+    ringq(q, "enqueue", '{"to": "ada@example.com"}')
+    ringq(q, "enqueue", "resize photo-17.jpg", "--priority", "5")
+    ringq(q, "enqueue", '{"report": "daily"}', "--delay", "3600", "--job-id", "daily-2026-11-30")
+    ringq(q, "enqueue", "-", stdin='{"n": 1}\n{"n": 2}\n')
+    ringq(q, "lease")
+    ringq(q, "ack", "0000000000000002")
+    ringq(q, "lease")
+    # (the page's nack takes the backoff delay; "a few seconds after" it, the job is due again)
+    ringq(q, "nack", "0000000000000001", "--error", "SMTPError: 451 try later", "--delay", "0")
+    got = ringq(q, "inspect", "--limit", "3").stdout.splitlines()
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "cli.md"),
+              encoding="utf-8") as fh:
+        doc = fh.read()
+    shown = doc[doc.index("$ ringq inspect --limit 3\n"):].split("```")[0].splitlines()[1:]
+
+    def shape(line: str) -> str:  # what does not depend on the time of the run or the directory
+        line = re.sub(r"queue 'default' in \S+", "queue 'default' in DIR", line)
+        line = re.sub(r"epoch=\S+", "epoch=T", line)
+        line = re.sub(r"(ring_gen|wake|change|sync_count)=\d+", r"\1=N", line)
+        return " ".join(re.sub(r"\d+\.\ds ago|in \d+\.\ds", "TIME", line).split())
+
+    assert [shape(x) for x in got] == [shape(x) for x in shown]

@@ -177,6 +177,22 @@ def test_expired_lease_counts_as_an_attempt_and_can_dead_letter(queue_factory):
     assert dead.attempts == 1 and "expired" in dead.last_error
 
 
+def test_an_expired_lease_can_exhaust_attempts(queue_factory):
+    """nobroker's test of that name, as written there: no lease call after the last expiry."""
+    q = queue_factory(visibility_timeout=0.05, max_attempts=2, backoff=NOBACKOFF)
+    q.enqueue("nobody ever acks this")
+    for _ in range(2):
+        assert q.lease_one() is not None
+        time.sleep(0.08)
+    st = q.stats()
+    assert (st.dead, st.leased, st.ready, st.total) == (1, 0, 0, 1), st
+    job = q.enqueue("another")
+    assert q.lease_one().id == job.id  # the lease call reclaims the expired one first
+    time.sleep(0.08)
+    st = q.stats()  # an expired lease with attempts left counts as ready
+    assert (st.dead, st.leased, st.ready, st.dead_lettered_total) == (1, 0, 1, 1), st
+
+
 def test_blocking_lease_is_woken_by_an_expiry(queue_factory):
     q = queue_factory(visibility_timeout=0.3)
     q.enqueue("x")
@@ -265,6 +281,28 @@ def test_mixed_payloads_round_trip(q):
     assert (
         p["meta"] == {"raw": b"\x00\xff", "n": 7, "s": "text"} and type(p["meta"]["n"]) is np.uint8
     )
+
+
+def test_the_producer_sees_the_payload_the_consumer_gets(q):
+    """`enqueue({1: "a"})` returned a Job showing `{1: "a"}` while consumers got `{"1": "a"}`."""
+    one = q.enqueue({1: "a", "t": (1, 2), "n": {True: None}})
+    many = q.enqueue_many([{2: "b"}, ("x", ("y",)), {"plain": 1}, bytearray(b"raw"),
+                           {"arr": np.arange(3), "pair": (4, 5)}, "{[text]}"])
+    want = [{"1": "a", "t": [1, 2], "n": {"true": None}}, {"2": "b"}, ["x", ["y"]], {"plain": 1},
+            b"raw", {"arr": [0, 1, 2], "pair": [4, 5]}, "{[text]}"]
+    got = [one.payload, *(j.payload for j in many)]
+    leased = {j.id: j.payload for j in q.lease(10)}
+    for job, produced, expected in zip([one, *many], got, want):
+        consumed = leased[job.id]
+        for side in (produced, consumed):
+            if isinstance(expected, dict) and "arr" in expected:
+                assert side["pair"] == expected["pair"] and side["arr"].tolist() == expected["arr"]
+            else:
+                assert side == expected and type(side) is type(expected), (side, expected)
+    plain = [{"n": i, "kind": "resize"} for i in range(3)]
+    assert all(j.payload is p for j, p in zip(q.enqueue_many(plain), plain))  # nothing to convert
+    p = {"n": 1, "nested": [{"ok": True}]}
+    assert q.enqueue(p).payload is p
 
 
 def test_idempotent_job_ids(q):

@@ -678,14 +678,14 @@ def test_cli_cancel_pause_resume_get_and_expiry(tmp_path):
     a = cli("enqueue", "a").strip()
     cli("enqueue", "b", "--expires-in", "0.01")
     assert cli("pause").strip() == "queue paused"
-    assert cli("lease").strip() == ""
+    assert cli("lease").strip() == "no eligible jobs"
     assert json.loads(cli("--json", "pause", "--key", "pdf")) == {"queue": True, "keys": ["pdf"]}
     cli("resume", "--key", "pdf")
     assert cli("resume").strip() == "queue resumed"
     time.sleep(0.02)
     leased = cli("lease")
     assert leased.startswith(a) and "leased" in leased
-    assert cli("lease").strip() == ""  # b expired before anyone leased it
+    assert cli("lease").strip() == "no eligible jobs"  # b expired before anyone leased it
     with Queue(tmp_path) as q:
         q.progress(q.get(a), 0.5, "half")  # the snapshot carries the current token
     assert "progress=50% half" in cli("get", a)

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import pathlib
+import subprocess
+import sys
 import time
 
 import pytest
@@ -344,3 +347,101 @@ def test_the_listed_differences_hold(tmp_path):
 
     assert stats("nobroker", tmp_path / "nb").splitlines()[0].strip() == "ready: 8"
     assert stats("ringq", tmp_path / "rq").startswith("ready=1  delayed=0  leased=0")
+
+
+# nobroker's own CLI tests (its tests/test_cli.py, each on a fresh directory), form by form: the
+# argv after ``--dir DIR``, what it must print and the exit status.  ringq adds a warning on stderr
+# where the queue does not exist (the typo guard), never a different status.
+def _nobroker_forms(run):
+    """``run(*argv)`` -> (status, stdout, stderr), each call on a fresh directory unless the argv
+    starts with "same" (nobroker's test of named queues runs three commands on one)."""
+    rc, out, _ = run("lease")
+    assert (rc, "no eligible jobs" in out) == (0, True), out
+    rc, out, _ = run("dlq")
+    assert (rc, "empty" in out) == (0, True), out
+    rc, _, _ = run("--queue", "emails", "enqueue", "send")
+    assert rc == 0
+    rc, out, _ = run("same", "--json", "stats")
+    assert rc == 0 and json.loads(out)["total"] == 0, out
+    rc, out, _ = run("same", "--json", "--queue", "emails", "stats")
+    assert rc == 0 and json.loads(out)["total"] == 1, out
+    rc, _, _ = run("work", "not-a-path")
+    assert rc == 1
+    rc, _, _ = run("work", "compat_handlers:no_such_function")
+    assert rc == 1
+
+
+@pytest.fixture
+def handlers_cwd(tmp_path, monkeypatch):
+    (tmp_path / "compat_handlers.py").write_text("def handle(job):\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def _fresh_dirs(root):
+    """argv -> (a directory: a new one unless argv starts with "same", the rest of argv)."""
+    dirs = iter(range(100))
+    current = []
+
+    def where(argv):
+        if argv[0] == "same":
+            return current[0], argv[1:]
+        current[:] = [str(root / f"fresh{next(dirs)}")]
+        return current[0], argv
+
+    return where
+
+
+def test_nobroker_cli_forms_in_process(lib, handlers_cwd, capsys):
+    where = _fresh_dirs(handlers_cwd)
+
+    def run(*argv):
+        d, argv = where(argv)
+        rc, out, err = run_cli(lib, capsys, "--dir", d, *argv)
+        if lib.__name__ == "ringq" and argv[-1] in ("lease", "dlq"):
+            assert "warning: no queue 'default'" in err and "check --dir and --queue" in err, err
+            assert not os.path.exists(d)  # the guard creates nothing
+        return rc, out, err
+
+    _nobroker_forms(run)
+
+
+def test_nobroker_cli_forms_as_processes(lib, handlers_cwd):
+    entry = ["-m", "nobroker.cli"] if lib.__name__ == "nobroker" else ["-m", "ringq"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(handlers_cwd), *sys.path]))
+    where = _fresh_dirs(handlers_cwd)
+
+    def run(*argv):
+        d, argv = where(argv)
+        p = subprocess.run([sys.executable, *entry, "--dir", d, *argv], capture_output=True,
+                           text=True, timeout=60, env=env, cwd=handlers_cwd)
+        assert "Traceback" not in p.stderr, p.stderr
+        return p.returncode, p.stdout, p.stderr
+
+    _nobroker_forms(run)
+
+
+def test_nobroker_bench_form_in_process(lib, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # ringq's bench writes benchmarks/out under the working directory
+    rc, out, _ = run_cli(lib, capsys, "--dir", str(tmp_path / "q"), "--json", "bench", "--jobs", "20")
+    results = json.loads(out)
+    assert rc == 0 and results and all("ops_per_sec" in row for row in results)
+
+
+def test_nobroker_bench_form_as_a_process(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "ringq", "--dir", str(tmp_path / "q"), "--json", "bench", "--jobs",
+                        "20"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    results = json.loads(p.stdout)
+    assert results and all("ops_per_sec" in row for row in results)
+    enqueues = [r for r in results if r["variant"] == "enqueue x1"]
+    assert enqueues and all(r["ops_per_sec"] > 0 and r["usec_per_op"] > 0 for r in enqueues)
+
+
+def test_bench_takes_nobrokers_markdown_flag(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    import ringq
+
+    rc, out, _ = run_cli(ringq, capsys, "bench", "--jobs", "5", "--only", "floor", "--markdown")
+    assert rc == 0 and out.startswith("| scenario | system |"), out

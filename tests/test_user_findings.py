@@ -60,8 +60,36 @@ def test_damage_found_on_open_is_never_silent_on_the_command_line(tmp_path):
         fh.write(os.urandom(64))  # a random header
     first = ringq_cli(qdir, "stats")
     assert "warning: quarantined" in first.stderr
-    again = ringq_cli(qdir, "stats")  # and on every later command, until an operator acts
-    assert "quarantined earlier" in again.stderr
+    # Said once, by the command whose open quarantined it, in one line per file (the salvage it
+    # made is part of that line, not a second one); later commands repeat nothing ...
+    assert first.stderr.count("\n") == 1 and "10 intact jobs salvaged" in first.stderr, first.stderr
+    for cmd in ("stats", "list", "lease"):
+        assert ringq_cli(qdir, cmd).stderr == "", cmd
+    # ... while verify reports the quarantined files as damage and recover lists them
+    ver = ringq_cli(qdir, "verify")
+    assert ver.returncode == 1 and "quarantined earlier" in ver.stdout
+    assert "quarantined earlier await an operator" in ringq_cli(qdir, "recover").stdout
+
+
+def test_a_damaged_record_is_reported_by_the_open_that_marks_it(tmp_path):
+    """After a record was quarantined (BAD), every later command printed the same warning again."""
+    qdir = tmp_path / "q"
+    with Queue(str(qdir)) as q:
+        q.enqueue_many(["first", "second", "third"])
+        [_a, victim, _c] = q.list_jobs()
+    seg = qdir / "default.0000000000000001.seg"
+    data = bytearray(seg.read_bytes())
+    at = data.find(b'"second"')
+    data[at + 2] ^= 0x20  # one payload byte: the record fails its CRC
+    seg.write_bytes(bytes(data))
+    first = ringq_cli(qdir, "list")
+    assert "slot 1" in first.stderr and "quarantined (BAD)" in first.stderr, first.stderr
+    assert victim.id not in first.stdout
+    again = ringq_cli(qdir, "list")
+    assert again.stderr == "" and victim.id not in again.stdout
+    assert json.loads(ringq_cli(qdir, "--json", "stats").stdout)["corrupt"] == 1
+    ver = ringq_cli(qdir, "verify")
+    assert ver.returncode == 1 and "slot 1" in ver.stdout
 
 
 def test_verify_reads_a_queue_it_cannot_write(tmp_path):
@@ -87,7 +115,10 @@ def test_verify_reads_a_queue_it_cannot_write(tmp_path):
 
 
 def test_verify_and_inspect_work_on_a_read_only_file_system(tmp_path):
-    """The same finding, through a read-only bind mount (where root cannot write either)."""
+    """The same finding, through a read-only bind mount (where root cannot write either); and
+    `Queue()`, `ringq stats` and `ringq list` there raised a bare `OSError [Errno 30]`."""
+    import ringq
+
     qdir, ro = tmp_path / "q", tmp_path / "ro"
     with Queue(str(qdir)) as q:
         q.enqueue_many(list(range(5)))
@@ -97,11 +128,75 @@ def test_verify_and_inspect_work_on_a_read_only_file_system(tmp_path):
     try:
         if subprocess.run(["mount", "-o", "remount,ro,bind", str(ro)], capture_output=True).returncode != 0:
             pytest.skip("cannot remount read-only here")
+        with pytest.raises(ringq.ReadOnlyQueueError, match="read-only file system") as info:
+            Queue(str(ro))
+        assert "`ringq verify` and `ringq inspect`" in str(info.value)
+        for cmd in ("stats", "list"):
+            proc = ringq_cli(ro, cmd)
+            assert proc.returncode == 1 and proc.stderr.count("\n") == 1, (cmd, proc.stderr)
+            assert "is read-only" in proc.stderr and "ringq verify" in proc.stderr, proc.stderr
         for cmd in ("verify", "inspect"):
             proc = ringq_cli(ro, cmd)
             assert proc.returncode == 0, (cmd, proc.stdout, proc.stderr)
+        assert "5 record(s) checked" in ringq_cli(ro, "verify").stdout
     finally:
         subprocess.run(["umount", str(ro)], capture_output=True)
+
+
+# The interpreter's own files may be root-only: everything the commands import is imported (and
+# the parser built, by --help) before the switch to the unprivileged user.
+UNPRIVILEGED_CLI = (
+    "import contextlib, datetime, io, os, sys; import numpy, ringq.cli, ringq.engine.verify, ringq.local.queue\n"
+    "with contextlib.redirect_stdout(io.StringIO()): ringq.cli.main(['--help'])\n"
+    "os.setgid(65534); os.setuid(65534); sys.exit(ringq.cli.main(sys.argv[1:]))"
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch to an unprivileged user")
+def test_a_directory_another_user_cannot_write_is_read_only_to_it():
+    """`Queue()` by a user who may read but not write the directory: ReadOnlyQueueError, and
+    `ringq verify` / `ringq inspect` by that user work there."""
+    import tempfile
+
+    top = tempfile.mkdtemp(prefix="ringq-ro-")  # pytest's tmp_path is inside a root-only directory
+    try:
+        os.chmod(top, 0o755)
+        qdir = os.path.join(top, "q")
+        with Queue(qdir) as q:
+            q.enqueue_many(list(range(5)))
+        os.chmod(qdir, 0o755)
+        for f in os.listdir(qdir):
+            os.chmod(os.path.join(qdir, f), 0o644)
+
+        def run(*args):
+            return subprocess.run([sys.executable, "-c", UNPRIVILEGED_CLI, "--dir", qdir, *args],
+                                  capture_output=True, text=True, env=child_env(), timeout=60, cwd=top)
+
+        probe = run("--version")
+        if probe.returncode != 0:
+            pytest.skip(f"this Python or ringq is not readable by an unprivileged uid here: {probe.stderr[-300:]}")
+        stats = run("stats")
+        assert stats.returncode == 1 and "is read-only (not writable by this user" in stats.stderr, stats.stderr
+        assert "ringq verify" in stats.stderr and "Traceback" not in stats.stderr
+        for cmd in ("verify", "inspect"):
+            proc = run(cmd)
+            assert proc.returncode == 0, (cmd, proc.stdout, proc.stderr)
+    finally:
+        shutil.rmtree(top)
+
+
+def test_a_file_where_the_queue_directory_belongs_is_a_ringq_error(tmp_path):
+    """Finding: `Queue("/path/to/a-file")` raised `FileExistsError: cannot create queue directory`."""
+    import ringq
+
+    f = tmp_path / "a-file"
+    f.write_text("not a queue")
+    for path in (f, f / "below"):
+        with pytest.raises(ringq.QueuePathError, match="a file is in the way"):
+            Queue(str(path))
+    proc = ringq_cli(f, "enqueue", "x")
+    assert proc.returncode == 1 and "a file is in the way" in proc.stderr and "Traceback" not in proc.stderr
+    assert f.read_text() == "not a queue"
 
 
 def test_structured_arrays_keep_their_field_names(tmp_path):

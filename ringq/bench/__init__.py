@@ -15,6 +15,6 @@ with a line saying so.
 """
 
 from .driver import main
-from .harness import FLOOR, MMAP_FLOOR, Row, Sizes
+from .harness import FLOOR, MMAP_STORE, Row, Sizes
 
-__all__ = ["main", "FLOOR", "MMAP_FLOOR", "Row", "Sizes"]
+__all__ = ["main", "FLOOR", "MMAP_STORE", "Row", "Sizes"]

@@ -11,10 +11,12 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict
+from typing import Any
 
 from .harness import (
+    BATCH,
     FLOOR,
-    MMAP_FLOOR,
+    MMAP_STORE,
     SIZES,
     Row,
     Sizes,
@@ -34,6 +36,42 @@ from .harness import (
 SCENARIOS = ("floor", "single", "processes", "peers", "fanout", "cold", "consume")
 
 
+def sized(n: int) -> Sizes:
+    """The sizes of ``--jobs N``: N operations per figure; enough ``enqueue_many`` calls of
+    ``BATCH`` jobs for N jobs (one at least); interleaved in 4 rounds from 400 operations up."""
+    return Sizes(
+        ops=n,
+        batches=max(1, n // BATCH),
+        fanout=n,
+        cold=n,
+        floor=n,
+        rounds=4 if n >= 400 else 1,
+    )
+
+
+def row_json(r: Row) -> dict[str, Any]:
+    """One row as ``--json`` prints it: nobroker's keys (``name``, ``ops``, ``seconds``,
+    ``ops_per_sec``, ``usec_per_op``: jobs, and µs per job, of the figure; the last two None for
+    a latency-only figure) and ringq's own
+    (scenario, system, variant, durable, producers, p50/p99/p99.9 per call in µs, extra)."""
+    return {
+        "name": f"{r.system}: {r.variant}",
+        "ops": r.jobs,
+        "seconds": r.seconds,
+        "ops_per_sec": r.ops_per_s or None,  # None: a latency-only figure (fan-out, cold open)
+        "usec_per_op": 1e6 / r.ops_per_s if r.ops_per_s else None,
+        "scenario": r.scenario,
+        "system": r.system,
+        "variant": r.variant,
+        "durable": r.durable,
+        "producers": r.producers,
+        "p50_us": r.p50_us,
+        "p99_us": r.p99_us,
+        "p999_us": r.p999_us,
+        "extra": r.extra,
+    }
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ringq bench",
@@ -44,6 +82,14 @@ def _parser() -> argparse.ArgumentParser:
     size.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds (CI)")
     size.add_argument(
         "--full", action="store_true", help="the full run of docs/benchmarks.md (minutes)"
+    )
+    size.add_argument(
+        "-n",
+        "--jobs",
+        type=int,
+        metavar="N",
+        help="N operations per figure (enqueues, round trips, wake-ups, cold-open jobs): the "
+        "short run's scenarios at that size (nobroker's bench flag)",
     )
     p.add_argument(
         "--dir", help="scratch directory on the file system to measure (default: a temp dir)"
@@ -60,6 +106,11 @@ def _parser() -> argparse.ArgumentParser:
         "--cold-jobs", type=int, help="pending jobs for cold open / memory (overrides the size)"
     )
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the table as Markdown (it always is; nobroker's bench flag)",
+    )
     p.add_argument("--quiet", action="store_true", help="only the table")
     p.add_argument(
         "--replot",
@@ -90,6 +141,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return here.run(args.here, ops=args.ops, as_json=args.json, quiet=args.quiet)
     mode = "smoke" if args.smoke else "full" if args.full else "short"
     sz = SIZES[mode]
+    if args.jobs is not None:
+        if args.jobs < 1:
+            print("ringq bench: --jobs must be at least 1", file=sys.stderr)
+            return 2
+        sz = sized(args.jobs)
     if args.fs:
         from . import fs
 
@@ -119,8 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"Linux {env['kernel']}, Python {env['python']}"
         )
         if "floor" in only:
-            log("physical limit:")
-            for kind in (FLOOR, MMAP_FLOOR):
+            log("physical limit, and format 1's write path for contrast (not a floor):")
+            for kind in (FLOOR, MMAP_STORE):
                 rows.append(raw_floor(scratch, sz.floor, "start", kind))
                 log(f"  {kind}: {rows[-1].ops_per_s:,.0f}/s")
         if "single" in only:
@@ -149,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 nb = False
             rows += cold_open(scratch, sz, log, nb and not args.no_peers)
         if "floor" in only:
-            for kind in (FLOOR, MMAP_FLOOR):
+            for kind in (FLOOR, MMAP_STORE):
                 rows.append(raw_floor(scratch, sz.floor, "end", kind))
                 log(f"  {kind} (end of run): {rows[-1].ops_per_s:,.0f}/s")
     finally:
@@ -158,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     floors = [r.ops_per_s for r in rows if r.scenario == "floor" and r.system == FLOOR]
     floor = sum(floors) / len(floors) if floors else None
     table = markdown(rows, floor)
-    print(table)
+    print(json.dumps([row_json(r) for r in rows], indent=1) if args.json else table)
     env["loadavg_at_end"] = loadavg()
     result = {
         "mode": mode,

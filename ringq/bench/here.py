@@ -1,7 +1,7 @@
 """``ringq bench --here DIR``: what each durability strategy promises and costs on the user's own disk.
 
 A short run (well under a minute) in a scratch directory made inside ``DIR`` and removed afterwards:
-the two raw floors and every strategy, interleaved exactly as the full harness does
+the raw floor, format 1's write path for contrast, and every strategy, interleaved exactly as the full harness does
 (``single_producer``), then for each strategy its promise (ringq/bench/promises.py, the wording of
 docs/durability.md), its throughput, p50 and p99 per call, and its ratio to this disk's raw
 ``pwrite`` + ``fdatasync`` floor; last, the cheapest strategy for each promise a user chooses by.
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, overload
 
-from .harness import FLOOR, MMAP_FLOOR, Row, Sizes, environment, raw_floor, single_producer
+from .harness import FLOOR, MMAP_STORE, Row, Sizes, environment, raw_floor, single_producer
 from .promises import GOALS, PROMISES
 
 __all__ = ["add_arguments", "run", "measure", "summarize", "text_report", "TIE"]
@@ -43,7 +43,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="short run on DIR: what each strategy promises and costs there, "
         "and the cheapest for each promise (under a minute)",
     )
-    p.add_argument("--json", action="store_true", help="with --here: print the result as JSON")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the result as JSON instead of the table (with --here: its report as one "
+        "object; else the rows, each with nobroker's keys name, ops, seconds, ops_per_sec, "
+        "usec_per_op)",
+    )
     p.add_argument(
         "--ops",
         type=int,
@@ -55,8 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _ops_for(probe_per_s: float) -> int:
     """Operations per row so that the durable rows fit in ``SYNC_BUDGET_S``.
 
-    Six rows sync once per call (two floors, msync, fdatasync, group, the sync_acks ack); the
-    mapped ones can cost twice the probe's pwrite+fdatasync (docs/benchmarks.md), hence 8.
+    Six rows sync once per call (the floor, the contrast row, msync, fdatasync, group, the
+    sync_acks ack); the mapped ones can cost twice the probe's pwrite+fdatasync
+    (docs/benchmarks.md), hence 8.
     """
     return max(50, min(3000, int(probe_per_s * SYNC_BUDGET_S / 8)))
 
@@ -64,7 +71,8 @@ def _ops_for(probe_per_s: float) -> int:
 def measure(
     scratch: str, ops: int | None, log: Callable[[str], None]
 ) -> tuple[list[Row], int, int]:
-    """Run the floors and every strategy in ``scratch``; returns (rows, ops per row, rounds)."""
+    """Run the floor, the contrast row and every strategy in ``scratch``; returns (rows, ops per
+    row, rounds)."""
     if ops is None:
         probe = raw_floor(scratch, 50, "probe")
         ops = _ops_for(probe.ops_per_s)
@@ -75,13 +83,14 @@ def measure(
 
 
 def summarize(rows: list[Row]) -> dict[str, Any]:
-    """The --here result from measured rows: floors, each promise's cost, the cheapest per goal."""
+    """The --here result from measured rows: the floor, the contrast row, each promise's cost,
+    the cheapest per goal."""
 
     def find(system: str, variant: str) -> Row | None:
         return next((r for r in rows if r.system == system and r.variant == variant), None)
 
     floor = find(FLOOR, "enqueue x1")
-    mfloor = find(MMAP_FLOOR, "enqueue x1")
+    mstore = find(MMAP_STORE, "enqueue x1")
     base = floor.ops_per_s if floor else None
 
     @overload
@@ -128,7 +137,10 @@ def summarize(rows: list[Row]) -> dict[str, Any]:
         "ringq msync", next((r.variant for r in rows if r.variant.startswith("enqueue_many")), "")
     )
     return {
-        "floors": {FLOOR: cost(floor), MMAP_FLOOR: cost(mfloor)},
+        "floors": {FLOOR: cost(floor)},
+        # format 1's write path, for contrast: not a floor (format 2 does not write through a
+        # mapping, and its msync row can run faster than this loop)
+        "contrast": {MMAP_STORE: cost(mstore)},
         "strategies": strategies,
         "cheapest": cheapest,
         "enqueue_many_msync": cost(batch) | {"variant": batch.variant} if batch else None,
@@ -147,13 +159,19 @@ def text_report(res: dict[str, Any]) -> str:
         f"ringq bench --here {res['dir']}  [{res['file_system']}; {res['ops']} operations per row, "
         f"{res['rounds']} interleaved rounds, {res['seconds']:.0f} s]"
     ]
-    fl = res["floors"]
-    for name, c in fl.items():
+    rows = [("floor", n, c) for n, c in res["floors"].items()]
+    rows += [("contrast", n, c) for n, c in res.get("contrast", {}).items()]
+    for what, name, c in rows:
         if c:
             out.append(
-                f"floor  {name:24s} {_n(c['ops_per_s']):>9s}/s   p50 {_n(c['p50_us']):>7s} µs   "
-                f"p99 {_n(c['p99_us']):>7s} µs"
+                f"{what:8s} {name:24s} {_n(c['ops_per_s']):>9s}/s   p50 {_n(c['p50_us']):>7s} µs   "
+                f"p99 {_n(c['p99_us']):>7s} µs   {_n(c['x_floor'])} x floor"
             )
+    if res.get("contrast"):
+        out.append(
+            "  (contrast: a store through a writable shared mapping + msync, as format 1 wrote "
+            "records; not a floor: ringq writes records with pwrite)"
+        )
     out.append("")
     out.append(
         f"{'strategy':10s} {'measured':14s} {'ops/s':>9s} {'p50 µs':>8s} {'p99 µs':>8s} {'x floor':>8s}"

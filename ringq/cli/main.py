@@ -5,13 +5,17 @@ Global options (``-d/--dir``, default ``./.ringq``; ``-q/--queue``, default ``de
 ``nobroker``'s command line work unchanged (docs/migration.md).  With ``--json`` every command prints one JSON document on
 stdout (``top`` prints one per refresh) and errors are a one-line JSON object on stderr.
 
-Which commands create a queue: only ``enqueue`` and ``work`` (a worker may start before its
-producers).  Every other command needs an existing queue and says so in one line instead of
-creating an empty one; ``inspect`` and ``verify`` never write to the queue's files at all.
+Which commands create a queue: only ``enqueue``, ``work`` and ``lease --wait`` (a consumer may
+start before its producers).  On a queue that does not exist, the commands nobroker has that read
+one (``lease``, ``stats``, ``list``, ``dlq``, ``purge --yes``, ``compact``, ``recover``) answer as
+for an empty queue and exit 0, as nobroker does, with a warning on stderr that names the missing
+queue (the guard against a mistyped ``--dir`` or ``--queue``); every other command refuses in one
+line, exit 1.  None of them creates anything; ``inspect`` and ``verify`` never write to the
+queue's files at all.
 
 Exit status (as nobroker's): 0 success; 1 the command failed (unknown job id, a job that is not
-leased, a missing queue, an I/O error, a nobroker directory to import, ...) or ``verify`` found
-damage; 2 a usage mistake (bad arguments or option values, malformed JSON, bad handler path; no
+leased, a handler that cannot be loaded, an I/O error, a nobroker directory to import, ...) or
+``verify`` found damage; 2 a usage mistake (bad arguments or option values, malformed JSON; no
 command prints the usage); 130 interrupted (a second Ctrl-C while ``work`` drains).  Errors are one
 line on stderr, never a traceback (set ``RINGQ_DEBUG=1`` to see one).  :func:`main` returns the
 status rather than exiting, so it can be called in-process.
@@ -120,46 +124,94 @@ def _table(rows: list[list[str]], header: list[str], right: Collection[int] = fr
 
 def _open(args: argparse.Namespace, *, create: bool = False, **kw: Any):
     """Open the queue of --dir/--queue; unless ``create``, refuse to conjure up a missing one."""
-    from ringq.backend import QUEUE_NAME_RE
     from ringq.connect import connect
-    from ringq.engine.segments import queue_exists
     from ringq.local.queue import Queue
+
+    _check_name(args)
+    if getattr(args, "url", None):  # a Redis queue: it exists as soon as anything names it
+        return connect(args.url, args.queue, **kw)
+    if not create and _absent(args):
+        _refuse_foreign(args.dir)
+        raise UserError(f"{_no_queue(args)}; check --dir and --queue", status=1)
+    return _Reporting(Queue(args.dir, args.queue, **kw))
+
+
+class _Reporting:
+    """``with`` a local queue for one command: on the way out, what the queue's open and the
+    command's reads found and did (the reader catches up on first use, after the open)."""
+
+    def __init__(self, q: Any) -> None:
+        self.q = q
+
+    def __enter__(self) -> Any:
+        return self.q
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            _warn_damage(self.q.recovery)
+        finally:
+            self.q.close()
+
+
+def _check_name(args: argparse.Namespace) -> None:
+    from ringq.backend import QUEUE_NAME_RE
 
     if not QUEUE_NAME_RE.match(args.queue):
         raise UserError(f"queue name must match [A-Za-z0-9_-]{{1,64}}, got {args.queue!r}")
-    if getattr(args, "url", None):  # a Redis queue: it exists as soon as anything names it
-        return connect(args.url, args.queue, **kw)
-    if not create and not queue_exists(args.dir, args.queue):
-        where = (
-            "no such directory"
-            if not os.path.isdir(args.dir)
-            else "nothing was ever enqueued there"
-        )
-        _refuse_foreign(args.dir)
-        raise UserError(
-            f"no queue {args.queue!r} in {args.dir} ({where}); check --dir and --queue", status=1
-        )
-    q = Queue(args.dir, args.queue, **kw)
-    _warn_damage(q.recovery)
-    return q
+
+
+def _absent(args: argparse.Namespace) -> bool:
+    """True if --dir/--queue names a queue directory holding no such queue (a Redis queue always exists)."""
+    from ringq.engine.segments import queue_exists
+
+    if getattr(args, "url", None):
+        return False
+    return not queue_exists(args.dir, args.queue)
+
+
+def _no_queue(args: argparse.Namespace) -> str:
+    if os.path.isdir(args.dir):
+        where = "nothing was ever enqueued there"
+    else:
+        where = "not a directory" if os.path.exists(args.dir) else "no such directory"
+    return f"no queue {args.queue!r} in {args.dir} ({where})"
+
+
+def _as_empty(args: argparse.Namespace, then: str = "answering as for an empty queue") -> bool:
+    """For the commands nobroker has that read a queue (lease, stats, list, dlq, purge, compact,
+    recover): True if the queue does not exist, after saying so on stderr.  The command then
+    answers as for an empty queue and exits 0, as nobroker does (it creates the queue on any
+    command); ringq creates nothing, and the warning is the guard against a mistyped --dir or
+    --queue.  A nobroker directory is refused (ForeignQueueError), not read as empty."""
+    _check_name(args)
+    if not _absent(args):
+        return False
+    _refuse_foreign(args.dir)
+    print(
+        f"ringq {args.cmd}: warning: {_no_queue(args)}: {then}; check --dir and --queue",
+        file=sys.stderr,
+    )
+    return True
 
 
 def _warn_damage(report: Any) -> None:
-    """Damage found on open goes to stderr on every command, so it is never silent."""
+    """What this command's open of the queue found and did, on stderr: each file it quarantined,
+    each record it marked BAD, each repair.  Said once, by the command whose open did it: later
+    commands say nothing of it (their open found nothing new); ``ringq verify`` reports the
+    quarantined files and BAD records as damage (exit 1), and ``ringq recover`` lists them, until
+    an operator has dealt with them (docs/guarantees.md)."""
+    said = []
     for path, reason in report.quarantined:
         print(f"ringq: warning: quarantined {path}: {reason}", file=sys.stderr)
-    for path in report.quarantined_earlier:
-        print(
-            f"ringq: warning: {path} was quarantined earlier and still needs an operator (see docs/guarantees.md)",
-            file=sys.stderr,
-        )
+        said.append(reason)
     for path, slot, reason in report.corrupt_records:
         print(
             f"ringq: warning: {path} slot {slot}: {reason}; the record is quarantined (BAD)",
             file=sys.stderr,
         )
     for path, what in report.repairs:
-        print(f"ringq: warning: repaired {path}: {what}", file=sys.stderr)
+        if not any(what in reason for reason in said):  # a salvage the quarantine line told
+            print(f"ringq: warning: repaired {path}: {what}", file=sys.stderr)
 
 
 def _payload(text: str, force_text: bool, where: str = "payload") -> Any:
@@ -227,13 +279,19 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 
 def cmd_lease(args: argparse.Namespace) -> int:
-    with _open(args) as q:
-        # Detached: this process exits at once; the lease must outlive it (until ack/nack or VT).
-        jobs = q.lease(
-            args.count, visibility_timeout=args.visibility_timeout, wait=args.wait, detach=True
-        )
+    jobs: list[Job] = []
+    # With --wait a missing queue is created: a waiting consumer may start before its producers.
+    wait = bool(args.wait)
+    if not _as_empty(args, "creating it to wait for jobs" if wait else "no eligible jobs") or wait:
+        with _open(args, create=wait) as q:
+            # Detached: this process exits at once; the lease must outlive it (until ack/nack or VT).
+            jobs = q.lease(
+                args.count, visibility_timeout=args.visibility_timeout, wait=args.wait, detach=True
+            )
     _emit(
-        args, [j.to_dict() for j in jobs], "\n".join(_job_line(j) for j in jobs) if jobs else None
+        args,
+        [j.to_dict() for j in jobs],
+        "\n".join(_job_line(j) for j in jobs) if jobs else "no eligible jobs",
     )
     return 0
 
@@ -295,10 +353,19 @@ def cmd_pause(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    with _open(args) as q:
-        st = q.stats().to_dict()
+    st = _stats(args)
     _emit(args, st, "  ".join(f"{k}={v}" for k, v in st.items()))
     return 0
+
+
+def _stats(args: argparse.Namespace) -> dict[str, Any]:
+    """``stats()`` of the queue as a dict; all zeros for a queue that does not exist."""
+    from ringq.backend import QueueStats
+
+    if _as_empty(args):
+        return QueueStats().to_dict()
+    with _open(args) as q:
+        return q.stats().to_dict()
 
 
 def _job_rows(jobs: list[Job]) -> str:
@@ -347,30 +414,43 @@ def _check_limit(args: argparse.Namespace) -> None:
 
 def cmd_list(args: argparse.Namespace) -> int:
     _check_limit(args)
-    with _open(args) as q:
-        if args.key is None and args.error is None and args.priority is None and args.id is None:
-            jobs = q.list_jobs(args.state, limit=args.limit)
-        else:  # the dashboard's search (docs/dashboard.md)
-            jobs = q.search(
-                state=args.state,
-                key=args.key,
-                priority=args.priority,
-                job_id=args.id,
-                error=args.error,
-                limit=args.limit,
-            ).jobs
+    jobs: list[Job] = []
+    if not _as_empty(args):
+        with _open(args) as q:
+            if (
+                args.key is None
+                and args.error is None
+                and args.priority is None
+                and args.id is None
+            ):
+                jobs = q.list_jobs(args.state, limit=args.limit)
+            else:  # the dashboard's search (docs/dashboard.md)
+                jobs = q.search(
+                    state=args.state,
+                    key=args.key,
+                    priority=args.priority,
+                    job_id=args.id,
+                    error=args.error,
+                    limit=args.limit,
+                ).jobs
     _emit(args, [j.to_dict() for j in jobs], _job_rows(jobs) if jobs else "(no jobs)")
     return 0
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
     _check_limit(args)
-    with _open(args) as q:
-        if args.requeue is not None:
-            n = q.requeue_dead(None if args.requeue is ALL else args.requeue)
-            _emit(args, {"requeued": n}, f"requeued {n} job(s)")
-            return 0
-        jobs = q.dlq(limit=args.limit)
+    empty = _as_empty(args)
+    if args.requeue is not None:
+        n = 0
+        if not empty:
+            with _open(args) as q:
+                n = q.requeue_dead(None if args.requeue is ALL else args.requeue)
+        _emit(args, {"requeued": n}, f"requeued {n} job(s)")
+        return 0
+    jobs: list[Job] = []
+    if not empty:
+        with _open(args) as q:
+            jobs = q.dlq(limit=args.limit)
     _emit(
         args,
         [j.to_dict() for j in jobs],
@@ -380,14 +460,16 @@ def cmd_dlq(args: argparse.Namespace) -> int:
 
 
 def cmd_purge(args: argparse.Namespace) -> int:
-    with _open(args) as q:
-        if not args.yes:
-            total = q.stats().total
-            raise UserError(
-                f"purge removes all {total} job(s) of queue {args.queue!r} in {args.dir}; "
-                "pass --yes to confirm"
-            )
-        n = q.purge()
+    if not args.yes:
+        total = _stats(args)["total"]
+        raise UserError(
+            f"purge removes all {total} job(s) of queue {args.queue!r} in {args.dir}; "
+            "pass --yes to confirm"
+        )
+    n = 0
+    if not _as_empty(args):
+        with _open(args) as q:
+            n = q.purge()
     _emit(args, {"purged": n}, f"purged {n} job(s)")
     return 0
 
@@ -403,8 +485,12 @@ def _examine(args: argparse.Namespace, limit: int | None):
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
-    with _open(args) as q:
-        res = q.compact()
+    from ringq.backend import CompactionResult
+
+    res = CompactionResult(0, 0, 0, 0)
+    if not _as_empty(args):
+        with _open(args) as q:
+            res = q.compact()
     _emit(
         args,
         {
@@ -419,9 +505,14 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
-    with _open(args) as q:
-        rep = q.recovery
-        st = q.stats().to_dict()
+    from ringq.backend import QueueStats
+    from ringq.engine.recovery import RecoveryReport
+
+    rep, st = RecoveryReport(), QueueStats().to_dict()
+    if not _as_empty(args):
+        with _open(args) as q:
+            rep = q.recovery
+            st = q.stats().to_dict()
     data = {
         "repaired": rep.repaired,
         "describe": rep.describe(),
@@ -598,10 +689,12 @@ def _port(text: str) -> int:
 
 
 def _load_handler(spec: str) -> Callable[[Job], Any]:
-    """Import ``module:function`` (dotted attributes allowed after the colon) from the cwd or sys.path."""
+    """Import ``module:function`` (dotted attributes allowed after the colon) from the cwd or sys.path.
+
+    Every failure is a UserError of status 1, as nobroker's ``work`` exits for a bad handler."""
     mod_name, sep, attr = spec.partition(":")
     if not sep or not mod_name or not attr:
-        raise UserError(f"handler must be given as module:function, got {spec!r}")
+        raise UserError(f"handler must be given as module:function, got {spec!r}", status=1)
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(
             0, os.getcwd()
@@ -611,20 +704,24 @@ def _load_handler(spec: str) -> Callable[[Job], Any]:
     except ModuleNotFoundError as exc:
         if exc.name and (mod_name == exc.name or mod_name.startswith(exc.name + ".")):
             raise UserError(
-                f"cannot import handler {spec!r}: no module named {exc.name!r}"
+                f"cannot import handler {spec!r}: no module named {exc.name!r}", status=1
             ) from None
-        raise UserError(f"importing {mod_name!r} failed: {type(exc).__name__}: {exc}") from None
+        raise UserError(
+            f"importing {mod_name!r} failed: {type(exc).__name__}: {exc}", status=1
+        ) from None
     except Exception as exc:
-        raise UserError(f"importing {mod_name!r} failed: {type(exc).__name__}: {exc}") from None
+        raise UserError(
+            f"importing {mod_name!r} failed: {type(exc).__name__}: {exc}", status=1
+        ) from None
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
             raise UserError(
-                f"cannot load handler {spec!r}: {mod_name!r} has no attribute {attr!r}"
+                f"cannot load handler {spec!r}: {mod_name!r} has no attribute {attr!r}", status=1
             ) from None
     if not callable(obj):
-        raise UserError(f"handler {spec!r} is a {type(obj).__name__}, not a callable")
+        raise UserError(f"handler {spec!r} is a {type(obj).__name__}, not a callable", status=1)
     return obj
 
 
@@ -874,7 +971,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         )
     from ringq import bench
 
-    return int(bench.main(args.args) or 0)
+    # The global --json (``ringq --json bench ...``) is the harness's own --json.
+    extra = ["--json"] if args.json and "--json" not in args.args else []
+    return int(bench.main([*args.args, *extra]) or 0)
 
 
 # -- the parser ---------------------------------------------------------------------------------------

@@ -68,8 +68,9 @@ class RecoveryReport:
     Attributes:
         quarantined: files renamed to ``*.quarantined`` because they are not valid segments,
             as ``(path, reason)``.
-        corrupt_records: records that failed validation and are marked BAD, as
-            ``(segment path, slot, reason)``.
+        corrupt_records: records that failed validation and that this open (or a later scan by
+            this queue) marked BAD, as ``(segment path, slot, reason)``; one an earlier open
+            marked is not listed again (``stats().corrupt`` counts it, ``ringq verify`` reports it).
         readopted: records published beyond a stale tail and taken back, as ``(segment path, count)``.
         removed_temp: leftover temporary files of an interrupted segment creation, and segments a
             writer created for a batch and died before linking (within one boot), that were removed.

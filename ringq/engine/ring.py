@@ -24,11 +24,12 @@ retirement ringq/engine/segments.py.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 
 from ringq.backend import check_queue_name
-from ringq.errors import UnsupportedFilesystemError
+from ringq.errors import QueuePathError, ReadOnlyQueueError, UnsupportedFilesystemError
 
 from . import durability as _durability
 from . import errtext, forksafe, records, recovery
@@ -93,6 +94,29 @@ def fs_type(path: str, mounts_text: str | None = None) -> str:
     return kind
 
 
+def _read_only(exc: OSError, directory: str, name: str) -> ReadOnlyQueueError | None:
+    """``exc`` as a ReadOnlyQueueError if it means the directory cannot be written by this
+    process (a read-only file system; or a directory that denies this user writing but lets it
+    read, where verify and inspect still work), else None."""
+    if exc.errno == errno.EROFS:
+        why = "on a read-only file system"
+    elif (
+        exc.errno in (errno.EACCES, errno.EPERM)
+        and os.path.isdir(directory)
+        and not os.access(directory, os.W_OK)
+        and os.access(directory, os.R_OK | os.X_OK)
+    ):
+        why = "not writable by this user"
+    else:
+        return None
+    return ReadOnlyQueueError(
+        exc.errno,
+        f"queue {name!r} in {directory} is read-only ({why}: {exc.strerror}): a Queue writes its "
+        "lock and state files, so it cannot open it; `ringq verify` and `ringq inspect` read it "
+        "without writing",
+    )
+
+
 class Ring:
     """The segments of one queue name in one directory, as this process sees them.
 
@@ -112,8 +136,10 @@ class Ring:
     ``dur`` (the durability strategy), ``report`` (RecoveryReport), ``lock`` (the WriterLock).
 
     Raises:
-        ValueError: bad name or geometry.  OSError (with the path) if the directory cannot be
-        created or written.  UnsupportedFilesystemError, CorruptionError, FormatVersionError.
+        ValueError: bad name or geometry.  QueuePathError: a file where the directory (or one
+        above it) should be.  ReadOnlyQueueError: the directory cannot be written (a read-only
+        file system, no write permission).  OSError (with the path) for another failure to
+        create or write it.  UnsupportedFilesystemError, CorruptionError, FormatVersionError.
     """
 
     MAX_RECORD_FIELD = records.MAX_RECORD_FIELD
@@ -163,8 +189,13 @@ class Ring:
         dmode = mode | ((mode & 0o444) >> 2)
         try:
             os.makedirs(self.dir, mode=dmode, exist_ok=True)
+        except (FileExistsError, NotADirectoryError) as exc:
+            raise QueuePathError(
+                exc.errno,
+                f"cannot create queue directory {self.dir}: {exc.strerror} (a file is in the way)",
+            ) from None
         except OSError as exc:
-            raise type(exc)(
+            raise _read_only(exc, self.dir, name) or type(exc)(
                 exc.errno, f"cannot create queue directory {self.dir}: {exc.strerror}"
             ) from None
         kind = fs_type(self.dir)
@@ -173,7 +204,10 @@ class Ring:
                 f"{self.dir} is on a {kind} file system: flock and shared mappings do not work across hosts. "
                 "Use a local file system, or pass allow_network_fs=True if only one host will ever open it."
             )
-        self.lock = WriterLock(os.path.join(self.dir, f"{name}.lock"), mode, lock_timeout)
+        try:
+            self.lock = WriterLock(os.path.join(self.dir, f"{name}.lock"), mode, lock_timeout)
+        except OSError as exc:
+            raise _read_only(exc, self.dir, name) or exc from None
         forksafe.register(self)
         try:
             with self.lock:
@@ -221,12 +255,16 @@ class Ring:
         return self.segs.drop_retired()
 
     def mark_bad(self, seg: Segment, slot: int, reason: str) -> None:
-        """Quarantine a damaged record: state BAD (never delivered), and report it."""
+        """Quarantine a damaged record: state BAD (never delivered), and report it, unless an
+        earlier open had marked it BAD already (and reported it then: stats().corrupt counts it,
+        verify lists it)."""
         while True:
             w = seg.load_state(slot)
+            if state(w) == ST_BAD:
+                return
             # EMPTY too: below the tail a slot is published whatever its state word says (a power
             # loss can keep the header page and lose the state page), so it is counted.
-            if state(w) in (ST_BAD, ST_GONE, ST_CONT) or seg.cas_state(slot, w, bad(w))[0]:
+            if state(w) in (ST_GONE, ST_CONT) or seg.cas_state(slot, w, bad(w))[0]:
                 break
         self.report.note_bad(seg.path, slot, reason)
 

@@ -112,7 +112,7 @@ class Producer:
         if self.reserved:
             refuse_reserved(self.ring.name)
         delay_ms = check_args(priority, delay, attempts, None, self.auto_ids)
-        kind, data = codec.encode(payload)
+        kind, data, payload = codec.encode_stored(payload)  # the Job shows what a consumer gets
         if key is not None:
             kind, data = codec.wrap_key(key, kind, data)
         rkind = KIND_JOB
@@ -173,7 +173,7 @@ class Producer:
         delay_ms = check_args(priority, delay, attempts, job_ids, self.auto_ids, n)
         if not n:
             return []
-        kinds, datas = encode_all(payloads, key)
+        kinds, datas, payloads = encode_all(payloads, key)
         rkind = KIND_JOB
         if m is not None:  # the expiry prefix or the metadata block (ringq/engine/meta.py)
             wrapped = [meta.wrap(k, d, m) for k, d in zip(kinds, datas)]
@@ -348,15 +348,17 @@ def check_args(
 
 def encode_all(
     payloads: Sequence[Any], key: str | None
-) -> tuple[bytes | tuple[int, ...], list[bytes]]:
-    """``(codec ids, bytes)`` of every payload (codec.encode), each wrapped with ``key`` if given
+) -> tuple[tuple[int, ...], list[bytes], list[Any]]:
+    """``(codec ids, bytes, stored values)`` of every payload (codec.encode; codec.stored_many:
+    the values as a consumer will decode them), each wrapped with ``key`` if given
     (codec.wrap_key).  Raises SerializationError."""
     enc = codec.encode
     pairs = [enc(p) for p in payloads]
+    values = codec.stored_many(payloads, pairs)
     if key is not None:
         pairs = [codec.wrap_key(key, k, d) for k, d in pairs]
     kinds, datas = zip(*pairs)
-    return kinds, list(datas)
+    return kinds, list(datas), values
 
 
 def encode_ids(job_ids: Sequence[str]) -> list[bytes]:

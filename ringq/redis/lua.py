@@ -349,14 +349,25 @@ return n
 """
 
 # ARGV: done retention ms.  Returns {ready, delayed, leased, done, dead, cancelled, expired,
-# enqueued_total, acked_total, dead_lettered_total}.
+# enqueued_total, acked_total, dead_lettered_total}.  Read-only: a lease that expired and that no
+# lease call has reclaimed yet is counted as what promote() will make it (ready; dead when its
+# attempts are used up; cancelled if a cancel was requested), so the counts never depend on
+# whether a consumer has looked; dead_lettered_total counts it once it is reclaimed.
 STATS = r"""
 local keep = tonumber(ARGV[1])
 local due = redis.call('ZCOUNT', K_DELAYED, '-inf', now)
 local c = redis.call('HMGET', K_CNT, 'enqueued', 'acked', 'dead')
-return {redis.call('ZCARD', K_READY) + due, redis.call('ZCARD', K_DELAYED) - due, redis.call('ZCARD', K_LEASED),
-        redis.call('ZCOUNT', K_DONE, now - keep, '+inf'), redis.call('ZCARD', K_DEAD),
-        redis.call('ZCOUNT', K_CANCELLED, now - keep, '+inf'), redis.call('ZCOUNT', K_EXPIRED, now - keep, '+inf'),
+local back, dead, cx = 0, 0, 0
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', K_LEASED, '-inf', '(' .. now)) do
+  local m = load(id)
+  if m then
+    if m.cx then cx = cx + 1 elseif m.a >= m.m then dead = dead + 1 else back = back + 1 end
+  end
+end
+return {redis.call('ZCARD', K_READY) + due + back, redis.call('ZCARD', K_DELAYED) - due,
+        redis.call('ZCARD', K_LEASED) - back - dead - cx,
+        redis.call('ZCOUNT', K_DONE, now - keep, '+inf'), redis.call('ZCARD', K_DEAD) + dead,
+        redis.call('ZCOUNT', K_CANCELLED, now - keep, '+inf') + cx, redis.call('ZCOUNT', K_EXPIRED, now - keep, '+inf'),
         tonumber(c[1] or '0'), tonumber(c[2] or '0'), tonumber(c[3] or '0')}
 """
 

@@ -302,8 +302,8 @@ class RedisQueue:
         attempts = self.max_attempts if max_attempts is None else max_attempts
         check_attempts(attempts)
         args: list[Any] = [priority, int(round(delay * 1000)), attempts, len(payloads)]
-        for jid, payload in zip(ids, payloads):
-            kind, data = codec.encode(payload)
+        for i, (jid, payload) in enumerate(zip(ids, payloads)):
+            kind, data, payloads[i] = codec.encode_stored(payload)  # as a consumer will see it
             try:
                 args += [jid.encode("utf-8", "strict"), bytes([kind]) + data]
             except UnicodeEncodeError:
@@ -556,7 +556,10 @@ class RedisQueue:
 
     def stats(self) -> QueueStats:
         """Counts by state and the cumulative counters (one script, so one consistent instant).
-        Cancelled and expired jobs are kept ``retain_done`` seconds, like done ones.
+        Cancelled and expired jobs are kept ``retain_done`` seconds, like done ones.  A lease that
+        expired counts as what reclaiming it makes it (ready, or dead when its attempts are used
+        up), whether or not a lease call has reclaimed it yet; the script reads each such lease,
+        so its cost grows with the expired leases no consumer has looked at.
 
         ``enqueued_total``, ``acked_total`` and ``dead_lettered_total`` count, since the queue's
         first use, new jobs stored by enqueue, acks, and moves to the dead-letter queue (by nack

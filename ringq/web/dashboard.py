@@ -369,6 +369,12 @@ NAV = [
     ("storage", "Storage"),
 ]
 
+# Every control that sends an action (CSS selectors): hidden on a read-only dashboard.
+ACTION_CONTROLS = (
+    "#pause-controls, button.resume-key, button.cancel, #cancel, #requeue-all, #purge, "
+    "button.requeue, button.discard"
+)
+
 STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
 header{background:#1d2330;color:#fff;padding:10px 20px;display:flex;gap:20px;align-items:center}
@@ -391,7 +397,6 @@ SCRIPT = r"""
 const $ = (id) => document.getElementById(id);
 const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({"&":"&amp;","<":"&lt;",">":"&gt;",'"':"&quot;","'":"&#39;"}[c]));
 const fmtAge = (s) => s == null ? "-" : s < 60 ? s.toFixed(1) + " s" : (s / 60).toFixed(1) + " min";
-async function getJSON(url) { const r = await fetch(url); if (!r.ok) throw new Error(url + ": " + r.status); return r.json(); }
 async function act(url) {
   const r = await fetch(url, {method: "POST", headers: {[CSRF_HEADER]: CSRF_TOKEN}});
   const body = await r.json();
@@ -408,9 +413,20 @@ const fmtProgress = (j) => j.progress == null ? "-" : (100 * j.progress).toFixed
   (j.progress_message ? " " + esc(j.progress_message) : "");
 const listeners = [];
 function onOverview(fn) { listeners.push(fn); }
+// The header says how fresh the page is: "live" while the event stream delivers, "updated" when
+// the page's own data came first, "reconnecting..." while the browser reopens a lost stream.
+let streaming = false;
+const stamp = (what, t) => { $("live").textContent = what + " " + new Date(t * 1000).toLocaleTimeString(); };
+async function getJSON(url) {
+  const r = await fetch(url); if (!r.ok) throw new Error(url + ": " + r.status);
+  const body = await r.json();
+  if (!streaming) stamp("updated", Date.now() / 1000);
+  return body;
+}
 const source = new EventSource("/events");
 source.addEventListener("overview", (ev) => { const d = JSON.parse(ev.data); listeners.forEach((fn) => fn(d)); });
-onOverview((d) => { $("live").textContent = "live " + new Date(d.time * 1000).toLocaleTimeString(); });
+source.onerror = () => { streaming = false; $("live").textContent = "reconnecting..."; };
+onOverview((d) => { streaming = true; stamp("live", d.time); });
 """
 
 OVERVIEW = r"""
@@ -420,10 +436,10 @@ OVERVIEW = r"""
  <div class="card">dead<b id="c-dead">-</b></div><div class="card">oldest ready<b id="c-oldest">-</b></div>
 </div>
 <p id="pause-panel">leasing: <b id="paused">-</b> <span id="paused-keys"></span>
- <button id="pause" onclick="act('/api/actions/pause')">pause queue</button>
+ <span id="pause-controls"><button id="pause" onclick="act('/api/actions/pause')">pause queue</button>
  <button id="resume" onclick="act('/api/actions/resume')">resume queue</button>
  &nbsp; key <input id="pause-key" size="12" aria-label="key to pause">
- <button id="pause-key-btn" onclick="const k = $('pause-key').value; if (k) act('/api/actions/pause?key=' + encodeURIComponent(k))">pause key</button></p>
+ <button id="pause-key-btn" onclick="const k = $('pause-key').value; if (k) act('/api/actions/pause?key=' + encodeURIComponent(k))">pause key</button></span></p>
 <h3>Throughput and errors (jobs/s, since the page opened, up to 5 minutes)</h3>
 <svg id="chart" width="900" height="220" role="img" aria-label="throughput chart"></svg>
 <div><span style="color:#3b82f6">&#9632; enqueued/s</span> &nbsp; <span style="color:#16a34a">&#9632; acked/s</span>
@@ -588,6 +604,7 @@ async function refresh() {
   const r = await fetch("/api/jobs/" + encodeURIComponent(jobId));
   const j = await r.json();
   if (!r.ok) { $("job").innerHTML = `<p class="warn">${esc(j.error)}</p>`; return; }
+  if (!streaming) stamp("updated", Date.now() / 1000);
   const when = (t) => t == null ? "-" : new Date(t * 1000).toLocaleString();
   const cancellable = (j.state === "ready" || j.state === "leased") && !j.cancel_requested;
   const pct = j.progress == null ? null : (100 * j.progress).toFixed(0);
@@ -625,11 +642,13 @@ def _layout(current: str, body: str, st: _State) -> str:
         f'<a href="/page/{p}" class="{"on" if p == current else ""}">{t}</a>' for p, t in NAV
     )
     mode = "actions allowed" if st.allow_actions else "read-only"
+    # A read-only dashboard shows no control it would refuse (the POSTs still answer 403).
+    hide = "" if st.allow_actions else f"<style>{ACTION_CONTROLS}{{display:none}}</style>"
     title = html.escape(f"ringq: {st.queue.name}")
     consts = f"const CSRF_HEADER = {json.dumps(CSRF_HEADER)}, CSRF_TOKEN = {json.dumps(st.token)};"
     return (
         f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
-        f"<style>{STYLE}</style></head><body><header><strong>{title}</strong>{nav}"
+        f"<style>{STYLE}</style>{hide}</head><body><header><strong>{title}</strong>{nav}"
         f'<span id="live">connecting...</span><span class="ro" id="mode">{mode}</span></header>'
         f'<main><div id="msg"></div><script>{consts}{SCRIPT}</script>{body}</main></body></html>'
     )

@@ -10,6 +10,7 @@ reading the copies in, and purge went by the index).
 from __future__ import annotations
 
 import random
+import threading
 import time
 
 import pytest
@@ -54,3 +55,44 @@ def test_purge_removes_every_job_that_stats_counts(tmp_path, seed, with_stats):
     finally:
         q.close()
 
+
+
+def test_purge_of_a_job_leased_while_its_consumer_waits_for_the_lock(tmp_path):
+    """Threads asleep in lease(wait=...) lease the job that fills a segment in the C call that
+    wakes them; a purge in another thread of the same queue object, holding the lock they need
+    next, removes it and retires (unmaps) the segment.  Each round puts the job in the last slot
+    (15 or 14 fillers, purged while the queue is paused), so the next enqueue seals the segment.
+    Those threads must find the job gone, not read the unmapped segment; purge leaves nothing."""
+    q = Queue(str(tmp_path), slot_size=128, slot_count=16, visibility_timeout=30)
+    producer = Queue(str(tmp_path), slot_size=128, slot_count=16, visibility_timeout=30)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def consume() -> None:
+        while not stop.is_set():
+            try:
+                q.lease(1, wait=0.2)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=consume) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        for i in range(40):
+            q.pause()
+            producer.enqueue_many([{"filler": k} for k in range(15 if i == 0 else 14)])
+            q.purge()
+            q.resume()
+            time.sleep(0.003)  # the consumers go back to sleep in the C wait
+            producer.enqueue_many([{"last": i}, {"next": i}])
+            q.purge()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, repr(errors[0])
+    assert q.stats().total == 0
+    q.close()
+    producer.close()

@@ -343,7 +343,7 @@ class Leases:
         are told to look again."""
         seg = got.view.seg
         try:
-            if seg.cas_state(got.slot, got.word, got.prev)[0]:
+            if seg.mm is not None and seg.cas_state(got.slot, got.word, got.prev)[0]:
                 self.ring.note_returned(seg)
         finally:
             self._settled((seg.seq, got.slot))
@@ -351,10 +351,13 @@ class Leases:
     def waited(self, got: Waited, direct: Direct) -> Job | None:
         """Under the queue lock, after the caller caught up (the leased record is read in): the
         job :meth:`wait_claim` leased, or None if its payload does not decode (quarantined) or
-        the lease ran out and was reclaimed before this thread got the lock."""
+        the lease ran out and was reclaimed before this thread got the lock, or the job was
+        finished meanwhile (a purge) and its segment retired and unmapped."""
         view, slot, word = got.view, got.slot, got.word
         seg = view.seg
         try:
+            if seg.mm is None:
+                return None  # retired: every job in it finished, this one too
             self.index.read_through(view, slot)
             if seg.load_state(slot) != word:
                 return None  # it expired while this thread waited for the lock, and was reclaimed

@@ -596,3 +596,27 @@ def test_a_leased_payload_is_decoded_on_first_access(q):
     assert job.payload == {"a": [1, 2]}
     assert job == job.snapshot() and job.to_dict()["payload"] == {"a": [1, 2]}
     assert ringq.Job.from_dict(job.to_dict()).payload == job.payload
+
+
+def test_reads_show_an_expired_lease_as_reclaimed_before_any_lease_call(queue_factory):
+    """get, list_jobs, dlq and search agree with stats on a lease that ran out and that no
+    lease call has reclaimed: dead when its attempts are used up, ready when some are left,
+    cancelled when a cancel was asked for.  Nothing is written by the reads."""
+    q = queue_factory(visibility_timeout=0.1, max_attempts=2)
+    q.enqueue("spent", max_attempts=1, job_id="spent")
+    q.enqueue("again", job_id="again")
+    q.enqueue("stop", job_id="stop")
+    assert len(q.lease(3)) == 3
+    q.cancel("stop")
+    time.sleep(0.3)
+    want = {"spent": JobState.DEAD, "again": JobState.READY, "stop": JobState.CANCELLED}
+    assert {j.id: j.state for j in q.list_jobs()} == want
+    assert {i: q.get(i).state for i in want} == want
+    assert [j.id for j in q.dlq()] == ["spent"]
+    assert [j.id for j in q.list_jobs("dead")] == ["spent"]
+    assert [j.id for j in q.list_jobs("ready")] == ["again"]
+    assert q.list_jobs("leased") == []
+    assert [j.id for j in q.search(state="dead").jobs] == ["spent"]
+    st = q.stats()
+    assert (st.dead, st.ready, st.leased, st.cancelled) == (1, 1, 0, 1), st
+    assert q.get("spent").attempts == 1

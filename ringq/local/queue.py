@@ -802,8 +802,9 @@ class Queue:
         """Retained jobs in enqueue order, optionally only those in ``state``, at most ``limit``.
 
         ``state`` is a :class:`JobState` (or its value) or ``"delayed"``: READY jobs not yet due
-        (``"ready"`` includes them, as in nobroker).  ``limit=None`` means all.  Raises ValueError
-        for an unknown state or a negative limit.
+        (``"ready"`` includes them, as in nobroker).  ``limit=None`` means all.  A lease that
+        expired is listed as what reclaiming it makes it, as :meth:`stats` counts it.  Raises
+        ValueError for an unknown state or a negative limit.
         """
         return self._admin.list_jobs(state, limit=limit)
 

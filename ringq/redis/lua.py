@@ -122,6 +122,23 @@ local function check_lease(m, tok)
   if tok >= 0 and m.t ~= tok then return 'stale:' .. m.t end
   return 'ok'
 end
+-- A job's meta JSON as the reads (get, list) show it, and its state: a lease that ran out and
+-- that no lease call has reclaimed yet reads as what promote() will make it.  Writes nothing.
+local function as_read(r)
+  if not r then return r, nil end
+  local m = cjson.decode(r)
+  if m.st ~= 'leased' or m.dl >= now then return r, m.st end
+  m.why = 'expired'
+  m.dl = nil
+  if m.cx then
+    m.st, m.cx, m.fin = 'cancelled', nil, now
+  elseif m.a >= m.m then
+    m.st, m.fin = 'dead', now
+  else
+    m.st, m.av = 'ready', now
+  end
+  return cjson.encode(m), m.st
+end
 local function forget(id)
   redis.call('HDEL', K_META, id)
   redis.call('HDEL', K_PAY, id)
@@ -289,14 +306,15 @@ redis.call('ZADD', K_LEASED, m.dl, id)
 return {'ok', save(m), redis.call('HGET', K_PAY, id)}
 """
 
-# ARGV: id.  Returns {meta, payload} or {}.
+# ARGV: id.  Returns {meta, payload} or {}.  Read-only: an expired lease reads as reclaimed.
 GET = r"""
-local r = redis.call('HGET', K_META, ARGV[1])
+local r = as_read(redis.call('HGET', K_META, ARGV[1]))
 if not r then return {} end
 return {r, redis.call('HGET', K_PAY, ARGV[1])}
 """
 
-# ARGV: state or "", limit or -1.  Returns meta1, payload1, ... in enqueue order.
+# ARGV: state or "", limit or -1.  Returns meta1, payload1, ... in enqueue order.  Read-only:
+# an expired lease is listed as reclaimed (as STATS counts it).
 LIST = r"""
 local want, limit = ARGV[1], tonumber(ARGV[2])
 local out, start = {}, 0
@@ -305,8 +323,8 @@ while limit < 0 or #out < 2 * limit do
   if #ids == 0 then break end
   start = start + #ids
   for _, id in ipairs(ids) do
-    local r = redis.call('HGET', K_META, id)
-    if r and (want == '' or cjson.decode(r).st == want) then
+    local r, st = as_read(redis.call('HGET', K_META, id))
+    if r and (want == '' or st == want) then
       out[#out + 1] = r
       out[#out + 1] = redis.call('HGET', K_PAY, id)
       if limit >= 0 and #out >= 2 * limit then break end

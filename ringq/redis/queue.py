@@ -514,13 +514,15 @@ class RedisQueue:
     # -- reads and whole-queue operations, lifecycle ---------------------------------------------------
 
     def get(self, job_id: str) -> Job:
-        """The job with this id (a snapshot).  Raises JobNotFoundError if it is not retained."""
+        """The job with this id (a snapshot; an expired lease as what reclaiming it makes it).
+        Raises JobNotFoundError if it is not retained."""
         return self._admin.get(job_id)
 
     def list_jobs(
         self, state: JobState | str | None = None, *, limit: int | None = None, decode: bool = True
     ) -> list[Job]:
-        """Retained jobs in enqueue order, optionally only those in ``state``, at most ``limit``."""
+        """Retained jobs in enqueue order, optionally only those in ``state``, at most ``limit``.
+        A lease that expired is listed as what reclaiming it makes it, as :meth:`stats` counts it."""
         return self._admin.list_jobs(state, limit=limit, decode=decode)
 
     def search(

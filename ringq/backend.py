@@ -62,6 +62,7 @@ __all__ = [
     "check_visibility_timeout",
     "check_extension",
     "check_limit",
+    "check_port",
     "check_job_ref",
     "check_result_ttl",
     "expiry_ms",
@@ -241,6 +242,14 @@ def check_limit(limit: object) -> int | None:
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
         raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
     return limit
+
+
+def check_port(port: object, what: str = "port") -> int:
+    """A TCP port to listen on: an int 0 (any free one) to 65535, not a bool; ValueError naming
+    ``what`` otherwise."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"{what} must be a TCP port 0..65535, got {port!r}")
+    return port
 
 
 def check_job_ref(job: object) -> None:

@@ -62,8 +62,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ringq import codec, tracing
+from ringq.backend import DEFAULT_VISIBILITY_TIMEOUT
 from ringq.backoff import BackoffPolicy
 from ringq.engine import records
+from ringq.engine.ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE
 from ringq.errors import (
     JobNotFoundError,
     NotLeasedError,
@@ -175,13 +177,13 @@ class Queue:
         target: str | os.PathLike[str],
         name: str = "default",
         *,
-        visibility_timeout: float = 30.0,
+        visibility_timeout: float = DEFAULT_VISIBILITY_TIMEOUT,
         keep_seconds: float | None = 86400.0,
         keep_jobs: int | None = 100_000,
         max_attempts: int = 20,
         durability: str = "msync",
-        slot_size: int = 256,
-        slot_count: int = 16384,
+        slot_size: int = DEFAULT_SLOT_SIZE,
+        slot_count: int = DEFAULT_SLOT_COUNT,
         sweep_interval: float | None = None,
     ) -> None:
         _check_settings(name, visibility_timeout, keep_seconds, keep_jobs, max_attempts)

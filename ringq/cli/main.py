@@ -39,6 +39,7 @@ from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 from typing import Any, NoReturn
 
+from ringq.backend import check_port
 from ringq.errors import RingqError
 from ringq.job import Job, JobState
 
@@ -678,14 +679,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def _port(text: str) -> int:
     """An argparse type: a TCP port number, 0 (a free one) to 65535."""
     try:
-        port = int(text)
+        return check_port(int(text))
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"invalid port {text!r}: not an integer 0 to 65535"
+            f"invalid port {text!r}: must be an integer 0 (a free one) to 65535"
         ) from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"invalid port {port}: must be 0 (a free one) to 65535")
-    return port
 
 
 def _load_handler(spec: str) -> Callable[[Job], Any]:

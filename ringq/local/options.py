@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ringq.backend import DEFAULT_VISIBILITY_TIMEOUT
 from ringq.backoff import BackoffPolicy
+from ringq.engine.ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE
 
 __all__ = ["QueueOptions"]
 
@@ -23,12 +25,12 @@ class QueueOptions:
     flush_interval: float = 0.05
     sync_acks: bool = False
     state_flush_interval: float | None = 1.0
-    visibility_timeout: float = 30.0
+    visibility_timeout: float = DEFAULT_VISIBILITY_TIMEOUT
     max_attempts: int = 5
     backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
     lock_timeout: float = 10.0
-    slot_size: int = 256
-    slot_count: int = 16384
+    slot_size: int = DEFAULT_SLOT_SIZE
+    slot_count: int = DEFAULT_SLOT_COUNT
     mode: int = 0o600
     allow_network_fs: bool = False
     allow_foreign: bool = False

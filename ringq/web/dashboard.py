@@ -64,6 +64,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "the dashboard needs starlette and uvicorn: pip install 'ringq[dashboard]'"
     ) from exc
 
+from ringq.backend import check_port
 from ringq.errors import JobFinishedError, JobNotFoundError, NotLeasedError
 from ringq.local.queue import Queue
 
@@ -333,8 +334,7 @@ def serve(queue: Queue, port: int, *, allow_actions: bool = False, ready: Any = 
     ``ready(port)`` is called once the socket listens.  Raises OSError if the port is taken,
     ValueError if ``port`` is not an int from 0 to 65535.
     """
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ValueError(f"port must be a TCP port 0..65535, got {port!r}")
+    check_port(port)
     import socket
 
     import uvicorn

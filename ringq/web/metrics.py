@@ -38,7 +38,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("ringq metrics need prometheus_client: pip install 'ringq[metrics]'") from exc
 
-from ringq.backend import QueueBackend
+from ringq.backend import QueueBackend, check_port
 
 from . import view
 
@@ -180,7 +180,6 @@ def serve(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> tu
     Returns ``(server, port)``; ``port=0`` picks a free port.  ``server.shutdown()`` stops it.
     Raises OSError if the port is taken, ValueError if ``port`` is not an int from 0 to 65535.
     """
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ValueError(f"port must be a TCP port 0..65535, got {port!r}")
+    check_port(port)
     server, _thread = start_http_server(port, addr=addr, registry=registry)
     return server, server.server_address[1]

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ringq import tracing
-from ringq.backend import FEATURE_SCHEDULES, QueueBackend, timeout_ms
+from ringq.backend import FEATURE_SCHEDULES, QueueBackend, check_port, timeout_ms
 from ringq.errors import JobNotFoundError, NotLeasedError, QueueClosedError
 from ringq.job import Job, JobState
 
@@ -133,12 +133,8 @@ class Worker:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         if processes < 0:
             raise ValueError(f"processes must be >= 0, got {processes}")
-        if metrics_port is not None and (
-            isinstance(metrics_port, bool)
-            or not isinstance(metrics_port, int)
-            or not 0 <= metrics_port <= 65535
-        ):
-            raise ValueError(f"metrics_port must be a TCP port 0..65535, got {metrics_port!r}")
+        if metrics_port is not None:
+            check_port(metrics_port, "metrics_port")
         timeout_ms(timeout)  # validates: ValueError
         if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not grace >= 0:
             raise ValueError(f"grace must be a number of seconds >= 0, got {grace!r}")

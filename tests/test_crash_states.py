@@ -163,3 +163,12 @@ def test_verify_reports_a_retired_flag_over_jobs_whose_acks_were_lost(tmp_path) 
     table's page (the acks) at an older version, the unlink not.  Recovery clears the flag and
     reports it; ``ringq verify`` took it for a retirement about to finish (a note)."""
     assert _check_saved("retired-flag-acks-lost.json", tmp_path) == []
+
+
+def test_a_retired_flag_over_records_whose_state_page_was_lost_keeps_them(tmp_path) -> None:
+    """Power lost in a retirement: the header with the retired flag on disk, the state table's
+    page from before the records were published (their words EMPTY), the unlink not.  Recovery
+    took the segment for finished and unlinked it; ``ringq verify`` counted the records as
+    unfinished.  Recovery now keeps them (republished, as after any lost state page) and reports
+    clearing the flag."""
+    assert _check_saved("retired-flag-state-page-lost.json", tmp_path) == []

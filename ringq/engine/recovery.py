@@ -299,7 +299,7 @@ def recover_segments(segs: SegmentSet, mode: int, report: RecoveryReport) -> lis
             report.removed_temp.append(path)
             continue
         if seg.retired():
-            if segs.finished_all(seg):
+            if segs.finished_all(seg) and not _unpublished(seg):
                 seg.close()
                 segs.unlink(seq)  # a retirement interrupted between flag and unlink
                 continue
@@ -432,6 +432,16 @@ def repair_tail(seg: Segment, report: RecoveryReport, durable_records: bool = Fa
         seg.publish_tail(tail, adopted, last_seq)
         report.readopted.append((seg.path, adopted))
     return tail
+
+
+def _unpublished(seg: Segment) -> bool:
+    """True if ``seg`` holds an intact record whose state word is EMPTY, anywhere in its slots: a
+    record that :func:`republish` would make READY, so a job that is not finished (its state page
+    was lost to a power loss, or it was never published).  ``ringq verify`` counts it the same."""
+    if ST_EMPTY not in seg.state_codes(0, seg.slot_count):
+        return False
+    infos, _nxt = scan(seg, 0)
+    return bool(((infos["status"] == 0) & (np_state(infos["state"]) == ST_EMPTY)).any())
 
 
 def republish(seg: Segment, tail: int, report: RecoveryReport) -> int:

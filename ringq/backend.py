@@ -69,6 +69,11 @@ __all__ = [
     "check_attempts",
     "timeout_ms",
     "MAX_TIMEOUT",
+    "MAX_PARENTS",
+    "check_depends_on",
+    "check_allow_failure",
+    "check_replace",
+    "check_reschedule",
 ]
 
 DEFAULT_VISIBILITY_TIMEOUT = 30.0  # seconds a lease lasts unless extended
@@ -77,6 +82,7 @@ DEFAULT_RESULT_TTL = 3600.0  # seconds a result stored by ack(result=) is kept
 MAX_ATTEMPTS_LIMIT = 0xFFFF  # the local record header's max_attempts field is 16-bit
 MAX_DELAY = 86400 * 365 * 33  # seconds: the longest delay (and expiry, and lease) of either queue
 MAX_TIMEOUT = 0xFFFFFFFF / 1000  # seconds: a job's hard timeout is stored as u32 milliseconds
+MAX_PARENTS = 100_000  # most jobs one job may depend on (``enqueue(..., depends_on=)``)
 
 # Optional features (``QueueBackend.features``):
 FEATURE_SCHEDULES = "schedules"  # schedule(), schedules(), unschedule(); run_schedules() fires them
@@ -282,6 +288,83 @@ def timeout_ms(timeout: float | None) -> int | None:
     return min(0xFFFFFFFF, max(1, int(round(timeout * 1000))))
 
 
+def check_depends_on(depends_on: object, job_id: str | None = None) -> list[str] | None:
+    """The parent ids of ``enqueue(..., depends_on=)``: each a :class:`Job` or a job id, duplicates
+    dropped (the first kept), in the order given; None for None.  Raises TypeError for something
+    else, ValueError for an empty list, more than MAX_PARENTS parents, an empty id, or a job that
+    would depend on its own id."""
+    if depends_on is None:
+        return None
+    if isinstance(depends_on, (str, Job)):
+        depends_on = [depends_on]
+    if not isinstance(depends_on, Iterable):
+        raise TypeError(
+            f"depends_on must be a list of jobs or job ids, got {type(depends_on).__name__}"
+        )
+    out: list[str] = []
+    seen: set[str] = set()
+    for parent in depends_on:
+        check_job_ref(parent)
+        pid = parent.id if isinstance(parent, Job) else parent
+        if not pid:
+            raise ValueError("depends_on holds an empty job id")
+        if pid == job_id:
+            raise ValueError(f"job {job_id!r} cannot depend on its own id")
+        if pid not in seen:
+            seen.add(pid)
+            out.append(pid)
+    if not out:
+        raise ValueError("depends_on is empty: give None for a job without parents")
+    if len(out) > MAX_PARENTS:
+        raise ValueError(f"a job depends on at most {MAX_PARENTS} jobs, got {len(out)}")
+    return out
+
+
+def check_allow_failure(allow_failure: object, parents: list[str] | None) -> None:
+    """ValueError unless ``allow_failure`` is a bool, and True only with parents."""
+    if not isinstance(allow_failure, bool):
+        raise ValueError(f"allow_failure must be True or False, got {allow_failure!r}")
+    if allow_failure and parents is None:
+        raise ValueError("allow_failure needs depends_on: it says when a dependent runs")
+
+
+def check_replace(
+    debounce: object, replace: object, job_id: str | None, delay: object, unique_for: object
+) -> float | None:
+    """The delay (seconds) of an enqueue that replaces a waiting job with the same id
+    (``debounce=`` or ``replace=True``), or None for an ordinary enqueue.  ``debounce`` is the
+    delay; ``replace`` takes the enqueue's own ``delay``.  Raises ValueError: either without a
+    ``job_id``, both given, ``debounce`` with a ``delay``, a debounce out of range, or either
+    with ``unique_for``."""
+    if debounce is None and not replace:
+        return None
+    if not isinstance(replace, bool):
+        raise ValueError(f"replace must be True or False, got {replace!r}")
+    if job_id is None:
+        raise ValueError("debounce and replace need a job_id: the id of the job they replace")
+    if unique_for is not None:
+        raise ValueError("debounce and replace cannot be combined with unique_for")
+    if debounce is not None:
+        if replace:
+            raise ValueError("give debounce= or replace=True, not both (debounce replaces too)")
+        if delay:
+            raise ValueError("debounce is the delay of the replacement: give no delay with it")
+        if not _number(debounce) or not 0 <= debounce <= MAX_DELAY:  # type: ignore[operator]
+            raise ValueError(f"debounce must be a number of seconds >= 0, got {debounce!r}")
+        return float(debounce)  # type: ignore[arg-type]
+    return check_delay(delay)
+
+
+def check_reschedule(priority: object, delay: object) -> tuple[int | None, float | None]:
+    """``(priority, delay)`` of ``reschedule``; ValueError for a bad value or neither given."""
+    if priority is None and delay is None:
+        raise ValueError("reschedule needs a new priority, a new delay, or both")
+    return (
+        None if priority is None else check_priority(priority),
+        None if delay is None else check_delay(delay),
+    )
+
+
 def check_attempts(n: int) -> None:
     """Raise ValueError unless ``n`` is an int in ``[1, MAX_ATTEMPTS_LIMIT]`` (a bool is refused)."""
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_ATTEMPTS_LIMIT:
@@ -300,6 +383,9 @@ class QueueStats:
     counted until they are dropped (the local queue's segment retires, Redis's ``retain_done``
     passes), so ``done`` and ``total`` fall then.  A lease that expired or whose holder died
     counts as ``ready`` (``dead`` if its attempts are used up), as reclaiming it will make it.
+
+    ``deferred`` jobs wait for the jobs they depend on (docs/workflows.md); they are counted in
+    ``total``, never in ``ready``.
 
     ``enqueued_total``, ``acked_total`` and ``dead_lettered_total`` never fall: jobs enqueued
     (requeues and relocation copies not counted), acks, and moves to the dead-letter queue, since
@@ -322,6 +408,7 @@ class QueueStats:
     dead_lettered_total: int = 0
     cancelled: int = 0
     expired: int = 0
+    deferred: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return {f: getattr(self, f) for f in self.__slots__}
@@ -355,7 +442,7 @@ class CompactionResult:
 
 
 # The states a search (and ``list_jobs``) takes: a JobState's value, or "delayed" (READY, not due).
-SEARCH_STATES = ("ready", "delayed", "leased", "done", "dead", "cancelled", "expired")
+SEARCH_STATES = ("ready", "delayed", "leased", "done", "dead", "cancelled", "expired", "deferred")
 
 _ASCII_LOWER = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ", b"abcdefghijklmnopqrstuvwxyz")
 
@@ -543,6 +630,10 @@ class QueueBackend(Protocol):
         expires_in: float | None = None,
         expires_at: float | None = None,
         timeout: float | None = None,
+        depends_on: Sequence[Job | str] | None = None,
+        allow_failure: bool = False,
+        debounce: float | None = None,
+        replace: bool = False,
     ) -> Job: ...
 
     def enqueue_many(
@@ -621,6 +712,17 @@ class QueueBackend(Protocol):
     ) -> Job: ...
 
     def extend(self, job: Job | str, seconds: float) -> Job: ...
+
+    def reschedule(
+        self, job: Job | str, *, priority: int | None = None, delay: float | None = None
+    ) -> Job:
+        """Change the priority, or the run time (now + ``delay``), of a waiting job
+        (:meth:`ringq.Queue.reschedule` has the contract)."""
+        ...
+
+    def dependents(self, job: Job | str) -> list[str]:
+        """Ids of the retained jobs enqueued with ``depends_on`` naming ``job``, oldest first."""
+        ...
 
     def get(self, job_id: str) -> Job: ...
 

@@ -30,6 +30,7 @@ __all__ = [
     "ReplicationTimeoutError",
     "CompactionError",
     "JobFinishedError",
+    "JobNotWaitingError",
     "ForeignQueueError",
     "NobrokerError",
     "CorruptLogError",
@@ -123,6 +124,11 @@ class ReplicationTimeoutError(BackendError):
 
 class JobFinishedError(RingqError):
     """The job already finished (done, cancelled, expired or dead-lettered): it cannot be cancelled."""
+
+
+class JobNotWaitingError(RingqError):
+    """The job is not waiting (ready, delayed or deferred): it is leased, or it finished, so it
+    cannot be rescheduled.  The message says which."""
 
 
 class MissingExtraError(RingqError, ImportError):

@@ -16,7 +16,8 @@ __all__ = ["Job", "JobState"]
 
 
 class JobState(str, enum.Enum):
-    """Where a job is in its life.  A delayed job is READY with ``available_at`` in the future.
+    """Where a job is in its life.  A delayed job is READY with ``available_at`` in the future; a
+    DEFERRED job waits for the jobs it depends on (docs/workflows.md) and becomes READY once.
 
     ``str``-valued so that it serialises to JSON as its name (as ``nobroker.JobState`` does).
     """
@@ -27,6 +28,7 @@ class JobState(str, enum.Enum):
     DEAD = "dead"
     CANCELLED = "cancelled"  # terminal: cancelled before it ran, or its holder was asked to stop
     EXPIRED = "expired"  # terminal: its expires-at passed before it was leased; it never ran
+    DEFERRED = "deferred"  # waits for its parents (``enqueue(..., depends_on=)``), never leased
 
 
 @dataclass(slots=True)
@@ -66,6 +68,9 @@ class Job:
         trace_context: the W3C trace context (``{"traceparent": ..., "tracestate": ...}``) that
             was current when the job was enqueued (with ``ringq[otel]`` installed), or None; a
             Worker's span for the job continues it (docs/operations.md, "Traces").
+        depends_on: the ids of the jobs this one was enqueued to wait for
+            (``enqueue(..., depends_on=)``), in the order given, or None (docs/workflows.md).
+            It stays after the job was released; ``q.result(id)`` reads a parent's result.
         cancelled: set by :class:`ringq.Worker` on the job handed to a handler: a
             ``threading.Event`` that is set when a cancel is requested, or when its timeout
             passes in a thread (None elsewhere).
@@ -97,6 +102,7 @@ class Job:
     _acked: bool = field(default=False, repr=False, compare=False)  # this snapshot's ack went in
     # ``(codec id, bytes)`` of a payload not decoded yet (see ``payload``), else None.
     _raw: Any = field(default=None, repr=False, compare=False)
+    depends_on: list[str] | None = None
 
     def snapshot(self) -> Job:
         """A detached copy (a Job is already a snapshot; this is nobroker's spelling)."""
@@ -139,6 +145,9 @@ class Job:
             trace_context=None
             if not isinstance(data.get("trace_context"), dict)
             else {str(k): str(v) for k, v in data["trace_context"].items()},
+            depends_on=None
+            if not isinstance(data.get("depends_on"), list)
+            else [str(p) for p in data["depends_on"]],
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -168,6 +177,8 @@ class Job:
             out["timeout"] = self.timeout
         if self.trace_context is not None:
             out["trace_context"] = dict(self.trace_context)
+        if self.depends_on is not None:
+            out["depends_on"] = list(self.depends_on)
         return out
 
 

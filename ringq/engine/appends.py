@@ -21,7 +21,7 @@ from .control import CTL_WORDS, CTL_WORDS_WAKE, OFF_ENQUEUED_TOTAL, OFF_NEXT_SEQ
 from .native import CData
 from .records import NewRecord
 from .segment import REC_DATA_OFF, Segment
-from .words import ST_READY, pack, position
+from .words import FLAG_CANCEL, ST_READY, deferred_word, pack, position
 
 if TYPE_CHECKING:  # pragma: no cover
     from .ring import Ring
@@ -35,6 +35,15 @@ SCRATCH_KEEP = 4 << 20
 
 #: Where an appended record went: ``(segment seq, head slot, job seq, enqueued_us, available_ms)``.
 Placement = tuple[int, int, int, int, int]
+
+
+def published_word(rec: NewRecord, avail_ms: int, epoch_ms: int) -> int:
+    """The state word ``rec`` is published with: READY (or DEAD) at ``avail_ms``, or DEFERRED."""
+    if not rec.deferred:
+        return pack(rec.state, 0, 0, avail_ms - epoch_ms)
+    if rec.hold_ms is None:
+        return deferred_word()
+    return pack(ST_READY, 0, 0, rec.hold_ms - epoch_ms) | FLAG_CANCEL
 
 
 def discard_fresh(fresh: list[Segment]) -> None:
@@ -155,7 +164,7 @@ class Appender:
                             seg.geom,
                             tail,
                             tmpl,
-                            pack(rec.state, 0, 0, avail_ms - seg.epoch_ms),
+                            published_word(rec, avail_ms, seg.epoch_ms),
                             bytes((rec.codec,)),
                             [len(rec.id_bytes)],
                             [len(rec.payload)],

@@ -9,13 +9,19 @@ are its own.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ringq import codec
+
 from . import records
+from .deps import lost_word
+from .lifecycle import key_of
+from .meta import KIND_META
 from .transitions import gone
-from .views import Lane, View, now_ms
+from .views import Lane, View, key_id, lane_key, now_ms
 from .words import (
     ST_DEAD,
     ST_EMPTY,
@@ -31,6 +37,7 @@ from .words import (
 if TYPE_CHECKING:  # pragma: no cover
     from .index import Index
     from .ring import Ring
+    from .segment import Segment
 
 __all__ = ["CatchUp", "FEW", "FULL_CATCH_UP"]
 
@@ -48,6 +55,9 @@ class CatchUp:
         self._stamp: tuple[int, int] | None = None  # control words at the last catch-up
         self._stamp_until = 0.0
         self.supersede_later: set[int] = set()  # copies whose originals were found leased
+        # Called for every record read in that may name other jobs -- of kind 3, or superseding
+        # another -- (ringq/engine/deps.py notes dependents and reruns).
+        self.on_dependent: Callable[[View, int], None] | None = None
 
     def forget(self) -> None:
         """The next catch-up runs in full (the views were dropped)."""
@@ -170,43 +180,64 @@ class CatchUp:
         )
         view.heads.extend(slots)
         view.head_seqs.extend(ok["seq"])
+        view.lanekey[slots] = ok["priority"]
         st = np_state(ok["state"])
-        unusual = (st == ST_EMPTY) | (ok["id_len"] > 0) | (ok["supersedes"] != 0)
+        codecs = ok["codec"]
+        keyed = (codecs == codec.KEYED) | (codecs == codec.IN_META)  # a key may be in the block
+        unusual = (st == ST_EMPTY) | (ok["id_len"] > 0) | (ok["supersedes"] != 0) | keyed
         if unusual.any():
             # A valid record below the tail whose state word is EMPTY: a power loss kept the record
             # but not its state page.  It was published (the tail says so): publish it again.
             for row in ok[st == ST_EMPTY]:
-                seg.cas_state(
-                    int(row["slot"]),
-                    0,
-                    pack(ST_READY, WHY_NONE, 0, int(row["available_ms"]) - seg.epoch_ms),
-                )
+                slot = int(row["slot"])
+                seg.cas_state(slot, 0, self._lost(seg, slot, row))
             for row in ok[ok["id_len"] > 0]:
                 slot = int(row["slot"])
                 self.index.ids[
                     records.read_id(seg, slot, int(row["id_len"])).decode("utf-8", "replace")
                 ] = (seg.seq, slot)
+            for row in ok[keyed]:
+                self._keyed(view, int(row["slot"]), int(row["priority"]))
             now = now_ms()
             for row in ok[ok["supersedes"] != 0]:
                 self._complete_supersede(int(row["supersedes"]))
                 # A copy sits in its lane behind younger jobs: give it its own entry now, keyed
                 # by its original place, rather than when the lane's cursor reaches it.
                 self.index.park(view, int(row["slot"]), now)
-        prios = ok["priority"]
-        first = int(prios[0])
+        lks = view.lanekey[slots]
+        first = int(lks[0])
         groups = (
-            [first]
-            if len(prios) == 1 or (prios == first).all()
-            else [int(p) for p in np.unique(prios)]
+            [first] if len(lks) == 1 or (lks == first).all() else [int(p) for p in np.unique(lks)]
         )
         for p in groups:
             lane = view.lanes.get(p)
+            mine = slots if len(groups) == 1 else slots[lks == p]
             if lane is None:
-                lane = view.lanes[p] = Lane(p)
-            mine = slots if len(groups) == 1 else slots[prios == p]
+                lane = view.lanes[p] = Lane(int(view.prio[mine[0]]), p)
             view.lanepos[mine] = np.arange(lane.slots.n, lane.slots.n + len(mine), dtype=np.uint32)
             lane.slots.extend(mine)
             self.index.queue_lane(view, lane)
+        if self.on_dependent is not None and unusual.any():
+            for row in ok[(ok["kind"] == KIND_META) | (ok["supersedes"] != 0)]:
+                self.on_dependent(view, int(row["slot"]))
+
+    def _lost(self, seg: Segment, slot: int, row: object) -> int:
+        """The word to publish again for a record whose state word is EMPTY (deps.lost_word)."""
+        avail = int(row["available_ms"])  # type: ignore[index]
+        if int(row["kind"]) != KIND_META:  # type: ignore[index]
+            return pack(ST_READY, WHY_NONE, 0, avail - seg.epoch_ms)
+        return lost_word(seg, slot, avail)
+
+    def _keyed(self, view: View, slot: int, prio: int) -> int:
+        """Put the keyed job at ``slot`` in its key's lane (fair scheduling across keys,
+        ringq/engine/index.py); returns its lane key."""
+        key = key_of(view.seg, slot)
+        if key is None:
+            return prio
+        lk = lane_key(prio, key_id(key))
+        view.lanekey[slot] = lk
+        self.index.keyed()
+        return lk
 
     def _ingest_few(self, view: View, tail: int) -> None:
         """:meth:`_ingest` for a handful of records, field by field (what a consumer woken for
@@ -234,16 +265,26 @@ class CatchUp:
             view.plain[slot] = not park and r.kind == records.KIND_JOB and r.attempts_before == 0
             view.heads.append(slot)
             view.head_seqs.append(seq)
+            lk = prio
+            view.lanekey[slot] = prio
+            if r.codec == codec.KEYED or r.codec == codec.IN_META:
+                lk = self._keyed(view, slot, prio)
             if state(r.state) == ST_EMPTY:  # published, its state page lost (see _ingest)
-                seg.cas_state(slot, 0, pack(ST_READY, WHY_NONE, 0, avail - seg.epoch_ms))
+                seg.cas_state(
+                    slot,
+                    0,
+                    lost_word(seg, slot, avail)
+                    if r.kind == KIND_META
+                    else pack(ST_READY, WHY_NONE, 0, avail - seg.epoch_ms),
+                )
             if r.id_len:
                 self.index.ids[records.read_id(seg, slot, r.id_len).decode("utf-8", "replace")] = (
                     seg.seq,
                     slot,
                 )
-            lane = view.lanes.get(prio)
+            lane = view.lanes.get(lk)
             if lane is None:
-                lane = view.lanes[prio] = Lane(prio)
+                lane = view.lanes[lk] = Lane(prio, lk)
             view.lanepos[slot] = lane.slots.n
             lane.slots.append(slot)
             if sup:
@@ -251,6 +292,8 @@ class CatchUp:
                 now = now_ms() if now is None else now
                 self.index.park(view, slot, now)
             self.index.queue_lane_next(view, lane)
+            if (r.kind == KIND_META or sup) and self.on_dependent is not None:
+                self.on_dependent(view, slot)
 
     def _complete_supersede(self, ref: int) -> None:
         """A requeued or relocated record names the record it replaces: make sure that one is GONE."""
@@ -284,9 +327,9 @@ class CatchUp:
         ready = heads[np_state(view.seg.states[heads, 0]) == ST_READY]
         if not len(ready):
             return
-        prios = view.prio[ready]
+        lks = view.lanekey[ready]
         pos = view.lanepos[ready]
         now = now_ms()
         for p, lane in view.lanes.items():
-            for slot in ready[(prios == p) & (pos < lane.cursor)].tolist():
+            for slot in ready[(lks == p) & (pos < lane.cursor)].tolist():
                 self.index.park(view, slot, now)

@@ -47,6 +47,11 @@ OFF_ENQUEUED_TOTAL = 224  # u64: jobs enqueued (requeues and relocation copies a
 OFF_ACKED_TOTAL = 232  # u64: leases acked (LEASED -> DONE)
 OFF_DEAD_TOTAL = 240  # u64: jobs dead-lettered (nack or reclaim with attempts used up)
 OFF_MIN_DEADLINE = 248  # u64: ms since the Unix epoch; no lease of this queue expires before it
+# u64: +1 after every record of a DEFERRED job is published (ringq/engine/deps.py): a process
+# whose index caught up after reading it knows every dependent published before; 0 in a queue
+# that never had one, so a finished job looks for dependents only when it is not.
+OFF_DEPS = 256
+_U64 = struct.Struct("<Q")
 # The words above that the C helper's one-call append and ack update themselves.  With
 # CTL_WORDS_WAKE the one-call append also wakes sleeping consumers (Control.wake).
 _WORDS = {
@@ -202,6 +207,17 @@ class Control(Mapped):
     def sync_page(self) -> None:
         """msync the control page (its words outlive a power loss from here on)."""
         self.msync(0, PAGE)
+
+    # -- dependents ---------------------------------------------------------------------------------
+
+    def deps_count(self) -> int:
+        """The dependents counter (OFF_DEPS), read as a hint by a plain load (the hot ack path
+        reads it after its CAS; ringq/engine/deps.py's sweep does not depend on it)."""
+        return int(_U64.unpack_from(self.mm, OFF_DEPS)[0])
+
+    def bump_deps(self) -> None:
+        """A DEFERRED job's record was just published (or found with the counter at 0)."""
+        self.add64(OFF_DEPS)
 
     # -- cumulative counters -----------------------------------------------------------------------
 

@@ -12,6 +12,15 @@ Built from validated scans of newly published records (never by iterating jobs i
 * when a job anywhere returns to READY (nack, expired lease, dead holder), the returner bumps its
   segment's change counter; readers seeing it move give those jobs individual entries.
 
+* fair scheduling across keys: once it has read a job with a key, the index orders candidates
+  of equal priority by *turn* before available-at and FIFO: each key (jobs without a key count
+  as one) takes its turn, one lease, then the next key's (round-robin), and a key that was idle
+  starts at the current round, never with credit saved up.  FIFO within a key.  Without a key
+  ever read the heap keys stay as they were (``rank`` is minus the priority).
+
+A DEFERRED job (READY with the cancel flag: ringq/engine/deps.py) is never a candidate: lanes
+pass over it, and its release bumps the change counters, which gives it its own entry.
+
 The index decides *which* job to try next; claiming it (the CAS) is the caller's.  What it knows
 per segment is ringq/engine/views.py; how it learns of other processes' work, ringq/engine/catchup.py.
 """
@@ -30,6 +39,7 @@ from .catchup import CatchUp
 from .claim import RUN_ASK, RUN_END, claim_run
 from .views import Direct, Lane, View, due, now_ms, order
 from .words import (
+    FLAG_CANCEL,
     ST_DEAD,
     ST_DONE,
     ST_GONE,
@@ -49,6 +59,16 @@ __all__ = ["Index", "View", "Direct", "now_ms", "order", "due"]
 
 AUTO_ID = re.compile(r"^[0-9a-f]{16}$")
 RETAINED = (ST_READY, ST_LEASED, ST_DONE, ST_DEAD)
+# Fair order: rank = -priority * TURN_SPAN + turn, so priority still comes first.
+TURN_SPAN = 1 << 40
+
+
+def lane_prio(lanekey: int) -> int:
+    """The priority of a lane key (views.lane_key)."""
+    if -(1 << 31) <= lanekey < 1 << 31:
+        return lanekey
+    low = lanekey & 0xFFFFFFFF
+    return low - (1 << 32) if low >= 1 << 31 else low
 
 
 class Index:
@@ -64,6 +84,10 @@ class Index:
         )  # jobs with an individual entry (scheduled or due)
         self.ids: dict[str, tuple[int, int]] = {}
         self.seen_change = -1
+        # Fair scheduling across keys (the module's docstring): on once a keyed job was read.
+        self.fair = False
+        self.turns: dict[int, int] = {}  # lane key -> the next turn of that key
+        self.rounds: dict[int, int] = {}  # priority -> the latest turn served
         # Learning of other processes' work is the CatchUp's; its two entry points are the index's.
         self.catchup = CatchUp(self)
         self.catch_up = self.catchup.catch_up
@@ -73,7 +97,53 @@ class Index:
         self.views.clear()
         self.catchup.forget()
 
+    def adopt(self, segseq: int, slot: int) -> View | None:
+        """Read in the record at head ``slot`` of segment ``segseq`` that this process just
+        appended, without a catch-up (which could drop the mappings of retired segments the
+        caller still looks at): the segment's view is made if the append created the segment."""
+        view = self.views.get(segseq)
+        if view is None:
+            seg = self.ring.segs.get(segseq)
+            if seg is None:
+                return None
+            view = self.views[segseq] = View(seg)
+        self.read_through(view, slot)
+        return view
+
     # -- ordering -------------------------------------------------------------------------------
+
+    def rank(self, prio: int, lanekey: int) -> int:
+        """The first field of a heap key: minus the priority, and in fair order the turn of the
+        job's key after it (see the module's docstring)."""
+        if not self.fair:
+            return -prio
+        turn = max(self.turns.get(lanekey, 0), self.rounds.get(prio, 0))
+        return -prio * TURN_SPAN + turn
+
+    def entry(self, view: View, slot: int, at: int) -> tuple:
+        """The individual heap entry of the job at ``slot``, due at ``at``."""
+        prio, lk = int(view.prio[slot]), int(view.lanekey[slot])
+        return (self.rank(prio, lk), at, order(view, slot), 1, view.seg.seq, lk, slot, 0)
+
+    def keyed(self) -> None:
+        """A job with a key was read in: order by turns from now on (the heap's keys are
+        rewritten once, every key at turn 0)."""
+        if self.fair:
+            return
+        self.fair = True
+        self.heap = [(e[0] * TURN_SPAN, *e[1:]) for e in self.heap]
+        heapq.heapify(self.heap)
+
+    def served(self, lanekey: int, prio: int, n: int) -> None:
+        """``n`` jobs of lane key ``lanekey`` were just leased: its key's turn moves on."""
+        if not self.fair:
+            return
+        turn = max(self.turns.get(lanekey, 0), self.rounds.get(prio, 0))
+        self.rounds[prio] = turn
+        self.turns[lanekey] = turn + n
+        if len(self.turns) > 1 << 16:  # many keys came and went: forget the idle ones' turns
+            rounds = self.rounds
+            self.turns = {k: t for k, t in self.turns.items() if t > rounds.get(lane_prio(k), 0)}
 
     def park(self, view: View, slot: int, now: int) -> None:
         """Give one READY job an individual entry: scheduled if not due yet, else in the ready heap."""
@@ -82,8 +152,8 @@ class Index:
         if key in self.parked:
             return
         w = seg.load_state(slot)
-        if state(w) != ST_READY:
-            return
+        if state(w) != ST_READY or w & FLAG_CANCEL:
+            return  # not ready, or DEFERRED (its release gives it an entry then)
         at = due(view, slot, w)
         self.parked.add(key)
         if at > now:
@@ -91,9 +161,7 @@ class Index:
                 self.sched, (at, -int(view.prio[slot]), order(view, slot), seg.seq, slot)
             )
         else:
-            heapq.heappush(
-                self.heap, (-int(view.prio[slot]), at, order(view, slot), 1, seg.seq, 0, slot, 0)
-            )
+            heapq.heappush(self.heap, self.entry(view, slot, at))
 
     def _schedule(self, view: View, slot: int, due_ms: int) -> None:
         key = (view.seg.seq, slot)
@@ -130,6 +198,9 @@ class Index:
                 return None
             slot = int(arr.a[idx])
             w = out[0]
+            if w & FLAG_CANCEL:  # DEFERRED: passed over (its release parks it)
+                lane.cursor = idx + 1
+                continue
             if lease_count(w) or view.parkme[slot] or seg.epoch_ms + rel_time(w) > now:
                 # A retried or delayed job orders by its own available-at, not its lane position.
                 self.park(view, slot, now)
@@ -137,12 +208,12 @@ class Index:
                 continue
             lane.cursor = idx
             return (
-                -lane.prio,
+                self.rank(lane.prio, lane.key),
                 due(view, slot, w),
                 order(view, slot),
                 0,
                 seg.seq,
-                lane.prio,
+                lane.key,
                 slot,
                 w,
             )
@@ -161,12 +232,12 @@ class Index:
         heapq.heappush(
             self.heap,
             (
-                -lane.prio,
+                self.rank(lane.prio, lane.key),
                 int(view.avail[slot]),
                 order(view, slot),
                 0,
                 view.seg.seq,
-                lane.prio,
+                lane.key,
                 slot,
                 0,
             ),
@@ -208,7 +279,13 @@ class Index:
         sched, heap = self.sched, self.heap
         while sched and sched[0][0] <= now:
             at, nprio, seq, segseq, slot = heapq.heappop(sched)
-            heapq.heappush(heap, (nprio, at, seq, 1, segseq, 0, slot, 0))
+            if self.fair:
+                v = self.views.get(segseq)
+                if v is None:
+                    continue
+                heapq.heappush(heap, self.entry(v, slot, at))
+            else:
+                heapq.heappush(heap, (nprio, at, seq, 1, segseq, 0, slot, 0))
         for entry in held_back.reoffer():  # jobs a limit held back: worth another try
             heapq.heappush(heap, entry)
         out: list[Any] = []
@@ -228,8 +305,19 @@ class Index:
                     arr = lane.slots
                     top = heap[0] if heap else None
                     bound = None
-                    if top is not None and top[0] == entry[0]:
-                        bound = (top[1], top[2] >> 32, top[2])
+                    cap = want - len(out)
+                    if not self.fair:
+                        if top is not None and top[0] == entry[0]:
+                            bound = (top[1], top[2] >> 32, top[2])
+                    else:
+                        if self.rank(lane.prio, lane.key) > entry[0]:
+                            self.queue_lane_next(view, lane)  # its key was served since: requeue
+                            continue
+                        if top is not None and top[0] // TURN_SPAN == entry[0] // TURN_SPAN:
+                            if top[5] == lane.key:  # the same key: FIFO, as without keys
+                                bound = (top[1], top[2] >> 32, top[2])
+                            else:  # another key's turn comes after this many
+                                cap = min(cap, max(1, top[0] - entry[0]))
                     jobs, nxt, why = claim_run(
                         seg,
                         arr.cptr,
@@ -241,11 +329,12 @@ class Index:
                         max(0, now - seg.epoch_ms),
                         max(0, now + direct.vt_ms - seg.epoch_ms),
                         direct.owner_base,
-                        want - len(out),
+                        cap,
                     )
                     lane.cursor = nxt
                     if jobs:
                         direct.taken += len(jobs)
+                        self.served(lane.key, lane.prio, len(jobs))
                         out += direct.made_run(view, jobs)
                     if why == RUN_END:
                         continue
@@ -270,18 +359,20 @@ class Index:
                 if got is not None or held_back.blocked(segseq, slot):
                     lane.cursor += 1
                 if got is not None:
+                    self.served(lane.key, lane.prio, 1)
                     out.append(got)
                 self.queue_lane(view, lane, now)
             else:
                 self.parked.discard((segseq, slot))
                 w = view.seg.load_state(slot)
-                if state(w) != ST_READY:
-                    continue
+                if state(w) != ST_READY or w & FLAG_CANCEL:
+                    continue  # leased, finished, or DEFERRED (again: a rerun's hold)
                 at = due(view, slot, w)
                 if at > now:
                     self._schedule(view, slot, at)
                     continue
-                if (-int(view.prio[slot]), at, order(view, slot)) > entry[:3]:
+                prio_s, lk = int(view.prio[slot]), int(view.lanekey[slot])
+                if (self.rank(prio_s, lk), at, order(view, slot)) > entry[:3]:
                     self.park(view, slot, now)  # its available-at moved: re-queue at its real place
                     continue
                 if skip is not None and skip(view, slot):
@@ -289,6 +380,7 @@ class Index:
                     continue
                 got = claim(view, slot, w, now)
                 if got is not None:
+                    self.served(lk, prio_s, 1)
                     out.append(got)
         for view, slot in passed:
             self.park(view, slot, now)

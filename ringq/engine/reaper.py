@@ -12,6 +12,7 @@ when the attempts are used up.  Reads show leases a reclaim would end as what it
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -59,10 +60,20 @@ class Reaper:
 
     interval = REAP_INTERVAL  # a sleeping lease looks again at least this often (seconds)
 
-    def __init__(self, ring: Ring, index: Index, owners: OwnerRegistry) -> None:
+    def __init__(
+        self,
+        ring: Ring,
+        index: Index,
+        owners: OwnerRegistry,
+        on_changed: Callable[[View, int, int], None] | None = None,
+    ) -> None:
         self.ring = ring
         self.index = index
         self.owners = owners
+        # Told of each lease a pass ended (view, slot, new word), after the pass: the jobs that
+        # wait for it (ringq/engine/deps.py).
+        self.on_changed = on_changed
+        self._changed: list[tuple[View, int, int]] = []
         self.last = 0.0
         self._floor = (-1.0, 0)  # (monotonic time read, floor ms) for the schedule check
         self.unowned: dict[tuple[int, int, int], float] = {}  # (seg, slot, word) -> first seen
@@ -158,6 +169,10 @@ class Reaper:
                 self.owners.release(idx)
         self.unowned = unowned
         ctl.raise_deadline_floor(floor_word, earliest)
+        changed, self._changed = self._changed, []
+        if self.on_changed is not None:
+            for view, slot, word in changed:
+                self.on_changed(view, slot, word)
         self.ring.segs.retire_finished(thorough=force)
         return reclaimed
 
@@ -167,6 +182,8 @@ class Reaper:
         dead = int(view.attb[slot]) + lease_count(word) >= int(view.maxatt[slot])
         new = transitions.failed(word, reason, dead, now - seg.epoch_ms)
         ok, _ = seg.cas_state(slot, word, new)
+        if ok:
+            self._changed.append((view, slot, new))
         if ok and state(new) == ST_READY:
             self.ring.note_returned(seg)
         elif ok and state(new) == ST_DONE:  # a cancel-requested lease ends cancelled

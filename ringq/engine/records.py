@@ -42,6 +42,7 @@ __all__ = [
     "read_record",
     "read_id",
     "read_body",
+    "body_span",
     "fill_header",
     "check_one",
     "job_id",
@@ -140,6 +141,11 @@ class NewRecord:
         None  # enqueue time, µs since the epoch (a copy keeps its original's); None: now
     )
     kind: int = KIND_JOB  # header byte 51: 1 job, 2 expiry prefix, 3 metadata block (meta.py)
+    # Published DEFERRED (words.deferred_word: it waits for its parents or the run it replaces,
+    # ringq/engine/deps.py) instead of in ``state``; ``hold_ms`` (ms since the Unix epoch): held
+    # until then, as a copy being confirmed is (deps.HOLD).
+    deferred: bool = False
+    hold_ms: int | None = None
 
     def length(self) -> int:
         """Bytes of the record: header, id and payload."""
@@ -289,6 +295,15 @@ def read_body(seg: Segment, slot: int) -> tuple[int, bytes, bytes]:
     id_len, codec, _kind, plen = BODY.unpack_from(mm, base + OFF_BODY)
     start = base + REC_HEADER.size + id_len
     return codec, mm[start - id_len : start], mm[start : start + plen]
+
+
+def body_span(seg: Segment, slot: int) -> tuple[int, int]:
+    """``(offset in the mapping, length)`` of the payload of the record at ``slot``, read from
+    its header without a CRC check (bounded by the mapping)."""
+    base = seg.data_off + slot * seg.slot_size
+    id_len, _codec, _kind, plen = BODY.unpack_from(seg.mm, base + OFF_BODY)
+    start = base + REC_HEADER.size + id_len
+    return start, max(0, min(plen, seg.size - start))
 
 
 def read_id(seg: Segment, slot: int, id_len: int) -> bytes:

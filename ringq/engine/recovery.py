@@ -20,10 +20,12 @@ from dataclasses import dataclass, field
 
 from ringq.errors import CorruptionError, FormatVersionError
 
-from . import ackjournal
+from . import ackjournal, meta
 from ._native import ffi, lib
 from .control import Control
+from .deps import lost_word
 from .mapped import open_nofollow
+from .meta import KIND_META
 from .records import REC_HEADER, NewRecord, check_one, rec_info_dtype, scan
 from .segment import (
     REC_DATA_OFF,
@@ -43,6 +45,7 @@ from .words import (
     ST_LEASED,
     ST_READY,
     WHY_NONE,
+    is_deferred,
     lease_count,
     np_state,
     pack,
@@ -457,7 +460,10 @@ def republish(seg: Segment, tail: int, report: RecoveryReport) -> int:
         slot = int(info["slot"])
         for i in range(1, int(info["span"])):
             seg.store64(seg.state_off_of(slot + i), ST_CONT)
-        word = pack(ST_READY, WHY_NONE, 0, max(int(info["available_ms"]) - seg.epoch_ms, 0))
+        if int(info["kind"]) == KIND_META:  # a dependent waits for its parents again (deps.py)
+            word = lost_word(seg, slot, int(info["available_ms"]))
+        else:
+            word = pack(ST_READY, WHY_NONE, 0, max(int(info["available_ms"]) - seg.epoch_ms, 0))
         n += seg.cas_state(slot, 0, word)[0]
     if n:
         # The records repair_tail adopted just now are among these (their state words were EMPTY):
@@ -554,6 +560,14 @@ def _salvage(path: str, seq: int, slot_size: int, slot_count: int) -> tuple[list
             )
             payload = bytes(buf[base + id_len : base + id_len + plen])
             lc = lease_count(int(info["state"])) if table else 0
+            kind = int(info["kind"])
+            # A dependent not released yet (or whose state was lost) waits for its parents again.
+            waits = (
+                kind == KIND_META
+                and st != ST_DEAD
+                and (is_deferred(int(info["state"])) or not table)
+                and meta.names_others(payload, (0, plen))
+            )
             recs.append(
                 NewRecord(
                     payload,
@@ -565,6 +579,8 @@ def _salvage(path: str, seq: int, slot_size: int, slot_count: int) -> tuple[list
                     min(int(info["attempts_before"]) + lc, 0xFFFF),
                     state=ST_DEAD if st == ST_DEAD else ST_READY,
                     at_ms=int(info["available_ms"]),
+                    kind=kind,
+                    deferred=waits,
                 )
             )
         return recs, lost

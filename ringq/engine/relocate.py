@@ -6,7 +6,7 @@ READY job already due that jobs of higher priority enqueued after it have overta
 segment's live jobs are all stragglers and at most half of its records, they are moved: disk use
 then stays within about twice the live jobs plus the tail, whatever the oldest straggler.  A
 straggler is copied at most once per half segment of new records (write amplification at most 2x).
-Leased, soon-due (not overtaken) and damaged (BAD) records are never moved.
+Leased, deferred, soon-due (not overtaken) and damaged (BAD) records are never moved.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from .words import (
     ST_READY,
     WHY_PURGED,
     lease_count,
+    np_deferred,
     np_rel_time,
     np_state,
     position,
@@ -138,6 +139,9 @@ class Relocator:
             self.catch_up()
             if seg.mm is None or seg.retired():  # retired and unmapped by that catch-up
                 return 0
+            # A job a newer record already supersedes (a rerun's predecessor, found leased when
+            # the rerun was read in) is superseded now if it can be, never copied.
+            self.index.catchup.retry_supersedes()
             slots, soon = self.stragglers(view)
             if soon and RELOCATE_DUE_RATIO * (nrec - seg.finished()) > nrec:
                 return 0
@@ -159,6 +163,10 @@ class Relocator:
         at = np_rel_time(lw) + seg.epoch_ms
         if not ((lst == ST_DEAD) | (lst == ST_READY)).all():
             return [], False  # a leased (or damaged) job: it finishes, or stays for the operator
+        if np_deferred(lw).any():
+            # A DEFERRED job keeps its segment until it is released, as a leased one does: its
+            # tree of fired edges lives in its own slots (ringq/engine/deps.py).
+            return [], False
         soon = (lst == ST_READY) & (at <= now_ms() + int(RELOCATE_AFTER * 1000))
         if soon.any():
             # A due READY job is moved only if it was overtaken: a job of higher priority enqueued

@@ -328,6 +328,8 @@ class Ring:
         seg = self.segs.get(seq)
         if seg is None or seg.mm is None or seg.nrecords() == 0 or not self.segs.finished_all(seg):
             return False
+        if not self.segs.may_retire(seg):
+            return False
         seg.seal()  # nobody appends meanwhile: we hold the writer lock
         if not seg.begin_retirement():
             return False

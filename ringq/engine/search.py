@@ -26,7 +26,7 @@ from ringq.backend import SEARCH_STATES, ascii_contains
 from ringq.errors import CorruptionError, SerializationError
 from ringq.job import Job
 
-from . import errtext, snapshot
+from . import errtext, meta, snapshot
 from ._native import ffi, lib
 from .meta import KIND_EXPIRES, KIND_META
 from .records import REC_HEADER
@@ -39,6 +39,7 @@ from .words import (
     WHY_DIED,
     WHY_EXPIRED,
     np_cancel_flag,
+    np_deferred,
     np_lease_count,
     np_rel_time,
     np_state,
@@ -89,10 +90,13 @@ def _state_mask(
     retained = (st == ST_READY) | (st == ST_LEASED) | (st == ST_DONE) | (st == ST_DEAD)
     if want is None:
         return retained
+    deferred = np_deferred(words)
+    if want == "deferred":
+        return deferred
     if want == "ready":
-        return st == ST_READY
+        return (st == ST_READY) & ~deferred
     if want == "delayed":
-        return (st == ST_READY) & (np_rel_time(words).astype(np.int64) + epoch > now)
+        return (st == ST_READY) & ~deferred & (np_rel_time(words).astype(np.int64) + epoch > now)
     if want == "leased":
         return st == ST_LEASED
     if want == "dead":
@@ -122,11 +126,14 @@ def _key_mask(view: View, heads: np.ndarray, key: bytes) -> np.ndarray:
     start[kind == KIND_EXPIRES] += 8
     keyed = codec_b == codec.KEYED
     meta3 = (kind == KIND_META) & (codec_b == codec.IN_META) & (ps + 4 <= size)
-    if meta3.any():
-        i = np.flatnonzero(meta3)
-        blen = buf[ps[i] + 2].astype(np.int64) | buf[ps[i] + 3].astype(np.int64) << 8
-        start[i] = ps[i] + blen
-        keyed[i] = buf[ps[i] + 1] == codec.KEYED
+    for i in np.flatnonzero(meta3).tolist():
+        # The block (and a dependent's parents' section after it) comes before the key.
+        try:
+            inner, st_i, _n = meta.body(KIND_META, codec.IN_META, seg.mm, int(ps[i]), int(plen[i]))
+        except CorruptionError:
+            continue
+        start[i] = st_i
+        keyed[i] = inner == codec.KEYED
     k = len(key)
     keyed &= start + 2 + k <= np.minimum(ps + plen, size)
     idx = np.flatnonzero(keyed)
@@ -157,7 +164,8 @@ def _error_mask(
     lost = ((why == WHY_EXPIRED) | (why == WHY_DIED)) & ~unrun
     # In its first lease no nack can have happened (no side file is read for it).
     carried = view.attb[heads] > 0
-    maybe = ~lost & (carried | ~((lc == 0) | ((st == ST_LEASED) & (lc == 1))))
+    # A job cancelled before its first lease (a dependent whose parent failed) may have a text.
+    maybe = ~lost & (carried | unrun | ~((lc == 0) | ((st == ST_LEASED) & (lc == 1))))
     if not maybe.any():
         return out
     frames = _frames(ring.segs.err_path(view.seg.seq), needle.encode("utf-8"))

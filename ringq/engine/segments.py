@@ -12,7 +12,7 @@ import os
 import re
 import stat
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from ringq.backend import QUEUE_NAME_RE
 from ringq.errors import CorruptionError
@@ -56,6 +56,10 @@ class SegmentSet:
         self.max_seen = 0
         self.seen_gen = -1
         self.quarantined: list[tuple[str, str]] = []
+        # Asked before a segment retires (ringq/engine/deps.py fires the edges of the parents it
+        # holds; False: retire it later).  Without one, a segment of a queue that has dependents
+        # never retires here: a process that knows them does it.
+        self.before_retire: Callable[[Segment], bool] | None = None
 
     # -- names ---------------------------------------------------------------------------------
 
@@ -206,11 +210,17 @@ class SegmentSet:
         """Retire ``seg`` if it is sealed, not the tail, and finished; True if this call retired it."""
         if not seg.sealed() or seg.seq >= self.control.tail_seq():
             return False
-        if not self.finished_all(seg) or not seg.begin_retirement():
+        if not self.finished_all(seg) or not self.may_retire(seg) or not seg.begin_retirement():
             return False
         self.unlink(seg.seq)
         self.control.bump_ring_gen()
         return True
+
+    def may_retire(self, seg: Segment) -> bool:
+        """True if nothing holds ``seg`` back from retiring (see ``before_retire``)."""
+        if self.before_retire is not None:
+            return self.before_retire(seg)
+        return not self.control.deps_count()
 
     def retire_finished(self, thorough: bool = False) -> int:
         """Retire every sealed, finished segment; returns how many.  Cheap by default: only those

@@ -48,10 +48,13 @@ STATE_OF = {
 
 def state_of(word: int) -> JobState | None:
     """The JobState of a state word (None: not a retained job).  A DONE word with the cancel flag
-    is CANCELLED or EXPIRED (ringq/engine/words.py)."""
+    is CANCELLED or EXPIRED, a READY one DEFERRED (ringq/engine/words.py)."""
     st = STATE_OF.get(word & 7)
-    if st is JobState.DONE and word & FLAG_CANCEL:
-        return JobState.EXPIRED if why(word) == END_EXPIRED else JobState.CANCELLED
+    if word & FLAG_CANCEL:
+        if st is JobState.DONE:
+            return JobState.EXPIRED if why(word) == END_EXPIRED else JobState.CANCELLED
+        if st is JobState.READY:
+            return JobState.DEFERRED
     return st
 
 
@@ -83,10 +86,12 @@ def job_at(
     js = state_of(word)
     if js is None:
         raise JobNotFoundError(f"job at {seg.path} slot {slot} is no longer retained")
-    if st == ST_DONE and word & FLAG_CANCEL:
+    unrun = st == ST_DONE and bool(word & FLAG_CANCEL)
+    if unrun:
         reason = (
             0  # the reason field says how it ended unrun (in ``state``), not why a lease was lost
         )
+    deferred = js is JobState.DEFERRED
     when = (seg.epoch_ms + rel_time(word)) / 1000
     codec_id, payload, meta = lifecycle.unwrap(info, payload)
     job = Job(
@@ -97,11 +102,13 @@ def job_at(
         state=js,
         attempts=info.attempts_before + lc,
         max_attempts=info.max_attempts,
-        available_at=when if st == ST_READY else info.available_ms / 1000,
+        available_at=when if st == ST_READY and not deferred else info.available_ms / 1000,
         enqueued_at=info.enqueued_us / 1e6,
         lease_deadline=when if st == ST_LEASED else None,
         lease_token=str(lc) if lc else None,
-        last_error=last_error(ring, seg, slot, reason, lc, st, info.attempts_before, errors),
+        last_error=last_error(
+            ring, seg, slot, reason, lc, st, info.attempts_before, errors, unrun and not lc
+        ),
         seq=info.seq,
         version=2 * lc - (st == ST_LEASED),
         cancel_requested=st == ST_LEASED and bool(word & FLAG_CANCEL),
@@ -109,6 +116,7 @@ def job_at(
         timeout=None if meta.timeout_ms is None else meta.timeout_ms / 1000,
         trace_context=meta.trace_context(),
         _loc=(seg.seq, slot, seg.origin),
+        depends_on=None if meta.parents is None else list(meta.parents),
     )
     if not just_leased:
         lifecycle.show_progress(ring, seg, slot, lc, job)
@@ -150,13 +158,15 @@ def last_error(
     st: int,
     carried: int = 0,
     errors: dict[int, dict[int, list[tuple[int, str]]]] | None = None,
+    unrun: bool = False,
 ) -> str | None:
     """The job's last error: why its last lease was lost, or the text of its latest nack
-    (``errors``: as :func:`job_at`'s)."""
+    (``errors``: as :func:`job_at`'s).  ``unrun``: a job cancelled before it was ever leased
+    (a dependent whose parent failed has its reason in the side file)."""
     lost = LOST_TEXT.get(reason)
     if lost is not None:
         return lost
-    if not carried and (lc == 0 or (st == ST_LEASED and lc == 1)):
+    if not carried and not unrun and (lc == 0 or (st == ST_LEASED and lc == 1)):
         return None  # in its first lease no nack can have happened: spare the side-file read
     if errors is None:
         entries = ring.read_errors(seg.seq).get(slot)

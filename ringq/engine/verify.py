@@ -270,7 +270,9 @@ def _segment(
             ok = int(row["status"]) == 0
             name = STATE_NAMES[st]
             t = seg.epoch_ms + (word >> TIME_SHIFT)
-            if st == ST_READY and t > now_ms:
+            if st == ST_READY and word & FLAG_CANCEL:
+                name = "deferred"  # waits for its parents (ringq/engine/deps.py)
+            elif st == ST_READY and t > now_ms:
                 name = "delayed"
             unrun = ended_unrun(word)
             if unrun:
@@ -293,7 +295,10 @@ def _segment(
                 rep.damage.append(
                     f"slot {slot}: implausible state word {word:#x}: a lease deadline years away"
                 )
-            elif word & FLAG_CANCEL and st not in (ST_LEASED, ST_DONE, ST_GONE, ST_BAD):
+            elif word & FLAG_CANCEL and not (
+                st in (ST_LEASED, ST_DONE, ST_GONE, ST_BAD)
+                or (st == ST_READY and not (word >> 6) & LC_MASK)
+            ):
                 rep.damage.append(
                     f"slot {slot}: implausible state word {word:#x}: the cancel flag on a {name} job"
                 )

@@ -13,7 +13,7 @@ from ._native import ffi
 from .segment import Segment
 from .words import lease_count, now_ms, rel_time
 
-__all__ = ["View", "Lane", "Grow", "Direct", "now_ms", "order", "due"]
+__all__ = ["View", "Lane", "Grow", "Direct", "now_ms", "order", "due", "lane_key", "key_id"]
 
 
 class Direct:
@@ -74,10 +74,14 @@ class Grow:
 
 
 class Lane:
-    __slots__ = ("prio", "slots", "cursor", "queued")
+    """The head slots of one segment's jobs of one priority (and, for keyed jobs, one key), in
+    enqueue order.  ``key``: the lane's key in ``View.lanes`` (:func:`lane_key`)."""
 
-    def __init__(self, prio: int) -> None:
+    __slots__ = ("prio", "key", "slots", "cursor", "queued")
+
+    def __init__(self, prio: int, key: int | None = None) -> None:
         self.prio = prio
+        self.key = prio if key is None else key
         self.slots = Grow("<u4")
         self.cursor = 0
         self.queued = False  # an entry for this lane is in the ready heap
@@ -106,6 +110,7 @@ class View:
         "plain",
         "plain_ptr",
         "run_fields",
+        "lanekey",
     )
 
     def __init__(self, seg: Segment) -> None:
@@ -125,6 +130,8 @@ class View:
         self.attb = np.zeros(n, "<u2")
         self.idlen = np.zeros(n, "<u2")
         self.lanepos = np.zeros(n, "<u4")  # index of each head slot in its lane
+        # The lane of each head slot (lane_key): its priority, or its priority and key.
+        self.lanekey = np.zeros(n, "<i8")
         self.parkme = np.zeros(
             n, bool
         )  # enqueued with a delay: ordered individually, not by its lane
@@ -138,6 +145,20 @@ class View:
             ffi.cast("int64_t *", self.enq.ctypes.data),
             ffi.cast("uint64_t *", self.seq.ctypes.data),
         )
+
+
+def lane_key(prio: int, kid: int) -> int:
+    """The key of a lane in ``View.lanes``: the priority for jobs without a key (``kid`` 0), else
+    the priority and the key's id (:func:`key_id`), above every priority."""
+    return prio if not kid else (kid << 32) | (prio & 0xFFFFFFFF)
+
+
+def key_id(key: str) -> int:
+    """A job key's id in the lanes: 31 bits of its CRC32C, never 0 (two keys that share one
+    share their turns, which only makes them take turns as one key)."""
+    from .mapped import crc32c
+
+    return (crc32c(key.encode("utf-8")) & 0x7FFFFFFF) or 1
 
 
 def order(view: View, slot: int) -> int:

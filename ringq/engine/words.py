@@ -11,7 +11,9 @@ State word (u64, changed only by CAS after it is published)::
     bits 3-4   reason       why the job last left LEASED: none, lease expired, holder died, purged;
                             in a DONE word with the cancel flag: why it ended unrun (cancelled, expired)
     bit 5      cancel flag  LEASED: cancel requested (the holder should stop); DONE: the job ended
-                            without completing (cancelled, or expired before it was leased)
+                            without completing (cancelled, or expired before it was leased);
+                            READY: the job is DEFERRED (waits for its parents, ringq/engine/deps.py),
+                            its time TIME_MAX, lease count 0 and reason 0
     bits 6-23  lease count  leases so far: the job's fencing token
     bits 24-63 time         ms since the segment's epoch: available-at (READY), lease deadline
                             (LEASED), finish time (DONE, DEAD)
@@ -53,6 +55,10 @@ __all__ = [
     "END_EXPIRED",
     "cancel_flag",
     "np_cancel_flag",
+    "DEFERRED_TIME",
+    "deferred_word",
+    "is_deferred",
+    "np_deferred",
     "np_why",
     "LC_MASK",
     "TIME_SHIFT",
@@ -107,6 +113,7 @@ LC_MASK = lib.RINGQ_W_LC_MASK
 LC_BITS = LC_MASK.bit_length()
 TIME_SHIFT = lib.RINGQ_W_TIME_SHIFT
 TIME_MAX = lib.RINGQ_W_TIME_MAX  # ms: about 34.8 years after a segment's epoch
+DEFERRED_TIME = TIME_MAX  # the time field of a DEFERRED word (deferred_word)
 LOW_MASK = (1 << TIME_SHIFT) - 1  # state, reason and lease count: everything but the time
 
 OWNER_IDX_MASK = 0xFFFF
@@ -146,6 +153,19 @@ def why(word: int) -> int:
 def cancel_flag(word: int) -> bool:
     """True if the word carries the cancel flag (see the module docstring)."""
     return bool(word & FLAG_CANCEL)
+
+
+def deferred_word() -> int:
+    """The state word of a DEFERRED job: READY with the cancel flag, lease count 0 and the
+    farthest time.  Every lease path leases only READY words without the flag (the C helper's
+    one-call leases hand such a word back to Python, which never leases it), and the time is
+    never due, so a path that forgot the flag would still see a job delayed for 34 years."""
+    return pack(ST_READY, WHY_NONE, 0, TIME_MAX) | FLAG_CANCEL
+
+
+def is_deferred(word: int) -> bool:
+    """True for the state word of a DEFERRED job (READY with the cancel flag)."""
+    return word & (STATE_MASK | FLAG_CANCEL) == ST_READY | FLAG_CANCEL
 
 
 def lease_count(word: int) -> int:
@@ -206,6 +226,13 @@ def np_cancel_flag(words: np.ndarray) -> np.ndarray:
     import numpy as np
 
     return (words & np.uint64(FLAG_CANCEL)) != 0
+
+
+def np_deferred(words: np.ndarray) -> np.ndarray:
+    """True where a word is DEFERRED (:func:`is_deferred`)."""
+    import numpy as np
+
+    return (words & np.uint64(STATE_MASK | FLAG_CANCEL)) == np.uint64(ST_READY | FLAG_CANCEL)
 
 
 def np_why(words: np.ndarray) -> np.ndarray:

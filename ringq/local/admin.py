@@ -29,7 +29,9 @@ from ringq.engine.words import (
     ST_GONE,
     ST_LEASED,
     ST_READY,
+    is_deferred,
     np_cancel_flag,
+    np_deferred,
     np_rel_time,
     np_state,
     np_why,
@@ -83,6 +85,8 @@ def list_jobs(
             ) from None
         if js in (JobState.CANCELLED, JobState.EXPIRED):
             want = {ST_DONE}
+        elif js is JobState.DEFERRED:
+            want = {ST_READY}
         else:
             want = {k for k, v in STATE_OF.items() if v is js}
     now = now_ms()
@@ -91,7 +95,7 @@ def list_jobs(
     for _rank, view, slot, word in index.heads(want, partial(reaper.show_reclaimed, now=now)):
         if limit is not None and len(out) >= limit:
             break
-        if delayed and view.seg.epoch_ms + rel_time(word) <= now:
+        if delayed and (view.seg.epoch_ms + rel_time(word) <= now or is_deferred(word)):
             continue
         if which is not None and not delayed and state_of(word) is not JobState(which):
             continue  # DONE words include cancelled and expired jobs
@@ -106,7 +110,7 @@ def counts(ring: Ring, index: Index, reaper: Reaper) -> tuple[int, ...]:
     """The fields of QueueStats: each segment's counts from one copy of its state table."""
     now = now_ms()
     c = np.zeros(8, np.int64)
-    delayed = cancelled = expired = 0
+    delayed = cancelled = expired = deferred = 0
     for view in index.views.values():
         seg = view.seg
         # One copy of the live table: every count below comes from the same instant of this
@@ -118,6 +122,11 @@ def counts(ring: Ring, index: Index, reaper: Reaper) -> tuple[int, ...]:
         c += np.bincount(st.astype(np.int64), minlength=8)
         ready = words[st == ST_READY]
         if len(ready):
+            waiting = np_deferred(ready)
+            n_def = int(np.count_nonzero(waiting))
+            deferred += n_def
+            if n_def:
+                ready = ready[~waiting]
             delayed += int(np.count_nonzero(np_rel_time(ready) + seg.epoch_ms > now))
         unrun = words[(st == ST_DONE) & np_cancel_flag(words)]
         if len(unrun):
@@ -127,7 +136,7 @@ def counts(ring: Ring, index: Index, reaper: Reaper) -> tuple[int, ...]:
     total = int(c[ST_READY] + c[ST_LEASED] + c[ST_DONE] + c[ST_DEAD])
     tot = ring.ctl.totals()
     return (
-        int(c[ST_READY]) - delayed,
+        int(c[ST_READY]) - delayed - deferred,
         delayed,
         int(c[ST_LEASED]),
         int(c[ST_DONE]) - cancelled - expired,
@@ -139,6 +148,7 @@ def counts(ring: Ring, index: Index, reaper: Reaper) -> tuple[int, ...]:
         tot["dead"],
         cancelled,
         expired,
+        deferred,
     )
 
 

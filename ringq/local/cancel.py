@@ -1,4 +1,6 @@
 """Cancelling jobs (docs/lifecycle.md); expiry before start is ringq/engine/lifecycle.py's.
+A DEFERRED job (waiting for its parents) is cancelled as a pending one is; the jobs that depend
+on a cancelled job are cancelled in turn, unless enqueued with ``allow_failure`` (docs/workflows.md).
 
 Both are one CAS on the job's state word, to DONE with the cancel flag (ringq/engine/words.py): reason
 END_CANCELLED or END_EXPIRED.  A leased job cannot be taken from its holder, so cancelling it only
@@ -23,7 +25,7 @@ __all__ = ["cancel"]
 
 
 def cancel(leases: Leases, job: Job | str, queue: str) -> Job:
-    """CANCELLED for a pending or delayed job; cancel requested for a leased one.  Idempotent for a
+    """CANCELLED for a pending, delayed or deferred job; cancel requested for a leased one.  Idempotent for a
     job already cancelled or cancel-requested; the snapshot after the change.
 
     Raises JobFinishedError (done, expired or dead-lettered), JobNotFoundError."""
@@ -44,6 +46,7 @@ def cancel(leases: Leases, job: Job | str, queue: str) -> Job:
         ok, w2 = seg.cas_state(slot, w, new)
         if ok:
             if st == ST_READY:
+                leases.deps.changed(view, slot, new)  # its dependents fail in turn
                 ring.segs.note_finished(seg)
                 if view.sealed:
                     leases.relocator.offer(view)

@@ -22,6 +22,7 @@ from .limits import LimitGate
 from .producer import Producer
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ringq.engine.deps import Deps
     from ringq.engine.index import Index
     from ringq.engine.reaper import Reaper
     from ringq.engine.relocate import Relocator
@@ -80,12 +81,13 @@ class QueueContext:
     queue's lock (a ``threading.RLock`` every part takes around its use of them).
 
     Attributes:
-        ring, index, reaper, relocator, owners, gate, leases, producer, pause: the engine's
-            segments, the reader's index, lease reclaiming, straggler relocation, lease owners,
-            the limits gate, claim/ack, enqueue and the pause file.
+        ring, index, reaper, relocator, owners, gate, leases, producer, pause, deps: the
+            engine's segments, the reader's index, lease reclaiming, straggler relocation, lease
+            owners, the limits gate, claim/ack, enqueue, the pause file and the dependents this
+            process knows (ringq/engine/deps.py).
         closed: True once the queue is closed (:meth:`live` then raises).
 
-    The reader's side -- ``index``, ``reaper``, ``relocator``, ``leases`` -- is built on first
+    The reader's side -- ``index``, ``reaper``, ``relocator``, ``leases``, ``deps`` -- is built on first
     use, with the catch-up and the reaper pass that every reader starts with (:meth:`open_reader`):
     a queue used only to enqueue never reads the segments in, nor loads numpy.
     """
@@ -114,22 +116,26 @@ class QueueContext:
     reaper: Reaper
     relocator: Relocator
     leases: Leases
+    deps: Deps
 
     def __getattr__(self, name: str) -> object:
         # Called only for an attribute not set yet: the reader's parts before their first use.
-        if name in ("index", "reaper", "relocator", "leases"):
+        if name in ("index", "reaper", "relocator", "leases", "deps"):
             self.open_reader()
             return self.__dict__[name]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-    def open_reader(self) -> tuple[Index, Reaper, Relocator, Leases]:
-        """Build the reader's index, reaper, relocator and leases (once; later calls return
-        them), then catch up with every segment and reclaim dead holders' and expired leases at
-        once, as every reader's first look does.  Raises QueueClosedError on a closed queue."""
+    def open_reader(self) -> tuple[Index, Reaper, Relocator, Leases, Deps]:
+        """Build the reader's index, reaper, relocator, leases and dependents (once; later calls
+        return them), then catch up with every segment, reclaim dead holders' and expired leases
+        and check the dependents it knows at once, as every reader's first look does (a process
+        killed after a parent finished leaves its dependents to this).  Raises QueueClosedError
+        on a closed queue."""
         with self.live_lock:
             parts = self.__dict__.get("_reader")
             if parts is not None:
                 return parts
+            from ringq.engine.deps import Deps
             from ringq.engine.index import Index
             from ringq.engine.reaper import Reaper
             from ringq.engine.relocate import Relocator
@@ -138,14 +144,17 @@ class QueueContext:
 
             ring = self.ring
             index = Index(ring)
-            reaper = Reaper(ring, index, self.owners)
+            deps = Deps(ring, index, lambda: index.catch_up())
+            index.catchup.on_dependent = deps.ingest
+            reaper = Reaper(ring, index, self.owners, deps.changed)
             relocator = Relocator(ring, index, lambda: self.refresh(relocate=False))
-            leases = Leases(ring, index, self.owners, relocator, self.refresh, self.gate)
-            parts = self._reader = (index, reaper, relocator, leases)
+            leases = Leases(ring, index, self.owners, relocator, self.refresh, self.gate, deps)
+            parts = self._reader = (index, reaper, relocator, leases, deps)
             d = self.__dict__
-            d["index"], d["reaper"], d["relocator"], d["leases"] = parts
+            d["index"], d["reaper"], d["relocator"], d["leases"], d["deps"] = parts
             self.refresh()
             self.reap(force=True)
+            deps.sweep(force=True)
             return parts
 
     def new_lock(self) -> None:
@@ -182,6 +191,7 @@ class QueueContext:
                     moved += self.relocator.offer(view)
             if moved:  # read the copies in: what follows (a purge, a count) must see them
                 self.refresh(relocate=False)
+            self.deps.sweep()  # on its own schedule (deps.SWEEP_INTERVAL)
         return n
 
     def settle(self, force: bool = True) -> None:

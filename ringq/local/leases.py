@@ -17,7 +17,7 @@ from ringq import codec
 from ringq.backend import check_job_ref
 from ringq.backoff import BackoffPolicy
 from ringq.engine import claim, forksafe, lifecycle, records, snapshot, transitions
-from ringq.engine.index import Direct, Index, View, due, now_ms, order
+from ringq.engine.index import Direct, Index, View, due, now_ms
 from ringq.engine.owner import OwnerRegistry
 from ringq.engine.relocate import Relocator
 from ringq.engine.segment import Segment
@@ -40,6 +40,7 @@ from ringq.job import Job, JobState
 from .limits import LimitGate
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ringq.engine.deps import Deps
     from ringq.engine.ring import Ring
 
 __all__ = ["Leases", "Retired", "token_number"]
@@ -63,9 +64,11 @@ class Leases:
         relocator: Relocator,
         refresh: Callable[[], None],
         gate: LimitGate,
+        deps: Deps,
     ) -> None:
         self.ring = ring
         self.gate = gate  # concurrency caps and rate limits (ringq/local/limits.py)
+        self.deps = deps  # the jobs that wait for others (ringq/engine/deps.py)
         self.index = index
         self.owners = owners
         self.relocator = relocator
@@ -130,6 +133,7 @@ class Leases:
             raise JobNotFoundError(
                 f"no job {job_id!r} in queue {queue!r} (never enqueued, or retired)"
             )
+        loc = self.deps.current(loc)  # a rerun waiting for its run: the id names the run
         return index.views[loc[0]], loc[1], job_id
 
     def word_for(
@@ -144,12 +148,15 @@ class Leases:
     def claim(self, view: View, slot: int, w: int, now: int, vt: float, detach: bool) -> Job | None:
         """Lease the READY job with word ``w`` for ``vt`` seconds; None if another process won."""
         seg = view.seg
+        if w & FLAG_CANCEL:
+            return None  # DEFERRED: waits for its parents (ringq/engine/deps.py)
         # -- lifecycle: a job never leased before its expires-at never runs (ringq/engine/lifecycle.py);
         # one leased in time has started, so its retries are not expiries.
         # (A relocated copy carries its attempts in the record, not in its fresh lease count.)
         exp = None if lease_count(w) or view.attb[slot] else lifecycle.expires_ms(seg, slot)
         if exp is not None and now > exp:
-            lifecycle.expire(self.ring, seg, slot, w, now)
+            if lifecycle.expire(self.ring, seg, slot, w, now):
+                self.deps.changed(view, slot, seg.load_state(slot))
             return None
         new = transitions.leased(w, now + int(vt * 1000) - seg.epoch_ms)
         if new is None:
@@ -160,18 +167,7 @@ class Leases:
         # visibility timeout alone.
         owner = 0 if detach else self.owners.acquire()
         ticket = self.gate.admit(
-            seg,
-            slot,
-            lambda: (
-                -int(view.prio[slot]),
-                due(view, slot, w),
-                order(view, slot),
-                1,
-                seg.seq,
-                0,
-                slot,
-                0,
-            ),
+            seg, slot, lambda: self.index.entry(view, slot, due(view, slot, w))
         )
         if ticket is False:
             return None  # a limit holds it back: it stays READY
@@ -471,9 +467,11 @@ class Leases:
         return self._acked(view, seg, slot, done, seg.add_finished())
 
     def _acked(self, view: View, seg: Segment, slot: int, done: int, finished: int) -> Segment:
-        """After the ack's CAS, counted: durability, the holder's bookkeeping, retirement."""
+        """After the ack's CAS, counted: durability, the holder's bookkeeping, the jobs that
+        wait for this one, retirement."""
         self.ring.dur.note_ack(seg, slot, done)
         self.owners.held.pop((seg.seq, slot), None)
+        self.deps.changed(view, slot, done)
         # The index has read ``heads.n`` records of the segment, so fewer finished cannot be all
         # of them (nor a relocation's share): the shared words are read only past that.
         if finished >= view.heads.n:
@@ -511,6 +509,7 @@ class Leases:
             w = w2
         self.ring.dur.note_ack(seg, slot, new)
         self.owners.held.pop((seg.seq, slot), None)
+        self.deps.changed(view, slot, new)
         if state(new) == ST_DONE:  # a cancel-requested lease ends cancelled, never retried
             self.ring.segs.note_finished(seg)
         elif dead:

@@ -69,6 +69,7 @@ assert tuple(f.name for f in fields(Job)) == (
     "_loc",
     "_acked",
     "_raw",
+    "depends_on",
 ), "Job's fields changed: update fresh_jobs and Producer.enqueue_one"
 
 # A delay, expiry or retry time must fit the state word for a year more.

@@ -42,15 +42,20 @@ from ringq.backend import (
     QueueStats,
     SearchPage,
     Stop,
+    check_allow_failure,
     check_attempts,
     check_consume,
+    check_depends_on,
     check_extension,
     check_lease_args,
+    check_replace,
+    check_reschedule,
     check_retry_delay,
     check_visibility_timeout,
     due_delay,
     expiry_ms,
     handle_stream,
+    refuse_reserved,
     stream_leases,
     timeout_ms,
 )
@@ -66,12 +71,14 @@ from ringq.results import Results
 
 from .context import QueueContext
 from .options import QueueOptions
+from .producer import check_args
 
 if TYPE_CHECKING:  # pragma: no cover
     from .admin import Admin
     from .lifecycle import Lifecycle
     from .limits import LimitInfo, Limits
     from .schedule import Schedule, Schedules
+    from .workflows import Workflows
 
 __all__ = ["Queue", "QueueOptions", "GeometryWarning"]
 
@@ -250,6 +257,12 @@ class Queue:
         return Limits(self._ctx)
 
     @cached_property
+    def _workflows(self) -> Workflows:
+        from .workflows import Workflows
+
+        return Workflows(self._ctx)
+
+    @cached_property
     def _schedules(self) -> Schedules:
         from .schedule import Schedules
 
@@ -337,6 +350,10 @@ class Queue:
         expires_in: float | None = None,
         expires_at: float | None = None,
         timeout: float | None = None,
+        depends_on: Sequence[Job | str] | None = None,
+        allow_failure: bool = False,
+        debounce: float | None = None,
+        replace: bool = False,
     ) -> Job:
         """Add one job; durable (per the durability strategy) when this returns.
 
@@ -362,17 +379,49 @@ class Queue:
                 ``ringq.aio``) before it is stopped and nacked with ``"timeout after N s"``; it
                 wins over the Worker's own ``timeout`` (docs/operations.md).  Stored in the record.
 
+            depends_on: jobs (or ids) this one waits for: it is DEFERRED, never leased, until
+                every one of them is DONE, then READY once, whichever process finishes the last
+                (docs/workflows.md).  One that ends dead, cancelled or expired cancels it (its
+                error names that parent), and its own dependents in turn, unless
+                ``allow_failure``: then it becomes READY once every parent finished, whatever
+                their outcome.  A parent already done counts as done; at most 100,000 parents.
+            debounce: with ``job_id``: seconds.  While the job with that id is waiting (ready,
+                delayed or deferred: never leased), this enqueue *replaces* it -- this payload
+                and these arguments, run at now + ``debounce`` -- so a burst of enqueues runs
+                once, after the burst, with the last payload.  Once it was leased, this is a new
+                run after it: it waits until the current run ends (acked, dead-lettered,
+                cancelled, or nacked: it takes the retry's place), then runs.  A finished job is
+                not changed: the new run follows it.  ``replace=True``: the same, run at now +
+                ``delay``.
+
         With ``ringq[otel]`` installed and a span current, the W3C trace context is stored with
         the job too (``Job.trace_context``; docs/operations.md, "Traces").
 
         Returns:
-            The job (``state`` READY).
+            The job (``state`` READY, or DEFERRED: it waits for its parents, or for the run it
+            replaces).
         Raises:
             SerializationError (nothing written), RecordTooLargeError, QueueFullError,
             LockTimeoutError, QueueClosedError, ValueError for out-of-range arguments,
             LimitError (a bad ``unique_for``, or ``unique_for`` without ``key``),
-            DuplicateJobError (a unique window is open and its job already retired).
+            DuplicateJobError (a unique window is open and its job already retired),
+            JobNotFoundError (a parent is not retained: nothing written).
         """
+        if depends_on is not None or debounce is not None or replace or allow_failure:
+            return self._enqueue_workflow(
+                payload,
+                priority,
+                delay,
+                max_attempts,
+                job_id,
+                key,
+                unique_for,
+                meta.of(expiry_ms(expires_in, expires_at), timeout_ms(timeout), tracing.carrier()),
+                depends_on,
+                allow_failure,
+                debounce,
+                replace,
+            )
         if unique_for is None and job_id is None:  # the common case, without enqueue_many's lists
             if self._ctx.closed:
                 self._ctx.live()
@@ -406,6 +455,57 @@ class Queue:
         if key is None:
             raise LimitError("unique_for needs a key: enqueue(..., key=..., unique_for=seconds)")
         self._ctx.live()
+        return self._ctx.gate.enqueue_unique(key, unique_for, add, self.get)
+
+    def _enqueue_workflow(
+        self,
+        payload: Any,
+        priority: int,
+        delay: float,
+        max_attempts: int | None,
+        job_id: str | None,
+        key: str | None,
+        unique_for: float | None,
+        m: meta.Meta | None,
+        depends_on: Sequence[Job | str] | None,
+        allow_failure: bool,
+        debounce: float | None,
+        replace: bool,
+    ) -> Job:
+        """:meth:`enqueue` with parents, or replacing a waiting job (ringq/local/workflows.py)."""
+        parents = check_depends_on(depends_on, job_id)
+        check_allow_failure(allow_failure, parents)
+        wait = check_replace(debounce, replace, job_id, delay, unique_for)
+        attempts = self.max_attempts if max_attempts is None else max_attempts
+        delay_ms = check_args(
+            priority,
+            due_delay(delay if wait is None else wait),
+            attempts,
+            None if job_id is None else [job_id],
+            self.options.auto_ids,
+        )
+        self._ctx.live()
+        if self._ctx.producer.reserved:
+            refuse_reserved(self.name)
+
+        def add() -> Job:
+            return self._workflows.enqueue(
+                payload,
+                priority=priority,
+                delay_ms=delay_ms,
+                attempts=attempts,
+                job_id=job_id,
+                key=key,
+                m=m,
+                parents=parents,
+                allow_failure=allow_failure,
+                replacing=wait is not None,
+            )
+
+        if unique_for is None:
+            return add()
+        if key is None:
+            raise LimitError("unique_for needs a key: enqueue(..., key=..., unique_for=seconds)")
         return self._ctx.gate.enqueue_unique(key, unique_for, add, self.get)
 
     def enqueue_many(
@@ -746,6 +846,30 @@ class Queue:
             out = self._ctx.leases.nack(job, self.name, error, delay, self.backoff, self._rng)
         self._ctx.ring.dur.sync_acks_now()
         return out
+
+    def reschedule(
+        self, job: Job | str, *, priority: int | None = None, delay: float | None = None
+    ) -> Job:
+        """Change a waiting job (ready, delayed or deferred): its priority, its run time (now +
+        ``delay`` seconds), or both.  The job keeps its id, payload, attempts and place among
+        jobs of its priority; a deferred one still waits for its parents (and runs at its new
+        time once released).  Every process sees the change at once.
+
+        Returns:
+            The job after the change.
+        Raises:
+            JobNotWaitingError: it is leased, or finished.  JobNotFoundError.  ValueError for a
+            bad priority or delay, or neither given.
+        """
+        prio, wait = check_reschedule(priority, delay)
+        self._ctx.live()
+        return self._workflows.reschedule(job, prio, wait)
+
+    def dependents(self, job: Job | str) -> list[str]:
+        """Ids of the retained jobs enqueued with ``depends_on`` naming ``job`` (the job or its
+        id), in enqueue order (``ringq get`` shows them).  Raises QueueClosedError."""
+        self._ctx.live()
+        return self._workflows.dependents(job)
 
     def extend(self, job: Job | str, seconds: float) -> Job:
         """Push a lease's deadline to ``max(deadline, now) + seconds``.  Raises NotLeasedError if lost."""

@@ -6,10 +6,14 @@ touches is passed in ``KEYS`` and shares the hash tag ``{ringq:<name>}``, so on 
 of one queue lives in one hash slot.  Time is the server's (``TIME``): lease deadlines and delays
 are compared on one clock whatever the clients' clocks say.
 
-Keys (``KEYS[1..14]``)::
+Keys (``KEYS[1..20]``)::
 
-    ready    ZSET, score 0: due jobs; the member sorts lexically by (-priority, available_at, seq)
-             followed by the job id, so ZRANGE 0 n-1 is the lease order
+    ready    ZSET, score 0: due jobs; the member sorts lexically by (-priority, turn,
+             available_at, seq) followed by the job id, so ZRANGE 0 n-1 is the lease order.  The
+             turn is fair scheduling across keys: each job takes the next turn of its key (jobs
+             without a key share one), at least the priority's current round, so keys take
+             turns one lease each (round-robin), FIFO within a key.  Members written by an older
+             ringq (no turn, no leading ``f``) sort first and are read as before
     delayed  ZSET: READY jobs not yet due, scored by available_at (ms)
     leased   ZSET: leased jobs scored by lease deadline (ms)
     dead     ZSET: dead-lettered jobs scored by seq
@@ -25,6 +29,16 @@ Keys (``KEYS[1..14]``)::
     counts   HASH: cumulative counters since creation, never lowered (purge keeps them):
              enqueued (new jobs stored by enqueue; imports and requeues not counted), acked,
              dead (moves to the dead-letter queue by nack or lease expiry)
+    deferred ZSET: DEFERRED jobs (waiting for their parents) scored by seq
+    edges    ZSET, score 0: the pending edges, member ``<8 hex: length of parent id><parent id>
+             <child id>``, so a parent's dependents are one ZRANGEBYLEX from its prefix
+    fair     HASH: ``v<priority>``: the round of that priority (the turn of the job leased
+             last); ``t<priority>:<key>``: the next turn of that key
+    next     HASH: id -> codec byte + payload of the job's next run (a debounce or replace of
+             a leased job: it runs when the current run ends)
+    pending  HASH: id -> how many of a DEFERRED job's parents have not finished
+    links    ZSET, score 0: every edge of a retained dependent, fired or not (as ``edges``),
+             for ``dependents()``
 
 Job fields in ``meta``: id, p (priority), s (seq), st (ready/leased/done/dead), a (attempts),
 m (max attempts), av (available at, ms), enq (enqueued at, ms), dl (lease deadline, ms),
@@ -32,8 +46,14 @@ t (fencing token: leases so far), why ("expired" when the last lease ran out), e
 rk (the job's member in ``ready``), fin (finish time, ms), cx (1: cancel requested while leased),
 ex (expires-at, ms: never leased after it), pg / pm (progress fraction / message of the current lease),
 to (hard timeout of one attempt, ms), tp / ts (W3C traceparent / tracestate of the enqueue),
-fa (traceparent of the first attempt's span, recorded by a Worker for a retry's link).
-States (st): ready, leased, done, dead, cancelled, expired.
+fa (traceparent of the first attempt's span, recorded by a Worker for a retry's link),
+k (the job's key), g (its turn, while ready), dp (ids of the jobs it depends on), af (1:
+allow_failure), nx (JSON of the fields of its next run, while one waits: see ``next``).
+States (st): ready, leased, done, dead, cancelled, expired, deferred.
+
+A job that ends (done, dead, cancelled, expired) fires its pending edges in the same script:
+each dependent's count goes down by one (HINCRBY, O(1) per edge); the one that reaches 0 makes it
+ready; a failed parent cancels a dependent without ``af`` (and its dependents in turn).
 """
 
 PRELUDE = r"""
@@ -41,6 +61,8 @@ local K_READY, K_DELAYED, K_LEASED, K_DEAD, K_DONE, K_ALL, K_META, K_PAY, K_WAKE
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local K_PAUSE, K_CANCELLED, K_EXPIRED = KEYS[11], KEYS[12], KEYS[13]
 local K_CNT = KEYS[14]
+local K_DEFERRED, K_EDGES, K_FAIR, K_NEXT, K_PENDING, K_LINKS =
+  KEYS[15], KEYS[16], KEYS[17], KEYS[18], KEYS[19], KEYS[20]
 local T = redis.call('TIME')
 local now = tonumber(T[1]) * 1000 + math.floor(tonumber(T[2]) / 1000)
 local WAKE_CAP = 256
@@ -61,23 +83,63 @@ local function wake(n)
   for _ = 1, n do redis.call('RPUSH', K_WAKE, 1) end
   redis.call('LTRIM', K_WAKE, -WAKE_CAP, -1)
 end
--- READY: into 'ready' if due (returns true), else into 'delayed'.
+-- READY: into 'ready' if due (returns true), else into 'delayed'.  A due job takes its key's
+-- next turn (fair scheduling, see the module's docstring).
 local function make_ready(m)
   m.st = 'ready'
   m.dl = nil
   if m.av <= now then
-    m.rk = string.format('%010d%015d%016d', 2147483647 - m.p, m.av, m.s) .. m.id
+    local tf = 't' .. m.p .. ':' .. (m.k or '')
+    local f = redis.call('HMGET', K_FAIR, 'v' .. m.p, tf)
+    local g = math.max(tonumber(f[1] or '0'), tonumber(f[2] or '0'))
+    redis.call('HSET', K_FAIR, tf, g + 1)
+    m.g = g
+    m.rk = string.format('f%010d%015d%015d%016d', 2147483647 - m.p, g, m.av, m.s) .. m.id
     redis.call('ZADD', K_READY, 0, m.rk)
     return true
   end
   m.rk = nil
+  m.g = nil
   redis.call('ZADD', K_DELAYED, m.av, m.id)
   return false
+end
+-- The id in a member of 'ready' (the old form has no turn).
+local function member_id(member)
+  if string.byte(member, 1) == 102 then return string.sub(member, 58) end
+  return string.sub(member, 42)
+end
+-- A job leased at its turn: the round of its priority moves there; its key's next turn is
+-- forgotten once nothing of the key waits behind it.
+local function served(m)
+  if m.g == nil then return end
+  local vf = 'v' .. m.p
+  if tonumber(redis.call('HGET', K_FAIR, vf) or '0') < m.g then redis.call('HSET', K_FAIR, vf, m.g) end
+  local tf = 't' .. m.p .. ':' .. (m.k or '')
+  if tonumber(redis.call('HGET', K_FAIR, tf) or '0') <= m.g + 1 then redis.call('HDEL', K_FAIR, tf) end
+  m.g = nil
+end
+local function edge(parent, child)
+  return string.format('%08x', #parent) .. parent .. child
+end
+-- The ids of the dependents with an edge from parent in zset k (edges or links).
+local function children(k, parent)
+  local pre = string.format('%08x', #parent) .. parent
+  local out, start = {}, 0
+  while true do
+    local got = redis.call('ZRANGEBYLEX', k, '[' .. pre, '+', 'LIMIT', start, 500)
+    if #got == 0 then return out end
+    for _, e in ipairs(got) do
+      if string.sub(e, 1, #pre) ~= pre then return out end
+      out[#out + 1] = string.sub(e, #pre + 1)
+    end
+    start = start + #got
+  end
 end
 local function make_dead(m)
   m.st = 'dead'
   m.dl = nil
   m.rk = nil
+  m.g = nil
   m.fin = now
   redis.call('ZADD', K_DEAD, m.s, m.id)
 end
@@ -86,9 +148,113 @@ local function make_ended(m, st)
   m.st = st
   m.dl = nil
   m.rk = nil
+  m.g = nil
   m.cx = nil
   m.fin = now
   redis.call('ZADD', st == 'expired' and K_EXPIRED or K_CANCELLED, now, m.id)
+end
+-- Leave whatever set of its state m is in (before it is placed anew).
+local function unplace(m)
+  if m.st == 'ready' then
+    if m.rk then redis.call('ZREM', K_READY, m.rk) else redis.call('ZREM', K_DELAYED, m.id) end
+  elseif m.st == 'deferred' then
+    redis.call('ZREM', K_DEFERRED, m.id)
+    redis.call('HDEL', K_PENDING, m.id)
+    for _, p in ipairs(m.dp or {}) do redis.call('ZREM', K_EDGES, edge(p, m.id)) end
+  elseif m.st == 'leased' then redis.call('ZREM', K_LEASED, m.id)
+  elseif m.st == 'dead' then redis.call('ZREM', K_DEAD, m.id)
+  elseif m.st == 'done' then redis.call('ZREM', K_DONE, m.id)
+  elseif m.st == 'cancelled' then redis.call('ZREM', K_CANCELLED, m.id)
+  elseif m.st == 'expired' then redis.call('ZREM', K_EXPIRED, m.id)
+  end
+  for _, p in ipairs(m.dp or {}) do redis.call('ZREM', K_LINKS, edge(p, m.id)) end
+  m.rk = nil
+  m.g = nil
+end
+-- How a parent's state counts for its dependents: 'ok' (done), 'failed' (dead, cancelled,
+-- expired), or nil (not finished).
+local function outcome(st)
+  if st == 'done' then return 'ok' end
+  if st == 'dead' or st == 'cancelled' or st == 'expired' then return 'failed' end
+  return nil
+end
+local ended_as = {dead = 'dead-lettered', cancelled = 'cancelled', expired = 'expired'}
+-- Place m (new, or a new run) with its parents dp: DEFERRED while some have not finished
+-- (their edges pending), CANCELLED if one failed and not af, else READY.  Returns true if it
+-- is due now.
+local function place(m, dp, af)
+  m.dp = dp
+  m.af = af
+  if not dp then return make_ready(m) end
+  local pending = 0
+  for _, p in ipairs(dp) do
+    redis.call('ZADD', K_LINKS, 0, edge(p, m.id))
+    local pm = load(p)
+    local how = pm and outcome(pm.st)
+    if how == 'failed' and not af then
+      for _, q in ipairs(dp) do redis.call('ZREM', K_EDGES, edge(q, m.id)) end
+      make_ended(m, 'cancelled')
+      m.e = "parent job '" .. p .. "' ended " .. ended_as[pm.st]
+      return false
+    end
+    if pm and not how then
+      pending = pending + 1
+      redis.call('ZADD', K_EDGES, 0, edge(p, m.id))
+    end
+  end
+  if pending == 0 then return make_ready(m) end
+  m.st = 'deferred'
+  m.rk = nil
+  redis.call('HSET', K_PENDING, m.id, pending)
+  redis.call('ZADD', K_DEFERRED, m.s, m.id)
+  return false
+end
+-- m just ended in state m.st: fire its pending edges.  A dependent whose last parent this was
+-- becomes ready; a failed parent cancels a dependent without af, whose own edges fire in turn.
+local function fire(m)
+  local todo, woken = {m}, 0
+  while #todo > 0 do
+    local cur = table.remove(todo)
+    local how = outcome(cur.st)
+    for _, c in ipairs(children(K_EDGES, cur.id)) do
+      redis.call('ZREM', K_EDGES, edge(cur.id, c))
+      local cm = load(c)
+      if cm and cm.st == 'deferred' then
+        if how == 'failed' and not cm.af then
+          unplace(cm)
+          for _, p in ipairs(cm.dp or {}) do redis.call('ZADD', K_LINKS, 0, edge(p, cm.id)) end
+          make_ended(cm, 'cancelled')
+          cm.e = "parent job '" .. cur.id .. "' ended " .. ended_as[cur.st]
+          save(cm)
+          todo[#todo + 1] = cm
+        elseif redis.call('HINCRBY', K_PENDING, c, -1) <= 0 then
+          redis.call('HDEL', K_PENDING, c)
+          redis.call('ZREM', K_DEFERRED, c)
+          if make_ready(cm) then woken = woken + 1 end
+          save(cm)
+        end
+      end
+    end
+  end
+  return woken
+end
+-- The run of m ended (state m.st, or about to be retried): if a next run waits (nx), it takes
+-- the job's place -- new payload and fields, attempts from 0, fencing tokens going on -- else a
+-- finished m fires its edges.  Returns how many jobs became due.
+local function ended(m)
+  local woken = 0
+  if outcome(m.st) then woken = fire(m) end
+  if not m.nx then return woken end
+  local nx = cjson.decode(m.nx)
+  unplace(m)
+  redis.call('HSET', K_PAY, m.id, redis.call('HGET', K_NEXT, m.id))
+  redis.call('HDEL', K_NEXT, m.id)
+  for _, f in ipairs({'nx', 'why', 'e', 'fin', 'cx', 'pg', 'pm', 'fa', 'ex', 'to', 'tp', 'ts', 'k'}) do m[f] = nil end
+  m.p, m.m, m.a = nx.p, nx.m, 0
+  m.av = math.max(now, nx.at)
+  m.ex, m.to, m.tp, m.ts, m.k = nx.ex, nx.to, nx.tp, nx.ts, nx.k
+  if place(m, nx.dp, nx.af) then woken = woken + 1 end
+  return woken
 end
 -- Delayed jobs that came due become ready; expired leases return (or dead-letter).
 local function promote()
@@ -108,9 +274,10 @@ local function promote()
       elseif m.a >= m.m then
         make_dead(m)
         redis.call('HINCRBY', K_CNT, 'dead', 1)
-      else
+      elseif not m.nx then
         m.av = now; make_ready(m)
       end
+      wake(ended(m))
       save(m)
     end
   end
@@ -140,8 +307,11 @@ local function as_read(r)
   return cjson.encode(m), m.st
 end
 local function forget(id)
+  local m = load(id)
+  if m then for _, p in ipairs(m.dp or {}) do redis.call('ZREM', K_LINKS, edge(p, id)) end end
   redis.call('HDEL', K_META, id)
   redis.call('HDEL', K_PAY, id)
+  redis.call('HDEL', K_NEXT, id)
   redis.call('ZREM', K_ALL, id)
   redis.call('ZREM', K_DONE, id)
   redis.call('ZREM', K_CANCELLED, id)
@@ -156,12 +326,14 @@ end
 """
 
 # ARGV: priority, delay_ms, max_attempts, n, then n pairs (id or "", codec byte + payload), then
-# expires-at ms (0: none), timeout ms (0: none), traceparent and tracestate ("" : none).
+# expires-at ms (0: none), timeout ms (0: none), traceparent and tracestate ("" : none), key ("":
+# none).
 # Returns per job {"new"|"old", meta JSON, payload or false (for new jobs the caller has it)}.
 ENQUEUE = r"""
 local prio, delay, maxatt, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ex = tonumber(ARGV[5 + 2 * n] or '0')
 local to, tp, ts = tonumber(ARGV[6 + 2 * n] or '0'), ARGV[7 + 2 * n] or '', ARGV[8 + 2 * n] or ''
+local key = ARGV[9 + 2 * n] or ''
 local out, due, added = {}, 0, 0
 for i = 1, n do
   local id, pay = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
@@ -183,6 +355,7 @@ for i = 1, n do
     if to > 0 then m.to = to end
     if tp ~= '' then m.tp = tp end
     if ts ~= '' then m.ts = ts end
+    if key ~= '' then m.k = key end
     if make_ready(m) then due = due + 1 end
     redis.call('HSET', K_PAY, id, pay)
     redis.call('ZADD', K_ALL, s, id)
@@ -210,11 +383,13 @@ while taken < count do
   if #members == 0 then break end
   for _, member in ipairs(members) do
     redis.call('ZREM', K_READY, member)
-    local m = load(string.sub(member, 42))
+    local m = load(member_id(member))
     if m and m.ex and m.t == 0 and m.ex < now then
       make_ended(m, 'expired')  -- never leased before its expiry: it never runs
+      wake(ended(m))
       save(m)
     elseif m then
+      served(m)
       m.st = 'leased'
       m.rk = nil
       m.t = m.t + 1
@@ -264,6 +439,7 @@ for i = 1, n do
         m.fin = now
         redis.call('ZADD', K_DONE, now, id)
       end
+      wake(ended(m))
       save(m)
       redis.call('HINCRBY', K_CNT, 'acked', 1)
     end
@@ -288,10 +464,11 @@ if m.cx then
 elseif m.a >= m.m then
   make_dead(m)
   redis.call('HINCRBY', K_CNT, 'dead', 1)
-else
+elseif not m.nx then  -- a next run waiting takes the retry's place
   m.av = now + delay
   if make_ready(m) then wake(1) end
 end
+wake(ended(m))
 return {'ok', save(m), redis.call('HGET', K_PAY, id)}
 """
 
@@ -362,15 +539,16 @@ return #ids
 
 PURGE = r"""
 local n = redis.call('ZCARD', K_ALL)
-redis.call('DEL', K_READY, K_DELAYED, K_LEASED, K_DEAD, K_DONE, K_ALL, K_META, K_PAY, K_CANCELLED, K_EXPIRED)
+redis.call('DEL', K_READY, K_DELAYED, K_LEASED, K_DEAD, K_DONE, K_ALL, K_META, K_PAY, K_CANCELLED, K_EXPIRED,
+  K_DEFERRED, K_EDGES, K_FAIR, K_NEXT, K_PENDING, K_LINKS)
 return n
 """
 
 # ARGV: done retention ms.  Returns {ready, delayed, leased, done, dead, cancelled, expired,
-# enqueued_total, acked_total, dead_lettered_total}.  Read-only: a lease that expired and that no
-# lease call has reclaimed yet is counted as what promote() will make it (ready; dead when its
-# attempts are used up; cancelled if a cancel was requested), so the counts never depend on
-# whether a consumer has looked; dead_lettered_total counts it once it is reclaimed.
+# enqueued_total, acked_total, dead_lettered_total, deferred}.  Read-only: a lease that expired
+# and that no lease call has reclaimed yet is counted as what promote() will make it (ready; dead
+# when its attempts are used up; cancelled if a cancel was requested), so the counts never depend
+# on whether a consumer has looked; dead_lettered_total counts it once it is reclaimed.
 STATS = r"""
 local keep = tonumber(ARGV[1])
 local due = redis.call('ZCOUNT', K_DELAYED, '-inf', now)
@@ -386,18 +564,21 @@ return {redis.call('ZCARD', K_READY) + due + back, redis.call('ZCARD', K_DELAYED
         redis.call('ZCARD', K_LEASED) - back - dead - cx,
         redis.call('ZCOUNT', K_DONE, now - keep, '+inf'), redis.call('ZCARD', K_DEAD) + dead,
         redis.call('ZCOUNT', K_CANCELLED, now - keep, '+inf') + cx, redis.call('ZCOUNT', K_EXPIRED, now - keep, '+inf'),
-        tonumber(c[1] or '0'), tonumber(c[2] or '0'), tonumber(c[3] or '0')}
+        tonumber(c[1] or '0'), tonumber(c[2] or '0'), tonumber(c[3] or '0'), redis.call('ZCARD', K_DEFERRED)}
 """
 
-# ARGV: id.  Returns {status, meta, payload}: a ready or delayed job is cancelled, a leased one
-# marked cancel-requested; 'fin:<state>' for a finished job.
+# ARGV: id.  Returns {status, meta, payload}: a ready, delayed or deferred job is cancelled (its
+# dependents in turn, unless they allow failure), a leased one marked cancel-requested;
+# 'fin:<state>' for a finished job.
 CANCEL = r"""
 local id = ARGV[1]
 local m = load(id)
 if not m then return {'nf'} end
-if m.st == 'ready' then
-  if m.rk then redis.call('ZREM', K_READY, m.rk) else redis.call('ZREM', K_DELAYED, id) end
+if m.st == 'ready' or m.st == 'deferred' then
+  unplace(m)
+  for _, p in ipairs(m.dp or {}) do redis.call('ZADD', K_LINKS, 0, edge(p, id)) end
   make_ended(m, 'cancelled')
+  wake(ended(m))
 elseif m.st == 'leased' then
   m.cx = 1
 elseif m.st ~= 'cancelled' then

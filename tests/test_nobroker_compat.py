@@ -53,7 +53,8 @@ def test_nobroker_public_names_all_exist(lib):
         assert issubclass(getattr(lib, err), lib.NobrokerError)
     assert isinstance(lib.__version__, str)
     # nobroker's four states, in its order; ringq adds two terminal ones after them (docs/lifecycle.md)
-    extra = ["cancelled", "expired"] if lib.__name__ == "ringq" else []
+    # and the state of a job waiting for its parents (docs/workflows.md)
+    extra = ["cancelled", "expired", "deferred"] if lib.__name__ == "ringq" else []
     assert [s.value for s in lib.JobState] == ["ready", "leased", "done", "dead", *extra]
 
 

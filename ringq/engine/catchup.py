@@ -28,6 +28,7 @@ from .words import (
     ST_LEASED,
     ST_READY,
     WHY_NONE,
+    np_cancel_flag,
     np_state,
     pack,
     split_position,
@@ -324,7 +325,10 @@ class CatchUp:
         heads = view.heads.view()
         if not len(heads):
             return
-        ready = heads[np_state(view.seg.states[heads, 0]) == ST_READY]
+        words = view.seg.states[heads, 0]
+        # DEFERRED jobs (READY with the cancel flag) stay behind the cursor until released; jobs
+        # with an entry already (view.entered) need none.
+        ready = heads[(np_state(words) == ST_READY) & ~np_cancel_flag(words) & ~view.entered[heads]]
         if not len(ready):
             return
         lks = view.lanekey[ready]

@@ -597,13 +597,18 @@ class Deps:
 
     def current(self, loc: tuple[int, int]) -> tuple[int, int]:
         """The job an id names, given its newest record ``loc``: a rerun still waiting for the
-        run it replaces names that run (leased, or waiting to be superseded)."""
+        run it replaces (the record it supersedes, or the leased run that one waited for) names
+        that run while it is leased, or waiting to be superseded."""
         dep = self.deferred.get(loc)
-        if dep is None or not dep.supersedes:
+        if dep is None:
             return loc
-        segseq, slot = split_position(dep.supersedes)
-        view = self.index.views.get(segseq)
-        if view is None or view.seg.mm is None:
-            return loc
-        st = state(view.seg.load_state(slot))
-        return (segseq, slot) if st in (ST_LEASED, ST_READY, ST_DEAD) else loc
+        for pred in (dep.supersedes, dep.after):
+            if not pred:
+                continue
+            segseq, slot = split_position(pred)
+            view = self.index.views.get(segseq)
+            if view is None or view.seg.mm is None:
+                continue
+            if state(view.seg.load_state(slot)) in (ST_LEASED, ST_READY, ST_DEAD):
+                return segseq, slot
+        return loc

@@ -156,6 +156,7 @@ class Index:
             return  # not ready, or DEFERRED (its release gives it an entry then)
         at = due(view, slot, w)
         self.parked.add(key)
+        view.entered[slot] = True
         if at > now:
             heapq.heappush(
                 self.sched, (at, -int(view.prio[slot]), order(view, slot), seg.seq, slot)
@@ -168,6 +169,7 @@ class Index:
         if key in self.parked:
             return
         self.parked.add(key)
+        view.entered[slot] = True
         heapq.heappush(
             self.sched, (due_ms, -int(view.prio[slot]), order(view, slot), view.seg.seq, slot)
         )
@@ -364,6 +366,7 @@ class Index:
                 self.queue_lane(view, lane, now)
             else:
                 self.parked.discard((segseq, slot))
+                view.entered[slot] = False
                 w = view.seg.load_state(slot)
                 if state(w) != ST_READY or w & FLAG_CANCEL:
                     continue  # leased, finished, or DEFERRED (again: a rerun's hold)

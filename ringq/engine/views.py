@@ -107,6 +107,7 @@ class View:
         "idlen",
         "lanepos",
         "parkme",
+        "entered",
         "plain",
         "plain_ptr",
         "run_fields",
@@ -135,6 +136,9 @@ class View:
         self.parkme = np.zeros(
             n, bool
         )  # enqueued with a delay: ordered individually, not by its lane
+        # True only while the index holds an individual entry for the slot (Index.parked): the
+        # look for returned jobs skips those in one vector operation.
+        self.entered = np.zeros(n, bool)
         # 1: no policy applies to the job at this head slot (never delayed, no expiry, not a copy,
         # no carried attempts), so ringq_claim_next may lease it directly when it comes first.
         self.plain = np.zeros(n, np.uint8)

@@ -183,7 +183,10 @@ class Workflows:
         ring = ctx.ring
         with ctx.live_lock, ring.locked():
             ctx.refresh(relocate=False)
-            view, slot, job_id = ctx.leases.locate(job, ctx.name)
+            # By id: a snapshot's record may have been replaced (an earlier reschedule's copy).
+            view, slot, job_id = ctx.leases.locate(
+                job.id if isinstance(job, Job) else job, ctx.name
+            )
             seg = view.seg
             w = seg.load_state(slot)
             while True:

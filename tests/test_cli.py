@@ -184,6 +184,23 @@ def test_unknown_job_id_is_a_one_line_error(tmp_path):
     assert json.loads(proc.stderr)["error"].startswith("no job 'no-such-job'")
 
 
+def test_enqueue_depends_on_and_get_shows_parents_and_dependents(tmp_path):
+    q = tmp_path / "q"
+    ringq(q, "enqueue", "a", "--job-id", "a")
+    ringq(q, "enqueue", "b", "--job-id", "b")
+    ringq(q, "enqueue", "c", "--job-id", "c", "--depends-on", "a", "--depends-on", "b",
+          "--allow-failure")
+    assert [j["id"] for j in as_json(q, "list", "--state", "deferred")] == ["c"]
+    got = as_json(q, "get", "c")
+    assert (got["state"], got["depends_on"], got["dependents"]) == ("deferred", ["a", "b"], [])
+    lines = ringq(q, "get", "a").stdout.splitlines()
+    assert lines[0].startswith("a  ready") and lines[1:] == ["dependents: c"]
+    assert ringq(q, "get", "c").stdout.splitlines()[1] == "parents: a b"
+    err = one_line_error(ringq(q, "enqueue", "x", "--depends-on", "nope", rc=None), rc=1)
+    assert "'nope'" in err
+    assert as_json(q, "stats")["deferred"] == 1 and as_json(q, "stats")["total"] == 3
+
+
 # -- stats / list / dlq / purge ------------------------------------------------------------------------
 
 
@@ -195,7 +212,7 @@ def test_stats_and_list(tmp_path):
     st = as_json(q, "stats")
     assert st == {"ready": 2, "delayed": 1, "leased": 1, "done": 0, "dead": 0, "total": 4, "corrupt": 0,
                   "enqueued_total": 4, "acked_total": 0, "dead_lettered_total": 0,
-                  "cancelled": 0, "expired": 0}
+                  "cancelled": 0, "expired": 0, "deferred": 0}
     assert ringq(q, "stats").stdout.split() == [f"{k}={v}" for k, v in st.items()]
     everything = as_json(q, "list")
     assert [j["state"] for j in everything] == ["leased", "ready", "ready", "ready"]

@@ -338,6 +338,7 @@ def test_job_page_shows_progress_and_cancels(browser, qdir, shots):  # noqa: F81
     )
     first = q.enqueue({"email": "a@example.com"})
     second = q.enqueue({"email": "b@example.com"}, expires_in=3600)
+    notify = q.enqueue({"notify": "a@example.com"}, depends_on=[first])
     holder = spawn(REPORTER, qdir, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == report.id
     proc, url = start_dashboard(qdir, "--allow-actions")
@@ -392,6 +393,13 @@ def test_job_page_shows_progress_and_cancels(browser, qdir, shots):  # noqa: F81
         page.goto(url + "job/" + first.id)
         page.wait_for_selector("#payload")
         assert page.query_selector("#result") is None
+
+        # a job's page links its parents and its dependents
+        page.click(f"#dependents a[href='/job/{notify.id}']")
+        page.wait_for_function(
+            f"(document.getElementById('parents') || {{}}).textContent === '{first.id}'"
+        )
+        assert "cancelled" in page.text_content("#job")  # its parent was cancelled
         assert errors == []
     finally:
         stop(proc)

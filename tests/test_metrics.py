@@ -35,7 +35,8 @@ def value(fams: dict, name: str, **labels: str) -> float:
 def test_ringq_metrics_command(qdir):
     q = Queue(qdir)
     q.enqueue_many([{"n": i} for i in range(5)], priority=2)
-    q.enqueue("later", delay=600)
+    later = q.enqueue("later", delay=600)
+    q.enqueue("after later", depends_on=[later])
     q.enqueue("keyed", key="tenant-1")
     q.limit("tenant-1", concurrency=4)
     q.ack(q.lease_one())
@@ -60,10 +61,11 @@ def test_ringq_metrics_command(qdir):
         fams = scrape(url)
         assert value(fams, "ringq_jobs", queue="default", state="ready") == 5
         assert value(fams, "ringq_jobs", queue="default", state="delayed") == 1
+        assert value(fams, "ringq_jobs", queue="default", state="deferred") == 1
         assert value(fams, "ringq_jobs", queue="default", state="dead") == 1
         assert value(fams, "ringq_jobs_by_priority", state="ready", priority="2") == 4
         assert value(fams, "ringq_jobs_by_priority", state="dead", priority="9") == 1
-        assert value(fams, "ringq_enqueued_total", queue="default") == 8
+        assert value(fams, "ringq_enqueued_total", queue="default") == 9
         assert value(fams, "ringq_acked_total", queue="default") == 1
         assert value(fams, "ringq_dead_lettered_total", queue="default") == 1
         assert value(fams, "ringq_syncs_total", queue="default") >= 1
@@ -72,7 +74,7 @@ def test_ringq_metrics_command(qdir):
         age = value(fams, "ringq_oldest_ready_age_seconds", queue="default")
         assert 0 <= age < 60
         q.enqueue_many(list(range(3)))  # another process's work shows at the next scrape
-        assert value(scrape(url), "ringq_enqueued_total", queue="default") == 11
+        assert value(scrape(url), "ringq_enqueued_total", queue="default") == 12
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(10) == 0

@@ -271,8 +271,14 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         kw = dict(priority=args.priority, delay=args.delay, max_attempts=args.max_attempts)
         if args.expires_in is not None:
             kw["expires_in"] = args.expires_in
+        if args.depends_on:
+            kw["depends_on"] = args.depends_on
+        if args.allow_failure:
+            kw["allow_failure"] = True
         if args.job_id is not None:
             jobs = [q.enqueue(payloads[0], job_id=args.job_id, **kw)]
+        elif kw.keys() & {"depends_on", "allow_failure"}:  # enqueue_many takes no parents
+            jobs = [q.enqueue(p, **kw) for p in payloads]
         else:
             jobs = q.enqueue_many(payloads, **kw)
     _emit(args, [j.to_dict() for j in jobs], "\n".join(j.id for j in jobs) if jobs else None)
@@ -324,7 +330,13 @@ def cmd_nack(args: argparse.Namespace) -> int:
 def cmd_get(args: argparse.Namespace) -> int:
     with _open(args) as q:
         job = q.get(args.id)
-    _emit(args, job.to_dict(), _job_line(job))
+        dependents = q.dependents(job.id)
+    lines = [_job_line(job)]
+    if job.depends_on:
+        lines.append("parents: " + " ".join(job.depends_on))
+    if dependents:
+        lines.append("dependents: " + " ".join(dependents))
+    _emit(args, {**job.to_dict(), "dependents": dependents}, "\n".join(lines))
     return 0
 
 
@@ -1115,6 +1127,17 @@ def _parser() -> argparse.ArgumentParser:
         "--expires-in",
         type=float,
         help="seconds: a job not leased by then becomes expired and never runs",
+    )
+    e.add_argument(
+        "--depends-on",
+        action="append",
+        metavar="ID",
+        help="wait (deferred) until the job ID is done; repeat for several parents",
+    )
+    e.add_argument(
+        "--allow-failure",
+        action="store_true",
+        help="with --depends-on: run once every parent finished, even if one failed",
     )
 
     le = cmd(

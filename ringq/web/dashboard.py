@@ -606,7 +606,7 @@ async function refresh() {
   if (!r.ok) { $("job").innerHTML = `<p class="warn">${esc(j.error)}</p>`; return; }
   if (!streaming) stamp("updated", Date.now() / 1000);
   const when = (t) => t == null ? "-" : new Date(t * 1000).toLocaleString();
-  const cancellable = (j.state === "ready" || j.state === "leased") && !j.cancel_requested;
+  const cancellable = (j.state === "ready" || j.state === "deferred" || j.state === "leased") && !j.cancel_requested;
   const pct = j.progress == null ? null : (100 * j.progress).toFixed(0);
   $("job").innerHTML = `<h3>${esc(j.id)} ${cancellable ? '<button id="cancel">cancel</button>' : ""}</h3><table>` +
     [["state", j.state], ["cancel requested", j.cancel_requested ? "yes: its holder is told to stop" : "no"],
@@ -615,6 +615,8 @@ async function refresh() {
      ["expires at", when(j.expires_at)], ["lease deadline", when(j.lease_deadline)],
      ["fencing token", j.lease_token ?? "-"], ["last error", j.last_error ?? "-"]]
     .map(([k, v]) => `<tr><th>${k}</th><td>${esc(v)}</td></tr>`).join("") +
+    [["parents", "parents", j.depends_on], ["dependents", "dependents", j.dependents]]
+    .map(([k, id, ids]) => `<tr><th>${k}</th><td id="${id}">${ids && ids.length ? ids.map(jobLink).join(", ") : "-"}</td></tr>`).join("") +
     `<tr><th>progress</th><td id="progress">${pct == null ? "-" : `<div class="bar"><i style="width:${pct}%"></i></div>` +
       `${pct}%${j.progress_message ? " " + esc(j.progress_message) : ""}`}</td></tr>` +
     `</table><h4>payload</h4><pre id="payload">${esc(j.payload_preview)}</pre>` +

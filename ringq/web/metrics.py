@@ -9,7 +9,7 @@ metrics count what that worker process did.  Rates are the Prometheus way: ``rat
 =============================================  ======  =================================================
 metric                                         type    meaning
 =============================================  ======  =================================================
-``ringq_jobs{queue,state}``                    gauge   retained jobs: ready, delayed, leased, done, dead
+``ringq_jobs{queue,state}``                    gauge   retained jobs: ready, delayed, deferred, leased, done, dead
 ``ringq_jobs_by_priority{queue,state,priority}`` gauge  the same by priority
 ``ringq_corrupt_records{queue}``               gauge   records quarantined as damaged
 ``ringq_oldest_ready_age_seconds{queue}``      gauge   how long the longest-waiting due job has been due
@@ -60,7 +60,7 @@ class QueueCollector:
         name = q.name
         st = ov["stats"]
         jobs = GaugeMetricFamily("ringq_jobs", "Retained jobs by state.", labels=["queue", "state"])
-        for state in ("ready", "delayed", "leased", "done", "dead"):
+        for state in ("ready", "delayed", "deferred", "leased", "done", "dead"):
             jobs.add_metric([name, state], st[state])
         yield jobs
         by_prio = GaugeMetricFamily(

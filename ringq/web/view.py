@@ -154,11 +154,13 @@ def _preview(value: Any) -> str:
 
 
 def job(q: Queue, job_id: str) -> dict[str, Any]:
-    """One job: ``ringq get --json`` (``to_dict()``) plus ``payload_preview`` and
-    ``result_preview``: JSON text or a description of bytes and arrays, at most
-    :data:`PAYLOAD_PREVIEW` characters; ``result_preview`` is None when no result is stored for
-    the job (:meth:`ringq.Queue.result`).  Raises JobNotFoundError."""
+    """One job: ``ringq get --json`` (``to_dict()`` and ``dependents``, the ids of the retained
+    jobs that depend on it) plus ``payload_preview`` and ``result_preview``: JSON text or a
+    description of bytes and arrays, at most :data:`PAYLOAD_PREVIEW` characters;
+    ``result_preview`` is None when no result is stored for the job
+    (:meth:`ringq.Queue.result`).  Raises JobNotFoundError."""
     d = q.get(job_id).to_dict()
+    d["dependents"] = q.dependents(job_id)
     d["payload_preview"] = _preview(d["payload"])
     try:
         d["result_preview"] = _preview(q.result(job_id))

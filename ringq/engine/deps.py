@@ -595,6 +595,18 @@ class Deps:
                 out.append((dep.seq, dep.id))
         return [jid for _seq, jid in sorted(set(out))]
 
+    def descendants(self, job_id: str) -> set[str]:
+        """Ids of the jobs this process read in that depend on ``job_id``, directly or through
+        others (what a replacement of ``job_id`` may not depend on: it would wait for itself)."""
+        out: set[str] = set()
+        todo = [job_id]
+        while todo:
+            for dep, _i in self.by_parent.get(todo.pop(), ()):
+                if dep.id not in out:
+                    out.add(dep.id)
+                    todo.append(dep.id)
+        return out
+
     def current(self, loc: tuple[int, int]) -> tuple[int, int]:
         """The job an id names, given its newest record ``loc``: a rerun still waiting for the
         run it replaces (the record it supersedes, or the leased run that one waited for) names

@@ -99,6 +99,13 @@ class Workflows:
                 pred = index.find(job_id)
                 if pred is not None and not replacing:  # an idempotent enqueue: the job retained
                     return ctx.job_at(*pred)
+            if pred is not None and job_id is not None and parents:
+                loop = deps.descendants(job_id).intersection(parents)
+                if loop:
+                    raise ValueError(
+                        f"job {job_id!r} cannot depend on {sorted(loop)[0]!r}, which depends "
+                        "on it: the replacement would wait for itself"
+                    )
             located: dict[str, tuple[Segment, int]] = {}
             for pid in parents or ():
                 loc = index.find(pid)

@@ -193,12 +193,13 @@ def test_enqueue_depends_on_and_get_shows_parents_and_dependents(tmp_path):
     assert [j["id"] for j in as_json(q, "list", "--state", "deferred")] == ["c"]
     got = as_json(q, "get", "c")
     assert (got["state"], got["depends_on"], got["dependents"]) == ("deferred", ["a", "b"], [])
-    lines = ringq(q, "get", "a").stdout.splitlines()
-    assert lines[0].startswith("a  ready") and lines[1:] == ["dependents: c"]
-    assert ringq(q, "get", "c").stdout.splitlines()[1] == "parents: a b"
+    lines = ringq(q, "get", "c").stdout.splitlines()
+    assert lines[0].startswith("c  deferred") and lines[1:] == ["parents: a b"]
+    assert ringq(q, "get", "a").stdout.splitlines()[1:] == ["dependents: c"]
     err = one_line_error(ringq(q, "enqueue", "x", "--depends-on", "nope", rc=None), rc=1)
     assert "'nope'" in err
-    assert as_json(q, "stats")["deferred"] == 1 and as_json(q, "stats")["total"] == 3
+    st = as_json(q, "stats")
+    assert (st["deferred"], st["total"]) == (1, 3)
 
 
 # -- stats / list / dlq / purge ------------------------------------------------------------------------

@@ -291,3 +291,40 @@ def test_the_pipeline_of_docs_workflows_md_prints_what_the_doc_says(tmp_path):
     proc = run_py(program, str(tmp_path / "jobs"))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == printed
+
+
+# -- fair scheduling across keys ----------------------------------------------------------------------
+
+
+def _keys(jobs) -> str:
+    return "".join((j.payload[0] if j.payload else "-") for j in jobs)
+
+
+@pytest.mark.parametrize("batch", [1, 7])
+def test_keys_take_turns_at_equal_priority_fifo_within_each(tmp_path, batch):
+    # Small segments: a key's jobs lie in several segments' lanes, and still lease FIFO.
+    with Queue(tmp_path, slot_count=64) as q:
+        for k in "abc":
+            q.enqueue_many([f"{k}{i}" for i in range(40)], key=k)
+        q.enqueue_many(["", ""])  # unkeyed jobs count as one key
+        q.enqueue("z-urgent", key="z", priority=5)
+        got = []
+        while len(got) < 123:
+            got += q.lease(batch)
+        assert got[0].payload == "z-urgent"  # priority first
+        order = [j.payload for j in got[1:]]
+        assert _keys(got[1:9]) == "abc-abc-"
+        for k in "abc":
+            mine = [p for p in order if p[:1] == k]
+            assert mine == [f"{k}{i}" for i in range(40)]  # FIFO within a key
+        assert _keys(got[9:]) == "abc" * 38
+
+
+def test_a_backlog_of_one_key_delays_another_key_by_one_lease_and_saves_no_credit(tmp_path):
+    with Queue(tmp_path) as q:
+        q.enqueue_many([f"a{i}" for i in range(5000)], key="a")
+        for _ in range(50):
+            q.ack(q.lease_one())  # key a alone: no turns to save for later
+        q.enqueue_many([f"b{i}" for i in range(5)], key="b")
+        got = [q.lease_one() for _ in range(12)]
+        assert _keys(got) == "bababababaaa"  # b0..b4 alternate with a, then a alone

@@ -118,6 +118,7 @@ def run_dag(tmp_path, seed: int, n: int, kills_every: float) -> None:
                 {"ms": j["ms"], "fail": j["fail"], "i": j["i"]},
                 job_id=f"j{j['i']}",
                 max_attempts=1 if j["fail"] else 50,
+                key=f"tenant-{j['i'] % 3}",  # the workers lease in fair order across keys
                 depends_on=[f"j{p}" for p in j["parents"]] or None,
                 allow_failure=j["allow"],
             )

@@ -145,6 +145,32 @@ class Index:
             rounds = self.rounds
             self.turns = {k: t for k, t in self.turns.items() if t > rounds.get(lane_prio(k), 0)}
 
+    def turns_before_another_key(self, rank: int, key: int, look: int = 32) -> int | None:
+        """In fair order: how many jobs a lane of lane key ``key`` at heap rank ``rank`` may take
+        before another key's turn at its priority comes (at least 1), or None if no other key
+        has a candidate at that priority.  A best-first walk of the heap from its top, passing
+        over ``key``'s own entries and pruning lower priorities; after ``look`` of ``key``'s
+        entries without an answer, 1 (one job at a time is always fair).  A stale entry ranks
+        a key too early, never too late, so the answer is never too large."""
+        heap = self.heap
+        if not heap:
+            return None
+        band = rank // TURN_SPAN
+        frontier = [(heap[0], 0)]
+        while frontier:
+            e, i = heapq.heappop(frontier)
+            if e[0] // TURN_SPAN != band:
+                continue  # a lower priority, and so is everything below it
+            if e[5] != key:
+                return max(1, e[0] - rank)
+            look -= 1
+            if look < 0:
+                return 1
+            for c in (2 * i + 1, 2 * i + 2):
+                if c < len(heap):
+                    heapq.heappush(frontier, (heap[c], c))
+        return None
+
     def park(self, view: View, slot: int, now: int) -> None:
         """Give one READY job an individual entry: scheduled if not due yet, else in the ready heap."""
         seg = view.seg
@@ -318,8 +344,9 @@ class Index:
                         if top is not None and top[0] // TURN_SPAN == entry[0] // TURN_SPAN:
                             if top[5] == lane.key:  # the same key: FIFO, as without keys
                                 bound = (top[1], top[2] >> 32, top[2])
-                            else:  # another key's turn comes after this many
-                                cap = min(cap, max(1, top[0] - entry[0]))
+                            gap = self.turns_before_another_key(entry[0], lane.key)
+                            if gap is not None:  # another key's turn comes after this many
+                                cap = min(cap, gap)
                     jobs, nxt, why = claim_run(
                         seg,
                         arr.cptr,

@@ -471,7 +471,8 @@ class Leases:
         wait for this one, retirement."""
         self.ring.dur.note_ack(seg, slot, done)
         self.owners.held.pop((seg.seq, slot), None)
-        self.deps.changed(view, slot, done)
+        if self.ring.ctl.deps_count():  # the queue has had dependents: fire this job's edges
+            self.deps.changed(view, slot, done)
         # The index has read ``heads.n`` records of the segment, so fewer finished cannot be all
         # of them (nor a relocation's share): the shared words are read only past that.
         if finished >= view.heads.n:

@@ -143,6 +143,34 @@ def test_a_dependent_is_released_when_the_finisher_dies_between_its_ack_and_the_
         assert q.get(d.id).state is JobState.DONE
 
 
+def test_a_dependent_whose_state_word_was_lost_waits_again_and_is_released_from_its_parent(tmp_path):
+    # A power loss can keep a record and lose its state page: the dependent's word reads EMPTY
+    # (and its tree's bits may be anything).  Reopened, it is DEFERRED again with a zeroed tree,
+    # and its edges fire from its parents' states: its parent is done, so it is ready.
+    import glob
+    import struct
+
+    from ringq.engine.segment import PAGE
+
+    with Queue(tmp_path) as q:
+        p = q.enqueue("p")
+        d = q.enqueue("d", depends_on=[p], delay=600)  # delayed: its released word says so
+        _run(q, "p")
+        assert q.get(d.id).state is JobState.READY
+    [path] = glob.glob(str(tmp_path / "*.state"))
+    with open(path, "r+b") as f:
+        f.seek(PAGE + 16 * 1)  # slot 1: the dependent's head (the parent is slot 0)
+        assert struct.unpack("<Q", f.read(8))[0] & 7 == 1  # READY
+        f.seek(PAGE + 16 * 1)
+        f.write(bytes(8))
+    with Queue(tmp_path) as q:
+        g = q.get(d.id)
+        assert g.state is JobState.READY and g.available_at > time.time() + 500
+        q.reschedule(d, delay=0)
+        j = q.lease_one()
+        assert j.id == d.id and q.lease_one() is None
+
+
 # -- debounce, replace, reschedule -----------------------------------------------------------------
 
 

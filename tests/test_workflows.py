@@ -33,7 +33,7 @@ def _run(q: Queue, payload) -> None:
 def test_a_dependent_waits_for_every_parent_then_is_ready_once(tmp_path):
     with Queue(tmp_path) as q:
         a, b = q.enqueue("a"), q.enqueue("b", job_id="bee")
-        c = q.enqueue("c", depends_on=[a, "bee"])
+        c = q.enqueue("c", depends_on=[a, "bee", a.id])  # a duplicate counts once
         assert c.state is JobState.DEFERRED and c.depends_on == [a.id, "bee"]
         assert q.get(c.id).depends_on == [a.id, "bee"]
         assert q.dependents(a) == [c.id] and q.dependents("bee") == [c.id]
@@ -197,6 +197,15 @@ def test_debounce_replaces_a_waiting_job_and_queues_a_new_run_after_a_leased_one
         assert q.lease_one() is None
         q.enqueue("v8", job_id="k", replace=True)  # finished: a new run
         assert q.lease_one().payload == "v8"
+        # Nacked while a new run waits behind it: the retry never runs, the new run does.
+        q.enqueue("n1", job_id="n")
+        j = q.lease_one()
+        q.enqueue("n2", job_id="n", replace=True)
+        q.nack(j, error="retry me", delay=0)
+        j = q.lease_one()
+        assert (j.id, j.payload, j.attempts) == ("n", "n2", 1)
+        q.ack(j)
+        assert q.lease_one() is None
         # A retry waiting after a nack is waiting too: replaced, attempts from scratch.
         q.enqueue("r1", job_id="r", max_attempts=3)
         q.nack(q.lease_one(), error="again", delay=60)
@@ -235,6 +244,10 @@ def test_reschedule_a_waiting_job_and_refuse_a_leased_or_finished_one(tmp_path):
         assert r.id == a.id and r.available_at <= time.time()
         r = q.reschedule(a, priority=5)
         assert r.priority == 5
+        t = q.enqueue("t", priority=99)
+        q.nack(q.lease_one(), error="later", delay=600)
+        t = q.reschedule(t, delay=0, priority=-5)
+        assert (t.attempts, t.last_error) == (1, "later")  # its attempts are kept
         p = q.enqueue("p", delay=600)
         d = q.enqueue("d", depends_on=[p])
         assert q.reschedule(d, priority=9).state is JobState.DEFERRED
@@ -254,7 +267,9 @@ def test_reschedule_a_waiting_job_and_refuse_a_leased_or_finished_one(tmp_path):
         _run(q, "p")
         j = q.lease_one()
         assert j.id == d.id and j.priority == 9
-        assert q.stats().total == 4
+        q.ack(j)
+        _run(q, "t")
+        assert q.stats().total == 5
 
 
 # -- fan-in at scale ---------------------------------------------------------------------------------

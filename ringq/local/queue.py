@@ -386,9 +386,10 @@ class Queue:
                 ``allow_failure``: then it becomes READY once every parent finished, whatever
                 their outcome.  A parent already done counts as done; at most 100,000 parents.
             debounce: with ``job_id``: seconds.  While the job with that id is waiting (ready,
-                delayed or deferred: never leased), this enqueue *replaces* it -- this payload
-                and these arguments, run at now + ``debounce`` -- so a burst of enqueues runs
-                once, after the burst, with the last payload.  Once it was leased, this is a new
+                delayed, deferred, or a retry after a nack: not leased) or dead-lettered, this
+                enqueue *replaces* it -- this payload and these arguments, run at now +
+                ``debounce`` -- so a burst of enqueues runs once, after the burst, with the last
+                payload (docs/workflows.md has the table).  Once it was leased, this is a new
                 run after it: it waits until the current run ends (acked, dead-lettered,
                 cancelled, or nacked: it takes the retry's place), then runs.  A finished job is
                 not changed: the new run follows it.  ``replace=True``: the same, run at now +
@@ -851,9 +852,9 @@ class Queue:
         self, job: Job | str, *, priority: int | None = None, delay: float | None = None
     ) -> Job:
         """Change a waiting job (ready, delayed or deferred): its priority, its run time (now +
-        ``delay`` seconds), or both.  The job keeps its id, payload, attempts and place among
-        jobs of its priority; a deferred one still waits for its parents (and runs at its new
-        time once released).  Every process sees the change at once.
+        ``delay`` seconds), or both.  The job keeps its id, payload, attempts, last error and
+        enqueue time (its FIFO place among jobs of its priority); a deferred one still waits for
+        its parents (and runs at its new time once released) (docs/workflows.md).
 
         Returns:
             The job after the change.

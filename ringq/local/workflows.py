@@ -29,6 +29,7 @@ from ringq.engine import meta, records, snapshot, transitions
 from ringq.engine.deps import HOLD, span_for
 from ringq.engine.index import due
 from ringq.engine.records import NewRecord
+from ringq.engine.relocate import superseding_copy
 from ringq.engine.words import (
     FLAG_CANCEL,
     ST_GONE,
@@ -209,13 +210,15 @@ class Workflows:
                 if held is not None:
                     break
                 w = seg.load_state(slot)
-            rec = self._copy(view, slot, w, priority, delay)
+            rec, err = self._copy(view, slot, w, priority, delay)
             placed = ring.append([rec])
             segseq, nslot = placed[0][0], placed[0][1]
             index_view = ctx.index.adopt(segseq, nslot)
             if index_view is None:
                 ctx.refresh(relocate=False)
                 index_view = ctx.index.views[segseq]
+            if err:
+                ring.write_error(index_view.seg, nslot, 0, err)
             ok, cur = seg.cas_state(slot, held, transitions.gone(held))
             if ok:
                 ring.segs.note_finished(seg)
@@ -251,37 +254,28 @@ class Workflows:
 
     def _copy(
         self, view: View, slot: int, w: int, priority: int | None, delay: float | None
-    ) -> NewRecord:
-        """The record that replaces the waiting job at ``slot`` (word ``w``, before its hold):
-        same id, payload, attempts and place among its priority; its new priority or run time."""
+    ) -> tuple[NewRecord, str | None]:
+        """The record that replaces the waiting job at ``slot`` (word ``w``, before its hold) --
+        relocation's superseding copy: same id, payload, attempts and enqueue time (its FIFO
+        place); its new priority or run time -- and the job's last error, which the copy keeps."""
         seg = view.seg
-        info, id_bytes, payload = records.read_record(seg, slot)
-        jid = bytes(id_bytes) if info.id_len else f"{info.seq:016x}".encode()
         deferred = is_deferred(w)
-        at = (
+        info, rec = superseding_copy(self.ctx.ring, seg, slot, lease_count(w))
+        rec.at_ms = (
             now_ms() + int(round(delay * 1000))
             if delay is not None
             else (int(info.available_ms) if deferred else due(view, slot, w))
         )
-        rec = NewRecord(
-            bytes(payload),
-            int(info.codec),
-            jid,
-            int(info.priority) if priority is None else priority,
-            0,
-            int(info.max_attempts),
-            min(int(info.attempts_before) + lease_count(w), 0xFFFF),
-            position(seg.seq, slot),
-            state=ST_READY,
-            at_ms=at,
-            enqueued_us=int(info.enqueued_us),
-            kind=int(info.kind),
-            deferred=deferred,
-        )
+        if priority is not None:
+            rec.priority = priority
+        rec.deferred = deferred
         waiting = self.ctx.deps.deferred.get((seg.seq, slot)) if deferred else None
         if waiting is not None and (waiting.after or waiting.supersedes):
             rec = self._with_after(rec, waiting.after or waiting.supersedes)
-        return rec
+        err = snapshot.last_error(
+            self.ctx.ring, seg, slot, why(w), lease_count(w), ST_READY, info.attempts_before
+        )
+        return rec, err
 
     # -- reads -----------------------------------------------------------------------------------------
 

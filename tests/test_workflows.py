@@ -90,6 +90,11 @@ def test_a_failed_parent_cancels_its_dependents_transitively_unless_allow_failur
         q.cancel(p)
         assert q.get(d.id).state is JobState.CANCELLED and repr(p.id) in q.get(d.id).last_error
         assert q.get(d2.id).state is JobState.CANCELLED  # a cancelled deferred job fails its own
+        p2 = q.enqueue("p2", delay=600)
+        d3 = q.enqueue("d3", depends_on=[p2])
+        d4 = q.enqueue("d4", depends_on=[d3])
+        assert q.cancel(d3.id).state is JobState.CANCELLED  # a deferred job cancelled directly
+        assert q.get(d4.id).state is JobState.CANCELLED and q.get(p2.id).state is JobState.READY
         e = q.enqueue("e", expires_in=0.01)
         f = q.enqueue("f", depends_on=[e])
         time.sleep(0.02)

@@ -148,6 +148,44 @@ def test_a_dependent_is_released_when_the_finisher_dies_between_its_ack_and_the_
         assert q.get(d.id).state is JobState.DONE
 
 
+def test_sweeps_take_the_dependents_in_turn_and_reach_every_one(tmp_path):
+    # A sweep looks at SWEEP_BATCH deferred jobs; more wait for a parent that is still pending,
+    # ahead of the 40 whose parents finished in a process that never fired their edges.  The
+    # next sweeps go on from where the last stopped, so those 40 are released too.
+    from ringq.engine.deps import SWEEP_BATCH
+
+    n = 40
+    with Queue(tmp_path, durability="none") as q:
+        pending = q.enqueue("pending", delay=600)
+        for _ in range(SWEEP_BATCH + 8):
+            q.enqueue("waits", depends_on=[pending])
+        parents = q.enqueue_many(list(range(n)), priority=1)
+        for p in parents:
+            q.enqueue("d", depends_on=[p])
+        proc = run_py(
+            """
+            import sys
+            from ringq import Queue
+            from ringq.engine.deps import Deps
+            q = Queue(sys.argv[1])
+            Deps.changed = lambda *a: None  # this process never fires an edge
+            for j in q.lease(len(q.list_jobs("ready"))):
+                q.ack(j)
+            """,
+            str(tmp_path),
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert q.stats().deferred == SWEEP_BATCH + 8 + n  # this reader sweeps in batches
+        got = 0
+        end = time.monotonic() + 30
+        while got < n and time.monotonic() < end:
+            jobs = q.lease(100, wait=0.5)
+            for j in jobs:
+                q.ack(j)
+            got += len(jobs)
+        assert got == n and q.stats().deferred == SWEEP_BATCH + 8
+
+
 def test_a_dependent_whose_state_word_was_lost_waits_again_and_is_released_from_its_parent(tmp_path):
     # A power loss can keep a record and lose its state page: the dependent's word reads EMPTY
     # (and its tree's bits may be anything).  Reopened, it is DEFERRED again with a zeroed tree,

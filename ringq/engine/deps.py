@@ -23,8 +23,8 @@ Who fires an edge: the process that finished the parent, right after its state c
 through this process's map of parents to dependents, filled as the index reads dependents'
 records in: O(dependents of that parent) per completion, never a scan of a dependent's parents);
 the enqueuer, after it published the dependent (a parent that finished before the dependent was
-visible); and any process's sweep, every SWEEP_INTERVAL in its reaper pass and when its reader
-opens (a process killed between a parent's change and the firing, or an enqueuer killed before
+visible); and any process's sweep, of SWEEP_BATCH deferred dependents in turn every
+SWEEP_INTERVAL in its reaper pass, and of all of them when its reader opens (a process killed between a parent's change and the firing, or an enqueuer killed before
 its check).  Ordering: the enqueuer publishes the record, then bumps the control page's
 dependents counter, then checks the parents; a finisher changes the parent's word, then reads
 the counter and catches up if it moved.  Either the finisher's catch-up sees the dependent, or
@@ -92,6 +92,7 @@ __all__ = [
     "lost_word",
     "span_for",
     "SWEEP_INTERVAL",
+    "SWEEP_BATCH",
     "PENDING",
     "SUCCEEDED",
     "FAILED",
@@ -100,6 +101,7 @@ __all__ = [
 ]
 
 SWEEP_INTERVAL = 1.0  # seconds between a process's sweeps of the dependents it knows
+SWEEP_BATCH = 512  # deferred dependents one sweep looks at, in turn (all of them when forced)
 HOLD = 5.0  # seconds a replaced or rescheduled job is held while its copy is written
 
 # What a job's state word says about it as a parent (or predecessor).
@@ -287,6 +289,7 @@ class Deps:
         self.waiting_on: dict[int, list[Dependent]] = {}  # predecessor position -> reruns
         self.deferred: dict[tuple[int, int], Dependent] = {}  # those read in DEFERRED
         self.last_sweep = 0.0
+        self.sweep_at = 0  # where the next sweep starts among the deferred dependents
         ring.segs.before_retire = self.before_retire
 
     # -- reading dependents in ---------------------------------------------------------------------
@@ -524,9 +527,11 @@ class Deps:
     # -- the sweep -----------------------------------------------------------------------------------
 
     def sweep(self, force: bool = False) -> int:
-        """Check every deferred dependent this process knows (every SWEEP_INTERVAL unless
-        ``force``): edges a killed process did not fire, releases it did not make.  Also
-        restores deferred words a killed rescheduler left held.  Returns how many changed."""
+        """Check the deferred dependents this process knows: edges a killed process did not
+        fire, releases it did not make.  Also restores deferred words a killed rescheduler left
+        held.  Every SWEEP_INTERVAL the next SWEEP_BATCH of them in turn (a sweep's cost is
+        bounded however many wait), all of them when ``force`` (a reader's first look).
+        Returns how many jobs changed."""
         if not self.ring.ctl.deps_count():
             return 0
         t = time.monotonic()
@@ -535,8 +540,13 @@ class Deps:
         self.last_sweep = t
         self.sync()
         self.prune()
+        todo = list(self.deferred.values())
+        if not force and len(todo) > SWEEP_BATCH:
+            start = self.sweep_at % len(todo)
+            todo = (todo[start:] + todo[:start])[:SWEEP_BATCH]
+            self.sweep_at = start + SWEEP_BATCH
         changed = 0
-        for dep in list(self.deferred.values()):
+        for dep in todo:
             seg = self._segment(dep)
             if seg is None:
                 continue

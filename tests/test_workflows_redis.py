@@ -19,7 +19,8 @@ pytestmark = pytest.mark.usefixtures("redis_server")
 
 def test_ready_members_an_older_ringq_wrote_keep_their_place_at_their_priority(redis_url):
     """An older ringq wrote ``ready`` members without a turn; they stay leasable, in priority
-    order with the new ones, and first among equals (they were enqueued before)."""
+    order with the new ones, and first among equals (they were enqueued before).  Every member
+    has the job id at byte 42, where an older ringq's scripts read it."""
     import redis
 
     name = f"old{uuid.uuid4().hex[:8]}"
@@ -39,8 +40,11 @@ def test_ready_members_an_older_ringq_wrote_keep_their_place_at_their_priority(r
     q = ringq.connect(redis_url, name)
     q.enqueue("new-low", priority=-1)
     q.enqueue("new0")
-    q.enqueue("high", priority=5)
+    high = q.enqueue("high", priority=5)
     assert q.stats().ready == 5
+    ids = {m[41:].decode() for m in r.zrange(k + "ready", 0, -1)}
+    assert ids == {"old0", "old-low", high.id, *(j.id for j in q.list_jobs("ready"))}
+    assert len(ids) == 5
     order = []
     while job := q.lease_one():
         order.append(job.payload)

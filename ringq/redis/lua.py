@@ -8,14 +8,14 @@ are compared on one clock whatever the clients' clocks say.
 
 Keys (``KEYS[1..20]``)::
 
-    ready    ZSET, score 0: due jobs; the member is ``<-priority: 10 digits>g<turn: 15><available_at:
+    ready    ZSET, score 0: due jobs; the member is ``<-priority: 10 digits><TURN_BASE + turn:
              15><seq: 16>`` followed by the job id, so ZRANGE 0 n-1 is the lease order.  The
              turn is fair scheduling across keys: each job takes the next turn of its key (jobs
              without a key share one), at least the priority's current round, so keys take
              turns one lease each (round-robin), FIFO within a key, and a key that was idle
-             starts at the round.  A member written by an older ringq has no ``g`` and no turn
-             (its 11th byte is a digit): at its priority it sorts before the new ones, and is
-             read as before
+             starts at the round.  An older ringq wrote the available-at (ms, below TURN_BASE)
+             where the turn is: such a member sorts before the new ones of its priority, and
+             both forms have the id at byte 42, where every version reads it
     delayed  ZSET: READY jobs not yet due, scored by available_at (ms)
     leased   ZSET: leased jobs scored by lease deadline (ms)
     dead     ZSET: dead-lettered jobs scored by seq
@@ -72,6 +72,7 @@ local K_DEFERRED, K_EDGES, K_FAIR, K_NEXT, K_PENDING, K_LINKS =
 local T = redis.call('TIME')
 local now = tonumber(T[1]) * 1000 + math.floor(tonumber(T[2]) / 1000)
 local WAKE_CAP = 256
+local TURN_BASE = 100000000000000  -- 10^14 ms is the year 5138: above every available-at
 
 local function load(id)
   local r = redis.call('HGET', K_META, id)
@@ -102,7 +103,7 @@ local function make_ready(m, g)
       redis.call('HSET', K_FAIR, tf, g + 1)
     end
     m.g = g
-    m.rk = string.format('%010dg%015d%015d%016d', 2147483647 - m.p, g, m.av, m.s) .. m.id
+    m.rk = string.format('%010d%015d%016d', 2147483647 - m.p, TURN_BASE + g, m.s) .. m.id
     redis.call('ZADD', K_READY, 0, m.rk)
     return true
   end
@@ -111,10 +112,8 @@ local function make_ready(m, g)
   redis.call('ZADD', K_DELAYED, m.av, m.id)
   return false
 end
--- The id in a member of 'ready': after the turn's 'g' and the three numbers, or, in the form
--- an older ringq wrote (no turn), after the three numbers.
+-- The id in a member of 'ready' (either form).
 local function member_id(member)
-  if string.byte(member, 11) == 103 then return string.sub(member, 58) end
   return string.sub(member, 42)
 end
 -- A job leased at its turn: the round of its priority moves there; its key's next turn is

@@ -9,6 +9,7 @@ bound with the issue's 100,000 queued jobs of one key (CI uses fewer).
 import os
 
 import pytest
+from procs import spawn
 
 from ringq import BackoffPolicy, JobNotFoundError, JobNotWaitingError, JobState
 
@@ -233,3 +234,24 @@ def test_a_big_backlog_of_one_key_delays_another_key_by_one_lease_per_key(q):
     assert "small" in got and "unkeyed" in got
     rest = lease_all(q)
     assert [p for p in got + rest if isinstance(p, int)] == list(range(1, FAIR_N))
+
+
+DEBOUNCER = """
+import sys
+import ringq
+q = ringq.connect(sys.argv[1], sys.argv[2])
+for i in range(30):
+    q.enqueue([int(sys.argv[3]), i], job_id="k", debounce=0.3)
+q.close()
+"""
+
+
+def test_debounce_from_four_processes_runs_once_with_the_last_payload(q):
+    procs = [spawn(DEBOUNCER, q.location, q.name, str(p)) for p in range(4)]
+    assert [p.wait(60) for p in procs] == [0] * 4
+    last = q.get("k").payload
+    assert last[1] == 29 and q.stats().total == 1
+    job = q.lease_one(wait=5)
+    assert job.payload == last
+    q.ack(job)
+    assert q.lease_one() is None and q.stats().done == 1

@@ -533,8 +533,11 @@ class Queue:
         if parents is not None:
             self._gated.add(q.name)
             gate_ids = [gates.GATE_PREFIX + pid for pid in parents]
-            for pid, gid in zip(parents, gate_ids):
-                q.enqueue(gates.gate_record(pid), job_id=gid, priority=gates.GATE_PRIORITY)
+            q.enqueue_many(  # idempotent by id: a gate another dependent made is kept
+                [gates.gate_record(pid) for pid in parents],
+                job_ids=gate_ids,
+                priority=gates.GATE_PRIORITY,
+            )
         q.enqueue(
             rec,
             job_id=job_id,

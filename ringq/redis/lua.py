@@ -408,7 +408,7 @@ for i = 1, n do
       redis.call('HSET', K_NEXT, id, pay)
       save(old)
       -- the reply shows the next run, waiting for the current one
-      local v = {id = id, st = 'deferred', t = old.t}
+      local v = {id = id, st = 'deferred', t = 0}
       for k2, x in pairs(f) do v[k2] = x end
       v.av, v.a, v.at = f.at, 0, nil
       out[i] = {'new', cjson.encode(v), false}

@@ -221,6 +221,7 @@ def test_keys_take_turns_and_stay_fifo_within_a_key(q):
     for k in "abc":
         q.enqueue_many([f"{k}{i}" for i in range(3)], key=k)
     q.enqueue("none")  # jobs without a key are one more key
+    assert q.get(q.search(key="b").jobs[0].id).key == "b" and q.search(key="b").total == 3
     order = lease_all(q)
     assert order == ["a0", "b0", "c0", "none", "a1", "b1", "c1", "a2", "b2", "c2"]
 

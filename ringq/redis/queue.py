@@ -11,6 +11,13 @@ requeues push a token to it.  Delayed jobs coming due and leases expiring push n
 lease script also returns how long until the next of those, and the consumer blocks no longer than
 that (and at most ``MAX_NAP`` seconds).
 
+Workflows (docs/workflows.md) are the same scripts' work: a job enqueued with ``depends_on`` is
+DEFERRED with a count of its unfinished parents, and the script that finishes a parent (ack,
+nack, expiry, cancel) lowers the count of each of its dependents, so the one that finishes the
+last parent releases the dependent, once, in the same atomic step; a failed parent cancels the
+dependents that do not allow failure.  At equal priority due jobs of different ``key`` values
+take turns (round-robin), FIFO within a key.  ringq/redis/lua.py's docstring has the keys.
+
 A dead holder cannot be noticed across hosts the way the local queue notices it (a kernel lock
 dropped at exit): its leases come back when their visibility timeout passes, and a
 :class:`~ringq.Worker` keeps its running jobs' leases alive by extending them (heartbeats).

@@ -256,3 +256,21 @@ def test_debounce_from_four_processes_runs_once_with_the_last_payload(q):
     assert job.payload == last
     q.ack(job)
     assert q.lease_one() is None and q.stats().done == 1
+
+
+def test_a_replacement_cannot_wait_for_its_own_dependents(queue_factory, request):
+    if queue_factory.backend == "local":
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=False,
+                reason="local: a replacement depending on its own dependent is not refused",
+            )
+        )
+    q = queue_factory()
+    q.enqueue("a", job_id="a")
+    q.enqueue("b", job_id="b", depends_on=["a"])
+    q.enqueue("c", job_id="c", depends_on=["b"])
+    with pytest.raises(ValueError, match="'c'"):
+        q.enqueue("a2", job_id="a", replace=True, depends_on=["c"])
+    assert q.get("a").payload == "a" and q.stats().total == 3
+    assert lease_all(q) == ["a", "b", "c"]

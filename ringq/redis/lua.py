@@ -355,7 +355,8 @@ end
 # ARGV: priority, delay_ms, max_attempts, n, then n pairs (id or "", codec byte + payload), then
 # expires-at ms (0: none), timeout ms (0: none), traceparent and tracestate ("": none), key ("":
 # none), mode ("r": replace the job with that id, "": keep a retained one), allow_failure "0"/"1",
-# np, then np parent ids (with n = 1).  A parent not retained: {{"nf", id}} and nothing written.
+# np, then np parent ids (with n = 1).  A parent not retained: {{"nf", id}}, or one that waits for
+# the job it would replace: {{"cycle", id}}, and nothing written.
 # Returns per job {"new"|"old", meta JSON, payload or false (for new jobs the caller has it)}.
 #
 # Replacing job k: a waiting or finished k takes the new run at once (a new seq, so it queues
@@ -376,6 +377,17 @@ if np > 0 then
   if mode == 'r' or id == '' or redis.call('HEXISTS', K_META, id) == 0 then
     for _, p in ipairs(dp) do
       if redis.call('HEXISTS', K_META, p) == 0 then return {{'nf', p}} end
+    end
+  end
+  if mode == 'r' and id ~= '' then
+    -- a replacement must not wait for a job that waits for it: no parent among its dependents
+    local want, seen, todo = {}, {[id] = true}, {id}
+    for _, p in ipairs(dp) do want[p] = true end
+    while #todo > 0 do
+      for _, c in ipairs(children(K_EDGES, table.remove(todo))) do
+        if want[c] then return {{'cycle', c}} end
+        if not seen[c] then seen[c] = true; todo[#todo + 1] = c end
+      end
     end
   end
 end

@@ -267,7 +267,8 @@ class RedisQueue:
         fairly across keys; its limits are not available here.  Raises ConnectionLostError
         (outcome unknown: re-send with a ``job_id`` to make a retry safe),
         ReplicationTimeoutError, JobNotFoundError (a parent is not retained: nothing written),
-        LimitError for ``unique_for`` (limits are not available on Redis).
+        ValueError (also a replacement that would depend on one of its own dependents: nothing
+        written), LimitError for ``unique_for`` (limits are not available on Redis).
 
         A ``debounce`` or ``replace`` of a job that is leased leaves its run alone: the new
         run waits in the job until that run ends (acked, dead-lettered, cancelled, or nacked:
@@ -380,6 +381,11 @@ class RedisQueue:
             except UnicodeEncodeError:
                 raise SerializationError(f"job id {pid!r} is not valid Unicode text") from None
         rows = self._scripts.run("enqueue", args, write=True)
+        if rows and rows[0][0] == b"cycle":
+            raise ValueError(
+                f"job {ids[0]!r} cannot depend on {rows[0][1].decode()!r}: that job waits for "
+                f"{ids[0]!r} (depends on it, directly or through others)"
+            )
         if rows and rows[0][0] == b"nf":
             raise JobNotFoundError(
                 f"no job {rows[0][1].decode()!r} in queue {self.name!r} to depend on (never "

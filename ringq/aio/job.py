@@ -51,8 +51,8 @@ RESULT_KEYS = {
 
 
 class Status(str, enum.Enum):
-    """Where a job is.  ``RUNNING`` covers every unfinished job: queued, delayed, running, or
-    interrupted and awaiting a rerun."""
+    """Where a job is.  ``RUNNING`` covers every unfinished job: queued, delayed, waiting for
+    the jobs it depends on, running, or interrupted and awaiting a rerun."""
 
     RUNNING = "running"
     DONE = "done"

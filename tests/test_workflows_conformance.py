@@ -290,3 +290,12 @@ def test_a_rescheduled_job_keeps_its_place_among_its_priority(queue_factory, req
     q.reschedule(a, priority=0)
     q.reschedule(b.id, delay=0)
     assert lease_all(q) == ["a", "b", "c"]
+
+
+def test_a_released_dependent_keeps_its_delay(q):
+    p = q.enqueue("p")
+    c = q.enqueue("c", depends_on=[p], delay=60)
+    q.ack(q.lease_one())
+    got = q.get(c.id)
+    assert got.state is JobState.READY and got.available_at > c.enqueued_at + 59
+    assert q.stats().delayed == 1 and q.lease_one() is None

@@ -30,6 +30,10 @@ on a Redis server (ringq/aio/store.py is the only code that knows which):
   result record exists, and pruned (by retention, ringq/aio/retention.py) once the result record
   is DONE.
 
+A job submitted with ``depends_on`` waits DEFERRED in its kind's queue for one *gate* per parent
+there (ringq/aio/gates.py), which settles by the parent's aio status, so parents of any kind
+work and a FAILED parent cancels its dependents.
+
 Running a job: lease it (one process at a time) -> if a result already exists (a crash came
 between writing it and the ack), just ack -> run the handler -> check the lease is still ours
 -> append the result (durable) -> ack.  A failure with retries left is a ``nack`` with the

@@ -101,3 +101,33 @@ def test_cancelling_a_waiting_parent_fails_its_dependents(target):
             assert queue.get(c).status is Status.FAILED
 
     run(main())
+
+
+def test_debounce_runs_a_burst_once_with_the_last_payload(target):
+    queue = Queue(target, "wf")
+    runs = []
+
+    @queue.handler("save")
+    async def save(job):
+        runs.append(job.payload)
+        return job.payload
+
+    async def main():
+        async with queue:
+            for i in range(5):
+                assert queue.submit("save", i, id="doc", debounce=0.2) == "doc"
+            await until(lambda: finished(queue, "doc"))
+            assert runs == [4] and queue.get("doc").result == 4
+            queue.submit("save", 5, id="doc", debounce=0)  # finished: nothing stored
+            await asyncio.sleep(0.1)
+            assert runs == [4]
+            with pytest.raises(ValueError, match="id"):
+                queue.submit("save", 1, debounce=1)
+            queue.submit("save", 1, id="later", delay=30)
+            with pytest.raises(ValueError, match="kind"):
+                queue.submit("other", 2, id="later", replace=True)
+            queue.submit("save", 2, id="later", replace=True)
+            await until(lambda: finished(queue, "later"))
+            assert runs == [4, 2]
+
+    run(main())

@@ -66,7 +66,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ringq import codec, tracing
-from ringq.backend import DEFAULT_VISIBILITY_TIMEOUT, check_allow_failure
+from ringq.backend import DEFAULT_VISIBILITY_TIMEOUT, check_allow_failure, check_replace
 from ringq.backoff import BackoffPolicy
 from ringq.engine import records
 from ringq.engine.ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE
@@ -480,6 +480,8 @@ class Queue:
         timeout: float | None = None,
         depends_on: Any = None,
         allow_failure: bool = False,
+        debounce: float | None = None,
+        replace: bool = False,
     ) -> str:
         """Store a job durably and start it; returns its id.  Not a coroutine.
 
@@ -505,6 +507,14 @@ class Queue:
                 of its last parent finishing in the same process, and within
                 ``ringq.aio.gates.POLL_MAX`` (5 s) of one finishing in another
                 (ringq/aio/gates.py).
+            debounce: with ``id``: seconds.  While job ``id`` waits to start (queued, delayed,
+                waiting for its parents, or for a retry), this submit *replaces* it -- this
+                payload and these arguments, started ``debounce`` seconds from now -- so a burst
+                of submits runs once, after the burst, with the last payload.  Once it has
+                finished nothing is stored (as without ``debounce``); while it runs, the
+                replacement takes the place of a retry, and is dropped if the run finishes.
+                ``replace=True``: the same, started after ``delay``.  The kind must be that of
+                the job replaced (ValueError).
 
         With ``ringq[otel]`` installed the trace context current here is stored with the job and
         its handler runs in a span that continues it (docs/operations.md, "Traces").
@@ -525,8 +535,16 @@ class Queue:
         job_id = id if id is not None else uuid.uuid4().hex
         parents = gates.parent_ids(depends_on, job_id)
         check_allow_failure(allow_failure, parents)
-        if id is not None and self._locate(id) is not None:
-            return id
+        wait = check_replace(debounce, replace, id, delay, None)
+        if id is not None:
+            found = self._locate(id)
+            if isinstance(found, Job) and wait is not None and found.status is Status.RUNNING:
+                if found.kind != kind:
+                    raise ValueError(
+                        f"job {id!r} is of kind {found.kind!r}: a replacement keeps the kind"
+                    )
+            elif found is not None:
+                return id
         for pid in parents or ():
             if self._locate(pid) is None:
                 raise JobNotFoundError(f"no job {pid!r} in aio queue {self.name!r} to depend on")
@@ -545,11 +563,14 @@ class Queue:
         q.enqueue(
             rec,
             job_id=job_id,
-            delay=delay,
+            delay=delay if wait is None else 0.0,
             timeout=timeout,
             depends_on=gate_ids,
             allow_failure=allow_failure,
+            debounce=wait,
         )
+        if wait is not None:
+            delay = wait
         loop = self._opened_loop()
         if threading.get_ident() == self._loop_thread:
             self._pump(kind)

@@ -30,12 +30,14 @@ __all__ = ["Job", "Status"]
 log = logging.getLogger("ringq.aio")
 
 PRUNED = object()  # what locate returns for a job that finished and was pruned
+# The ids of gates (ringq/aio/gates.py): an aio job id never starts with it (submit refuses it).
+GATE_PREFIX = "~after:"
 NO_PAYLOAD = object()  # payload of a result record that does not repeat it (read the job record)
 # Encoded payloads up to this many bytes are repeated in the result record, so get() returns them
 # for as long as the result is retained.  A larger one is not: the result record then holds only the
 # result and a few hundred bytes of fields, so any result as large as the payload fits too.
 RESULT_PAYLOAD_MAX = 64 * 1024
-UNFINISHED = (JobState.READY, JobState.LEASED)
+UNFINISHED = (JobState.READY, JobState.LEASED, JobState.DEFERRED)
 RESULT_KEYS = {
     "id",
     "kind",
@@ -49,8 +51,8 @@ RESULT_KEYS = {
 
 
 class Status(str, enum.Enum):
-    """Where a job is.  ``RUNNING`` covers every unfinished job: queued, delayed, running, or
-    interrupted and awaiting a rerun."""
+    """Where a job is.  ``RUNNING`` covers every unfinished job: queued, delayed, waiting for
+    the jobs it depends on, running, or interrupted and awaiting a rerun."""
 
     RUNNING = "running"
     DONE = "done"
@@ -76,6 +78,8 @@ class Job:
         attempts: times a handler was started for it (leases, counting ones lost to crashes).
         progress: the fraction in [0, 1] its running handler last reported with
             :meth:`ringq.aio.Queue.progress`, else None.
+        depends_on: the ids of the jobs it was submitted to wait for (``submit(...,
+            depends_on=)``), in the order given, or None.
     """
 
     id: str
@@ -88,6 +92,7 @@ class Job:
     finished_at: datetime | None = None
     attempts: int = 0
     progress: float | None = None
+    depends_on: list[str] | None = None
 
 
 Job.__module__ = Status.__module__ = "ringq.aio"  # their public home, as in reprs and pickles
@@ -119,8 +124,15 @@ def decode(ej: EngineJob, qname: str, prefix: str) -> tuple[str, Any]:
     return (qname[len(prefix) :] if qname.startswith(prefix) else qname), rec
 
 
+def parents(ej: EngineJob) -> list[str] | None:
+    """The aio parents of job record ``ej``: the jobs its gates stand for."""
+    if ej.depends_on is None:
+        return None
+    return [g[len(GATE_PREFIX) :] if g.startswith(GATE_PREFIX) else g for g in ej.depends_on]
+
+
 def unfinished(ej: EngineJob, kind: str, payload: Any) -> Job:
-    """The RUNNING snapshot of a READY or LEASED job record."""
+    """The RUNNING snapshot of a READY, DEFERRED or LEASED job record."""
     return Job(
         id=ej.id,
         kind=kind,
@@ -129,19 +141,27 @@ def unfinished(ej: EngineJob, kind: str, payload: Any) -> Job:
         created_at=utc(ej.enqueued_at),
         attempts=ej.attempts,
         progress=ej.progress,
+        depends_on=parents(ej),
     )
 
 
 def cancelled(ej: EngineJob, kind: str, payload: Any) -> Job:
-    """The FAILED snapshot of a job record cancelled (or expired) before it finished."""
+    """The FAILED snapshot of a job record cancelled (or expired) before it finished; one that a
+    failed parent cancelled (the engine's error names the parent's gate) says which parent."""
+    error = CANCELLED_ERROR
+    why = ej.last_error or ""
+    if why.startswith(f"parent job '{GATE_PREFIX}"):
+        parent = why[len(f"parent job '{GATE_PREFIX}") :].rsplit("' ended", 1)[0]
+        error = f"Cancelled: parent job {parent!r} failed"
     return Job(
         id=ej.id,
         kind=kind,
         payload=payload,
         status=Status.FAILED,
-        error=CANCELLED_ERROR,
+        error=error,
         created_at=utc(ej.enqueued_at),
         attempts=ej.attempts,
+        depends_on=parents(ej),
     )
 
 
@@ -177,6 +197,7 @@ def from_result(rec: Any, job_id: str, where: str) -> Job | None:
         created_at=utc(rec["created_at"]),
         finished_at=utc(rec["finished_at"]),
         attempts=rec["attempts"],
+        depends_on=rec.get("depends_on"),
     )
 
 
@@ -195,6 +216,8 @@ def result_record(
         "finished_at": time.time(),
         "attempts": ej.attempts,
     }
+    if job.depends_on is not None:
+        rec["depends_on"] = job.depends_on
     if len(codec.encode(job.payload)[1]) <= RESULT_PAYLOAD_MAX:
         rec["payload"] = job.payload
     return rec
@@ -257,11 +280,14 @@ def with_payload(job: Job, kind_queues: list[Any], prefix: str) -> Job:
 
 
 def unfinished_jobs(results: Any, kind_queues: list[Any], prefix: str) -> list[Job]:
-    """Every unfinished job in ``kind_queues`` (READY or LEASED, with no result), oldest first."""
+    """Every unfinished job in ``kind_queues`` (READY, DEFERRED or LEASED, with no result; not
+    the gates of ringq/aio/gates.py), oldest first."""
     out = []
     for q in kind_queues:
         for state in UNFINISHED:
             for ej in q.list_jobs(state):
+                if ej.id.startswith(GATE_PREFIX):
+                    continue
                 if not isinstance(find_result(results, ej.id), Job):
                     out.append(unfinished(ej, *decode(ej, q.name, prefix)))
     out.sort(key=lambda j: (j.created_at, j.id))

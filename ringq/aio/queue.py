@@ -30,6 +30,10 @@ on a Redis server (ringq/aio/store.py is the only code that knows which):
   result record exists, and pruned (by retention, ringq/aio/retention.py) once the result record
   is DONE.
 
+A job submitted with ``depends_on`` waits DEFERRED in its kind's queue for one *gate* per parent
+there (ringq/aio/gates.py), which settles by the parent's aio status, so parents of any kind
+work and a FAILED parent cancels its dependents.
+
 Running a job: lease it (one process at a time) -> if a result already exists (a crash came
 between writing it and the ack), just ack -> run the handler -> check the lease is still ours
 -> append the result (durable) -> ack.  A failure with retries left is a ``nack`` with the
@@ -62,7 +66,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ringq import codec, tracing
-from ringq.backend import DEFAULT_VISIBILITY_TIMEOUT
+from ringq.backend import DEFAULT_VISIBILITY_TIMEOUT, check_allow_failure, check_replace
 from ringq.backoff import BackoffPolicy
 from ringq.engine import records
 from ringq.engine.ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE
@@ -75,6 +79,7 @@ from ringq.errors import (
 )
 from ringq.job import Job as _EngineJob
 
+from . import gates
 from . import job as aio_job
 from .job import CANCELLED_ERROR, Job, Status
 from .retention import Retention
@@ -217,6 +222,9 @@ class Queue:
         self._closing = False
         self._lost: set[_RunKey] = set()
         self._cancelling: set[_RunKey] = set()  # running jobs whose cancel was requested
+        # Engine queues where this process made or settled gates (ringq/aio/gates.py): a job
+        # finishing here nudges its gates there.
+        self._gated: set[str] = set()
         self._chores: list[asyncio.Task[None]] = []
         self._retention = Retention(
             self._store, keep_seconds, keep_jobs, self.sweep_interval, self.visibility_timeout
@@ -377,11 +385,12 @@ class Queue:
         for q in self._kind_queues():
             try:
                 q.cancel(id)
-                return True
             except JobNotFoundError:
                 continue
             except RingqError:  # finished meanwhile
                 return False
+            self._nudge(id)
+            return True
         return False
 
     def pause(self, kind: str) -> None:
@@ -469,6 +478,10 @@ class Queue:
         id: str | None = None,
         delay: float = 0.0,
         timeout: float | None = None,
+        depends_on: Any = None,
+        allow_failure: bool = False,
+        debounce: float | None = None,
+        replace: bool = False,
     ) -> str:
         """Store a job durably and start it; returns its id.  Not a coroutine.
 
@@ -481,10 +494,27 @@ class Queue:
                 process that has one.
             payload: a JSON value.
             id: an idempotency key: if a job with this id is retained, nothing is stored and its
-                id is returned.
+                id is returned.  An id may not start with ``"~after:"`` (ValueError).
             delay: seconds before the job may start.
             timeout: seconds one run of this job may take; it wins over its handler's ``timeout``
                 (the run is cancelled and fails as a handler timeout does).  Stored with the job.
+            depends_on: jobs (ids or :class:`Job` snapshots, of any kind) this one waits for: it
+                stays RUNNING without starting until every one of them is DONE, then starts once.
+                One that FAILED (or was cancelled) fails it, with ``"Cancelled: parent job 'ID'
+                failed"``, and its own dependents in turn, unless ``allow_failure``: then it
+                starts once every parent finished, either way.  A parent already finished
+                counts as it ended; a pruned one as DONE.  It starts within a few milliseconds
+                of its last parent finishing in the same process, and within
+                ``ringq.aio.gates.POLL_MAX`` (5 s) of one finishing in another
+                (ringq/aio/gates.py).
+            debounce: with ``id``: seconds.  While job ``id`` waits to start (queued, delayed,
+                waiting for its parents, or for a retry), this submit *replaces* it -- this
+                payload and these arguments, started ``debounce`` seconds from now -- so a burst
+                of submits runs once, after the burst, with the last payload.  Once it has
+                finished nothing is stored (as without ``debounce``); while it runs, the
+                replacement takes the place of a retry, and is dropped if the run finishes.
+                ``replace=True``: the same, started after ``delay``.  The kind must be that of
+                the job replaced (ValueError).
 
         With ``ringq[otel]`` installed the trace context current here is stored with the job and
         its handler runs in a span that continues it (docs/operations.md, "Traces").
@@ -492,6 +522,7 @@ class Queue:
         Raises:
             QueueClosedError (not open), SerializationError (payload not JSON), RecordTooLargeError
             (the record exceeds ``max_record_bytes``, on either backend), ValueError,
+            JobNotFoundError (a parent was never submitted: nothing stored),
             ConnectionLostError (Redis unreachable: the job may or may not be stored; pass an ``id``
             to make a retry safe).
         """
@@ -499,13 +530,47 @@ class Queue:
         if id is not None:
             if not isinstance(id, str) or not id:
                 raise ValueError(f"id must be a non-empty string, got {id!r}")
-            if self._locate(id) is not None:
-                return id
+            if id.startswith(gates.GATE_PREFIX):
+                raise ValueError(f"job ids starting with {gates.GATE_PREFIX!r} are reserved")
         job_id = id if id is not None else uuid.uuid4().hex
+        parents = gates.parent_ids(depends_on, job_id)
+        check_allow_failure(allow_failure, parents)
+        wait = check_replace(debounce, replace, id, delay, None)
+        if id is not None:
+            found = self._locate(id)
+            if isinstance(found, Job) and wait is not None and found.status is Status.RUNNING:
+                if found.kind != kind:
+                    raise ValueError(
+                        f"job {id!r} is of kind {found.kind!r}: a replacement keeps the kind"
+                    )
+            elif found is not None:
+                return id
+        for pid in parents or ():
+            if self._locate(pid) is None:
+                raise JobNotFoundError(f"no job {pid!r} in aio queue {self.name!r} to depend on")
         q = self._open_engine(self.queue_name(kind))
         rec = {"kind": kind, "payload": payload}
         self._check_record_size(q.name, rec, job_id)
-        q.enqueue(rec, job_id=job_id, delay=delay, timeout=timeout)
+        gate_ids = None
+        if parents is not None:
+            self._gated.add(q.name)
+            gate_ids = [gates.GATE_PREFIX + pid for pid in parents]
+            q.enqueue_many(  # idempotent by id: a gate another dependent made is kept
+                [gates.gate_record(pid) for pid in parents],
+                job_ids=gate_ids,
+                priority=gates.GATE_PRIORITY,
+            )
+        q.enqueue(
+            rec,
+            job_id=job_id,
+            delay=delay if wait is None else 0.0,
+            timeout=timeout,
+            depends_on=gate_ids,
+            allow_failure=allow_failure,
+            debounce=wait,
+        )
+        if wait is not None:
+            delay = wait
         loop = self._opened_loop()
         if threading.get_ident() == self._loop_thread:
             self._pump(kind)
@@ -514,6 +579,13 @@ class Queue:
         if delay > 0:
             loop.call_soon_threadsafe(loop.call_later, delay, self._pump, kind)
         return job_id
+
+    def _nudge(self, job_id: str) -> None:
+        """Job ``job_id`` finished: its gates in the queues this process gates look now."""
+        if self._gated:
+            with self._qlock:
+                queues = [self._queues[n] for n in self._gated if n in self._queues]
+            gates.nudge(queues, job_id)
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -566,10 +638,16 @@ class Queue:
         key = (ej.id, ej.lease_token)
         q = h.queue
         try:
+            parent = gates.parent_of(ej)
+            if parent is not None:  # a gate: settled, never run (ringq/aio/gates.py)
+                self._gated.add(q.name)
+                gates.settle(q, ej, self._locate(parent))
+                return
             job = aio_job.unfinished(ej, *aio_job.decode(ej, q.name, self._prefix))
             if (
                 aio_job.find_result(self._results, ej.id) is not None
             ):  # finished before: a crash came before its ack
+                self._nudge(ej.id)
                 _ack(q, ej)
                 return
             if ej.attempts > max(self.max_attempts, h.retries + 1):
@@ -643,6 +721,7 @@ class Queue:
                 error=f"{type(exc).__name__}: handler result: {exc}",
             )
             self._results.enqueue(rec, job_id=job.id)
+        self._nudge(job.id)
         _ack(q, ej)
 
     def _check_record_size(self, qname: str, rec: Any, job_id: str) -> None:

@@ -81,8 +81,6 @@ class RedisAdmin:
             past = -1 if after is None else int(after)
         except ValueError:
             raise ValueError(f"not a search cursor: {after!r} (pass a page's next)") from None
-        if key is not None:  # no job has a key on Redis (enqueue refuses one)
-            return SearchPage([], 0, None)
         if job_id is not None:
             try:
                 found = [self.get(job_id)]
@@ -101,6 +99,7 @@ class RedisAdmin:
             )
             and (state != "delayed" or j.available_at > now)
             and (priority is None or j.priority == priority)
+            and (key is None or j.key == key)
             and (error is None or ascii_contains(j.last_error or "", error))
         ]
         rest = [j for j in hits if j.seq > past]
@@ -127,10 +126,9 @@ class RedisAdmin:
 
     def stats(self) -> QueueStats:
         """As :meth:`RedisQueue.stats`."""
-        ready, delayed, leased, done, dead, cancelled, expired, enq, acked, dl = self.scripts.run(
-            "stats", [int(self.retain_done * 1000)]
-        )
-        total = ready + delayed + leased + done + dead + cancelled + expired
+        out = self.scripts.run("stats", [int(self.retain_done * 1000)])
+        ready, delayed, leased, done, dead, cancelled, expired, enq, acked, dl, deferred = out
+        total = ready + delayed + leased + done + dead + cancelled + expired + deferred
         return QueueStats(
             ready,
             delayed,
@@ -144,6 +142,7 @@ class RedisAdmin:
             dl,
             cancelled=cancelled,
             expired=expired,
+            deferred=deferred,
         )
 
     def import_jobs(self, jobs: Sequence[Job], *, source: str | None = None) -> int:

@@ -8,12 +8,14 @@ are compared on one clock whatever the clients' clocks say.
 
 Keys (``KEYS[1..20]``)::
 
-    ready    ZSET, score 0: due jobs; the member sorts lexically by (-priority, turn,
-             available_at, seq) followed by the job id, so ZRANGE 0 n-1 is the lease order.  The
+    ready    ZSET, score 0: due jobs; the member is ``<-priority: 10 digits><TURN_BASE + turn:
+             15><seq: 16>`` followed by the job id, so ZRANGE 0 n-1 is the lease order.  The
              turn is fair scheduling across keys: each job takes the next turn of its key (jobs
              without a key share one), at least the priority's current round, so keys take
-             turns one lease each (round-robin), FIFO within a key.  Members written by an older
-             ringq (no turn, no leading ``f``) sort first and are read as before
+             turns one lease each (round-robin), FIFO within a key, and a key that was idle
+             starts at the round.  An older ringq wrote the available-at (ms, below TURN_BASE)
+             where the turn is: such a member sorts before the new ones of its priority, and
+             both forms have the id at byte 42, where every version reads it
     delayed  ZSET: READY jobs not yet due, scored by available_at (ms)
     leased   ZSET: leased jobs scored by lease deadline (ms)
     dead     ZSET: dead-lettered jobs scored by seq
@@ -35,8 +37,9 @@ Keys (``KEYS[1..20]``)::
     fair     HASH: ``v<priority>``: the round of that priority (the turn of the job leased
              last); ``t<priority>:<key>``: the next turn of that key
     next     HASH: id -> codec byte + payload of the job's next run (a debounce or replace of
-             a leased job: it runs when the current run ends)
-    pending  HASH: id -> how many of a DEFERRED job's parents have not finished
+             a leased job: it takes the job's place when the current run ends)
+    pending  HASH: id -> 2 * (how many of a DEFERRED job's parents have not finished) + af,
+             so a parent's end reads or lowers one field (HGET, HINCRBY -2), never the job
     links    ZSET, score 0: every edge of a retained dependent, fired or not (as ``edges``),
              for ``dependents()``
 
@@ -48,12 +51,15 @@ ex (expires-at, ms: never leased after it), pg / pm (progress fraction / message
 to (hard timeout of one attempt, ms), tp / ts (W3C traceparent / tracestate of the enqueue),
 fa (traceparent of the first attempt's span, recorded by a Worker for a retry's link),
 k (the job's key), g (its turn, while ready), dp (ids of the jobs it depends on), af (1:
-allow_failure), nx (JSON of the fields of its next run, while one waits: see ``next``).
+allow_failure), nx (the fields of its next run, while one waits: see ``next`` and ENQUEUE).
 States (st): ready, leased, done, dead, cancelled, expired, deferred.
 
-A job that ends (done, dead, cancelled, expired) fires its pending edges in the same script:
-each dependent's count goes down by one (HINCRBY, O(1) per edge); the one that reaches 0 makes it
-ready; a failed parent cancels a dependent without ``af`` (and its dependents in turn).
+A job that ends (done, dead, cancelled, expired) fires its pending edges in the same script
+(``fire``): each dependent's count goes down by one, O(1) per edge (the dependent's record,
+with its list of parents, is read only when it is released or cancelled).  The parent that
+brings the count to 0 makes it ready, so it is released exactly once, by the script that
+finished its last parent; a failed parent cancels a dependent without ``af`` (and its
+dependents in turn), with an error naming that parent.
 """
 
 PRELUDE = r"""
@@ -66,6 +72,7 @@ local K_DEFERRED, K_EDGES, K_FAIR, K_NEXT, K_PENDING, K_LINKS =
 local T = redis.call('TIME')
 local now = tonumber(T[1]) * 1000 + math.floor(tonumber(T[2]) / 1000)
 local WAKE_CAP = 256
+local TURN_BASE = 100000000000000  -- 10^14 ms is the year 5138: above every available-at
 
 local function load(id)
   local r = redis.call('HGET', K_META, id)
@@ -83,18 +90,20 @@ local function wake(n)
   for _ = 1, n do redis.call('RPUSH', K_WAKE, 1) end
   redis.call('LTRIM', K_WAKE, -WAKE_CAP, -1)
 end
--- READY: into 'ready' if due (returns true), else into 'delayed'.  A due job takes its key's
--- next turn (fair scheduling, see the module's docstring).
-local function make_ready(m)
+-- READY: into 'ready' if due (returns true), else into 'delayed'.  A due job takes turn g if
+-- given (it keeps its place), else its key's next turn (fair scheduling: the module's docstring).
+local function make_ready(m, g)
   m.st = 'ready'
   m.dl = nil
   if m.av <= now then
-    local tf = 't' .. m.p .. ':' .. (m.k or '')
-    local f = redis.call('HMGET', K_FAIR, 'v' .. m.p, tf)
-    local g = math.max(tonumber(f[1] or '0'), tonumber(f[2] or '0'))
-    redis.call('HSET', K_FAIR, tf, g + 1)
+    if g == nil then
+      local tf = 't' .. m.p .. ':' .. (m.k or '')
+      local f = redis.call('HMGET', K_FAIR, 'v' .. m.p, tf)
+      g = math.max(tonumber(f[1] or '0'), tonumber(f[2] or '0'))
+      redis.call('HSET', K_FAIR, tf, g + 1)
+    end
     m.g = g
-    m.rk = string.format('f%010d%015d%015d%016d', 2147483647 - m.p, g, m.av, m.s) .. m.id
+    m.rk = string.format('%010d%015d%016d', 2147483647 - m.p, TURN_BASE + g, m.s) .. m.id
     redis.call('ZADD', K_READY, 0, m.rk)
     return true
   end
@@ -103,9 +112,8 @@ local function make_ready(m)
   redis.call('ZADD', K_DELAYED, m.av, m.id)
   return false
 end
--- The id in a member of 'ready' (the old form has no turn).
+-- The id in a member of 'ready' (either form).
 local function member_id(member)
-  if string.byte(member, 1) == 102 then return string.sub(member, 58) end
   return string.sub(member, 42)
 end
 -- A job leased at its turn: the round of its priority moves there; its key's next turn is
@@ -121,17 +129,15 @@ end
 local function edge(parent, child)
   return string.format('%08x', #parent) .. parent .. child
 end
--- The ids of the dependents with an edge from parent in zset k (edges or links).
+-- The ids of the dependents with an edge from parent in zset k (edges or links): one range of
+-- the members that start with the parent's prefix (ids are UTF-8, never byte 255).
 local function children(k, parent)
   local pre = string.format('%08x', #parent) .. parent
   local out, start = {}, 0
   while true do
-    local got = redis.call('ZRANGEBYLEX', k, '[' .. pre, '+', 'LIMIT', start, 500)
-    if #got == 0 then return out end
-    for _, e in ipairs(got) do
-      if string.sub(e, 1, #pre) ~= pre then return out end
-      out[#out + 1] = string.sub(e, #pre + 1)
-    end
+    local got = redis.call('ZRANGEBYLEX', k, '[' .. pre, '(' .. pre .. '\255', 'LIMIT', start, 500)
+    for _, e in ipairs(got) do out[#out + 1] = string.sub(e, #pre + 1) end
+    if #got < 500 then return out end
     start = start + #got
   end
 end
@@ -153,8 +159,8 @@ local function make_ended(m, st)
   m.fin = now
   redis.call('ZADD', st == 'expired' and K_EXPIRED or K_CANCELLED, now, m.id)
 end
--- Leave whatever set of its state m is in (before it is placed anew).
-local function unplace(m)
+-- Take m out of the set of its state (before it is placed anew); its links too unless keep.
+local function unplace(m, keep)
   if m.st == 'ready' then
     if m.rk then redis.call('ZREM', K_READY, m.rk) else redis.call('ZREM', K_DELAYED, m.id) end
   elseif m.st == 'deferred' then
@@ -167,7 +173,9 @@ local function unplace(m)
   elseif m.st == 'cancelled' then redis.call('ZREM', K_CANCELLED, m.id)
   elseif m.st == 'expired' then redis.call('ZREM', K_EXPIRED, m.id)
   end
-  for _, p in ipairs(m.dp or {}) do redis.call('ZREM', K_LINKS, edge(p, m.id)) end
+  if not keep then
+    for _, p in ipairs(m.dp or {}) do redis.call('ZREM', K_LINKS, edge(p, m.id)) end
+  end
   m.rk = nil
   m.g = nil
 end
@@ -179,82 +187,101 @@ local function outcome(st)
   return nil
 end
 local ended_as = {dead = 'dead-lettered', cancelled = 'cancelled', expired = 'expired'}
--- Place m (new, or a new run) with its parents dp: DEFERRED while some have not finished
--- (their edges pending), CANCELLED if one failed and not af, else READY.  Returns true if it
--- is due now.
-local function place(m, dp, af)
-  m.dp = dp
-  m.af = af
-  if not dp then return make_ready(m) end
-  local pending = 0
-  for _, p in ipairs(dp) do
+local function cancel_for(m, parent, st)
+  make_ended(m, 'cancelled')
+  m.e = "parent job '" .. parent .. "' ended " .. ended_as[st]
+end
+-- Place m with its parents (m.dp, m.af): DEFERRED while some have not finished (an edge from
+-- each, and 2 * their count + af in 'pending'), CANCELLED if one failed and not af, else
+-- READY.  A parent not retained counts as done.  Returns true if m is due now.
+local function place(m)
+  if not m.dp then return make_ready(m) end
+  local pending, failed = 0, nil
+  for _, p in ipairs(m.dp) do
     redis.call('ZADD', K_LINKS, 0, edge(p, m.id))
-    local pm = load(p)
-    local how = pm and outcome(pm.st)
-    if how == 'failed' and not af then
-      for _, q in ipairs(dp) do redis.call('ZREM', K_EDGES, edge(q, m.id)) end
-      make_ended(m, 'cancelled')
-      m.e = "parent job '" .. p .. "' ended " .. ended_as[pm.st]
-      return false
+    if not failed then
+      local pm = load(p)
+      local how = pm and outcome(pm.st)
+      if how == 'failed' and not m.af then
+        failed = pm
+      elseif pm and not how then
+        pending = pending + 1
+        redis.call('ZADD', K_EDGES, 0, edge(p, m.id))
+      end
     end
-    if pm and not how then
-      pending = pending + 1
-      redis.call('ZADD', K_EDGES, 0, edge(p, m.id))
-    end
+  end
+  if failed then
+    for _, p in ipairs(m.dp) do redis.call('ZREM', K_EDGES, edge(p, m.id)) end
+    cancel_for(m, failed.id, failed.st)
+    return false
   end
   if pending == 0 then return make_ready(m) end
   m.st = 'deferred'
   m.rk = nil
-  redis.call('HSET', K_PENDING, m.id, pending)
+  m.g = nil
+  redis.call('HSET', K_PENDING, m.id, 2 * pending + (m.af or 0))
   redis.call('ZADD', K_DEFERRED, m.s, m.id)
   return false
 end
--- m just ended in state m.st: fire its pending edges.  A dependent whose last parent this was
--- becomes ready; a failed parent cancels a dependent without af, whose own edges fire in turn.
+-- m just ended in state m.st: fire its pending edges, one HGET/HINCRBY per dependent.  The
+-- dependent whose last parent this was becomes ready; a failed parent cancels a dependent
+-- without af, whose own edges fire in turn.  Returns how many jobs became due.
 local function fire(m)
   local todo, woken = {m}, 0
   while #todo > 0 do
     local cur = table.remove(todo)
-    local how = outcome(cur.st)
+    local failed = outcome(cur.st) == 'failed'
     for _, c in ipairs(children(K_EDGES, cur.id)) do
       redis.call('ZREM', K_EDGES, edge(cur.id, c))
-      local cm = load(c)
-      if cm and cm.st == 'deferred' then
-        if how == 'failed' and not cm.af then
-          unplace(cm)
-          for _, p in ipairs(cm.dp or {}) do redis.call('ZADD', K_LINKS, 0, edge(p, cm.id)) end
-          make_ended(cm, 'cancelled')
-          cm.e = "parent job '" .. cur.id .. "' ended " .. ended_as[cur.st]
+      local v = tonumber(redis.call('HGET', K_PENDING, c) or '-1')
+      if v >= 0 then
+        if failed and v % 2 == 0 then
+          local cm = load(c)
+          unplace(cm, true)
+          cancel_for(cm, cur.id, cur.st)
           save(cm)
           todo[#todo + 1] = cm
-        elseif redis.call('HINCRBY', K_PENDING, c, -1) <= 0 then
+        elseif v < 4 then  -- this was its last parent
+          local cm = load(c)
           redis.call('HDEL', K_PENDING, c)
           redis.call('ZREM', K_DEFERRED, c)
           if make_ready(cm) then woken = woken + 1 end
           save(cm)
+        else
+          redis.call('HINCRBY', K_PENDING, c, -2)
         end
       end
     end
   end
   return woken
 end
--- The run of m ended (state m.st, or about to be retried): if a next run waits (nx), it takes
--- the job's place -- new payload and fields, attempts from 0, fencing tokens going on -- else a
--- finished m fires its edges.  Returns how many jobs became due.
+-- Give m the fields of run f (a table of enqueue's arguments: see ENQUEUE) and place it.
+-- Returns how many jobs became due (m, or dependents a cancel of m released).
+local function start_run(m, f)
+  m.p, m.m, m.a, m.s, m.enq, m.av = f.p, f.m, 0, f.s, f.enq, f.at
+  m.ex, m.to, m.tp, m.ts, m.k, m.dp, m.af = f.ex, f.to, f.tp, f.ts, f.k, f.dp, f.af
+  redis.call('ZADD', K_ALL, m.s, m.id)
+  if place(m) then return 1 end
+  if outcome(m.st) then return fire(m) end
+  return 0
+end
+-- Replace job m (any state but leased) by run f, whose payload is already stored.
+local function rerun(m, f)
+  unplace(m, false)
+  for _, x in ipairs({'nx', 'why', 'e', 'fin', 'cx', 'pg', 'pm', 'fa', 'dl'}) do m[x] = nil end
+  return start_run(m, f)
+end
+-- The run of m ended (state m.st), or is about to be retried: a finished m fires its edges;
+-- then, if a next run waits (nx, see ENQUEUE), it takes the job's place -- its payload and
+-- fields, attempts from 0, fencing tokens going on.  Returns how many jobs became due.
 local function ended(m)
   local woken = 0
   if outcome(m.st) then woken = fire(m) end
   if not m.nx then return woken end
-  local nx = cjson.decode(m.nx)
-  unplace(m)
+  local f = m.nx
   redis.call('HSET', K_PAY, m.id, redis.call('HGET', K_NEXT, m.id))
   redis.call('HDEL', K_NEXT, m.id)
-  for _, f in ipairs({'nx', 'why', 'e', 'fin', 'cx', 'pg', 'pm', 'fa', 'ex', 'to', 'tp', 'ts', 'k'}) do m[f] = nil end
-  m.p, m.m, m.a = nx.p, nx.m, 0
-  m.av = math.max(now, nx.at)
-  m.ex, m.to, m.tp, m.ts, m.k = nx.ex, nx.to, nx.tp, nx.ts, nx.k
-  if place(m, nx.dp, nx.af) then woken = woken + 1 end
-  return woken
+  return woken + rerun(m, f)
 end
 -- Delayed jobs that came due become ready; expired leases return (or dead-letter).
 local function promote()
@@ -274,7 +301,7 @@ local function promote()
       elseif m.a >= m.m then
         make_dead(m)
         redis.call('HINCRBY', K_CNT, 'dead', 1)
-      elseif not m.nx then
+      elseif not m.nx then  -- a next run waiting takes the retry's place
         m.av = now; make_ready(m)
       end
       wake(ended(m))
@@ -326,21 +353,51 @@ end
 """
 
 # ARGV: priority, delay_ms, max_attempts, n, then n pairs (id or "", codec byte + payload), then
-# expires-at ms (0: none), timeout ms (0: none), traceparent and tracestate ("" : none), key ("":
-# none).
+# expires-at ms (0: none), timeout ms (0: none), traceparent and tracestate ("": none), key ("":
+# none), mode ("r": replace the job with that id, "": keep a retained one), allow_failure "0"/"1",
+# np, then np parent ids (with n = 1).  A parent not retained: {{"nf", id}}, or one that waits for
+# the job it would replace: {{"cycle", id}}, and nothing written.
 # Returns per job {"new"|"old", meta JSON, payload or false (for new jobs the caller has it)}.
+#
+# Replacing job k: a waiting or finished k takes the new run at once (a new seq, so it queues
+# behind what came before); a leased k keeps running and the new run waits in its ``nx`` field
+# (its payload in ``next``), replacing a next run already waiting, until the run ends (ended()).
 ENQUEUE = r"""
 local prio, delay, maxatt, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local ex = tonumber(ARGV[5 + 2 * n] or '0')
-local to, tp, ts = tonumber(ARGV[6 + 2 * n] or '0'), ARGV[7 + 2 * n] or '', ARGV[8 + 2 * n] or ''
-local key = ARGV[9 + 2 * n] or ''
+local b = 4 + 2 * n
+local ex = tonumber(ARGV[b + 1] or '0')
+local to, tp, ts = tonumber(ARGV[b + 2] or '0'), ARGV[b + 3] or '', ARGV[b + 4] or ''
+local key, mode, af = ARGV[b + 5] or '', ARGV[b + 6] or '', ARGV[b + 7] == '1'
+local np = tonumber(ARGV[b + 8] or '0')
+local dp = nil
+if np > 0 then
+  dp = {}
+  for j = 1, np do dp[j] = ARGV[b + 8 + j] end
+  local id = ARGV[5]
+  if mode == 'r' or id == '' or redis.call('HEXISTS', K_META, id) == 0 then
+    for _, p in ipairs(dp) do
+      if redis.call('HEXISTS', K_META, p) == 0 then return {{'nf', p}} end
+    end
+  end
+  if mode == 'r' and id ~= '' then
+    -- a replacement must not wait for a job that waits for it: no parent among its dependents
+    local want, seen, todo = {}, {[id] = true}, {id}
+    for _, p in ipairs(dp) do want[p] = true end
+    while #todo > 0 do
+      for _, c in ipairs(children(K_EDGES, table.remove(todo))) do
+        if want[c] then return {{'cycle', c}} end
+        if not seen[c] then seen[c] = true; todo[#todo + 1] = c end
+      end
+    end
+  end
+end
 local out, due, added = {}, 0, 0
 for i = 1, n do
   local id, pay = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
   local old = nil
-  if id ~= '' then old = redis.call('HGET', K_META, id) end
-  if old then
-    out[i] = {'old', old, redis.call('HGET', K_PAY, id)}
+  if id ~= '' then old = load(id) end
+  if old and mode ~= 'r' then
+    out[i] = {'old', redis.call('HGET', K_META, id), redis.call('HGET', K_PAY, id)}
   else
     local s = redis.call('INCR', K_SEQ)
     if id == '' then
@@ -350,16 +407,33 @@ for i = 1, n do
         id = string.format('%016x', s)
       end
     end
-    local m = {id = id, p = prio, s = s, a = 0, m = maxatt, av = now + delay, enq = now, t = 0}
-    if ex > 0 then m.ex = ex end
-    if to > 0 then m.to = to end
-    if tp ~= '' then m.tp = tp end
-    if ts ~= '' then m.ts = ts end
-    if key ~= '' then m.k = key end
-    if make_ready(m) then due = due + 1 end
-    redis.call('HSET', K_PAY, id, pay)
-    redis.call('ZADD', K_ALL, s, id)
-    out[i] = {'new', save(m), false}
+    local f = {p = prio, m = maxatt, s = s, enq = now, at = now + delay}
+    if ex > 0 then f.ex = ex end
+    if to > 0 then f.to = to end
+    if tp ~= '' then f.tp = tp end
+    if ts ~= '' then f.ts = ts end
+    if key ~= '' then f.k = key end
+    if dp then f.dp = dp end
+    if af then f.af = 1 end
+    if old and old.st == 'leased' then
+      old.nx = f
+      redis.call('HSET', K_NEXT, id, pay)
+      save(old)
+      -- the reply shows the next run, waiting for the current one
+      local v = {id = id, st = 'deferred', t = 0}
+      for k2, x in pairs(f) do v[k2] = x end
+      v.av, v.a, v.at = f.at, 0, nil
+      out[i] = {'new', cjson.encode(v), false}
+    else
+      redis.call('HSET', K_PAY, id, pay)
+      if old then
+        due = due + rerun(old, f)
+      else
+        old = {id = id, t = 0}
+        due = due + start_run(old, f)
+      end
+      out[i] = {'new', save(old), false}
+    end
     added = added + 1
   end
 end
@@ -575,8 +649,7 @@ local id = ARGV[1]
 local m = load(id)
 if not m then return {'nf'} end
 if m.st == 'ready' or m.st == 'deferred' then
-  unplace(m)
-  for _, p in ipairs(m.dp or {}) do redis.call('ZADD', K_LINKS, 0, edge(p, id)) end
+  unplace(m, true)
   make_ended(m, 'cancelled')
   wake(ended(m))
 elseif m.st == 'leased' then
@@ -646,6 +719,39 @@ if m and not m.fa then m.fa = ARGV[2]; save(m) end
 return 1
 """
 
+# ARGV: id, priority or "", delay ms or "".  Returns {status, meta, payload}: status "ok",
+# "nf", "leased", or "fin:<state>".  A ready job due now that keeps its priority keeps its turn.
+RESCHEDULE = r"""
+promote()
+local m = load(ARGV[1])
+if not m then return {'nf'} end
+if m.st == 'leased' then return {'leased'} end
+if m.st ~= 'ready' and m.st ~= 'deferred' then return {'fin:' .. m.st} end
+local p, av = m.p, m.av
+if ARGV[2] ~= '' then p = tonumber(ARGV[2]) end
+if ARGV[3] ~= '' then av = now + tonumber(ARGV[3]) end
+if m.st == 'deferred' then
+  m.p, m.av = p, av
+else
+  local turn = nil
+  if m.rk and m.g ~= nil and p == m.p and av <= now then turn = m.g end
+  unplace(m, true)
+  m.p, m.av = p, av
+  if make_ready(m, turn) then wake(1) end
+end
+return {'ok', save(m), redis.call('HGET', K_PAY, ARGV[1])}
+"""
+
+# ARGV: id.  Returns id1, seq1, id2, seq2, ...: the retained jobs enqueued depending on it.
+DEPENDENTS = r"""
+local out = {}
+for _, c in ipairs(children(K_LINKS, ARGV[1])) do
+  out[#out + 1] = c
+  out[#out + 1] = redis.call('ZSCORE', K_ALL, c) or '0'
+end
+return out
+"""
+
 SCRIPTS = {
     "enqueue": ENQUEUE,
     "lease": LEASE,
@@ -662,4 +768,6 @@ SCRIPTS = {
     "pause": PAUSE,
     "progress": PROGRESS,
     "trace_note": TRACE_NOTE,
+    "reschedule": RESCHEDULE,
+    "dependents": DEPENDENTS,
 }

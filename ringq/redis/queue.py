@@ -11,6 +11,13 @@ requeues push a token to it.  Delayed jobs coming due and leases expiring push n
 lease script also returns how long until the next of those, and the consumer blocks no longer than
 that (and at most ``MAX_NAP`` seconds).
 
+Workflows (docs/workflows.md) are the same scripts' work: a job enqueued with ``depends_on`` is
+DEFERRED with a count of its unfinished parents, and the script that finishes a parent (ack,
+nack, expiry, cancel) lowers the count of each of its dependents, so the one that finishes the
+last parent releases the dependent, once, in the same atomic step; a failed parent cancels the
+dependents that do not allow failure.  At equal priority due jobs of different ``key`` values
+take turns (round-robin), FIFO within a key.  ringq/redis/lua.py's docstring has the keys.
+
 A dead holder cannot be noticed across hosts the way the local queue notices it (a kernel lock
 dropped at exit): its leases come back when their visibility timeout passes, and a
 :class:`~ringq.Worker` keeps its running jobs' leases alive by extending them (heartbeats).
@@ -37,14 +44,18 @@ from ringq.backend import (
     QueueStats,
     SearchPage,
     Stop,
+    check_allow_failure,
     check_attempts,
     check_consume,
     check_delay,
+    check_depends_on,
     check_extension,
     check_job_ref,
     check_lease_args,
     check_priority,
     check_queue_name,
+    check_replace,
+    check_reschedule,
     check_retry_delay,
     check_visibility_timeout,
     expiry_ms,
@@ -55,7 +66,7 @@ from ringq.backend import (
     timeout_ms,
 )
 from ringq.backoff import BackoffPolicy
-from ringq.errors import LimitError, MissingExtraError, SerializationError
+from ringq.errors import JobNotFoundError, LimitError, MissingExtraError, SerializationError
 from ringq.ids import check_caller_id
 from ringq.job import Job, JobState
 from ringq.results import Results
@@ -65,10 +76,11 @@ from .admin import RedisAdmin
 from .lifecycle import RedisLifecycle
 from .scripts import HAVE_REDIS, WAKE, Scripts, client_for, guard, redact_url, refuse
 from .scripts import job_from_reply as _job
+from .workflows import RedisWorkflows
 
 __all__ = ["RedisQueue", "client_for", "guard", "redact_url"]
 
-_NO_KEYS = "job keys (limits and unique windows) are not available on the Redis backend"
+_NO_KEYS = "unique windows (unique_for) are not available on the Redis backend"
 
 MAX_NAP = 1.0  # seconds: longest single BLPOP, bounding how late a wake-up pushed elsewhere is seen
 
@@ -179,6 +191,7 @@ class RedisQueue:
         self._socket_timeout = float(socket_timeout)
         self._admin = RedisAdmin(self._scripts, name, self.cluster, self.retain_done)
         self._lifecycle = RedisLifecycle(self._scripts, self._results, name, self.get)
+        self._workflows = RedisWorkflows(self._scripts, name)
 
     # -- opening and closing ------------------------------------------------------------------------
 
@@ -244,22 +257,41 @@ class RedisQueue:
         expires_in: float | None = None,
         expires_at: float | None = None,
         timeout: float | None = None,
+        depends_on: Sequence[Job | str] | None = None,
+        allow_failure: bool = False,
+        debounce: float | None = None,
+        replace: bool = False,
     ) -> Job:
-        """Add one job; as :meth:`ringq.Queue.enqueue`.  Raises ConnectionLostError (outcome
-        unknown: re-send with a ``job_id`` to make a retry safe), ReplicationTimeoutError;
-        LimitError for a ``key`` or ``unique_for`` (limits are not available on Redis)."""
+        """Add one job; as :meth:`ringq.Queue.enqueue` (``depends_on``, ``allow_failure``,
+        ``debounce`` and ``replace`` included: docs/workflows.md).  ``key`` orders leases
+        fairly across keys; its limits are not available here.  Raises ConnectionLostError
+        (outcome unknown: re-send with a ``job_id`` to make a retry safe),
+        ReplicationTimeoutError, JobNotFoundError (a parent is not retained: nothing written),
+        ValueError (also a replacement that would depend on one of its own dependents: nothing
+        written), LimitError for ``unique_for`` (limits are not available on Redis).
+
+        A ``debounce`` or ``replace`` of a job that is leased leaves its run alone: the new
+        run waits in the job until that run ends (acked, dead-lettered, cancelled, or nacked:
+        it takes the retry's place), and this returns it as DEFERRED; ``get`` shows the running
+        job until then."""
         if unique_for is not None:
             raise LimitError(_NO_KEYS)
-        return self.enqueue_many(
+        parents = check_depends_on(depends_on, job_id)
+        check_allow_failure(allow_failure, parents)
+        wait = check_replace(debounce, replace, job_id, delay, unique_for)
+        return self._enqueue(
             [payload],
-            priority=priority,
-            delay=delay,
-            max_attempts=max_attempts,
-            job_ids=None if job_id is None else [job_id],
-            key=key,
-            expires_in=expires_in,
-            expires_at=expires_at,
-            timeout=timeout,
+            priority,
+            delay if wait is None else wait,
+            max_attempts,
+            None if job_id is None else [job_id],
+            key,
+            expires_in,
+            expires_at,
+            timeout,
+            parents,
+            allow_failure,
+            wait is not None,
         )[0]
 
     def enqueue_many(
@@ -277,13 +309,43 @@ class RedisQueue:
     ) -> list[Job]:
         """Add many jobs in one atomic script: all are stored or none.  As :meth:`ringq.Queue.enqueue_many`
         (``expires_in`` is turned into a time on this host's clock; the lease script compares it
-        with the server's).  A ``key`` is refused with LimitError: limits are not available on
-        Redis."""
+        with the server's).  ``key`` applies to every job of the batch."""
+        return self._enqueue(
+            payloads,
+            priority,
+            delay,
+            max_attempts,
+            job_ids,
+            key,
+            expires_in,
+            expires_at,
+            timeout,
+            None,
+            False,
+            False,
+        )
+
+    def _enqueue(
+        self,
+        payloads: Sequence[Any],
+        priority: int,
+        delay: float,
+        max_attempts: int | None,
+        job_ids: Sequence[str] | None,
+        key: str | None,
+        expires_in: float | None,
+        expires_at: float | None,
+        timeout: float | None,
+        parents: list[str] | None,
+        allow_failure: bool,
+        replacing: bool,
+    ) -> list[Job]:
+        """The enqueue script's arguments from the public calls' (checked here), and its reply."""
         self._scripts.live()
         if reserved_for_results(self.name, self.auto_ids):
             refuse_reserved(self.name)
         if key is not None:
-            raise LimitError(_NO_KEYS)
+            codec.wrap_key(key, 0, b"")  # the local queue's rule for a key (ValueError)
         ex = expiry_ms(expires_in, expires_at) or 0
         to = timeout_ms(timeout) or 0
         payloads = list(payloads)
@@ -311,8 +373,24 @@ class RedisQueue:
         if not payloads:
             return []
         tp, ts = clean(tracing.carrier())
-        args += [ex, to, tp or "", ts or ""]
+        args += [ex, to, tp or "", ts or "", key or "", "r" if replacing else ""]
+        args += [int(allow_failure), len(parents or ())]
+        for pid in parents or ():
+            try:
+                args.append(pid.encode("utf-8", "strict"))
+            except UnicodeEncodeError:
+                raise SerializationError(f"job id {pid!r} is not valid Unicode text") from None
         rows = self._scripts.run("enqueue", args, write=True)
+        if rows and rows[0][0] == b"cycle":
+            raise ValueError(
+                f"job {ids[0]!r} cannot depend on {rows[0][1].decode()!r}: that job waits for "
+                f"{ids[0]!r} (depends on it, directly or through others)"
+            )
+        if rows and rows[0][0] == b"nf":
+            raise JobNotFoundError(
+                f"no job {rows[0][1].decode()!r} in queue {self.name!r} to depend on (never "
+                "enqueued, purged, or finished and past retain_done)"
+            )
         return [
             _job(meta, pay, (payloads[i],) if tag == b"new" else None)
             for i, (tag, meta, pay) in enumerate(rows)
@@ -511,6 +589,21 @@ class RedisQueue:
         refuse(self.name, out[0], jid, "extend")
         return _job(out[1], out[2])
 
+    def reschedule(
+        self, job: Job | str, *, priority: int | None = None, delay: float | None = None
+    ) -> Job:
+        """As :meth:`ringq.Queue.reschedule`: change a waiting job (ready, delayed or deferred):
+        its priority, its run time (now + ``delay`` seconds, on the server's clock), or both.  A
+        ready job that is due and keeps its priority keeps its place.  Raises JobNotWaitingError
+        (leased or finished), JobNotFoundError, ValueError."""
+        prio, wait = check_reschedule(priority, delay)
+        return self._workflows.reschedule(job, prio, wait)
+
+    def dependents(self, job: Job | str) -> list[str]:
+        """Ids of the retained jobs enqueued with ``depends_on`` naming ``job`` (the job or its
+        id), in enqueue order; ``[]`` for a job that has none or is not retained."""
+        return self._workflows.dependents(job)
+
     # -- reads and whole-queue operations, lifecycle ---------------------------------------------------
 
     def get(self, job_id: str) -> Job:
@@ -537,8 +630,7 @@ class RedisQueue:
         limit: int | None = 50,
     ) -> SearchPage:
         """As :meth:`ringq.Queue.search`.  Reads every retained job of the state asked for (no
-        index on the server): meant for a person's search, not a hot loop.  A ``key`` matches
-        nothing (jobs on Redis have none)."""
+        index on the server): meant for a person's search, not a hot loop."""
         if state is not None and state not in SEARCH_STATES:
             raise ValueError(f"state must be one of {list(SEARCH_STATES)}, got {state!r}")
         return self._admin.search(state, key, priority, job_id, error, after, limit)

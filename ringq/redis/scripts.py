@@ -48,9 +48,12 @@ _STATES = {
     "dead": JobState.DEAD,
     "cancelled": JobState.CANCELLED,
     "expired": JobState.EXPIRED,
+    "deferred": JobState.DEFERRED,
 }
-_READS = frozenset({"get", "list", "stats"})  # scripts that change no job: safe to simply retry
-# The keys of one queue, in the order the scripts receive them (KEYS[1] ... KEYS[14]).
+_READS = frozenset(
+    {"get", "list", "stats", "dependents"}
+)  # scripts that change no job: safe to simply retry
+# The keys of one queue, in the order the scripts receive them (KEYS[1] ... KEYS[20]).
 _SUFFIXES = (
     "ready",
     "delayed",
@@ -66,6 +69,12 @@ _SUFFIXES = (
     "cancelled",
     "expired",
     "counts",
+    "deferred",
+    "edges",
+    "fair",
+    "next",
+    "pending",
+    "links",
 )
 WAKE, PAUSE = _SUFFIXES.index("wake"), _SUFFIXES.index("pause")
 
@@ -207,6 +216,8 @@ def job_from_reply(
         trace_context=None
         if not m.get("tp")
         else {"traceparent": m["tp"], **({"tracestate": m["ts"]} if m.get("ts") else {})},
+        key=m.get("k"),
+        depends_on=[str(p) for p in m["dp"]] if isinstance(m.get("dp"), list) else None,
     )
 
 

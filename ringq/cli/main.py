@@ -271,6 +271,8 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         kw = dict(priority=args.priority, delay=args.delay, max_attempts=args.max_attempts)
         if args.expires_in is not None:
             kw["expires_in"] = args.expires_in
+        if args.timeout is not None:
+            kw["timeout"] = args.timeout
         if args.depends_on:
             kw["depends_on"] = args.depends_on
         if args.allow_failure:
@@ -1127,6 +1129,11 @@ def _parser() -> argparse.ArgumentParser:
         "--expires-in",
         type=float,
         help="seconds: a job not leased by then becomes expired and never runs",
+    )
+    e.add_argument(
+        "--timeout",
+        type=float,
+        help="seconds one attempt may run before a Worker stops it and nacks it (stored in the job)",
     )
     e.add_argument(
         "--depends-on",

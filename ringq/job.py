@@ -74,6 +74,13 @@ class Job:
         cancelled: set by :class:`ringq.Worker` on the job handed to a handler: a
             ``threading.Event`` that is set when a cancel is requested, or when its timeout
             passes in a thread (None elsewhere).
+        record_position: on a directory queue, ``(segment seq, slot, queue identity)`` of the
+            record the snapshot was read from, which ack, nack and extend of this snapshot
+            address (a lease belongs to its record: docs/design.md); ``(0, 0, 0)`` for a job
+            not read from a segment (Redis, a job built by hand).  Read-only by convention.
+        ack_accepted: True once an ack of this very snapshot was accepted, which lets the queue
+            tell a repeat of that ack from a stale holder's (a nack or extend of it raises
+            NotLeasedError saying it was acked).  Set by the queue; read-only by convention.
     """
 
     id: str
@@ -97,9 +104,8 @@ class Job:
     timeout: float | None = None
     trace_context: dict[str, str] | None = None
     cancelled: threading.Event | None = field(default=None, repr=False, compare=False)
-    # (segment seq, slot, queue identity) of the record it was read from: the queue's own handle
-    _loc: tuple[int, int, int] = field(default=(0, 0, 0), repr=False, compare=False)
-    _acked: bool = field(default=False, repr=False, compare=False)  # this snapshot's ack went in
+    record_position: tuple[int, int, int] = field(default=(0, 0, 0), repr=False, compare=False)
+    ack_accepted: bool = field(default=False, repr=False, compare=False)
     # ``(codec id, bytes)`` of a payload not decoded yet (see ``payload``), else None.
     _raw: Any = field(default=None, repr=False, compare=False)
     depends_on: list[str] | None = None

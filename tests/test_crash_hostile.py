@@ -158,8 +158,8 @@ def test_records_at_the_slot_and_segment_limits(tmp_path, total, span):
         assert job.payload == _limit_payload(total)
     info = struct.unpack_from(
         "<II",
-        snapshot(str(tmp_path))[seg_file(job._loc[0])],
-        geometry()[1] + job._loc[1] * SLOT + 8,
+        snapshot(str(tmp_path))[seg_file(job.record_position[0])],
+        geometry()[1] + job.record_position[1] * SLOT + 8,
     )
     assert info == (total, span)
 

@@ -280,7 +280,7 @@ def _group_checker(path: str, who: int, n: int, go, out) -> None:
     bad = 0
     for i in range(n):
         job = q.enqueue({"p": who, "i": i})
-        seq, slot, _ = job._loc
+        seq, slot, _ = job.record_position
         # The postcondition of every durable return: a completed sync covers the record.
         if q.introspect()["synced_position"] < position(seq, slot + 1):
             bad += 1

@@ -173,13 +173,13 @@ def test_every_state_word_cas_consults_the_transition_table(qdir):
     with Queue(qdir, "t") as q:
         job = q.enqueue("x")
         q.ack(q.lease_one())
-        seg = Segment(os.path.join(qdir, segment_name("t", job._loc[0])))
-        done = seg.load_state(job._loc[1])
+        seg = Segment(os.path.join(qdir, segment_name("t", job.record_position[0])))
+        done = seg.load_state(job.record_position[1])
         assert done & 7 == ST_DONE
         assert (ST_DONE, ST_READY) not in TRANSITIONS
         with pytest.raises(StateTransitionError):
-            seg.cas_state(job._loc[1], done, pack(ST_READY, 0, 1, 0))  # an acked job never comes back
-        assert seg.load_state(job._loc[1]) == done  # refused before the CAS
+            seg.cas_state(job.record_position[1], done, pack(ST_READY, 0, 1, 0))  # an acked job never comes back
+        assert seg.load_state(job.record_position[1]) == done  # refused before the CAS
         assert (ST_DONE, ST_GONE) in TRANSITIONS
         assert q.purge() == 1  # purging a finished job is a transition of the table
         seg.close()

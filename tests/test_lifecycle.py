@@ -397,7 +397,7 @@ def test_an_expiring_job_keeps_its_expiry_when_relocated(tmp_path):
             q.ack(job)
         q.compact()
         moved = q.get("late")
-        assert moved._loc != j._loc  # relocated to the tail as a superseding copy
+        assert moved.record_position != j.record_position  # relocated to the tail as a superseding copy
         assert moved.payload == "late" and moved.expires_at == pytest.approx(j.expires_at)
 
 

@@ -315,7 +315,7 @@ def test_relocation_killed_after_its_append_leaves_one_live_copy(tmp_path):
         q.nack(q.lease_one(), error="boom")
     ring = Ring(qdir)
     for job, state, at in ((late, 1, int(late.available_at * 1000)), (dead, 4, int(time.time() * 1000))):
-        seg, slot, _ = job._loc
+        seg, slot, _ = job.record_position
         ring.append([NewRecord(json.dumps(job.payload).encode(), JSON, job.id.encode(), 0, 0, 1, 1 if state == 4 else 0,
                                (seg << 24) | slot, state=state, at_ms=at)])
     ring.close()

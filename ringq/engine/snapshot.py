@@ -115,7 +115,7 @@ def job_at(
         expires_at=None if meta.expires_ms is None else meta.expires_ms / 1000,
         timeout=None if meta.timeout_ms is None else meta.timeout_ms / 1000,
         trace_context=meta.trace_context(),
-        _loc=(seg.seq, slot, seg.origin),
+        record_position=(seg.seq, slot, seg.origin),
         depends_on=None if meta.parents is None else list(meta.parents),
     )
     if not just_leased:
@@ -145,7 +145,7 @@ def fresh_lease(view: View, slot: int, word: int) -> Job:
         seq=seq,
         version=1,
         key=codec.split_key(codec_id, data)[0] if codec_id == codec.KEYED else None,
-        _loc=(seg.seq, slot, seg.origin),
+        record_position=(seg.seq, slot, seg.origin),
     )
 
 

@@ -90,7 +90,7 @@ class Leases:
         index = self.index
         check_job_ref(job)
         if isinstance(job, Job):
-            segseq, slot, origin = job._loc
+            segseq, slot, origin = job.record_position
             if origin and origin != self.ring.identity:
                 # A snapshot of another queue's job: its record position means nothing here.
                 what = (
@@ -110,7 +110,7 @@ class Leases:
             if fenced and segseq and job.lease_token is not None:
                 if index.find(job.id) is not None:
                     raise NotLeasedError(transitions.moved(job.id, fenced))
-                if job._acked:
+                if job.ack_accepted:
                     if fenced == "ack":
                         raise Retired(job.id)  # this snapshot's own ack went in: a repeat, harmless
                     raise NotLeasedError(f"cannot {fenced} job {job.id!r}: it was already acked")
@@ -381,7 +381,7 @@ class Leases:
         touched: dict[int, Segment] = {}
         now = now_ms()
         for job in jobs:
-            segseq, slot, _origin = job._loc
+            segseq, slot, _origin = job.record_position
             view = self.index.views.get(segseq)
             token = token_number(job.lease_token)
             if view is None or not token or token < 1:
@@ -410,7 +410,7 @@ class Leases:
             # The common case without the general path's lookups: a snapshot of a lease whose
             # record this index holds, acked in one C call.  Anything else takes _ack.
             tok = job.lease_token
-            segseq, slot, origin = job._loc
+            segseq, slot, origin = job.record_position
             view = self.index.views.get(segseq) if origin in (0, self.ring.identity) else None
             if (
                 view is not None
@@ -427,11 +427,11 @@ class Leases:
                     seg, slot, int(tok), max(0, now_ms() - seg.epoch_ms), self.ring.ctl
                 )
                 if answer == claim.ACKED:
-                    job._acked = True
+                    job.ack_accepted = True
                     return self._acked(view, seg, slot, word, finished)
         out = self._ack(job, queue)
         if isinstance(job, Job):
-            job._acked = True
+            job.ack_accepted = True
         return out
 
     def _ack(self, job: Job | str, queue: str) -> Segment | None:
@@ -466,7 +466,9 @@ class Leases:
         self.ring.ctl.count("acked")
         return self._acked(view, seg, slot, done, seg.add_finished())
 
-    def _acked(self, view: View, seg: Segment, slot: int, done: int, finished: int) -> Segment:
+    def _acked(
+        self, view: View, seg: Segment, slot: int, done: int, finished: int
+    ) -> Segment:
         """After the ack's CAS, counted: durability, the holder's bookkeeping, the jobs that
         wait for this one, retirement."""
         self.ring.dur.note_ack(seg, slot, done)

@@ -66,8 +66,8 @@ assert tuple(f.name for f in fields(Job)) == (
     "timeout",
     "trace_context",
     "cancelled",
-    "_loc",
-    "_acked",
+    "record_position",
+    "ack_accepted",
     "_raw",
     "depends_on",
 ), "Job's fields changed: update fresh_jobs and Producer.enqueue_one"
@@ -279,7 +279,7 @@ class Producer:
                 )
                 for i, job in zip(todo, jobs):
                     made[i] = job
-                    self.index().ids[job_ids[i]] = job._loc[:2]
+                    self.index().ids[job_ids[i]] = job.record_position[:2]
             out = []
             for i, jid in enumerate(job_ids):
                 if i in found:

@@ -545,8 +545,12 @@ def check(run_: Run) -> None:
             elif hk in by_holder:
                 gr = by_holder[hk]
                 gr.handled = (gr.s, x["e"])
-                # the Worker acks after the handler returns: the lease is certainly held until then
-                gr.release = {"op": "handled", "s": x["e"], "e": x["e"], "ok": True}
+                # The Worker acks after the handler returns: the lease is certainly held until
+                # then.  In a process killed later the ack may not have been made (the kill can
+                # fall between the handler's return and the ack): its fate is unknown, as for a
+                # lease held at a kill, so it is no accepted ack.
+                if x["p"] not in killed:
+                    gr.release = {"op": "handled", "s": x["e"], "e": x["e"], "ok": True}
         elif op in ("ack", "nack", "extend", "abandon"):
             tag, jid, seq, token = x["g"][:4]
             gr = by_holder.get((x["p"], tag, jid, seq, token))

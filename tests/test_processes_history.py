@@ -31,3 +31,33 @@ def test_history(seed):
         f"seed {seed} (replay: python tests/history.py --seed {seed} -v), plan {run.cfg}:\n"
         + "\n".join(run.violations[:20])
     )
+
+
+def _crafted(events: list[dict], state: dict) -> history.Run:
+    run = history.Run(seed=0, cfg={"max_attempts": 5})
+    run.events = events
+    run.final = {"states": {"j1": state}, "drained": []}
+    history.check(run)
+    return run
+
+
+def test_a_handler_that_returned_in_a_process_killed_before_its_ack_is_no_accepted_ack():
+    """A Worker acks after its handler returns; a SIGKILL between the two leaves the job leased
+    by a dead holder, and another process leases and acks it.  One accepted ack, not two."""
+    w1 = ["j1", "0000000000000001", 1, "1", 1, 100.0]
+    w2 = ["j1", "0000000000000001", 1, "2", 2, 100.0]
+    events = [
+        {"op": "invoke", "what": "enqueue", "tags": ["j1"], "p": "a", "t": "t0", "s": 1.0},
+        {"op": "enqueue", "tags": ["j1"], "ids": [w1[1]], "ok": True, "p": "a", "t": "t0", "s": 1.0, "e": 1.1},
+        {"op": "handle", "phase": "start", "g": w1, "p": "w", "t": "worker", "s": 2.0, "e": 2.0},
+        {"op": "handle", "phase": "end", "g": w1, "p": "w", "t": "worker", "s": 2.1, "e": 2.1},
+        {"op": "kill", "p": "w", "t": "main", "s": 2.2, "e": 2.2},
+        {"op": "lease", "jobs": [w2], "p": "b", "t": "t1", "s": 3.0, "e": 3.0},
+        {"op": "ack", "g": w2, "ok": True, "p": "b", "t": "t1", "s": 3.1, "e": 3.2},
+    ]
+    run = _crafted(events, {"state": "done", "attempts": 2})
+    assert run.violations == []
+    # the same history with the worker alive: its handler's return is its ack, and two are one
+    # too many
+    alive = [e for e in events if e["op"] != "kill"]
+    assert any("acks accepted" in v for v in _crafted(alive, {"state": "done", "attempts": 2}).violations)

@@ -466,9 +466,7 @@ class Leases:
         self.ring.ctl.count("acked")
         return self._acked(view, seg, slot, done, seg.add_finished())
 
-    def _acked(
-        self, view: View, seg: Segment, slot: int, done: int, finished: int
-    ) -> Segment:
+    def _acked(self, view: View, seg: Segment, slot: int, done: int, finished: int) -> Segment:
         """After the ack's CAS, counted: durability, the holder's bookkeeping, the jobs that
         wait for this one, retirement."""
         self.ring.dur.note_ack(seg, slot, done)

@@ -616,13 +616,16 @@ class Queue:
                     if direct is not None and direct.taken:  # they expire no sooner than this
                         ctl.lower_deadline_floor(floor_ms)
                 next_due = self._ctx.index.next_due_ms()
+                # Under the lock: the control page it reads is unmapped by a close.
+                floor_nap = None if got or deadline is None else self._ctx.reaper.until_floor()
             if got or deadline is None:  # blocks only while nothing at all is leasable
                 return got
             left = deadline - time.monotonic()
             if left <= 0:
                 return got
+            assert floor_nap is not None
             nap = min(
-                left, self._ctx.reaper.interval, self._ctx.reaper.until_floor()
+                left, self._ctx.reaper.interval, floor_nap
             )  # dead holders: seen within the reaper's interval
             if next_due is not None:
                 nap = min(nap, max(0.0, next_due / 1000 - time.time()) + 0.001)
@@ -667,9 +670,8 @@ class Queue:
         lock while sleeping, so other threads keep using the queue.  Spurious returns are
         allowed: callers look for work again and wait again.
         """
-        self._ctx.live()
-        nap = min(timeout, self._ctx.reaper.until_floor())
         with self._ctx.live_lock:
+            nap = min(timeout, self._ctx.reaper.until_floor())  # the control page: under the lock
             next_due = self._ctx.index.next_due_ms()
             if next_due is not None and next_due / 1000 > time.time():
                 nap = min(nap, next_due / 1000 - time.time() + 0.001)

@@ -16,12 +16,18 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import sys
 
 import pytest
 from hypothesis import core, settings
 
 sys.path.insert(0, os.path.dirname(__file__))  # the shared helpers (crashkit, procs) import by name
+
+# A shell without job control starts a background job with SIGINT ignored, and an ignored signal
+# stays ignored across exec: the tests that stop a child with Ctrl-C need it delivered.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 SEED = int(os.environ.get("RINGQ_SEED") or random.SystemRandom().randrange(2**32))
 settings.register_profile("ringq", database=None, print_blob=True)

@@ -357,9 +357,9 @@ def serve(queue: Queue, port: int, *, allow_actions: bool = False, ready: Any = 
     if ready is not None:
         ready(sock.getsockname()[1])
     server.run(sockets=[sock])
-    # The server stops only when a signal asked it to.  It re-raises SIGINT as it returns, but
-    # under asyncio.run that reaches the runner's own handler, which turns it into a
-    # KeyboardInterrupt only if the serving task had not completed yet: raise it here every time.
+    # The server stops only when a signal asked it to.  It re-raises the signal as it returns,
+    # which does nothing to a process started with SIGINT ignored (a shell without job control
+    # starts background jobs so): raise it here every time, so that it always ends as interrupted.
     raise KeyboardInterrupt
 
 

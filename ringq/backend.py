@@ -18,7 +18,8 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeGuard, overload, runtime_checkable
 
@@ -289,15 +290,17 @@ def timeout_ms(timeout: float | None) -> int | None:
 
 
 def check_depends_on(depends_on: object, job_id: str | None = None) -> list[str] | None:
-    """The parent ids of ``enqueue(..., depends_on=)``: each a :class:`Job` or a job id, duplicates
-    dropped (the first kept), in the order given; None for None.  Raises TypeError for something
-    else, ValueError for an empty list, more than MAX_PARENTS parents, an empty id, or a job that
+    """The parent ids of ``enqueue(..., depends_on=)`` (a list, tuple or other ordered iterable of
+    :class:`Job` or job ids, or one of them alone): duplicates dropped (the first kept), in the
+    order given; None for None.  Raises TypeError for something else (a set or a mapping too),
+    ValueError for an empty list, more than MAX_PARENTS parents, an empty id, or a job that
     would depend on its own id."""
     if depends_on is None:
         return None
     if isinstance(depends_on, (str, Job)):
-        depends_on = [depends_on]
-    if not isinstance(depends_on, Iterable):
+        depends_on = [depends_on]  # one parent
+    if not isinstance(depends_on, Iterable) or isinstance(depends_on, (Mapping, AbstractSet)):
+        # a set has no order to keep, and a mapping's keys are not obviously what was meant
         raise TypeError(
             f"depends_on must be a list of jobs or job ids, got {type(depends_on).__name__}"
         )
@@ -356,9 +359,12 @@ def check_replace(
 
 
 def check_reschedule(priority: object, delay: object) -> tuple[int | None, float | None]:
-    """``(priority, delay)`` of ``reschedule``; ValueError for a bad value or neither given."""
+    """``(priority, delay)`` of ``reschedule``; ValueError for a bad value (a negative delay too:
+    the new run time is now + ``delay``) or neither given."""
     if priority is None and delay is None:
         raise ValueError("reschedule needs a new priority, a new delay, or both")
+    if isinstance(delay, (int, float)) and not isinstance(delay, bool) and delay < 0:
+        raise ValueError(f"a reschedule's delay must be >= 0 seconds, got {delay!r}")
     return (
         None if priority is None else check_priority(priority),
         None if delay is None else check_delay(delay),

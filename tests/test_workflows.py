@@ -414,3 +414,16 @@ def test_a_backlog_of_one_key_delays_another_key_by_one_lease_and_saves_no_credi
         q.enqueue_many([f"b{i}" for i in range(5)], key="b")
         got = [q.lease_one() for _ in range(12)]
         assert _keys(got) == "bababababaaa"  # b0..b4 alternate with a, then a alone
+
+
+def test_a_snapshot_of_another_queue_is_no_parent_and_is_not_rescheduled(tmp_path):
+    q, other = Queue(tmp_path / "q"), Queue(tmp_path / "other")
+    q.enqueue("mine", job_id="a")
+    theirs = other.enqueue("theirs", job_id="a")
+    with pytest.raises(JobNotFoundError, match="another queue"):
+        q.reschedule(theirs, priority=3)
+    with pytest.raises(JobNotFoundError, match="another queue"):
+        q.enqueue("x", depends_on=[theirs])
+    assert q.get("a").priority == 0 and q.stats().total == 1
+    q.close()
+    other.close()

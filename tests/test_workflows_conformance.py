@@ -277,3 +277,53 @@ def test_a_released_dependent_keeps_its_delay(q):
     got = q.get(c.id)
     assert got.state is JobState.READY and got.available_at > c.enqueued_at + 59
     assert q.stats().delayed == 1 and q.lease_one() is None
+
+
+def test_a_nack_whose_retry_a_queued_run_replaces_returns_that_run(q):
+    q.enqueue("r1", job_id="R", max_attempts=3)
+    job = q.lease_one()
+    q.enqueue("r2", job_id="R", debounce=0)  # a new run, after the leased one
+    back = q.nack(job, error="e1")
+    assert (back.state, back.payload, back.attempts) == (JobState.READY, "r2", 0)
+    assert q.get("R").payload == "r2" and lease_all(q) == ["r2"]
+
+
+@pytest.mark.parametrize("bad", [{"a": 1}, {"a"}, frozenset({"a"}), 7])
+def test_depends_on_takes_an_ordered_list_of_jobs_or_ids_and_nothing_else(q, bad):
+    q.enqueue("a", job_id="a")
+    with pytest.raises(TypeError, match="depends_on must be a list"):
+        q.enqueue("x", depends_on=bad)
+    assert q.stats().total == 1
+    assert q.enqueue("y", depends_on="a").depends_on == ["a"]  # one parent alone
+    assert q.enqueue("z", depends_on=(p for p in ["a"])).depends_on == ["a"]
+
+
+def test_a_reschedule_refuses_a_negative_delay_and_lists_no_dependents_of_an_unknown_id(q):
+    q.enqueue("a", job_id="a")
+    with pytest.raises(ValueError, match="delay must be >= 0"):
+        q.reschedule("a", delay=-1)
+    assert q.get("a").available_at <= q.get("a").enqueued_at + 0.001
+    assert q.dependents("no-such-id") == []
+
+
+@pytest.mark.parametrize("how", ["ack", "dead"])
+def test_dependents_follow_the_leased_run_not_a_run_queued_behind_it(queue_factory, how):
+    q = queue_factory()
+    q.enqueue("k1", job_id="k", max_attempts=1)
+    q.enqueue("d", job_id="d", depends_on=["k"])
+    run = q.lease_one()
+    q.enqueue("k2", job_id="k", debounce=0)
+    # counted and listed as a second, deferred job on a directory queue; kept with the job on Redis
+    queued = 1 if queue_factory.backend == "local" else 0
+    assert q.stats().deferred == 1 + queued  # d, and the queued run
+    assert [j.payload for j in q.list_jobs("deferred")] == ["d", "k2"][: 1 + queued]
+    assert q.get("k").payload == "k1"
+    if how == "ack":
+        q.ack(run)
+        assert q.get("d").state is JobState.READY
+        assert sorted(lease_all(q)) == ["d", "k2"]
+    else:
+        q.nack(run, error="run 1 failed")
+        assert q.get("d").state is JobState.CANCELLED and "'k'" in q.get("d").last_error
+        assert lease_all(q) == ["k2"]
+    assert q.get("k").payload == "k2"

@@ -52,6 +52,22 @@ class Retired(JobNotFoundError):
     """The job's segment was retired: every job in it had finished."""
 
 
+def check_origin(ring: Ring, job: Job, queue: str, fenced: str | None = None) -> None:
+    """Refuse a snapshot of another queue's job, whose record position means nothing in
+    ``ring``'s queue: NotLeasedError for a use of its lease (``fenced``: "ack", "nack", ...),
+    else JobNotFoundError.  A snapshot not read from a segment (built by hand) passes."""
+    origin = job.record_position[2]
+    if origin and origin != ring.identity:
+        what = (
+            f"cannot {fenced} job {job.id!r}"
+            if fenced
+            else f"job {job.id!r} is not in queue {queue!r}"
+        )
+        raise (NotLeasedError if fenced else JobNotFoundError)(
+            f"{what}: the snapshot comes from another queue than {queue!r} in {ring.dir}"
+        )
+
+
 class Leases:
     """Claims and settles leases for one queue in this process.  ``refresh`` catches the index up
     with other processes (the queue's refresh)."""
@@ -90,17 +106,8 @@ class Leases:
         index = self.index
         check_job_ref(job)
         if isinstance(job, Job):
-            segseq, slot, origin = job.record_position
-            if origin and origin != self.ring.identity:
-                # A snapshot of another queue's job: its record position means nothing here.
-                what = (
-                    f"cannot {fenced} job {job.id!r}"
-                    if fenced
-                    else f"job {job.id!r} is not in queue {queue!r}"
-                )
-                raise (NotLeasedError if fenced else JobNotFoundError)(
-                    f"{what}: the snapshot comes from another queue than {queue!r} in {self.ring.dir}"
-                )
+            check_origin(self.ring, job, queue, fenced)
+            segseq, slot, _origin = job.record_position
             view = index.views.get(segseq)
             if view is None:
                 self.refresh()

@@ -474,7 +474,12 @@ class Queue:
         replace: bool,
     ) -> Job:
         """:meth:`enqueue` with parents, or replacing a waiting job (ringq/local/workflows.py)."""
+        from .leases import check_origin
+
         parents = check_depends_on(depends_on, job_id)
+        for parent in [depends_on] if isinstance(depends_on, Job) else depends_on or ():
+            if isinstance(parent, Job):  # a parent is named by id: not another queue's job
+                check_origin(self._ctx.ring, parent, self.name)
         check_allow_failure(allow_failure, parents)
         wait = check_replace(debounce, replace, job_id, delay, unique_for)
         attempts = self.max_attempts if max_attempts is None else max_attempts
@@ -838,7 +843,9 @@ class Queue:
             delay: seconds before the retry, instead of the backoff policy's.
 
         Returns:
-            The job in its new state (READY, or DEAD if it used up ``max_attempts``).
+            The job in its new state (READY, or DEAD if it used up ``max_attempts``).  A run
+            queued behind this one (``debounce``/``replace`` of a leased job) takes the retry's
+            place: that run is returned (docs/workflows.md).
         Raises:
             NotLeasedError, JobNotFoundError, ValueError (negative delay).
         """
@@ -848,6 +855,12 @@ class Queue:
             self._ctx.settle(force=False)
             out = self._ctx.leases.nack(job, self.name, error, delay, self.backoff, self._rng)
         self._ctx.ring.dur.sync_acks_now()
+        if out.state is JobState.READY and self._ctx.ring.ctl.deps_count():
+            # A run queued behind this one (a debounce or replace of a leased job) takes the
+            # retry's place: the job is that run now, as get() shows it.
+            newest = self._admin.get(out.id)
+            if newest.seq != out.seq:
+                return newest
         return out
 
     def reschedule(
@@ -855,14 +868,16 @@ class Queue:
     ) -> Job:
         """Change a waiting job (ready, delayed or deferred): its priority, its run time (now +
         ``delay`` seconds), or both.  The job keeps its id, payload, attempts, last error and
-        enqueue time (its FIFO place among jobs of its priority); a deferred one still waits for
-        its parents (and runs at its new time once released) (docs/workflows.md).
+        enqueue time; a new priority alone keeps its FIFO place (by enqueue time), a new delay
+        places it by its new run time; a deferred one still waits for its parents (and runs at
+        its new time once released) (docs/workflows.md).
 
         Returns:
             The job after the change.
         Raises:
-            JobNotWaitingError: it is leased, or finished.  JobNotFoundError.  ValueError for a
-            bad priority or delay, or neither given.
+            JobNotWaitingError: it is leased, or finished.  JobNotFoundError (also for another
+            queue's snapshot).  ValueError for a bad priority or a bad or negative delay, or
+            neither given.
         """
         prio, wait = check_reschedule(priority, delay)
         self._ctx.live()
@@ -870,7 +885,8 @@ class Queue:
 
     def dependents(self, job: Job | str) -> list[str]:
         """Ids of the retained jobs enqueued with ``depends_on`` naming ``job`` (the job or its
-        id), in enqueue order (``ringq get`` shows them).  Raises QueueClosedError."""
+        id), in enqueue order (``ringq get`` shows them); ``[]`` for a job that has none or is
+        not retained.  Raises QueueClosedError."""
         self._ctx.live()
         return self._workflows.dependents(job)
 

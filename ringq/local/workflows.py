@@ -48,6 +48,7 @@ from ringq.errors import JobNotFoundError, JobNotWaitingError
 from ringq.ids import check_caller_id
 from ringq.job import Job
 
+from .leases import check_origin
 from .producer import encode_ids
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -191,6 +192,8 @@ class Workflows:
         ring = ctx.ring
         with ctx.live_lock, ring.locked():
             ctx.refresh(relocate=False)
+            if isinstance(job, Job):
+                check_origin(ring, job, ctx.name)
             # By id: a snapshot's record may have been replaced (an earlier reschedule's copy).
             view, slot, job_id = ctx.leases.locate(
                 job.id if isinstance(job, Job) else job, ctx.name

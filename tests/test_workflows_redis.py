@@ -180,3 +180,15 @@ def test_a_random_dag_runs_in_order_while_a_consumer_is_sigkilled(redis_url):
     q.purge()
     q.close()
     r.close()
+
+
+def test_a_snapshot_of_another_redis_queue_is_taken_for_this_queues_job_with_its_id(redis_url):
+    """As docs/workflows.md says: a Job read from Redis carries no queue identity."""
+    q = ringq.connect(redis_url, "snap-" + uuid.uuid4().hex[:8])
+    other = ringq.connect(redis_url, "snap-" + uuid.uuid4().hex[:8])
+    q.enqueue("mine", job_id="a")
+    theirs = other.enqueue("theirs", job_id="a")
+    assert q.reschedule(theirs, priority=3).payload == "mine"
+    assert q.get("a").priority == 3 and other.get("a").priority == 0
+    q.close()
+    other.close()

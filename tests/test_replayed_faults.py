@@ -78,6 +78,7 @@ def test_locks_die_with_their_process_whatever_it_forked(qdir, how):
                     pass
 
 
+@pytest.mark.slow  # about 30 s: it writes two 4 GiB segments on tmpfs
 def test_records_are_capped_at_their_32_bit_length_field_and_batches_checked_whole():
     # Segments of 4 GiB + 1 MiB: a record may not use all of one, its length field is 32-bit.
     # On tmpfs (memory), since a segment is written whole when it is created.

@@ -274,14 +274,18 @@ class Worker:
         with self._taken_lock:
             self._taken -= 1
 
-    def _start_loop(self, index: int) -> None:
-        """Start lease-loop thread number ``index`` (a replacement takes its predecessor's)."""
+    def _start_loop(self, index: int, replacing: int | None = None) -> None:
+        """Start lease-loop thread number ``index``; ``replacing``: the ident of the stuck thread
+        it takes the place of, swapped for it in one step (run() ends when no serving thread is
+        left, and must never see the list between the two)."""
         t = threading.Thread(
             target=self._loop, args=(index,), name=f"ringq-worker-{index}", daemon=True
         )
         with self._inflight_lock:
+            if replacing is not None:
+                self._serving = [s for s in self._serving if s.ident != replacing]
             self._serving.append(t)
-        t.start()
+            t.start()  # under the lock: run() never sees a serving thread that has not started
 
     def _loop(self, index: int) -> None:
         retry = LEASE_RETRY_MIN
@@ -476,9 +480,7 @@ class Worker:
             self._note_first_attempt(job, k)
             self._fail(job, text, None)
             if self._given_up.get(k):
-                with self._inflight_lock:
-                    self._serving = [t for t in self._serving if t.ident != k]
-                self._start_loop(index)
+                self._start_loop(index, replacing=k)
 
     def _hand_back_running(self) -> None:
         """The grace period of a drain ran out: hand back every job whose handler still runs

@@ -112,16 +112,28 @@ def processing(
     first_attempt: Callable[[], str | None] | None = None,
 ) -> Iterator[Any]:
     """Run the body in the span of handling ``job`` (a :class:`ringq.Job`) from ``queue``; yields
-    the span, or None without opentelemetry.  ``first_attempt()`` gives the traceparent recorded
-    for the job's first attempt (asked only for a retry with a recording span).  An exception of
-    the body is recorded on the span (status ERROR) and raised on."""
+    the span, or None without opentelemetry, or for a first attempt whose job carries no trace
+    context while no tracer provider is set (no span would record or carry anything).
+    ``first_attempt()`` gives the traceparent recorded for the job's first attempt (asked only
+    for a retry with a recording span).  An exception of the body is recorded on the span
+    (status ERROR) and raised on."""
     api = _api if _api is not None else _load()
     if not api:
         yield None
         return
     trace, context = api[0], api[1]
     attempt = int(getattr(job, "attempts", 1) or 1)
-    creation = _span_context(api, getattr(job, "trace_context", None))
+    headers = getattr(job, "trace_context", None)
+    if (
+        attempt <= 1
+        and not headers
+        and isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    ):
+        # No tracer provider is set, and the job carries no context to propagate: the span would
+        # be the current one (the API's no-op tracer returns its parent), so the body runs as is.
+        yield None
+        return
+    creation = _span_context(api, headers)
     links = []
     if attempt <= 1:
         parent = trace.set_span_in_context(trace.NonRecordingSpan(creation)) if creation else None

@@ -157,3 +157,36 @@ print("ok")
     with open(os.path.join(qdir, seg), "rb") as fh:
         fh.seek(4096 + 50)
         assert fh.read(2) == bytes([1, 1])  # codec JSON, kind 1: a plain record, as before
+
+
+def test_without_a_tracer_provider_a_handler_still_carries_the_enqueue_context(tmp_path):
+    # The API alone (no SDK provider set): a job enqueued under a propagated context hands that
+    # context to its handler, so what the handler enqueues continues the trace; a job without
+    # one runs with no span current, a retry of it too.
+    code = r"""
+import sys
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+import ringq
+from ringq import BackoffPolicy, Worker, tracing
+assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+q = ringq.Queue(sys.argv[1], backoff=BackoffPolicy(base=0, jitter=0))
+remote = SpanContext(0x1234, 0x5678, is_remote=True, trace_flags=TraceFlags(1))
+with trace.use_span(NonRecordingSpan(remote)):
+    traced = q.enqueue({"traced": True})
+plain = q.enqueue({"traced": False})
+seen = {}
+
+def handler(job):
+    seen.setdefault(job.id, []).append(tracing.carrier())
+    if job.id == plain.id and job.attempts == 1:
+        raise RuntimeError("retried")
+
+Worker(q, handler, idle_timeout=0.3, handle_signals=False).run()
+assert traced.trace_context["traceparent"].startswith("00-" + "0" * 28 + "1234-"), traced.trace_context
+assert seen[traced.id] == [{"traceparent": traced.trace_context["traceparent"]}], seen
+assert seen[plain.id] == [None, None], seen
+print("ok")
+"""
+    out = run_py(code, str(tmp_path / "q"))
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import threading
@@ -218,7 +219,11 @@ class ProcessPool:
                             restarts,
                             self.max_restarts,
                         )
-                time.sleep(0.05)
+                # Back as soon as a child exits (its sentinel is ready), else within 50 ms for the
+                # deadlines and the stop event.
+                multiprocessing.connection.wait(
+                    [p.sentinel for slot, p in enumerate(self.children) if running[slot]], 0.05
+                )
         except BaseException:  # a second SIGINT: abort, leaving nobody behind
             for p in self.children:
                 if p.is_alive() and p.pid is not None:

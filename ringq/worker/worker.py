@@ -293,6 +293,8 @@ class Worker:
             jobs = None
             try:
                 wait = self._fire_schedules() if self._schedules else self.poll_interval
+                if self.idle_timeout is not None:  # an idle worker ends on time, not a poll later
+                    wait = min(wait, max(0.001, self.idle_timeout - self._idle_for()))
                 # A stream of leases (QueueBackend.consume): leases not handed to a handler when
                 # it ends (stopping, max_jobs, a periodic job due) go back to the queue unused.
                 jobs = self.queue.consume(wait=wait, stop=self._stop)

@@ -654,7 +654,10 @@ class Queue:
                     self._ctx.refresh(quick=True)  # reads the new record in
                     job = self._ctx.leases.waited(leased, direct)
                 if job is not None:
-                    got.append(job)  # the next pass adds what else is due, without waiting
+                    got.append(job)
+                    if len(got) >= count:
+                        return got
+                    # The next pass adds what else is due, without waiting.
 
     def wake_token(self) -> int:
         """The queue's wake counter: it moves whenever a job is appended or returns to READY.

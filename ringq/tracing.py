@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 __all__ = [
@@ -105,12 +105,11 @@ def _span_context(api: Any, headers: dict[str, str] | None) -> Any:
     return sc if sc.is_valid else None
 
 
-@contextmanager
 def processing(
     queue: str,
     job: Any,
     first_attempt: Callable[[], str | None] | None = None,
-) -> Iterator[Any]:
+) -> AbstractContextManager[Any]:
     """Run the body in the span of handling ``job`` (a :class:`ringq.Job`) from ``queue``; yields
     the span, or None without opentelemetry, or for a first attempt whose job carries no trace
     context while no tracer provider is set (no span would record or carry anything).
@@ -119,20 +118,30 @@ def processing(
     (status ERROR) and raised on."""
     api = _api if _api is not None else _load()
     if not api:
-        yield None
-        return
-    trace, context = api[0], api[1]
-    attempt = int(getattr(job, "attempts", 1) or 1)
+        return _NO_SPAN
+    trace = api[0]
     headers = getattr(job, "trace_context", None)
-    if (
-        attempt <= 1
-        and not headers
-        and isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
-    ):
+    first = int(getattr(job, "attempts", 1) or 1) <= 1
+    if first and not headers and isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         # No tracer provider is set, and the job carries no context to propagate: the span would
         # be the current one (the API's no-op tracer returns its parent), so the body runs as is.
-        yield None
-        return
+        return _NO_SPAN
+    return _span(api, queue, job, headers, first_attempt)
+
+
+_NO_SPAN: AbstractContextManager[None] = nullcontext()  # reusable: yields None, records nothing
+
+
+@contextmanager
+def _span(
+    api: Any,
+    queue: str,
+    job: Any,
+    headers: dict[str, str] | None,
+    first_attempt: Callable[[], str | None] | None,
+) -> Iterator[Any]:
+    trace, context = api[0], api[1]
+    attempt = int(getattr(job, "attempts", 1) or 1)
     creation = _span_context(api, headers)
     links = []
     if attempt <= 1:

@@ -61,6 +61,11 @@ class WorkerStats:
             for k, v in counts.items():
                 setattr(self, k, getattr(self, k) + v)
 
+    def one(self, name: str) -> None:
+        """Count one more of ``name`` (a field): what the Worker does per job."""
+        with self._lock:
+            setattr(self, name, getattr(self, name) + 1)
+
     def to_dict(self) -> dict[str, int]:
         return {
             "leased": self.leased,
@@ -310,6 +315,12 @@ class _SharedRowStats(WorkerStats):
                 i = self._index.get(k)
                 if i is not None:
                     self._shared[self._base + i] += v
+
+    def one(self, name: str) -> None:
+        i = self._base + self._index[name]
+        with self._lock:
+            setattr(self, name, getattr(self, name) + 1)
+            self._shared[i] += 1
 
 
 def _child_main(

@@ -319,7 +319,7 @@ class Worker:
                             job, "worker stopping: handed back before its handler started"
                         )
                         continue
-                    self.stats.add(leased=1)
+                    self.stats.one("leased")
                     if not self._run_one(job, index):
                         return  # its handler timed out and a new thread took this one's place
                     if self._schedules and time.monotonic() >= until:
@@ -385,29 +385,31 @@ class Worker:
         job.cancelled = threading.Event()
         limit = job.timeout if job.timeout is not None else self.timeout
         board = self.inflight_board
+        started = time.monotonic()
         with self._inflight_lock:
             self._inflight[key] = job
-            self._last_busy = time.monotonic()
+            self._last_busy = started
             if limit is not None and board is None:
-                self._deadlines[key] = (time.monotonic() + limit, job, limit, index)
+                self._deadlines[key] = (started + limit, job, limit, index)
         if board is not None:
             board[0].start(
                 board[1], index, job.id, int(job.lease_token or 0), job.attempts, timeout_ms(limit)
             )
         elif limit is not None:
             self._wake.set()  # the heartbeat thread now sleeps no longer than this deadline
-        started = time.monotonic()
         queue = self.queue
         try:
             try:
                 with tracing.processing(
                     queue.name, job, lambda: queue.first_attempt_trace(job)
                 ) as span:
-                    self._spans[key] = span
+                    if span is not None:
+                        self._spans[key] = span
                     self.handler(job)
             except BaseException as exc:  # the handler's failure is data, not ours
                 mine = self._finished_handler(key)
-                self._observe("failed", time.monotonic() - started)
+                if self.observers:
+                    self._observe("failed", time.monotonic() - started)
                 if mine:
                     self._note_first_attempt(job, key)
                     self._fail(job, f"{type(exc).__name__}: {exc}", exc)
@@ -415,9 +417,10 @@ class Worker:
                     self._stop.set()
             else:
                 mine = self._finished_handler(key)
-                self._observe("succeeded", time.monotonic() - started)
+                if self.observers:
+                    self._observe("succeeded", time.monotonic() - started)
                 if mine:
-                    self._settle(self.queue.ack, job, succeeded=1)
+                    self._settle(self.queue.ack, job, "succeeded")
         finally:
             if board is not None:
                 board[0].end(board[1], index)
@@ -547,25 +550,26 @@ class Worker:
             self._lease_outage = None
         log.warning("lease works again after %.1f s (%d failures)", time.monotonic() - first, count)
 
-    def _settle(self, op: Callable[[Job], Any], job: Job, **count: int) -> Any:
-        """Run ack/nack; a lost lease or a queue error is counted and logged, never raised."""
+    def _settle(self, op: Callable[[Job], Any], job: Job, outcome: str) -> Any:
+        """Run ack/nack; counts ``outcome`` (a stats field) if it went in.  A lost lease or a
+        queue error is counted and logged, never raised."""
         try:
             result = op(job)
         except (NotLeasedError, JobNotFoundError) as exc:  # expired, reclaimed, purged or retired
-            self.stats.add(lost_leases=1)
+            self.stats.one("lost_leases")
             log.warning("job %s: %s", job.id, exc)
             return None
         except QueueClosedError:
             return None
         except Exception:
-            self.stats.add(lost_leases=1)
+            self.stats.one("lost_leases")
             log.exception("job %s: could not record its outcome", job.id)
             return None
-        self.stats.add(**count)
+        self.stats.one(outcome)
         return result
 
     def _fail(self, job: Job, text: str, exc: BaseException | None) -> None:
-        result = self._settle(lambda j: self.queue.nack(j, error=text), job, failed=1)
+        result = self._settle(lambda j: self.queue.nack(j, error=text), job, "failed")
         if result is not None:
             # The traceback is for whoever asked for debug output (`ringq work -v`); the one-line
             # warning is always there.
@@ -578,7 +582,7 @@ class Worker:
                 exc_info=exc if exc is not None and log.isEnabledFor(logging.DEBUG) else None,
             )
             if result.state is JobState.DEAD:
-                self.stats.add(dead=1)
+                self.stats.one("dead")
                 # nobroker's Worker logs this line too; a program that watches for it keeps working.
                 log.error(
                     "job %s exhausted %d attempts and moved to the DLQ", job.id, result.max_attempts

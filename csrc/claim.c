@@ -93,6 +93,21 @@ static inline int ranks_before(const ringq_run_keys *k, uint32_t slot) {
     return (uint32_t)(k->seq[slot] & 0xffffffffu) < k->bound_seq32;
 }
 
+/* What the caller builds a leased job from: the LEASED word and the record's fields. */
+static void report_claimed(ringq_claimed *c, const ringq_rec_info *info, uint32_t slot, uint64_t leased) {
+    memset(c, 0, sizeof *c);
+    c->word = leased;
+    c->seq = info->seq;
+    c->enqueued_us = info->enqueued_us;
+    c->available_ms = info->available_ms;
+    c->slot = slot;
+    c->payload_len = info->payload_len;
+    c->priority = info->priority;
+    c->max_attempts = info->max_attempts;
+    c->id_len = info->id_len;
+    c->codec = info->codec;
+}
+
 int ringq_claim_run(uint8_t *base, size_t maplen, const ringq_geom *g, const uint32_t *order,
                     uint32_t n, uint32_t start, const uint8_t *plain, const ringq_run_keys *keys,
                     uint64_t now_rel, uint64_t deadline_rel, uint64_t owner_base,
@@ -134,18 +149,7 @@ int ringq_claim_run(uint8_t *base, size_t maplen, const ringq_geom *g, const uin
             }
             uint64_t leased;
             if (lease_plain(base, g, slot, &w, deadline_rel, owner_base, &leased)) {
-                ringq_claimed *c = &out[got++];
-                memset(c, 0, sizeof *c);
-                c->word = leased;
-                c->seq = info.seq;
-                c->enqueued_us = info.enqueued_us;
-                c->available_ms = info.available_ms;
-                c->slot = slot;
-                c->payload_len = info.payload_len;
-                c->priority = info.priority;
-                c->max_attempts = info.max_attempts;
-                c->id_len = info.id_len;
-                c->codec = info.codec;
+                report_claimed(&out[got++], &info, slot, leased);
                 break;
             }
             /* w is what another process wrote: READY again (rare) loops, else move on. */
@@ -197,7 +201,7 @@ static int64_t realtime_ms(void) {
 }
 
 int ringq_wait_claim(uint8_t *ctl, size_t ctl_len, uint8_t *base, size_t maplen, const ringq_geom *g,
-                     const ringq_wait_args *a, ringq_claim_out *out) {
+                     const ringq_wait_args *a, ringq_claim_out *out, ringq_claimed *rec) {
     int rc = geom_check(maplen, g);
     if (rc) return rc;
     if (!a || !out) return RINGQ_EINVAL;
@@ -264,5 +268,6 @@ int ringq_wait_claim(uint8_t *ctl, size_t ctl_len, uint8_t *base, size_t maplen,
     out->slot = first.slot;
     out->word = leased;
     out->prev = w;
+    if (rec) report_claimed(rec, &first, first.slot, leased);
     return 0;
 }

@@ -326,11 +326,12 @@ typedef struct {
  * attempts, no supersede, not delayed: available_ms <= enqueued_us / 1000), READY, never leased
  * and due, no later one has a higher priority, and no job returned to READY meanwhile (the change
  * word is as seen): exactly the job the caller's index would rank first.  Returns 0 with
- * out->status RINGQ_CLAIMED (out->slot, out->word), RINGQ_CLAIM_ASK (something happened: look
- * with the general path) or RINGQ_CLAIM_NONE (timed out); or an error. */
+ * out->status RINGQ_CLAIMED (out->slot, out->word; and, if rec is not NULL, the record's fields
+ * in *rec, as ringq_claim_run reports a job), RINGQ_CLAIM_ASK (something happened: look with the
+ * general path) or RINGQ_CLAIM_NONE (timed out); or an error. */
 #define RINGQ_WAIT_FEW 8
 int ringq_wait_claim(uint8_t *ctl, size_t ctl_len, uint8_t *base, size_t maplen, const ringq_geom *g,
-                     const ringq_wait_args *a, ringq_claim_out *out);
+                     const ringq_wait_args *a, ringq_claim_out *out, ringq_claimed *rec);
 
 /* Ack the lease of `slot` in one call: CAS LEASED(lc, t) to DONE(lc, now_rel), reason kept, then
  * add one to the segment's finished count (RINGQ_SEG_OFF_FINISHED; *finished = the new count) and

@@ -130,3 +130,50 @@ def test_a_pause_set_while_a_consumer_waits_holds_the_job_back(tmp_path, pause_k
         q.resume("k") if pause_key else q.resume()
         rows = results(child)
     assert rows[0][:2] == ["'held'", "1"]  # leased once the pause ended, still its first lease
+
+
+WAITER_OPS = """
+import json, sys
+from ringq import Queue
+q = Queue(sys.argv[1], durability="none")
+print("ready", flush=True)
+job = q.lease_one(wait=30)
+# Straight from the wait, before any other call of this process reads the record in.
+snap = {f: getattr(job, f) for f in ("id", "priority", "max_attempts", "available_at",
+                                     "enqueued_at", "lease_token", "seq", "attempts")}
+snap["state"] = job.state.value
+snap["deadline"] = job.lease_deadline
+ext = q.extend(job, 60)
+nacked = q.nack(job, delay=0, error="once more")
+again = q.lease_one(wait=30)
+q.ack(again)
+print(json.dumps({"snap": snap, "ext": ext.lease_deadline, "nacked": nacked.state.value,
+                  "again": [again.id, again.lease_token, again.payload]}), flush=True)
+"""
+
+
+def test_a_job_leased_in_the_wait_is_the_job_the_queue_shows_and_takes_extend_nack_and_ack(tmp_path):
+    # The wait builds the job from the fields the C call read from the record, and this process
+    # reads the record into its index only later: the job must equal the queue's own view of it,
+    # and extend, nack and ack straight after the wait must find the lease.
+    import json
+
+    Queue(tmp_path, durability="none").close()
+    child = spawn(WAITER_OPS, str(tmp_path), stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    time.sleep(0.2)  # asleep in the C wait
+    with Queue(tmp_path, durability="none") as q:
+        q.enqueue({"n": 1}, priority=3, max_attempts=4, job_id="the-job")
+        out, _ = child.communicate(timeout=60)
+        assert child.returncode == 0, out
+        got = json.loads(out.strip().splitlines()[-1])
+        after = q.get("the-job")
+    snap = got["snap"]
+    assert snap["id"] == "the-job" and snap["state"] == "leased" and snap["lease_token"] == "1"
+    assert (snap["priority"], snap["max_attempts"], snap["attempts"]) == (3, 4, 1)
+    assert snap["seq"] == after.seq and snap["enqueued_at"] == after.enqueued_at
+    assert snap["available_at"] == after.available_at
+    assert snap["deadline"] is not None and got["ext"] > snap["deadline"]
+    assert got["nacked"] == "ready"
+    assert got["again"] == ["the-job", "2", {"n": 1}]
+    assert after.state is JobState.DONE and after.attempts == 2

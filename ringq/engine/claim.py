@@ -44,11 +44,13 @@ RUN_CAP = 256  # most jobs one ringq_claim_run call leases
 
 
 class WaitClaimed(NamedTuple):
-    """A lease ringq_wait_claim took: the slot, the LEASED word it wrote, the READY word it replaced."""
+    """A lease ringq_wait_claim took: the slot, the LEASED word it wrote, the READY word it
+    replaced, and the record's fields as :func:`claim_run` reports a job (records.CLAIMED_FIELDS)."""
 
     slot: int
     word: int
     prev: int
+    record: tuple[int, ...]
 
 
 class _Buffers(threading.local):
@@ -58,12 +60,17 @@ class _Buffers(threading.local):
             {"wake_off": OFF_WAKE, "waiters_off": OFF_WAITERS, "change_off": OFF_CTL_CHANGE},
         )
         self.out = ffi.new("ringq_claim_out *")
+        self.rec = ffi.new("ringq_claimed *")
+        self.rec_buf = ffi.buffer(self.rec)
         self.word = ffi.new("uint64_t *")
         self.finished = ffi.new("uint64_t *")
         self.keys = ffi.new("ringq_run_keys *")
         self.run = ffi.new("ringq_claimed[]", RUN_CAP)
         self.run_buf = ffi.buffer(self.run)
         self.next = ffi.new("uint32_t[2]")
+        self.fields: object = (
+            None  # the run_fields ``keys`` points at (a view's, fixed for its life)
+        )
 
 
 _buffers = _Buffers()
@@ -96,11 +103,12 @@ def wait_claim(
     a.owner_base = owner_base
     a.from_slot = from_slot
     native.check(
-        lib.ringq_wait_claim(ctl.ptr, ctl.size, seg.ptr, seg.size, seg.geom, a, co), seg.path
+        lib.ringq_wait_claim(ctl.ptr, ctl.size, seg.ptr, seg.size, seg.geom, a, co, bufs.rec),
+        seg.path,
     )
     if co.status != lib.RINGQ_CLAIMED:
         return None
-    return WaitClaimed(co.slot, co.word, co.prev)
+    return WaitClaimed(co.slot, co.word, co.prev, CLAIMED.unpack_from(bufs.rec_buf))
 
 
 def ack_slot(
@@ -149,7 +157,9 @@ def claim_run(
     ``ringq_claimed``'s fields (records.CLAIMED_FIELDS).  Raises for a bounds error."""
     bufs = _buffers
     k = bufs.keys
-    k.avail_ms, k.enq_us, k.seq = fields
+    if fields is not bufs.fields:
+        k.avail_ms, k.enq_us, k.seq = fields
+        bufs.fields = fields
     if bound is None:
         k.bounded = 0
     else:
@@ -173,6 +183,8 @@ def claim_run(
         nxt,
         nxt + 1,
     )
+    if got == 1:
+        return [CLAIMED.unpack_from(bufs.run_buf)], nxt[0], nxt[1]
     native.check(min(got, 0), seg.path)
     jobs = list(CLAIMED.iter_unpack(bufs.run_buf[: got * CLAIMED.size])) if got else []
     return jobs, nxt[0], nxt[1]

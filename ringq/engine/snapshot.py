@@ -26,10 +26,9 @@ from .words import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .index import View
     from .ring import Ring
 
-__all__ = ["job_at", "fresh_lease", "last_error"]
+__all__ = ["job_at", "last_error"]
 
 
 #: last_error of a job whose last lease was lost, by the reason in its state word
@@ -121,32 +120,6 @@ def job_at(
     if not just_leased:
         lifecycle.show_progress(ring, seg, slot, lc, job)
     return job
-
-
-def fresh_lease(view: View, slot: int, word: int) -> Job:
-    """The snapshot of a plain job that ringq_claim_next just leased for the first time (lease
-    count 1, state word ``word``), built from the index's copy of its header: a first lease has no
-    nack text and no progress yet, and a plain record has no expiry and no carried attempts, so
-    no side file is read.  Raises SerializationError for a payload that does not decode."""
-    seg = view.seg
-    codec_id, id_bytes, data = records.read_body(seg, slot)
-    seq = int(view.seq[slot])
-    return Job(
-        id=bytes(id_bytes).decode("utf-8", "replace") if id_bytes else f"{seq:016x}",
-        payload=codec.decode(codec_id, data),
-        priority=int(view.prio[slot]),
-        state=JobState.LEASED,
-        attempts=1,
-        max_attempts=int(view.maxatt[slot]),
-        available_at=int(view.avail[slot]) / 1000,
-        enqueued_at=int(view.enq[slot]) / 1e6,
-        lease_deadline=(seg.epoch_ms + rel_time(word)) / 1000,
-        lease_token="1",
-        seq=seq,
-        version=1,
-        key=codec.split_key(codec_id, data)[0] if codec_id == codec.KEYED else None,
-        record_position=(seg.seq, slot, seg.origin),
-    )
 
 
 def last_error(

@@ -18,24 +18,22 @@ __all__ = ["View", "Lane", "Grow", "Direct", "now_ms", "order", "due", "lane_key
 
 class Direct:
     """How :meth:`Index.take` leases plain candidates itself: for ``vt_ms`` milliseconds, with
-    owner word ``owner_base`` (ringq/engine/words.py owner_pack with lease count 0); ``made(view, slot,
-    word)`` returns the caller's result for a job just leased (or None to drop it), ``made_run(view,
-    jobs)`` the results for a run of them leased by one ringq_claim_run (each job a tuple of
-    ringq_claimed's fields, records.CLAIMED_FIELDS); ``taken`` counts the jobs leased so (the
-    caller resets it)."""
+    owner word ``owner_base`` (ringq/engine/words.py owner_pack with lease count 0);
+    ``made_run(view, jobs)`` returns the caller's results for jobs just leased in C (by one
+    ringq_claim_run, or the one ringq_wait_claim took), each job a tuple of ringq_claimed's fields
+    (records.CLAIMED_FIELDS), dropping any it cannot hand out; ``taken`` counts the jobs leased
+    so (the caller resets it)."""
 
-    __slots__ = ("vt_ms", "owner_base", "made", "made_run", "taken")
+    __slots__ = ("vt_ms", "owner_base", "made_run", "taken")
 
     def __init__(
         self,
         vt_ms: int,
         owner_base: int,
-        made: Callable[[View, int, int], Any],
         made_run: Callable[[View, list[tuple[int, ...]]], list[Any]],
     ) -> None:
         self.vt_ms = vt_ms
         self.owner_base = owner_base
-        self.made = made
         self.made_run = made_run
         self.taken = 0
 

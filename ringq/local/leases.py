@@ -112,6 +112,8 @@ class Leases:
             if view is None:
                 self.refresh()
                 view = index.views.get(segseq)
+            if view is not None:
+                index.read_through(view, slot)  # a job leased by ringq_wait_claim: read in late
             if view is not None and (job.seq == 0 or int(view.seq[slot]) == job.seq):
                 return view, slot, job.id
             if fenced and segseq and job.lease_token is not None:
@@ -216,25 +218,13 @@ class Leases:
         if d is not None:
             return d
         held = self.owners.held
-
-        def made(view: View, slot: int, word: int) -> Job | None:
-            seg = view.seg
-            if owner:
-                held[(seg.seq, slot)] = 1
-            self.ring.note_state(seg, slot, final=False)
-            try:
-                return snapshot.fresh_lease(view, slot, word)
-            except SerializationError as exc:
-                held.pop((seg.seq, slot), None)
-                self.ring.mark_bad(seg, slot, str(exc))
-                return None
-
         ring = self.ring
         hdr = records.REC_HEADER.size
 
         def made_run(view: View, jobs: list[tuple[int, ...]]) -> list[Job]:
-            # Jobs ringq_claim_run just leased, built from what it reported: their payloads are
-            # decoded on first access (Job.payload), their keys read now (a limit key is a field).
+            # Jobs leased in C, built from what the call reported (no read of the index or the
+            # header): their payloads are decoded on first access (Job.payload), their keys read
+            # now (a limit key is a field).
             seg = view.seg
             segseq, mm, epoch, origin = seg.seq, seg.mm, seg.epoch_ms, seg.origin
             base, size = seg.data_off + hdr, seg.slot_size
@@ -289,7 +279,7 @@ class Leases:
 
         if len(self._direct) > 64:
             self._direct.clear()
-        d = self._direct[key] = Direct(key[0], owner_pack(owner, 0, key[2]), made, made_run)
+        d = self._direct[key] = Direct(key[0], owner_pack(owner, 0, key[2]), made_run)
         return d
 
     def wait_claim(self, seen: int, timeout: float, spin: float, direct: Direct) -> Waited | None:
@@ -327,7 +317,7 @@ class Leases:
                 direct.owner_base,
             )
             if got is not None:
-                return Waited(view, got.slot, got.word, got.prev)
+                return Waited(view, got.slot, got.word, got.prev, got.record)
         except BaseException:
             self._settled(key)
             raise
@@ -352,16 +342,16 @@ class Leases:
             self._settled((seg.seq, got.slot))
 
     def waited(self, got: Waited, direct: Direct) -> Job | None:
-        """Under the queue lock, after the caller caught up (the leased record is read in): the
-        job :meth:`wait_claim` leased, or None if its payload does not decode (quarantined) or
-        the lease ran out and was reclaimed before this thread got the lock, or the job was
-        finished meanwhile (a purge) and its segment retired and unmapped."""
+        """Under the queue lock: the job :meth:`wait_claim` leased, built from the fields the C
+        call reported (the index reads the record in at its next catch-up, as a later ack or
+        extend of the job does first), or None if the lease ran out and was reclaimed before
+        this thread got the lock, or the job was finished meanwhile (a purge) and its segment
+        retired and unmapped."""
         view, slot, word = got.view, got.slot, got.word
         seg = view.seg
         try:
             if seg.mm is None:
                 return None  # retired: every job in it finished, this one too
-            self.index.read_through(view, slot)
             if seg.load_state(slot) != word:
                 return None  # it expired while this thread waited for the lock, and was reclaimed
             # The visibility timeout counts from when the caller gets the lease, not from the C
@@ -373,8 +363,8 @@ class Leases:
                     return None  # reclaimed meanwhile
                 word = new
             self.ring.ctl.lower_deadline_floor(seg.epoch_ms + rel_time(word))
-            job: Job | None = direct.made(view, slot, word)  # the ``made`` of :meth:`direct`
-            return job
+            jobs: list[Job] = direct.made_run(view, [(word, *got.record[1:])])
+            return jobs[0] if jobs else None
         finally:
             self._settled((seg.seq, slot))
 
@@ -419,6 +409,8 @@ class Leases:
             tok = job.lease_token
             segseq, slot, origin = job.record_position
             view = self.index.views.get(segseq) if origin in (0, self.ring.identity) else None
+            if view is not None and slot >= view.scanned:
+                self.index.read_through(view, slot)  # leased by ringq_wait_claim: read in late
             if (
                 view is not None
                 and tok is not None
@@ -549,12 +541,14 @@ class Leases:
 
 class Waited(NamedTuple):
     """A lease :meth:`Leases.wait_claim` took in C, not yet handed out: its job's view and slot,
-    the LEASED word it wrote and the READY word it replaced."""
+    the LEASED word it wrote, the READY word it replaced and the record's fields
+    (records.CLAIMED_FIELDS)."""
 
     view: View
     slot: int
     word: int
     prev: int
+    record: tuple[int, ...]
 
 
 def token_number(token: object) -> int | None:

@@ -576,59 +576,64 @@ class Queue:
         Raises:
             QueueClosedError; ValueError for bad arguments.
         """
-        self._ctx.live()
+        ctx = self._ctx
+        ctx.live()
         # Checked before anything is leased: a NaN wait would fail in the sleep, after the lease.
-        count, wait, vt = check_lease_args(
-            count,
-            wait,
-            self.visibility_timeout if visibility_timeout is None else visibility_timeout,
-        )
+        if count.__class__ is int and count >= 1 and wait is None and visibility_timeout is None:
+            vt = self.visibility_timeout  # checked when the queue was opened
+        else:
+            count, wait, vt = check_lease_args(
+                count,
+                wait,
+                self.visibility_timeout if visibility_timeout is None else visibility_timeout,
+            )
         deadline = None if not wait else time.monotonic() + wait
         got: list[Job] = []
-        ctl = self._ctx.ring.ctl
-        claim = self._ctx.leases.claim
-        pause = self._ctx.pause
+        ctl = ctx.ring.ctl
+        claim = ctx.leases.claim
+        pause = ctx.pause
+        reaper = ctx.reaper
         skip = lambda v, s: pause.blocks(v.seg, s)  # noqa: E731  (per-key pause)
         direct = None
+        seen = 0
         while True:
-            with self._ctx.live_lock:
-                seen = (
-                    ctl.wake_word()
-                )  # before looking for work: nothing appended after it is slept through
-                self._ctx.refresh(quick=True)
-                if self._ctx.reap():
-                    self._ctx.refresh()  # the reclaimed jobs moved their segments' change counters
+            with ctx.live_lock:
+                if deadline is not None:
+                    # Read before looking for work: nothing appended after it is slept through.
+                    seen = ctl.wake_word()
+                ctx.refresh(quick=True)
+                if reaper.due() and ctx.reap():
+                    ctx.refresh()  # the reclaimed jobs moved their segments' change counters
                 direct = None
                 if not pause.queue_paused():  # a paused queue leases nothing; resume wakes sleepers
                     # With no limit and no paused key, plain jobs are leased in one C call each.
                     direct = (
                         None
-                        if self._ctx.gate.active() or pause.paused_keys()
-                        else self._ctx.leases.direct(vt, detach)
+                        if ctx.gate.active() or pause.paused_keys()
+                        else ctx.leases.direct(vt, detach)
                     )
                     floor_ms = time.time_ns() // 1_000_000 + int(vt * 1000)
                     if direct is not None:
                         direct.taken = 0
                     got.extend(
-                        self._ctx.index.take(
+                        ctx.index.take(
                             count - len(got),
                             lambda v, s, w, now: claim(v, s, w, now, vt, detach),
-                            self._ctx.gate,
+                            ctx.gate,
                             skip,
                             direct,
                         )
                     )
                     if direct is not None and direct.taken:  # they expire no sooner than this
                         ctl.lower_deadline_floor(floor_ms)
-                next_due = self._ctx.index.next_due_ms()
+                if got or deadline is None:  # blocks only while nothing at all is leasable
+                    return got
+                next_due = ctx.index.next_due_ms()
                 # Under the lock: the control page it reads is unmapped by a close.
-                floor_nap = None if got or deadline is None else self._ctx.reaper.until_floor()
-            if got or deadline is None:  # blocks only while nothing at all is leasable
-                return got
+                floor_nap = reaper.until_floor()
             left = deadline - time.monotonic()
             if left <= 0:
                 return got
-            assert floor_nap is not None
             nap = min(
                 left, self._ctx.reaper.interval, floor_nap
             )  # dead holders: seen within the reaper's interval
@@ -651,7 +656,6 @@ class Queue:
                         # A limit or a pause appeared while we slept: the C call knew nothing of it.
                         self._ctx.leases.unclaim(leased)
                         continue
-                    self._ctx.refresh(quick=True)  # reads the new record in
                     job = self._ctx.leases.waited(leased, direct)
                 if job is not None:
                     got.append(job)
@@ -815,10 +819,11 @@ class Queue:
                         transitions.require_lease(w, job_id, token, "ack")
             if not repeated:  # a repeated ack is harmless and stores nothing
                 self._results.store(job_id, result, result_ttl)
-        with self._ctx.live_lock:
-            self._ctx.settle(force=False)
-            self._ctx.leases.ack(job, self.name)
-        self._ctx.ring.dur.sync_acks_now()
+        ctx = self._ctx
+        with ctx.live_lock:
+            ctx.settle(force=False)
+            ctx.leases.ack(job, self.name)
+        ctx.ring.dur.sync_acks_now()
 
     def ack_many(self, jobs: Iterable[Job | str]) -> None:
         """Ack every job of ``jobs`` (as :meth:`ack`), with one sync for all of them under

@@ -198,37 +198,41 @@ static void wait_claim_answers(void) {
                          .change_seen = 0, .spin_ns = 0, .timeout_ns = 1000000, .epoch_ms = 0, .vt_ms = 500, .owner_base = 7};
     ringq_claim_out co;
     uint32_t tail = 1;
-    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co) == 0 && co.status == RINGQ_CLAIM_NONE); /* timed out */
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co, NULL) == 0 && co.status == RINGQ_CLAIM_NONE); /* timed out */
     ctl[88] = 1; /* the wake word moved */
-    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co) == 0 && co.status == RINGQ_CLAIM_ASK); /* nothing new */
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co, NULL) == 0 && co.status == RINGQ_CLAIM_ASK); /* nothing new */
     put_job(m, maplen, &g, 0, 1, 0, 1000, 1000000);
     memcpy(m + RINGQ_SEG_OFF_TAIL, &tail, 4);
     ctlbuf[96 / 8] = 5; /* a job returned to READY meanwhile */
-    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co) == 0 && co.status == RINGQ_CLAIM_ASK);
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co, NULL) == 0 && co.status == RINGQ_CLAIM_ASK);
     ctlbuf[96 / 8] = 0;
     put_job(m, maplen, &g, 1, 1, 3, 1000, 1000000); /* a later job of higher priority */
     tail = 2;
     memcpy(m + RINGQ_SEG_OFF_TAIL, &tail, 4);
-    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co) == 0 && co.status == RINGQ_CLAIM_ASK);
-    a.from_slot = 1; /* only the second is new: it is leased */
-    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co) == 0 && co.status == RINGQ_CLAIMED && co.slot == 1);
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co, NULL) == 0 && co.status == RINGQ_CLAIM_ASK);
+    a.from_slot = 1; /* only the second is new: it is leased, and its fields reported */
+    ringq_claimed rec;
+    memset(&rec, 0xAB, sizeof rec);
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co, &rec) == 0 && co.status == RINGQ_CLAIMED && co.slot == 1);
+    CHECK(rec.word == co.word && rec.slot == 1 && rec.priority == 3 && rec.available_ms == 1000 &&
+          rec.enqueued_us == 1000000 && rec.payload_len == 10 && rec.id_len == 0 && rec.pad8 == 0 && rec.pad32 == 0);
     uint64_t w = 0, ow = 0;
     ringq_load64(m, maplen, g.state_off + 1 * RINGQ_STATE_ENTRY, &w);
     ringq_load64(m, maplen, g.state_off + 1 * RINGQ_STATE_ENTRY + 8, &ow);
     CHECK(w == co.word && (w & 7) == RINGQ_ST_LEASED && ((w >> RINGQ_W_LC_SHIFT) & RINGQ_W_LC_MASK) == 1);
     CHECK(ow == (7 | (1ULL << RINGQ_OW_LC_SHIFT)));
-    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co) == 0 && co.status == RINGQ_CLAIM_ASK); /* leased */
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co, NULL) == 0 && co.status == RINGQ_CLAIM_ASK); /* leased */
     put_job(m, maplen, &g, 2, 2, 0, 1000, 1000000); /* kind 2: an expiry applies */
     put_job(m, maplen, &g, 3, 1, 0, 5000, 1000000); /* delayed */
     tail = 4;
     memcpy(m + RINGQ_SEG_OFF_TAIL, &tail, 4);
     a.from_slot = 2;
-    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co) == 0 && co.status == RINGQ_CLAIM_ASK);
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co, NULL) == 0 && co.status == RINGQ_CLAIM_ASK);
     a.from_slot = 3;
-    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co) == 0 && co.status == RINGQ_CLAIM_ASK);
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co, NULL) == 0 && co.status == RINGQ_CLAIM_ASK);
     a.change_off = 4096; /* outside the control page */
-    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co) == RINGQ_EBOUNDS);
-    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, NULL, &co) == RINGQ_EINVAL);
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co, NULL) == RINGQ_EBOUNDS);
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, NULL, &co, NULL) == RINGQ_EINVAL);
     free(m);
 }
 

@@ -147,6 +147,7 @@ static void *consumer(void *arg) {
     ringq_wait_args a = {.wake_off = WAKE_OFF, .waiters_off = WAITERS_OFF, .change_off = CHANGE_OFF,
                          .timeout_ns = 20000000, .vt_ms = 1000000, .owner_base = me + 1};
     ringq_claim_out co;
+    ringq_claimed rec; /* what the wait reports of a job it leased: this thread's own */
     uint32_t cursor = 0;
     uint64_t seen_change = 0;
     int64_t *avail = calloc(g.slot_count, sizeof *avail), *enq = calloc(g.slot_count, sizeof *enq);
@@ -230,7 +231,8 @@ static void *consumer(void *arg) {
         a.change_seen = change;
         a.spin_ns = (seed >> 3) % 3 == 0 ? 20000 : 0;
         ringq_claim_out *wo = shared_out ? &common_out : &co;
-        if (ringq_wait_claim(ctl, ctl_len, seg, maplen, &g, &a, wo) != 0) FAIL("wait_claim failed");
+        if (ringq_wait_claim(ctl, ctl_len, seg, maplen, &g, &a, wo, &rec) != 0) FAIL("wait_claim failed");
+        else if (!shared_out && wo->status == RINGQ_CLAIMED && rec.slot != wo->slot) FAIL("wait_claim reported another record");
         else if (wo->status == RINGQ_CLAIMED) {
             uint32_t slot = wo->slot;
             uint64_t word = wo->word;

@@ -103,6 +103,11 @@ class Relocator:
         self.catch_up = catch_up
         self._looked: dict[int, int] = {}  # segment seq -> its finished count when last looked at
 
+    def _note_look(self, segseq: int, finished: int) -> None:
+        if len(self._looked) > 4096:
+            self._looked.clear()
+        self._looked[segseq] = finished
+
     def offer(self, view: View, hot: bool = False, finished: int | None = None) -> int:
         """Relocate ``view``'s stragglers if the rule above allows it; returns how many moved.
 
@@ -123,13 +128,13 @@ class Relocator:
         nrec = seg.nrecords()
         finished = seg.finished()
         live = nrec - finished
+        if hot:
+            if finished - self._looked.get(seg.seq, -nrec) < max(1, nrec // HOT_RECHECK):
+                return 0
+            self._note_look(seg.seq, finished)  # a hot look counts, whatever it decides
         if live <= 0 or 2 * live > nrec:  # moving must at least halve what the segment holds
             return 0
-        if hot and finished - self._looked.get(seg.seq, -nrec) < max(1, nrec // HOT_RECHECK):
-            return 0
-        if len(self._looked) > 4096:
-            self._looked.clear()
-        self._looked[seg.seq] = finished
+        self._note_look(seg.seq, finished)
         slots, soon = self.stragglers(view)
         if not slots or (soon and RELOCATE_DUE_RATIO * live > nrec):
             return 0

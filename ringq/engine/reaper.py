@@ -76,6 +76,7 @@ class Reaper:
         self._changed: list[tuple[View, int, int]] = []
         self.last = 0.0
         self._floor = (-1.0, 0)  # (monotonic time read, floor ms) for the schedule check
+        self._quiet_until = 0.0  # monotonic time before which due() is known to be False
         self.unowned: dict[tuple[int, int, int], float] = {}  # (seg, slot, word) -> first seen
 
     def until_floor(self) -> float:
@@ -86,15 +87,25 @@ class Reaper:
     def due(self) -> bool:
         """True if :meth:`reap` without ``force`` would scan now (its schedule, below)."""
         t = time.monotonic()
+        if t < self._quiet_until:  # the last answer was False and cannot change before then
+            return False
         if t - self.last >= REAP_INTERVAL:
             return True
         if t - self.last < FLOOR_RESCAN:
+            self._quiet_until = self.last + FLOOR_RESCAN
             return False
         read_at, floor_ms = self._floor
         if t - read_at >= FLOOR_READ_EVERY:
             floor_ms = self.ring.ctl.deadline_floor()[1]
-            self._floor = (t, floor_ms)
-        return now_ms() > floor_ms
+            self._floor = (read_at, floor_ms) = (t, floor_ms)
+        ahead_ms = floor_ms - now_ms()
+        if ahead_ms < 0:
+            return True
+        # No sooner than the next read of the floor, the floor itself, or the interval's end.
+        self._quiet_until = min(
+            read_at + FLOOR_READ_EVERY, t + ahead_ms / 1000, self.last + REAP_INTERVAL
+        )
+        return False
 
     def reap(self, force: bool = False) -> int:
         """Return expired leases and leases of dead holders to READY (or DEAD); returns how many.
@@ -110,6 +121,7 @@ class Reaper:
         now = now_ms()
         floor_word = ctl.deadline_floor()[0]  # read fresh: the scan may raise it (below)
         self.last = t
+        self._quiet_until = 0.0
         earliest = Control.FLOOR_NEVER
         mine = self.owners.mine()
         held = self.owners.held

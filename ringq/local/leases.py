@@ -10,6 +10,7 @@ The words written are computed by ringq/engine/transitions.py; durability of ack
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -417,13 +418,17 @@ class Leases:
                 and tok.isdigit()
                 and len(tok) < 12
                 and job.seq
-                and int(view.seq[slot]) == job.seq
+                and view.seq.item(slot) == job.seq
             ):
                 seg = view.seg
                 if self.gate.holds():
                     self._release_slot(seg, slot)
                 answer, word, finished = claim.ack_slot(
-                    seg, slot, int(tok), max(0, now_ms() - seg.epoch_ms), self.ring.ctl
+                    seg,
+                    slot,
+                    int(tok),
+                    max(0, time.time_ns() // 1_000_000 - seg.epoch_ms),
+                    self.ring.ctl,
                 )
                 if answer == claim.ACKED:
                     job.ack_accepted = True

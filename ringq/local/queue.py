@@ -597,7 +597,9 @@ class Queue:
         direct = None
         seen = 0
         while True:
-            with ctx.live_lock:
+            with ctx.lock:  # ctx.live_lock, spelt out on the hot path
+                if ctx.closed:
+                    ctx.live()
                 if deadline is not None:
                     # Read before looking for work: nothing appended after it is slept through.
                     seen = ctl.wake_word()
@@ -820,8 +822,11 @@ class Queue:
             if not repeated:  # a repeated ack is harmless and stores nothing
                 self._results.store(job_id, result, result_ttl)
         ctx = self._ctx
-        with ctx.live_lock:
-            ctx.settle(force=False)
+        with ctx.lock:  # ctx.live_lock, spelt out on the hot path
+            if ctx.closed:
+                ctx.live()
+            if ctx.reaper.due():
+                ctx.settle(force=False)
             ctx.leases.ack(job, self.name)
         ctx.ring.dur.sync_acks_now()
 

@@ -17,6 +17,7 @@ installed; without it every function here returns at once and nothing else chang
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
@@ -119,10 +120,9 @@ def processing(
     api = _api if _api is not None else _load()
     if not api:
         return _NO_SPAN
-    trace = api[0]
     headers = getattr(job, "trace_context", None)
     first = int(getattr(job, "attempts", 1) or 1) <= 1
-    if first and not headers and isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+    if first and not headers and not _provider_set(api[0]):
         # No tracer provider is set, and the job carries no context to propagate: the span would
         # be the current one (the API's no-op tracer returns its parent), so the body runs as is.
         return _NO_SPAN
@@ -130,6 +130,22 @@ def processing(
 
 
 _NO_SPAN: AbstractContextManager[None] = nullcontext()  # reusable: yields None, records nothing
+PROVIDER_RECHECK = 1.0  # seconds a "no tracer provider set" answer is reused
+_no_provider_until = 0.0  # monotonic time until which no provider was found set
+
+
+def _provider_set(trace: Any) -> bool:
+    """Whether a tracer provider is set (an SDK's); a "no" is looked up again at most once per
+    PROVIDER_RECHECK seconds (the lookup reads the environment), so a provider set while a
+    Worker runs is used from its next job on within that long."""
+    global _no_provider_until
+    now = time.monotonic()
+    if now < _no_provider_until:
+        return False
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        _no_provider_until = now + PROVIDER_RECHECK
+        return False
+    return True
 
 
 @contextmanager

@@ -190,3 +190,37 @@ print("ok")
 """
     out = run_py(code, str(tmp_path / "q"))
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_a_tracer_provider_set_while_a_worker_runs_is_used_within_a_second(tmp_path):
+    code = r"""
+import sys, threading, time
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+import ringq
+from ringq import Worker
+q = ringq.Queue(sys.argv[1])
+q.enqueue({"n": 1})
+done = []
+w = Worker(q, lambda j: done.append(j.payload["n"]), handle_signals=False, idle_timeout=5)
+t = threading.Thread(target=w.run)
+t.start()
+while not done:
+    time.sleep(0.01)
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+time.sleep(1.1)
+q.enqueue({"n": 2})
+while len(done) < 2:
+    time.sleep(0.01)
+w.stop()
+t.join()
+assert [s.name for s in exporter.get_finished_spans()] == [f"process {q.name}"]
+print("ok")
+"""
+    out = run_py(code, str(tmp_path / "q"))
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

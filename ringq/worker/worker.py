@@ -296,7 +296,7 @@ class Worker:
                 if self.idle_timeout is not None:  # an idle worker ends on time, not a poll later
                     wait = min(wait, max(0.001, self.idle_timeout - self._idle_for()))
                 # A stream of leases (QueueBackend.consume): leases not handed to a handler when
-                # it ends (stopping, max_jobs, a periodic job due) go back to the queue unused.
+                # it ends (stopping, max_jobs) go back to the queue unused.
                 jobs = self.queue.consume(wait=wait, stop=self._stop)
                 until = time.monotonic() + wait  # back to the periodic jobs at least this often
                 got = False
@@ -323,7 +323,9 @@ class Worker:
                     if not self._run_one(job, index):
                         return  # its handler timed out and a new thread took this one's place
                     if self._schedules and time.monotonic() >= until:
-                        break
+                        # Periodic jobs come due while the stream runs: fired here, without
+                        # ending the stream (which would hand its leased batch back).
+                        until = time.monotonic() + self._fire_schedules()
             except QueueClosedError:
                 self._stop.set()
                 return

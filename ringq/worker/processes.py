@@ -226,9 +226,9 @@ class ProcessPool:
                         )
                 # Back as soon as a child exits (its sentinel is ready), else within 50 ms for the
                 # deadlines and the stop event.
-                multiprocessing.connection.wait(
-                    [p.sentinel for slot, p in enumerate(self.children) if running[slot]], 0.05
-                )
+                alive = [p.sentinel for slot, p in enumerate(self.children) if running[slot]]
+                if alive:
+                    multiprocessing.connection.wait(alive, 0.05)
         except BaseException:  # a second SIGINT: abort, leaving nobody behind
             for p in self.children:
                 if p.is_alive() and p.pid is not None:

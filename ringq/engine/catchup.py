@@ -77,7 +77,7 @@ class CatchUp:
         see what it published (idempotent enqueue)."""
         ring = self.ring
         ctl = ring.ctl
-        stamp = (ctl.wake_word(), ctl.ring_gen())
+        stamp = ctl.stamp()
         t = time.monotonic()
         last = self._stamp
         if quick and t < self._stamp_until and last is not None and stamp[1] == last[1]:

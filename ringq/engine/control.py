@@ -193,6 +193,11 @@ class Control(Mapped):
         """Bumped on every rotation and retirement."""
         return self.load64(OFF_RING_GEN)
 
+    def stamp(self) -> tuple[int, int]:
+        """``(wake word, ring generation)``: they move on every append or return to READY, and on
+        every rotation or retirement (what a catch-up compares to know nothing moved)."""
+        return self.load32_64(OFF_WAKE, OFF_RING_GEN)
+
     def bump_ring_gen(self) -> None:
         self.add64(OFF_RING_GEN)
 

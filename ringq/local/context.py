@@ -174,7 +174,7 @@ class QueueContext:
         straggler relocation (unless ``relocate`` is False), and any copies read in.  ``quick``:
         skip it if nothing was appended, returned or rotated since the last one (Index.catch_up)."""
         sealed = self.index.catch_up(quick)
-        if relocate and sum(self.relocator.offer(view) for view in sealed) > 0:
+        if relocate and sealed and sum(self.relocator.offer(view) for view in sealed) > 0:
             self.refresh(relocate=False)  # map and read the copies (they may have rotated the tail)
 
     def reap(self, force: bool = False) -> int:

@@ -541,3 +541,38 @@ def test_ringq_work_logs_a_damaged_schedule_file_in_one_line(tmp_path, debug):
         assert "Traceback" in proc.stderr
     else:
         assert "Traceback" not in proc.stderr and lines == logged, proc.stderr
+
+
+def test_a_worker_busy_with_a_backlog_fires_periodic_jobs_between_its_jobs(tmp_path):
+    # The periodic jobs come due while the Worker's stream of leases is busy with a backlog: they
+    # are fired (enqueued) between its jobs, and each backlog job still runs once.
+    import threading
+
+    q = Queue(tmp_path, durability="none")
+    q.enqueue_many([{"n": i} for i in range(400)])
+    q.schedule("tick", "t", every=0.1)
+    runs: dict[str, int] = {}
+    enqueued: dict[str, float] = {}
+    last_backlog = [0.0]
+
+    def handler(job):
+        runs[job.id] = runs.get(job.id, 0) + 1
+        if job.id.startswith("schedule:"):
+            enqueued[job.id] = job.enqueued_at
+        else:
+            last_backlog[0] = time.time()
+        time.sleep(0.002)
+
+    w = Worker(q, handler, handle_signals=False)
+    t = threading.Thread(target=w.run)
+    t.start()
+    deadline = time.monotonic() + 30
+    while len(enqueued) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    w.stop()
+    t.join(30)
+    backlog = [n for k, n in runs.items() if not k.startswith("schedule:")]
+    assert len(backlog) == 400 and set(backlog) == {1}
+    # About a second of backlog, a tick every 0.1 s: several fired before its last job ran.
+    assert sum(1 for at in enqueued.values() if at < last_backlog[0]) >= 3, (enqueued, last_backlog)
+    q.close()

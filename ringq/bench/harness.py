@@ -557,53 +557,82 @@ def _gap() -> None:
     time.sleep(0.0008 + (time.monotonic_ns() % 400) / 1e6)
 
 
-def _ping(consumer: Callable, args: tuple, send: Callable[[], None], n: int) -> list[int]:
-    """Start ``consumer(*args, n, ready, pipe)`` in a process, send ``n`` stamped messages with
-    gaps, and return the latencies it measured (ns)."""
+def _ping(
+    consumer: Callable,
+    args: tuple,
+    send: Callable[[], None],
+    n: int,
+    consumers: int = 1,
+    stop: Callable[[], None] | None = None,
+) -> list[int]:
+    """Start ``consumers`` processes running ``consumer(*args, n, ready, pipe)``, send ``n``
+    stamped messages with gaps, then (``stop``) one stop message per consumer, and return the
+    latencies they measured (ns), all together."""
     ctx = mp.get_context("fork")
-    ready = ctx.Event()
-    r, w = ctx.Pipe(duplex=False)
-    p = ctx.Process(target=consumer, args=(*args, n, ready, w))
-    p.start()
+    started = []
+    for _ in range(consumers):
+        ready = ctx.Event()
+        r, w = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=consumer, args=(*args, n, ready, w))
+        p.start()
+        started.append((p, ready, r))
     try:
-        if not ready.wait(10):
-            raise RuntimeError("consumer did not start")
-        time.sleep(0.05)  # let it block
+        for _p, ready, _r in started:
+            if not ready.wait(10):
+                raise RuntimeError("consumer did not start")
+        time.sleep(0.05)  # let them block
         for _ in range(n):
             _gap()
             send()
-        if not r.poll(30):
-            raise RuntimeError("consumer did not report")
-        return r.recv()
+        if stop is not None:
+            for _ in range(consumers):
+                stop()
+        lat: list[int] = []
+        for _p, _ready, r in started:
+            if not r.poll(30):
+                raise RuntimeError("consumer did not report")
+            lat += r.recv()
+        return lat
     finally:
-        p.join(10)
-        if p.is_alive():
-            p.kill()
+        for p, _ready, _r in started:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
 
 
 FAN_SPIN = 0.002  # seconds: the spin row's Queue(spin=): longer than the ~1 ms between sends
+FAN_CONSUMERS = 4  # consumer processes of the many-consumer rows
 
 
 def _fan_ringq_consumer(path: str, spin: float, n: int, ready, out) -> None:
     q = _open_ringq(path, "none", spin=spin)
     lat: list[int] = []
     ready.set()
-    while len(lat) < n:
+    while True:
         job = q.lease_one(wait=5.0)
         if job is None:
             break
-        lat.append(time.monotonic_ns() - job.payload["t"])
+        t = job.payload["t"]
+        if t is None:  # the stop message
+            q.ack(job)
+            break
+        lat.append(time.monotonic_ns() - t)
         q.ack(job)
     out.send(lat)
     q.close()
 
 
-def _fan_ringq(scratch: str, n: int, spin: float = 0.0) -> list[int]:
+def _fan_ringq(scratch: str, n: int, spin: float = 0.0, consumers: int = 1) -> list[int]:
     path = tempfile.mkdtemp(prefix="fan-", dir=scratch)
     q = _open_ringq(path, "none")
     try:
         return _ping(
-            _fan_ringq_consumer, (path, spin), lambda: q.enqueue({"t": time.monotonic_ns()}), n
+            _fan_ringq_consumer,
+            (path, spin),
+            lambda: q.enqueue({"t": time.monotonic_ns()}),
+            n,
+            consumers,
+            lambda: q.enqueue({"t": None}),
         )
     finally:
         q.close()
@@ -657,15 +686,24 @@ def _fan_futex(scratch: str, n: int) -> list[int]:
 def _fan_pyqueue_consumer(q, n: int, ready, out) -> None:
     lat = []
     ready.set()
-    for _ in range(n):
+    while True:
         t = q.get(timeout=5)
+        if t is None:  # the stop message
+            break
         lat.append(time.monotonic_ns() - t)
     out.send(lat)
 
 
-def _fan_pyqueue(make: Callable[[], Any], n: int) -> list[int]:
+def _fan_pyqueue(make: Callable[[], Any], n: int, consumers: int = 1) -> list[int]:
     q = make()
-    return _ping(_fan_pyqueue_consumer, (q,), lambda: q.put(time.monotonic_ns()), n)
+    return _ping(
+        _fan_pyqueue_consumer,
+        (q,),
+        lambda: q.put(time.monotonic_ns()),
+        n,
+        consumers,
+        lambda: q.put(None),
+    )
 
 
 def fanout(scratch: str, sz: Sizes, log: Callable[[str], None]) -> list[Row]:
@@ -690,6 +728,16 @@ def fanout(scratch: str, sz: Sizes, log: Callable[[str], None]) -> list[Row]:
             "get() woken by put()",
             lambda: _fan_pyqueue(lambda: mp.get_context("fork").Queue(), sz.fanout),
         ),
+        (
+            "ringq",
+            f"{FAN_CONSUMERS} consumer processes in lease_one(wait=...) (none)",
+            lambda: _fan_ringq(scratch, sz.fanout, consumers=FAN_CONSUMERS),
+        ),
+        (
+            "multiprocessing.Queue",
+            f"{FAN_CONSUMERS} consumer processes in get()",
+            lambda: _fan_pyqueue(lambda: mp.get_context("fork").Queue(), sz.fanout, FAN_CONSUMERS),
+        ),
     ]
     try:
         import faster_fifo
@@ -699,6 +747,13 @@ def fanout(scratch: str, sz: Sizes, log: Callable[[str], None]) -> list[Row]:
                 "faster-fifo",
                 "get() woken by put()",
                 lambda: _fan_pyqueue(faster_fifo.Queue, sz.fanout),
+            )
+        )
+        systems.append(
+            (
+                "faster-fifo",
+                f"{FAN_CONSUMERS} consumer processes in get()",
+                lambda: _fan_pyqueue(faster_fifo.Queue, sz.fanout, FAN_CONSUMERS),
             )
         )
     except ImportError:

@@ -165,6 +165,7 @@ class PauseFile:
         fd = self._open(ring.mode)
         self.map = Mapped(self.path, fd, PAUSE_SIZE)
         self._keys: tuple[int, frozenset[str]] = (-1, frozenset())
+        self._clear_at = -1  # the change counter when paused() last found nothing paused
 
     def _open(self, mode: int) -> int:
         for _ in range(2):
@@ -197,6 +198,18 @@ class PauseFile:
     def queue_paused(self) -> bool:
         """True while the whole queue is paused (one atomic load of the shared word)."""
         return self.map.load64(_OFF_QUEUE) != 0
+
+    def paused(self) -> tuple[bool, bool]:
+        """``(queue paused, any key paused)``, for the lease path: one load of the change counter
+        while it stays where a look found nothing paused (every pause and resume bumps it after
+        its change, so an answer read before the bump is the answer from just before the pause)."""
+        changes = self.map.load64(_OFF_CHANGES)
+        if changes == self._clear_at:
+            return False, False
+        queue, keys = self.queue_paused(), bool(self.paused_keys())
+        if not queue and not keys:
+            self._clear_at = changes
+        return queue, keys
 
     def set_queue(self, paused: bool) -> None:
         self.map.store64(_OFF_QUEUE, int(paused))

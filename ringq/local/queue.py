@@ -607,12 +607,11 @@ class Queue:
                 if reaper.due() and ctx.reap():
                     ctx.refresh()  # the reclaimed jobs moved their segments' change counters
                 direct = None
-                if not pause.queue_paused():  # a paused queue leases nothing; resume wakes sleepers
+                queue_paused, keys_paused = pause.paused()
+                if not queue_paused:  # a paused queue leases nothing; resume wakes sleepers
                     # With no limit and no paused key, plain jobs are leased in one C call each.
                     direct = (
-                        None
-                        if ctx.gate.active() or pause.paused_keys()
-                        else ctx.leases.direct(vt, detach)
+                        None if keys_paused or ctx.gate.active() else ctx.leases.direct(vt, detach)
                     )
                     floor_ms = time.time_ns() // 1_000_000 + int(vt * 1000)
                     if direct is not None:
@@ -654,7 +653,7 @@ class Queue:
                 assert direct is not None  # only wait_claim, given ``direct``, leases while asleep
                 with self._ctx.live_lock:
                     self._ctx.live()
-                    if self._ctx.gate.active() or pause.queue_paused() or pause.paused_keys():
+                    if self._ctx.gate.active() or any(pause.paused()):
                         # A limit or a pause appeared while we slept: the C call knew nothing of it.
                         self._ctx.leases.unclaim(leased)
                         continue

@@ -102,10 +102,8 @@ class Appender:
         Needs no lock of the caller's: a caller may release its own locks first, so that other
         threads append (and share the sync, under group commit) while this one waits for the disk.
         """
-        touched, pos = ticket[0], ticket[1]
-        self.ring.dur.after_append(touched, pos)
-        if len(ticket) < 3:  # a third item: the one-call append woke them already
-            self.ring.ctl.wake()
+        # A third item: the one-call append woke them already.
+        self.ring.dur.after_append(ticket[0], ticket[1], len(ticket) < 3)
 
     def append_nowait(
         self, recs: list[NewRecord]
@@ -475,24 +473,28 @@ class Appender:
                 heads,
                 endp,
             )
-            if rc > 0:
-                tail, end = heads[0], endp[0]
-                return (
-                    seg.seq,
-                    tail,
-                    tmpl.seq,
-                    tmpl.enqueued_us,
-                    tmpl.available_ms,
-                    (
-                        {seg.seq: [tail, end]},
-                        position(seg.seq, end),
-                        *((True,) if words is CTL_WORDS_WAKE else ()),
-                    ),
-                )
         finally:
             lock.exit_thread()
-        native.check(rc, f"write records to {seg.path}")
-        return None
+        if rc <= 0:
+            native.check(rc, f"write records to {seg.path}")
+            return None
+        tail, end = heads[0], endp[0]
+        if self.ring.dur.early_writeback:
+            # The disk writes the records while the rest of the enqueue runs, up to its sync.  A
+            # hint: its error is the sync's to report.
+            lib.ringq_append_writeback(seg.rfd, REC_DATA_OFF, seg.geom, tail, end)
+        return (
+            seg.seq,
+            tail,
+            tmpl.seq,
+            tmpl.enqueued_us,
+            tmpl.available_ms,
+            (
+                {seg.seq: [tail, end]},
+                position(seg.seq, end),
+                *((True,) if words is CTL_WORDS_WAKE else ()),
+            ),
+        )
 
     def _grow_scratch(self, need: int) -> tuple[bytearray, CData]:
         buf = bytearray(need)

@@ -447,8 +447,9 @@ class Appender:
             tmpl.max_attempts = max_attempts
             tmpl.kind = kind
             endp = self._end
+            dur = self.ring.dur
             # With no sync between publishing and returning, the call wakes consumers itself.
-            words = CTL_WORDS_WAKE if self.ring.durability in ("none", "interval") else CTL_WORDS
+            words = CTL_WORDS_WAKE if dur.wake_at_publish else CTL_WORDS
             rc = lib.ringq_append_fast(
                 lock_fd,
                 ctl.ptr,
@@ -479,7 +480,7 @@ class Appender:
             native.check(rc, f"write records to {seg.path}")
             return None
         tail, end = heads[0], endp[0]
-        if self.ring.dur.early_writeback:
+        if dur.early_writeback:
             # The disk writes the records while the rest of the enqueue runs, up to its sync.  A
             # hint: its error is the sync's to report.
             lib.ringq_append_writeback(seg.rfd, REC_DATA_OFF, seg.geom, tail, end)

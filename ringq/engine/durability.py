@@ -91,6 +91,9 @@ class Strategy:
     # The appender starts writing an append's records back as soon as they are written
     # (ringq_append_writeback), for a strategy that syncs them itself before returning.
     early_writeback = False
+    # Nothing to wait for between publishing an append and returning: the one-call append wakes
+    # consumers itself.
+    wake_at_publish = False
 
     def __init__(
         self,
@@ -330,6 +333,7 @@ class NoSync(Strategy):
 
     name = "none"
     durable = False
+    wake_at_publish = True
 
     def make_durable(self, touched: dict[int, list[int]], end: int) -> None:
         pass
@@ -525,6 +529,7 @@ class Interval(Strategy):
 
     name = "interval"
     durable = False  # an append that returned may be lost in the last flush_interval seconds
+    wake_at_publish = True
 
     def _period(self) -> float:
         if self.state_flush_interval:

@@ -1,6 +1,7 @@
 /* append.c - the write path of an enqueue: a batch of records built, checksummed and laid out in
  * the caller's scratch buffer, written to the segment's record file with one pwrite(2), then
- * published in order.  See ringq.h ("appends") for the contract.
+ * published in order; and the sync that makes it durable once the writer lock is released
+ * (ringq_append_sync).  See ringq.h ("appends") for the contract.
  *
  * Why one call per batch: per record, the Python side used to pack a header, copy id and payload
  * into a buffer of its own, and cross into C for a pwrite and a release-store.  Here a batch costs
@@ -16,7 +17,9 @@
 #include "ringq_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stddef.h>
 #include <string.h>
 #include <sys/file.h>
@@ -92,6 +95,14 @@ int ringq_append_publish(uint8_t *base, size_t maplen, const ringq_geom *g, cons
     }
     publish(base, g, heads, n, end, state, last_seq);
     return (int)n;
+}
+
+/* Control.wake: bump the consumers' wake word, then wake every sleeper if any is registered.  The
+ * caller checked both words. */
+static void wake_consumers(uint8_t *ctl, size_t ctl_len, const ringq_ctl_words *w) {
+    atomic_fetch_add_explicit(A32(ctl, w->wake), 1u, memory_order_seq_cst);
+    if (atomic_load_explicit(A32(ctl, w->waiters), memory_order_acquire))
+        ringq_futex_wake(ctl, ctl_len, w->wake, INT_MAX);
 }
 
 static int pwrite_all(int fd, const uint8_t *buf, size_t len, uint64_t off, size_t *done) {
@@ -244,10 +255,47 @@ int ringq_append_fast(int lock_fd, uint8_t *ctl, size_t ctl_len, const ringq_ctl
         atomic_fetch_add_explicit(A32(ctl, w->lock_wake), 1u, memory_order_seq_cst);
         ringq_futex_wake(ctl, ctl_len, w->lock_wake, 1);
     }
-    if (rc > 0 && w->wake) {
-        atomic_fetch_add_explicit(A32(ctl, w->wake), 1u, memory_order_seq_cst);
-        if (atomic_load_explicit(A32(ctl, w->waiters), memory_order_acquire))
-            ringq_futex_wake(ctl, ctl_len, w->wake, INT_MAX);
-    }
+    if (rc > 0 && w->wake) wake_consumers(ctl, ctl_len, w);
     return rc;
+}
+
+int ringq_append_writeback(int fd, uint64_t data_file_off, const ringq_geom *g, uint32_t lo, uint32_t hi) {
+    if (fd < 0 || !g || lo > hi || hi > g->slot_count || g->slot_size == 0) return RINGQ_EINVAL;
+    if (hi == lo) return 0;
+    uint64_t off = data_file_off + (uint64_t)lo * g->slot_size;
+    uint64_t len = (uint64_t)(hi - lo) * g->slot_size;
+    if (off > (uint64_t)INT64_MAX || len > (uint64_t)INT64_MAX - off) return RINGQ_EINVAL;
+#ifdef SYNC_FILE_RANGE_WRITE
+    if (sync_file_range(fd, (off64_t)off, (off64_t)len, SYNC_FILE_RANGE_WRITE) != 0) return -errno;
+    return 0;
+#else
+    return -ENOSYS;
+#endif
+}
+
+int ringq_append_sync(uint8_t *base, size_t maplen, const ringq_geom *g, int fd, uint32_t lo, uint32_t hi,
+                      uint8_t *ctl, size_t ctl_len, size_t sync_count_off, const ringq_ctl_words *w) {
+    int rc = geom_check(maplen, g);
+    if (rc) return rc;
+    if (lo > hi || hi > g->slot_count || (ctl && !w)) return RINGQ_EINVAL;
+    if (ctl) {
+        rc = word_check(ctl, ctl_len, sync_count_off, 8);
+        if (!rc && w->wake) rc = word_check(ctl, ctl_len, w->wake, 4);
+        if (!rc && w->wake) rc = word_check(ctl, ctl_len, w->waiters, 4);
+        if (rc) return rc;
+    }
+    if (hi > lo) {
+        if (fd >= 0) {
+            if (fdatasync(fd) != 0) return -errno;
+        } else {
+            /* geom_check put every slot of the table inside the mapping */
+            rc = ringq_msync(base, maplen, (size_t)(g->data_off + (uint64_t)lo * g->slot_size),
+                             (size_t)((uint64_t)(hi - lo) * g->slot_size));
+            if (rc) return rc;
+        }
+    }
+    if (!ctl) return 0;
+    atomic_fetch_add_explicit(A64(ctl, sync_count_off), 1u, memory_order_relaxed);
+    if (w->wake) wake_consumers(ctl, ctl_len, w);
+    return 0;
 }

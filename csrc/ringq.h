@@ -427,6 +427,22 @@ int ringq_append_fast(int lock_fd, uint8_t *ctl, size_t ctl_len, const ringq_ctl
                       int64_t epoch_ms, int64_t delay_ms, ringq_rec_header *tmpl, const uint8_t *codecs,
                       const uint16_t *id_lens, const uint32_t *payload_lens, uint32_t n, const uint8_t *data,
                       size_t data_len, uint8_t *scratch, size_t scratch_len, uint32_t *heads, uint32_t *end);
+/* Start writing slots [lo, hi) of a segment's record file (slot 0 at file offset data_file_off)
+ * back to the disk, without waiting: sync_file_range(SYNC_FILE_RANGE_WRITE).  A hint that promises
+ * nothing -- the sync of ringq_append_sync makes the records durable -- called between the write
+ * and that sync so that the disk writes while the caller runs.  Returns 0, RINGQ_EINVAL (fd < 0,
+ * lo > hi, hi > slot_count) or -errno of the call (ENOSYS where it is missing). */
+int ringq_append_writeback(int fd, uint64_t data_file_off, const ringq_geom *g, uint32_t lo, uint32_t hi);
+/* The durable end of an append, after the writer lock is released: force slots [lo, hi) of the
+ * segment's record file to disk -- fdatasync(fd) when fd >= 0, else msync(MS_SYNC) of that range
+ * of the mapping (the pages covering it) -- then, unless ctl is NULL (a sync alone), add one to
+ * the u64 at sync_count_off of the control page and, if w->wake is non-zero, wake consumers as
+ * ringq_append_fast does (bump the wake word; wake every sleeper if the waiters word is
+ * non-zero).  Nothing is counted nor woken when the sync fails.  hi == lo syncs nothing and still
+ * counts and wakes.  Returns 0, RINGQ_EINVAL (lo > hi, hi > slot_count, ctl without w),
+ * RINGQ_EBOUNDS for a bad geometry or words outside the mappings, or -errno of the failed sync. */
+int ringq_append_sync(uint8_t *base, size_t maplen, const ringq_geom *g, int fd, uint32_t lo, uint32_t hi,
+                      uint8_t *ctl, size_t ctl_len, size_t sync_count_off, const ringq_ctl_words *w);
 /* Publish n written records whose head slots are heads[0..n) (strictly increasing, each below
  * end; the last record ends at slot `end` <= slot_count): mark every slot between heads CONT,
  * release-store `state` (READY or DEAD; not EMPTY or CONT) into each head's state word in order,

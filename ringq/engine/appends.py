@@ -102,10 +102,8 @@ class Appender:
         Needs no lock of the caller's: a caller may release its own locks first, so that other
         threads append (and share the sync, under group commit) while this one waits for the disk.
         """
-        touched, pos = ticket[0], ticket[1]
-        self.ring.dur.after_append(touched, pos)
-        if len(ticket) < 3:  # a third item: the one-call append woke them already
-            self.ring.ctl.wake()
+        # A third item: the one-call append woke them already.
+        self.ring.dur.after_append(ticket[0], ticket[1], len(ticket) < 3)
 
     def append_nowait(
         self, recs: list[NewRecord]
@@ -449,8 +447,9 @@ class Appender:
             tmpl.max_attempts = max_attempts
             tmpl.kind = kind
             endp = self._end
+            dur = self.ring.dur
             # With no sync between publishing and returning, the call wakes consumers itself.
-            words = CTL_WORDS_WAKE if self.ring.durability in ("none", "interval") else CTL_WORDS
+            words = CTL_WORDS_WAKE if dur.wake_at_publish else CTL_WORDS
             rc = lib.ringq_append_fast(
                 lock_fd,
                 ctl.ptr,
@@ -475,24 +474,28 @@ class Appender:
                 heads,
                 endp,
             )
-            if rc > 0:
-                tail, end = heads[0], endp[0]
-                return (
-                    seg.seq,
-                    tail,
-                    tmpl.seq,
-                    tmpl.enqueued_us,
-                    tmpl.available_ms,
-                    (
-                        {seg.seq: [tail, end]},
-                        position(seg.seq, end),
-                        *((True,) if words is CTL_WORDS_WAKE else ()),
-                    ),
-                )
         finally:
             lock.exit_thread()
-        native.check(rc, f"write records to {seg.path}")
-        return None
+        if rc <= 0:
+            native.check(rc, f"write records to {seg.path}")
+            return None
+        tail, end = heads[0], endp[0]
+        if dur.early_writeback:
+            # The disk writes the records while the rest of the enqueue runs, up to its sync.  A
+            # hint: its error is the sync's to report.
+            lib.ringq_append_writeback(seg.rfd, REC_DATA_OFF, seg.geom, tail, end)
+        return (
+            seg.seq,
+            tail,
+            tmpl.seq,
+            tmpl.enqueued_us,
+            tmpl.available_ms,
+            (
+                {seg.seq: [tail, end]},
+                position(seg.seq, end),
+                *((True,) if words is CTL_WORDS_WAKE else ()),
+            ),
+        )
 
     def _grow_scratch(self, need: int) -> tuple[bytearray, CData]:
         buf = bytearray(need)

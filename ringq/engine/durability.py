@@ -53,8 +53,9 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from . import ackjournal, forksafe
-from .control import OFF_SYNC_COUNT, OFF_SYNC_GEN, OFF_SYNCED
+from . import ackjournal, forksafe, native
+from ._native import ffi, lib
+from .control import CTL_WORDS, CTL_WORDS_WAKE, OFF_SYNC_COUNT, OFF_SYNC_GEN, OFF_SYNCED
 from .segment import Segment
 from .words import SLOT_BITS, SLOT_MASK, position
 
@@ -87,6 +88,12 @@ class Strategy:
 
     name = "msync"
     durable = True  # an append that returned survives power loss
+    # The appender starts writing an append's records back as soon as they are written
+    # (ringq_append_writeback), for a strategy that syncs them itself before returning.
+    early_writeback = False
+    # Nothing to wait for between publishing an append and returning: the one-call append wakes
+    # consumers itself.
+    wake_at_publish = False
 
     def __init__(
         self,
@@ -130,11 +137,21 @@ class Strategy:
 
     # -- the sync primitive ---------------------------------------------------------------------
 
+    def sync_fd(self, seg: Segment) -> int:
+        """The descriptor ``ringq_append_sync`` fdatasyncs for ``seg``, or -1: msync(MS_SYNC) of
+        the slots' range of the read-only record mapping instead."""
+        return -1
+
     def sync_slots(self, seg: Segment, lo: int, hi: int) -> None:
-        """Force the record bytes of slots ``[lo, hi)`` of ``seg`` to disk: msync(MS_SYNC) of
-        that range of the read-only record mapping.  The state file is not synced: recovery
-        rebuilds what a lost state word leaves out (an intact record is READY again)."""
-        seg.sync_records(lo, hi)
+        """Force the record bytes of slots ``[lo, hi)`` of ``seg`` to disk (:meth:`sync_fd`).
+        The state file is not synced: recovery rebuilds what a lost state word leaves out (an
+        intact record is READY again)."""
+        native.check(
+            lib.ringq_append_sync(
+                seg.ptr, seg.size, seg.geom, self.sync_fd(seg), lo, hi, ffi.NULL, 0, 0, ffi.NULL
+            ),
+            f"sync {seg.path}",
+        )
 
     def _sync_touched(self, touched: dict[int, list[int]]) -> None:
         segs = self.ring.segs
@@ -152,12 +169,19 @@ class Strategy:
 
     # -- hooks the ring calls -------------------------------------------------------------------
 
-    def after_append(self, touched: dict[int, list[int]], end: int) -> None:
-        """After the writer lock is released: make the append durable as the strategy promises.
+    def after_append(self, touched: dict[int, list[int]], end: int, wake: bool = True) -> None:
+        """After the writer lock is released: make the append durable as the strategy promises
+        (:meth:`make_durable`), then, if ``wake``, wake sleeping consumers (Control.wake).
 
         ``touched`` maps segment seq -> [first slot, end slot) written; ``end`` is the position
-        just after the last record.
+        just after the last record.  Raises OSError if a sync failed (nobody is woken then).
         """
+        self.make_durable(touched, end)
+        if wake:
+            self.ring.ctl.wake()
+
+    def make_durable(self, touched: dict[int, list[int]], end: int) -> None:
+        """The strategy's part of :meth:`after_append`: here, sync every range of ``touched``."""
         self._sync_touched(touched)
 
     def note_state(self, seg: Segment, slot: int, final: bool = False) -> None:
@@ -309,22 +333,55 @@ class NoSync(Strategy):
 
     name = "none"
     durable = False
+    wake_at_publish = True
 
-    def after_append(self, touched: dict[int, list[int]], end: int) -> None:
+    def make_durable(self, touched: dict[int, list[int]], end: int) -> None:
         pass
 
 
 class MSync(Strategy):
-    """``msync``: msync(MS_SYNC) of the written state words and slots before the append returns."""
+    """``msync``: msync(MS_SYNC) of the slots written, through the record file's read-only
+    mapping, before the append returns."""
+
+    early_writeback = True
+
+    def after_append(self, touched: dict[int, list[int]], end: int, wake: bool = True) -> None:
+        # An append to one segment (nearly every one): its sync, the sync count and the wake-up
+        # in one C call, so that little is left to run once the disk answers.
+        ring = self.ring
+        if len(touched) == 1 and ring.opened:
+            ((seq, (lo, hi)),) = touched.items()
+            segs = ring.segs
+            with segs.maplock:
+                seg = segs.get(seq)
+                if seg is not None and seg.mm is not None:
+                    ctl = ring.ctl
+                    rc = lib.ringq_append_sync(
+                        seg.ptr,
+                        seg.size,
+                        seg.geom,
+                        self.sync_fd(seg),
+                        lo,
+                        hi,
+                        ctl.ptr,
+                        ctl.size,
+                        OFF_SYNC_COUNT,
+                        CTL_WORDS_WAKE if wake else CTL_WORDS,
+                    )
+                    if rc:
+                        native.check(rc, f"sync {seg.path}")
+                    self.syncs += 1
+                    return
+        super().after_append(touched, end, wake)
 
 
-class FDataSync(Strategy):
+class FDataSync(MSync):
     """``fdatasync``: fdatasync(2) of each segment file written to before the append returns."""
 
     name = "fdatasync"
 
-    def sync_slots(self, seg: Segment, lo: int, hi: int) -> None:
-        os.fdatasync(seg.rfd)
+    def sync_fd(self, seg: Segment) -> int:
+        return seg.rfd
 
 
 class Group(Strategy):
@@ -356,7 +413,7 @@ class Group(Strategy):
             )
         return self._leader_fd
 
-    def after_append(self, touched: dict[int, list[int]], end: int) -> None:
+    def make_durable(self, touched: dict[int, list[int]], end: int) -> None:
         ctl = self.ring.ctl
         self._forked()  # a child must not use the parent's leader fd (flock belongs to the description)
         waited = False
@@ -472,13 +529,14 @@ class Interval(Strategy):
 
     name = "interval"
     durable = False  # an append that returned may be lost in the last flush_interval seconds
+    wake_at_publish = True
 
     def _period(self) -> float:
         if self.state_flush_interval:
             return min(self.flush_interval, self.state_flush_interval)
         return self.flush_interval
 
-    def after_append(self, touched: dict[int, list[int]], end: int) -> None:
+    def make_durable(self, touched: dict[int, list[int]], end: int) -> None:
         self._forked()
         with self._mutex:
             pend = self._pending

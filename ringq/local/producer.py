@@ -127,10 +127,8 @@ class Producer:
             segseq, slot, seq, enq_us, avail_ms, ticket = self.retry_full(
                 ring.append_one, kind, data, priority, delay_ms, attempts, rkind
             )
-        # Sync outside our lock, so that other threads append meanwhile (and share the sync).
-        with self.outside:
-            ring.finish(ticket)
-        return Job(
+        # Built before the sync: what runs after the disk answers runs on cold caches.
+        job = Job(
             f"{seq:016x}",
             payload,
             priority,
@@ -150,6 +148,10 @@ class Producer:
             None,
             (segseq, slot, ring.identity),
         )
+        # Sync outside our lock, so that other threads append meanwhile (and share the sync).
+        with self.outside:
+            ring.finish(ticket)
+        return job
 
     def enqueue(
         self,

@@ -497,11 +497,6 @@ class Segment(Mapped):
         """msync the state file's header page (rotation: the final tail and the seal)."""
         self.msync(0, PAGE)
 
-    def sync_records(self, lo: int, hi: int) -> None:
-        """msync(MS_SYNC) slots ``[lo, hi)`` of the read-only record mapping: the record bytes
-        ``pwrite`` put there reach the disk; the state file is not touched."""
-        self.msync(self.data_off + lo * self.slot_size, (hi - lo) * self.slot_size)
-
     def sync_state(self) -> None:
         """msync the whole state file (header and state table): the background state flush."""
         self.msync(0, self.data_off)

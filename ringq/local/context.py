@@ -65,14 +65,16 @@ class Outside:
 
     def __enter__(self) -> None:
         ctx = self.ctx
-        with ctx.live_lock:
+        with ctx.lock:
+            if ctx.closed:
+                ctx.live()
             ctx.users += 1
 
     def __exit__(self, *exc: object) -> None:
         ctx = self.ctx
         with ctx.lock:
             ctx.users -= 1
-            if not ctx.users:
+            if not ctx.users and ctx.closed:  # only a close waits for it (closed is set first)
                 ctx.idle.notify_all()
 
 

@@ -484,7 +484,7 @@ class _Settable(Protocol):
 #: callable returning True when the stream should end.
 Stop = _Settable | Callable[[], bool]
 
-CONSUME_BATCH_MAX = 64  # most jobs a streaming consumer holds leased before it hands them out
+CONSUME_BATCH_MAX = 256  # most jobs a streaming consumer holds leased before it hands them out
 CONSUME_BATCH_SPAN = 0.002  # seconds of handling a batch is sized for (fair to other consumers)
 
 

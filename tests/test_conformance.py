@@ -570,6 +570,19 @@ def test_consume_closed_early_gives_back_its_batch_in_order(q):
     assert [j.payload for j in q.lease(3)] == [5, 6, 7]  # kept their places
 
 
+def test_a_fast_consumer_holds_at_most_a_batch_of_leases(q):
+    from ringq.backend import CONSUME_BATCH_MAX
+
+    q.enqueue_many(list(range(3 * CONSUME_BATCH_MAX)))
+    held = []
+    for n, job in enumerate(q.consume()):
+        if n % 16 == 0:
+            held.append(q.stats().leased)
+        q.ack(job)
+    assert len(held) == 3 * CONSUME_BATCH_MAX // 16
+    assert 1 <= max(held) <= CONSUME_BATCH_MAX, held
+
+
 def test_consume_waits_for_a_job_a_producer_adds(q):
     import threading
 

@@ -743,7 +743,7 @@ class Queue:
         nacks it (``"<ExceptionType>: <message>"`` as its error) when it raises.
 
         The stream leases jobs in batches, one C call per run of plain jobs, sized to how long
-        the consumer takes per job (at most 64, about 2 ms of handling, so that other consumers
+        the consumer takes per job (at most 256, about 2 ms of handling, so that other consumers
         get their share), and hands them out one at a time.  A job it leased but did not hand out
         -- the stream stopped, the iterator was closed, or a quarter of the visibility timeout
         passed since its batch was leased -- goes back to READY unused: its attempt is not

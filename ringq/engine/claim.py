@@ -68,9 +68,8 @@ class _Buffers(threading.local):
         self.run = ffi.new("ringq_claimed[]", RUN_CAP)
         self.run_buf = ffi.buffer(self.run)
         self.next = ffi.new("uint32_t[2]")
-        self.fields: object = (
-            None  # the run_fields ``keys`` points at (a view's, fixed for its life)
-        )
+        # The run_fields ``keys`` points at (a view's, fixed for the view's life).
+        self.fields: object = None
 
 
 _buffers = _Buffers()

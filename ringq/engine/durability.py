@@ -190,8 +190,8 @@ class Strategy:
         which at-least-once allows, so it is never synced on its own."""
         if self.state_flush_interval is None:
             return
-        self._forked()
-        if seg.seq not in self._dirty_state:
+        if seg.seq not in self._dirty_state:  # a forked child starts empty (drop_inherited_locks)
+            self._forked()
             with self._mutex:
                 self._dirty_state.add(seg.seq)
             self._ensure_flusher()

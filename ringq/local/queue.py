@@ -805,8 +805,8 @@ class Queue:
         Raises NotLeasedError (not leased, or stale token), JobNotFoundError, SerializationError
         (a result that cannot be stored: the job is not acked).
         """
-        self._ctx.live()
         if result is not NO_RESULT:
+            self._ctx.live()
             from .leases import Retired
 
             with self._ctx.live_lock:  # fencing first: a stale holder must not store a result
@@ -827,7 +827,9 @@ class Queue:
             if ctx.reaper.due():
                 ctx.settle(force=False)
             ctx.leases.ack(job, self.name)
-        ctx.ring.dur.sync_acks_now()
+        dur = ctx.ring.dur
+        if dur.sync_acks:
+            dur.sync_acks_now()
 
     def ack_many(self, jobs: Iterable[Job | str]) -> None:
         """Ack every job of ``jobs`` (as :meth:`ack`), with one sync for all of them under

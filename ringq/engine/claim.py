@@ -118,6 +118,7 @@ def ack_slot(
     ACKED (``word`` the DONE word, ``finished`` the segment's new finished count), REPEATED,
     REFUSED (``word`` the word seen) or CANCEL_REQUESTED; raises for a bounds error."""
     bufs = _buffers
+    word, finished = bufs.word, bufs.finished
     rc = lib.ringq_ack_slot(
         seg.ptr,
         seg.size,
@@ -128,11 +129,12 @@ def ack_slot(
         ctl.ptr,
         ctl.size,
         CTL_WORDS,
-        bufs.word,
-        bufs.finished,
+        word,
+        finished,
     )
-    native.check(min(rc, 0), seg.path)
-    return rc, bufs.word[0], bufs.finished[0]
+    if rc < 0:
+        native.check(rc, seg.path)
+    return rc, word[0], finished[0]
 
 
 def claim_run(

@@ -220,7 +220,8 @@ class Control(Mapped):
         ack path reads it after every CAS.  ringq/engine/deps.py's ordering argument needs the
         load after the finisher's CAS, which the CAS's locked instruction gives on x86; where a
         CPU may reorder them, a dependent missed this way is released by the next sweep."""
-        return int(_U64.unpack_from(self.mm, OFF_DEPS)[0])
+        n: int = _U64.unpack_from(self.mm, OFF_DEPS)[0]
+        return n
 
     def bump_deps(self) -> None:
         """A DEFERRED job's record was just published (or found with the counter at 0)."""

@@ -230,7 +230,7 @@ class Leases:
             segseq, mm, epoch, origin = seg.seq, seg.mm, seg.epoch_ms, seg.origin
             base, size = seg.data_off + hdr, seg.slot_size
             out = []
-            for word, seq, enq_us, avail_ms, slot, plen, prio, maxatt, idlen, cid, *_ in jobs:
+            for word, seq, enq_us, avail_ms, slot, plen, prio, maxatt, idlen, cid, _, _, _ in jobs:
                 start = base + slot * size
                 if idlen:
                     jid = mm[start : start + idlen].decode("utf-8", "replace")

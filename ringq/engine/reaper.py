@@ -189,9 +189,18 @@ class Reaper:
         return reclaimed
 
     def reclaim(self, view: View, slot: int, word: int, reason: int, now: int) -> int:
-        """CAS one lease ``word`` back to READY (DEAD if its attempts are used up); 1 if done."""
+        """CAS one lease ``word`` back to READY (DEAD if its attempts are used up); 1 if done.
+
+        The attempts come from the index's copy of the record: a lease of a record this index has
+        not read yet (appended and leased by others since its last catch-up) is read in first.
+        A record that does not read in keeps its job READY: its attempts are not known."""
         seg = view.seg
-        dead = int(view.attb[slot]) + lease_count(word) >= int(view.maxatt[slot])
+        if state(word) != ST_LEASED:
+            return 0  # the live table moved between the scan and the copy: not a lease any more
+        if slot >= view.scanned:
+            self.index.read_through(view, slot)
+        maxatt = int(view.maxatt[slot])
+        dead = maxatt > 0 and int(view.attb[slot]) + lease_count(word) >= maxatt
         new = transitions.failed(word, reason, dead, now - seg.epoch_ms)
         ok, _ = seg.cas_state(slot, word, new)
         if ok:

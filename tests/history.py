@@ -81,7 +81,7 @@ def plan(seed: int) -> dict[str, Any]:
                      for _ in range(nthreads)]
         procs.append({"worker": worker, "roles": roles, "concurrency": r.randint(1, 6)})
     roles = [ro for p in procs for ro in p["roles"]]
-    if "producer" not in roles and "both" not in roles:
+    if "producer" not in roles:  # a "both" thread may spend the whole run waiting in a lease
         procs[0]["roles"][0] = "producer"
     if not any(p["worker"] for p in procs) and not {"consumer", "both", "waiter"} & set(roles):
         procs[-1]["roles"].append("consumer")

@@ -121,12 +121,12 @@ def processing(
     if not api:
         return _NO_SPAN
     headers = getattr(job, "trace_context", None)
-    first = int(getattr(job, "attempts", 1) or 1) <= 1
-    if first and not headers and not _provider_set(api[0]):
+    attempt = int(getattr(job, "attempts", 1) or 1)
+    if attempt <= 1 and not headers and not _provider_set(api[0]):
         # No tracer provider is set, and the job carries no context to propagate: the span would
         # be the current one (the API's no-op tracer returns its parent), so the body runs as is.
         return _NO_SPAN
-    return _span(api, queue, job, headers, first_attempt)
+    return _span(api, queue, job, attempt, headers, first_attempt)
 
 
 _NO_SPAN: AbstractContextManager[None] = nullcontext()  # reusable: yields None, records nothing
@@ -153,11 +153,11 @@ def _span(
     api: Any,
     queue: str,
     job: Any,
+    attempt: int,
     headers: dict[str, str] | None,
     first_attempt: Callable[[], str | None] | None,
 ) -> Iterator[Any]:
     trace, context = api[0], api[1]
-    attempt = int(getattr(job, "attempts", 1) or 1)
     creation = _span_context(api, headers)
     links = []
     if attempt <= 1:

@@ -184,8 +184,9 @@ def claim_run(
         nxt,
         nxt + 1,
     )
+    if got < 0:
+        native.check(got, seg.path)
     if got == 1:
         return [CLAIMED.unpack_from(bufs.run_buf)], nxt[0], nxt[1]
-    native.check(min(got, 0), seg.path)
     jobs = list(CLAIMED.iter_unpack(bufs.run_buf[: got * CLAIMED.size])) if got else []
     return jobs, nxt[0], nxt[1]

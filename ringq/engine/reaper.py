@@ -96,8 +96,8 @@ class Reaper:
             return False
         read_at, floor_ms = self._floor
         if t - read_at >= FLOOR_READ_EVERY:
-            floor_ms = self.ring.ctl.deadline_floor()[1]
-            self._floor = (read_at, floor_ms) = (t, floor_ms)
+            read_at, floor_ms = t, self.ring.ctl.deadline_floor()[1]
+            self._floor = (read_at, floor_ms)
         ahead_ms = floor_ms - now_ms()
         if ahead_ms < 0:
             return True
@@ -197,8 +197,7 @@ class Reaper:
         seg = view.seg
         if state(word) != ST_LEASED:
             return 0  # the live table moved between the scan and the copy: not a lease any more
-        if slot >= view.scanned:
-            self.index.read_through(view, slot)
+        self.index.read_through(view, slot)
         maxatt = int(view.maxatt[slot])
         dead = maxatt > 0 and int(view.attb[slot]) + lease_count(word) >= maxatt
         new = transitions.failed(word, reason, dead, now - seg.epoch_ms)

@@ -134,7 +134,8 @@ class Relocator:
             self._note_look(seg.seq, finished)  # a hot look counts, whatever it decides
         if live <= 0 or 2 * live > nrec:  # moving must at least halve what the segment holds
             return 0
-        self._note_look(seg.seq, finished)
+        if not hot:
+            self._note_look(seg.seq, finished)
         slots, soon = self.stragglers(view)
         if not slots or (soon and RELOCATE_DUE_RATIO * live > nrec):
             return 0

@@ -65,9 +65,7 @@ class Outside:
 
     def __enter__(self) -> None:
         ctx = self.ctx
-        with ctx.lock:
-            if ctx.closed:
-                ctx.live()
+        with ctx.live_lock:
             ctx.users += 1
 
     def __exit__(self, *exc: object) -> None:

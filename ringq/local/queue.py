@@ -636,28 +636,27 @@ class Queue:
             if left <= 0:
                 return got
             nap = min(
-                left, self._ctx.reaper.interval, floor_nap
+                left, reaper.interval, floor_nap
             )  # dead holders: seen within the reaper's interval
             if next_due is not None:
                 nap = min(nap, max(0.0, next_due / 1000 - time.time()) + 0.001)
-            held_back = self._ctx.gate.nap()  # until a limit that holds a job back may let it go
+            held_back = ctx.gate.nap()  # until a limit that holds a job back may let it go
             if held_back is not None:
                 nap = min(nap, held_back)
-            with self._ctx.outside:
-                if direct is None or self._ctx.index.heap:
+            with ctx.outside:
+                if direct is None or ctx.index.heap:
                     ctl.sleep(seen, nap, self.spin)
                     leased = None
                 else:  # nothing leasable known: wait, and lease a job appended meanwhile in C
-                    leased = self._ctx.leases.wait_claim(seen, nap, self.spin, direct)
+                    leased = ctx.leases.wait_claim(seen, nap, self.spin, direct)
             if leased is not None:
                 assert direct is not None  # only wait_claim, given ``direct``, leases while asleep
-                with self._ctx.live_lock:
-                    self._ctx.live()
-                    if self._ctx.gate.active() or any(pause.paused()):
+                with ctx.live_lock:
+                    if ctx.gate.active() or any(pause.paused()):
                         # A limit or a pause appeared while we slept: the C call knew nothing of it.
-                        self._ctx.leases.unclaim(leased)
+                        ctx.leases.unclaim(leased)
                         continue
-                    job = self._ctx.leases.waited(leased, direct)
+                    job = ctx.leases.waited(leased, direct)
                 if job is not None:
                     got.append(job)
                     if len(got) >= count:

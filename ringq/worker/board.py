@@ -15,6 +15,7 @@ on, and each field is one aligned 8-byte word).
 
 from __future__ import annotations
 
+import struct
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ __all__ = ["Board", "Entry", "ID_CAP"]
 ID_CAP = 512  # bytes of job id an entry holds; a longer id is left to its lease to end
 _GEN, _DEADLINE, _TIMEOUT, _TOKEN, _ATTEMPTS, _IDLEN = range(6)
 _WORDS = 6
+_FIELDS = struct.Struct("5q")  # the words after the generation, _DEADLINE to _IDLEN, in order
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,11 @@ class Board:
         self.threads = threads
         self.words = ctx.Array("q", children * threads * _WORDS, lock=False)
         self.ids = ctx.Array("B", children * threads * ID_CAP, lock=False)
+        # Views of the same shared memory: a memoryview's item and slice stores cost a third of
+        # a ctypes array's, and a handler thread writes an entry for every job it runs.
+        self._bytes = memoryview(self.words).cast("B")
+        self._w = self._bytes.cast("q")
+        self._ids = memoryview(self.ids).cast("B")
 
     def _base(self, child: int, thread: int) -> int:
         return (child * self.threads + thread) * _WORDS
@@ -61,24 +68,24 @@ class Board:
         timeout_ms: int | None,
     ) -> None:
         """A handler thread starts ``job_id`` (leased with ``token``): its entry is written."""
-        b, w = self._base(child, thread), self.words
+        b, w = self._base(child, thread), self._w
         raw = job_id.encode("utf-8", "replace")
         w[b + _GEN] += 1  # odd: being written
         if len(raw) <= ID_CAP:
             at = (child * self.threads + thread) * ID_CAP
-            self.ids[at : at + len(raw)] = raw
-            w[b + _IDLEN] = len(raw)
+            self._ids[at : at + len(raw)] = raw
+            idlen = len(raw)
         else:
-            w[b + _IDLEN] = -1
-        w[b + _TOKEN] = token
-        w[b + _ATTEMPTS] = attempts
-        w[b + _TIMEOUT] = timeout_ms or 0
-        w[b + _DEADLINE] = int(time.time() * 1000) + timeout_ms if timeout_ms else 0
+            idlen = -1
+        deadline = int(time.time() * 1000) + timeout_ms if timeout_ms else 0
+        _FIELDS.pack_into(
+            self._bytes, (b + _DEADLINE) * 8, deadline, timeout_ms or 0, token, attempts, idlen
+        )
         w[b + _GEN] += 1  # even: complete
 
     def end(self, child: int, thread: int) -> None:
         """The handler returned: the entry is cleared (token 0)."""
-        b, w = self._base(child, thread), self.words
+        b, w = self._base(child, thread), self._w
         w[b + _GEN] += 1
         w[b + _TOKEN] = 0
         w[b + _DEADLINE] = 0
@@ -93,7 +100,7 @@ class Board:
         """The running jobs of ``child`` (entries read consistently; one being written is skipped
         this pass)."""
         out = []
-        w = self.words
+        w = self._w
         for t in range(self.threads):
             b = self._base(child, t)
             gen = w[b + _GEN]
@@ -104,7 +111,7 @@ class Board:
             jid = None
             if 0 <= idlen <= ID_CAP:
                 at = (child * self.threads + t) * ID_CAP
-                jid = bytes(self.ids[at : at + idlen]).decode("utf-8", "replace")
+                jid = bytes(self._ids[at : at + idlen]).decode("utf-8", "replace")
             if w[b + _GEN] != gen or token == 0:
                 continue
             out.append(Entry(jid, token, attempts, deadline, timeout))

@@ -29,6 +29,7 @@ from ringq.errors import JobNotFoundError, NotLeasedError, QueueClosedError
 from ringq.job import Job, JobState
 
 from .board import Board
+from .cancelled import CancelEvent
 from .processes import ProcessPool, WorkerStats, timeout_error
 
 __all__ = ["Worker", "WorkerStats"]
@@ -384,7 +385,7 @@ class Worker:
         key = threading.get_ident()
         # Set by the heartbeat when Queue.cancel asks this job's holder to stop (docs/lifecycle.md),
         # and at its timeout.
-        job.cancelled = threading.Event()
+        job.cancelled = CancelEvent()
         limit = job.timeout if job.timeout is not None else self.timeout
         board = self.inflight_board
         started = time.monotonic()

@@ -58,6 +58,13 @@ def _load() -> Any:
     return _api
 
 
+def warm() -> None:
+    """Import the OpenTelemetry API now, if installed (a parent about to fork workers does it
+    once for all of them, instead of each child on its first job)."""
+    if _api is None:
+        _load()
+
+
 def valid_traceparent(text: object) -> bool:
     """True for a W3C traceparent (version 00's shape; version ff is invalid by the spec)."""
     return isinstance(text, str) and bool(TRACEPARENT.fullmatch(text)) and text[:2] != "ff"

@@ -76,6 +76,19 @@ class Outside:
                 ctx.idle.notify_all()
 
 
+def reader_types() -> tuple[type[Deps], type[Index], type[Reaper], type[Relocator], type[Leases]]:
+    """The classes a reader is built of, imported on first use (they bring numpy): a queue used
+    only to enqueue never loads them."""
+    from ringq.engine.deps import Deps
+    from ringq.engine.index import Index
+    from ringq.engine.reaper import Reaper
+    from ringq.engine.relocate import Relocator
+
+    from .leases import Leases
+
+    return Deps, Index, Reaper, Relocator, Leases
+
+
 class QueueContext:
     """The engine objects of queue ``name`` in directory ``path`` for this process, and the
     queue's lock (a ``threading.RLock`` every part takes around its use of them).
@@ -135,13 +148,7 @@ class QueueContext:
             parts = self.__dict__.get("_reader")
             if parts is not None:
                 return parts
-            from ringq.engine.deps import Deps
-            from ringq.engine.index import Index
-            from ringq.engine.reaper import Reaper
-            from ringq.engine.relocate import Relocator
-
-            from .leases import Leases
-
+            Deps, Index, Reaper, Relocator, Leases = reader_types()  # noqa: N806 (classes)
             ring = self.ring
             index = Index(ring)
             deps = Deps(ring, index, lambda: index.catch_up())

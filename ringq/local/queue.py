@@ -69,7 +69,7 @@ from ringq.errors import JobNotFoundError, LimitError, NotLeasedError
 from ringq.job import Job, JobState
 from ringq.results import Results
 
-from .context import QueueContext
+from .context import QueueContext, reader_types
 from .options import QueueOptions
 from .producer import check_args
 
@@ -288,6 +288,14 @@ class Queue:
     def location(self) -> str:
         """The queue's directory."""
         return str(self.path)
+
+    def preload(self) -> None:
+        """Import what leasing from this queue needs (the reader's classes, numpy among them, and
+        the periodic jobs' module) without building anything: a Worker's parent calls it before
+        forking its child processes, which then share those modules instead of each importing
+        them on its first lease."""
+        reader_types()
+        from . import schedule  # noqa: F401  (what the Worker asks about periodic jobs)
 
     def reopen_options(self) -> dict[str, Any]:
         """Keyword arguments that open this queue again with the same settings (``self.options``)."""

@@ -209,6 +209,10 @@ class RedisQueue:
         """The server's URL, without its password."""
         return redact_url(self.url)
 
+    def preload(self) -> None:
+        """Nothing to import ahead: the Redis client and this queue's scripts are loaded with the
+        queue (a Worker's parent calls it before forking its child processes)."""
+
     def reopen_options(self) -> dict[str, Any]:
         """Keyword arguments that open this queue again with the same settings."""
         return {

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
+from ringq import tracing
 from ringq.errors import JobNotFoundError, NotLeasedError
 from ringq.job import Job, JobState
 
@@ -126,6 +127,7 @@ class ProcessPool:
         """Run the children until every one has finished; their counts are added to ``stats``."""
         q = self.queue
         spec = dict(path=q.location, name=q.name, **q.reopen_options())
+        _warm(q)
         max_jobs = self.options.get("max_jobs")
         ctx = multiprocessing.get_context("fork")
         # Each child slot has a row of counters in shared memory that its children update as they
@@ -299,12 +301,21 @@ class ProcessPool:
         self.board.clear(slot)
 
 
+def _warm(q: QueueBackend) -> None:
+    """Import here, once, what each child would import on its first lease and job (the queue's
+    reader, the tracing API): forked children inherit the modules."""
+    q.preload()
+    tracing.warm()
+
+
 class _SharedRowStats(WorkerStats):
     """A child's stats, mirrored into its slot's row of shared counters as they change."""
 
     def __init__(self, shared: Any, slot: int, fields: list[str]) -> None:
         super().__init__()
-        self._shared = shared
+        # A memoryview of the shared row: its item stores cost a third of the ctypes array's,
+        # and a child counts twice per job.
+        self._shared = memoryview(shared).cast("B").cast("q")
         self._base = slot * len(fields)
         self._index = {f: i for i, f in enumerate(fields)}
 

@@ -65,6 +65,7 @@ __all__ = [
     "check_limit",
     "check_port",
     "check_job_ref",
+    "check_pid",
     "check_result_ttl",
     "expiry_ms",
     "check_attempts",
@@ -263,6 +264,15 @@ def check_job_ref(job: object) -> None:
     """TypeError unless ``job`` is a :class:`Job` or a job id (a str)."""
     if not isinstance(job, (Job, str)):
         raise TypeError(f"expected a Job or a job id (str), got {type(job).__name__} {job!r}")
+
+
+def check_pid(pid: object) -> int:
+    """The pid of another process than this one: an int >= 1, not a bool; ValueError otherwise."""
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid < 1:
+        raise ValueError(f"pid must be a process id (an int >= 1), got {pid!r}")
+    if pid == os.getpid():
+        raise ValueError(f"pid must be another process's, got this process's own ({pid})")
+    return pid
 
 
 def check_result_ttl(ttl: object) -> float:
@@ -723,6 +733,12 @@ class QueueBackend(Protocol):
     ) -> Job: ...
 
     def extend(self, job: Job | str, seconds: float) -> Job: ...
+
+    def give_back_leases_of(self, pid: int) -> int:
+        """Return every job that the stopped process ``pid`` holds leased to READY uncharged
+        (:meth:`ringq.Queue.give_back_leases_of` has the contract); returns how many.  0 on a
+        queue whose consumers hold no leases beyond the jobs they run (Redis)."""
+        ...
 
     def reschedule(
         self, job: Job | str, *, priority: int | None = None, delay: float | None = None

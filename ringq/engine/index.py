@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import heapq
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -96,6 +96,18 @@ class Index:
     def clear(self) -> None:
         self.views.clear()
         self.catchup.forget()
+
+    def leases(self) -> Iterator[tuple[View, np.ndarray, np.ndarray, np.ndarray]]:
+        """``(view, slots, words, owners)`` for each view with a LEASED word in its live state
+        table: those slots, a copy of their state words and then of their owner words.  The
+        table is read up to the segment's tail, past what this index has read in (a caller that
+        needs a record's fields calls :meth:`read_through` first)."""
+        for view in list(self.views.values()):
+            tbl = view.seg.states[: view.seg.bounded_tail()]
+            words = tbl[:, 0]
+            leased = np.flatnonzero(np_state(words) == ST_LEASED)
+            if len(leased):
+                yield view, leased, words[leased], tbl[leased, 1]
 
     def adopt(self, segseq: int, slot: int) -> View | None:
         """Read in the record at head ``slot`` of segment ``segseq`` that this process just

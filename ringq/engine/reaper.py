@@ -129,15 +129,8 @@ class Reaper:
         reclaimed = 0
         unowned: dict[tuple[int, int, int], float] = {}
         suspects: dict[int, list[tuple[View, int, int]]] = {}
-        for view in list(self.index.views.values()):
+        for view, leased, w, owners in self.index.leases():
             seg = view.seg
-            tbl = seg.states[: seg.bounded_tail()]
-            words = tbl[:, 0]
-            leased = np.flatnonzero(np_state(words) == ST_LEASED)
-            if not len(leased):
-                continue
-            w = words[leased]
-            owners = tbl[leased, 1]
             deadlines = np_rel_time(w) + seg.epoch_ms
             expired = deadlines < now
             if not expired.all():

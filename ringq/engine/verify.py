@@ -63,6 +63,9 @@ from .words import (
     ST_LEASED,
     ST_READY,
     TIME_SHIFT,
+    owner_index,
+    owner_lease_count,
+    owner_pid,
 )
 
 __all__ = ["QueueFiles", "SegmentReport", "RecordReport", "examine", "queue_exists"]
@@ -346,8 +349,8 @@ def _segment(
                 except CorruptionError:
                     inner, start, n = rec.codec, base + id_len, plen
                 rec.preview = _preview(inner, bytes(seg.mm[start : start + n]))
-                if st == ST_LEASED and ((owner >> 16) & LC_MASK) == lc:
-                    rec.owner, rec.owner_pid = owner & 0xFFFF, owner >> 34
+                if st == ST_LEASED and owner_lease_count(owner) == lc:
+                    rec.owner, rec.owner_pid = owner_index(owner), owner_pid(owner)
                 elif st == ST_LEASED:
                     rec.owner = 0
             rep.records.append(rec)

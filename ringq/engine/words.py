@@ -22,7 +22,8 @@ Owner word (u64, next to each state word)::
 
     bits 0-15  owner index  the lease holder's byte in ``<name>.owners`` (0: detached lease)
     bits 16-33 lease count  the lease the owner word belongs to (a stale owner word is recognised)
-    bits 34-63 pid          for people reading the file; never an identity
+    bits 34-63 pid          for people reading the file, and to find the leases of a live, stopped
+                            process (give_back_leases_of); never a sign that the holder lives
 
 Position (u64): ``(segment seq << 24) | slot``; orders every slot of the queue.
 """
@@ -75,6 +76,7 @@ __all__ = [
     "owner_pack",
     "owner_index",
     "owner_lease_count",
+    "owner_pid",
     "position",
     "split_position",
     "np_state",
@@ -82,6 +84,7 @@ __all__ = [
     "np_rel_time",
     "np_owner_index",
     "np_owner_lease_count",
+    "np_owner_pid",
     "np_pack",
     "now_ms",
 ]
@@ -202,6 +205,11 @@ def owner_lease_count(word: int) -> int:
     return (word >> OWNER_LC_SHIFT) & LC_MASK
 
 
+def owner_pid(word: int) -> int:
+    """The pid field of an owner word (the holder's pid, its low 30 bits)."""
+    return (word >> OWNER_PID_SHIFT) & OWNER_PID_MASK
+
+
 def position(seg_seq: int, slot: int) -> int:
     """The queue-wide position of ``slot`` in segment ``seg_seq``; positions order all slots."""
     return (seg_seq << SLOT_BITS) | slot
@@ -264,6 +272,12 @@ def np_owner_lease_count(owners: np.ndarray) -> np.ndarray:
     import numpy as np
 
     return (owners >> np.uint64(OWNER_LC_SHIFT)) & np.uint64(LC_MASK)
+
+
+def np_owner_pid(owners: np.ndarray) -> np.ndarray:
+    import numpy as np
+
+    return (owners >> np.uint64(OWNER_PID_SHIFT)) & np.uint64(OWNER_PID_MASK)
 
 
 def np_pack(st: np.ndarray, reason: np.ndarray, lc: np.ndarray, time_rel: int) -> np.ndarray:

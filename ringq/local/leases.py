@@ -29,7 +29,13 @@ from ringq.engine.words import (
     ST_READY,
     TIME_SHIFT,
     lease_count,
+    np_cancel_flag,
+    np_lease_count,
+    np_owner_index,
+    np_owner_lease_count,
+    np_owner_pid,
     owner_pack,
+    owner_pid,
     pack,
     rel_time,
     state,
@@ -384,21 +390,59 @@ class Leases:
             token = token_number(job.lease_token)
             if view is None or not token or token < 1:
                 continue
-            seg = view.seg
-            w = seg.load_state(slot)
+            w = view.seg.load_state(slot)
             if state(w) != ST_LEASED or lease_count(w) != token or w & FLAG_CANCEL:
                 continue
-            at = round(job.available_at * 1000) if token == 1 else now
-            ready = pack(ST_READY, why(w), token - 1, max(0, at - seg.epoch_ms))
-            if seg.cas_state(slot, w, ready)[0]:
-                self.owners.held.pop((segseq, slot), None)
-                self._release_slot(seg, slot)
-                self.ring.note_state(seg, slot, final=False)
-                touched[segseq] = seg
-                back += 1
+            back += self._unused(view.seg, slot, w, round(job.available_at * 1000), now, touched)
         for seg in touched.values():
             self.ring.note_returned(seg)  # readers (this one too) find them again
         return back
+
+    def give_back_leases_of(self, pid: int) -> int:
+        """Return to READY unused, as :meth:`give_back` does, every lease that process ``pid``
+        holds: each LEASED word whose owner word is tagged with its lease count, a nonzero owner
+        index (a detached lease has no holder to speak for) and ``pid``.  A lease asked to cancel
+        is left alone.  Returns how many went back.
+
+        The caller makes sure ``pid`` names one live process for the whole call and that it
+        leases nothing meanwhile (its own stopped, unreaped child): the owner word's pid is only
+        a tag, and a dead process's pid may be taken by another.  The index is scanned as it is
+        (the caller catches up first); a lease of a record it has not read yet is read in before
+        it goes back, for its available-at."""
+        want = owner_pid(owner_pack(0, 0, pid))
+        back = 0
+        touched: dict[int, Segment] = {}
+        now = now_ms()
+        for view, leased, w, own in self.index.leases():
+            theirs = (
+                (np_owner_pid(own) == want)
+                & (np_owner_index(own) != 0)
+                & (np_owner_lease_count(own) == np_lease_count(w))
+                & ~np_cancel_flag(w)
+            )
+            for slot, word in zip(leased[theirs].tolist(), w[theirs].tolist()):
+                self.index.read_through(view, slot)
+                back += self._unused(view.seg, slot, word, int(view.avail[slot]), now, touched)
+        for seg in touched.values():
+            self.ring.note_returned(seg)
+        return back
+
+    def _unused(
+        self, seg: Segment, slot: int, w: int, avail_ms: int, now: int, touched: dict[int, Segment]
+    ) -> int:
+        """CAS the lease ``w`` at ``slot`` back to READY with its lease count lowered: due at
+        once, a first lease at its record's available-at ``avail_ms`` (ms since the Unix epoch).
+        1 if it went back (``seg`` is then in ``touched``, for the caller's note_returned)."""
+        token = lease_count(w)
+        at = avail_ms if token == 1 else now
+        ready = pack(ST_READY, why(w), token - 1, max(0, at - seg.epoch_ms))
+        if not seg.cas_state(slot, w, ready)[0]:
+            return 0
+        self.owners.held.pop((seg.seq, slot), None)
+        self._release_slot(seg, slot)
+        self.ring.note_state(seg, slot, final=False)
+        touched[seg.seq] = seg
+        return 1
 
     def ack(self, job: Job | str, queue: str) -> Segment | None:
         """CAS one job to DONE; returns its segment, or None for a repeated ack.  The durability

@@ -48,6 +48,7 @@ from ringq.backend import (
     check_depends_on,
     check_extension,
     check_lease_args,
+    check_pid,
     check_replace,
     check_reschedule,
     check_retry_delay,
@@ -918,6 +919,31 @@ class Queue:
         with self._ctx.live_lock:
             self._ctx.settle(force=False)
             return self._ctx.leases.extend(job, self.name, seconds)
+
+    def give_back_leases_of(self, pid: int) -> int:
+        """Return every job that process ``pid`` holds leased to READY, uncharged: a lease of
+        count ``n`` becomes READY with count ``n - 1`` (its attempt is not counted), due at once
+        (a first lease at its own available-at, so it keeps its place).  For a parent about to
+        kill a child that leased jobs it never started (a consumer's batch; ``Worker(processes=N)``
+        calls it for a child past its timeout or its drain's grace period, after nacking the jobs
+        the child ran).  A lease asked to cancel, and a detached lease, are left alone.
+
+        ``pid`` must name one live process that leases nothing during the call -- in practice a
+        stopped (SIGSTOP) child not yet reaped: the pid in a lease's owner word is only a tag,
+        and a dead process's pid may be reused.  Alive, the process still holds its owner lock,
+        so no reaper reclaims (and charges) these leases meanwhile.
+
+        Returns:
+            How many leases went back.
+        Raises:
+            ValueError for a pid that is not an int >= 1, or is this process's own;
+            QueueClosedError.
+        """
+        self._ctx.live()
+        pid = check_pid(pid)
+        with self._ctx.live_lock:
+            self._ctx.refresh()  # segments and records appended since this process last looked
+            return self._ctx.leases.give_back_leases_of(pid)
 
     # -- reads and whole-queue operations, lifecycle, limits, periodic jobs -------------------------
 

@@ -52,6 +52,7 @@ from ringq.backend import (
     check_extension,
     check_job_ref,
     check_lease_args,
+    check_pid,
     check_priority,
     check_queue_name,
     check_replace,
@@ -592,6 +593,15 @@ class RedisQueue:
         out = self._scripts.run("extend", [jid, tok, int(seconds * 1000)])
         refuse(self.name, out[0], jid, "extend")
         return _job(out[1], out[2])
+
+    def give_back_leases_of(self, pid: int) -> int:
+        """As :meth:`ringq.Queue.give_back_leases_of`, and always 0: :meth:`consume` leases one
+        job per call and hands it out at once, so no consumer holds a batch of leased jobs it
+        has not started (and a lease names no process here).  Raises ValueError for a pid that
+        is not an int >= 1, or is this process's own; QueueClosedError."""
+        self._scripts.live()
+        check_pid(pid)
+        return 0
 
     def reschedule(
         self, job: Job | str, *, priority: int | None = None, delay: float | None = None

@@ -262,7 +262,8 @@ class ProcessPool:
     ) -> None:
         """Stop the child in ``slot`` and settle the jobs its threads ran: each ``late`` one
         nacked with its timeout error (retried or dead-lettered as any failure, counted as failed),
-        the others handed back for immediate redelivery; then SIGKILL it.
+        the others handed back for immediate redelivery; the jobs it leased but had not started
+        returned to READY uncharged (``give_back_leases_of``); then SIGKILL it.
 
         The child is frozen (SIGSTOP) first and killed only after the nacks: alive, it keeps its
         owner lock, so no reaper (this process's own included) reclaims its leases as a dead
@@ -295,6 +296,19 @@ class ProcessPool:
                 log.warning("job %s failed (attempt %d): %s", e.job_id, e.attempts, why)
             else:
                 log.warning("job %s: %s", e.job_id, why)
+        # Jobs the child leased in a batch but never started are on no board: they go back
+        # uncharged while the frozen child still holds its owner lock (and its pid).
+        try:
+            back = self.queue.give_back_leases_of(p.pid)
+        except Exception:
+            log.exception("worker process %d: its unstarted leases could not be given back", p.pid)
+        else:
+            if back:
+                log.warning(
+                    "worker process %d: %d leased job(s) it had not started went back uncharged",
+                    p.pid,
+                    back,
+                )
         os.kill(p.pid, signal.SIGKILL)
         os.kill(p.pid, signal.SIGCONT)  # a stopped process dies of SIGKILL anyway; be explicit
         p.join()

@@ -33,11 +33,11 @@ def test_set_from_another_thread_wakes_every_waiter() -> None:
         woke: list[bool] = []
         go = threading.Barrier(5)
 
-        def waiter() -> None:
+        def waiter(ev: CancelEvent, go: threading.Barrier, woke: list[bool]) -> None:
             go.wait()
             woke.append(ev.wait(10))
 
-        threads = [threading.Thread(target=waiter) for _ in range(4)]
+        threads = [threading.Thread(target=waiter, args=(ev, go, woke)) for _ in range(4)]
         for t in threads:
             t.start()
         go.wait()

@@ -20,7 +20,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ringq import tracing
@@ -43,6 +43,43 @@ log = logging.getLogger("ringq.worker")
 LEASE_RETRY_MIN = 0.05
 LEASE_RETRY_MAX = 1.0
 LEASE_LOG_EVERY = 5.0
+
+
+class _Stream:
+    """A lease-loop thread's stream of leases (``QueueBackend.consume``), which another thread may
+    close when it gives up that thread's handler: closing returns the leases the stream holds and
+    has not handed out (a local queue leases in batches) to the queue unused, instead of leaving
+    them leased by a thread that may never come back for them."""
+
+    __slots__ = ("jobs", "lock")
+
+    def __init__(self, jobs: Iterator[Job]) -> None:
+        self.jobs = jobs
+        self.lock = threading.Lock()  # next() and close() never run at once
+
+    def next(self) -> Job | None:
+        with self.lock:
+            return next(self.jobs, None)  # None once closed
+
+    def close(self) -> None:
+        with self.lock:
+            self._close()
+
+    def close_if_idle(self) -> bool:
+        """Close it unless its thread is inside ``next`` right now (then that thread is not stuck
+        in a handler, and closes it itself); True if closed here."""
+        if not self.lock.acquire(blocking=False):
+            return False
+        try:
+            self._close()
+        finally:
+            self.lock.release()
+        return True
+
+    def _close(self) -> None:
+        close = getattr(self.jobs, "close", None)
+        if close is not None:
+            close()
 
 
 class Worker:
@@ -188,6 +225,8 @@ class Worker:
         # thread key -> whether another thread replaced it: handlers whose job was given up
         # (timed out, or handed back at the end of a drain), whose outcome is then ignored
         self._given_up: dict[int, bool] = {}
+        # Each lease-loop thread's current stream, by thread ident (under _inflight_lock).
+        self._streams: dict[int, _Stream] = {}
         self._spans: dict[int, Any] = {}  # thread key -> the span its handler runs in
         self._serving: list[threading.Thread] = []  # loop threads run() waits for
         self._abandoned = 0  # threads still running a timed-out handler, replaced by others
@@ -290,22 +329,25 @@ class Worker:
 
     def _loop(self, index: int) -> None:
         retry = LEASE_RETRY_MIN
+        key = threading.get_ident()
         while not self._stop.is_set():
-            jobs = None
+            stream = None
             try:
                 wait = self._fire_schedules() if self._schedules else self.poll_interval
                 if self.idle_timeout is not None:  # an idle worker ends on time, not a poll later
                     wait = min(wait, max(0.001, self.idle_timeout - self._idle_for()))
                 # A stream of leases (QueueBackend.consume): leases not handed to a handler when
                 # it ends (stopping, max_jobs) go back to the queue unused.
-                jobs = self.queue.consume(wait=wait, stop=self._stop)
+                stream = _Stream(self.queue.consume(wait=wait, stop=self._stop))
+                with self._inflight_lock:
+                    self._streams[key] = stream
                 until = time.monotonic() + wait  # back to the periodic jobs at least this often
                 got = False
                 while True:
                     if not self._reserve():  # max_jobs: what the stream holds goes back
                         self._stop.set()
                         return
-                    job = next(jobs, None)
+                    job = stream.next()
                     if job is None:
                         self._unreserve()
                         break
@@ -336,8 +378,11 @@ class Worker:
                 retry = min(LEASE_RETRY_MAX, retry * 2)
                 continue
             finally:
-                if jobs is not None:
-                    jobs.close()
+                if stream is not None:
+                    stream.close()
+                    with self._inflight_lock:
+                        if self._streams.get(key) is stream:
+                            del self._streams[key]
             retry = LEASE_RETRY_MIN
             if self._lease_outage is not None:
                 self._lease_recovered()
@@ -487,6 +532,7 @@ class Worker:
             )
             self._note_first_attempt(job, k)
             self._fail(job, text, None)
+            self._return_unstarted(k)
             if self._given_up.get(k):
                 self._start_loop(index, replacing=k)
 
@@ -499,7 +545,7 @@ class Worker:
                 self._given_up.setdefault(k, False)
                 self._inflight[k] = None
                 self._deadlines.pop(k, None)
-        for _k, job in running:
+        for k, job in running:
             if job.cancelled is not None:
                 job.cancelled.set()
             self._release(
@@ -507,6 +553,20 @@ class Worker:
                 f"worker stopped: handler still running after the {self.grace:g} s grace "
                 "period; handed back",
             )
+            self._return_unstarted(k)
+
+    def _return_unstarted(self, key: int) -> None:
+        """The handler of thread ``key`` was given up: the leases its stream holds and has not
+        handed out go back to the queue unused (their attempts not counted), rather than stay
+        leased by a thread that may never ask for them; logged, never raised."""
+        with self._inflight_lock:
+            stream = self._streams.get(key)
+        if stream is None:
+            return
+        try:
+            stream.close_if_idle()
+        except Exception:
+            log.exception("the leases a given-up handler's thread held could not be given back")
 
     def _release(self, job: Job, why: str) -> None:
         """Hand ``job`` back for immediate redelivery (a nack with no delay); logged, never raised."""

@@ -189,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             log("the consume path, per job (interleaved rounds):")
             rows += consume_path(scratch, sz, log, min(sz.cold * 4, 4_000_000))
             log("draining jobs with two worker processes:")
-            rows += drain(scratch, sz.ops * 10, max(2, sz.rounds // 4), log)
+            rows += drain(scratch, sz.ops * 10, max(4, sz.rounds // 4), log)
         if "fanout" in only:
             log("fan-out latency:")
             rows += fanout(scratch, sz, log)

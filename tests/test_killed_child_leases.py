@@ -190,3 +190,46 @@ def test_give_back_leases_of_checks_its_pid_and_is_0_on_redis(queue_factory):
         q.enqueue("x")
         assert q.lease_one() is not None
         assert q.give_back_leases_of(os.getppid()) == 0
+
+
+LEASE_AS_PID_1 = """
+import json, os, sys, time
+from ringq import Queue
+q = Queue(sys.argv[1], visibility_timeout=600)
+job = q.lease_one()
+print(json.dumps([os.getpid(), job.id, job.lease_token]), flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_lease_tagged_with_the_same_pid_in_another_pid_namespace_is_not_taken(tmp_path):
+    # Two containers sharing a queue directory can both have a process with pid N.  A lease's
+    # owner word carries the pid only as a tag: giving back by that tag alone would return the
+    # other namespace's live lease to READY with its count lowered, and the next lease would reuse
+    # the fencing token its holder still has.  The pid must also hold the lease's owner index.
+    import shutil
+    import sys
+
+    from procs import child_env
+
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs unshare and root for a PID namespace")
+    where = str(tmp_path / "q")
+    with Queue(where, visibility_timeout=600) as q:
+        q.enqueue("theirs")
+        holder = subprocess.Popen(
+            ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-c"]
+            + [LEASE_AS_PID_1, where],
+            env=child_env(),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            pid, jid, token = json.loads(holder.stdout.readline())
+            assert pid == 1  # its pid in its own namespace: what its owner word says
+            assert q.give_back_leases_of(1) == 0  # our pid 1 holds none of this queue's locks
+            got = q.get(jid)
+            assert got.state is JobState.LEASED and got.lease_token == token
+        finally:
+            holder.kill()
+            holder.wait()

@@ -93,6 +93,35 @@ class OwnerRegistry:
             )
         )
 
+    def held_by(self, pid: int) -> set[int]:
+        """The owner indexes that process ``pid`` (of this PID namespace) holds locked in this
+        owners file, as the kernel lists them in ``/proc/<pid>/fdinfo`` (each descriptor's OFD
+        locks: ``lock: N: OFDLCK ADVISORY WRITE -1 MAJ:MIN:INODE START END``).  Empty when that
+        cannot be read.  The pid in an owner word is only a tag, which another namespace's
+        process may share; the lock is the process's own."""
+        try:
+            mine = os.stat(self.path)
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            return set()
+        held: set[int] = set()
+        for fd in fds:
+            try:
+                st = os.stat(f"/proc/{pid}/fd/{fd}")  # the file the descriptor is open on
+                if (st.st_dev, st.st_ino) != (mine.st_dev, mine.st_ino):
+                    continue
+                with open(f"/proc/{pid}/fdinfo/{fd}") as info:
+                    lines = info.read().splitlines()
+            except OSError:
+                continue  # closed meanwhile, or not ours to read
+            for line in lines:
+                fields = line.split()
+                if len(fields) >= 8 and fields[0] == "lock:" and fields[2] == "OFDLCK":
+                    start, end = fields[-2], fields[-1]
+                    if start == end and start.isdigit() and 0 < int(start) <= MAX_OWNERS:
+                        held.add(int(start))
+        return held
+
     def try_hold(self, idx: int) -> bool:
         """Take ``idx`` if its holder is gone (True); release it later with :meth:`release`."""
         return bool(

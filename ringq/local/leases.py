@@ -400,23 +400,29 @@ class Leases:
 
     def give_back_leases_of(self, pid: int) -> int:
         """Return to READY unused, as :meth:`give_back` does, every lease that process ``pid``
-        holds: each LEASED word whose owner word is tagged with its lease count, a nonzero owner
-        index (a detached lease has no holder to speak for) and ``pid``.  A lease asked to cancel
-        is left alone.  Returns how many went back.
+        holds: each LEASED word whose owner word is tagged with its lease count, ``pid`` and an
+        owner index that ``pid`` holds locked (OwnerRegistry.held_by: the pid alone is a tag that
+        a process of another PID namespace sharing the queue may carry too, and giving back its
+        lease would let the next lease reuse its fencing token).  A detached lease (owner index
+        0) and a lease asked to cancel are left alone.  Returns how many went back.
 
         The caller makes sure ``pid`` names one live process for the whole call and that it
-        leases nothing meanwhile (its own stopped, unreaped child): the owner word's pid is only
-        a tag, and a dead process's pid may be taken by another.  The index is scanned as it is
+        leases nothing meanwhile (its own stopped, unreaped child).  The index is scanned as it is
         (the caller catches up first); a lease of a record it has not read yet is read in before
         it goes back, for its available-at."""
+        import numpy as np
+
+        held = sorted(self.owners.held_by(pid))  # its owner indexes: locks only it can hold
+        if not held:
+            return 0
         want = owner_pid(owner_pack(0, 0, pid))
         back = 0
         touched: dict[int, Segment] = {}
         now = now_ms()
         for view, leased, w, own in self.index.leases():
             theirs = (
-                (np_owner_pid(own) == want)
-                & (np_owner_index(own) != 0)
+                np.isin(np_owner_index(own), held)
+                & (np_owner_pid(own) == want)
                 & (np_owner_lease_count(own) == np_lease_count(w))
                 & ~np_cancel_flag(w)
             )

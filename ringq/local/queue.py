@@ -929,9 +929,11 @@ class Queue:
         the child ran).  A lease asked to cancel, and a detached lease, are left alone.
 
         ``pid`` must name one live process that leases nothing during the call -- in practice a
-        stopped (SIGSTOP) child not yet reaped: the pid in a lease's owner word is only a tag,
-        and a dead process's pid may be reused.  Alive, the process still holds its owner lock,
-        so no reaper reclaims (and charges) these leases meanwhile.
+        stopped (SIGSTOP) child not yet reaped.  A lease is taken as ``pid``'s only if its owner
+        word carries that pid and an owner index ``pid`` holds locked (the kernel's list of the
+        process's locks): the pid alone is a tag that a process of another PID namespace sharing
+        the queue may carry too.  Alive, the process still holds its owner lock, so no reaper
+        reclaims (and charges) these leases meanwhile.
 
         Returns:
             How many leases went back.

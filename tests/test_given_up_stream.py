@@ -86,3 +86,73 @@ def test_a_drain_past_its_grace_gives_back_the_stuck_threads_batch_uncharged(tmp
     finally:
         release.set()
         q.close()
+
+
+def _hangs(job, every: int) -> bool:
+    """The jobs that hang past the timeout on their first attempt: one in ``every``."""
+    return job.attempts == 1 and int(job.id, 16) % every == 3
+
+
+def _check_history(q, seen: list[tuple[str, str, int]], n: int, every: int) -> None:
+    """Every handler call got a (job, fencing token) pair no other call got; every job is done,
+    a hanging one after exactly two attempts, every other one after exactly one."""
+    pairs = [(jid, tok) for jid, tok, _ in seen]
+    assert len(pairs) == len(set(pairs)), "a lease handed to two handlers"
+    jobs = q.list_jobs(limit=n + 10)
+    assert len(jobs) == n and {j.state for j in jobs} == {JobState.DONE}, q.stats()
+    for j in jobs:
+        assert j.attempts == (2 if int(j.id, 16) % every == 3 else 1), (j.id, j.attempts)
+
+
+def test_timeouts_under_concurrency_hand_out_each_lease_once_and_charge_only_the_hung(tmp_path):
+    # Four threads, four jobs hanging past the timeout until the end (each stuck thread is
+    # replaced, up to `concurrency` of them): each give-up closes
+    # a stream from the heartbeat thread while the other threads lease, run and ack around it.
+    # A stream left open would keep its batch leased until the 3 s visibility timeout, and those
+    # jobs would come back charged.
+    seen: list[tuple[str, str, int]] = []
+    release = threading.Event()
+
+    def handler(job):
+        seen.append((job.id, job.lease_token, job.attempts))
+        if _hangs(job, 40):
+            release.wait(20)
+
+    n = 160
+    with Queue(tmp_path / "q", backoff=NOBACKOFF, visibility_timeout=3.0) as q:
+        q.enqueue_many([{"i": i} for i in range(n)], max_attempts=3)
+        w = Worker(q, handler, concurrency=4, timeout=0.15, handle_signals=False)
+        runner = threading.Thread(target=w.run)
+        runner.start()
+        try:
+            deadline = time.monotonic() + 15
+            while q.stats().acked_total < n and time.monotonic() < deadline:
+                time.sleep(0.01)
+        finally:
+            release.set()
+            w.stop()
+            runner.join(30)
+        assert not runner.is_alive()
+        _check_history(q, seen, n, 40)
+
+
+def test_process_kills_hand_out_each_lease_once_and_charge_only_the_hung(tmp_path):
+    # Two children, a job in eight hanging: each hang kills its child, whose batch goes back.
+    log = tmp_path / "handled"
+
+    def handler(job):
+        with open(log, "a") as f:
+            f.write(f"{job.id} {job.lease_token} {job.attempts}\n")
+        if _hangs(job, 8):
+            time.sleep(30)  # until its child is killed
+
+    n = 80
+    with Queue(tmp_path / "q", backoff=NOBACKOFF, visibility_timeout=30.0) as q:
+        q.enqueue_many([{"i": i} for i in range(n)], max_attempts=3)
+        w = Worker(
+            q, handler, processes=2, timeout=0.3, idle_timeout=1.5, handle_signals=False
+        )
+        w.run()
+        seen = [tuple(line.split()) for line in log.read_text().splitlines()]
+        _check_history(q, [(a, b, int(c)) for a, b, c in seen], n, 8)
+        assert w.pool is not None and w.pool.timeouts == n // 8

@@ -4,7 +4,9 @@ Theory of operation
 -------------------
 A seed decides a workload (:func:`plan`): 1-4 worker processes of 1-8 threads each, every thread
 a producer, a consumer, both, an admin (stats, list_jobs, cancel, purge) or, in some processes, a
-``Worker``; short visibility timeouts; SIGKILLs of running processes (each replaced by a fresh one).
+``Worker`` (in a workload without cancels, often with a hard timeout that some handlers outlive:
+the Worker gives them up and hands the rest of their thread's batch back); short visibility
+timeouts; SIGKILLs of running processes (each replaced by a fresh one).
 Every thread logs each call it makes -- its start and end on the wall clock (the clock lease
 deadlines use, shared by all processes of the host), its arguments and its result -- one JSON
 line per call, written with one ``write`` on an ``O_APPEND`` descriptor, so a SIGKILL loses at
@@ -89,7 +91,7 @@ def plan(seed: int) -> dict[str, Any]:
     kills = sorted(
         (round(r.uniform(0.2, duration), 3), r.randrange(nproc)) for _ in range(r.choice([0, 0, 1, 1, 2, 3]))
     )
-    return {
+    cfg = {
         "seed": seed,
         "procs": procs,
         "duration": duration,
@@ -103,6 +105,14 @@ def plan(seed: int) -> dict[str, Any]:
         "cancel": r.random() < 0.5,
         "spin": r.choice([0.0, 0.0, 0.0005]),
     }
+    # Hard timeouts for the Worker processes of a workload without cancels (so a handler that
+    # finds its job's ``cancelled`` set knows the Worker gave it up).  Drawn from a generator of
+    # their own, so every other draw of each seed's workload stayed what it was.
+    t = random.Random(seed ^ 0x7153)
+    for p in procs:
+        if p["worker"] and not cfg["cancel"] and t.random() < 0.6:
+            p["timeout"] = t.choice([0.05, 0.15])
+    return cfg
 
 
 def open_queue(d: str, cfg: dict[str, Any], vt: float | None = None) -> Any:
@@ -297,13 +307,65 @@ def worker_main(d: str, cfg: dict[str, Any], index: int, label: str, logpath: st
     ]
     worker = None
     if me["worker"]:
+        timeout = me.get("timeout")
+
         def handler(job: Any) -> None:
             g = grant(job)
-            log(op="handle", s=time.time(), e=time.time(), g=g, phase="start")
-            time.sleep(r0.choice([0.0, 0.0005, 0.003]))
-            log(op="handle", s=time.time(), e=time.time(), g=g, phase="end")
+            log(op="handle", s=time.time(), e=time.time(), g=g, phase="start", timeout=timeout)
+            if timeout is not None and r0.random() < 0.05:
+                # Past its hard timeout: the Worker gives it up (sets ``cancelled``, nacks it and
+                # hands the rest of this thread's batch back) and a new thread serves meanwhile.
+                job.cancelled.wait(timeout * 20)
+            else:
+                time.sleep(r0.choice([0.0, 0.0005, 0.003]))
+            log(op="handle", s=time.time(), e=time.time(), g=g, phase="end", timeout=timeout)
 
-        worker = Worker(q, handler, concurrency=me["concurrency"], poll_interval=0.05, handle_signals=False)
+        class Settles:
+            """The Worker's view of the queue, logging its acks, nacks and extends: with a hard
+            timeout the Worker decides a job's outcome itself (a handler's return may come after
+            its job was given up), so the history takes it from these calls."""
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(q, name)
+
+            def consume(self, **kw: Any) -> Any:
+                # Each job as the stream hands it to the Worker: a grant (its lease was taken in
+                # a batch before, and a job the stream gives back unused is never a grant).
+                inner = q.consume(**kw)
+
+                def handed() -> Any:
+                    try:
+                        for job in inner:
+                            t = time.time()
+                            log(op="lease", s=t, e=t, n=1, jobs=[grant(job)], stream=True)
+                            yield job
+                    finally:
+                        inner.close()
+
+                return handed()
+
+            def ack(self, job: Any, **kw: Any) -> Any:
+                return self._logged("ack", job, lambda: q.ack(job, **kw))
+
+            def nack(self, job: Any, **kw: Any) -> Any:
+                return self._logged("nack", job, lambda: q.nack(job, **kw))
+
+            def extend(self, job: Any, seconds: float) -> Any:
+                return self._logged("extend", job, lambda: q.extend(job, seconds))
+
+            def _logged(self, op: str, job: Any, call: Any) -> Any:
+                s, g = time.time(), grant(job)
+                try:
+                    out = call()
+                except (NotLeasedError, JobNotFoundError) as exc:
+                    log(op=op, s=s, e=time.time(), g=g, ok=False, err=type(exc).__name__, msg=str(exc))
+                    raise
+                extra = {"deadline": out.lease_deadline} if op == "extend" else {}
+                log(op=op, s=s, e=time.time(), g=g, ok=True, **extra)
+                return out
+
+        worker = Worker(Settles() if timeout is not None else q, handler, concurrency=me["concurrency"],  # type: ignore[arg-type]
+                        poll_interval=0.05, handle_signals=False, timeout=timeout)
         threading.Thread(target=lambda: (stop.wait(), worker.stop()), daemon=True).start()
     for t in threads:
         t.start()
@@ -538,7 +600,10 @@ def check(run_: Run) -> None:
         elif op == "handle":
             tag, jid, seq, token, attempts, deadline = x["g"]
             hk = (x["p"], tag, jid, seq, token)
-            if x["phase"] == "start":
+            if x.get("timeout") is not None:
+                pass  # with a hard timeout the grant is the stream's, settled by the Worker's calls
+            elif x["phase"] == "start":
+                # The Worker acks once the handler returns: the lease is held until then.
                 gr = Grant(tag, jid, seq, token, attempts, float("inf"), x["p"], x["t"], x["s"], x["s"])
                 grants[tag].append(gr)
                 by_holder[hk] = gr
@@ -584,7 +649,7 @@ def check(run_: Run) -> None:
         seen: dict[tuple[int, str], Grant] = {}
         for g in gs:
             k = (g.seq, g.token)
-            if k in seen and not (g.handled and seen[k].p == g.p):
+            if k in seen:
                 v.append(f"one lease handed out twice: {g.name()} and {seen[k].p}/{seen[k].t}")
             seen[k] = g
         ordered = sorted(gs, key=lambda g: g.e)

@@ -3,7 +3,7 @@
 Each case runs one seeded workload of tests/history.py -- 1-4 processes of 1-8 threads,
 producers and consumers in the same process and in others, lease_one and lease(n) with and
 without waits, ack, nack, extend, abandoned leases, cancel, stats, list_jobs, purge, Worker
-threads, short visibility timeouts and SIGKILLs -- and judges the whole history: no lease held
+threads (with and without hard timeouts), short visibility timeouts and SIGKILLs -- and judges the whole history: no lease held
 by two holders at once, no stale ack accepted, no job lost or invented, and the counts of
 stats(), list_jobs() and purge() agreeing with it.  The seeds come from the run's seed (the
 ``ringq seed`` in pytest's header); a failing case names its own seed, which
@@ -19,9 +19,23 @@ import history
 import pytest
 from conftest import SEED
 
-RUNS = 10  # about 40 s on 2 cores
+RUNS = 10  # about 40 s on 2 cores (and 2 more below)
 _rng = random.Random(SEED)
 SEEDS = [_rng.randrange(2**32) for _ in range(RUNS)]  # ten workloads, not one ten times
+
+
+def _with_timeouts(rng: random.Random, n: int) -> list[int]:
+    """The next ``n`` seeds whose workload has a Worker with a hard timeout (one in eight)."""
+    out: list[int] = []
+    while len(out) < n:
+        seed = rng.randrange(2**32)
+        if any(p.get("timeout") for p in history.plan(seed)["procs"]):
+            out.append(seed)
+    return out
+
+
+# and two whose Worker gives handlers up at their hard timeout and hands their threads' batches back
+SEEDS += _with_timeouts(_rng, 2)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -62,3 +76,19 @@ def test_a_handler_that_returned_in_a_process_killed_before_its_ack_is_no_accept
     # too many
     alive = [e for e in events if e["op"] != "kill"]
     assert any("acks accepted" in v for v in _crafted(alive, {"state": "done", "attempts": 2}).violations)
+
+
+def test_one_lease_handled_twice_in_one_process_is_a_violation():
+    """Two handler runs of one Worker process with the same (seq, fencing token): one lease handed
+    to two threads, whatever happened between."""
+    w1 = ["j1", "0000000000000001", 1, "1", 1, 100.0]
+    events = [
+        {"op": "invoke", "what": "enqueue", "tags": ["j1"], "p": "a", "t": "t0", "s": 1.0},
+        {"op": "enqueue", "tags": ["j1"], "ids": [w1[1]], "ok": True, "p": "a", "t": "t0", "s": 1.0, "e": 1.1},
+        {"op": "handle", "phase": "start", "g": w1, "p": "w", "t": "worker-0", "s": 2.0, "e": 2.0},
+        {"op": "handle", "phase": "end", "g": w1, "p": "w", "t": "worker-0", "s": 2.1, "e": 2.1},
+        {"op": "handle", "phase": "start", "g": w1, "p": "w", "t": "worker-1", "s": 2.2, "e": 2.2},
+        {"op": "handle", "phase": "end", "g": w1, "p": "w", "t": "worker-1", "s": 2.3, "e": 2.3},
+    ]
+    run = _crafted(events, {"state": "done", "attempts": 1})
+    assert any("handed out twice" in v for v in run.violations), run.violations

@@ -203,6 +203,8 @@ def worker_main(d: str, cfg: dict[str, Any], index: int, label: str, logpath: st
                 log(op="abandon", s=time.time(), e=time.time(), g=g)
                 continue
             s = time.time()
+            if op != "extend":  # a kill may cut a release short, taken effect or not
+                log(op="invoke", what="release", s=s, g=g)
             try:
                 if op == "ack":
                     q.ack(job)
@@ -214,6 +216,7 @@ def worker_main(d: str, cfg: dict[str, Any], index: int, label: str, logpath: st
                     out = ext.lease_deadline
                     log(op="extend", s=s, e=time.time(), g=g, ok=True, deadline=out)
                     s = time.time()
+                    log(op="invoke", what="release", s=s, g=g)
                     q.ack(job)
                     op, out = "ack", None
                 log(op=op, s=s, e=time.time(), g=g, ok=True, out=out)
@@ -227,6 +230,7 @@ def worker_main(d: str, cfg: dict[str, Any], index: int, label: str, logpath: st
         log(op="lease", s=s, e=time.time(), wait=1.0, n=1, jobs=[grant(j) for j in jobs])
         for j in jobs:
             s = time.time()
+            log(op="invoke", what="release", s=s, g=grant(j))
             try:
                 q.ack(j)
                 log(op="ack", s=s, e=time.time(), g=grant(j), ok=True)
@@ -355,6 +359,8 @@ def worker_main(d: str, cfg: dict[str, Any], index: int, label: str, logpath: st
 
             def _logged(self, op: str, job: Any, call: Any) -> Any:
                 s, g = time.time(), grant(job)
+                if op != "extend":
+                    log(op="invoke", what="release", s=s, g=g)
                 try:
                     out = call()
                 except (NotLeasedError, JobNotFoundError) as exc:
@@ -544,6 +550,9 @@ class Grant:
     e: float
     release: dict[str, Any] | None = None
     handled: tuple[float, float] | None = None
+    # The start of the holder's first ack or nack of it: one cut short by a kill (not logged as
+    # done) may have taken effect at any moment after it began.
+    releasing: float | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -578,6 +587,11 @@ def check(run_: Run) -> None:
         op = x["op"]
         if op == "violation":
             v.append(f"{x['p']}/{x['t']}: {x['what']}")
+        elif op == "invoke" and x["what"] == "release":
+            tag, jid, seq, token = x["g"][:4]
+            gr = by_holder.get((x["p"], tag, jid, seq, token))
+            if gr is not None and gr.releasing is None:
+                gr.releasing = x["s"]
         elif op == "invoke" and x["what"] == "enqueue":
             for t in x["tags"]:
                 invoked[t] = x
@@ -638,6 +652,8 @@ def check(run_: Run) -> None:
         end = g.deadline - SLACK
         if g.p in ends:
             end = min(end, ends[g.p])
+            if g.p in killed and g.releasing is not None:
+                end = min(end, g.releasing)
         if with_release and g.release is not None and g.release["op"] != "abandon":
             end = min(end, g.release["s"])  # an abandoned lease stays held until its deadline
         return end

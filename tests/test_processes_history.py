@@ -92,3 +92,23 @@ def test_one_lease_handled_twice_in_one_process_is_a_violation():
     ]
     run = _crafted(events, {"state": "done", "attempts": 1})
     assert any("handed out twice" in v for v in run.violations), run.violations
+
+
+def test_a_release_cut_short_by_a_kill_may_have_taken_effect():
+    """A nack that began before its process was killed and never logged its end may have gone in:
+    another holder's grant of the job after it began, before the kill, is no second live lease.
+    Without the nack's start in the history, the same grant is one."""
+    w1 = ["j1", "0000000000000001", 1, "1", 1, 100.0]
+    w2 = ["j1", "0000000000000001", 1, "2", 2, 100.0]
+    events = [
+        {"op": "invoke", "what": "enqueue", "tags": ["j1"], "p": "a", "t": "t0", "s": 1.0},
+        {"op": "enqueue", "tags": ["j1"], "ids": [w1[1]], "ok": True, "p": "a", "t": "t0", "s": 1.0, "e": 1.1},
+        {"op": "lease", "jobs": [w1], "p": "w", "t": "t1", "s": 2.0, "e": 2.0},
+        {"op": "invoke", "what": "release", "g": w1, "p": "w", "t": "t1", "s": 2.1},
+        {"op": "lease", "jobs": [w2], "p": "b", "t": "t2", "s": 2.15, "e": 2.2},
+        {"op": "kill", "p": "w", "t": "main", "s": 2.3, "e": 2.3},
+        {"op": "ack", "g": w2, "ok": True, "p": "b", "t": "t2", "s": 2.4, "e": 2.5},
+    ]
+    assert _crafted(events, {"state": "done", "attempts": 2}).violations == []
+    without = [x for x in events if x.get("what") != "release"]
+    assert any("two live leases" in v for v in _crafted(without, {"state": "done", "attempts": 2}).violations)

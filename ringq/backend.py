@@ -266,10 +266,14 @@ def check_job_ref(job: object) -> None:
         raise TypeError(f"expected a Job or a job id (str), got {type(job).__name__} {job!r}")
 
 
+PID_MAX = 1 << 22  # Linux's largest process id (PID_MAX_LIMIT on 64-bit)
+
+
 def check_pid(pid: object) -> int:
-    """The pid of another process than this one: an int >= 1, not a bool; ValueError otherwise."""
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid < 1:
-        raise ValueError(f"pid must be a process id (an int >= 1), got {pid!r}")
+    """The pid of another process than this one: an int in [1, PID_MAX], not a bool; ValueError
+    otherwise."""
+    if isinstance(pid, bool) or not isinstance(pid, int) or not 1 <= pid <= PID_MAX:
+        raise ValueError(f"pid must be a process id (an int in [1, {PID_MAX}]), got {pid!r}")
     if pid == os.getpid():
         raise ValueError(f"pid must be another process's, got this process's own ({pid})")
     return pid

@@ -77,6 +77,7 @@ def test_a_drain_past_its_grace_gives_back_the_stuck_threads_batch_uncharged(tmp
         assert not runner.is_alive()
         hang = q.get(jobs[1].id)  # handed back, its attempt counted (docs/operations.md)
         assert hang.state is JobState.DEAD and "grace period" in (hang.last_error or "")
+        assert w.stats.dead == 1  # handed back on its last attempt: counted as dead-lettered
         left = [q.get(j.id) for j in jobs[2:]]
         # Every job after the stuck one is READY again with no attempt counted (or was run
         # before the stop), none leased and waiting for its visibility timeout.

@@ -12,6 +12,7 @@ SIGSTOP and SIGKILL.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -20,11 +21,13 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 from procs import spawn
 
 from ringq import BackoffPolicy, JobState, Queue, Worker
+from ringq.backend import PID_MAX, check_pid
 from ringq.engine.deps import Deps
 from ringq.engine.index import Index
 from ringq.engine.owner import OwnerRegistry
@@ -32,6 +35,7 @@ from ringq.engine.relocate import Relocator
 from ringq.engine.ring import Ring
 from ringq.local.leases import Leases
 from ringq.local.limits import LimitGate
+from ringq.worker.board import ID_CAP
 
 NOBACKOFF = BackoffPolicy(base=0, jitter=0)
 
@@ -128,6 +132,32 @@ def test_give_back_leases_of_returns_a_stopped_processes_leases_uncharged(tmp_pa
             _kill(child)
 
 
+@contextlib.contextmanager
+def _leases(where: str) -> Iterator[Leases]:
+    """A queue's leases built from their parts as a queue builds them, with an index caught up
+    once and never again (its catch-up is a no-op), and no check of the process asked about."""
+    ring = Ring(where)
+    index = Index(ring)
+    index.catch_up()
+    owners = OwnerRegistry(os.path.join(where, "default.owners"))
+    gate = LimitGate(where, "default")
+    try:
+        yield Leases(
+            ring,
+            index,
+            owners,
+            Relocator(ring, index, index.catch_up),
+            lambda: None,  # no catch-up: a record appended since stays unread until read in
+            gate,
+            Deps(ring, index, index.catch_up),
+        )
+    finally:
+        index.clear()
+        gate.close()
+        owners.close()
+        ring.close()
+
+
 ENQUEUE_LEASE_AND_STOP = """
 import json, os, signal, sys
 from ringq import Queue
@@ -147,38 +177,22 @@ def test_a_lease_of_a_record_the_index_has_not_read_goes_back_at_its_available_a
     with Queue(where, visibility_timeout=600) as q:
         q.enqueue("first")
         q.ack(q.lease_one())
-        ring = Ring(where)
-        index = Index(ring)
-        index.catch_up()
-        owners = OwnerRegistry(os.path.join(where, "default.owners"))
-        gate = LimitGate(where, "default")
-        leases = Leases(
-            ring,
-            index,
-            owners,
-            Relocator(ring, index, index.catch_up),
-            lambda: None,  # no catch-up: the record stays unread until the call reads it in
-            gate,
-            Deps(ring, index, index.catch_up),
-        )
-        time.sleep(0.02)  # the record's available-at is later than the segment's epoch
-        child = spawn(ENQUEUE_LEASE_AND_STOP, where, stdout=subprocess.PIPE, text=True)
-        try:
-            jid, available_at, (segseq, slot) = json.loads(child.stdout.readline())
-            _stopped(child)
-            view = index.views[segseq]
-            assert slot >= view.scanned  # unread here
-            assert leases.give_back_leases_of(child.pid) == 1
-            got = q.get(jid)
-            assert got.state is JobState.READY and got.attempts == 0
-            assert got.available_at == pytest.approx(available_at, abs=0.002)
-            assert int(view.seq[slot]) == got.seq  # read in
-        finally:
-            _kill(child)
-            index.clear()
-            gate.close()
-            owners.close()
-            ring.close()
+        with _leases(where) as leases:
+            index = leases.index
+            time.sleep(0.02)  # the record's available-at is later than the segment's epoch
+            child = spawn(ENQUEUE_LEASE_AND_STOP, where, stdout=subprocess.PIPE, text=True)
+            try:
+                jid, available_at, (segseq, slot) = json.loads(child.stdout.readline())
+                _stopped(child)
+                view = index.views[segseq]
+                assert slot >= view.scanned  # unread here
+                assert leases.give_back_leases_of(child.pid) == 1
+                got = q.get(jid)
+                assert got.state is JobState.READY and got.attempts == 0
+                assert got.available_at == pytest.approx(available_at, abs=0.002)
+                assert int(view.seq[slot]) == got.seq  # read in
+            finally:
+                _kill(child)
 
 
 def test_give_back_leases_of_checks_its_pid_and_is_0_on_redis(queue_factory):
@@ -227,9 +241,70 @@ def test_a_lease_tagged_with_the_same_pid_in_another_pid_namespace_is_not_taken(
         try:
             pid, jid, token = json.loads(holder.stdout.readline())
             assert pid == 1  # its pid in its own namespace: what its owner word says
-            assert q.give_back_leases_of(1) == 0  # our pid 1 holds none of this queue's locks
+            # The queue refuses a process that is not stopped (ours with pid 1 is init), so the
+            # owner-index check is asked below it, of leases built as the queue builds them.
+            with pytest.raises(ValueError, match="not stopped"):
+                q.give_back_leases_of(1)
+            with _leases(where) as leases:
+                assert leases.give_back_leases_of(1) == 0  # our pid 1 holds none of its locks
             got = q.get(jid)
             assert got.state is JobState.LEASED and got.lease_token == token
         finally:
             holder.kill()
             holder.wait()
+
+
+LEASE_AND_RUN = """
+import sys, time
+from ringq import Queue
+q = Queue(sys.argv[1], visibility_timeout=600)
+q.lease(2)
+print("leased", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_running_process_is_refused(tmp_path):
+    # Its leases may be in use: given back, the next lease would reuse their fencing tokens.
+    where = str(tmp_path / "q")
+    with Queue(where, visibility_timeout=600) as q:
+        q.enqueue_many(["a", "b"])
+        child = spawn(LEASE_AND_RUN, where, stdout=subprocess.PIPE, text=True)
+        try:
+            child.stdout.readline()
+            with pytest.raises(ValueError, match="not stopped"):
+                q.give_back_leases_of(child.pid)
+            assert q.stats().leased >= 2
+        finally:
+            _kill(child)
+    with pytest.raises(ValueError):
+        check_pid(PID_MAX + 1)  # beyond any Linux pid (an owner word keeps 30 bits of one)
+
+
+def test_a_running_job_whose_id_the_board_cannot_hold_is_not_given_back_uncharged(tmp_path):
+    # The board names a running job by its id, up to ID_CAP bytes.  A longer one cannot be
+    # nacked by the parent, and it is among the child's leases: given back uncharged it would run
+    # and time out forever.  The child's leases are left to the reaper then (an attempt counted).
+    runs = tmp_path / "runs"
+    long_id = "L" * (ID_CAP + 1)
+
+    def handler(job):
+        with open(runs, "a") as f:
+            f.write("run\n")
+        time.sleep(30)
+
+    with Queue(tmp_path / "q", backoff=NOBACKOFF) as q:
+        q.enqueue("x", job_id=long_id, max_attempts=1, timeout=0.3)
+        w = Worker(q, handler, processes=1, handle_signals=False)
+        runner = threading.Thread(target=w.run)
+        runner.start()
+        try:
+            deadline = time.monotonic() + 15
+            while q.get(long_id).state is not JobState.DEAD and time.monotonic() < deadline:
+                time.sleep(0.02)
+        finally:
+            w.stop()
+            runner.join(30)
+        got = q.get(long_id)
+        assert got.state is JobState.DEAD and got.attempts == 1, (got.state, got.attempts)
+        assert runs.read_text().count("run") == 1

@@ -62,6 +62,7 @@ from ringq.backend import (
 )
 from ringq.backoff import BackoffPolicy
 from ringq.engine import forksafe, meta, transitions
+from ringq.engine.owner import process_stopped
 from ringq.engine.recovery import RecoveryReport
 from ringq.engine.ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, Ring
 from ringq.engine.segment import check_geometry
@@ -938,11 +939,17 @@ class Queue:
         Returns:
             How many leases went back.
         Raises:
-            ValueError for a pid that is not an int >= 1, or is this process's own;
-            QueueClosedError.
+            ValueError for a pid that is not a process id, is this process's own, or names a
+            process that is not stopped (its leases may be in use: giving them back would let
+            the next holder reuse their fencing tokens); QueueClosedError.
         """
         self._ctx.live()
         pid = check_pid(pid)
+        if not process_stopped(pid):
+            raise ValueError(
+                f"process {pid} is not stopped (SIGSTOP): the leases of a running process may be "
+                "in use, and are not given back"
+            )
         with self._ctx.live_lock:
             self._ctx.refresh()  # segments and records appended since this process last looked
             return self._ctx.leases.give_back_leases_of(pid)

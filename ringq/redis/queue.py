@@ -595,10 +595,11 @@ class RedisQueue:
         return _job(out[1], out[2])
 
     def give_back_leases_of(self, pid: int) -> int:
-        """As :meth:`ringq.Queue.give_back_leases_of`, and always 0: :meth:`consume` leases one
-        job per call and hands it out at once, so no consumer holds a batch of leased jobs it
-        has not started (and a lease names no process here).  Raises ValueError for a pid that
-        is not an int >= 1, or is this process's own; QueueClosedError."""
+        """As :meth:`ringq.Queue.give_back_leases_of`, and always 0: a lease names no process
+        here, and :meth:`consume` leases one job per call and hands it out at once, so no
+        consumer holds a batch (a job a thread leased and had not started when its process was
+        killed comes back after its visibility timeout).  Raises ValueError for a pid that is not
+        a process id, or is this process's own; QueueClosedError."""
         self._scripts.live()
         check_pid(pid)
         return 0

@@ -275,7 +275,8 @@ class ProcessPool:
         except ChildProcessError:
             pass
         timed = {(e.job_id, e.token) for e in late}
-        for e in self.board.read(slot):
+        running = self.board.read(slot)
+        for e in running:
             if e.job_id is None:
                 continue  # an id too long for the board: its lease ends it (holder died)
             job = Job(id=e.job_id, payload=None, attempts=e.attempts, lease_token=str(e.token))
@@ -295,11 +296,17 @@ class ProcessPool:
                 count(slot, failed=1, **({"dead": 1} if out.state is JobState.DEAD else {}))
                 log.warning("job %s failed (attempt %d): %s", e.job_id, e.attempts, why)
             else:
+                if out.state is JobState.DEAD:  # handed back on its last attempt
+                    count(slot, dead=1)
                 log.warning("job %s: %s", e.job_id, why)
         # Jobs the child leased in a batch but never started are on no board: they go back
-        # uncharged while the frozen child still holds its owner lock (and its pid).
+        # uncharged while the frozen child still holds its owner lock (and its pid).  Not when
+        # the board could not name a running job (an id longer than it holds): that job is among
+        # the child's leases, and handed back uncharged it would run, and time out, forever; all
+        # are then left to the reaper, as a dead holder's (an attempt counted for each).
+        unnamed = any(e.job_id is None for e in running)
         try:
-            back = self.queue.give_back_leases_of(p.pid)
+            back = 0 if unnamed else self.queue.give_back_leases_of(p.pid)
         except Exception:
             log.exception("worker process %d: its unstarted leases could not be given back", p.pid)
         else:

@@ -571,13 +571,15 @@ class Worker:
     def _release(self, job: Job, why: str) -> None:
         """Hand ``job`` back for immediate redelivery (a nack with no delay); logged, never raised."""
         try:
-            self.queue.nack(job, error=why, delay=0)
+            out = self.queue.nack(job, error=why, delay=0)
         except (NotLeasedError, JobNotFoundError, QueueClosedError) as exc:
             log.warning("job %s: not handed back: %s", job.id, exc)
             return
         except Exception:
             log.exception("job %s: could not be handed back", job.id)
             return
+        if out.state is JobState.DEAD:  # its last attempt: dead-lettered, and counted so
+            self.stats.one("dead")
         log.warning("job %s: %s", job.id, why)
 
     def _lease_failed(self, exc: BaseException) -> None:

@@ -66,6 +66,7 @@ __all__ = [
     "check_port",
     "check_job_ref",
     "check_pid",
+    "stopped_child",
     "check_result_ttl",
     "expiry_ms",
     "check_attempts",
@@ -277,6 +278,18 @@ def check_pid(pid: object) -> int:
     if pid == os.getpid():
         raise ValueError(f"pid must be another process's, got this process's own ({pid})")
     return pid
+
+
+def stopped_child(pid: int) -> bool:
+    """True if process ``pid`` is a child of this process and stopped (SIGSTOP, or stopped by a
+    tracer), by ``/proc/<pid>/stat``; False when that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return False
+    rest = text[text.rfind(")") + 1 :].split()  # the command name may hold spaces and parens
+    return len(rest) >= 2 and rest[0] in ("T", "t") and rest[1] == str(os.getpid())
 
 
 def check_result_ttl(ttl: object) -> float:
@@ -738,9 +751,9 @@ class QueueBackend(Protocol):
 
     def extend(self, job: Job | str, seconds: float) -> Job: ...
 
-    def give_back_leases_of(self, pid: int) -> int:
-        """Return every job that the stopped process ``pid`` holds leased to READY uncharged
-        (:meth:`ringq.Queue.give_back_leases_of` has the contract); returns how many.  0 on a
+    def kill_and_give_back(self, pid: int) -> int:
+        """Kill the stopped child ``pid`` and return every job it held leased to READY uncharged
+        (:meth:`ringq.Queue.kill_and_give_back` has the contract); returns how many.  0 on a
         queue whose consumers hold no leases beyond the jobs they run (Redis)."""
         ...
 

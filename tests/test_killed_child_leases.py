@@ -1,5 +1,5 @@
 """Jobs a killed Worker child had leased but not started go back to READY uncharged
-(``give_back_leases_of``; docs/operations.md, "Hard timeouts").
+(``kill_and_give_back``; docs/operations.md, "Hard timeouts").
 
 A child's Worker leases through ``consume``, which on a local queue leases in batches and hands
 the jobs out one at a time.  When the parent kills the child (a job past its hard timeout, or a
@@ -104,7 +104,7 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def test_give_back_leases_of_returns_a_stopped_processes_leases_uncharged(tmp_path):
+def test_kill_and_give_back_returns_a_stopped_childs_leases_uncharged_and_kills_it(tmp_path):
     where = str(tmp_path / "q")
     with Queue(where, visibility_timeout=600) as q:
         q.enqueue_many(["a", "b", "c", "d", "mine"])
@@ -115,7 +115,8 @@ def test_give_back_leases_of_returns_a_stopped_processes_leases_uncharged(tmp_pa
             mine = q.lease_one()
             assert mine is not None and mine.payload == "mine"
             assert q.cancel(c).cancel_requested  # asked to cancel: its holder decides
-            assert q.give_back_leases_of(child.pid) == 2
+            assert q.kill_and_give_back(child.pid) == 2
+            assert child.wait(10) == -signal.SIGKILL  # killed before the call returned
             for jid in (a, b):
                 got = q.get(jid)
                 assert got.state is JobState.READY and got.attempts == 0, (got.state, got.attempts)
@@ -123,11 +124,13 @@ def test_give_back_leases_of_returns_a_stopped_processes_leases_uncharged(tmp_pa
             again = q.lease(5)  # at once: no delay, and nothing else is leasable
             assert sorted(j.id for j in again) == sorted([a, b])
             assert {j.attempts for j in again} == {1}
-            assert q.get(c).state is JobState.LEASED and q.get(c).cancel_requested
+            # Not given back: asked to cancel, it ends as cancelled once its holder is gone.
+            assert q.get(c).state is JobState.CANCELLED
             assert q.get(d).state is JobState.LEASED  # detached: only its timeout ends it
             assert q.get(mine.id).state is JobState.LEASED  # another process's lease
             q.ack(mine)
-            assert q.give_back_leases_of(child.pid) == 0  # nothing left to give back
+            with pytest.raises(ValueError, match="not a stopped child"):
+                q.kill_and_give_back(child.pid)  # reaped: no longer a stopped child
         finally:
             _kill(child)
 
@@ -195,15 +198,22 @@ def test_a_lease_of_a_record_the_index_has_not_read_goes_back_at_its_available_a
                 _kill(child)
 
 
-def test_give_back_leases_of_checks_its_pid_and_is_0_on_redis(queue_factory):
+def test_kill_and_give_back_checks_its_pid_and_is_0_on_redis(queue_factory):
     q = queue_factory()
-    for bad in (0, -1, True, "12", 1.5, os.getpid()):
+    for bad in (0, -1, True, "12", 1.5, os.getpid(), os.getppid(), PID_MAX + 1):
         with pytest.raises(ValueError):
-            q.give_back_leases_of(bad)
+            q.kill_and_give_back(bad)
     if queue_factory.backend == "redis":
         q.enqueue("x")
         assert q.lease_one() is not None
-        assert q.give_back_leases_of(os.getppid()) == 0
+        child = subprocess.Popen(["sleep", "30"])
+        try:
+            child.send_signal(signal.SIGSTOP)
+            _stopped(child)
+            assert q.kill_and_give_back(child.pid) == 0
+            assert child.wait(10) == -signal.SIGKILL
+        finally:
+            _kill(child)
 
 
 LEASE_AS_PID_1 = """
@@ -241,10 +251,10 @@ def test_a_lease_tagged_with_the_same_pid_in_another_pid_namespace_is_not_taken(
         try:
             pid, jid, token = json.loads(holder.stdout.readline())
             assert pid == 1  # its pid in its own namespace: what its owner word says
-            # The queue refuses a process that is not stopped (ours with pid 1 is init), so the
+            # The queue refuses a process that is not its stopped child (our pid 1 is init), so the
             # owner-index check is asked below it, of leases built as the queue builds them.
-            with pytest.raises(ValueError, match="not stopped"):
-                q.give_back_leases_of(1)
+            with pytest.raises(ValueError, match="not a stopped child"):
+                q.kill_and_give_back(1)
             with _leases(where) as leases:
                 assert leases.give_back_leases_of(1) == 0  # our pid 1 holds none of its locks
             got = q.get(jid)
@@ -272,8 +282,8 @@ def test_a_running_process_is_refused(tmp_path):
         child = spawn(LEASE_AND_RUN, where, stdout=subprocess.PIPE, text=True)
         try:
             child.stdout.readline()
-            with pytest.raises(ValueError, match="not stopped"):
-                q.give_back_leases_of(child.pid)
+            with pytest.raises(ValueError, match="not a stopped child"):
+                q.kill_and_give_back(child.pid)
             assert q.stats().leased >= 2
         finally:
             _kill(child)

@@ -23,21 +23,9 @@ from . import forksafe, native
 from ._native import lib
 from .mapped import open_nofollow
 
-__all__ = ["OwnerRegistry", "MAX_OWNERS", "process_stopped"]
+__all__ = ["OwnerRegistry", "MAX_OWNERS"]
 
 MAX_OWNERS = 65535
-
-
-def process_stopped(pid: int) -> bool:
-    """True if process ``pid`` (of this PID namespace) exists and is stopped (SIGSTOP, or stopped
-    by a tracer), by the state in ``/proc/<pid>/stat``; False when that cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-    except OSError:
-        return False
-    rest = text[text.rfind(")") + 1 :].split()  # the command name may hold spaces and parens
-    return bool(rest) and rest[0] in ("T", "t")
 
 
 class OwnerRegistry:

@@ -22,8 +22,8 @@ Owner word (u64, next to each state word)::
 
     bits 0-15  owner index  the lease holder's byte in ``<name>.owners`` (0: detached lease)
     bits 16-33 lease count  the lease the owner word belongs to (a stale owner word is recognised)
-    bits 34-63 pid          for people reading the file, and to find the leases of a live, stopped
-                            process (give_back_leases_of); never a sign that the holder lives
+    bits 34-63 pid          for people reading the file, and to find the leases of a stopped
+                            child being killed (kill_and_give_back); never a sign that it lives
 
 Position (u64): ``(segment seq << 24) | slot``; orders every slot of the queue.
 """

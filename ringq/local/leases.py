@@ -406,10 +406,11 @@ class Leases:
         lease would let the next lease reuse its fencing token).  A detached lease (owner index
         0) and a lease asked to cancel are left alone.  Returns how many went back.
 
-        The caller makes sure ``pid`` names one live process for the whole call and that it
-        leases nothing meanwhile (its own stopped, unreaped child).  The index is scanned as it is
-        (the caller catches up first); a lease of a record it has not read yet is read in before
-        it goes back, for its available-at."""
+        The caller makes sure ``pid`` names one live process for the whole call, that it leases
+        nothing meanwhile and never uses these leases again (its own stopped child, killed next:
+        a lease given back is leased next with the same fencing token).  The index is scanned as
+        it is (the caller catches up first); a lease of a record it has not read yet is read in
+        before it goes back, for its available-at."""
         import numpy as np
 
         held = sorted(self.owners.held_by(pid))  # its owner indexes: locks only it can hold

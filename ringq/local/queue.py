@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import pathlib
 import random
+import signal
 import sys
 import time
 import warnings
@@ -57,12 +58,12 @@ from ringq.backend import (
     expiry_ms,
     handle_stream,
     refuse_reserved,
+    stopped_child,
     stream_leases,
     timeout_ms,
 )
 from ringq.backoff import BackoffPolicy
 from ringq.engine import forksafe, meta, transitions
-from ringq.engine.owner import process_stopped
 from ringq.engine.recovery import RecoveryReport
 from ringq.engine.ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, Ring
 from ringq.engine.segment import check_geometry
@@ -921,38 +922,42 @@ class Queue:
             self._ctx.settle(force=False)
             return self._ctx.leases.extend(job, self.name, seconds)
 
-    def give_back_leases_of(self, pid: int) -> int:
-        """Return every job that process ``pid`` holds leased to READY, uncharged: a lease of
-        count ``n`` becomes READY with count ``n - 1`` (its attempt is not counted), due at once
-        (a first lease at its own available-at, so it keeps its place).  For a parent about to
-        kill a child that leased jobs it never started (a consumer's batch; ``Worker(processes=N)``
-        calls it for a child past its timeout or its drain's grace period, after nacking the jobs
-        the child ran).  A lease asked to cancel, and a detached lease, are left alone.
+    def kill_and_give_back(self, pid: int) -> int:
+        """Kill the stopped child process ``pid`` (SIGKILL) and return every job it held leased
+        to READY, uncharged: a lease of count ``n`` becomes READY with count ``n - 1`` (its
+        attempt is not counted), due at once (a first lease at its own available-at, so it keeps
+        its place).  For a parent killing a child that leased jobs it never started (a consumer's
+        batch): ``Worker(processes=N)`` calls it for a child past its timeout or its drain's grace
+        period, after nacking the jobs the child ran.  A lease asked to cancel, and a detached
+        lease, are left alone.
 
-        ``pid`` must name one live process that leases nothing during the call -- in practice a
-        stopped (SIGSTOP) child not yet reaped.  A lease is taken as ``pid``'s only if its owner
-        word carries that pid and an owner index ``pid`` holds locked (the kernel's list of the
-        process's locks): the pid alone is a tag that a process of another PID namespace sharing
-        the queue may carry too.  Alive, the process still holds its owner lock, so no reaper
-        reclaims (and charges) these leases meanwhile.
+        The leases go back while the child is frozen, and it is killed before this returns: a
+        given-back lease's next holder gets the same fencing token, which the child must never
+        use again.  Frozen, the child still holds its owner lock, so no reaper reclaims (and
+        charges) its leases meanwhile.  A lease is taken as the child's only if its owner word
+        carries ``pid`` and an owner index the child holds locked (the kernel's list of its
+        locks): the pid alone is a tag that a process of another PID namespace sharing the queue
+        may carry too.
 
         Returns:
             How many leases went back.
         Raises:
-            ValueError for a pid that is not a process id, is this process's own, or names a
-            process that is not stopped (its leases may be in use: giving them back would let
-            the next holder reuse their fencing tokens); QueueClosedError.
+            ValueError for a pid that is not a process id, or names a process that is not a
+            stopped child of this one (nothing is given back, nothing killed); QueueClosedError.
         """
         self._ctx.live()
         pid = check_pid(pid)
-        if not process_stopped(pid):
+        if not stopped_child(pid):
             raise ValueError(
-                f"process {pid} is not stopped (SIGSTOP): the leases of a running process may be "
-                "in use, and are not given back"
+                f"process {pid} is not a stopped child of this process: the leases of any other "
+                "process may still be used, and are not given back"
             )
-        with self._ctx.live_lock:
-            self._ctx.refresh()  # segments and records appended since this process last looked
-            return self._ctx.leases.give_back_leases_of(pid)
+        try:
+            with self._ctx.live_lock:
+                self._ctx.refresh()  # segments and records appended since this process looked
+                return self._ctx.leases.give_back_leases_of(pid)
+        finally:
+            os.kill(pid, signal.SIGKILL)
 
     # -- reads and whole-queue operations, lifecycle, limits, periodic jobs -------------------------
 

@@ -29,7 +29,9 @@ waits (Redis ``WAIT``) for N replicas to acknowledge each write.  See docs/scale
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import time
 from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any, overload
@@ -63,6 +65,7 @@ from ringq.backend import (
     handle_stream,
     refuse_reserved,
     reserved_for_results,
+    stopped_child,
     stream_leases,
     timeout_ms,
 )
@@ -594,14 +597,18 @@ class RedisQueue:
         refuse(self.name, out[0], jid, "extend")
         return _job(out[1], out[2])
 
-    def give_back_leases_of(self, pid: int) -> int:
-        """As :meth:`ringq.Queue.give_back_leases_of`, and always 0: a lease names no process
-        here, and :meth:`consume` leases one job per call and hands it out at once, so no
-        consumer holds a batch (a job a thread leased and had not started when its process was
-        killed comes back after its visibility timeout).  Raises ValueError for a pid that is not
-        a process id, or is this process's own; QueueClosedError."""
+    def kill_and_give_back(self, pid: int) -> int:
+        """As :meth:`ringq.Queue.kill_and_give_back`: kill the stopped child ``pid``; always 0
+        given back: a lease names no process here, and :meth:`consume` leases one job per call
+        and hands it out at once, so no consumer holds a batch (a job a thread leased and had not
+        started when its process was killed comes back after its visibility timeout).  Raises
+        ValueError for a pid that is not a process id or not a stopped child of this process;
+        QueueClosedError."""
         self._scripts.live()
         check_pid(pid)
+        if not stopped_child(pid):
+            raise ValueError(f"process {pid} is not a stopped child of this process")
+        os.kill(pid, signal.SIGKILL)
         return 0
 
     def reschedule(

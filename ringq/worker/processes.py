@@ -263,7 +263,7 @@ class ProcessPool:
         """Stop the child in ``slot`` and settle the jobs its threads ran: each ``late`` one
         nacked with its timeout error (retried or dead-lettered as any failure, counted as failed),
         the others handed back for immediate redelivery; the jobs it leased but had not started
-        returned to READY uncharged (``give_back_leases_of``); then SIGKILL it.
+        returned to READY uncharged as it is killed (``kill_and_give_back``); SIGKILL in any case.
 
         The child is frozen (SIGSTOP) first and killed only after the nacks: alive, it keeps its
         owner lock, so no reaper (this process's own included) reclaims its leases as a dead
@@ -306,7 +306,7 @@ class ProcessPool:
         # are then left to the reaper, as a dead holder's (an attempt counted for each).
         unnamed = any(e.job_id is None for e in running)
         try:
-            back = 0 if unnamed else self.queue.give_back_leases_of(p.pid)
+            back = 0 if unnamed else self.queue.kill_and_give_back(p.pid)
         except Exception:
             log.exception("worker process %d: its unstarted leases could not be given back", p.pid)
         else:

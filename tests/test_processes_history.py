@@ -56,14 +56,21 @@ def _crafted(events: list[dict], state: dict) -> history.Run:
     return run
 
 
+def _enqueued(g: list) -> list[dict]:
+    """The history of job ``g``'s enqueue by process a (tag j1), before anything else."""
+    return [
+        {"op": "invoke", "what": "enqueue", "tags": ["j1"], "p": "a", "t": "t0", "s": 1.0},
+        {"op": "enqueue", "tags": ["j1"], "ids": [g[1]], "ok": True, "p": "a", "t": "t0", "s": 1.0, "e": 1.1},
+    ]
+
+
 def test_a_handler_that_returned_in_a_process_killed_before_its_ack_is_no_accepted_ack():
     """A Worker acks after its handler returns; a SIGKILL between the two leaves the job leased
     by a dead holder, and another process leases and acks it.  One accepted ack, not two."""
     w1 = ["j1", "0000000000000001", 1, "1", 1, 100.0]
     w2 = ["j1", "0000000000000001", 1, "2", 2, 100.0]
     events = [
-        {"op": "invoke", "what": "enqueue", "tags": ["j1"], "p": "a", "t": "t0", "s": 1.0},
-        {"op": "enqueue", "tags": ["j1"], "ids": [w1[1]], "ok": True, "p": "a", "t": "t0", "s": 1.0, "e": 1.1},
+        *_enqueued(w1),
         {"op": "handle", "phase": "start", "g": w1, "p": "w", "t": "worker", "s": 2.0, "e": 2.0},
         {"op": "handle", "phase": "end", "g": w1, "p": "w", "t": "worker", "s": 2.1, "e": 2.1},
         {"op": "kill", "p": "w", "t": "main", "s": 2.2, "e": 2.2},
@@ -83,8 +90,7 @@ def test_one_lease_handled_twice_in_one_process_is_a_violation():
     to two threads, whatever happened between."""
     w1 = ["j1", "0000000000000001", 1, "1", 1, 100.0]
     events = [
-        {"op": "invoke", "what": "enqueue", "tags": ["j1"], "p": "a", "t": "t0", "s": 1.0},
-        {"op": "enqueue", "tags": ["j1"], "ids": [w1[1]], "ok": True, "p": "a", "t": "t0", "s": 1.0, "e": 1.1},
+        *_enqueued(w1),
         {"op": "handle", "phase": "start", "g": w1, "p": "w", "t": "worker-0", "s": 2.0, "e": 2.0},
         {"op": "handle", "phase": "end", "g": w1, "p": "w", "t": "worker-0", "s": 2.1, "e": 2.1},
         {"op": "handle", "phase": "start", "g": w1, "p": "w", "t": "worker-1", "s": 2.2, "e": 2.2},
@@ -101,8 +107,7 @@ def test_a_release_cut_short_by_a_kill_may_have_taken_effect():
     w1 = ["j1", "0000000000000001", 1, "1", 1, 100.0]
     w2 = ["j1", "0000000000000001", 1, "2", 2, 100.0]
     events = [
-        {"op": "invoke", "what": "enqueue", "tags": ["j1"], "p": "a", "t": "t0", "s": 1.0},
-        {"op": "enqueue", "tags": ["j1"], "ids": [w1[1]], "ok": True, "p": "a", "t": "t0", "s": 1.0, "e": 1.1},
+        *_enqueued(w1),
         {"op": "lease", "jobs": [w1], "p": "w", "t": "t1", "s": 2.0, "e": 2.0},
         {"op": "invoke", "what": "release", "g": w1, "p": "w", "t": "t1", "s": 2.1},
         {"op": "lease", "jobs": [w2], "p": "b", "t": "t2", "s": 2.15, "e": 2.2},

@@ -20,7 +20,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import Any
 
 from ringq import tracing
@@ -53,7 +53,7 @@ class _Stream:
 
     __slots__ = ("jobs", "lock")
 
-    def __init__(self, jobs: Iterator[Job]) -> None:
+    def __init__(self, jobs: Generator[Job, None, None]) -> None:
         self.jobs = jobs
         self.lock = threading.Lock()  # next() and close() never run at once
 
@@ -63,23 +63,16 @@ class _Stream:
 
     def close(self) -> None:
         with self.lock:
-            self._close()
+            self.jobs.close()
 
-    def close_if_idle(self) -> bool:
+    def close_if_idle(self) -> None:
         """Close it unless its thread is inside ``next`` right now (then that thread is not stuck
-        in a handler, and closes it itself); True if closed here."""
-        if not self.lock.acquire(blocking=False):
-            return False
-        try:
-            self._close()
-        finally:
-            self.lock.release()
-        return True
-
-    def _close(self) -> None:
-        close = getattr(self.jobs, "close", None)
-        if close is not None:
-            close()
+        in a handler, and closes it itself)."""
+        if self.lock.acquire(blocking=False):
+            try:
+                self.jobs.close()
+            finally:
+                self.lock.release()
 
 
 class Worker:

@@ -66,7 +66,7 @@ __all__ = [
     "check_port",
     "check_job_ref",
     "check_pid",
-    "stopped_child",
+    "check_stopped_child",
     "check_result_ttl",
     "expiry_ms",
     "check_attempts",
@@ -280,7 +280,19 @@ def check_pid(pid: object) -> int:
     return pid
 
 
-def stopped_child(pid: int) -> bool:
+def check_stopped_child(pid: object) -> int:
+    """The pid (as :func:`check_pid`) of a stopped child of this process, the only process whose
+    leases may be given back (kill_and_give_back); ValueError otherwise."""
+    pid = check_pid(pid)
+    if not _stopped_child(pid):
+        raise ValueError(
+            f"process {pid} is not a stopped child of this process: the leases of any other "
+            "process may still be used, and are not given back"
+        )
+    return pid
+
+
+def _stopped_child(pid: int) -> bool:
     """True if process ``pid`` is a child of this process and stopped (SIGSTOP, or stopped by a
     tracer), by ``/proc/<pid>/stat``; False when that cannot be read."""
     try:

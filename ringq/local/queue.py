@@ -49,16 +49,15 @@ from ringq.backend import (
     check_depends_on,
     check_extension,
     check_lease_args,
-    check_pid,
     check_replace,
     check_reschedule,
     check_retry_delay,
+    check_stopped_child,
     check_visibility_timeout,
     due_delay,
     expiry_ms,
     handle_stream,
     refuse_reserved,
-    stopped_child,
     stream_leases,
     timeout_ms,
 )
@@ -946,12 +945,7 @@ class Queue:
             stopped child of this one (nothing is given back, nothing killed); QueueClosedError.
         """
         self._ctx.live()
-        pid = check_pid(pid)
-        if not stopped_child(pid):
-            raise ValueError(
-                f"process {pid} is not a stopped child of this process: the leases of any other "
-                "process may still be used, and are not given back"
-            )
+        pid = check_stopped_child(pid)
         try:
             with self._ctx.live_lock:
                 self._ctx.refresh()  # segments and records appended since this process looked

@@ -54,18 +54,17 @@ from ringq.backend import (
     check_extension,
     check_job_ref,
     check_lease_args,
-    check_pid,
     check_priority,
     check_queue_name,
     check_replace,
     check_reschedule,
     check_retry_delay,
+    check_stopped_child,
     check_visibility_timeout,
     expiry_ms,
     handle_stream,
     refuse_reserved,
     reserved_for_results,
-    stopped_child,
     stream_leases,
     timeout_ms,
 )
@@ -605,9 +604,7 @@ class RedisQueue:
         ValueError for a pid that is not a process id or not a stopped child of this process;
         QueueClosedError."""
         self._scripts.live()
-        check_pid(pid)
-        if not stopped_child(pid):
-            raise ValueError(f"process {pid} is not a stopped child of this process")
+        check_stopped_child(pid)
         os.kill(pid, signal.SIGKILL)
         return 0
 

@@ -158,6 +158,12 @@ int ringq_claim_run(uint8_t *base, size_t maplen, const ringq_geom *g, const uin
     return (int)got;
 }
 
+static int64_t realtime_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 int ringq_ack_slot(uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t slot, uint32_t token,
                    uint64_t now_rel, uint8_t *ctl, size_t ctl_len, const ringq_ctl_words *words,
                    uint64_t *word, uint64_t *finished) {
@@ -194,11 +200,39 @@ int ringq_ack_slot(uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t s
     }
 }
 
-static int64_t realtime_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+int ringq_take_run(const ringq_seg_ref *s, const ringq_ctl_ref *c, const uint32_t *order,
+                   uint32_t n, uint32_t start, const uint8_t *plain, const ringq_run_keys *keys,
+                   uint64_t vt_ms, uint64_t owner_base, ringq_claimed *out, uint32_t cap,
+                   uint32_t *next_why) {
+    if (!s || !c || !next_why) return RINGQ_EINVAL;
+    if (c->floor && (c->floor_gen_bits < 1 || c->floor_gen_bits > 63)) return RINGQ_EINVAL;
+    int rc = c->floor ? word_check(c->base, c->len, c->floor, 8) : 0;
+    if (rc) return rc; /* checked first: nothing is leased when the floor could not be lowered */
+    int64_t now_rel = realtime_ms() - s->epoch_ms;
+    uint64_t now = now_rel > 0 ? (uint64_t)now_rel : 0;
+    int got = ringq_claim_run(s->base, s->maplen, s->g, order, n, start, plain, keys, now,
+                              now + vt_ms, owner_base, out, cap, &next_why[0], &next_why[1]);
+    if (got > 0 && c->floor) {
+        int64_t until = s->epoch_ms + (int64_t)(now + vt_ms);
+        (void)ringq_lower_packed64(c->base, c->len, c->floor, c->floor_gen_bits,
+                                   until > 0 ? (uint64_t)until : 0); /* its arguments checked above */
+    }
+    return got;
 }
+
+int ringq_ack(const ringq_seg_ref *s, const ringq_ctl_ref *c, uint32_t slot, uint32_t token,
+              uint64_t *out) {
+    if (!s || !c || !out) return RINGQ_EINVAL;
+    int rc = c->deps ? word_check(c->base, c->len, c->deps, 8) : 0;
+    if (rc) return rc;
+    int64_t now_rel = realtime_ms() - s->epoch_ms;
+    rc = ringq_ack_slot(s->base, s->maplen, s->g, slot, token, now_rel > 0 ? (uint64_t)now_rel : 0,
+                        c->base, c->len, c->words, &out[0], &out[1]);
+    if (rc == 0)
+        out[2] = c->deps ? atomic_load_explicit(A64(c->base, c->deps), memory_order_seq_cst) : 0;
+    return rc;
+}
+
 
 int ringq_wait_claim(uint8_t *ctl, size_t ctl_len, uint8_t *base, size_t maplen, const ringq_geom *g,
                      const ringq_wait_args *a, ringq_claim_out *out, ringq_claimed *rec) {

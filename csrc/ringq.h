@@ -344,6 +344,41 @@ int ringq_ack_slot(uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t s
                    uint64_t now_rel, uint8_t *ctl, size_t ctl_len, const ringq_ctl_words *words,
                    uint64_t *word, uint64_t *finished);
 
+/* A mapped segment and the control page as the per-job calls take them: one argument each instead
+ * of three or four.  The Python side builds one per mapping and sets maplen (len) to 0 before it
+ * unmaps, so a call through a stale handle fails with RINGQ_EBOUNDS; it keeps the mapping alive
+ * while a call it made through the handle runs. */
+typedef struct {
+    uint8_t *base;
+    size_t maplen;
+    const ringq_geom *g;
+    int64_t epoch_ms; /* the segment's epoch, ms since the Unix epoch (its state words' time base) */
+} ringq_seg_ref;
+typedef struct {
+    uint8_t *base;
+    size_t len;
+    const ringq_ctl_words *words;
+    size_t deps;  /* u64: the dependents counter, reported after an ack (ringq/engine/deps.py) */
+    size_t floor; /* u64: the lease-deadline floor a lease lowers (ringq_lower_packed64); 0: none */
+    uint32_t floor_gen_bits; /* its generation bits */
+} ringq_ctl_ref;
+
+/* ringq_ack_slot through the handles, at the time CLOCK_REALTIME reads now: the same answers, with
+ * out[0] the word (*word above), out[1] the finished count, and out[2] the dependents counter loaded
+ * after the CAS (ordered after it, so a dependent published before this ack is seen), the last two
+ * when acked. */
+int ringq_ack(const ringq_seg_ref *s, const ringq_ctl_ref *c, uint32_t slot, uint32_t token,
+              uint64_t *out);
+
+/* ringq_claim_run through the segment's handle, due by the time CLOCK_REALTIME reads now and
+ * leased for vt_ms from then; next_why[0] and next_why[1] receive *next and *why.  When it leased
+ * any, it lowers the control page's lease-deadline floor (c->floor) to their deadline, which no
+ * lease of the run expires before.  The floor word is checked before anything is leased. */
+int ringq_take_run(const ringq_seg_ref *s, const ringq_ctl_ref *c, const uint32_t *order,
+                   uint32_t n, uint32_t start, const uint8_t *plain, const ringq_run_keys *keys,
+                   uint64_t vt_ms, uint64_t owner_base, ringq_claimed *out, uint32_t cap,
+                   uint32_t *next_why);
+
 /* ---- appends ------------------------------------------------------------------------------------ */
 /* Mutable words of a segment's header page that publishing an append updates (the state file's
  * header page, offsets in the mapping; docs/format.md "state file").  ringq/engine/segment.py checks its

@@ -265,10 +265,11 @@ class Recorder:
                 return rc
 
             @staticmethod
-            def ringq_ack_slot(base_ptr, size, geom, slot, *a):  # noqa: ANN001
-                rc = real_lib.ringq_ack_slot(base_ptr, size, geom, slot, *a)
+            def ringq_ack(seg_ref, ctl_ref, slot, *a):  # noqa: ANN001
+                rc = real_lib.ringq_ack(seg_ref, ctl_ref, slot, *a)
                 if rc == 0:
-                    recorder.mark(f"cas64 state of segment {geom.seg_seq:016x} slot {slot} (ringq_ack_slot)")
+                    seq = seg_ref.g.seg_seq
+                    recorder.mark(f"cas64 state of segment {seq:016x} slot {slot} (ringq_ack)")
                 return rc
 
         proxy = LibProxy()

@@ -4,8 +4,9 @@ and its thread-shared paths under ThreadSanitizer too (tests/native/ringq_thread
 Invariant: every entry point of the C helper (csrc/*.c), fed random geometries, random bytes and random
 arguments over buffers of exactly the mapping's length, returns its documented codes and never
 reads or writes outside the mapping nor hits undefined behaviour.  And: several threads leasing
-from one mapping at once -- asleep in ringq_wait_claim, in ringq_claim_next, by plain CAS, with
-leases returned to READY under them and acks by ringq_ack_slot -- never hand one lease to two
+from one mapping at once -- asleep in ringq_wait_claim, in ringq_claim_next, in runs by
+ringq_claim_run and ringq_take_run, by plain CAS, with leases returned to READY under them and acks
+by ringq_ack -- never hand one lease to two
 threads nor accept two acks of one job, with no data race.
 
 The program is compiled with gcc into a temporary directory.  If the toolchain has no ASan

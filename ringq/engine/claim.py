@@ -11,7 +11,7 @@ import threading
 from typing import NamedTuple
 
 from . import native
-from .control import CTL_WORDS, OFF_CTL_CHANGE, OFF_WAITERS, OFF_WAKE, Control
+from .control import OFF_CTL_CHANGE, OFF_WAITERS, OFF_WAKE, Control
 from .native import CData, ffi, lib
 from .records import CLAIMED
 from .segment import Segment
@@ -24,14 +24,14 @@ __all__ = [
     "RUN_ASK",
     "RUN_BOUND",
     "RUN_FULL",
-    "ack_slot",
+    "ack",
     "ACKED",
     "REPEATED",
     "REFUSED",
     "CANCEL_REQUESTED",
 ]
 
-# ringq_ack_slot's answers (csrc/ringq.h)
+# ringq_ack's answers (csrc/ringq.h)
 ACKED, REPEATED, REFUSED, CANCEL_REQUESTED = 0, 1, 2, 3
 # Why ringq_claim_run stopped.
 RUN_END, RUN_ASK, RUN_BOUND, RUN_FULL = (
@@ -62,12 +62,11 @@ class _Buffers(threading.local):
         self.out = ffi.new("ringq_claim_out *")
         self.rec = ffi.new("ringq_claimed *")
         self.rec_buf = ffi.buffer(self.rec)
-        self.word = ffi.new("uint64_t *")
-        self.finished = ffi.new("uint64_t *")
-        self.keys = ffi.new("ringq_run_keys *")
-        self.run = ffi.new("ringq_claimed[]", RUN_CAP)
-        self.run_buf = ffi.buffer(self.run)
-        self.next = ffi.new("uint32_t[2]")
+        self.ack = ffi.new("uint64_t[3]")
+        # claim_run's run keys, next index and reason, and results: one attribute, because each
+        # read of a thread-local attribute costs.
+        run = ffi.new("ringq_claimed[]", RUN_CAP)
+        self.take = (ffi.new("ringq_run_keys *"), ffi.new("uint32_t[2]"), run, ffi.buffer(run))
         # The run_fields ``keys`` points at (a view's, fixed for the view's life).
         self.fields: object = None
 
@@ -110,54 +109,44 @@ def wait_claim(
     return WaitClaimed(co.slot, co.word, co.prev, CLAIMED.unpack_from(bufs.rec_buf))
 
 
-def ack_slot(
-    seg: Segment, slot: int, token: int, now_rel: int, ctl: Control
-) -> tuple[int, int, int]:
-    """CAS ``slot``'s lease with fencing token ``token`` (0: any) to DONE at ``now_rel`` (ms since
-    the segment's epoch), counting it finished and acked.  Returns ``(answer, word, finished)``:
-    ACKED (``word`` the DONE word, ``finished`` the segment's new finished count), REPEATED,
-    REFUSED (``word`` the word seen) or CANCEL_REQUESTED; raises for a bounds error."""
-    bufs = _buffers
-    word, finished = bufs.word, bufs.finished
-    rc = lib.ringq_ack_slot(
-        seg.ptr,
-        seg.size,
-        seg.geom,
-        slot,
-        token,
-        now_rel,
-        ctl.ptr,
-        ctl.size,
-        CTL_WORDS,
-        word,
-        finished,
-    )
+def ack(seg: Segment, slot: int, token: int, ctl: Control) -> tuple[int, int, int, int]:
+    """CAS ``slot``'s lease with fencing token ``token`` (0: any) to DONE at the current time,
+    counting it finished and acked (ringq_ack).  Returns ``(answer, word, finished, dependents)``:
+    ACKED (``word`` the DONE word, ``finished`` the segment's new finished count, ``dependents``
+    the control page's dependents counter read after the CAS), REPEATED, REFUSED (``word`` the
+    word seen) or CANCEL_REQUESTED; raises for a bounds error (a closed segment or control page).
+    The control page is unmapped only under the queue's lock, which the caller holds."""
+    out = _buffers.ack
+    mapping = seg.ptr  # held through the call: a close meanwhile cannot unmap under it
+    rc = lib.ringq_ack(seg.ref, ctl.ref, slot, token, out)
+    del mapping
     if rc < 0:
         native.check(rc, seg.path)
-    return rc, word[0], finished[0]
+    return rc, out[0], out[1], out[2]
 
 
 def claim_run(
     seg: Segment,
+    ctl: Control,
     order: CData,
     n: int,
     start: int,
     plain: CData,
     fields: tuple[CData, CData, CData],
     bound: tuple[int, int, int] | None,
-    now_rel: int,
-    deadline_rel: int,
+    vt_ms: int,
     owner_base: int,
     cap: int,
 ) -> tuple[list[tuple[int, ...]], int, int]:
-    """Lease up to ``cap`` (at most RUN_CAP) of a lane's plain jobs in one call
-    (ringq_claim_run): ``order[start:n]`` its head slots, ``plain`` the index's per-slot flags,
-    ``fields`` its per-slot available-at (ms), enqueue time (µs) and seq vectors, ``bound`` the
-    ``(available ms, enqueue µs, seq)`` of the best candidate outside the lane (None: none ranks
-    near).  Returns ``(jobs, next index, why it stopped)``: each job a tuple of
-    ``ringq_claimed``'s fields (records.CLAIMED_FIELDS).  Raises for a bounds error."""
+    """Lease up to ``cap`` (at most RUN_CAP) of a lane's plain jobs due now, each for ``vt_ms``
+    milliseconds, in one call (ringq_take_run, which also lowers ``ctl``'s lease-deadline floor to
+    their deadline): ``order[start:n]`` its head slots, ``plain`` the
+    index's per-slot flags, ``fields`` its per-slot available-at (ms), enqueue time (µs) and seq
+    vectors, ``bound`` the ``(available ms, enqueue µs, seq)`` of the best candidate outside the
+    lane (None: none ranks near).  Returns ``(jobs, next index, why it stopped)``: each job a
+    tuple of ``ringq_claimed``'s fields (records.CLAIMED_FIELDS).  Raises for a bounds error."""
     bufs = _buffers
-    k = bufs.keys
+    k, nxt, run, run_buf = bufs.take
     if fields is not bufs.fields:
         k.avail_ms, k.enq_us, k.seq = fields
         bufs.fields = fields
@@ -166,27 +155,25 @@ def claim_run(
     else:
         k.bounded = 1
         k.bound_avail_ms, k.bound_enq_us, k.bound_seq32 = bound[0], bound[1], bound[2] & 0xFFFFFFFF
-    nxt = bufs.next
-    got = lib.ringq_claim_run(
-        seg.ptr,
-        seg.size,
-        seg.geom,
+    mapping = seg.ptr  # held through the call: a close meanwhile cannot unmap under it
+    got = lib.ringq_take_run(
+        seg.ref,
+        ctl.ref,
         order,
         n,
         start,
         plain,
         k,
-        now_rel,
-        deadline_rel,
+        vt_ms,
         owner_base,
-        bufs.run,
+        run,
         min(cap, RUN_CAP),
         nxt,
-        nxt + 1,
     )
+    del mapping
     if got < 0:
         native.check(got, seg.path)
     if got == 1:
-        return [CLAIMED.unpack_from(bufs.run_buf)], nxt[0], nxt[1]
-    jobs = list(CLAIMED.iter_unpack(bufs.run_buf[: got * CLAIMED.size])) if got else []
+        return [CLAIMED.unpack_from(run_buf)], nxt[0], nxt[1]
+    jobs = list(CLAIMED.iter_unpack(run_buf[: got * CLAIMED.size])) if got else []
     return jobs, nxt[0], nxt[1]

@@ -69,7 +69,7 @@ CTL_WORDS_WAKE = ffi.new("ringq_ctl_words *", {**_WORDS, "wake": OFF_WAKE, "wait
 class Control(Mapped):
     """The queue's control file ``<name>.ctl``: one page of shared words (docs/format.md)."""
 
-    __slots__ = ("slot_size", "slot_count")
+    __slots__ = ("slot_size", "slot_count", "ref")
 
     @staticmethod
     def create(path: str, slot_size: int, slot_count: int, mode: int = 0o600) -> None:
@@ -121,6 +121,22 @@ class Control(Mapped):
         super().__init__(path, fd, PAGE, readonly)
         self.slot_size = slot_size
         self.slot_count = slot_count
+        # The handle the per-job calls take (ringq_ctl_ref); a caller keeps ``ptr`` while using it.
+        self.ref = ffi.new(
+            "ringq_ctl_ref *",
+            {
+                "base": self.ptr,
+                "len": PAGE,
+                "words": CTL_WORDS,
+                "deps": OFF_DEPS,
+                "floor": OFF_MIN_DEADLINE,
+                "floor_gen_bits": self.FLOOR_GEN_BITS,
+            },
+        )
+
+    def close(self) -> None:
+        self.ref.len = 0  # before the unmap: a call through the handle then fails its bounds check
+        super().close()
 
     # -- wake-ups ----------------------------------------------------------------------------------
 

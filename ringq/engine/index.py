@@ -361,20 +361,19 @@ class Index:
                                 cap = min(cap, gap)
                     jobs, nxt, why = claim_run(
                         seg,
+                        direct.ctl,
                         arr.cptr,
                         arr.n,
                         lane.cursor,
                         view.plain_ptr,
                         view.run_fields,
                         bound,
-                        max(0, now - seg.epoch_ms),
-                        max(0, now + direct.vt_ms - seg.epoch_ms),
+                        direct.vt_ms,
                         direct.owner_base,
                         cap,
                     )
                     lane.cursor = nxt
                     if jobs:
-                        direct.taken += len(jobs)
                         self.served(lane.key, lane.prio, len(jobs))
                         out += direct.made_run(view, jobs)
                     if why == RUN_END:

@@ -247,6 +247,7 @@ class Segment(Mapped):
         "state_off",
         "data_off",
         "geom",
+        "ref",
         "_states",
         "rfd",
         "state_path",
@@ -386,6 +387,11 @@ class Segment(Mapped):
                 "slot_count": self.slot_count,
             },
         )
+        # The handle the per-job calls take (ringq_seg_ref); a caller keeps ``ptr`` while using it.
+        self.ref = ffi.new(
+            "ringq_seg_ref *",
+            {"base": self.ptr, "maplen": size, "g": self.geom, "epoch_ms": self.epoch_ms},
+        )
         self._states: np.ndarray | None = None
 
     def record_file_off(self, slot: int) -> int:
@@ -507,6 +513,7 @@ class Segment(Mapped):
         self._states = None
         # A stale reference used after this gets a bounds error from the C helper (size 0).
         self.size = 0
+        self.ref.maplen = 0
         self.mm = None
         self.ptr = None
         os.close(self.fd)

@@ -5,13 +5,16 @@ are ordered by (``order``, ``due``).  Built by ringq/engine/catchup.py, ordered 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ._native import ffi
 from .segment import Segment
 from .words import lease_count, now_ms, rel_time
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .control import Control
 
 __all__ = ["View", "Lane", "Grow", "Direct", "now_ms", "order", "due", "lane_key", "key_id"]
 
@@ -21,21 +24,22 @@ class Direct:
     owner word ``owner_base`` (ringq/engine/words.py owner_pack with lease count 0);
     ``made_run(view, jobs)`` returns the caller's results for jobs just leased in C (by one
     ringq_claim_run, or the one ringq_wait_claim took), each job a tuple of ringq_claimed's fields
-    (records.CLAIMED_FIELDS), dropping any it cannot hand out; ``taken`` counts the jobs leased
-    so (the caller resets it)."""
+    (records.CLAIMED_FIELDS), dropping any it cannot hand out; ``ctl`` the control page whose
+    lease-deadline floor each run lowers."""
 
-    __slots__ = ("vt_ms", "owner_base", "made_run", "taken")
+    __slots__ = ("vt_ms", "owner_base", "made_run", "ctl")
 
     def __init__(
         self,
         vt_ms: int,
         owner_base: int,
         made_run: Callable[[View, list[tuple[int, ...]]], list[Any]],
+        ctl: Control,
     ) -> None:
         self.vt_ms = vt_ms
         self.owner_base = owner_base
         self.made_run = made_run
-        self.taken = 0
+        self.ctl = ctl
 
 
 class Grow:

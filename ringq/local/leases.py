@@ -10,7 +10,6 @@ The words written are computed by ringq/engine/transitions.py; durability of ack
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -217,8 +216,7 @@ class Leases:
     def direct(self, vt: float, detach: bool) -> Direct:
         """What Index.take needs to lease plain jobs in one C call each (ringq_claim_next), for
         ``vt`` seconds; ``detach`` as in :meth:`claim`.  Only for a take that no limit and no
-        paused key can concern (the caller checks, and lowers the deadline floor once for the
-        ``direct.taken`` jobs it leased).  Cached per (vt, detach) in this process."""
+        paused key can concern (the caller checks).  Cached per (vt, detach) in this process."""
         owner = 0 if detach else self.owners.acquire()
         key = (int(vt * 1000), owner, forksafe.pid())
         d = self._direct.get(key)
@@ -286,7 +284,7 @@ class Leases:
 
         if len(self._direct) > 64:
             self._direct.clear()
-        d = self._direct[key] = Direct(key[0], owner_pack(owner, 0, key[2]), made_run)
+        d = self._direct[key] = Direct(key[0], owner_pack(owner, 0, key[2]), made_run, ring.ctl)
         return d
 
     def wait_claim(self, seen: int, timeout: float, spin: float, direct: Direct) -> Waited | None:
@@ -474,16 +472,10 @@ class Leases:
                 seg = view.seg
                 if self.gate.holds():
                     self._release_slot(seg, slot)
-                answer, word, finished = claim.ack_slot(
-                    seg,
-                    slot,
-                    int(tok),
-                    max(0, time.time_ns() // 1_000_000 - seg.epoch_ms),
-                    self.ring.ctl,
-                )
+                answer, word, finished, deps = claim.ack(seg, slot, int(tok), self.ring.ctl)
                 if answer == claim.ACKED:
                     job.ack_accepted = True
-                    return self._acked(view, seg, slot, word, finished)
+                    return self._acked(view, seg, slot, word, finished, deps)
         out = self._ack(job, queue)
         if isinstance(job, Job):
             job.ack_accepted = True
@@ -500,11 +492,9 @@ class Leases:
         if token is None or token > 0:
             # The common case in one C call: LEASED with this token -> DONE (ringq/engine/transitions.py
             # allows it; a cancel-requested lease comes back as 3 for the policy below).
-            answer, word, finished = claim.ack_slot(
-                seg, slot, token or 0, max(0, now_ms() - seg.epoch_ms), self.ring.ctl
-            )
+            answer, word, finished, deps = claim.ack(seg, slot, token or 0, self.ring.ctl)
             if answer == claim.ACKED:  # counted as acked and finished by the call
-                return self._acked(view, seg, slot, word, finished)
+                return self._acked(view, seg, slot, word, finished, deps)
             if answer == claim.REPEATED:
                 return None
             if answer == claim.REFUSED:
@@ -519,14 +509,17 @@ class Leases:
             if ok:
                 break
         self.ring.ctl.count("acked")
-        return self._acked(view, seg, slot, done, seg.add_finished())
+        finished = seg.add_finished()
+        return self._acked(view, seg, slot, done, finished, self.ring.ctl.deps_count())
 
-    def _acked(self, view: View, seg: Segment, slot: int, done: int, finished: int) -> Segment:
+    def _acked(
+        self, view: View, seg: Segment, slot: int, done: int, finished: int, deps: int
+    ) -> Segment:
         """After the ack's CAS, counted: durability, the holder's bookkeeping, the jobs that
-        wait for this one, retirement."""
+        wait for this one (``deps``: the dependents counter read after the CAS), retirement."""
         self.ring.dur.note_ack(seg, slot, done)
         self.owners.held.pop((seg.seq, slot), None)
-        if self.ring.ctl.deps_count():  # the queue has had dependents: fire this job's edges
+        if deps:  # the queue has had dependents: fire this job's edges
             self.deps.changed(view, slot, done)
         # The index has read ``heads.n`` records of the segment, so fewer finished cannot be all
         # of them (nor a relocation's share): the shared words are read only past that.

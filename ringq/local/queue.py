@@ -623,9 +623,6 @@ class Queue:
                     direct = (
                         None if keys_paused or ctx.gate.active() else ctx.leases.direct(vt, detach)
                     )
-                    floor_ms = time.time_ns() // 1_000_000 + int(vt * 1000)
-                    if direct is not None:
-                        direct.taken = 0
                     got.extend(
                         ctx.index.take(
                             count - len(got),
@@ -635,8 +632,6 @@ class Queue:
                             direct,
                         )
                     )
-                    if direct is not None and direct.taken:  # they expire no sooner than this
-                        ctl.lower_deadline_floor(floor_ms)
                 if got or deadline is None:  # blocks only while nothing at all is leasable
                     return got
                 next_due = ctx.index.next_due_ms()

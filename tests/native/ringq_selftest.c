@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 static unsigned long checks, failures;
@@ -42,6 +43,13 @@ static uint64_t rnd(void) { /* xorshift64* */
     return rng_state * 0x2545F4914F6CDD1DULL;
 }
 static uint32_t below(uint32_t n) { return n ? (uint32_t)(rnd() % n) : 0; }
+
+/* The wall clock in ms since the Unix epoch, as the handle-taking calls read it. */
+static int64_t wall_ms(void) {
+    struct timespec rt;
+    clock_gettime(CLOCK_REALTIME, &rt);
+    return (int64_t)rt.tv_sec * 1000 + rt.tv_nsec / 1000000;
+}
 
 static void known_answers(void) {
     const uint8_t *s = (const uint8_t *)"123456789";
@@ -290,6 +298,87 @@ static void claim_known_answers(void) {
     uint64_t leased = RINGQ_ST_LEASED | RINGQ_W_CANCEL | (1ULL << RINGQ_W_LC_SHIFT);
     ringq_store64(m, maplen, 2 * RINGQ_STATE_ENTRY, leased);
     CHECK(ringq_ack_slot(m, maplen, &g, 2, 1, 30, c, sizeof cbuf, &cw, &w, &fin) == 3 && w == leased);
+    /* ringq_ack: the same through the handles, at the clock's time, reporting the dependents
+     * counter; a handle whose length was zeroed (an unmapped segment or page) is refused. */
+    int64_t now_ms = wall_ms();
+    ringq_seg_ref sref = {.base = m, .maplen = maplen, .g = &g, .epoch_ms = now_ms - 5000};
+    ringq_ctl_ref cref = {.base = c, .len = sizeof cbuf, .words = &cw, .deps = 248};
+    uint64_t out[3] = {0, 0, 0};
+    cbuf[248 / 8] = 42;
+    ringq_store64(m, maplen, 3 * RINGQ_STATE_ENTRY, RINGQ_ST_LEASED | (4ULL << RINGQ_W_LC_SHIFT));
+    CHECK(ringq_ack(&sref, &cref, 3, 3, out) == 2);                /* another token: refused */
+    CHECK(ringq_ack(&sref, &cref, 3, 4, out) == 0 && (out[0] & 7) == RINGQ_ST_DONE);
+    CHECK(((out[0] >> RINGQ_W_LC_SHIFT) & RINGQ_W_LC_MASK) == 4);
+    uint64_t at = out[0] >> RINGQ_W_TIME_SHIFT; /* ms since the handle's epoch: about 5000 */
+    CHECK(at >= 5000 && at < 65000);
+    CHECK(out[1] == 2 && out[2] == 42 && cbuf[232 / 8] == 2);
+    CHECK(ringq_ack(&sref, &cref, 3, 4, out) == 1);                /* repeated */
+    sref.epoch_ms = now_ms + 3600000;                               /* an epoch ahead of the clock */
+    ringq_store64(m, maplen, 3 * RINGQ_STATE_ENTRY, RINGQ_ST_LEASED | (1ULL << RINGQ_W_LC_SHIFT));
+    CHECK(ringq_ack(&sref, &cref, 3, 1, out) == 0 && (out[0] >> RINGQ_W_TIME_SHIFT) == 0);
+    cref.deps = 0;                                                  /* no counter: reported as 0 */
+    ringq_store64(m, maplen, 3 * RINGQ_STATE_ENTRY, RINGQ_ST_LEASED | (1ULL << RINGQ_W_LC_SHIFT));
+    CHECK(ringq_ack(&sref, &cref, 3, 1, out) == 0 && out[2] == 0);
+    cref.deps = sizeof cbuf;                                        /* past the page */
+    CHECK(ringq_ack(&sref, &cref, 3, 1, out) == RINGQ_EBOUNDS);
+    cref.deps = 248;
+    sref.maplen = 0;
+    CHECK(ringq_ack(&sref, &cref, 3, 1, out) == RINGQ_EBOUNDS);
+    sref.maplen = maplen;
+    cref.len = 0;
+    CHECK(ringq_ack(&sref, &cref, 3, 1, out) == RINGQ_EBOUNDS);
+    CHECK(ringq_ack(NULL, &cref, 3, 1, out) == RINGQ_EINVAL && ringq_ack(&sref, &cref, 3, 1, NULL) == RINGQ_EINVAL);
+    free(m);
+}
+
+/* ringq_take_run: ringq_claim_run through the segment's handle, at the clock's time, lowering the
+ * lease-deadline floor of the control page to the run's deadline. */
+static void take_run_known_answers(void) {
+    ringq_geom g = {.seg_seq = 10, .state_off = 0, .data_off = 4 * RINGQ_STATE_ENTRY, .slot_size = 128, .slot_count = 4};
+    size_t maplen = g.data_off + 4 * 128;
+    uint8_t *m = calloc(1, maplen);
+    for (uint32_t s = 0; s < 3; s++) put_record(m, maplen, &g, s, 10); /* READY, time 1 */
+    uint8_t plain[4] = {1, 1, 1, 1};
+    uint32_t order[3] = {0, 1, 2};
+    int64_t avail[4] = {0}, enq[4] = {0};
+    uint64_t seq[4] = {1, 2, 3, 0};
+    ringq_run_keys k = {.avail_ms = avail, .enq_us = enq, .seq = seq, .bounded = 0};
+    ringq_claimed out[4];
+    uint32_t nw[2] = {99, 99};
+    uint64_t cbuf[32] = {0};
+    const uint32_t gen_bits = 20;
+    cbuf[248 / 8] = (((1ULL << 44) - 1) << gen_bits) | 7; /* no lease known, generation 7 */
+    ringq_ctl_words cw = {.acked = 232};
+    ringq_ctl_ref c = {.base = (uint8_t *)cbuf, .len = sizeof cbuf, .words = &cw, .floor = 248, .floor_gen_bits = gen_bits};
+    int64_t now = wall_ms();
+    ringq_seg_ref s = {.base = m, .maplen = maplen, .g = &g, .epoch_ms = now + 60000};
+    /* an epoch ahead of the clock: due at time 1, nothing is due yet, and the floor stays */
+    CHECK(ringq_take_run(&s, &c, order, 3, 0, plain, &k, 500, 7, out, 4, nw) == 0);
+    CHECK(nw[0] == 0 && nw[1] == RINGQ_RUN_ASK && cbuf[248 / 8] == ((((1ULL << 44) - 1) << gen_bits) | 7));
+    s.epoch_ms = now - 10000; /* due since 10 s */
+    CHECK(ringq_take_run(&s, &c, order, 3, 0, plain, &k, 500, 7, out, 2, nw) == 2);
+    CHECK(nw[0] == 2 && nw[1] == RINGQ_RUN_FULL && out[0].slot == 0 && out[1].slot == 1);
+    uint64_t until = out[0].word >> RINGQ_W_TIME_SHIFT; /* the clock's time past the epoch + 500 ms */
+    CHECK(until >= 10500 && until < 70500);
+    /* the floor: the run's deadline (ms since the Unix epoch), its generation bumped */
+    CHECK((cbuf[248 / 8] >> gen_bits) == (uint64_t)s.epoch_ms + until && (cbuf[248 / 8] & 0xFFFFF) == 8);
+    s.maplen = 0; /* a handle whose segment was unmapped */
+    CHECK(ringq_take_run(&s, &c, order, 3, 2, plain, &k, 500, 7, out, 4, nw) == RINGQ_EBOUNDS);
+    s.maplen = maplen;
+    c.floor = sizeof cbuf; /* a floor past the page: refused before anything is leased */
+    CHECK(ringq_take_run(&s, &c, order, 3, 2, plain, &k, 500, 7, out, 4, nw) == RINGQ_EBOUNDS);
+    c.floor = 248;
+    c.floor_gen_bits = 0;
+    CHECK(ringq_take_run(&s, &c, order, 3, 2, plain, &k, 500, 7, out, 4, nw) == RINGQ_EINVAL);
+    c.floor_gen_bits = gen_bits;
+    uint64_t w2 = 0;
+    CHECK(ringq_load64(m, maplen, 2 * RINGQ_STATE_ENTRY, &w2) == 0 && (w2 & 7) == RINGQ_ST_READY);
+    CHECK(ringq_take_run(NULL, &c, order, 3, 2, plain, &k, 500, 7, out, 4, nw) == RINGQ_EINVAL);
+    CHECK(ringq_take_run(&s, NULL, order, 3, 2, plain, &k, 500, 7, out, 4, nw) == RINGQ_EINVAL);
+    CHECK(ringq_take_run(&s, &c, order, 3, 2, plain, &k, 500, 7, out, 4, NULL) == RINGQ_EINVAL);
+    c.floor = 0; /* no floor to lower */
+    CHECK(ringq_take_run(&s, &c, order, 3, 2, plain, &k, 500, 7, out, 4, nw) == 1);
+    CHECK(nw[0] == 3 && nw[1] == RINGQ_RUN_END && out[0].slot == 2 && (cbuf[248 / 8] & 0xFFFFF) == 8);
     free(m);
 }
 
@@ -715,6 +804,7 @@ int main(int argc, char **argv) {
     CHECK(lock_fd >= 0 && lock_other_fd >= 0);
     claim_known_answers();
     claim_run_known_answers();
+    take_run_known_answers();
     spin_answers();
     packed_answers();
     wait_claim_answers();

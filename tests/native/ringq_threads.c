@@ -8,10 +8,11 @@
  * queue's mappings are: a producer publishes records (ringq_rec_write, then a release-store of
  * the tail and a bump of the wake word with FUTEX_WAKE, as an append does); CONSUMERS threads lease
  * them with ringq_wait_claim (asleep on the futex, leasing the job the wake announced),
- * ringq_claim_next (the one-call lease of a lane's first job), ringq_claim_run (a run of them in
- * one call; its leases are counted with claim_next's) and, for jobs returned to READY, a
+ * ringq_claim_next (the one-call lease of a lane's first job), ringq_claim_run and ringq_take_run
+ * (a run of them in one call, the second through a segment handle; their leases are counted with
+ * claim_next's) and, for jobs returned to READY, a
  * plain CAS (the Python policy path); a reaper thread returns some leases to READY (as an expired
- * lease is), and consumers ack with ringq_ack_slot under their fencing token.  Each thread passes
+ * lease is), and consumers ack with ringq_ack under their fencing token.  Each thread passes
  * its own argument and result structs, as ringq/local/leases.py does.
  *
  * The history: every (slot, lease count) is claimed by at most one thread, every successful ack
@@ -38,6 +39,8 @@
 #define WAITERS_OFF 92u
 #define CHANGE_OFF 96u
 #define ACKED_OFF 232u
+#define DEPS_OFF 256u
+#define FLOOR_OFF 248u
 
 static uint32_t jobs = 4000;
 static ringq_geom g;
@@ -62,6 +65,15 @@ static uint64_t now_rel(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* The realtime clock's reading at now_rel() == 0, ms: the segment epoch ringq_ack is given. */
+static int64_t epoch_ms;
+
+static void set_epoch(void) {
+    struct timespec rt;
+    clock_gettime(CLOCK_REALTIME, &rt);
+    epoch_ms = (int64_t)rt.tv_sec * 1000 + rt.tv_nsec / 1000000 - (int64_t)now_rel();
 }
 
 static uint64_t word_at(uint32_t slot) {
@@ -125,9 +137,13 @@ static void won(uint32_t me, uint32_t slot, uint64_t word, uint32_t *held_lc) {
 static void settle(uint32_t me, uint32_t slot, uint32_t lc, unsigned *seed) {
     *seed = *seed * 1103515245u + 12345u;
     if ((*seed >> 16) % 7 == 0) return; /* left to the reaper, as a lease that expires */
-    uint64_t w = 0, fin = 0;
-    ringq_ctl_words words = {.acked = ACKED_OFF};
-    int rc = ringq_ack_slot(seg, maplen, &g, slot, lc, now_rel(), ctl, ctl_len, &words, &w, &fin);
+    /* Through the handles the Python side passes (ringq_ack reads the clock itself: the handle's
+     * epoch puts its time on now_rel()'s base). */
+    static const ringq_ctl_words words = {.acked = ACKED_OFF};
+    ringq_seg_ref sref = {.base = seg, .maplen = maplen, .g = &g, .epoch_ms = epoch_ms};
+    ringq_ctl_ref cref = {.base = ctl, .len = ctl_len, .words = &words, .deps = DEPS_OFF};
+    uint64_t out[3] = {0, 0, 0};
+    int rc = ringq_ack(&sref, &cref, slot, lc, out);
     if (rc == 0) {
         if (atomic_fetch_add(&acks[slot], 1) != 0) FAIL("slot %u acked twice (thread %u, lease %u)", slot, me, lc);
         atomic_fetch_add(&acked, 1);
@@ -162,9 +178,22 @@ static void *consumer(void *arg) {
         while (cursor < tail) {
             /* (not in the shared-results mode: that check needs the threads waiting together) */
             if (!shared_out && (seed >> 4) % 2 == 0) {
-                uint32_t next = 0, why = 0;
-                int got = ringq_claim_run(seg, maplen, &g, order, tail, cursor, plain, &keys, now_rel(),
-                                          now_rel() + 1000000, me + 1, run, 1 + (seed >> 6) % 8, &next, &why);
+                uint32_t next = 0, why = 0, nw[2] = {0, 0};
+                uint32_t cap = 1 + (seed >> 6) % 8;
+                int got;
+                if ((seed >> 9) % 2 == 0) {
+                    got = ringq_claim_run(seg, maplen, &g, order, tail, cursor, plain, &keys, now_rel(),
+                                          now_rel() + 1000000, me + 1, run, cap, &next, &why);
+                } else { /* through the segment's handle, at the clock's time, as the Python side */
+                    static const ringq_ctl_words words = {.acked = ACKED_OFF};
+                    ringq_seg_ref sref = {.base = seg, .maplen = maplen, .g = &g, .epoch_ms = epoch_ms};
+                    ringq_ctl_ref cref = {.base = ctl, .len = ctl_len, .words = &words, .floor = FLOOR_OFF,
+                                          .floor_gen_bits = 20};
+                    got = ringq_take_run(&sref, &cref, order, tail, cursor, plain, &keys, 1000000, me + 1, run,
+                                         cap, nw);
+                    next = nw[0];
+                    why = nw[1];
+                }
                 if (got < 0) {
                     FAIL("claim_run failed");
                     break;
@@ -287,6 +316,7 @@ int main(int argc, char **argv) {
     ctl = aligned_alloc(4096, ctl_len);
     memset(seg, 0, maplen);
     memset(ctl, 0, ctl_len);
+    set_epoch();
     claims = calloc((size_t)jobs * MAX_LC, sizeof *claims);
     acks = calloc(jobs, sizeof *acks);
     pthread_t p, r, c[CONSUMERS];

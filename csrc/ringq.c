@@ -178,6 +178,12 @@ int ringq_load32(const uint8_t *base, size_t maplen, size_t off, uint32_t *out) 
     return 0;
 }
 
+int ringq_load32_64(const uint8_t *base, size_t maplen, size_t off32, size_t off64, uint32_t *out32,
+                    uint64_t *out64) {
+    int rc = ringq_load32(base, maplen, off32, out32);
+    return rc ? rc : ringq_load64(base, maplen, off64, out64);
+}
+
 int ringq_store32(uint8_t *base, size_t maplen, size_t off, uint32_t value) {
     int rc = word_check(base, maplen, off, 4);
     if (rc) return rc;

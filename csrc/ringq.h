@@ -131,6 +131,9 @@ int ringq_cas64(uint8_t *base, size_t maplen, size_t off, uint64_t expected, uin
                 uint64_t *actual);
 int ringq_fetch_add64(uint8_t *base, size_t maplen, size_t off, uint64_t delta, uint64_t *prev);
 int ringq_load32(const uint8_t *base, size_t maplen, size_t off, uint32_t *out);
+/* The u32 at off32, then the u64 at off64 (each an acquire load): two words compared together. */
+int ringq_load32_64(const uint8_t *base, size_t maplen, size_t off32, size_t off64, uint32_t *out32,
+                    uint64_t *out64);
 int ringq_store32(uint8_t *base, size_t maplen, size_t off, uint32_t value);
 int ringq_cas32(uint8_t *base, size_t maplen, size_t off, uint32_t expected, uint32_t desired,
                 uint32_t *actual);

@@ -111,8 +111,7 @@ class Mapped:
         """The u32 at ``off32`` and the u64 at ``off64``, each an acquire load, in that order
         (one Python call for two words a hot path compares together)."""
         s = _scratch
-        ptr, size = self.ptr, self.size
-        rc = lib.ringq_load32(ptr, size, off32, s.u32) or lib.ringq_load64(ptr, size, off64, s.u64)
+        rc = lib.ringq_load32_64(self.ptr, self.size, off32, off64, s.u32, s.u64)
         if rc:
             native.check(rc, self.path)
         return s.u32[0], s.u64[0]

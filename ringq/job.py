@@ -106,7 +106,7 @@ class Job:
     cancelled: threading.Event | None = field(default=None, repr=False, compare=False)
     record_position: tuple[int, int, int] = field(default=(0, 0, 0), repr=False, compare=False)
     ack_accepted: bool = field(default=False, repr=False, compare=False)
-    # ``(codec id, bytes)`` of a payload not decoded yet (see ``payload``), else None.
+    # ``(codec id, bytes)`` of a payload not decoded yet (the slot holds UNDECODED), else None.
     _raw: Any = field(default=None, repr=False, compare=False)
     depends_on: list[str] | None = None
 
@@ -190,24 +190,33 @@ class Job:
 
 # ``payload`` is decoded on first access: a property over the slot that dataclass(slots=True)
 # made for the field, so that Job stays a dataclass (fields, replace, equality, pickling) and a
-# handler that never looks at the payload never pays for decoding it.
+# handler that never looks at the payload never pays for decoding it.  A job built with
+# ``payload=UNDECODED`` decodes ``_raw`` when its payload is first read; setting the payload
+# stores it in the slot directly (the slot's own setter: Job() pays no Python call for it).
 _PAYLOAD_SLOT = Job.__dict__["payload"]
 
 
+class _Undecoded:
+    """The payload slot's value while ``_raw`` holds the bytes the payload is decoded from."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<undecoded payload>"
+
+
+UNDECODED: Any = _Undecoded()
+
+
 def _get_payload(job: Job) -> Any:
-    raw = job._raw
-    if raw is not None:
+    value = _PAYLOAD_SLOT.__get__(job, Job)
+    if value is UNDECODED:
+        raw = job._raw
         value = decode(raw[0], raw[1])  # SerializationError leaves it undecoded: raised again
         _PAYLOAD_SLOT.__set__(job, value)
         job._raw = None
-        return value
-    return _PAYLOAD_SLOT.__get__(job, Job)
-
-
-def _set_payload(job: Job, value: Any) -> None:
-    _PAYLOAD_SLOT.__set__(job, value)
-    job._raw = None
+    return value
 
 
 # (setattr: the class attribute is replaced after the dataclass machinery ran, on purpose)
-setattr(Job, "payload", property(_get_payload, _set_payload, doc="the decoded payload"))  # noqa: B010
+setattr(Job, "payload", property(_get_payload, _PAYLOAD_SLOT.__set__, doc="the decoded payload"))  # noqa: B010

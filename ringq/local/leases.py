@@ -41,7 +41,7 @@ from ringq.engine.words import (
     why,
 )
 from ringq.errors import CorruptionError, JobNotFoundError, NotLeasedError, SerializationError
-from ringq.job import Job, JobState
+from ringq.job import UNDECODED, Job, JobState
 
 from .limits import LimitGate
 
@@ -254,7 +254,7 @@ class Leases:
                 out.append(
                     Job(
                         jid,
-                        None,
+                        UNDECODED,
                         prio,
                         LEASED,
                         1,

@@ -102,10 +102,14 @@ class Relocator:
         self.index = index
         self.catch_up = catch_up
         self._looked: dict[int, int] = {}  # segment seq -> its finished count when last looked at
+        # Segment seq -> the finished count below which a hot offer returns 0 at once: an ack
+        # compares with it before calling :meth:`offer` (a missing entry: call it).
+        self.hot_from: dict[int, int] = {}
 
     def _note_look(self, segseq: int, finished: int) -> None:
         if len(self._looked) > 4096:
             self._looked.clear()
+            self.hot_from.clear()
         self._looked[segseq] = finished
 
     def offer(self, view: View, hot: bool = False, finished: int | None = None) -> int:
@@ -120,8 +124,9 @@ class Relocator:
         if hot and finished is not None:
             # The index read ``heads.n`` records (at most the segment's count): not due before
             # 1/HOT_RECHECK of those finished since the last look.
-            step = max(1, view.heads.n // HOT_RECHECK)
-            if finished - self._looked.get(seg.seq, -(1 << 62)) < step:
+            due_at = self._looked.get(seg.seq, -(1 << 62)) + max(1, view.heads.n // HOT_RECHECK)
+            if finished < due_at:
+                self.hot_from[seg.seq] = due_at
                 return 0
         if not view.sealed or seg.mm is None or seg.retired():
             return 0

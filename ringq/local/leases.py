@@ -525,7 +525,7 @@ class Leases:
         # of them (nor a relocation's share): the shared words are read only past that.
         if finished >= view.heads.n:
             self.ring.segs.finished_up_to(seg, finished)
-        if view.sealed:
+        if view.sealed and finished >= self.relocator.hot_from.get(seg.seq, 0):
             self.relocator.offer(view, hot=True, finished=finished)
         return seg
 

@@ -212,6 +212,8 @@ def _get_payload(job: Job) -> Any:
     value = _PAYLOAD_SLOT.__get__(job, Job)
     if value is UNDECODED:
         raw = job._raw
+        if raw is None:  # another thread decoded it since the slot was read
+            return _PAYLOAD_SLOT.__get__(job, Job)
         value = decode(raw[0], raw[1])  # SerializationError leaves it undecoded: raised again
         _PAYLOAD_SLOT.__set__(job, value)
         job._raw = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import sys
 import threading
 import time
 
@@ -170,3 +171,36 @@ def test_a_lease_that_waited_for_the_queue_lock_is_handed_out_in_time(tmp_path):
             t.join()
         assert not late, late[:5]
         assert len(set(got)) == 30
+
+
+def test_threads_reading_one_jobs_payload_at_once_all_get_it(tmp_path):
+    """A leased job's payload is decoded on its first read; threads that share the job (a pool,
+    a logging thread) and read it at the same moment must each get the payload, never an error
+    from catching the decode half done.  The interpreter switches threads every microsecond
+    here, so that reads interleave."""
+    errors: collections.Counter[str] = collections.Counter()
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with Queue(tmp_path) as q:
+            for _ in range(4):
+                q.enqueue_many([{"n": i, "pad": list(range(20))} for i in range(2000)])
+                jobs = q.lease(2000)
+
+                def read(jobs: list = jobs) -> None:
+                    for job in jobs:
+                        try:
+                            if job.payload["pad"][19] != 19:
+                                errors["wrong payload"] += 1
+                        except Exception as exc:  # noqa: BLE001  (counted, asserted below)
+                            errors[type(exc).__name__] += 1
+
+                threads = [threading.Thread(target=read) for _ in range(4)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                q.ack_many(jobs)
+    finally:
+        sys.setswitchinterval(before)
+    assert not errors, dict(errors)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 
 import pytest
@@ -116,3 +118,44 @@ def test_a_snapshot_of_another_queues_job_is_refused_not_matched_by_position(tmp
         c.ack(jc)
         b2.ack(jb2)
         assert b.get(jb.id).state is c.get(jc.id).state is JobState.DONE
+
+
+def test_a_snapshot_of_a_queue_deleted_and_created_again_at_its_path_is_refused(tmp_path):
+    """A queue removed and created again at the same path numbers its first job as the old one
+    did, and its control file may get the old one's inode (ext4 hands a freed inode out again):
+    the old snapshot must not ack, nack or extend the new queue's job."""
+    path = tmp_path / "q"
+    reused = 0
+    for _ in range(5):
+        with Queue(path, "a") as q:
+            q.enqueue({"old": True})
+            old = q.lease_one()
+            inode = os.stat(path / "a.ctl").st_ino
+        shutil.rmtree(path)
+        with Queue(path, "a") as q:
+            q.enqueue({"new": True})
+            new = q.lease_one()
+            reused += os.stat(path / "a.ctl").st_ino == inode
+            assert new.record_position[:2] == old.record_position[:2] and new.id == old.id
+            for call in (lambda j: q.ack(j), lambda j: q.nack(j), lambda j: q.extend(j, 5)):
+                with pytest.raises(NotLeasedError, match="another queue"):
+                    call(old)
+            assert q.get(new.id).state is JobState.LEASED
+            q.ack(new)
+        shutil.rmtree(path)
+    print(f"the control file's inode came back {reused} times of 5")
+
+
+def test_a_snapshot_acks_through_another_open_of_its_queue(tmp_path):
+    """The queue's identity is the same at every open (its random part is stored at creation):
+    a job leased through one ``Queue`` object is acked through another of the same queue, also
+    one opened after the first was closed (a detached lease outlives its holder's queue)."""
+    with Queue(tmp_path, "a") as q1, Queue(tmp_path, "a") as q2:
+        q1.enqueue_many(["x", "y"])
+        job = q1.lease_one()
+        q2.ack(job)
+        assert q1.get(job.id).state is JobState.DONE
+        kept = q1.lease_one(detach=True)
+    with Queue(tmp_path, "a") as q3:
+        q3.ack(kept)
+        assert q3.get(kept.id).state is JobState.DONE

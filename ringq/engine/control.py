@@ -25,6 +25,10 @@ CTL_MAGIC = 0x314C544351474E52  # b"RNGQCTL1"
 # Control file: static part (CRC-covered) then mutable words.
 _CTL_STATIC = struct.Struct("<QIII")
 OFF_CTL_CRC = 20
+# u64: random, written when the file is created (0 in a file made before it existed): with the
+# file's device and inode it makes the queue's identity, so that a queue deleted and created again
+# at the same path (its control file may get the old inode) is another queue to old snapshots.
+OFF_INSTANCE = 24
 OFF_NEXT_SEQ = 64  # u64: next job seq to assign (reserved before records are written)
 OFF_TAIL_SEG = 72  # u64: seq of the segment appends go to
 OFF_RING_GEN = 80  # u64: bumped on every rotation and retirement
@@ -80,6 +84,7 @@ class Control(Mapped):
         page[:20] = static
         struct.pack_into("<I", page, OFF_CTL_CRC, crc32c(static))
         struct.pack_into("<Q", page, OFF_NEXT_SEQ, 1)
+        struct.pack_into("<Q", page, OFF_INSTANCE, int.from_bytes(os.urandom(8), "little") or 1)
         tmp = path + ".tmp"
         try:
             os.unlink(tmp)  # a leftover; never open it: it could be a link to someone else's file
@@ -213,6 +218,10 @@ class Control(Mapped):
         """``(wake word, ring generation)``: they move on every append or return to READY, and on
         every rotation or retirement (what a catch-up compares to know nothing moved)."""
         return self.load32_64(OFF_WAKE, OFF_RING_GEN)
+
+    def instance(self) -> int:
+        """The random number written when the file was created (OFF_INSTANCE; 0: an older file)."""
+        return self.load64(OFF_INSTANCE)
 
     def bump_ring_gen(self) -> None:
         self.add64(OFF_RING_GEN)

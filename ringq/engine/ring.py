@@ -216,10 +216,13 @@ class Ring:
                 )
                 self.opened = True
                 st = os.fstat(self.ctl.fd)
-                # What this queue is, as its control file: a job snapshot records it, so that a
-                # snapshot of another queue's job is never taken for one of this queue's records.
+                # What this queue is, as its control file (device, inode and the random number
+                # written at its creation): a job snapshot records it, so that a snapshot of
+                # another queue's job -- also of a queue deleted and created again at this path --
+                # is never taken for one of this queue's records.
+                mix = self.ctl.instance() * 0x9E3779B97F4A7C15
                 self.identity = self.segs.origin = (
-                    (st.st_dev << 40) ^ st.st_ino
+                    (st.st_dev << 40) ^ st.st_ino ^ mix
                 ) & 0x7FFFFFFFFFFFFFFF or 1
                 self.lock.ctl = self.segs.ctl = self.ctl
                 for item in recovery.recover_segments(self.segs, mode, self.report):

@@ -122,11 +122,12 @@ def _run_threads(exe, *args):
 def test_threads_share_the_c_paths_without_a_race_or_a_second_lease(threads_harness, seed):
     out = _run_threads(threads_harness, "3000", str(seed))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
-    m = re.search(r"threads: (\d+) leases \((\d+) by the wait, (\d+) by claim_next, (\d+) by CAS\), "
-                  r"(\d+) acks, 0 failed", out.stdout)
+    m = re.search(r"threads: (\d+) leases \((\d+) by the wait, (\d+) by claim_next, (\d+) by CAS; "
+                  r"(\d+) through a segment handle\), (\d+) acks, 0 failed", out.stdout)
     assert m, out.stdout
-    # every path that hands out a lease was taken, and every job was acked once
-    assert all(int(x) > 0 for x in m.groups()[1:4]) and int(m.group(5)) == 3000, out.stdout
+    # every path that hands out a lease was taken (runs through the segment handle among them),
+    # and every job was acked once
+    assert all(int(x) > 0 for x in m.groups()[1:5]) and int(m.group(6)) == 3000, out.stdout
 
 
 def test_threads_harness_catches_a_result_struct_shared_between_threads(threads_harness):

@@ -50,7 +50,7 @@ static const size_t ctl_len = 4096;
 static _Atomic uint32_t *claims;  /* [slot * MAX_LC + lc]: threads that claimed that lease */
 static _Atomic uint32_t *acks;    /* [slot]: accepted acks */
 static _Atomic uint32_t done_count, producer_done;
-static _Atomic unsigned long leases, acked, failures, by_wait, by_claim, by_cas;
+static _Atomic unsigned long leases, acked, failures, by_wait, by_claim, by_cas, by_handle;
 static int shared_out;
 static ringq_claim_out common_out;
 
@@ -180,8 +180,8 @@ static void *consumer(void *arg) {
             if (!shared_out && (seed >> 4) % 2 == 0) {
                 uint32_t next = 0, why = 0, nw[2] = {0, 0};
                 uint32_t cap = 1 + (seed >> 6) % 8;
-                int got;
-                if ((seed >> 9) % 2 == 0) {
+                int got, through_handle = (seed >> 9) % 2;
+                if (!through_handle) {
                     got = ringq_claim_run(seg, maplen, &g, order, tail, cursor, plain, &keys, now_rel(),
                                           now_rel() + 1000000, me + 1, run, cap, &next, &why);
                 } else { /* through the segment's handle, at the clock's time, as the Python side */
@@ -201,6 +201,7 @@ static void *consumer(void *arg) {
                 for (int i = 0; i < got; i++) {
                     won(me, run[i].slot, run[i].word, &lc);
                     atomic_fetch_add(&by_claim, 1);
+                    if (through_handle) atomic_fetch_add(&by_handle, 1);
                     settle(me, run[i].slot, lc, &seed);
                 }
                 seed = seed * 1103515245u + 12345u;
@@ -334,9 +335,10 @@ int main(int argc, char **argv) {
     uint64_t counted = 0;
     ringq_load64(ctl, ctl_len, ACKED_OFF, &counted);
     if (counted != acked) FAIL("acked count %llu, acks %lu", (unsigned long long)counted, acked);
-    printf("threads: %lu leases (%lu by the wait, %lu by claim_next, %lu by CAS), %lu acks, %lu failed\n",
+    printf("threads: %lu leases (%lu by the wait, %lu by claim_next, %lu by CAS; %lu through a segment "
+           "handle), %lu acks, %lu failed\n",
            atomic_load(&leases), atomic_load(&by_wait), atomic_load(&by_claim), atomic_load(&by_cas),
-           atomic_load(&acked), atomic_load(&failures));
+           atomic_load(&by_handle), atomic_load(&acked), atomic_load(&failures));
     free(claims);
     free(acks);
     free(seg);

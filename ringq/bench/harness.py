@@ -1112,6 +1112,8 @@ def plots(
         fig, ax = plt.subplots(figsize=(8, 4.5))
         q = np.linspace(0, 1, 201)
         for k, r in enumerate(sel):
+            if r.cdf_us is None:  # (each selection above keeps only rows that have one)
+                continue
             label = r.system + (f" x{r.producers}" if r.scenario == "processes" else "")
             ax.plot(
                 r.cdf_us,

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import enum
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from .codec import decode, jsonable
+from .errors import SerializationError
 
 __all__ = ["Job", "JobState"]
 
@@ -31,7 +32,7 @@ class JobState(str, enum.Enum):
     DEFERRED = "deferred"  # waits for its parents (``enqueue(..., depends_on=)``), never leased
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, repr=False)
 class Job:
     """A snapshot of one job.  Mutating it changes nothing in the queue.
 
@@ -40,7 +41,8 @@ class Job:
         payload: the decoded payload (JSON value, ``bytes`` or ``numpy.ndarray``).  A job handed
             out by a lease is decoded on first access of ``payload`` (and by equality,
             :meth:`to_dict`, ``repr`` and ``dataclasses.replace``, which read it); bytes that do
-            not decode raise SerializationError there.
+            not decode raise SerializationError there, except in ``repr``, which shows
+            ``payload=<undecodable: reason>``.
         priority: higher leases first; ties break by ``available_at``, then FIFO by ``seq``.
         state: :class:`JobState` when the snapshot was taken.
         attempts: number of times the job has been leased.
@@ -109,6 +111,19 @@ class Job:
     # ``(codec id, bytes)`` of a payload not decoded yet (the slot holds UNDECODED), else None.
     _raw: Any = field(default=None, repr=False, compare=False)
     depends_on: list[str] | None = None
+
+    def __repr__(self) -> str:
+        # The dataclass's form, except that a payload that cannot be decoded is described, not
+        # raised: a job is logged, and a log line must not fail.
+        parts = []
+        for f in fields(self):
+            if f.repr:
+                try:
+                    value = repr(getattr(self, f.name))
+                except SerializationError as exc:
+                    value = f"<undecodable: {exc}>"
+                parts.append(f"{f.name}={value}")
+        return f"Job({', '.join(parts)})"
 
     def snapshot(self) -> Job:
         """A detached copy (a Job is already a snapshot; this is nobroker's spelling)."""

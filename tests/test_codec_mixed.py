@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -271,3 +272,29 @@ def test_a_memmap_is_stored_as_its_values(tmp_path):
         a, b = q.lease(2)
         assert type(a.payload) is np.ndarray and a.payload.tolist() == [1, 2, 3, 4]
         assert type(b.payload["m"]) is np.ndarray and b.payload["m"].tolist() == [2, 3, 4]
+
+
+def test_a_job_whose_payload_does_not_decode_still_has_a_repr(tmp_path):
+    """A payload nested deeper than the consumer's recursion limit allows does not decode: reading
+    it raises SerializationError every time, and the job's repr (a log line) describes it."""
+    nested: list = []
+    inner = nested
+    for _ in range(5000):
+        inner.append([])
+        inner = inner[0]
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(100_000)  # the producer's: its encoder goes that deep
+    try:
+        with Queue(tmp_path) as q:
+            q.enqueue({"deep": nested})
+    finally:
+        sys.setrecursionlimit(limit)
+    with Queue(tmp_path) as q:
+        job = q.lease_one()
+        assert job is not None
+        for _ in range(2):
+            with pytest.raises(SerializationError):
+                job.payload  # noqa: B018
+        text = repr(job)
+        assert text.startswith(f"Job(id={job.id!r}, payload=<undecodable: ") and "lease_token='1'" in text
+        q.ack(job)

@@ -233,7 +233,6 @@ int ringq_ack(const ringq_seg_ref *s, const ringq_ctl_ref *c, uint32_t slot, uin
     return rc;
 }
 
-
 int ringq_wait_claim(uint8_t *ctl, size_t ctl_len, uint8_t *base, size_t maplen, const ringq_geom *g,
                      const ringq_wait_args *a, ringq_claim_out *out, ringq_claimed *rec) {
     int rc = geom_check(maplen, g);

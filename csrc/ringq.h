@@ -349,8 +349,9 @@ int ringq_ack_slot(uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t s
 
 /* A mapped segment and the control page as the per-job calls take them: one argument each instead
  * of three or four.  The Python side builds one per mapping and sets maplen (len) to 0 before it
- * unmaps, so a call through a stale handle fails with RINGQ_EBOUNDS; it keeps the mapping alive
- * while a call it made through the handle runs. */
+ * unmaps, so a call through a stale handle fails with RINGQ_EBOUNDS; it holds the segment's mapping
+ * while a call through its handle runs, and unmaps the control page only under the queue's lock,
+ * which every such call holds. */
 typedef struct {
     uint8_t *base;
     size_t maplen;

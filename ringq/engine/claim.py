@@ -140,11 +140,11 @@ def claim_run(
 ) -> tuple[list[tuple[int, ...]], int, int]:
     """Lease up to ``cap`` (at most RUN_CAP) of a lane's plain jobs due now, each for ``vt_ms``
     milliseconds, in one call (ringq_take_run, which also lowers ``ctl``'s lease-deadline floor to
-    their deadline): ``order[start:n]`` its head slots, ``plain`` the
-    index's per-slot flags, ``fields`` its per-slot available-at (ms), enqueue time (µs) and seq
-    vectors, ``bound`` the ``(available ms, enqueue µs, seq)`` of the best candidate outside the
-    lane (None: none ranks near).  Returns ``(jobs, next index, why it stopped)``: each job a
-    tuple of ``ringq_claimed``'s fields (records.CLAIMED_FIELDS).  Raises for a bounds error."""
+    their deadline): ``order[start:n]`` its head slots, ``plain`` the index's per-slot flags,
+    ``fields`` its per-slot available-at (ms), enqueue time (µs) and seq vectors, ``bound`` the
+    ``(available ms, enqueue µs, seq)`` of the best candidate outside the lane (None: none ranks
+    near).  Returns ``(jobs, next index, why it stopped)``: each job a tuple of
+    ``ringq_claimed``'s fields (records.CLAIMED_FIELDS).  Raises for a bounds error."""
     bufs = _buffers
     k, nxt, run, run_buf = bufs.take
     if fields is not bufs.fields:

@@ -177,3 +177,20 @@ def test_a_job_leased_in_the_wait_is_the_job_the_queue_shows_and_takes_extend_na
     assert got["nacked"] == "ready"
     assert got["again"] == ["the-job", "2", {"n": 1}]
     assert after.state is JobState.DONE and after.attempts == 2
+
+
+def test_a_wait_on_a_segment_closed_meanwhile_returns_for_a_new_look(tmp_path):
+    """A consumer waits without the queue lock, on the tail segment it saw; another thread may
+    retire and close that segment first (a purge, the last job acked).  The wait then returns
+    at once, for the caller to look again -- never a TypeError from the closed mapping."""
+    from ringq.engine import claim
+    from ringq.engine.ring import Ring
+
+    ring = Ring(tmp_path, "q", slot_size=256, slot_count=16, durability="none")
+    try:
+        seg = next(iter(ring.segs))
+        seg.close()
+        got = claim.wait_claim(ring.ctl, seg, 0, 0, 0, 5.0, 0.0, 30_000, 0)
+        assert got is None
+    finally:
+        ring.close()

@@ -89,7 +89,11 @@ def wait_claim(
     most ``timeout`` seconds; then, if the only news is new plain records of ``seg`` (the tail
     segment) from ``from_slot`` on and no job returned to READY since ``change_seen``, lease the
     first of them for ``vt_ms`` ms with owner word ``owner_base`` (csrc/ringq.h has the exact
-    rule).  None: timed out, or woken by something the caller must look at itself."""
+    rule).  None: timed out, or woken by something the caller must look at itself -- also at once
+    when ``seg`` was closed (retired by another thread: the caller waits without the queue lock)."""
+    mapping, size = seg.ptr, seg.size  # in this order: a close zeroes the size, then drops ptr
+    if mapping is None or not size:
+        return None
     bufs = _buffers
     a, co = bufs.args, bufs.out
     a.wake_seen = seen
@@ -100,8 +104,9 @@ def wait_claim(
     a.vt_ms = vt_ms
     a.owner_base = owner_base
     a.from_slot = from_slot
+    # ``mapping`` keeps the segment mapped through the call, whoever closes it meanwhile.
     native.check(
-        lib.ringq_wait_claim(ctl.ptr, ctl.size, seg.ptr, seg.size, seg.geom, a, co, bufs.rec),
+        lib.ringq_wait_claim(ctl.ptr, ctl.size, mapping, size, seg.geom, a, co, bufs.rec),
         seg.path,
     )
     if co.status != lib.RINGQ_CLAIMED:

@@ -125,6 +125,15 @@ static void put_record(uint8_t *m, size_t maplen, const ringq_geom *g, uint32_t 
     free(rec);
 }
 
+/* A zeroed segment of `slots` 128-byte slots in one buffer, its state table first: the geometry in
+ * *g, the buffer's length in *maplen (the known-answer tests' fixture; free() the result). */
+static uint8_t *new_segment(ringq_geom *g, uint32_t seq, uint32_t slots, size_t *maplen) {
+    *g = (ringq_geom){.seg_seq = seq, .state_off = 0, .data_off = slots * RINGQ_STATE_ENTRY, .slot_size = 128,
+                      .slot_count = slots};
+    *maplen = g->data_off + (size_t)slots * 128;
+    return calloc(1, *maplen);
+}
+
 /* ringq_claim_next and ringq_ack_slot on whatever the buffer holds: documented codes only, a
  * claim changes exactly the slot it names (to LEASED, lease count 1, the deadline, the owner word),
  * an ack only to DONE with the lease count kept. */
@@ -267,9 +276,9 @@ static void spin_answers(void) {
 
 /* One record through a lease and an ack, with the answers the Python side relies on. */
 static void claim_known_answers(void) {
-    ringq_geom g = {.seg_seq = 5, .state_off = 0, .data_off = 4 * RINGQ_STATE_ENTRY, .slot_size = 128, .slot_count = 4};
-    size_t maplen = g.data_off + 4 * 128;
-    uint8_t *m = calloc(1, maplen);
+    ringq_geom g;
+    size_t maplen;
+    uint8_t *m = new_segment(&g, 5, 4, &maplen);
     put_record(m, maplen, &g, 1, 20); /* READY, time 1 */
     uint8_t plain[4] = {1, 1, 1, 1};
     uint32_t order[3] = {0, 1, 2};
@@ -334,9 +343,9 @@ static void claim_known_answers(void) {
 /* ringq_take_run: ringq_claim_run through the segment's handle, at the clock's time, lowering the
  * lease-deadline floor of the control page to the run's deadline. */
 static void take_run_known_answers(void) {
-    ringq_geom g = {.seg_seq = 10, .state_off = 0, .data_off = 4 * RINGQ_STATE_ENTRY, .slot_size = 128, .slot_count = 4};
-    size_t maplen = g.data_off + 4 * 128;
-    uint8_t *m = calloc(1, maplen);
+    ringq_geom g;
+    size_t maplen;
+    uint8_t *m = new_segment(&g, 10, 4, &maplen);
     for (uint32_t s = 0; s < 3; s++) put_record(m, maplen, &g, s, 10); /* READY, time 1 */
     uint8_t plain[4] = {1, 1, 1, 1};
     uint32_t order[3] = {0, 1, 2};
@@ -384,9 +393,9 @@ static void take_run_known_answers(void) {
 
 /* ringq_claim_run: a run of plain jobs in one call, stopping where the caller must decide. */
 static void claim_run_known_answers(void) {
-    ringq_geom g = {.seg_seq = 9, .state_off = 0, .data_off = 8 * RINGQ_STATE_ENTRY, .slot_size = 128, .slot_count = 8};
-    size_t maplen = g.data_off + 8 * 128;
-    uint8_t *m = calloc(1, maplen);
+    ringq_geom g;
+    size_t maplen;
+    uint8_t *m = new_segment(&g, 9, 8, &maplen);
     for (uint32_t s = 0; s < 6; s++) put_record(m, maplen, &g, s, 10); /* READY, time 1 */
     uint8_t plain[8] = {1, 1, 1, 1, 1, 1, 1, 1};
     uint32_t order[6] = {0, 1, 2, 3, 4, 5};

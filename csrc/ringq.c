@@ -184,6 +184,25 @@ int ringq_load32_64(const uint8_t *base, size_t maplen, size_t off32, size_t off
     return rc ? rc : ringq_load64(base, maplen, off64, out64);
 }
 
+int ringq_watch(ringq_watched *w, uint32_t n, int reset) {
+    if (!w && n) return RINGQ_EINVAL;
+    for (uint32_t i = 0; i < n; i++) { /* every word checked before any is read or reset */
+        if (w[i].width != 4 && w[i].width != 8) return RINGQ_EINVAL;
+        int rc = word_check(w[i].base, (size_t)w[i].maplen, (size_t)w[i].off, w[i].width);
+        if (rc) return rc;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t v = w[i].width == 4
+                         ? atomic_load_explicit(A32(w[i].base, w[i].off), memory_order_acquire)
+                         : atomic_load_explicit(A64(w[i].base, w[i].off), memory_order_acquire);
+        if (reset)
+            w[i].expect = v;
+        else if (v != w[i].expect)
+            return 0;
+    }
+    return 1;
+}
+
 int ringq_store32(uint8_t *base, size_t maplen, size_t off, uint32_t value) {
     int rc = word_check(base, maplen, off, 4);
     if (rc) return rc;

@@ -134,6 +134,20 @@ int ringq_load32(const uint8_t *base, size_t maplen, size_t off, uint32_t *out);
 /* The u32 at off32, then the u64 at off64 (each an acquire load): two words compared together. */
 int ringq_load32_64(const uint8_t *base, size_t maplen, size_t off32, size_t off64, uint32_t *out32,
                     uint64_t *out64);
+/* A word of a shared mapping that a hot path compares with what it last saw (ringq_watch). */
+typedef struct {
+    const uint8_t *base;
+    uint64_t maplen;
+    uint64_t off;
+    uint64_t expect; /* the value seen at the last reset */
+    uint32_t width;  /* 4 or 8 */
+    uint32_t pad;
+} ringq_watched;
+/* Acquire-load each of the n words of w: returns 1 if every one reads as its expect, else 0.
+ * With reset, the values read become the new expects (and 1 is returned).  RINGQ_EINVAL for a
+ * null w or a width other than 4 or 8, RINGQ_EBOUNDS for a word outside its mapping; nothing is
+ * reset then. */
+int ringq_watch(ringq_watched *w, uint32_t n, int reset);
 int ringq_store32(uint8_t *base, size_t maplen, size_t off, uint32_t value);
 int ringq_cas32(uint8_t *base, size_t maplen, size_t off, uint32_t expected, uint32_t desired,
                 uint32_t *actual);

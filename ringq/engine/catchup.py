@@ -64,6 +64,11 @@ class CatchUp:
         """The next catch-up runs in full (the views were dropped)."""
         self._stamp = None
 
+    def quick_until(self) -> float:
+        """The monotonic time until which a quick catch-up finds nothing new while the control
+        file's stamp (Control.stamp) reads as at the last catch-up; after it, one runs in full."""
+        return self._stamp_until if self._stamp is not None else 0.0
+
     def catch_up(self, quick: bool = False) -> list[View]:
         """Catch up with other processes: new segments, new records, jobs returned to READY.
         Returns the views seen sealed for the first time (the caller may relocate from them).

@@ -219,6 +219,10 @@ class Control(Mapped):
         every rotation or retirement (what a catch-up compares to know nothing moved)."""
         return self.load32_64(OFF_WAKE, OFF_RING_GEN)
 
+    def stamp_words(self) -> list[tuple[Mapped, int, int]]:
+        """The words :meth:`stamp` reads, as ``(mapping, offset, width)`` for a Watch."""
+        return [(self, OFF_WAKE, 4), (self, OFF_RING_GEN, 8)]
+
     def instance(self) -> int:
         """The random number written when the file was created (OFF_INSTANCE; 0: an older file)."""
         return self.load64(OFF_INSTANCE)

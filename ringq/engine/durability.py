@@ -207,7 +207,8 @@ class Strategy:
                 pend[seg.seq] = [seg, [(slot, word)]]
             else:
                 item[1].append((slot, word))
-        self.note_state(seg, slot)
+        if self.state_flush_interval is not None and seg.seq not in self._dirty_state:
+            self.note_state(seg, slot)  # (note_state's own test, spelt out on the ack path)
 
     def sync_acks_now(self) -> None:
         """Make the acks and nacks this thread noted since its last call durable (``sync_acks``):

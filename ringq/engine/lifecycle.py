@@ -199,6 +199,10 @@ class PauseFile:
         """True while the whole queue is paused (one atomic load of the shared word)."""
         return self.map.load64(_OFF_QUEUE) != 0
 
+    def watched(self) -> tuple[Mapped, int, int]:
+        """The change counter :meth:`paused` reads, as ``(mapping, offset, width)`` for a Watch."""
+        return self.map, _OFF_CHANGES, 8
+
     def paused(self) -> tuple[bool, bool]:
         """``(queue paused, any key paused)``, for the lease path: one load of the change counter
         while it stays where a look found nothing paused (every pause and resume bumps it after

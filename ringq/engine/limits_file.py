@@ -262,6 +262,16 @@ class LimitsFile:
         """The file's ``flock``, as a context manager: writers of the table and of unique windows."""
         return _Flock(self.lock_fd())
 
+    def watched(self) -> tuple[Mapped, int, int] | None:
+        """The generation word :meth:`config` compares, as ``(mapping, offset, width)`` for a
+        Watch; None while the file is not mapped (:meth:`next_look` says when it is looked for)."""
+        return None if self.map is None else (self.map, OFF_GEN, 8)
+
+    def next_look(self) -> float:
+        """While the file is not mapped: the monotonic time before which :meth:`config` does not
+        look for it (another process may create it); ``inf`` once mapped."""
+        return float("inf") if self.map is not None else self._next_look
+
     def config(self) -> dict[str, Limit]:
         """The limits by name, as last published (empty without a file)."""
         m = self.mapped()

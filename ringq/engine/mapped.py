@@ -22,7 +22,7 @@ from ringq.errors import CorruptionError
 from . import native
 from ._native import ffi, lib
 
-__all__ = ["Mapped", "crc32c", "open_nofollow", "fsync_dir"]
+__all__ = ["Mapped", "Watch", "crc32c", "open_nofollow", "fsync_dir"]
 
 
 def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
@@ -174,3 +174,34 @@ class _Scratch(threading.local):
 
 
 _scratch = _Scratch()
+
+
+class Watch:
+    """Words of shared mappings that a hot path compares, in one C call (ringq_watch), with what
+    they read at its last :meth:`reset`: ``words`` are ``(mapping, offset, width)``, width 4 or 8.
+
+    The caller keeps the mappings open while it uses the watch (a closed mapping's words are not
+    checked against its new size): a queue's watch is used and dropped under the queue's lock,
+    under which its mappings are closed.  Not thread-safe on its own (the lock serialises it)."""
+
+    __slots__ = ("maps", "_w", "_n")
+
+    def __init__(self, words: list[tuple[Mapped, int, int]]) -> None:
+        self.maps = [m for m, _, _ in words]  # referenced for as long as the watch lives
+        self._n = len(words)
+        self._w = ffi.new("ringq_watched[]", max(1, self._n))
+        for i, (m, off, width) in enumerate(words):
+            e = self._w[i]
+            e.base, e.maplen, e.off, e.width = m.ptr, m.size, off, width
+        self.reset()
+
+    def same(self) -> bool:
+        """True if every word reads as at the last reset (an acquire load each)."""
+        rc = lib.ringq_watch(self._w, self._n, 0)
+        if rc < 0:
+            native.check(rc, self.maps[0].path)
+        return rc == 1
+
+    def reset(self) -> None:
+        """Take the words' values now as what :meth:`same` compares with."""
+        native.check(lib.ringq_watch(self._w, self._n, 1), self.maps[0].path if self.maps else "")

@@ -25,9 +25,10 @@ class Direct:
     ``made_run(view, jobs)`` returns the caller's results for jobs just leased in C (by one
     ringq_claim_run, or the one ringq_wait_claim took), each job a tuple of ringq_claimed's fields
     (records.CLAIMED_FIELDS), dropping any it cannot hand out; ``ctl`` the control page whose
-    lease-deadline floor each run lowers."""
+    lease-deadline floor each run lowers; ``claim(view, slot, word, now)`` the same lease's
+    general path, for a candidate the C call hands back (Index.take's ``claim``)."""
 
-    __slots__ = ("vt_ms", "owner_base", "made_run", "ctl")
+    __slots__ = ("vt_ms", "owner_base", "made_run", "ctl", "claim")
 
     def __init__(
         self,
@@ -35,11 +36,13 @@ class Direct:
         owner_base: int,
         made_run: Callable[[View, list[tuple[int, ...]]], list[Any]],
         ctl: Control,
+        claim: Callable[[View, int, int, int], Any],
     ) -> None:
         self.vt_ms = vt_ms
         self.owner_base = owner_base
         self.made_run = made_run
         self.ctl = ctl
+        self.claim = claim
 
 
 class Grow:

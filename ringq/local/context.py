@@ -20,6 +20,7 @@ from ringq.job import Job
 
 from .limits import LimitGate
 from .producer import Producer
+from .quiet import QuietLook
 
 if TYPE_CHECKING:  # pragma: no cover
     from ringq.engine.deps import Deps
@@ -121,22 +122,18 @@ class QueueContext:
             ring, lambda: self.index, self.live_lock, self.outside, self.refresh, auto_ids
         )
         self.pause = PauseFile(ring)
+        # Until open_reader runs, the class that builds the reader on first use of a part.
+        self.__class__ = _ReaderUnbuilt
 
     # -- the reader's side, built on first use ----------------------------------------------------
 
-    # Set by open_reader as plain attributes: no cost per use once built.
+    # Set by open_reader as plain attributes.
     index: Index
     reaper: Reaper
     relocator: Relocator
     leases: Leases
     deps: Deps
-
-    def __getattr__(self, name: str) -> object:
-        # Called only for an attribute not set yet: the reader's parts before their first use.
-        if name in ("index", "reaper", "relocator", "leases", "deps"):
-            self.open_reader()
-            return self.__dict__[name]
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    quiet: QuietLook  # when a lease may skip its first look (ringq/local/quiet.py)
 
     def open_reader(self) -> tuple[Index, Reaper, Relocator, Leases, Deps]:
         """Build the reader's index, reaper, relocator, leases and dependents (once; later calls
@@ -159,6 +156,10 @@ class QueueContext:
             parts = self._reader = (index, reaper, relocator, leases, deps)
             d = self.__dict__
             d["index"], d["reaper"], d["relocator"], d["leases"], d["deps"] = parts
+            d["quiet"] = QuietLook(ring.ctl, self.pause, self.gate, index.catchup.quick_until)
+            # A class with __getattr__ makes every attribute read take the interpreter's slow
+            # path; the parts are attributes now, so this context no longer needs it.
+            self.__class__ = QueueContext
             self.refresh()
             self.reap(force=True)
             deps.sweep(force=True)
@@ -227,8 +228,21 @@ class QueueContext:
             self.ring.ctl.wake()  # sleepers on the futex see the queue closed
             self.idle.wait_for(lambda: not self.users, timeout=10)
         if "_reader" in self.__dict__:
+            self.quiet.close()  # before the mappings it watches are closed
             self.index.clear()
         self.gate.close()
         self.ring.close()
         self.owners.close()
         self.pause.close()
+
+
+class _ReaderUnbuilt(QueueContext):
+    """A :class:`QueueContext` whose reader is not built yet: the first read of one of its parts
+    builds it (:meth:`QueueContext.open_reader`, which makes the object a plain QueueContext)."""
+
+    def __getattr__(self, name: str) -> object:
+        # Called only for an attribute not set yet: the reader's parts before their first use.
+        if name in ("index", "reaper", "relocator", "leases", "deps", "quiet"):
+            self.open_reader()
+            return self.__dict__[name]
+        raise AttributeError(f"{QueueContext.__name__!r} object has no attribute {name!r}")

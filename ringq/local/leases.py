@@ -96,6 +96,8 @@ class Leases:
         self.relocator = relocator
         self.refresh = refresh
         self._direct: dict[tuple[int, int, int], Direct] = {}
+        # (visibility timeout, detach, pid, Direct) of the last call of direct().
+        self._last_direct: tuple[float, bool, int, Direct] | None = None
 
     def locate(self, job: Job | str, queue: str, fenced: str = "") -> tuple[View, int, str]:
         """``(view, slot, id)`` of a job given as a snapshot or an id.  Raises JobNotFoundError
@@ -217,14 +219,20 @@ class Leases:
         """What Index.take needs to lease plain jobs in one C call each (ringq_claim_next), for
         ``vt`` seconds; ``detach`` as in :meth:`claim`.  Only for a take that no limit and no
         paused key can concern (the caller checks).  Cached per (vt, detach) in this process."""
+        last = self._last_direct
+        pid = forksafe.pid()
+        if last is not None and last[0] == vt and last[1] is detach and last[2] == pid:
+            return last[3]  # the same lease as the last call's (a forked child's pid differs)
         owner = 0 if detach else self.owners.acquire()
-        key = (int(vt * 1000), owner, forksafe.pid())
+        key = (int(vt * 1000), owner, pid)
         d = self._direct.get(key)
         if d is not None:
+            self._last_direct = (vt, detach, pid, d)
             return d
         held = self.owners.held
         ring = self.ring
         hdr = records.REC_HEADER.size
+        keyed = codec.KEYED
 
         def made_run(view: View, jobs: list[tuple[int, ...]]) -> list[Job]:
             # Jobs leased in C, built from what the call reported (no read of the index or the
@@ -243,7 +251,7 @@ class Leases:
                     jid = f"{seq:016x}"
                 raw = mm[start : start + plen]
                 key = None
-                if cid == codec.KEYED:
+                if cid == keyed:
                     try:
                         key = codec.split_key(cid, raw)[0]
                     except SerializationError as exc:
@@ -284,7 +292,14 @@ class Leases:
 
         if len(self._direct) > 64:
             self._direct.clear()
-        d = self._direct[key] = Direct(key[0], owner_pack(owner, 0, key[2]), made_run, ring.ctl)
+        d = self._direct[key] = Direct(
+            key[0],
+            owner_pack(owner, 0, key[2]),
+            made_run,
+            ring.ctl,
+            lambda v, s, w, now: self.claim(v, s, w, now, vt, detach),
+        )
+        self._last_direct = (vt, detach, pid, d)
         return d
 
     def wait_claim(self, seen: int, timeout: float, spin: float, direct: Direct) -> Waited | None:
@@ -456,26 +471,25 @@ class Leases:
         if isinstance(job, Job):
             # The common case without the general path's lookups: a snapshot of a lease whose
             # record this index holds, acked in one C call.  Anything else takes _ack.
-            tok = job.lease_token
             segseq, slot, origin = job.record_position
-            view = self.index.views.get(segseq) if origin in (0, self.ring.identity) else None
-            if view is not None and slot >= view.scanned:
-                self.index.read_through(view, slot)  # leased by ringq_wait_claim: read in late
+            view = self.index.views.get(segseq)
+            token = _TOKENS.get(job.lease_token)  # type: ignore[arg-type]
             if (
                 view is not None
-                and tok is not None
-                and tok.isdigit()
-                and len(tok) < 12
+                and token is not None
+                and (origin == self.ring.identity or not origin)
                 and job.seq
-                and view.seq.item(slot) == job.seq
             ):
-                seg = view.seg
-                if self.gate.holds():
-                    self._release_slot(seg, slot)
-                answer, word, finished, deps = claim.ack(seg, slot, int(tok), self.ring.ctl)
-                if answer == claim.ACKED:
-                    job.ack_accepted = True
-                    return self._acked(view, seg, slot, word, finished, deps)
+                if slot >= view.scanned:
+                    self.index.read_through(view, slot)  # leased by ringq_wait_claim: read in late
+                if view.seq.item(slot) == job.seq:
+                    seg = view.seg
+                    if self.gate.holds():
+                        self._release_slot(seg, slot)
+                    answer, word, finished, deps = claim.ack(seg, slot, token, self.ring.ctl)
+                    if answer == claim.ACKED:
+                        job.ack_accepted = True
+                        return self._acked(view, seg, slot, word, finished, deps)
         out = self._ack(job, queue)
         if isinstance(job, Job):
             job.ack_accepted = True
@@ -598,6 +612,10 @@ class Waited(NamedTuple):
     word: int
     prev: int
     record: tuple[int, ...]
+
+
+# Fencing tokens as text -> their lease count, for the common small ones (no parse per ack).
+_TOKENS: dict[str, int] = {str(n): n for n in range(1, 1025)}
 
 
 def token_number(token: object) -> int | None:

@@ -52,6 +52,8 @@ from ringq.engine.words import LC_MASK, ST_LEASED
 from ringq.job import Job
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ringq.engine.mapped import Mapped
+
     from .context import QueueContext
 
 
@@ -200,6 +202,19 @@ class LimitGate:
     def active(self) -> bool:
         """True if any limit is configured (cheap: one atomic load once the file is mapped)."""
         return bool(self._file.config())
+
+    def watched(self) -> tuple[Mapped, int, int] | None:
+        """The word that moves whenever a limit is set or removed (LimitsFile.watched), or None
+        while there is no limits file; :meth:`next_look` says when one is looked for."""
+        return self._file.watched()
+
+    def file_map(self) -> Mapped | None:
+        """The limits file's mapping, or None while there is none."""
+        return self._file.map
+
+    def next_look(self) -> float:
+        """The monotonic time of the next look for a limits file (``inf`` once it is mapped)."""
+        return self._file.next_look()
 
     def key_of(self, seg: Segment, slot: int) -> str | None:
         """The key of the published record at ``slot`` (read from its bytes; None if unkeyed)."""

@@ -600,10 +600,9 @@ class Queue:
         deadline = None if not wait else time.monotonic() + wait
         got: list[Job] = []
         ctl = ctx.ring.ctl
-        claim = ctx.leases.claim
         pause = ctx.pause
         reaper = ctx.reaper
-        skip = lambda v, s: pause.blocks(v.seg, s)  # noqa: E731  (per-key pause)
+        quiet = ctx.quiet
         direct = None
         seen = 0
         while True:
@@ -613,24 +612,30 @@ class Queue:
                 if deadline is not None:
                     # Read before looking for work: nothing appended after it is slept through.
                     seen = ctl.wake_word()
-                ctx.refresh(quick=True)
+                # Nothing appended, returned, rotated, paused or limited since a look that found
+                # nothing paused and no limit: that look's answers stand (ringq/local/quiet.py).
+                clear = quiet.quiet()
+                if not clear:
+                    quiet.begin()
+                    ctx.refresh(quick=True)
                 if reaper.due() and ctx.reap():
                     ctx.refresh()  # the reclaimed jobs moved their segments' change counters
                 direct = None
-                queue_paused, keys_paused = pause.paused()
-                if not queue_paused:  # a paused queue leases nothing; resume wakes sleepers
-                    # With no limit and no paused key, plain jobs are leased in one C call each.
-                    direct = (
-                        None if keys_paused or ctx.gate.active() else ctx.leases.direct(vt, detach)
-                    )
-                    got.extend(
-                        ctx.index.take(
-                            count - len(got),
-                            lambda v, s, w, now: claim(v, s, w, now, vt, detach),
-                            ctx.gate,
-                            skip,
-                            direct,
-                        )
+                queue_paused = keys_paused = False
+                if not clear:
+                    queue_paused, keys_paused = pause.paused()
+                    if not queue_paused and not keys_paused and not ctx.gate.active():
+                        quiet.clear()
+                        clear = True
+                if clear:  # no limit and no paused key: plain jobs are leased in one C call each
+                    direct = ctx.leases.direct(vt, detach)
+                    got += ctx.index.take(count - len(got), direct.claim, ctx.gate, None, direct)
+                elif not queue_paused:  # a paused queue leases nothing; resume wakes sleepers
+                    got += ctx.index.take(
+                        count - len(got),
+                        self._claimer(vt, detach),
+                        ctx.gate,
+                        (lambda v, s: pause.blocks(v.seg, s)) if keys_paused else None,
                     )
                 if got or deadline is None:  # blocks only while nothing at all is leasable
                     return got
@@ -667,6 +672,11 @@ class Queue:
                     if len(got) >= count:
                         return got
                     # The next pass adds what else is due, without waiting.
+
+    def _claimer(self, vt: float, detach: bool) -> Callable[[Any, int, int, int], Job | None]:
+        """Index.take's ``claim`` for the general path: a lease of ``vt`` seconds (``detach``)."""
+        claim = self._ctx.leases.claim
+        return lambda v, s, w, now: claim(v, s, w, now, vt, detach)
 
     def wake_token(self) -> int:
         """The queue's wake counter: it moves whenever a job is appended or returns to READY.

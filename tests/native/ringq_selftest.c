@@ -104,6 +104,36 @@ static void atomics(void) {
     free(m);
 }
 
+static void watch_answers(void) {
+    uint8_t *a = malloc(16), *b = malloc(8);
+    memset(a, 0, 16);
+    memset(b, 0, 8);
+    ringq_watched w[3] = {{a, 16, 0, 0, 4, 0}, {a, 16, 8, 0, 8, 0}, {b, 8, 0, 0, 8, 0}};
+    CHECK(ringq_store32(a, 16, 0, 5) == 0 && ringq_store64(a, 16, 8, 1ull << 40) == 0);
+    CHECK(ringq_store64(b, 8, 0, 9) == 0);
+    CHECK(ringq_watch(w, 3, 0) == 0); /* the expects (0) are not what the words hold */
+    CHECK(ringq_watch(w, 3, 1) == 1 && w[0].expect == 5 && w[1].expect == 1ull << 40 && w[2].expect == 9);
+    CHECK(ringq_watch(w, 3, 0) == 1);
+    CHECK(ringq_store64(b, 8, 0, 10) == 0); /* the last word moves: seen */
+    CHECK(ringq_watch(w, 3, 0) == 0);
+    CHECK(ringq_watch(w, 2, 0) == 1);       /* ... by a watch of all three only */
+    CHECK(ringq_watch(w, 3, 1) == 1 && ringq_watch(w, 3, 0) == 1);
+    CHECK(ringq_watch(w, 0, 0) == 1 && ringq_watch(NULL, 0, 0) == 1 && ringq_watch(NULL, 1, 0) == RINGQ_EINVAL);
+    /* a bad entry anywhere: refused before anything is read or reset */
+    ringq_watched bad[2] = {{a, 16, 0, 77, 4, 0}, {a, 16, 4, 0, 8, 0}};
+    CHECK(ringq_watch(bad, 2, 1) == RINGQ_EALIGN && bad[0].expect == 77);
+    bad[1].off = 16;
+    CHECK(ringq_watch(bad, 2, 1) == RINGQ_EBOUNDS && bad[0].expect == 77);
+    bad[1].off = 8;
+    bad[1].width = 2;
+    CHECK(ringq_watch(bad, 2, 1) == RINGQ_EINVAL && bad[0].expect == 77);
+    bad[1].width = 8;
+    bad[1].maplen = 0; /* a closed mapping: its length is 0 */
+    CHECK(ringq_watch(bad, 2, 0) == RINGQ_EBOUNDS);
+    free(a);
+    free(b);
+}
+
 static void put_record(uint8_t *m, size_t maplen, const ringq_geom *g, uint32_t slot, uint32_t plen) {
     uint32_t len = RINGQ_REC_HEADER + plen;
     uint32_t span = (len + g->slot_size - 1) / g->slot_size;
@@ -799,6 +829,7 @@ int main(int argc, char **argv) {
     rng_state = argc > 2 ? strtoull(argv[2], NULL, 10) * 2 + 1 : 0x9E3779B97F4A7C15ULL;
     known_answers();
     atomics();
+    watch_answers();
     pair_mapping();
     append_pair();
     char apath[] = "/tmp/ringq-selftest-append-XXXXXX";

@@ -2,7 +2,8 @@
 
 The C calls write their results into structs the caller passes.  Threads of one process call
 them at once -- a waiting lease runs outside the queue lock -- so every struct here is per
-thread: no thread ever reads another's results.
+thread: no thread ever reads another's results; except the ack's, which is per queue and used
+under the queue's lock (:func:`ack_out`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ __all__ = [
     "RUN_BOUND",
     "RUN_FULL",
     "ack",
+    "ack_out",
     "ACKED",
     "REPEATED",
     "REFUSED",
@@ -62,7 +64,6 @@ class _Buffers(threading.local):
         self.out = ffi.new("ringq_claim_out *")
         self.rec = ffi.new("ringq_claimed *")
         self.rec_buf = ffi.buffer(self.rec)
-        self.ack = ffi.new("uint64_t[3]")
         # claim_run's run keys, next index and reason, and results: one attribute, because each
         # read of a thread-local attribute costs.
         run = ffi.new("ringq_claimed[]", RUN_CAP)
@@ -114,20 +115,24 @@ def wait_claim(
     return WaitClaimed(co.slot, co.word, co.prev, CLAIMED.unpack_from(bufs.rec_buf))
 
 
-def ack(seg: Segment, slot: int, token: int, ctl: Control) -> tuple[int, int, int, int]:
+def ack_out() -> CData:
+    """The buffer :func:`ack` reports into: one per queue, used under the queue's lock."""
+    return ffi.new("uint64_t[3]")
+
+
+def ack(seg: Segment, slot: int, token: int, ctl: Control, out: CData) -> int:
     """CAS ``slot``'s lease with fencing token ``token`` (0: any) to DONE at the current time,
-    counting it finished and acked (ringq_ack).  Returns ``(answer, word, finished, dependents)``:
-    ACKED (``word`` the DONE word, ``finished`` the segment's new finished count, ``dependents``
-    the control page's dependents counter read after the CAS), REPEATED, REFUSED (``word`` the
-    word seen) or CANCEL_REQUESTED; raises for a bounds error (a closed segment or control page).
-    The control page is unmapped only under the queue's lock, which the caller holds."""
-    out = _buffers.ack
+    counting it finished and acked (ringq_ack).  Returns ACKED (then ``out`` holds the DONE word,
+    the segment's new finished count and the control page's dependents counter read after the
+    CAS), REPEATED, REFUSED (``out[0]`` the word seen) or CANCEL_REQUESTED; raises for a bounds
+    error (a closed segment or control page).  ``out`` is the caller's (:func:`ack_out`).  The
+    control page is unmapped only under the queue's lock, which the caller holds."""
     mapping = seg.ptr  # held through the call: a close meanwhile cannot unmap under it
-    rc = lib.ringq_ack(seg.ref, ctl.ref, slot, token, out)
+    rc: int = lib.ringq_ack(seg.ref, ctl.ref, slot, token, out)
     del mapping
     if rc < 0:
         native.check(rc, seg.path)
-    return rc, out[0], out[1], out[2]
+    return rc
 
 
 def claim_run(

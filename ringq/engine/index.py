@@ -134,7 +134,7 @@ class Index:
 
     def entry(self, view: View, slot: int, at: int) -> tuple:
         """The individual heap entry of the job at ``slot``, due at ``at``."""
-        prio, lk = int(view.prio[slot]), int(view.lanekey[slot])
+        prio, lk = view.prio.item(slot), view.lanekey.item(slot)
         return (self.rank(prio, lk), at, order(view, slot), 1, view.seg.seq, lk, slot, 0)
 
     def keyed(self) -> None:
@@ -197,7 +197,7 @@ class Index:
         view.entered[slot] = True
         if at > now:
             heapq.heappush(
-                self.sched, (at, -int(view.prio[slot]), order(view, slot), seg.seq, slot)
+                self.sched, (at, -view.prio.item(slot), order(view, slot), seg.seq, slot)
             )
         else:
             heapq.heappush(self.heap, self.entry(view, slot, at))
@@ -209,7 +209,7 @@ class Index:
         self.parked.add(key)
         view.entered[slot] = True
         heapq.heappush(
-            self.sched, (due_ms, -int(view.prio[slot]), order(view, slot), view.seg.seq, slot)
+            self.sched, (due_ms, -view.prio.item(slot), order(view, slot), view.seg.seq, slot)
         )
 
     def _lane_key(self, view: View, lane: Lane, now: int | None = None) -> tuple | None:
@@ -236,7 +236,7 @@ class Index:
             if idx < 0 or idx >= arr.n:
                 lane.cursor = arr.n
                 return None
-            slot = int(arr.a[idx])
+            slot = arr.a.item(idx)
             w = out[0]
             if w & FLAG_CANCEL:  # DEFERRED: passed over (its release parks it)
                 lane.cursor = idx + 1
@@ -264,7 +264,7 @@ class Index:
         first, and hands back any other candidate."""
         if lane.queued or lane.cursor >= lane.slots.n:
             return
-        slot = int(lane.slots.a[lane.cursor])
+        slot = lane.slots.a.item(lane.cursor)
         if not view.plain[slot]:
             self.queue_lane(view, lane)
             return
@@ -273,7 +273,7 @@ class Index:
             self.heap,
             (
                 self.rank(lane.prio, lane.key),
-                int(view.avail[slot]),
+                view.avail.item(slot),
                 order(view, slot),
                 0,
                 view.seg.seq,
@@ -412,7 +412,7 @@ class Index:
                 if at > now:
                     self._schedule(view, slot, at)
                     continue
-                prio_s, lk = int(view.prio[slot]), int(view.lanekey[slot])
+                prio_s, lk = view.prio.item(slot), view.lanekey.item(slot)
                 if (self.rank(prio_s, lk), at, order(view, slot)) > entry[:3]:
                     self.park(view, slot, now)  # its available-at moved: re-queue at its real place
                     continue

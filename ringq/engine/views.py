@@ -173,7 +173,7 @@ def key_id(key: str) -> int:
 def order(view: View, slot: int) -> int:
     """FIFO rank of a job among jobs of equal priority and available-at: its enqueue time (µs),
     then its seq.  A relocated copy keeps its original's enqueue time, so it keeps its place."""
-    return (int(view.enq[slot]) << 32) | (int(view.seq[slot]) & 0xFFFFFFFF)
+    return (view.enq.item(slot) << 32) | (view.seq.item(slot) & 0xFFFFFFFF)
 
 
 def due(view: View, slot: int, w: int) -> int:
@@ -184,5 +184,5 @@ def due(view: View, slot: int, w: int) -> int:
     the exact time; use it, so the copy keeps its place among jobs due in between."""
     rel = rel_time(w)
     if rel == 0 and not lease_count(w):
-        return min(view.seg.epoch_ms, int(view.avail[slot]))
+        return min(view.seg.epoch_ms, view.avail.item(slot))
     return view.seg.epoch_ms + rel

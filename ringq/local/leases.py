@@ -96,6 +96,7 @@ class Leases:
         self.relocator = relocator
         self.refresh = refresh
         self._direct: dict[tuple[int, int, int], Direct] = {}
+        self._ack_out = claim.ack_out()  # what an ack reports (acks run under the queue lock)
         # (visibility timeout, detach, pid, Direct) of the last call of direct().
         self._last_direct: tuple[float, bool, int, Direct] | None = None
 
@@ -486,10 +487,10 @@ class Leases:
                     seg = view.seg
                     if self.gate.holds():
                         self._release_slot(seg, slot)
-                    answer, word, finished, deps = claim.ack(seg, slot, token, self.ring.ctl)
-                    if answer == claim.ACKED:
+                    out = self._ack_out
+                    if claim.ack(seg, slot, token, self.ring.ctl, out) == claim.ACKED:
                         job.ack_accepted = True
-                        return self._acked(view, seg, slot, word, finished, deps)
+                        return self._acked(view, seg, slot, out[0], out[1], out[2])
         out = self._ack(job, queue)
         if isinstance(job, Job):
             job.ack_accepted = True
@@ -506,13 +507,14 @@ class Leases:
         if token is None or token > 0:
             # The common case in one C call: LEASED with this token -> DONE (ringq/engine/transitions.py
             # allows it; a cancel-requested lease comes back as 3 for the policy below).
-            answer, word, finished, deps = claim.ack(seg, slot, token or 0, self.ring.ctl)
+            out = self._ack_out
+            answer = claim.ack(seg, slot, token or 0, self.ring.ctl, out)
             if answer == claim.ACKED:  # counted as acked and finished by the call
-                return self._acked(view, seg, slot, word, finished, deps)
+                return self._acked(view, seg, slot, out[0], out[1], out[2])
             if answer == claim.REPEATED:
                 return None
             if answer == claim.REFUSED:
-                transitions.require_lease(word, job_id, token, "ack")  # raises, saying why
+                transitions.require_lease(out[0], job_id, token, "ack")  # raises, saying why
         w = seg.load_state(slot)
         while True:
             if state(w) == ST_DONE and (token is None or lease_count(w) == token):

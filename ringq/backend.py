@@ -564,6 +564,7 @@ def stream_leases(
     left = count
     size = 1
     started, handed = 0.0, 0
+    late = 0.0  # when the batch's leases not handed out yet go back (monotonic seconds)
     pending: deque[Job] = deque()
     try:
         while True:
@@ -576,17 +577,16 @@ def stream_leases(
                     return
                 pending.extend(jobs)
                 started = time.monotonic()
+                late = started + visibility_timeout / 4
                 handed = 0
             elif stopped():
                 return
-            if give_back is not None and pending and handed:
-                took = time.monotonic() - started
-                if took > visibility_timeout / 4:
-                    back = list(pending)
-                    pending.clear()
-                    give_back(back)
-                    size = 1
-                    continue
+            if handed and give_back is not None and time.monotonic() > late:
+                back = list(pending)  # a quarter of the visibility timeout passed: hand them back
+                pending.clear()
+                give_back(back)
+                size = 1
+                continue
             job = pending.popleft()
             handed += 1
             if left is not None:

@@ -64,12 +64,18 @@ class _Buffers(threading.local):
         self.out = ffi.new("ringq_claim_out *")
         self.rec = ffi.new("ringq_claimed *")
         self.rec_buf = ffi.buffer(self.rec)
-        # claim_run's run keys, next index and reason, and results: one attribute, because each
-        # read of a thread-local attribute costs.
+        # claim_run's run keys, next index and reason, results, and the run_fields ``keys``
+        # points at (a view's, fixed for the view's life): one attribute, because each read of a
+        # thread-local attribute costs.
         run = ffi.new("ringq_claimed[]", RUN_CAP)
-        self.take = (ffi.new("ringq_run_keys *"), ffi.new("uint32_t[2]"), run, ffi.buffer(run))
-        # The run_fields ``keys`` points at (a view's, fixed for the view's life).
-        self.fields: object = None
+        fields: list[object] = [None]
+        self.take = (
+            ffi.new("ringq_run_keys *"),
+            ffi.new("uint32_t[2]"),
+            run,
+            ffi.buffer(run),
+            fields,
+        )
 
 
 _buffers = _Buffers()
@@ -155,11 +161,10 @@ def claim_run(
     ``(available ms, enqueue µs, seq)`` of the best candidate outside the lane (None: none ranks
     near).  Returns ``(jobs, next index, why it stopped)``: each job a tuple of
     ``ringq_claimed``'s fields (records.CLAIMED_FIELDS).  Raises for a bounds error."""
-    bufs = _buffers
-    k, nxt, run, run_buf = bufs.take
-    if fields is not bufs.fields:
+    k, nxt, run, run_buf, pointed = _buffers.take
+    if fields is not pointed[0]:
         k.avail_ms, k.enq_us, k.seq = fields
-        bufs.fields = fields
+        pointed[0] = fields
     if bound is None:
         k.bounded = 0
     else:

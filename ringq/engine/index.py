@@ -374,7 +374,8 @@ class Index:
                     )
                     lane.cursor = nxt
                     if jobs:
-                        self.served(lane.key, lane.prio, len(jobs))
+                        if self.fair:
+                            self.served(lane.key, lane.prio, len(jobs))
                         out += direct.made_run(view, jobs)
                     if why == RUN_END:
                         continue

@@ -234,6 +234,7 @@ class Leases:
         ring = self.ring
         hdr = records.REC_HEADER.size
         keyed = codec.KEYED
+        dur = ring.dur
 
         def made_run(view: View, jobs: list[tuple[int, ...]]) -> list[Job]:
             # Jobs leased in C, built from what the call reported (no read of the index or the
@@ -288,7 +289,7 @@ class Leases:
                         (cid, raw),
                     )
                 )
-            ring.note_state(seg, 0, final=False)  # the flush is per segment
+            dur.note_state(seg, 0)  # the flush is per segment (Ring.note_state, one call less)
             return out
 
         if len(self._direct) > 64:

@@ -159,3 +159,24 @@ def test_a_snapshot_acks_through_another_open_of_its_queue(tmp_path):
     with Queue(tmp_path, "a") as q3:
         q3.ack(kept)
         assert q3.get(kept.id).state is JobState.DONE
+
+
+@pytest.mark.parametrize("token", [["1"], 1.0, 2, "2", "", "x1", None])
+def test_a_token_that_is_not_the_leases_is_refused_whatever_its_type(tmp_path, token):
+    # Only the token the lease issued ("1"), or its number, acks it; any other value -- of any
+    # type, hashable or not -- is refused with NotLeasedError, and the lease stays held.
+    import dataclasses
+
+    with Queue(tmp_path) as q:
+        q.enqueue("x")
+        job = q.lease_one()
+        forged = dataclasses.replace(job, lease_token=token)
+        if token is None:  # a snapshot without a token is an operator's ack, as by bare id
+            q.ack(forged)
+            assert q.get(job.id).state is JobState.DONE
+            return
+        with pytest.raises(NotLeasedError):
+            q.ack(forged)
+        assert q.get(job.id).state is JobState.LEASED
+        q.ack(dataclasses.replace(job, lease_token=1))  # its number, as an int
+        assert q.get(job.id).state is JobState.DONE

@@ -475,7 +475,8 @@ class Leases:
             # record this index holds, acked in one C call.  Anything else takes _ack.
             segseq, slot, origin = job.record_position
             view = self.index.views.get(segseq)
-            token = _TOKENS.get(job.lease_token)  # type: ignore[arg-type]
+            tok = job.lease_token
+            token = _TOKENS.get(tok) if tok.__class__ is str else None
             if (
                 view is not None
                 and token is not None

@@ -11,7 +11,7 @@ import pytest
 from procs import spawn
 
 import ringq
-from ringq import DuplicateJobError, LimitError, LimitsFileError, Queue
+from ringq import DuplicateJobError, LimitError, LimitsFileError, NotLeasedError, Queue
 
 # A consumer that measures concurrency itself: the number of handlers of the key running at once
 # lives in a shared file, changed under flock, and the largest value seen is kept beside it.
@@ -418,3 +418,24 @@ def test_a_limit_without_a_rate_has_no_burst(qdir):
     info = {i.name: i for i in q.limits()}
     assert info["c"].burst is None and info["c"].to_dict()["burst"] is None
     assert info["r"].burst == 2
+
+
+@pytest.mark.parametrize("op", ["ack", "nack"])
+def test_a_stale_holders_refused_ack_or_nack_keeps_the_current_leases_cap_slot(qdir, op):
+    # The job's first lease expires and this process leases it again (token 2), holding the cap's
+    # only slot; the first snapshot's ack or nack is refused -- and must not free that slot.
+    q = Queue(qdir, visibility_timeout=0.2)
+    q.limit("k", concurrency=1)
+    q.enqueue(1, key="k", priority=5)
+    q.enqueue(2, key="k")
+    old = q.lease_one()
+    time.sleep(0.3)
+    cur = q.lease_one(visibility_timeout=30)
+    assert cur.id == old.id and cur.lease_token == "2"
+    assert q.lease(5) == []
+    with pytest.raises(NotLeasedError):
+        q.ack(old) if op == "ack" else q.nack(old, delay=0)
+    assert q.lease(5) == []  # the cap of 1 still holds
+    assert [i.running for i in q.limits()] == [1]
+    q.ack(cur)  # the current lease's end frees it
+    assert [j.payload for j in q.lease(5)] == [2]

@@ -487,8 +487,6 @@ class Leases:
                     self.index.read_through(view, slot)  # leased by ringq_wait_claim: read in late
                 if view.seq.item(slot) == job.seq:
                     seg = view.seg
-                    if self.gate.holds():
-                        self._release_slot(seg, slot)
                     out = self._ack_out
                     if claim.ack(seg, slot, token, self.ring.ctl, out) == claim.ACKED:
                         job.ack_accepted = True
@@ -505,7 +503,6 @@ class Leases:
             return None  # its segment retired, so it was finished: a repeated ack
         token = token_number(job.lease_token) if isinstance(job, Job) else None
         seg = view.seg
-        self._release_slot(seg, slot)
         if token is None or token > 0:
             # The common case in one C call: LEASED with this token -> DONE (ringq/engine/transitions.py
             # allows it; a cancel-requested lease comes back as 3 for the policy below).
@@ -514,14 +511,16 @@ class Leases:
             if answer == claim.ACKED:  # counted as acked and finished by the call
                 return self._acked(view, seg, slot, out[0], out[1], out[2])
             if answer == claim.REPEATED:
+                self._release_slot(seg, slot, out[0])
                 return None
             if answer == claim.REFUSED:
-                transitions.require_lease(out[0], job_id, token, "ack")  # raises, saying why
+                self._require(seg, slot, out[0], job_id, token, "ack")  # raises, saying why
         w = seg.load_state(slot)
         while True:
             if state(w) == ST_DONE and (token is None or lease_count(w) == token):
+                self._release_slot(seg, slot, w)
                 return None  # a repeated ack; a stale holder's ack of a job done by another is refused below
-            transitions.require_lease(w, job_id, token, "ack")
+            self._require(seg, slot, w, job_id, token, "ack")
             done = transitions.acked(w, now_ms() - seg.epoch_ms)
             ok, w = seg.cas_state(slot, w, done)
             if ok:
@@ -535,6 +534,8 @@ class Leases:
     ) -> Segment:
         """After the ack's CAS, counted: durability, the holder's bookkeeping, the jobs that
         wait for this one (``deps``: the dependents counter read after the CAS), retirement."""
+        if self.gate.holds():
+            self._release_slot(seg, slot)  # the lease ended: its cap slots are free
         self.ring.dur.note_ack(seg, slot, done)
         self.owners.held.pop((seg.seq, slot), None)
         if deps:  # the queue has had dependents: fire this job's edges
@@ -559,8 +560,7 @@ class Leases:
         """Return a leased job to READY after a backoff delay, or dead-letter it; the new snapshot."""
         view, slot, w, job_id, token = self.word_for(job, queue, "nack")
         seg = view.seg
-        self._release_slot(seg, slot)
-        transitions.require_lease(w, job_id, token, "nack")
+        self._require(seg, slot, w, job_id, token, "nack")
         lc = lease_count(w)
         attempts = int(view.attb[slot]) + lc
         if error is not None:
@@ -572,8 +572,9 @@ class Leases:
             ok, w2 = seg.cas_state(slot, w, new)
             if ok:
                 break
-            transitions.require_lease(w2, job_id, token, "nack")
+            self._require(seg, slot, w2, job_id, token, "nack")
             w = w2
+        self._release_slot(seg, slot)  # the lease ended: its cap slots are free
         self.ring.dur.note_ack(seg, slot, new)
         self.owners.held.pop((seg.seq, slot), None)
         self.deps.changed(view, slot, new)
@@ -588,9 +589,22 @@ class Leases:
             self.relocator.offer(view, hot=True)
         return out
 
-    def _release_slot(self, seg: Segment, slot: int) -> None:
-        if self.gate.release((seg.seq, slot)):
+    def _release_slot(self, seg: Segment, slot: int, word: int | None = None) -> None:
+        """Free this process's cap slots for the job at ``slot`` (LimitGate.release: at once, or
+        with ``word`` only if the lease they were taken for is no longer live)."""
+        if self.gate.release((seg.seq, slot), word):
             self.ring.ctl.wake()  # a cap slot is free: leases waiting for it may go
+
+    def _require(
+        self, seg: Segment, slot: int, w: int, job_id: str, token: int | None, op: str
+    ) -> None:
+        """transitions.require_lease for ``op``; a refusal first frees the cap slots this process
+        holds for a lease of the job that has ended (never those of its current lease)."""
+        try:
+            transitions.require_lease(w, job_id, token, op)
+        except NotLeasedError:
+            self._release_slot(seg, slot, w)
+            raise
 
     def extend(self, job: Job | str, queue: str, seconds: float) -> Job:
         """Push a lease's deadline to ``max(deadline, now) + seconds``; the new snapshot."""

@@ -48,7 +48,7 @@ from ringq.engine import forksafe, lifecycle, unique
 from ringq.engine.limits_file import MAX_CONCURRENCY, MAX_LIMITS, MAX_UNIQUE, Limit, LimitsFile
 from ringq.engine.segment import Segment
 from ringq.engine.unique import MAX_UNIQUE_FOR
-from ringq.engine.words import LC_MASK, ST_LEASED
+from ringq.engine.words import LC_MASK, ST_LEASED, lease_count, state
 from ringq.job import Job
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -328,14 +328,21 @@ class LimitGate:
         """True if this process holds any cap slot (so an ack may have one to free)."""
         return bool(self._held)
 
-    def release(self, loc: tuple[int, int]) -> bool:
-        """Free the cap slots held for the job at ``loc`` (at its ack or nack).  True if any was held."""
+    def release(self, loc: tuple[int, int], word: int | None = None) -> bool:
+        """Free the cap slots held for the job at ``loc`` once the lease they were taken for
+        ended: at once (``word`` None: the caller just ended it, by an ack or a nack), or if the
+        job's state word ``word`` shows that lease is not live any more (finished, or leased again
+        with another token).  True if any were freed.  A refused ack or nack of a stale token
+        passes ``word``, so that it never frees the slots of the job's current lease."""
         if not self._held:  # nothing held in this process (no caps): no lock needed to say so
             return False
         with self._mutex:
-            held = self._held.pop(loc, None)
+            held = self._held.get(loc)
             if held is None:
                 return False
+            if word is not None and state(word) == ST_LEASED and lease_count(word) == held[2]:
+                return False  # the lease the slots were taken for is still held
+            del self._held[loc]
             for index, j in held[0].slots:
                 self._unlock(index, j)
             return True

@@ -27,8 +27,10 @@ HAS_BENCH = importlib.util.find_spec("ringq.bench") is not None
 
 def ringq(qdir, *args: str, rc: int | None = 0, stdin: str | None = None, cwd=None, timeout: float = 60,
           env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -m ringq --dir QDIR ARGS``; check the exit status unless ``rc`` is None."""
-    proc = subprocess.run([sys.executable, "-m", "ringq", "--dir", str(qdir), *args], input=stdin,
+    """Run ``python -m ringq --dir QDIR ARGS`` (no ``--dir`` if QDIR is None); check the exit status
+    unless ``rc`` is None."""
+    where = [] if qdir is None else ["--dir", str(qdir)]
+    proc = subprocess.run([sys.executable, "-m", "ringq", *where, *args], input=stdin,
                           capture_output=True, text=True, timeout=timeout, cwd=cwd,
                           env=child_env() if env is None else env)
     if rc is not None:
@@ -533,9 +535,49 @@ def test_demo_runs_on_a_small_tree(tmp_path):
     src.mkdir()
     for i in range(30):
         (src / f"f{i}.txt").write_text("ringq " * (i + 1))
-    proc = ringq(tmp_path / "unused", "demo", "--source", str(src), "--workers", "2", "--threads", "1",
+    proc = ringq(None, "demo", "--source", str(src), "--workers", "2", "--threads", "1",
                  "--no-kill", timeout=120)
     assert "OK: every file's job is done exactly once" in proc.stdout
+
+
+@pytest.mark.parametrize("given,named", [(["--dir", "x"], "-d/--dir"), (["-q", "mine"], "-q/--queue"),
+                                         (["--json"], "--json")])
+def test_demo_refuses_the_global_options_it_cannot_honour(tmp_path, given, named):
+    # It runs on a queue of its own and prints a report: a --dir, a queue name or --json that it
+    # would ignore is refused in one line, before anything runs.
+    proc = ringq(None, *given, "demo", "--limit", "5", rc=None, cwd=tmp_path)
+    err = one_line_error(proc)
+    assert "demo does not take " + named in err and "--keep" in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_demo_whose_output_is_closed_ends_with_its_workers(tmp_path):
+    # `ringq demo | head -1`: the reader leaves after one line; the demo must end (exit 141, the
+    # broken pipe), and take its worker processes with it rather than wait for them forever.
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(400):
+        (src / f"f{i}.txt").write_text("ringq " * (i + 1))
+    proc = subprocess.Popen([sys.executable, "-m", "ringq", "demo", "--source", str(src), "--workers", "2",
+                             "--no-kill"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=child_env(),
+                            start_new_session=True)
+    assert proc.stdout.readline().startswith(b"ringq demo:")
+    proc.stdout.close()
+    try:
+        assert proc.wait(timeout=30) == 141
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)  # any of its children left?
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("a demo worker outlived the demo")
 
 
 @pytest.mark.skipif(HAS_BENCH, reason="ringq.bench exists in this tree")

@@ -18,7 +18,8 @@ from ringq import Queue
 
 
 def ringq_cli(qdir, *args, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ringq", "--dir", str(qdir), *args], capture_output=True,
+    where = [] if qdir is None else ["--dir", str(qdir)]
+    return subprocess.run([sys.executable, "-m", "ringq", *where, *args], capture_output=True,
                           text=True, env=child_env(), timeout=120, **kw)
 
 
@@ -217,7 +218,7 @@ def test_structured_arrays_keep_their_field_names(tmp_path):
 ])
 def test_demo_refuses_bad_arguments_in_one_line(tmp_path, args, needle):
     """Finding: --threads 0 printed worker tracebacks and negative redelivery counts."""
-    proc = ringq_cli(tmp_path, "demo", *args)
+    proc = ringq_cli(None, "demo", *args)
     assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -226,7 +227,7 @@ def test_demo_refuses_a_used_keep_directory(tmp_path):
     keep = tmp_path / "keep"
     keep.mkdir()
     (keep / "something").write_text("x")
-    proc = ringq_cli(tmp_path, "demo", "--keep", str(keep), "--limit", "5")
+    proc = ringq_cli(None, "demo", "--keep", str(keep), "--limit", "5")
     assert proc.returncode == 2 and "new or empty directory" in proc.stderr
 
 

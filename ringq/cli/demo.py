@@ -19,6 +19,7 @@ import sysconfig
 import tempfile
 import time
 import zlib
+from typing import Any
 
 import numpy as np
 
@@ -127,6 +128,7 @@ def run(
     # One segment large enough for every job, so the final accounting can read every job back.
     slot_count = max(16384, 1 << (2 * len(files) - 1).bit_length())
     ctx = multiprocessing.get_context("fork")
+    procs: list[Any] = []
     try:
         with Queue(qdir, QUEUE, slot_count=slot_count, visibility_timeout=30.0) as q:
             out(
@@ -135,12 +137,9 @@ def run(
             out(
                 f"queue: {qdir} (queue {QUEUE!r}, durability {q.durability}); {workers} worker processes x {threads} threads"
             )
-            procs = [
-                ctx.Process(target=_worker_main, args=(qdir, ledger_dir, threads))
-                for _ in range(workers)
-            ]
-            for p in procs:
-                p.start()
+            for _ in range(workers):
+                procs.append(ctx.Process(target=_worker_main, args=(qdir, ledger_dir, threads)))
+                procs[-1].start()
             t0 = time.monotonic()
             ids = []
             for i in range(0, len(files), 64):
@@ -174,15 +173,27 @@ def run(
                     break
                 time.sleep(0.005 if killed is None and kill else 0.05)
             wall = time.monotonic() - t0
-            for p in procs:
-                if p.is_alive() and p.pid is not None:  # alive: started, so it has a pid
-                    os.kill(p.pid, signal.SIGTERM)
-            for p in procs:
-                p.join()
+            _stop(procs)
             return _report(q, files, ids, ledger_dir, wall, killed, kill, out)
     finally:
+        # Whatever ended the run (an error, Ctrl-C, stdout closed by `| head`): no worker may
+        # outlive it, working on a directory about to be removed.
+        _stop(procs, grace=2.0)
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _stop(procs: list[Any], grace: float | None = None) -> None:
+    """SIGTERM the live workers and wait for them; with ``grace``, SIGKILL any still running
+    after that many seconds."""
+    for p in procs:
+        if p.is_alive() and p.pid is not None:  # alive: started, so it has a pid
+            os.kill(p.pid, signal.SIGTERM)
+    for p in procs:
+        p.join(grace)
+        if p.is_alive() and p.pid is not None:
+            os.kill(p.pid, signal.SIGKILL)
+            p.join()
 
 
 def _report(q: Queue, files, ids, ledger_dir, wall, killed, kill, out) -> int:

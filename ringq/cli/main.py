@@ -1589,6 +1589,21 @@ def _check_target(args: argparse.Namespace) -> None:
         raise UserError("give either --dir or --url, not both")
     if url and args.cmd in URL_REFUSED:
         raise UserError(f"{args.cmd} does not apply to --url: {URL_REFUSED[args.cmd]}")
+    if args.cmd == "demo":
+        given = [
+            name
+            for name, used in (
+                ("-d/--dir", args.dir is not None),
+                ("-q/--queue", args.queue != "default"),
+                ("--json", args.json),
+            )
+            if used
+        ]
+        if given:
+            raise UserError(
+                f"demo does not take {', '.join(given)}: it runs on a queue of its own, in a "
+                "temporary directory (--keep DIR to choose and keep it), and prints a report"
+            )
     args.dir = url or args.dir or "./.ringq"  # with --url, messages name where the queue lives
 
 

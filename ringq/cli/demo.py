@@ -19,7 +19,7 @@ import sysconfig
 import tempfile
 import time
 import zlib
-from typing import Any
+from multiprocessing.process import BaseProcess
 
 import numpy as np
 
@@ -128,7 +128,7 @@ def run(
     # One segment large enough for every job, so the final accounting can read every job back.
     slot_count = max(16384, 1 << (2 * len(files) - 1).bit_length())
     ctx = multiprocessing.get_context("fork")
-    procs: list[Any] = []
+    procs: list[BaseProcess] = []
     try:
         with Queue(qdir, QUEUE, slot_count=slot_count, visibility_timeout=30.0) as q:
             out(
@@ -183,7 +183,7 @@ def run(
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _stop(procs: list[Any], grace: float | None = None) -> None:
+def _stop(procs: list[BaseProcess], grace: float | None = None) -> None:
     """SIGTERM the live workers and wait for them; with ``grace``, SIGKILL any still running
     after that many seconds."""
     for p in procs:

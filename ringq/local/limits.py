@@ -48,7 +48,7 @@ from ringq.engine import forksafe, lifecycle, unique
 from ringq.engine.limits_file import MAX_CONCURRENCY, MAX_LIMITS, MAX_UNIQUE, Limit, LimitsFile
 from ringq.engine.segment import Segment
 from ringq.engine.unique import MAX_UNIQUE_FOR
-from ringq.engine.words import LC_MASK, ST_LEASED, lease_count, state
+from ringq.engine.words import ST_LEASED, lease_count, state
 from ringq.job import Job
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -287,13 +287,12 @@ class LimitGate:
         for (idx, _j), loc in list(self._mine.items()):
             if idx != index or loc not in self._held:
                 continue
-            _ticket, seg, lc = self._held[loc]
+            seg = self._held[loc][1]
             try:
                 w = seg.load64(seg.state_off_of(loc[1]))
             except errors.RingqError:
                 w = 0  # the segment retired: the job finished
-            if w & 7 != ST_LEASED or (w >> 6) & LC_MASK != lc:
-                freed |= self.release(loc)
+            freed |= self.release(loc, w)  # only if the lease the slots were taken for ended
         return freed
 
     def undo(self, ticket: _Ticket | None) -> None:

@@ -379,9 +379,10 @@ def test_verify_reports_a_damaged_segment_header_without_touching_it(tmp_path):
 def test_output_into_a_closed_pipe_is_quiet(tmp_path):
     q = tmp_path / "q"
     ringq(q, "enqueue", "x" * 40, "--count", "3000")
-    proc = subprocess.run(f"{sys.executable} -m ringq --dir {q} list | head -n 1", shell=True,
-                          capture_output=True, text=True, env=child_env(), timeout=60)
+    proc = subprocess.run(["bash", "-c", f"{sys.executable} -m ringq --dir {q} list | head -n 1; "
+                           "exit ${PIPESTATUS[0]}"], capture_output=True, text=True, env=child_env(), timeout=60)
     assert proc.stdout.startswith("ID") and proc.stderr == ""
+    assert proc.returncode == 141
 
 
 # -- work ---------------------------------------------------------------------------------------------
@@ -578,6 +579,89 @@ def test_demo_whose_output_is_closed_ends_with_its_workers(tmp_path):
     else:
         os.killpg(proc.pid, signal.SIGKILL)
         raise AssertionError("a demo worker outlived the demo")
+
+
+def _slow_demo(tmp_path) -> tuple[subprocess.Popen, str]:
+    """A demo whose jobs take about a second each (large sparse files, nothing on disk), started in
+    a session of its own with TMPDIR under tmp_path; returns it once its jobs are enqueued, with
+    the queue directory it named."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(8):
+        with open(src / f"sparse{i}", "wb") as fh:
+            fh.truncate(256 << 20)
+    (tmp_path / "tmp").mkdir()
+    env = dict(child_env(), TMPDIR=str(tmp_path / "tmp"))
+    proc = subprocess.Popen([sys.executable, "-m", "ringq", "demo", "--source", str(src), "--workers", "2",
+                             "--threads", "1", "--no-kill"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            env=env, start_new_session=True)
+    lines = [proc.stdout.readline().decode() for _ in range(3)]
+    assert lines[2].startswith("enqueued 8 durable jobs"), lines
+    qdir = lines[1].split()[1]
+    assert qdir.startswith(str(tmp_path / "tmp")) and os.path.isdir(qdir), lines
+    return proc, qdir
+
+
+def _no_process_left_in(pgid: int, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.killpg(pgid, signal.SIGKILL)
+    raise AssertionError("a demo worker outlived the demo")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_demo_ended_by_a_signal_stops_its_workers_and_removes_its_directory(tmp_path, signum):
+    # `kill PID` or a closed terminal ends the demo as Ctrl-C does: workers stopped, its temporary
+    # queue directory removed, the exit status 128 + the signal's number.
+    proc, qdir = _slow_demo(tmp_path)
+    try:
+        proc.send_signal(signum)
+        assert proc.wait(timeout=30) == 128 + signum
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    _no_process_left_in(proc.pid)
+    assert not os.path.exists(qdir)
+
+
+def test_demo_workers_end_when_the_demo_is_sigkilled(tmp_path):
+    # Nothing of the demo's runs after SIGKILL, but its workers must not go on hashing for nobody.
+    proc, _ = _slow_demo(tmp_path)
+    try:
+        proc.kill()
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    _no_process_left_in(proc.pid)
+
+
+@pytest.mark.parametrize("closed", [">&-", "2>&-", "<&- >&- 2>&-"])
+def test_commands_run_with_a_standard_stream_closed(tmp_path, closed):
+    # `ringq ... >&-`: what would be printed goes nowhere, the command still does its work and exits
+    # with its usual status; a queue file never takes descriptor 1 or 2 and receives the output.
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(20):
+        (src / f"f{i}.txt").write_text("ringq " * (i + 1))
+    qdir = tmp_path / "q"
+
+    def closed_run(*args: str) -> int:
+        cmd = " ".join([sys.executable, "-m", "ringq", *args, closed])
+        return subprocess.run(["sh", "-c", cmd], env=child_env(), timeout=120).returncode
+
+    assert closed_run("--dir", str(qdir), "enqueue", "hello") == 0
+    assert closed_run("--dir", str(qdir), "list") == 0
+    assert closed_run("--dir", str(qdir), "--json", "stats") == 0
+    assert closed_run("--dir", str(qdir), "stats", "--no-such-option") == 2
+    assert closed_run("demo", "--source", str(src), "--workers", "2", "--threads", "1", "--no-kill") == 0
+    assert [j.payload for j in Queue(qdir).list_jobs()] == ["hello"]
+    assert ringq(qdir, "verify").returncode == 0
 
 
 @pytest.mark.skipif(HAS_BENCH, reason="ringq.bench exists in this tree")

@@ -9,6 +9,7 @@ redeliveries counted.  Exits 1 if a single job is missing.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import multiprocessing
@@ -17,6 +18,7 @@ import shutil
 import signal
 import sysconfig
 import tempfile
+import threading
 import time
 import zlib
 from multiprocessing.process import BaseProcess
@@ -75,8 +77,23 @@ def _handle(job, ledger) -> None:
     ledger.flush()
 
 
-def _worker_main(qdir: str, ledger_dir: str, threads: int) -> None:
+_PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent dies
+
+
+def _follow_parent(parent: int) -> None:
+    """Have the kernel SIGTERM this process when ``parent`` dies (a SIGKILLed demo leaves no
+    worker behind); exit at once if it already has."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # no prctl: the parent's stop on its way out still ends this process
+    if os.getppid() != parent:
+        os._exit(0)
+
+
+def _worker_main(qdir: str, ledger_dir: str, threads: int, parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _follow_parent(parent)
     with (
         Queue(qdir, QUEUE) as q,
         open(os.path.join(ledger_dir, f"ledger-{os.getpid()}.jsonl"), "a") as ledger,
@@ -88,8 +105,27 @@ def _worker_main(qdir: str, ledger_dir: str, threads: int) -> None:
             handle_signals=False,
             poll_interval=0.2,
         )
-        signal.signal(signal.SIGTERM, lambda *_: w.stop())
+        for signum in _ENDING:
+            signal.signal(signum, lambda *_: w.stop())
         w.run()
+
+
+# Signals that end the demo as Ctrl-C does: it stops its workers and removes its directory.
+_ENDING = (signal.SIGTERM, signal.SIGHUP)
+
+
+class _Ended(Exception):
+    """Raised in the demo's main thread by a signal of ``_ENDING``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_ended(signum: int, _frame: object) -> None:
+    for other in _ENDING:  # once is enough: the clean-up that follows runs to its end
+        signal.signal(other, signal.SIG_IGN)
+    raise _Ended(signum)
 
 
 def _leases_of(q: Queue, pid: int) -> int:
@@ -112,7 +148,30 @@ def run(
     threads: int = 2,
     out=print,
 ) -> int:
-    """Run the demo; returns the process exit status (0 when nothing is missing)."""
+    """Run the demo; returns the process exit status (0 when nothing is missing; 128 + the
+    signal's number when SIGTERM or SIGHUP ended it, its workers stopped and its temporary
+    directory removed)."""
+    if threading.current_thread() is not threading.main_thread():
+        return _run(source, limit, workers, qdir, kill, threads, out)
+    previous = {signum: signal.signal(signum, _raise_ended) for signum in _ENDING}
+    try:
+        return _run(source, limit, workers, qdir, kill, threads, out)
+    except _Ended as ended:
+        return 128 + ended.signum
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _run(
+    source: str | None,
+    limit: int | None,
+    workers: int | None,
+    qdir: str | None,
+    kill: bool,
+    threads: int,
+    out,
+) -> int:
     source = source or sysconfig.get_paths()["stdlib"]
     workers = workers or os.cpu_count() or 2
     files = collect(source, limit)
@@ -128,6 +187,7 @@ def run(
     # One segment large enough for every job, so the final accounting can read every job back.
     slot_count = max(16384, 1 << (2 * len(files) - 1).bit_length())
     ctx = multiprocessing.get_context("fork")
+    worker_args = (qdir, ledger_dir, threads, os.getpid())
     procs: list[BaseProcess] = []
     try:
         with Queue(qdir, QUEUE, slot_count=slot_count, visibility_timeout=30.0) as q:
@@ -138,7 +198,7 @@ def run(
                 f"queue: {qdir} (queue {QUEUE!r}, durability {q.durability}); {workers} worker processes x {threads} threads"
             )
             for _ in range(workers):
-                procs.append(ctx.Process(target=_worker_main, args=(qdir, ledger_dir, threads)))
+                procs.append(ctx.Process(target=_worker_main, args=worker_args))
                 procs[-1].start()
             t0 = time.monotonic()
             ids = []
@@ -162,7 +222,7 @@ def run(
                                 f"SIGKILLed worker {victim.pid} while it held {held} lease(s), at {st.done} done; starting a replacement"
                             )
                             procs.remove(victim)
-                            rep = ctx.Process(target=_worker_main, args=(qdir, ledger_dir, threads))
+                            rep = ctx.Process(target=_worker_main, args=worker_args)
                             rep.start()
                             procs.append(rep)
                             break

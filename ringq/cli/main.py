@@ -1529,8 +1529,26 @@ def _version() -> str:
     return __version__
 
 
+def _fill_closed_standard_fds() -> None:
+    """Open a closed stdin, stdout or stderr (``ringq list >&-``) on /dev/null: what would be
+    printed goes nowhere instead of failing, and no queue file opened later can take descriptor
+    1 or 2 and receive it."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: ``fd`` itself
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    for name in ("stdin", "stdout", "stderr"):
+        if getattr(sys, name) is None:  # Python starts with None for a descriptor that was closed
+            setattr(sys, name, open(os.devnull, "r" if name == "stdin" else "w"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status."""
+    _fill_closed_standard_fds()
     own, rest = _split_command(list(sys.argv[1:] if argv is None else argv))
     _Parser.json_errors = "--json" in own
     parser = _parser()

@@ -221,13 +221,27 @@ int ringq_take_run(const ringq_seg_ref *s, const ringq_ctl_ref *c, const uint32_
 }
 
 int ringq_ack(const ringq_seg_ref *s, const ringq_ctl_ref *c, uint32_t slot, uint32_t token,
-              uint64_t *out) {
+              uint64_t seq, uint64_t *out) {
     if (!s || !c || !out) return RINGQ_EINVAL;
     int rc = c->deps ? word_check(c->base, c->len, c->deps, 8) : 0;
     if (rc) return rc;
     int64_t now_rel = realtime_ms() - s->epoch_ms;
-    rc = ringq_ack_slot(s->base, s->maplen, s->g, slot, token, now_rel > 0 ? (uint64_t)now_rel : 0,
-                        c->base, c->len, c->words, &out[0], &out[1]);
+    uint64_t now = now_rel > 0 ? (uint64_t)now_rel : 0;
+    if (seq) {
+        const ringq_geom *g = s->g;
+        if ((rc = geom_check(s->maplen, g))) return rc;
+        if (slot >= g->slot_count) return RINGQ_EBOUNDS;
+        const uint8_t *p = s->base + g->data_off + (size_t)slot * g->slot_size;
+        if (rd32(p) != RINGQ_REC_MAGIC || rd64(p + 16) != seq) return RINGQ_ACK_OTHER;
+        uint64_t w = atomic_load_explicit(A64(s->base, g->state_off + (size_t)slot * RINGQ_STATE_ENTRY),
+                                          memory_order_acquire);
+        if (STATE_OF(w) == RINGQ_ST_LEASED && (token == 0 || LC_OF(w) == token) && TIME_OF(w) < now) {
+            out[0] = w;
+            return RINGQ_ACK_EXPIRED;
+        }
+    }
+    rc = ringq_ack_slot(s->base, s->maplen, s->g, slot, token, now, c->base, c->len, c->words,
+                        &out[0], &out[1]);
     if (rc == 0)
         out[2] = c->deps ? atomic_load_explicit(A64(c->base, c->deps), memory_order_seq_cst) : 0;
     return rc;

@@ -384,9 +384,14 @@ typedef struct {
 /* ringq_ack_slot through the handles, at the time CLOCK_REALTIME reads now: the same answers, with
  * out[0] the word (*word above), out[1] the finished count, and out[2] the dependents counter loaded
  * after the CAS (ordered after it, so a dependent published before this ack is seen), the last two
- * when acked. */
+ * when acked.  A nonzero seq is the job's, for a caller that has not looked at the slot: the call
+ * then changes nothing and answers RINGQ_ACK_OTHER when the slot's record is not that job's, and
+ * RINGQ_ACK_EXPIRED when the word is the lease the token names but its deadline has passed (the
+ * caller reclaims such a lease before it decides). */
+#define RINGQ_ACK_EXPIRED 4
+#define RINGQ_ACK_OTHER   5
 int ringq_ack(const ringq_seg_ref *s, const ringq_ctl_ref *c, uint32_t slot, uint32_t token,
-              uint64_t *out);
+              uint64_t seq, uint64_t *out);
 
 /* ringq_claim_run through the segment's handle, due by the time CLOCK_REALTIME reads now and
  * leased for vt_ms from then; next_why[0] and next_why[1] receive *next and *why.  When it leased

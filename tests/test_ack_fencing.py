@@ -180,3 +180,53 @@ def test_a_token_that_is_not_the_leases_is_refused_whatever_its_type(tmp_path, t
         assert q.get(job.id).state is JobState.LEASED
         q.ack(dataclasses.replace(job, lease_token=1))  # its number, as an int
         assert q.get(job.id).state is JobState.DONE
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_an_ack_after_the_lease_ran_out_is_refused_though_nothing_reclaimed_it_yet(tmp_path, threads):
+    # No call of this queue ran between the expiry and the acks, so nothing had reclaimed the
+    # leases; the acks must still not finish jobs whose visibility timeout passed (they are READY
+    # again, for another holder), from one thread or several at once.
+    import threading
+
+    with Queue(tmp_path, visibility_timeout=0.2) as q:
+        q.enqueue_many(list(range(8)))
+        jobs = q.lease(8)
+        time.sleep(0.35)
+        refused = []
+
+        def ack_all(mine):
+            for job in mine:
+                with pytest.raises(NotLeasedError):
+                    q.ack(job)
+                refused.append(job.id)
+
+        workers = [threading.Thread(target=ack_all, args=(jobs[i::threads],)) for i in range(threads)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+        assert sorted(refused) == sorted(j.id for j in jobs)
+        assert {q.get(j.id).state for j in jobs} == {JobState.READY}
+        again = q.lease(8)
+        assert {j.lease_token for j in again} == {"2"}
+        for job in again:
+            q.ack(job)
+        assert q.stats().done == 8
+
+
+def test_a_snapshot_whose_seq_is_not_its_records_does_not_ack_the_job_there(tmp_path):
+    # The first try acks only the record the snapshot names: a snapshot altered to carry another
+    # job's seq at this position is refused, and the job leased there stays leased.
+    import dataclasses
+
+    with Queue(tmp_path) as q:
+        q.enqueue_many(["a", "b"])
+        a, b = q.lease(2)
+        forged = dataclasses.replace(a, seq=b.seq)
+        with pytest.raises((NotLeasedError, JobNotFoundError)):
+            q.ack(forged)
+        assert q.get(a.id).state is JobState.LEASED
+        q.ack(a)
+        q.ack(b)
+        assert q.stats().done == 2

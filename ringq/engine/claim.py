@@ -9,6 +9,7 @@ under the queue's lock (:func:`ack_out`).
 from __future__ import annotations
 
 import threading
+from array import array
 from typing import NamedTuple
 
 from . import native
@@ -31,10 +32,13 @@ __all__ = [
     "REPEATED",
     "REFUSED",
     "CANCEL_REQUESTED",
+    "EXPIRED",
+    "OTHER",
 ]
 
 # ringq_ack's answers (csrc/ringq.h)
 ACKED, REPEATED, REFUSED, CANCEL_REQUESTED = 0, 1, 2, 3
+EXPIRED, OTHER = lib.RINGQ_ACK_EXPIRED, lib.RINGQ_ACK_OTHER
 # Why ringq_claim_run stopped.
 RUN_END, RUN_ASK, RUN_BOUND, RUN_FULL = (
     lib.RINGQ_RUN_END,
@@ -121,20 +125,25 @@ def wait_claim(
     return WaitClaimed(co.slot, co.word, co.prev, CLAIMED.unpack_from(bufs.rec_buf))
 
 
-def ack_out() -> CData:
-    """The buffer :func:`ack` reports into: one per queue, used under the queue's lock."""
-    return ffi.new("uint64_t[3]")
+def ack_out() -> tuple[CData, array[int]]:
+    """The buffer :func:`ack` reports into, one per queue and used under the queue's lock: the
+    pointer to pass, and the three words it holds (read from the array: no conversion per word)."""
+    words = array("Q", (0, 0, 0))
+    return ffi.from_buffer("uint64_t[]", words), words
 
 
-def ack(seg: Segment, slot: int, token: int, ctl: Control, out: CData) -> int:
+def ack(seg: Segment, slot: int, token: int, seq: int, ctl: Control, out: CData) -> int:
     """CAS ``slot``'s lease with fencing token ``token`` (0: any) to DONE at the current time,
     counting it finished and acked (ringq_ack).  Returns ACKED (then ``out`` holds the DONE word,
     the segment's new finished count and the control page's dependents counter read after the
     CAS), REPEATED, REFUSED (``out[0]`` the word seen) or CANCEL_REQUESTED; raises for a bounds
-    error (a closed segment or control page).  ``out`` is the caller's (:func:`ack_out`).  The
-    control page is unmapped only under the queue's lock, which the caller holds."""
+    error (a closed segment or control page).  A nonzero ``seq`` (the job's) is for a caller that
+    has not looked at the slot: nothing is changed and the answer is OTHER when the slot's record
+    is another job's, EXPIRED when the lease the token names has run out.  ``out`` is the
+    caller's (:func:`ack_out`).  The control page is unmapped only under the queue's lock, which
+    the caller holds."""
     mapping = seg.ptr  # held through the call: a close meanwhile cannot unmap under it
-    rc: int = lib.ringq_ack(seg.ref, ctl.ref, slot, token, out)
+    rc: int = lib.ringq_ack(seg.ref, ctl.ref, slot, token, seq, out)
     del mapping
     if rc < 0:
         native.check(rc, seg.path)

@@ -124,7 +124,9 @@ class Strategy:
         self._pid = forksafe.pid()
         self._mutex = threading.Lock()
         self._pending: dict[int, list[int]] = {}  # interval: seg seq -> [lo, hi) not yet synced
-        self._dirty_state: set[int] = set()  # seg seqs whose state words this process changed
+        # Seg seqs whose state words this process changed since the last state flush (read by
+        # the ack path, to skip note_ack for a segment already noted).
+        self.dirty_state: set[int] = set()
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
         self._acks = _AckBatch()  # per thread: acks noted under sync_acks, not yet synced
@@ -190,10 +192,10 @@ class Strategy:
         which at-least-once allows, so it is never synced on its own."""
         if self.state_flush_interval is None:
             return
-        if seg.seq not in self._dirty_state:  # a forked child starts empty (drop_inherited_locks)
+        if seg.seq not in self.dirty_state:  # a forked child starts empty (drop_inherited_locks)
             self._forked()
             with self._mutex:
-                self._dirty_state.add(seg.seq)
+                self.dirty_state.add(seg.seq)
             self._ensure_flusher()
 
     def note_ack(self, seg: Segment, slot: int, word: int) -> None:
@@ -207,7 +209,7 @@ class Strategy:
                 pend[seg.seq] = [seg, [(slot, word)]]
             else:
                 item[1].append((slot, word))
-        if self.state_flush_interval is not None and seg.seq not in self._dirty_state:
+        if self.state_flush_interval is not None and seg.seq not in self.dirty_state:
             self.note_state(seg, slot)  # (note_state's own test, spelt out on the ack path)
 
     def sync_acks_now(self) -> None:
@@ -229,7 +231,7 @@ class Strategy:
             "append_syncs": self.syncs,
             "covered": self.covered,
             "state_syncs": self.state_syncs,
-            "pending": len(self._pending) + len(self._dirty_state),
+            "pending": len(self._pending) + len(self.dirty_state),
             "flusher": int(self._flusher is not None and self._flusher.is_alive()),
         }
 
@@ -264,7 +266,7 @@ class Strategy:
             return  # the parent's pending work is the parent's to flush
         with self._mutex:
             pending, self._pending = self._pending, {}
-            dirty, self._dirty_state = self._dirty_state, set()
+            dirty, self.dirty_state = self.dirty_state, set()
         if pending:
             self._sync_touched(pending)
         if dirty:

@@ -152,7 +152,9 @@ class QueueContext:
             index.catchup.on_dependent = deps.ingest
             reaper = Reaper(ring, index, self.owners, deps.changed)
             relocator = Relocator(ring, index, lambda: self.refresh(relocate=False))
-            leases = Leases(ring, index, self.owners, relocator, self.refresh, self.gate, deps)
+            leases = Leases(
+                ring, index, self.owners, relocator, self.refresh, self.settle, self.gate, deps
+            )
             parts = self._reader = (index, reaper, relocator, leases, deps)
             d = self.__dict__
             d["index"], d["reaper"], d["relocator"], d["leases"], d["deps"] = parts

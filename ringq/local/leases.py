@@ -85,6 +85,7 @@ class Leases:
         owners: OwnerRegistry,
         relocator: Relocator,
         refresh: Callable[[], None],
+        settle: Callable[[bool], None],
         gate: LimitGate,
         deps: Deps,
     ) -> None:
@@ -95,8 +96,12 @@ class Leases:
         self.owners = owners
         self.relocator = relocator
         self.refresh = refresh
+        # The queue's settle(force): catch up and reclaim run-out and dead holders' leases (with
+        # force False, only when the reaper's schedule says a scan is due), before an ack decides.
+        self.settle = settle
         self._direct: dict[tuple[int, int, int], Direct] = {}
-        self._ack_out = claim.ack_out()  # what an ack reports (acks run under the queue lock)
+        # What an ack reports (acks run under the queue lock): the pointer, and its three words.
+        self._ack_out, self._ack_words = claim.ack_out()
         # (visibility timeout, detach, pid, Direct) of the last call of direct().
         self._last_direct: tuple[float, bool, int, Direct] | None = None
 
@@ -469,10 +474,13 @@ class Leases:
     def ack(self, job: Job | str, queue: str) -> Segment | None:
         """CAS one job to DONE; returns its segment, or None for a repeated ack.  The durability
         strategy is told (it syncs under ``sync_acks`` when the caller calls ``sync_acks_now``).
-        A snapshot whose ack went in is marked so, for a repeat after its segment retired."""
+        A snapshot whose ack went in is marked so, for a repeat after its segment retired.  A
+        lease that ran out is reclaimed first (and the ack then refused), as is any other once the
+        reaper's schedule says so, unless the ack goes in on the first try."""
         if isinstance(job, Job):
             # The common case without the general path's lookups: a snapshot of a lease whose
-            # record this index holds, acked in one C call.  Anything else takes _ack.
+            # record this index holds, acked in one C call that checks the record is the job's
+            # and the lease has not run out.  Anything else takes the general path.
             segseq, slot, origin = job.record_position
             view = self.index.views.get(segseq)
             tok = job.lease_token
@@ -485,16 +493,20 @@ class Leases:
             ):
                 if slot >= view.scanned:
                     self.index.read_through(view, slot)  # leased by ringq_wait_claim: read in late
-                if view.seq.item(slot) == job.seq:
-                    seg = view.seg
-                    out = self._ack_out
-                    if claim.ack(seg, slot, token, self.ring.ctl, out) == claim.ACKED:
-                        job.ack_accepted = True
-                        return self._acked(view, seg, slot, out[0], out[1], out[2])
-        out = self._ack(job, queue)
-        if isinstance(job, Job):
+                seg = view.seg
+                answer = claim.ack(seg, slot, token, job.seq, self.ring.ctl, self._ack_out)
+                if answer == claim.ACKED:
+                    job.ack_accepted = True
+                    done, finished, deps = self._ack_words
+                    return self._acked(view, seg, slot, done, finished, deps)
+                self.settle(answer == claim.EXPIRED)
+            else:
+                self.settle(False)
+            out = self._ack(job, queue)
             job.ack_accepted = True
-        return out
+            return out
+        self.settle(False)
+        return self._ack(job, queue)
 
     def _ack(self, job: Job | str, queue: str) -> Segment | None:
         try:
@@ -506,15 +518,15 @@ class Leases:
         if token is None or token > 0:
             # The common case in one C call: LEASED with this token -> DONE (ringq/engine/transitions.py
             # allows it; a cancel-requested lease comes back as 3 for the policy below).
-            out = self._ack_out
-            answer = claim.ack(seg, slot, token or 0, self.ring.ctl, out)
+            words = self._ack_words
+            answer = claim.ack(seg, slot, token or 0, 0, self.ring.ctl, self._ack_out)
             if answer == claim.ACKED:  # counted as acked and finished by the call
-                return self._acked(view, seg, slot, out[0], out[1], out[2])
+                return self._acked(view, seg, slot, words[0], words[1], words[2])
             if answer == claim.REPEATED:
-                self._release_slot(seg, slot, out[0])
+                self._release_slot(seg, slot, words[0])
                 return None
             if answer == claim.REFUSED:
-                self._require(seg, slot, out[0], job_id, token, "ack")  # raises, saying why
+                self._require(seg, slot, words[0], job_id, token, "ack")  # raises, saying why
         w = seg.load_state(slot)
         while True:
             if state(w) == ST_DONE and (token is None or lease_count(w) == token):
@@ -534,9 +546,13 @@ class Leases:
     ) -> Segment:
         """After the ack's CAS, counted: durability, the holder's bookkeeping, the jobs that
         wait for this one (``deps``: the dependents counter read after the CAS), retirement."""
-        if self.gate.holds():
+        if self.gate.held:
             self._release_slot(seg, slot)  # the lease ended: its cap slots are free
-        self.ring.dur.note_ack(seg, slot, done)
+        dur = self.ring.dur
+        if dur.sync_acks or (
+            dur.state_flush_interval is not None and seg.seq not in dur.dirty_state
+        ):
+            dur.note_ack(seg, slot, done)  # (its own test, spelt out: nothing to note otherwise)
         self.owners.held.pop((seg.seq, slot), None)
         if deps:  # the queue has had dependents: fire this job's edges
             self.deps.changed(view, slot, done)

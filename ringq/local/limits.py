@@ -124,9 +124,9 @@ class LimitGate:
         self.kind = name
         self._file = LimitsFile(self.path, mode)
         self._keys: dict[tuple[int, int], str | None] = {}
-        self._held: dict[
-            tuple[int, int], tuple[_Ticket, Segment, int]
-        ] = {}  # job loc -> ticket, segment, lease count
+        # Cap slots this process holds: job loc -> ticket, segment, lease count.  Read (never
+        # changed) by the ack path, to which an empty dict says there is no slot to free.
+        self.held: dict[tuple[int, int], tuple[_Ticket, Segment, int]] = {}
         self._mine: dict[tuple[int, int], tuple[int, int]] = {}  # (limit index, byte) -> job loc
         self._blocked: dict[str, list[tuple[int, ...]]] = {}
         self._blocked_set: set[tuple[int, int]] = set()
@@ -138,13 +138,13 @@ class LimitGate:
         """In a forked child: close the copy of the parent's lock descriptor (its cap slots are
         the parent's) and forget what the parent held."""
         self._file.drop_inherited_lock()
-        self._held.clear()
+        self.held.clear()
         self._mine.clear()
         self._mutex = threading.RLock()  # a parent thread may have held it at the fork
 
     def close(self) -> None:
         with self._mutex:
-            for loc in list(self._held):
+            for loc in list(self.held):
                 self.release(loc)
             self._file.close()
 
@@ -285,9 +285,9 @@ class LimitGate:
         here (expired and handed out again, acked by id elsewhere).  True if any was released."""
         freed = False
         for (idx, _j), loc in list(self._mine.items()):
-            if idx != index or loc not in self._held:
+            if idx != index or loc not in self.held:
                 continue
-            seg = self._held[loc][1]
+            seg = self.held[loc][1]
             try:
                 w = seg.load64(seg.state_off_of(loc[1]))
             except errors.RingqError:
@@ -317,15 +317,11 @@ class LimitGate:
             return
         with self._mutex:
             loc = (seg.seq, slot)
-            if loc in self._held:
+            if loc in self.held:
                 self.release(loc)
-            self._held[loc] = (ticket, seg, lc)
+            self.held[loc] = (ticket, seg, lc)
             for s in ticket.slots:
                 self._mine[s] = loc
-
-    def holds(self) -> bool:
-        """True if this process holds any cap slot (so an ack may have one to free)."""
-        return bool(self._held)
 
     def release(self, loc: tuple[int, int], word: int | None = None) -> bool:
         """Free the cap slots held for the job at ``loc`` once the lease they were taken for
@@ -333,15 +329,15 @@ class LimitGate:
         job's state word ``word`` shows that lease is not live any more (finished, or leased again
         with another token).  True if any were freed.  A refused ack or nack of a stale token
         passes ``word``, so that it never frees the slots of the job's current lease."""
-        if not self._held:  # nothing held in this process (no caps): no lock needed to say so
+        if not self.held:  # nothing held in this process (no caps): no lock needed to say so
             return False
         with self._mutex:
-            held = self._held.get(loc)
+            held = self.held.get(loc)
             if held is None:
                 return False
             if word is not None and state(word) == ST_LEASED and lease_count(word) == held[2]:
                 return False  # the lease the slots were taken for is still held
-            del self._held[loc]
+            del self.held[loc]
             for index, j in held[0].slots:
                 self._unlock(index, j)
             return True

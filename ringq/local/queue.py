@@ -838,9 +838,7 @@ class Queue:
         with ctx.lock:  # ctx.live_lock, spelt out on the hot path
             if ctx.closed:
                 ctx.live()
-            if ctx.reaper.due():
-                ctx.settle(force=False)
-            ctx.leases.ack(job, self.name)
+            ctx.leases.ack(job, self.name)  # reclaiming first where it must (its docstring)
         dur = ctx.ring.dur
         if dur.sync_acks:
             dur.sync_acks_now()

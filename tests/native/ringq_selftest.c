@@ -345,28 +345,50 @@ static void claim_known_answers(void) {
     uint64_t out[3] = {0, 0, 0};
     cbuf[248 / 8] = 42;
     ringq_store64(m, maplen, 3 * RINGQ_STATE_ENTRY, RINGQ_ST_LEASED | (4ULL << RINGQ_W_LC_SHIFT));
-    CHECK(ringq_ack(&sref, &cref, 3, 3, out) == 2);                /* another token: refused */
-    CHECK(ringq_ack(&sref, &cref, 3, 4, out) == 0 && (out[0] & 7) == RINGQ_ST_DONE);
+    CHECK(ringq_ack(&sref, &cref, 3, 3, 0, out) == 2);                /* another token: refused */
+    CHECK(ringq_ack(&sref, &cref, 3, 4, 0, out) == 0 && (out[0] & 7) == RINGQ_ST_DONE);
     CHECK(((out[0] >> RINGQ_W_LC_SHIFT) & RINGQ_W_LC_MASK) == 4);
     uint64_t at = out[0] >> RINGQ_W_TIME_SHIFT; /* ms since the handle's epoch: about 5000 */
     CHECK(at >= 5000 && at < 65000);
     CHECK(out[1] == 2 && out[2] == 42 && cbuf[232 / 8] == 2);
-    CHECK(ringq_ack(&sref, &cref, 3, 4, out) == 1);                /* repeated */
+    CHECK(ringq_ack(&sref, &cref, 3, 4, 0, out) == 1);                /* repeated */
     sref.epoch_ms = now_ms + 3600000;                               /* an epoch ahead of the clock */
     ringq_store64(m, maplen, 3 * RINGQ_STATE_ENTRY, RINGQ_ST_LEASED | (1ULL << RINGQ_W_LC_SHIFT));
-    CHECK(ringq_ack(&sref, &cref, 3, 1, out) == 0 && (out[0] >> RINGQ_W_TIME_SHIFT) == 0);
+    CHECK(ringq_ack(&sref, &cref, 3, 1, 0, out) == 0 && (out[0] >> RINGQ_W_TIME_SHIFT) == 0);
     cref.deps = 0;                                                  /* no counter: reported as 0 */
     ringq_store64(m, maplen, 3 * RINGQ_STATE_ENTRY, RINGQ_ST_LEASED | (1ULL << RINGQ_W_LC_SHIFT));
-    CHECK(ringq_ack(&sref, &cref, 3, 1, out) == 0 && out[2] == 0);
+    CHECK(ringq_ack(&sref, &cref, 3, 1, 0, out) == 0 && out[2] == 0);
     cref.deps = sizeof cbuf;                                        /* past the page */
-    CHECK(ringq_ack(&sref, &cref, 3, 1, out) == RINGQ_EBOUNDS);
+    CHECK(ringq_ack(&sref, &cref, 3, 1, 0, out) == RINGQ_EBOUNDS);
     cref.deps = 248;
     sref.maplen = 0;
-    CHECK(ringq_ack(&sref, &cref, 3, 1, out) == RINGQ_EBOUNDS);
+    CHECK(ringq_ack(&sref, &cref, 3, 1, 0, out) == RINGQ_EBOUNDS);
     sref.maplen = maplen;
     cref.len = 0;
-    CHECK(ringq_ack(&sref, &cref, 3, 1, out) == RINGQ_EBOUNDS);
-    CHECK(ringq_ack(NULL, &cref, 3, 1, out) == RINGQ_EINVAL && ringq_ack(&sref, &cref, 3, 1, NULL) == RINGQ_EINVAL);
+    CHECK(ringq_ack(&sref, &cref, 3, 1, 0, out) == RINGQ_EBOUNDS);
+    CHECK(ringq_ack(NULL, &cref, 3, 1, 0, out) == RINGQ_EINVAL && ringq_ack(&sref, &cref, 3, 1, 0, NULL) == RINGQ_EINVAL);
+    /* With the job's seq: the slot's record must be that job's and the lease still running, or
+     * nothing changes (RINGQ_ACK_OTHER, RINGQ_ACK_EXPIRED); without it, neither is looked at. */
+    sref.epoch_ms = now_ms - 5000; /* now is about 5000 ms after the epoch */
+    cref.len = sizeof cbuf;
+    uint64_t seq = 77;
+    memcpy(m + g.data_off + 1 * g.slot_size + 16, &seq, 8); /* slot 1's record names job 77 */
+    uint64_t running = RINGQ_ST_LEASED | (2ULL << RINGQ_W_LC_SHIFT) | (65000ULL << RINGQ_W_TIME_SHIFT);
+    uint64_t ran_out = RINGQ_ST_LEASED | (2ULL << RINGQ_W_LC_SHIFT) | (1000ULL << RINGQ_W_TIME_SHIFT);
+    ringq_store64(m, maplen, 1 * RINGQ_STATE_ENTRY, running);
+    CHECK(ringq_ack(&sref, &cref, 1, 2, 76, out) == RINGQ_ACK_OTHER);          /* another job's record */
+    ringq_store64(m, maplen, 0, running);
+    CHECK(ringq_ack(&sref, &cref, 0, 2, 77, out) == RINGQ_ACK_OTHER);          /* no record at all */
+    CHECK(ringq_ack(&sref, &cref, 4, 2, 77, out) == RINGQ_EBOUNDS);            /* past the slots */
+    uint64_t now_word = 0;
+    CHECK(ringq_load64(m, maplen, 1 * RINGQ_STATE_ENTRY, &now_word) == 0 && now_word == running);
+    CHECK(ringq_ack(&sref, &cref, 1, 2, 77, out) == 0 && (out[0] & 7) == RINGQ_ST_DONE);
+    ringq_store64(m, maplen, 1 * RINGQ_STATE_ENTRY, ran_out);
+    CHECK(ringq_ack(&sref, &cref, 1, 2, 77, out) == RINGQ_ACK_EXPIRED && out[0] == ran_out);
+    CHECK(ringq_load64(m, maplen, 1 * RINGQ_STATE_ENTRY, &now_word) == 0 && now_word == ran_out);
+    CHECK(ringq_ack(&sref, &cref, 1, 0, 77, out) == RINGQ_ACK_EXPIRED);        /* by bare id, too */
+    CHECK(ringq_ack(&sref, &cref, 1, 3, 77, out) == 2 && out[0] == ran_out);   /* another token: refused */
+    CHECK(ringq_ack(&sref, &cref, 1, 2, 0, out) == 0 && (out[0] & 7) == RINGQ_ST_DONE); /* not looked at */
     free(m);
 }
 

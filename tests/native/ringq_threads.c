@@ -100,6 +100,8 @@ static void *producer(void *arg) {
         memcpy(rec, &magic, 4);
         memcpy(rec + 8, &len, 4);
         memcpy(rec + 12, &span, 4);
+        uint64_t job_seq = (uint64_t)slot + 1; /* the job's seq, which half the acks name */
+        memcpy(rec + 16, &job_seq, 8);
         memcpy(rec + 24, &enq_us, 8);
         memcpy(rec + 32, &avail_ms, 8);
         rec[51] = 1; /* a plain job */
@@ -143,7 +145,9 @@ static void settle(uint32_t me, uint32_t slot, uint32_t lc, unsigned *seed) {
     ringq_seg_ref sref = {.base = seg, .maplen = maplen, .g = &g, .epoch_ms = epoch_ms};
     ringq_ctl_ref cref = {.base = ctl, .len = ctl_len, .words = &words, .deps = DEPS_OFF};
     uint64_t out[3] = {0, 0, 0};
-    int rc = ringq_ack(&sref, &cref, slot, lc, out);
+    /* Half name the job's seq, as the Python side's first try does (checked against the record). */
+    uint64_t seq = (*seed >> 20) & 1 ? (uint64_t)slot + 1 : 0;
+    int rc = ringq_ack(&sref, &cref, slot, lc, seq, out);
     if (rc == 0) {
         if (atomic_fetch_add(&acks[slot], 1) != 0) FAIL("slot %u acked twice (thread %u, lease %u)", slot, me, lc);
         atomic_fetch_add(&acked, 1);

@@ -49,6 +49,25 @@ def test_priority_first_then_fifo(q):
     assert [j.payload for j in drain(q)] == ["high", "mid-1", "mid-2", "mid-3", "low-1", "low-2"]
 
 
+def test_jobs_that_arrive_between_single_leases_take_their_place_in_the_order(q):
+    # One job at a time from one run of equal jobs, while jobs that rank elsewhere arrive: a
+    # higher priority (first), the retry of a nacked job (available from its nack, so after the
+    # jobs available before it), a lower priority (last); each lease returns the best job then.
+    q.enqueue_many([f"mid-{i}" for i in range(5)])
+    first = q.lease_one()
+    assert first.payload == "mid-0"
+    q.enqueue("high", priority=5)
+    assert q.lease_one().payload == "high"
+    q.nack(first, delay=0)
+    got = [q.lease_one() for _ in range(3)]
+    assert [j.payload for j in got] == ["mid-1", "mid-2", "mid-3"]
+    q.enqueue("higher", priority=7)
+    q.enqueue("low", priority=-1)
+    assert [j.payload for j in drain(q, 1)] == ["higher", "mid-4", "mid-0", "low"]
+    for job in got:
+        q.ack(job)
+
+
 def test_extreme_priorities_order(q):
     q.enqueue_many(["min"], priority=-(2**31))
     q.enqueue_many(["max"], priority=2**31 - 1)

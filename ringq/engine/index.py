@@ -36,7 +36,7 @@ import numpy as np
 
 from ._native import ffi, lib
 from .catchup import CatchUp
-from .claim import RUN_ASK, RUN_END, claim_run
+from .claim import RUN_ASK, RUN_END, RUN_FULL, claim_run
 from .views import Direct, Lane, View, due, now_ms, order
 from .words import (
     FLAG_CANCEL,
@@ -378,6 +378,13 @@ class Index:
                             self.served(lane.key, lane.prio, len(jobs))
                         out += direct.made_run(view, jobs)
                     if why == RUN_END:
+                        continue
+                    if why == RUN_FULL and not heap and not self.fair and lane.cursor < arr.n:
+                        # Alone in the heap: the lane goes back under the key it was taken with,
+                        # which ranks it too early, never too late -- its next job is checked by
+                        # the call above when it comes first, and nothing else ranks now.
+                        lane.queued = True
+                        heap.append(entry)
                         continue
                     if why != RUN_ASK:  # bounded or full: the lane waits its turn
                         self.queue_lane_next(view, lane)

@@ -151,6 +151,7 @@ def _leases(where: str) -> Iterator[Leases]:
             owners,
             Relocator(ring, index, index.catch_up),
             lambda: None,  # no catch-up: a record appended since stays unread until read in
+            lambda force: None,  # nor a reclaim before an ack decides
             gate,
             Deps(ring, index, index.catch_up),
         )

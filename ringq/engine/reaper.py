@@ -76,7 +76,9 @@ class Reaper:
         self._changed: list[tuple[View, int, int]] = []
         self.last = 0.0
         self._floor = (-1.0, 0)  # (monotonic time read, floor ms) for the schedule check
-        self._quiet_until = 0.0  # monotonic time before which due() is known to be False
+        # Monotonic time before which due() is known to be False (read by the lease path, which
+        # calls due() only from then on).
+        self.quiet_until = 0.0
         self.unowned: dict[tuple[int, int, int], float] = {}  # (seg, slot, word) -> first seen
 
     def until_floor(self) -> float:
@@ -87,12 +89,12 @@ class Reaper:
     def due(self) -> bool:
         """True if :meth:`reap` without ``force`` would scan now (its schedule, below)."""
         t = time.monotonic()
-        if t < self._quiet_until:  # the last answer was False and cannot change before then
+        if t < self.quiet_until:  # the last answer was False and cannot change before then
             return False
         if t - self.last >= REAP_INTERVAL:
             return True
         if t - self.last < FLOOR_RESCAN:
-            self._quiet_until = self.last + FLOOR_RESCAN
+            self.quiet_until = self.last + FLOOR_RESCAN
             return False
         read_at, floor_ms = self._floor
         if t - read_at >= FLOOR_READ_EVERY:
@@ -102,7 +104,7 @@ class Reaper:
         if ahead_ms < 0:
             return True
         # No sooner than the next read of the floor, the floor itself, or the interval's end.
-        self._quiet_until = min(
+        self.quiet_until = min(
             read_at + FLOOR_READ_EVERY, t + ahead_ms / 1000, self.last + REAP_INTERVAL
         )
         return False
@@ -121,7 +123,7 @@ class Reaper:
         now = now_ms()
         floor_word = ctl.deadline_floor()[0]  # read fresh: the scan may raise it (below)
         self.last = t
-        self._quiet_until = 0.0
+        self.quiet_until = 0.0
         earliest = Control.FLOOR_NEVER
         mine = self.owners.mine()
         held = self.owners.held

@@ -294,7 +294,9 @@ class Leases:
                         (cid, raw),
                     )
                 )
-            dur.note_state(seg, 0)  # the flush is per segment (Ring.note_state, one call less)
+            # The flush is per segment: note_state's own test, spelt out (one call less a run).
+            if dur.state_flush_interval is not None and segseq not in dur.dirty_state:
+                dur.note_state(seg, 0)
             return out
 
         if len(self._direct) > 64:

@@ -122,7 +122,7 @@ class LimitGate:
     def __init__(self, directory: str | os.PathLike[str], name: str, mode: int = 0o600) -> None:
         self.path = os.path.join(directory, f"{name}.limits")
         self.kind = name
-        self._file = LimitsFile(self.path, mode)
+        self.file = LimitsFile(self.path, mode)  # its mapping is read by the quiet look
         self._keys: dict[tuple[int, int], str | None] = {}
         # Cap slots this process holds: job loc -> ticket, segment, lease count.  Read (never
         # changed) by the ack path, to which an empty dict says there is no slot to free.
@@ -137,7 +137,7 @@ class LimitGate:
     def drop_inherited_locks(self) -> None:
         """In a forked child: close the copy of the parent's lock descriptor (its cap slots are
         the parent's) and forget what the parent held."""
-        self._file.drop_inherited_lock()
+        self.file.drop_inherited_lock()
         self.held.clear()
         self._mine.clear()
         self._mutex = threading.RLock()  # a parent thread may have held it at the fork
@@ -146,7 +146,7 @@ class LimitGate:
         with self._mutex:
             for loc in list(self.held):
                 self.release(loc)
-            self._file.close()
+            self.file.close()
 
     # -- configuration ---------------------------------------------------------------------------
 
@@ -160,13 +160,13 @@ class LimitGate:
         """Create, change or (with neither ``concurrency`` nor ``rate``) remove the limit ``name``
         (:meth:`ringq.engine.limits_file.LimitsFile.set_limit`)."""
         with self._mutex:
-            self._file.set_limit(name, concurrency, rate, burst)
+            self.file.set_limit(name, concurrency, rate, burst)
 
     def describe(self) -> list[LimitInfo]:
         """Every limit with its live use, ordered by name."""
         with self._mutex:
-            cfg = self._file.config()
-            m = self._file.map
+            cfg = self.file.config()
+            m = self.file.map
             out = []
             for name in sorted(cfg):
                 lim = cfg[name]
@@ -174,7 +174,7 @@ class LimitGate:
                 nxt = None
                 if lim.rate_n and m is not None:
                     tau = (lim.burst - 1) * lim.interval_ns
-                    tat, now = self._file.bucket(lim)
+                    tat, now = self.file.bucket(lim)
                     nxt = max(0.0, (tat - tau - now) / 1e9)
                 out.append(
                     LimitInfo(
@@ -194,27 +194,23 @@ class LimitGate:
             if (lim.index, j) in self._mine:
                 n += 1
             else:
-                n += self._file.slot_taken(lim.index, j)
+                n += self.file.slot_taken(lim.index, j)
         return n
 
     # -- the lease path ------------------------------------------------------------------------------
 
     def active(self) -> bool:
         """True if any limit is configured (cheap: one atomic load once the file is mapped)."""
-        return bool(self._file.config())
+        return bool(self.file.config())
 
     def watched(self) -> tuple[Mapped, int, int] | None:
         """The word that moves whenever a limit is set or removed (LimitsFile.watched), or None
         while there is no limits file; :meth:`next_look` says when one is looked for."""
-        return self._file.watched()
-
-    def file_map(self) -> Mapped | None:
-        """The limits file's mapping, or None while there is none."""
-        return self._file.map
+        return self.file.watched()
 
     def next_look(self) -> float:
         """The monotonic time of the next look for a limits file (``inf`` once it is mapped)."""
-        return self._file.next_look()
+        return self.file.next_look()
 
     def key_of(self, seg: Segment, slot: int) -> str | None:
         """The key of the published record at ``slot`` (read from its bytes; None if unkeyed)."""
@@ -236,7 +232,7 @@ class LimitGate:
         when admitted, and False when a limit refuses: the job is then remembered (``entry()`` is
         its heap entry) and offered again by :meth:`reoffer`.
         """
-        cfg = self._file.config()
+        cfg = self.file.config()
         if not cfg:
             return None
         key = self.key_of(seg, slot)
@@ -254,7 +250,7 @@ class LimitGate:
                         return self._block(name, seg, slot, entry)
                     ticket.slots.append((lim.index, j))
                 if lim.rate_n:
-                    due = self._file.take_token(lim)
+                    due = self.file.take_token(lim)
                     if due:
                         self._due[name] = due
                         self.undo(ticket)
@@ -274,7 +270,7 @@ class LimitGate:
     def _take_slot(self, lim: Limit) -> int | None:
         for attempt in range(2):
             for j in range(lim.concurrency):
-                if (lim.index, j) not in self._mine and self._file.try_slot(lim.index, j):
+                if (lim.index, j) not in self._mine and self.file.try_slot(lim.index, j):
                     return j
             if attempt == 0 and not self._sweep(lim.index):
                 break
@@ -303,13 +299,13 @@ class LimitGate:
             for index, j in ticket.slots:
                 self._unlock(index, j)
             for index, interval in ticket.tokens:
-                self._file.refund(index, interval)
+                self.file.refund(index, interval)
             ticket.slots.clear()
             ticket.tokens.clear()
 
     def _unlock(self, index: int, j: int) -> None:
         self._mine.pop((index, j), None)
-        self._file.free_slot(index, j)
+        self.file.free_slot(index, j)
 
     def bind(self, ticket: _Ticket | None, seg: Segment, slot: int, lc: int) -> None:
         """Record that ``ticket``'s lease (token ``lc``) succeeded: its slots go with the job."""
@@ -391,7 +387,7 @@ class LimitGate:
         table is full."""
         with self._mutex:
             job: Job = unique.enqueue_unique(
-                self._file, key, unique_for, enqueue, find
+                self.file, key, unique_for, enqueue, find
             )  # either one's
             return job
 

@@ -587,7 +587,8 @@ class Queue:
             QueueClosedError; ValueError for bad arguments.
         """
         ctx = self._ctx
-        ctx.live()
+        if ctx.closed:
+            ctx.live()
         # Checked before anything is leased: a NaN wait would fail in the sleep, after the lease.
         if count.__class__ is int and count >= 1 and wait is None and visibility_timeout is None:
             vt = self.visibility_timeout  # checked when the queue was opened
@@ -614,11 +615,12 @@ class Queue:
                     seen = ctl.wake_word()
                 # Nothing appended, returned, rotated, paused or limited since a look that found
                 # nothing paused and no limit: that look's answers stand (ringq/local/quiet.py).
-                clear = quiet.quiet()
+                t = time.monotonic()
+                clear = quiet.quiet(t)
                 if not clear:
                     quiet.begin()
                     ctx.refresh(quick=True)
-                if reaper.due() and ctx.reap():
+                if t >= reaper.quiet_until and reaper.due() and ctx.reap():
                     ctx.refresh()  # the reclaimed jobs moved their segments' change counters
                 direct = None
                 queue_paused = keys_paused = False

@@ -10,7 +10,6 @@ limits file that another process may create), a lease can go straight to the ind
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from ringq.engine.control import Control
@@ -34,18 +33,20 @@ class QuietLook:
         self._ctl = ctl
         self._pause = pause
         self._gate = gate
+        self._file = gate.file  # whose mapping, once there is one, the watch must include
         self._quick_until = quick_until
         self._watch: Watch | None = None
         self._limits: Mapped | None = None  # the limits mapping the watch includes, if any
         self._until = 0.0  # monotonic time until which a look that found all clear holds
 
-    def quiet(self) -> bool:
-        """True if the last look found nothing paused and no limit, and nothing it read moved."""
+    def quiet(self, t: float) -> bool:
+        """True if the last look found nothing paused and no limit, and nothing it read moved
+        (``t``: the monotonic time now)."""
         watch = self._watch
         return (
             watch is not None
-            and time.monotonic() < self._until
-            and self._gate.file_map() is self._limits  # a limits file mapped since: not watched
+            and t < self._until
+            and self._file.map is self._limits  # a limits file mapped since: not watched
             and watch.same()
         )
 
@@ -66,7 +67,7 @@ class QuietLook:
     def clear(self) -> None:
         """The look begun by :meth:`begin` found the queue and every key unpaused and no limit
         set: later leases may skip it until a watched word moves or a recheck is due."""
-        if self._gate.file_map() is not self._limits:
+        if self._file.map is not self._limits:
             return  # the look mapped a limits file: the next look watches it
         self._until = min(self._quick_until(), self._gate.next_look())
 

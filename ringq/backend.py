@@ -527,8 +527,11 @@ CONSUME_BATCH_MAX = 256  # most jobs a streaming consumer holds leased before it
 CONSUME_BATCH_SPAN = 0.002  # seconds of handling a batch is sized for (fair to other consumers)
 
 
-def check_consume(count: int | None, wait: float | None, stop: Stop | None) -> Callable[[], bool]:
-    """Validate ``consume``'s arguments; returns the stop condition as a function.  Raises
+def check_consume(
+    count: int | None, wait: float | None, stop: Stop | None
+) -> Callable[[], bool] | None:
+    """Validate ``consume``'s arguments; returns the stop condition as a function (None: no
+    stop condition, nothing to call per job).  Raises
     ValueError (a count that is not an int >= 1, a wait that is not a number of seconds >= 0,
     a stop that is neither an event nor a callable)."""
     if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
@@ -538,7 +541,7 @@ def check_consume(count: int | None, wait: float | None, stop: Stop | None) -> C
     ):
         raise ValueError(f"wait must be a number of seconds >= 0 or None, got {wait!r}")
     if stop is None:
-        return lambda: False
+        return None
     is_set = getattr(stop, "is_set", None)
     if callable(is_set):
         return is_set  # type: ignore[no-any-return]
@@ -550,13 +553,13 @@ def check_consume(count: int | None, wait: float | None, stop: Stop | None) -> C
 def stream_leases(
     lease: Callable[[int], list[Job]],
     count: int | None,
-    stopped: Callable[[], bool],
+    stopped: Callable[[], bool] | None,
     visibility_timeout: float,
     give_back: Callable[[list[Job]], None] | None = None,
 ) -> Generator[Job, None, None]:
     """The jobs of ``lease(n)`` calls (each leases up to ``n``, waiting as the consumer asked, and
     returns ``[]`` to end the stream), one at a time, until ``count`` were handed out or
-    ``stopped()``.  Without ``give_back`` one job is leased per call.  With it, jobs are leased in
+    ``stopped()`` (None: never).  Without ``give_back`` one job is leased per call.  With it, jobs are leased in
     batches sized to what the consumer takes per job (at most CONSUME_BATCH_MAX, about
     CONSUME_BATCH_SPAN seconds of handling), and leases not handed out -- the stream stopped, or a
     quarter of the visibility timeout passed since the batch was leased -- go to
@@ -566,34 +569,35 @@ def stream_leases(
     started, handed = 0.0, 0
     late = 0.0  # when the batch's leases not handed out yet go back (monotonic seconds)
     pending: deque[Job] = deque()
+    take, clock = pending.popleft, time.monotonic
     try:
         while True:
             if not pending:
-                if left == 0 or stopped():
+                if left == 0 or (stopped is not None and stopped()):
                     return
                 want = size if left is None else min(size, left)
                 jobs = lease(want)
                 if not jobs:
                     return
                 pending.extend(jobs)
-                started = time.monotonic()
+                started = clock()
                 late = started + visibility_timeout / 4
                 handed = 0
-            elif stopped():
+            elif stopped is not None and stopped():
                 return
-            if handed and give_back is not None and time.monotonic() > late:
+            if handed and give_back is not None and clock() > late:
                 back = list(pending)  # a quarter of the visibility timeout passed: hand them back
                 pending.clear()
                 give_back(back)
                 size = 1
                 continue
-            job = pending.popleft()
+            job = take()
             handed += 1
             if left is not None:
                 left -= 1
             yield job
             if give_back is not None and not pending:
-                per = (time.monotonic() - started) / handed
+                per = (clock() - started) / handed
                 fit = CONSUME_BATCH_MAX if per <= 0 else int(CONSUME_BATCH_SPAN / per)
                 size = max(1, min(CONSUME_BATCH_MAX, 2 * size, fit))
     finally:

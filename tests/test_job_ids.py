@@ -160,3 +160,19 @@ def test_a_queue_without_automatic_ids_needs_ids_and_takes_any_form(tmp_path):
             q.enqueue("no id")
         assert q.enqueue("x", job_id="0000000000000001").id == "0000000000000001"
         assert q.options.auto_ids is False
+
+
+@pytest.mark.parametrize("seq", [0, 1, 0xFF, 2**32 - 1, 2**32, 2**63, 2**64 - 1])
+def test_the_automatic_ids_fast_spelling_is_the_documented_form(seq):
+    # The lease and enqueue paths spell the automatic id as 8 big-endian bytes in hex.
+    assert seq.to_bytes(8, "big").hex() == f"{seq:016x}"
+
+
+def test_automatic_ids_from_enqueue_lease_and_get_agree(tmp_path):
+    with Queue(tmp_path) as q:
+        one = q.enqueue("a")
+        many = q.enqueue_many(["b", "c"])
+        leased = q.lease(3)
+        ids = [one.id, *(j.id for j in many)]
+        assert ids == [j.id for j in leased] == [q.get(i).id for i in ids]
+        assert ids == [f"{j.seq:016x}" for j in leased]

@@ -249,13 +249,18 @@ class Leases:
             segseq, mm, epoch, origin = seg.seq, seg.mm, seg.epoch_ms, seg.origin
             base, size = seg.data_off + hdr, seg.slot_size
             out = []
+            rel = -1  # the lease deadline of the jobs so far (one call leases them all alike)
+            deadline = 0.0
             for word, seq, enq_us, avail_ms, slot, plen, prio, maxatt, idlen, cid, _, _, _ in jobs:
+                if word >> TIME_SHIFT != rel:
+                    rel = word >> TIME_SHIFT
+                    deadline = (epoch + rel) / 1000
                 start = base + slot * size
                 if idlen:
                     jid = mm[start : start + idlen].decode("utf-8", "replace")
                     start += idlen
                 else:
-                    jid = f"{seq:016x}"
+                    jid = seq.to_bytes(8, "big").hex()  # the automatic id (ringq/ids.py)
                 raw = mm[start : start + plen]
                 key = None
                 if cid == keyed:
@@ -276,7 +281,7 @@ class Leases:
                         maxatt,
                         avail_ms / 1000,
                         enq_us / 1e6,
-                        (epoch + (word >> TIME_SHIFT)) / 1000,
+                        deadline,
                         "1",
                         None,
                         seq,

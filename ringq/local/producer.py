@@ -129,7 +129,7 @@ class Producer:
             )
         # Built before the sync: what runs after the disk answers runs on cold caches.
         job = Job(
-            f"{seq:016x}",
+            seq.to_bytes(8, "big").hex(),  # the automatic id (ringq/ids.py)
             payload,
             priority,
             READY,
@@ -397,7 +397,7 @@ def fresh_jobs(
     for segseq, first, cnt in placed:
         out += [
             Job(
-                f"{seq0 + i:016x}" if job_ids is None else job_ids[i],
+                (seq0 + i).to_bytes(8, "big").hex() if job_ids is None else job_ids[i],
                 payloads[i],
                 priority,
                 READY,

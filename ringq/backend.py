@@ -559,8 +559,8 @@ def stream_leases(
 ) -> Generator[Job, None, None]:
     """The jobs of ``lease(n)`` calls (each leases up to ``n``, waiting as the consumer asked, and
     returns ``[]`` to end the stream), one at a time, until ``count`` were handed out or
-    ``stopped()`` (None: never).  Without ``give_back`` one job is leased per call.  With it, jobs are leased in
-    batches sized to what the consumer takes per job (at most CONSUME_BATCH_MAX, about
+    ``stopped()`` (None: never).  Without ``give_back`` one job is leased per call.  With it, jobs
+    are leased in batches sized to what the consumer takes per job (at most CONSUME_BATCH_MAX, about
     CONSUME_BATCH_SPAN seconds of handling), and leases not handed out -- the stream stopped, or a
     quarter of the visibility timeout passed since the batch was leased -- go to
     ``give_back(jobs)``, which returns them to the queue unused."""

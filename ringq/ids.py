@@ -2,9 +2,9 @@
 
 A job enqueued without an id gets an *automatic id*: its sequence number in the queue as 16
 lowercase hex digits (``f"{seq:016x}"``; the paths that build a job per lease or per enqueue
-spell it ``seq.to_bytes(8, "big").hex()``, the same string at half the cost), on both backends.  Sequence numbers are per queue, so
-the same automatic id names different jobs in different queues, and a caller's id of the same
-form would name a second job with one id.  Hence two rules:
+spell it ``seq.to_bytes(8, "big").hex()``, the same string at half the cost), on both backends.
+Sequence numbers are per queue, so the same automatic id names different jobs in different
+queues, and a caller's id of the same form would name a second job with one id.  Hence two rules:
 
 * a caller-given id (``enqueue(job_id=)``, ``enqueue_many(job_ids=)``, ``import_jobs``) must not
   be 16 hex digits (either case): :func:`check_caller_id` refuses it with ValueError;

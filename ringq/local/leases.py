@@ -484,6 +484,7 @@ class Leases:
         A snapshot whose ack went in is marked so, for a repeat after its segment retired.  A
         lease that ran out is reclaimed first (and the ack then refused), as is any other once the
         reaper's schedule says so, unless the ack goes in on the first try."""
+        expired = False
         if isinstance(job, Job):
             # The common case without the general path's lookups: a snapshot of a lease whose
             # record this index holds, acked in one C call that checks the record is the job's
@@ -506,14 +507,12 @@ class Leases:
                     job.ack_accepted = True
                     done, finished, deps = self._ack_words
                     return self._acked(view, seg, slot, done, finished, deps)
-                self.settle(answer == claim.EXPIRED)
-            else:
-                self.settle(False)
-            out = self._ack(job, queue)
+                expired = answer == claim.EXPIRED
+        self.settle(expired)  # the general path acts on what reclaiming makes of the lease
+        out = self._ack(job, queue)
+        if isinstance(job, Job):
             job.ack_accepted = True
-            return out
-        self.settle(False)
-        return self._ack(job, queue)
+        return out
 
     def _ack(self, job: Job | str, queue: str) -> Segment | None:
         try:

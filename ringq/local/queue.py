@@ -852,8 +852,7 @@ class Queue:
         self._ctx.live()
         first: Exception | None = None
         with self._ctx.live_lock:
-            self._ctx.settle(force=False)
-            for job in jobs:
+            for job in jobs:  # each reclaims first where it must (Leases.ack)
                 try:
                     self._ctx.leases.ack(job, self.name)
                 except (NotLeasedError, JobNotFoundError) as exc:

@@ -43,6 +43,7 @@ __all__ = [
     "DEFAULT_RESULT_TTL",
     "MAX_ATTEMPTS_LIMIT",
     "MAX_DELAY",
+    "PRIORITY_LIMIT",
     "FEATURE_SCHEDULES",
     "FEATURE_LIMITS",
     "FEATURE_COMPACT",
@@ -83,6 +84,7 @@ DEFAULT_VISIBILITY_TIMEOUT = 30.0  # seconds a lease lasts unless extended
 DEFAULT_MAX_ATTEMPTS = 5  # leases before a job moves to the dead-letter queue
 DEFAULT_RESULT_TTL = 3600.0  # seconds a result stored by ack(result=) is kept
 MAX_ATTEMPTS_LIMIT = 0xFFFF  # the local record header's max_attempts field is 16-bit
+PRIORITY_LIMIT = 2**31  # a priority is a signed 32-bit int: -PRIORITY_LIMIT <= p < PRIORITY_LIMIT
 MAX_DELAY = 86400 * 365 * 33  # seconds: the longest delay (and expiry, and lease) of either queue
 MAX_TIMEOUT = 0xFFFFFFFF / 1000  # seconds: a job's hard timeout is stored as u32 milliseconds
 MAX_PARENTS = 100_000  # most jobs one job may depend on (``enqueue(..., depends_on=)``)
@@ -195,7 +197,7 @@ def check_priority(priority: object) -> int:
     if (
         not isinstance(priority, int)
         or isinstance(priority, bool)
-        or not -(2**31) <= priority < 2**31
+        or not -PRIORITY_LIMIT <= priority < PRIORITY_LIMIT
     ):
         raise ValueError(f"priority must be a 32-bit signed int, got {priority!r}")
     return priority

@@ -170,14 +170,18 @@ def encode(payload: Any) -> tuple[int, bytes]:
             ndarray subclass, a NaN Python float, a cycle, ...); the message names the offending
             type and where it is.
     """
-    if isinstance(payload, (bytes, bytearray, memoryview)):
-        return BYTES, bytes(payload)
-    np = _loaded_numpy()
-    if np is not None and isinstance(payload, np.ndarray):
-        _check_array(payload, "payload")
-        header = json.dumps({"dtype": _spec(payload.dtype), "shape": list(payload.shape)}).encode()
-        data = np.ascontiguousarray(payload).tobytes()
-        return NDARRAY, _U32.pack(len(header)) + header + data
+    cls = payload.__class__
+    if cls is not dict and cls is not list and cls is not str:  # these go to the JSON encoder
+        if isinstance(payload, (bytes, bytearray, memoryview)):
+            return BYTES, bytes(payload)
+        np = _loaded_numpy()
+        if np is not None and isinstance(payload, np.ndarray):
+            _check_array(payload, "payload")
+            header = json.dumps(
+                {"dtype": _spec(payload.dtype), "shape": list(payload.shape)}
+            ).encode()
+            data = np.ascontiguousarray(payload).tobytes()
+            return NDARRAY, _U32.pack(len(header)) + header + data
     try:
         if _json_once is None:
             return JSON, _encoder.encode(payload).encode("utf-8")

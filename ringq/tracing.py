@@ -93,8 +93,10 @@ def carrier() -> dict[str, str] | None:
     api = _api if _api is not None else _load()
     if not api:
         return None
-    trace = api[0]
-    if not trace.get_current_span().get_span_context().is_valid:
+    current = api[1].get_current()
+    if not current:  # an empty context holds no span (the common case, checked first: cheap)
+        return None
+    if not api[0].get_current_span(current).get_span_context().is_valid:
         return None
     out: dict[str, str] = {}
     api[2].inject(out)

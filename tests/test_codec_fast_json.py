@@ -124,3 +124,39 @@ def _cyclic_dict():
 def test_refusals_are_the_same_serialization_errors(encoder, value, where):
     with pytest.raises(codec.SerializationError, match=where):
         codec.encode(value)
+
+
+class _Dict(dict):
+    pass
+
+
+class _List(list):
+    pass
+
+
+class _Str(str):
+    pass
+
+
+@pytest.mark.parametrize(
+    "value, plain",
+    [
+        (_Dict(a=1), {"a": 1}),
+        (_List([1, "x"]), [1, "x"]),
+        (_Str("s"), "s"),
+        ({"k": _Dict(b=_List([2]))}, {"k": {"b": [2]}}),
+    ],
+    ids=repr,
+)
+def test_subclasses_of_dict_list_and_str_encode_as_their_base_types(value, plain):
+    assert codec.encode(value) == codec.encode(plain)
+    assert codec.decode(*codec.encode(value)) == plain
+
+
+def test_a_dict_or_list_holding_bytes_or_an_array_is_encoded_mixed_not_refused():
+    np = pytest.importorskip("numpy")
+    for value in ({"b": b"\x00\xff"}, [np.arange(3, dtype=np.int16)]):
+        kind, data = codec.encode(value)
+        assert kind == codec.MIXED
+        back = codec.decode(kind, data)
+        assert type(back) is type(value) and len(back) == len(value)

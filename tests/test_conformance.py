@@ -479,6 +479,54 @@ def test_bad_arguments_are_refused_alike(q, call):
         call(q)
 
 
+_REFUSED = [
+    dict(priority=True),
+    dict(priority=2**31),
+    dict(priority=-(2**31) - 1),
+    dict(priority=1.0),
+    dict(priority=np.int64(1)),
+    dict(delay=True),
+    dict(delay=math.nan),
+    dict(delay=math.inf),
+    dict(delay=np.array(0.0)),
+    dict(max_attempts=True),
+    dict(max_attempts=0),
+    dict(max_attempts=1.0),
+]
+
+
+@pytest.mark.parametrize("args", _REFUSED, ids=repr)
+def test_enqueue_refuses_what_enqueue_many_refuses_and_stores_nothing(q, args):
+    for call in (lambda: q.enqueue("x", **args), lambda: q.enqueue_many(["x"], **args)):
+        with pytest.raises(ValueError):
+            call()
+    assert q.stats().total == 0
+
+
+@pytest.mark.parametrize(
+    "args, priority, due_now",
+    [
+        (dict(priority=2**31 - 1), 2**31 - 1, True),
+        (dict(priority=-(2**31)), -(2**31), True),
+        (dict(delay=0), 0, True),
+        (dict(delay=-0.0), 0, True),
+        (dict(delay=-5), 0, True),
+        (dict(delay=np.float64(0.0)), 0, True),
+        (dict(delay=30), 0, False),
+        (dict(max_attempts=1), 0, True),
+    ],
+    ids=repr,
+)
+def test_enqueue_takes_what_enqueue_many_takes(q, args, priority, due_now):
+    one = q.enqueue("x", **args)
+    [many] = q.enqueue_many(["x"], **args)
+    for job in (one, many):
+        assert job.priority == priority
+        assert (job.available_at <= time.time()) is due_now
+        assert q.get(job.id).priority == priority
+    assert len(q.lease(10)) == (2 if due_now else 0)
+
+
 @pytest.mark.parametrize("call", [lambda q: q.ack(123), lambda q: q.get(123), lambda q: q.cancel(123),
                                   lambda q: q.nack(None), lambda q: q.extend(1.5, 5)])
 def test_a_job_is_a_job_or_its_id(q, call):

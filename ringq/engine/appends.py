@@ -37,6 +37,9 @@ SCRATCH_KEEP = 4 << 20
 Placement = tuple[int, int, int, int, int]
 
 
+_CODEC_BYTE = [bytes((c,)) for c in range(256)]  # a record's codec id as the one byte C reads
+
+
 def published_word(rec: NewRecord, avail_ms: int, epoch_ms: int) -> int:
     """The state word ``rec`` is published with: READY (or DEAD) at ``avail_ms``, or DEFERRED."""
     if not rec.deferred:
@@ -66,6 +69,7 @@ class Appender:
         # job, the end slot, tail and seq out-words, and the layout scratch.
         self._tmpl = ffi.new("ringq_rec_header *")
         self._heads1 = ffi.new("uint32_t[1]")
+        self._lens1 = ffi.new("uint32_t[1]")  # the payload length of a single job (append_one)
         self._end = ffi.new("uint32_t *")
         self._tail = ffi.new("uint32_t *")
         self._seq = ffi.new("uint64_t *")
@@ -95,6 +99,11 @@ class Appender:
         out, ticket = self.append_nowait(recs)
         self.finish(ticket)
         return out
+
+    def settled(self, ticket: tuple[dict[int, list[int]], int]) -> bool:
+        """True if :meth:`finish` has nothing to do for ``ticket``: the one-call append woke
+        consumers and the strategy keeps nothing more than the published record."""
+        return len(ticket) > 2 and self.ring.dur.done_at_publish
 
     def finish(self, ticket: tuple[dict[int, list[int]], int]) -> None:
         """Second half of :meth:`append_nowait`: apply the durability strategy, then wake consumers.
@@ -381,15 +390,17 @@ class Appender:
         """One new job without an explicit id: :meth:`append_packed` for one job, without its
         lists.  ``data`` is the encoded payload.  Returns ``(segment seq, head slot, seq,
         enqueued_us, available_ms, ticket)``.  Raises as :meth:`append_packed`."""
-        length = REC_HEADER_SIZE + len(data)
+        size = len(data)
         scratch = self._scratch
-        if scratch is None or len(scratch[0]) < length + self.ring.ctl.slot_size:
-            scratch = self._grow_scratch(length + self.ring.ctl.slot_size)
+        if scratch is None or len(scratch[0]) < REC_HEADER_SIZE + size + self.ring.ctl.slot_size:
+            scratch = self._grow_scratch(REC_HEADER_SIZE + size + self.ring.ctl.slot_size)
+        lens = self._lens1
+        lens[0] = size
         got = self._append_fast(
             1,
-            bytes((codec,)),
+            _CODEC_BYTE[codec],
             ffi.NULL,
-            [len(data)],
+            lens,
             data,
             scratch,
             self._heads1,
@@ -403,11 +414,11 @@ class Appender:
         # Elsewhere than the segment appended to last, contended, a tail to repair, or a rotation.
         placed, heads, seq, now_us, avail_ms, ticket = self.append_packed(
             1,
-            bytes((codec,)),
+            _CODEC_BYTE[codec],
             None,
-            [len(data)],
+            [size],
             data,
-            length,
+            REC_HEADER_SIZE + size,
             priority,
             delay_ms,
             max_attempts,

@@ -94,6 +94,9 @@ class Strategy:
     # Nothing to wait for between publishing an append and returning: the one-call append wakes
     # consumers itself.
     wake_at_publish = False
+    # Nothing at all left once a record is published and consumers woken (no sync, no flusher
+    # to tell): an append that woke them itself skips after_append.
+    done_at_publish = False
 
     def __init__(
         self,
@@ -337,6 +340,7 @@ class NoSync(Strategy):
     name = "none"
     durable = False
     wake_at_publish = True
+    done_at_publish = True
 
     def make_durable(self, touched: dict[int, list[int]], end: int) -> None:
         pass

@@ -184,6 +184,7 @@ class Ring:
         self.append_packed = appender.append_packed
         self.append_one = appender.append_one
         self.finish = appender.finish
+        self.settled = appender.settled
         self.max_record_bytes = appender.max_record_bytes
         self.check_sizes = appender.check_sizes
         dmode = mode | ((mode & 0o444) >> 2)

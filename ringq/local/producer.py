@@ -21,9 +21,11 @@ from ringq import codec
 from ringq.backend import (
     MAX_ATTEMPTS_LIMIT,
     MAX_DELAY,
+    PRIORITY_LIMIT,
     check_attempts,
     check_delay,
     check_priority,
+    due_delay,
     refuse_reserved,
     reserved_for_results,
     timeout_ms,
@@ -109,10 +111,22 @@ class Producer:
         key: str | None = None,
         m: meta.Meta | None = None,
     ) -> Job:
-        """One job without a caller id: :meth:`enqueue` without the lists."""
+        """One job without a caller id: :meth:`enqueue` without the lists.  ``delay`` as the
+        caller gave it (a negative one means now: backend.due_delay)."""
         if self.reserved:
             refuse_reserved(self.ring.name)
-        delay_ms = check_args(priority, delay, attempts, None, self.auto_ids)
+        if (
+            (delay.__class__ is float or delay.__class__ is int)
+            and delay == 0
+            and priority.__class__ is int
+            and attempts.__class__ is int
+            and -PRIORITY_LIMIT <= priority < PRIORITY_LIMIT
+            and 1 <= attempts <= MAX_ATTEMPTS_LIMIT
+            and self.auto_ids
+        ):
+            delay_ms = 0  # the common arguments, passing check_args; exact types only
+        else:
+            delay_ms = check_args(priority, due_delay(delay), attempts, None, self.auto_ids)
         kind, data, payload = codec.encode_stored(payload)  # the Job shows what a consumer gets
         if key is not None:
             kind, data = codec.wrap_key(key, kind, data)
@@ -148,9 +162,10 @@ class Producer:
             None,
             (segseq, slot, ring.identity),
         )
-        # Sync outside our lock, so that other threads append meanwhile (and share the sync).
-        with self.outside:
-            ring.finish(ticket)
+        if not ring.settled(ticket):
+            # Sync outside our lock, so that other threads append meanwhile (and share the sync).
+            with self.outside:
+                ring.finish(ticket)
         return job
 
     def enqueue(

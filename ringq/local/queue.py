@@ -440,7 +440,7 @@ class Queue:
             return self._ctx.producer.enqueue_one(
                 payload,
                 priority,
-                due_delay(delay),
+                delay,
                 self.max_attempts if max_attempts is None else max_attempts,
                 key,
                 None

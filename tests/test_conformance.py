@@ -534,6 +534,43 @@ def test_a_job_is_a_job_or_its_id(q, call):
         call(q)
 
 
+_HOLDER_CALLS = {
+    "ack": lambda q, j: q.ack(j),
+    "ack with a result": lambda q, j: q.ack(j, result="late"),
+    "ack_many": lambda q, j: q.ack_many([j]),
+    "nack": lambda q, j: q.nack(j, delay=0),
+    "extend": lambda q, j: q.extend(j, 30),
+    "progress": lambda q, j: q.progress(j, 0.5, "half"),
+}
+
+
+@pytest.mark.parametrize("call", list(_HOLDER_CALLS.values()), ids=list(_HOLDER_CALLS))
+def test_a_holder_whose_lease_ran_out_is_refused_though_nothing_reclaimed_it_yet(q, call):
+    q.enqueue("x")
+    job = q.lease_one(visibility_timeout=0.05)
+    time.sleep(0.12)  # past the lease's deadline; no lease call runs in between
+    with pytest.raises(NotLeasedError):
+        call(q, job)
+    now = q.get(job.id)
+    assert now.state is JobState.READY and now.progress is None
+    with pytest.raises(ringq.ResultNotFoundError):
+        q.result(job.id)
+    again = q.lease_one()
+    assert again.id == job.id and again.lease_token != job.lease_token
+    q.ack(again, result="current")
+    assert q.result(job.id) == "current"
+
+
+def test_ack_many_with_an_item_that_is_no_job_acks_none_of_the_batch(q):
+    q.enqueue_many([1, 2])
+    first, second = q.lease(2)
+    with pytest.raises(TypeError, match="a Job or a job id"):
+        q.ack_many([first, None, second])
+    assert [q.get(j.id).state for j in (first, second)] == [JobState.LEASED] * 2
+    q.ack_many([first, second])
+    assert q.stats().done == 2
+
+
 def test_a_bad_result_ttl_stores_nothing_and_acks_nothing(q):
     q.enqueue("x")
     job = q.lease_one()

@@ -163,10 +163,18 @@ class Leases:
         self, job: Job | str, queue: str, op: str
     ) -> tuple[View, int, int, str, int | None]:
         """``(view, slot, state word, id, fencing token or None)`` of a job whose lease the caller
-        checks for ``op`` (see :meth:`locate`)."""
+        checks for ``op`` (see :meth:`locate`).  A lease whose visibility timeout passed is
+        reclaimed first, though no reaper took it yet, so that the caller acts on what reclaiming
+        makes of it (READY or DEAD) and refuses its holder, as the ack's C check does."""
         view, slot, job_id = self.locate(job, queue, fenced=op)
         token = token_number(job.lease_token) if isinstance(job, Job) else None
-        return view, slot, view.seg.load_state(slot), job_id, token
+        seg = view.seg
+        w = seg.load_state(slot)
+        if state(w) == ST_LEASED and rel_time(w) < now_ms() - seg.epoch_ms:
+            self.settle(True)
+            view, slot, job_id = self.locate(job, queue, fenced=op)
+            w = view.seg.load_state(slot)
+        return view, slot, w, job_id, token
 
     def claim(self, view: View, slot: int, w: int, now: int, vt: float, detach: bool) -> Job | None:
         """Lease the READY job with word ``w`` for ``vt`` seconds; None if another process won."""

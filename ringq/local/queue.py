@@ -48,6 +48,7 @@ from ringq.backend import (
     check_consume,
     check_depends_on,
     check_extension,
+    check_job_ref,
     check_lease_args,
     check_replace,
     check_reschedule,
@@ -848,8 +849,12 @@ class Queue:
     def ack_many(self, jobs: Iterable[Job | str]) -> None:
         """Ack every job of ``jobs`` (as :meth:`ack`), with one sync for all of them under
         ``sync_acks=True``.  Every job that can be acked is; then the first refusal
-        (NotLeasedError, JobNotFoundError) is raised."""
+        (NotLeasedError, JobNotFoundError) is raised.  An item that is neither a Job nor a job
+        id raises TypeError before any job is acked."""
         self._ctx.live()
+        jobs = list(jobs)
+        for job in jobs:
+            check_job_ref(job)
         first: Exception | None = None
         with self._ctx.live_lock:
             for job in jobs:  # each reclaims first where it must (Leases.ack)

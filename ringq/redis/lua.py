@@ -309,10 +309,19 @@ local function promote()
     end
   end
 end
--- 'ok', or why the caller does not hold the lease of m with token tok (-1: any token).
+-- The state promote() gives a lease that ran out: cancelled (a cancel was asked), dead (its
+-- attempts are used up) or ready.
+local function reclaimed_state(m)
+  if m.cx then return 'cancelled' end
+  if m.a >= m.m then return 'dead' end
+  return 'ready'
+end
+-- 'ok', or why the caller does not hold the lease of m with token tok (-1: any token).  A lease
+-- that ran out is refused though no lease call reclaimed it yet, as what promote() makes it.
 local function check_lease(m, tok)
   if not m then return 'nf' end
   if m.st ~= 'leased' then return 'nl:' .. m.st .. ':' .. (m.why or '') .. ':' .. (m.t or 0) end
+  if m.dl < now then return 'nl:' .. reclaimed_state(m) .. ':expired:' .. m.t end
   if tok >= 0 and m.t ~= tok then return 'stale:' .. m.t end
   return 'ok'
 end
@@ -324,13 +333,8 @@ local function as_read(r)
   if m.st ~= 'leased' or m.dl >= now then return r, m.st end
   m.why = 'expired'
   m.dl = nil
-  if m.cx then
-    m.st, m.cx, m.fin = 'cancelled', nil, now
-  elseif m.a >= m.m then
-    m.st, m.fin = 'dead', now
-  else
-    m.st, m.av = 'ready', now
-  end
+  m.st = reclaimed_state(m)
+  if m.st == 'ready' then m.av = now else m.cx, m.fin = nil, now end
   return cjson.encode(m), m.st
 end
 local function forget(id)

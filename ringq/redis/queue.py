@@ -557,7 +557,8 @@ class RedisQueue:
 
     def ack_many(self, jobs: Iterable[Job | str]) -> None:
         """Ack several jobs in one script.  Every job that can be acked is; then the first refusal
-        (NotLeasedError, JobNotFoundError) is raised.  A retry after ConnectionLostError is safe."""
+        (NotLeasedError, JobNotFoundError) is raised.  An item that is neither a Job nor a job
+        id raises TypeError before any job is acked.  A retry after ConnectionLostError is safe."""
         jobs = list(jobs)
         for j in jobs:
             check_job_ref(j)

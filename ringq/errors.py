@@ -77,7 +77,11 @@ class CorruptionError(RingqError):
 
 
 class FormatVersionError(CorruptionError):
-    """A file was written in a format version this ringq does not understand (probably a newer one)."""
+    """A file was written in a format version this ringq does not understand (probably a newer one).
+
+    ``upgradable`` is True for an older format that ``ringq upgrade`` converts in place."""
+
+    upgradable = False
 
 
 class QueueFullError(RingqError, OSError):

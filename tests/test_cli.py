@@ -327,6 +327,34 @@ def test_inspect_shows_segments_and_slots(tmp_path):
     assert "more record(s)" in ringq(q, "inspect", "--limit", "1").stdout
 
 
+def test_inspect_limit_0_shows_every_record_and_n_shows_n(tmp_path):
+    q = tmp_path / "q"
+    for i in range(25):  # more than the default 20
+        ringq(q, "enqueue", f'{{"n": {i}}}')
+    count = lambda *extra: len(as_json(q, "inspect", *extra)["segments"][0]["records"])  # noqa: E731
+    assert (count(), count("--limit", "0"), count("--limit", "2")) == (20, 25, 2)
+    text = ringq(q, "inspect", "--limit", "0").stdout
+    assert '{"n":24}' in text and "more record(s)" not in text
+
+
+@pytest.mark.parametrize("suffix", [".seg", ".state"])
+def test_verify_fails_a_file_in_a_format_version_this_ringq_cannot_open(tmp_path, suffix):
+    import struct
+
+    from ringq import FormatVersionError, Queue
+
+    q = tmp_path / "q"
+    _filled(q)
+    [path] = [p for p in q.iterdir() if p.name.endswith(suffix)]
+    with open(path, "r+b") as fh:
+        fh.seek(8)  # the u32 format version of the file header (docs/format.md)
+        fh.write(struct.pack("<I", 3))
+    with pytest.raises(FormatVersionError):
+        Queue(str(q))
+    proc = ringq(q, "verify", rc=1)
+    assert "format version 3" in proc.stdout and "cannot open" in proc.stdout
+
+
 def test_verify_passes_a_clean_queue(tmp_path):
     q = tmp_path / "q"
     _filled(q)

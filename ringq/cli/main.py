@@ -589,7 +589,7 @@ def cmd_import_nobroker(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     _check_limit(args)
-    rep = _examine(args, 0 if args.limit is None else args.limit)
+    rep = _examine(args, args.limit)
     if args.json:
         _emit(args, rep.to_dict(), None)
         return 0

@@ -202,10 +202,12 @@ def read_static(path: str, head: bytes, real_size: int, magic_want: int) -> tupl
     if version != FORMAT_VERSION:
         if magic == SEG_MAGIC and version == 1:
             dirpath = os.path.dirname(path) or "."
-            raise FormatVersionError(
+            older = FormatVersionError(
                 f"{path}: segment format version 1; this ringq reads version {FORMAT_VERSION}. "
                 f"Stop every process using the queue, then run `ringq upgrade {dirpath}` to upgrade it in place"
             )
+            older.upgradable = True
+            raise older
         raise FormatVersionError(
             f"{path}: {what} format version {version}; this ringq reads version {FORMAT_VERSION}"
         )

@@ -222,8 +222,14 @@ def _segment(
             "record file (every intact record ready again)"
         )
         return rep
-    except FormatVersionError as exc:  # not damage: an older (or newer) format, left untouched
-        rep.notes.append(f"segment format: {exc}")
+    except FormatVersionError as exc:
+        if exc.upgradable:  # not damage: an older format, which ringq upgrade converts
+            rep.notes.append(f"segment format: {exc}")
+        else:  # not damage either, but the queue cannot be opened by this ringq
+            rep.damage.append(
+                f"segment format: {exc}. This ringq cannot open the queue (nor repair nor "
+                "upgrade the file): open it with the ringq that wrote it"
+            )
         return rep
     except CorruptionError as exc:
         rep.damage.append(

@@ -534,14 +534,13 @@ def check_consume(
 ) -> Callable[[], bool] | None:
     """Validate ``consume``'s arguments; returns the stop condition as a function (None: no
     stop condition, nothing to call per job).  Raises
-    ValueError (a count that is not an int >= 1, a wait that is not a number of seconds >= 0,
-    a stop that is neither an event nor a callable)."""
+    ValueError (a count that is not an int >= 1, a wait that is not a number of seconds --
+    NaN, a bool, a string -- as for a lease, where a negative wait waits for nothing, a stop that
+    is neither an event nor a callable)."""
     if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
         raise ValueError(f"count must be an int >= 1 or None, got {count!r}")
-    if wait is not None and (
-        not isinstance(wait, (int, float)) or isinstance(wait, bool) or not wait >= 0
-    ):
-        raise ValueError(f"wait must be a number of seconds >= 0 or None, got {wait!r}")
+    if wait is not None and not _number(wait):
+        raise ValueError(f"wait must be a number of seconds or None, got {wait!r}")
     if stop is None:
         return None
     is_set = getattr(stop, "is_set", None)

@@ -571,6 +571,19 @@ def test_ack_many_with_an_item_that_is_no_job_acks_none_of_the_batch(q):
     assert q.stats().done == 2
 
 
+def test_a_negative_wait_waits_for_nothing_in_lease_and_consume_alike(q):
+    t = time.monotonic()
+    assert q.lease(5, wait=-1) == [] and q.lease_one(wait=-0.5) is None
+    assert list(q.consume(wait=-1)) == [] and q.consume(lambda job: None, wait=-1) == 0
+    assert time.monotonic() - t < 0.5
+    q.enqueue("x")
+    assert [j.payload for j in q.consume(wait=-1)] == ["x"]
+    for call in (lambda: q.lease(1, wait=math.nan), lambda: list(q.consume(wait=math.nan)),
+                 lambda: list(q.consume(wait=True))):
+        with pytest.raises(ValueError):
+            call()
+
+
 def test_a_bad_result_ttl_stores_nothing_and_acks_nothing(q):
     q.enqueue("x")
     job = q.lease_one()
@@ -700,7 +713,7 @@ def test_consume_waits_for_a_job_a_producer_adds(q):
 
 
 @pytest.mark.parametrize(
-    "kw", [{"count": 0}, {"count": 1.5}, {"count": True}, {"wait": -1}, {"wait": "1"}, {"stop": 3}]
+    "kw", [{"count": 0}, {"count": 1.5}, {"count": True}, {"wait": math.nan}, {"wait": "1"}, {"stop": 3}]
 )
 def test_consume_refuses_bad_arguments(q, kw):
     with pytest.raises(ValueError):

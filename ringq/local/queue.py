@@ -577,7 +577,8 @@ class Queue:
             visibility_timeout: seconds (default: the queue's).
             wait: if no job is due, block up to this many seconds for one (woken by producers'
                 futex wake, not by polling), and return as soon as at least one is leased (with
-                whatever else is due by then, up to ``count``).  None or 0 returns at once.
+                whatever else is due by then, up to ``count``).  None, 0 or a negative number
+                returns at once.
             detach: do not tie the leases to this process: they outlive it and end only by
                 ack/nack or the visibility timeout (for a process that exits right after
                 leasing, such as ``ringq lease``; otherwise its leases come back as soon as it exits).
@@ -770,8 +771,8 @@ class Queue:
             handler: None for an iterator; a callable for the callback loop.
             count: end after this many jobs (None: no limit).
             wait: when no job is due, block up to this many seconds for one (woken by the
-                producer's futex wake); the stream ends when that wait finds nothing.  None or 0:
-                end as soon as no job is due.
+                producer's futex wake); the stream ends when that wait finds nothing.  None, 0 or
+                a negative number: end as soon as no job is due.
             stop: a ``threading.Event`` (or a callable returning True) checked before each job:
                 the stream ends when it is set.
             visibility_timeout: seconds each lease lasts (default: the queue's).

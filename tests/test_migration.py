@@ -112,6 +112,9 @@ def test_import_keeps_ids_attempts_priorities_due_times_and_dead_jobs(tmp_path):
         assert [j.id for j in q.list_jobs("delayed")] == ["delayed-1"]
         first = q.lease_one()
         assert first.id == "ready-1" and first.attempts == before["ready-1"].attempts + 1  # priority 7 first
+        q.ack(first)
+        stats = q.stats()  # the imported jobs count as enqueued here, so acks never outnumber them
+        assert (stats.enqueued_total, stats.acked_total) == (4, 1)
 
 
 def test_import_rerun_after_a_kill_adds_nothing_twice(tmp_path):

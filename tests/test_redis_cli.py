@@ -92,11 +92,13 @@ def test_migrate_local_to_redis_and_back_keeps_jobs_and_reruns_add_nothing(redis
     assert out == {"copied": 3, "present": 2, "leased_skipped": 0, "purged": 0}
     before = {migrated_id(tag, k): v for k, v in before.items()}
     assert snapshot(dst) == before
+    assert dst.stats().enqueued_total == 5  # the jobs migrated in count as enqueued here
     assert json.loads(cli("--json", "migrate", str(tmp_path / "src"), url).stdout)["copied"] == 0
+    assert dst.stats().enqueued_total == 5
     out = json.loads(cli("--json", "migrate", url, str(tmp_path / "back"), "--purge-source").stdout)
     assert out["copied"] == 5 and out["purged"] == 5 and len(dst) == 0
     back = ringq.Queue(str(tmp_path / "back"))
-    assert snapshot(back) == before
+    assert snapshot(back) == before and back.stats().enqueued_total == 5
     assert (
         back.lease_one().id
         == [j for j in src.list_jobs(JobState.READY) if j.available_at <= time.time()][0].id

@@ -318,6 +318,7 @@ class Producer:
                     todo.append(i)
                 seen.add(job.id)
             placed = ring.append([recs[i] for i in todo]) if todo else []
+            ring.ctl.count("enqueued", len(placed))  # imported jobs were added to this queue
             for i, p in zip(todo, placed):
                 nseg = ring.segs.segment(p[0])
                 if jobs[i].last_error and nseg is not None:

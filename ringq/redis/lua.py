@@ -713,6 +713,7 @@ for i = 0, n - 1 do
   end
 end
 wake(added)
+if added > 0 then redis.call('HINCRBY', K_CNT, 'enqueued', added) end
 return added
 """
 

@@ -569,6 +569,24 @@ def test_demo_runs_on_a_small_tree(tmp_path):
     assert "OK: every file's job is done exactly once" in proc.stdout
 
 
+def test_demo_reports_the_leases_its_killed_worker_held_as_they_are_redelivered(tmp_path):
+    import re
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(600):
+        (src / f"f{i}.txt").write_text("ringq " * (50 + i))
+    proc = ringq(None, "demo", "--source", str(src), "--workers", "2", "--threads", "2", timeout=180)
+    assert "OK: every file's job is done exactly once" in proc.stdout
+    killed = re.search(r"killed worker +pid \d+ holding (\d+) lease\(s\), reclaimed within (\d+) ms", proc.stdout)
+    if killed is None:  # no worker held a lease when the demo looked: it says so
+        assert "killed worker    none" in proc.stdout
+        return
+    redelivered = re.search(r"redeliveries +(\d+) ", proc.stdout)
+    assert int(killed.group(1)) >= 1 and int(killed.group(2)) < 10_000
+    assert redelivered is not None and int(redelivered.group(1)) == int(killed.group(1))
+
+
 @pytest.mark.parametrize("given,named", [(["--dir", "x"], "-d/--dir"), (["-q", "mine"], "-q/--queue"),
                                          (["--json"], "--json")])
 def test_demo_refuses_the_global_options_it_cannot_honour(tmp_path, given, named):

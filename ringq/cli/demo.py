@@ -213,13 +213,20 @@ def _run(
                 if kill and killed is None and st.done >= len(ids) * 0.4:
                     for victim in procs:
                         assert victim.pid is not None  # every process of procs was started
-                        held = _leases_of(q, victim.pid)
-                        if held:
+                        if _leases_of(q, victim.pid):
                             os.kill(victim.pid, signal.SIGKILL)
                             victim.join()
-                            killed = (victim.pid, held, st.done)
+                            # Its leases as it died (its owner word stays on them until another
+                            # process reclaims them), and how long until none is left with it.
+                            held = _leases_of(q, victim.pid)
+                            t_kill = time.monotonic()
+                            while _leases_of(q, victim.pid) and time.monotonic() - t_kill < 10:
+                                time.sleep(0.002)
+                            back_ms = (time.monotonic() - t_kill) * 1000
+                            killed = (victim.pid, held, back_ms)
                             out(
-                                f"SIGKILLed worker {victim.pid} while it held {held} lease(s), at {st.done} done; starting a replacement"
+                                f"SIGKILLed worker {victim.pid} holding {held} lease(s), at {st.done} done; "
+                                f"reclaimed by the others within {back_ms:.0f} ms; starting a replacement"
                             )
                             procs.remove(victim)
                             rep = ctx.Process(target=_worker_main, args=worker_args)
@@ -281,7 +288,7 @@ def _report(q: Queue, files, ids, ledger_dir, wall, killed, kill, out) -> int:
     out(f"jobs/s           {len(ids) / wall:,.0f}")
     if killed:
         out(
-            f"killed worker    pid {killed[0]} holding {killed[1]} lease(s); its leases came back at once"
+            f"killed worker    pid {killed[0]} holding {killed[1]} lease(s), reclaimed within {killed[2]:.0f} ms"
         )
     elif kill:
         out("killed worker    none (no worker held a lease when checked)")

@@ -289,6 +289,7 @@ def test_limit_table_full_and_removal(qdir):
 def test_damaged_limits_file_is_a_typed_error(qdir):
     q = Queue(qdir)
     q.limit("k", concurrency=2)
+    q.enqueue("kept", key="k")
     q.close()
     path = os.path.join(qdir, "default.limits")
     with open(path, "r+b") as f:
@@ -300,8 +301,16 @@ def test_damaged_limits_file_is_a_typed_error(qdir):
     with open(path, "r+b") as f:
         f.truncate(100)
     q2 = Queue(qdir)
-    with pytest.raises(LimitsFileError, match="100 bytes"):
+    with pytest.raises(LimitsFileError, match="100 bytes") as info:
         q2.limit("k", concurrency=1)
+    assert "Jobs are not affected" in str(info.value) and "remove the file" in str(info.value)
+    q2.close()
+    q.close()
+    os.unlink(path)  # as the message says: the limits go, every job stays
+    q3 = Queue(qdir)
+    assert q3.limits() == [] and q3.lease_one().payload == "kept"
+    q3.limit("k", concurrency=1)
+    assert [(lim.name, lim.concurrency) for lim in q3.limits()] == [("k", 1)]
 
 
 def test_writer_killed_mid_change_is_repaired_by_the_next_reader(qdir):

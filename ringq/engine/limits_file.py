@@ -142,10 +142,20 @@ def _open(path: str) -> Mapped:
             raise LimitsFileError(f"{path}: limits file header CRC mismatch")
         if geometry != [MAX_LIMITS, ENTRY, MAX_UNIQUE, UENTRY, MAX_CONCURRENCY]:
             raise LimitsFileError(f"{path}: limits file geometry {geometry} is not this ringq's")
+    except LimitsFileError as exc:
+        os.close(fd)
+        raise LimitsFileError(f"{exc}. {_REPAIR}") from None
     except BaseException:
         os.close(fd)
         raise
     return Mapped(path, fd, FILE_SIZE)
+
+
+# What a failed open of the limits file says to do (it holds no job).
+_REPAIR = (
+    "Jobs are not affected: with no process using the queue, remove the file to drop every "
+    "limit and unique window, then set the limits again (Queue.limit)"
+)
 
 
 def _entry(mm: Any, i: int) -> tuple[bool, str | None, Limit | None]:

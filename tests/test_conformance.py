@@ -561,6 +561,22 @@ def test_a_holder_whose_lease_ran_out_is_refused_though_nothing_reclaimed_it_yet
     assert q.result(job.id) == "current"
 
 
+@pytest.mark.parametrize("with_result", [False, True], ids=["ack", "ack with a result"])
+@pytest.mark.parametrize("look_first", [False, True], ids=["acked at once", "read first"])
+def test_a_holder_whose_cancel_requested_lease_ran_out_is_refused(q, look_first, with_result):
+    q.enqueue("x")
+    job = q.lease_one(visibility_timeout=0.05)
+    q.cancel(job)  # asked while leased: it ends when the lease does
+    time.sleep(0.12)
+    if look_first:
+        assert q.get(job.id).state is JobState.CANCELLED  # a read shows what reclaiming makes it
+    with pytest.raises(NotLeasedError):
+        q.ack(job, result="late") if with_result else q.ack(job)
+    assert q.get(job.id).state is JobState.CANCELLED
+    with pytest.raises(ringq.ResultNotFoundError):
+        q.result(job.id)
+
+
 def test_ack_many_with_an_item_that_is_no_job_acks_none_of_the_batch(q):
     q.enqueue_many([1, 2])
     first, second = q.lease(2)

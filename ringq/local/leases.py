@@ -174,6 +174,8 @@ class Leases:
             self.settle(True)
             view, slot, job_id = self.locate(job, queue, fenced=op)
             w = view.seg.load_state(slot)
+            if state(w) != ST_LEASED:  # reclaimed: READY, DEAD, or cancelled (DONE) if asked to
+                self._require(view.seg, slot, w, job_id, token, op)
         return view, slot, w, job_id, token
 
     def claim(self, view: View, slot: int, w: int, now: int, vt: float, detach: bool) -> Job | None:
@@ -517,18 +519,25 @@ class Leases:
                     return self._acked(view, seg, slot, done, finished, deps)
                 expired = answer == claim.EXPIRED
         self.settle(expired)  # the general path acts on what reclaiming makes of the lease
-        out = self._ack(job, queue)
+        out = self._ack(job, queue, expired)
         if isinstance(job, Job):
             job.ack_accepted = True
         return out
 
-    def _ack(self, job: Job | str, queue: str) -> Segment | None:
+    def _ack(self, job: Job | str, queue: str, expired: bool = False) -> Segment | None:
+        """The general ack.  ``expired``: the lease the token names ran out, and was reclaimed
+        just now: whatever that made of the job (a cancel-requested lease becomes cancelled, a
+        DONE word of the same lease count) is refused, never taken for a repeated ack."""
         try:
             view, slot, job_id = self.locate(job, queue, fenced="ack")
         except Retired:
             return None  # its segment retired, so it was finished: a repeated ack
         token = token_number(job.lease_token) if isinstance(job, Job) else None
         seg = view.seg
+        if expired:
+            w = seg.load_state(slot)
+            if state(w) != ST_LEASED:
+                self._require(seg, slot, w, job_id, token, "ack")  # raises, saying why
         if token is None or token > 0:
             # The common case in one C call: LEASED with this token -> DONE (ringq/engine/transitions.py
             # allows it; a cancel-requested lease comes back as 3 for the policy below).

@@ -213,20 +213,30 @@ def _run(
                 if kill and killed is None and st.done >= len(ids) * 0.4:
                     for victim in procs:
                         assert victim.pid is not None  # every process of procs was started
-                        if _leases_of(q, victim.pid):
+                        # Stopped first, its leases are counted as it will die with them: it
+                        # acks nothing more, and nobody reclaims from a live owner.
+                        os.kill(victim.pid, signal.SIGSTOP)
+                        held = _leases_of(q, victim.pid)
+                        if not held:
+                            os.kill(victim.pid, signal.SIGCONT)
+                        else:
                             os.kill(victim.pid, signal.SIGKILL)
-                            victim.join()
-                            # Its leases as it died (its owner word stays on them until another
-                            # process reclaims them), and how long until none is left with it.
-                            held = _leases_of(q, victim.pid)
                             t_kill = time.monotonic()
+                            victim.join()
+                            # Its owner word stays on its leases until another process reclaims them.
                             while _leases_of(q, victim.pid) and time.monotonic() - t_kill < 10:
                                 time.sleep(0.002)
+                            left = _leases_of(q, victim.pid)
                             back_ms = (time.monotonic() - t_kill) * 1000
-                            killed = (victim.pid, held, back_ms)
+                            back = (
+                                f"reclaimed by the others within {back_ms:.0f} ms"
+                                if not left
+                                else f"{left} still not reclaimed after {back_ms / 1000:.0f} s"
+                            )
+                            killed = (victim.pid, held, back)
                             out(
                                 f"SIGKILLed worker {victim.pid} holding {held} lease(s), at {st.done} done; "
-                                f"reclaimed by the others within {back_ms:.0f} ms; starting a replacement"
+                                f"{back}; starting a replacement"
                             )
                             procs.remove(victim)
                             rep = ctx.Process(target=_worker_main, args=worker_args)
@@ -288,7 +298,7 @@ def _report(q: Queue, files, ids, ledger_dir, wall, killed, kill, out) -> int:
     out(f"jobs/s           {len(ids) / wall:,.0f}")
     if killed:
         out(
-            f"killed worker    pid {killed[0]} holding {killed[1]} lease(s), reclaimed within {killed[2]:.0f} ms"
+            f"killed worker    pid {killed[0]} holding {killed[1]} lease(s), {killed[2].replace('by the others ', '')}"
         )
     elif kill:
         out("killed worker    none (no worker held a lease when checked)")

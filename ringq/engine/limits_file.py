@@ -187,7 +187,7 @@ def _parse(mm: Any, path: str, strict: bool) -> dict[str, Limit]:
         if used and lim is None:
             if strict:
                 raise LimitsFileError(
-                    f"{path}: limit entry {i} is damaged (CRC mismatch or impossible values)"
+                    f"{path}: limit entry {i} is damaged (CRC mismatch or impossible values). {_REPAIR}"
                 )
             continue
         if lim is not None and name:

@@ -577,6 +577,13 @@ def test_a_holder_whose_cancel_requested_lease_ran_out_is_refused(q, look_first,
         q.result(job.id)
 
 
+@pytest.mark.parametrize("at", [0, 0.0004, 1.0])
+def test_an_expiry_at_the_epoch_expires_the_job_as_any_past_one(q, at):
+    job = q.enqueue("x", expires_at=at)
+    assert job.expires_at is not None and job.expires_at <= 1.0
+    assert q.lease_one() is None and q.get(job.id).state is JobState.EXPIRED
+
+
 def test_ack_many_with_an_item_that_is_no_job_acks_none_of_the_batch(q):
     q.enqueue_many([1, 2])
     first, second = q.lease(2)

@@ -353,7 +353,8 @@ class RedisQueue:
             refuse_reserved(self.name)
         if key is not None:
             codec.wrap_key(key, 0, b"")  # the local queue's rule for a key (ValueError)
-        ex = expiry_ms(expires_in, expires_at) or 0
+        expiry = expiry_ms(expires_in, expires_at)
+        ex = 0 if expiry is None else max(1, expiry)  # 0 in the script's arguments: no expiry
         to = timeout_ms(timeout) or 0
         payloads = list(payloads)
         ids = [""] * len(payloads) if job_ids is None else list(job_ids)

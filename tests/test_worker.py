@@ -226,11 +226,20 @@ def _record_child_options(out: str, parent_queue: int, qdir: str, job) -> None:
     import gc
     import json
 
-    mine = [o for o in gc.get_objects() if isinstance(o, Queue) and not o.closed and id(o) != parent_queue
-            and str(o.path) == qdir]
-    opts = [dataclasses.asdict(o.options) for o in mine]
+    try:
+        mine = []
+        for o in gc.get_objects():
+            if isinstance(o, Queue) and id(o) != parent_queue:
+                try:
+                    if not o.closed and str(o.path) == qdir:
+                        mine.append(o)
+                except Exception:  # noqa: BLE001 - an earlier test's Queue whose __init__ raised
+                    continue
+        row = {"pid": os.getpid(), "options": [dataclasses.asdict(o.options) for o in mine]}
+    except Exception as exc:  # noqa: BLE001 - reported to the test, not retried in silence
+        row = {"pid": os.getpid(), "error": repr(exc)}
     with open(out, "a") as fh:
-        fh.write(json.dumps({"pid": os.getpid(), "options": opts}) + "\n")
+        fh.write(json.dumps(row) + "\n")
 
 
 def test_processes_mode_children_open_the_queue_with_every_option_of_the_parent(tmp_path):
@@ -247,7 +256,7 @@ def test_processes_mode_children_open_the_queue_with_every_option_of_the_parent(
                idle_timeout=10, handle_signals=False).run()  # ends after both jobs; a loaded machine's slow child start is no idle time
         expected = json.loads(json.dumps(dataclasses.asdict(q.options)))
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert rows and all(r["pid"] != os.getpid() for r in rows)
+    assert rows and all(r["pid"] != os.getpid() and "error" not in r for r in rows), rows
     for r in rows:
         assert r["options"] == [expected]
     assert expected["sync_acks"] and expected["state_flush_interval"] is None and expected["mode"] == 0o640

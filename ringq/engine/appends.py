@@ -391,9 +391,10 @@ class Appender:
         lists.  ``data`` is the encoded payload.  Returns ``(segment seq, head slot, seq,
         enqueued_us, available_ms, ticket)``.  Raises as :meth:`append_packed`."""
         size = len(data)
+        length = REC_HEADER_SIZE + size
         scratch = self._scratch
-        if scratch is None or len(scratch[0]) < REC_HEADER_SIZE + size + self.ring.ctl.slot_size:
-            scratch = self._grow_scratch(REC_HEADER_SIZE + size + self.ring.ctl.slot_size)
+        if scratch is None or len(scratch[0]) < length + self.ring.ctl.slot_size:
+            scratch = self._grow_scratch(length + self.ring.ctl.slot_size)
         lens = self._lens1
         lens[0] = size
         got = self._append_fast(
@@ -418,7 +419,7 @@ class Appender:
             None,
             [size],
             data,
-            REC_HEADER_SIZE + size,
+            length,
             priority,
             delay_ms,
             max_attempts,

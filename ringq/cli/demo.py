@@ -229,14 +229,14 @@ def _run(
                             left = _leases_of(q, victim.pid)
                             back_ms = (time.monotonic() - t_kill) * 1000
                             back = (
-                                f"reclaimed by the others within {back_ms:.0f} ms"
+                                f"reclaimed within {back_ms:.0f} ms"
                                 if not left
                                 else f"{left} still not reclaimed after {back_ms / 1000:.0f} s"
                             )
                             killed = (victim.pid, held, back)
                             out(
                                 f"SIGKILLed worker {victim.pid} holding {held} lease(s), at {st.done} done; "
-                                f"{back}; starting a replacement"
+                                f"{back} by the other workers; starting a replacement"
                             )
                             procs.remove(victim)
                             rep = ctx.Process(target=_worker_main, args=worker_args)
@@ -297,9 +297,7 @@ def _report(q: Queue, files, ids, ledger_dir, wall, killed, kill, out) -> int:
     out(f"wall time        {wall:.2f} s")
     out(f"jobs/s           {len(ids) / wall:,.0f}")
     if killed:
-        out(
-            f"killed worker    pid {killed[0]} holding {killed[1]} lease(s), {killed[2].replace('by the others ', '')}"
-        )
+        out(f"killed worker    pid {killed[0]} holding {killed[1]} lease(s), {killed[2]}")
     elif kill:
         out("killed worker    none (no worker held a lease when checked)")
     out(f"redeliveries     {redeliveries} (handler runs beyond one per job: {extra_runs})")

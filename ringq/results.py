@@ -1,11 +1,21 @@
 """Results of acked jobs, kept in a companion queue ``<name>-results`` in the same directory.
 
-A result is a record of that queue whose job id is the job's id and whose payload is the result
-(JSON, bytes or a numpy array: any payload ringq stores).  It is enqueued *delayed by its time to
-live*, so its available-at is its expiry: a stored result is READY and not yet due, and once due
-it is expired.  Expired results are removed (leased and acked) by the next ``ack(result=)`` or
-``result()`` of any process, at most once a second per process.  ``result(wait=)`` sleeps on the
-results queue's futex word, which every enqueue moves (the same wake-up ``lease(wait=)`` uses).
+A result is stored under its lease: a record of that queue whose id is ``~S.L~<job id>`` (S: the
+job record's seq, which a relocated copy or a rerun does not share; L: the fencing token of the
+lease that acks with it) and whose payload is the result (JSON, bytes or a numpy array: any
+payload ringq stores).  It is written after the lease is checked and before the ack, so a crash
+after the ack does not lose it; once the ack went in, a small record ``=<job id>`` holding
+``[S, L]`` names the lease whose result is the job's.  ``result()`` reads S and L from the job
+itself while it is retained (a DONE job's ``seq`` and ``lease_token``), else from that record: so
+the result found is always that of the accepted ack, never one a holder stored before its lease
+ran out and its ack was refused.  (The two prefixes keep the two kinds of record apart whatever
+the job ids are.)
+
+Every record is enqueued *delayed by its time to live*, so its available-at is its expiry: a stored
+result is READY and not yet due, and once due it is expired.  Expired records are removed (leased
+and acked) by the next ``ack(result=)`` or ``result()`` of any process, at most once a second per
+process.  ``result(wait=)`` sleeps on the results queue's futex word, which every enqueue moves
+(the same wake-up ``lease(wait=)`` uses).
 """
 
 from __future__ import annotations
@@ -57,13 +67,35 @@ def finished_without(find: Callable[[str], Job], results: Results, job_id: str) 
     return f"it is {job.state.value}"
 
 
+Lease = tuple[int, int]  # (the job record's seq, the lease's fencing token)
+
+
+def lease_of(job: Job) -> Lease:
+    """The lease a snapshot names: its record's seq and its (last) fencing token."""
+    return job.seq, int(job.lease_token or 0)
+
+
+def lease_record_id(job_id: str, lease: Lease) -> str:
+    """The results queue's id for the result stored under ``lease`` of ``job_id``."""
+    return f"~{lease[0]}.{lease[1]}~{job_id}"
+
+
+def accepted_record_id(job_id: str) -> str:
+    """The results queue's id for the record naming the lease whose ack of ``job_id`` went in."""
+    return f"={job_id}"
+
+
 class Results:
     """The results of one queue, for this process.  ``open_queue(name)`` opens a companion queue
-    with the owning queue's settings; ``job_state(id)`` reads the owning queue's job state."""
+    with the owning queue's settings; ``find(id)`` is the owning queue's ``get`` (a retained
+    job's last lease names its result)."""
 
-    def __init__(self, name: str, open_queue: Callable[[str], Any]) -> None:
+    def __init__(
+        self, name: str, open_queue: Callable[[str], Any], find: Callable[[str], Job]
+    ) -> None:
         self.owner = name  # the companion's name is checked at first use, not at open
         self._open_queue = open_queue
+        self._find = find
         self._q: Any = None
         self._pruned = 0.0
 
@@ -78,23 +110,70 @@ class Results:
             self._q.close()
             self._q = None
 
-    def store(self, job_id: str, result: Any, ttl: float) -> None:
-        """Keep ``result`` for ``ttl`` seconds.  The first result stored for an id is kept (a rerun
-        of a job whose first holder stored a result and lost its lease adds nothing).  Raises
+    def store(self, job_id: str, lease: Lease, result: Any, ttl: float) -> None:
+        """Keep ``result`` for ``ttl`` seconds as that of ``lease`` of ``job_id``.  Raises
         SerializationError (nothing stored), ValueError for a bad ttl."""
         ttl = check_result_ttl(ttl)
-        self.queue.enqueue(result, job_id=job_id, delay=ttl, max_attempts=1)
+        self.queue.enqueue(result, job_id=lease_record_id(job_id, lease), delay=ttl, max_attempts=1)
         self.prune()
 
-    def lookup(self, job_id: str) -> tuple[bool, Any]:
-        """``(True, result)`` if a live result is stored, else ``(False, None)``."""
+    def ack(
+        self,
+        job_id: str,
+        lease: Lease,
+        by_id: bool,
+        result: Any,
+        ttl: float,
+        ack: Callable[[], bool],
+    ) -> None:
+        """The steps of ``ack(job, result=)`` once ``lease`` of ``job_id`` was checked: ``result`` stored under it, ``ack()`` (the backend's ack: True if
+        it went in, False for a repeat; it raises the refusal), then the record naming the lease
+        whose ack went in.  ``by_id``: the ack named no token, so the lease it acked may be a
+        later one than ``lease``; the result is stored under that one too."""
+        self.store(job_id, lease, result, ttl)
+        went_in = ack()
+        if by_id:
+            try:
+                acked = lease_of(self._find(job_id))
+            except JobNotFoundError:  # retired at once: finished, by this ack or another
+                acked = lease
+            if acked != lease:
+                if not went_in:
+                    return  # another call acked that later lease: its result is its own
+                lease = acked
+                self.store(job_id, lease, result, ttl)
+        # It names the job's result once the job is no longer retained (until then the job's
+        # own last lease does); a later run's accepted ack replaces it.
+        self.queue.enqueue(
+            list(lease),
+            job_id=accepted_record_id(job_id),
+            delay=check_result_ttl(ttl),
+            max_attempts=1,
+            replace=True,
+        )
+
+    def _live(self, record_id: str) -> tuple[bool, Any]:
         try:
-            rec = self.queue.get(job_id)
+            rec = self.queue.get(record_id)
         except JobNotFoundError:
             return False, None
         if rec.state is not JobState.READY or rec.available_at <= time.time():
             return False, None  # expired (due), or being removed
         return True, rec.payload
+
+    def lookup(self, job_id: str) -> tuple[bool, Any]:
+        """``(True, result)`` if a live result of the lease whose ack went in is stored, else
+        ``(False, None)``."""
+        try:
+            job: Job | None = self._find(job_id)
+        except JobNotFoundError:
+            job = None
+        if job is not None and job.state is JobState.DONE and job.lease_token:
+            return self._live(lease_record_id(job_id, lease_of(job)))
+        found, named = self._live(accepted_record_id(job_id))
+        if found and isinstance(named, list) and len(named) == 2:
+            return self._live(lease_record_id(job_id, (int(named[0]), int(named[1]))))
+        return False, None
 
     def wait(
         self, job_id: str, wait: float | None, finished_without: Callable[[], str | None]

@@ -638,6 +638,19 @@ def test_closing_while_threads_wait_in_lease_raises_closed(queue_factory):
     assert len(errors) == 3 and all(isinstance(e, QueueClosedError) for e in errors), errors
 
 
+def test_the_result_of_a_rerun_is_its_own(queue_factory):
+    # A finished job run again (replace=True with its id): each run's result is that run's.
+    q = queue_factory("reruns")
+    q.enqueue("first", job_id="r")
+    q.ack(q.lease_one(), result="one")
+    assert q.result("r") == "one"
+    q.enqueue("second", job_id="r", replace=True)
+    again = q.lease_one()
+    assert again.payload == "second"
+    q.ack(again, result="two")
+    assert q.result("r") == "two"
+
+
 def test_a_results_queue_takes_no_jobs_but_can_be_read(queue_factory):
     """``<name>-results`` holds the results of queue ``<name>``: a job enqueued there would be
     taken for an expired result and removed, never run.  Enqueues are refused; reads work."""
@@ -651,7 +664,7 @@ def test_a_results_queue_takes_no_jobs_but_can_be_read(queue_factory):
     job = main.lease_one()
     main.ack(job, result={"sent": True})
     assert main.result(job.id) == {"sent": True}
-    assert other.stats().total == 1
+    assert other.stats().total == 2  # the result, under its lease, and the record naming that lease
 
 
 # -- consume: a stream of leases ------------------------------------------------------------------

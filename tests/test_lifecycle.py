@@ -7,6 +7,7 @@ polls for a condition, never sleeps that a pass depends on.
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import time
 
@@ -564,6 +565,82 @@ def test_a_stale_holder_stores_no_result_and_a_bad_result_acks_nothing(tmp_path)
         q.ack(again, result="fresh")
         q.ack(again, result="other")  # a repeated ack: harmless, stores nothing
         assert q.result(job.id) == "fresh"
+
+
+@pytest.mark.parametrize("fresh", ["fresh", None])
+def test_a_result_stored_while_its_lease_ran_out_is_never_the_jobs(tmp_path, fresh):
+    # The holder checks its lease, then its result's store waits for the results queue's writer
+    # lock (another holder of it); meanwhile the lease runs out and the job is leased again.  The
+    # stale result is written, its ack refused: the job's result is the next holder's (or none),
+    # while the job is retained and after its segment retired.
+    import fcntl
+
+    from ringq import JobNotFoundError, ResultNotFoundError
+
+    with Queue(tmp_path, "r", slot_size=128, slot_count=16) as q:
+        first = q.enqueue("x")
+        with pytest.raises(ResultNotFoundError):
+            q.result(first.id)  # opens the results queue: its lock file exists
+        job = q.lease_one(visibility_timeout=0.3)
+        fd = os.open(tmp_path / "r-results.lock", os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        refused: list[Exception] = []
+
+        def stale_ack() -> None:
+            try:
+                q.ack(job, result="stale")
+            except NotLeasedError as exc:
+                refused.append(exc)
+
+        holder = threading.Thread(target=stale_ack)
+        holder.start()
+        time.sleep(0.4)
+        again = q.lease_one(wait=2)
+        assert again is not None and again.lease_token == "2"
+        os.close(fd)
+        holder.join(30)
+        assert refused, "the stale holder's ack went in"
+        with Queue(tmp_path, "r-results") as results:  # the race was run: the stale one is stored
+            assert results.get(f"~{job.seq}.1~{job.id}").payload == "stale"
+        if fresh is None:
+            q.ack(again)
+        else:
+            q.ack(again, result=fresh)
+
+        def check() -> None:
+            if fresh is None:
+                with pytest.raises(ResultNotFoundError, match="without a result"):
+                    q.result(job.id)
+            else:
+                assert q.result(job.id) == fresh
+
+        check()
+        q.enqueue_many(list(range(40)))  # rotate past the job's segment, and finish it all
+        for j in q.lease(40):
+            q.ack(j)
+        with pytest.raises(JobNotFoundError):
+            q.get(job.id)  # retired: the record naming the accepted lease answers
+        if fresh is not None:
+            check()
+        else:
+            with pytest.raises(ResultNotFoundError):
+                q.result(job.id)
+
+
+def test_the_result_of_a_rerun_is_its_own_once_the_job_retired(tmp_path):
+    from ringq import JobNotFoundError
+
+    with Queue(tmp_path, "r", slot_size=128, slot_count=16) as q:
+        q.enqueue("first", job_id="r")
+        q.ack(q.lease_one(), result="one")
+        q.enqueue("second", job_id="r", replace=True)
+        q.ack(q.lease_one(), result="two")
+        q.enqueue_many(list(range(40)))  # rotate past both runs' segment, and finish it all
+        for j in q.lease(40):
+            q.ack(j)
+        with pytest.raises(JobNotFoundError):
+            q.get("r")
+        assert q.result("r") == "two"
 
 
 def test_a_result_expires_after_its_ttl(tmp_path):

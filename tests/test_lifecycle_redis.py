@@ -150,3 +150,32 @@ def test_results_on_redis(redis_url):
             q.ack(stale, result=1)
         with pytest.raises(ResultNotFoundError):
             q.result(held.id)
+
+
+def test_a_result_stored_while_its_lease_ran_out_is_never_the_jobs_on_redis(redis_url):
+    # A result large enough that storing it outlasts the lease: the holder's check passes, the
+    # result is written, the ack is refused; the job's result is the next holder's, while the
+    # job is kept and once it is gone (retain_done=0: at once).
+    from ringq import JobNotFoundError
+
+    big = bytes(32 << 20)
+    with _q(redis_url, retain_done=0) as q, ringq.connect(redis_url, f"{q.name}-results") as rq:
+        for _ in range(5):  # until the store outlasted the lease (the check passing first)
+            job = q.enqueue("x")
+            held = q.lease_one(visibility_timeout=0.02)
+            try:
+                q.ack(held, result=big)
+            except NotLeasedError:
+                try:
+                    rq.get(f"~{held.seq}.1~{job.id}")
+                except JobNotFoundError:
+                    continue  # refused at the check: nothing stored, try again
+                break
+        else:
+            pytest.fail("the lease never ran out while its result was stored")
+        again = q.lease_one(wait=2)
+        assert again is not None and again.id == job.id and again.lease_token == "2"
+        q.ack(again, result="fresh")
+        with pytest.raises(JobNotFoundError):
+            q.get(job.id)
+        assert q.result(job.id) == "fresh"

@@ -234,7 +234,7 @@ class Queue:
             spin,
         )
         self._ctx = QueueContext(ring, name, str(self.path), mode, auto_ids)
-        self._results = Results(name, self._companion)
+        self._results = Results(name, self._companion, self.get)
         self._rng = random.Random()
         forksafe.register(self)
 
@@ -817,27 +817,17 @@ class Queue:
 
         ``result`` (any payload ringq stores: JSON, bytes, a numpy array) is kept for
         ``result_ttl`` seconds (default 3600) in the companion queue ``<name>-results``, where
-        :meth:`result` finds it.  It is stored after the lease is checked and before the ack, so a
-        result is never lost to a crash after the ack; the first result stored for a job is kept.
+        :meth:`result` finds it.  It is stored under the lease after the lease is checked and
+        before the ack, so a result is never lost to a crash after the ack, and the job's result is
+        that of the lease whose ack went in: a holder whose lease runs out while it stores a result
+        is refused at the ack, and its result is never returned.
 
         Raises NotLeasedError (not leased, or stale token), JobNotFoundError, SerializationError
         (a result that cannot be stored: the job is not acked).
         """
         if result is not NO_RESULT:
-            self._ctx.live()
-            from .leases import Retired
-
-            with self._ctx.live_lock:  # fencing first: a stale holder must not store a result
-                try:
-                    view, slot, w, job_id, token = self._ctx.leases.word_for(job, self.name, "ack")
-                except Retired:  # this snapshot was acked before its segment retired
-                    repeated = True
-                else:
-                    repeated = state(w) == ST_DONE and (token is None or lease_count(w) == token)
-                    if not repeated:
-                        transitions.require_lease(w, job_id, token, "ack")
-            if not repeated:  # a repeated ack is harmless and stores nothing
-                self._results.store(job_id, result, result_ttl)
+            self._ack_with_result(job, result, result_ttl)
+            return
         ctx = self._ctx
         with ctx.lock:  # ctx.live_lock, spelt out on the hot path
             if ctx.closed:
@@ -846,6 +836,36 @@ class Queue:
         dur = ctx.ring.dur
         if dur.sync_acks:
             dur.sync_acks_now()
+
+    def _ack_with_result(self, job: Job | str, result: Any, result_ttl: float) -> None:
+        """:meth:`ack` with a result: the lease checked, its result stored under it, the ack, and
+        then the record that names the lease whose ack went in (ringq/results.py)."""
+        from .leases import Retired
+
+        ctx = self._ctx
+        ctx.live()
+        with ctx.live_lock:  # fencing first: a stale holder must not store a result
+            try:
+                view, slot, w, job_id, token = ctx.leases.word_for(job, self.name, "ack")
+            except Retired:  # this snapshot was acked before its segment retired
+                repeated = True
+            else:
+                repeated = state(w) == ST_DONE and (token is None or lease_count(w) == token)
+                if not repeated:
+                    transitions.require_lease(w, job_id, token, "ack")
+        if repeated:  # a repeated ack is harmless and stores nothing
+            self.ack(job)
+            return
+
+        def ack() -> bool:
+            with ctx.live_lock:
+                went_in = ctx.leases.ack(job, self.name) is not None
+            if ctx.ring.dur.sync_acks:
+                ctx.ring.dur.sync_acks_now()
+            return went_in
+
+        lease = (view.seq.item(slot), lease_count(w))
+        self._results.ack(job_id, lease, token is None, result, result_ttl, ack)
 
     def ack_many(self, jobs: Iterable[Job | str]) -> None:
         """Ack every job of ``jobs`` (as :meth:`ack`), with one sync for all of them under

@@ -72,7 +72,7 @@ from ringq.backoff import BackoffPolicy
 from ringq.errors import JobNotFoundError, LimitError, MissingExtraError, SerializationError
 from ringq.ids import check_caller_id
 from ringq.job import Job, JobState
-from ringq.results import Results
+from ringq.results import Results, lease_of
 from ringq.tracing import clean
 
 from .admin import RedisAdmin
@@ -190,6 +190,7 @@ class RedisQueue:
                 min_replicas=min_replicas,
                 replica_timeout=replica_timeout,
             ),
+            self.get,
         )
         self._socket_timeout = float(socket_timeout)
         self._admin = RedisAdmin(self._scripts, name, self.cluster, self.retain_done)
@@ -553,7 +554,13 @@ class RedisQueue:
                     tok >= 0 and int(cur.lease_token or 0) != tok
                 ):
                     self.ack_many([job])  # refused: raises NotLeasedError saying why
-                self._results.store(jid, result, result_ttl)
+
+                def ack() -> bool:
+                    self.ack_many([job])
+                    return True  # the script answers a repeat as it does an ack
+
+                self._results.ack(jid, lease_of(cur), tok < 0, result, result_ttl, ack)
+                return
         self.ack_many([job])
 
     def ack_many(self, jobs: Iterable[Job | str]) -> None:

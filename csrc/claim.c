@@ -16,6 +16,9 @@
 #define LC_OF(w) ((uint32_t)(((w) >> RINGQ_W_LC_SHIFT) & RINGQ_W_LC_MASK))
 #define TIME_OF(w) ((w) >> RINGQ_W_TIME_SHIFT)
 #define WHY_BITS(w) ((w) & (3ull << RINGQ_W_WHY_SHIFT))
+/* A DONE word a reclaim of a cancel-requested lease wrote: never the trace of an accepted ack. */
+#define RECLAIMED_CANCEL(w) \
+    (((w) & RINGQ_W_CANCEL) && WHY_BITS(w) == ((uint64_t)RINGQ_END_RECLAIMED << RINGQ_W_WHY_SHIFT))
 
 static inline uint64_t word_of(uint32_t st, uint64_t why_bits, uint32_t lc, uint64_t t) {
     if (t > RINGQ_W_TIME_MAX) t = RINGQ_W_TIME_MAX;
@@ -178,7 +181,7 @@ int ringq_ack_slot(uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t s
     uint64_t w = atomic_load_explicit(sw, memory_order_acquire);
     for (;;) {
         uint32_t st = STATE_OF(w), lc = LC_OF(w);
-        if (st == RINGQ_ST_DONE && (token == 0 || lc == token)) {
+        if (st == RINGQ_ST_DONE && (token == 0 || lc == token) && !RECLAIMED_CANCEL(w)) {
             *word = w;
             return 1;
         }

@@ -52,6 +52,10 @@
 #define RINGQ_WHY_EXPIRED 1u /* the visibility timeout passed */
 #define RINGQ_WHY_DIED    2u /* the process holding the lease died */
 #define RINGQ_WHY_PURGED  3u
+/* The reason field of a DONE word with the cancel flag: how the job ended without completing. */
+#define RINGQ_END_CANCELLED 0u /* cancelled while pending, or its holder acked/nacked a cancel-requested lease */
+#define RINGQ_END_EXPIRED   1u /* its expires-at passed before anyone leased it */
+#define RINGQ_END_RECLAIMED 2u /* its cancel-requested lease was reclaimed: no ack of it went in */
 /* Field positions of the state word (ringq/engine/words.py takes them from here). */
 #define RINGQ_W_WHY_SHIFT   3
 #define RINGQ_W_CANCEL      0x20u /* bit 5: cancel flag (policy: only Python sets it) */

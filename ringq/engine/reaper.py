@@ -22,6 +22,7 @@ from .control import Control
 from .index import Index, View, now_ms
 from .owner import OwnerRegistry
 from .words import (
+    END_RECLAIMED,
     FLAG_CANCEL,
     ST_DEAD,
     ST_DONE,
@@ -255,7 +256,7 @@ class Reaper:
         if cancel.any():
             shown[cancel] = np_pack(
                 np.full(int(cancel.sum()), ST_DONE),
-                np.zeros(int(cancel.sum()), np.int64),
+                np.full(int(cancel.sum()), END_RECLAIMED),
                 lc[hit][cancel],
                 max(now - seg.epoch_ms, 0),
             ) | np.uint64(FLAG_CANCEL)

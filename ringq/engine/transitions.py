@@ -17,6 +17,7 @@ from ringq.errors import NotLeasedError, RingqError
 from .words import (
     END_CANCELLED,
     END_EXPIRED,
+    END_RECLAIMED,
     FLAG_CANCEL,
     LC_MASK,
     ST_BAD,
@@ -116,15 +117,28 @@ def acked(w: int, now_rel: int) -> int:
 
 def failed(w: int, reason: int, dead: bool, at_rel: int) -> int:
     """A lease ended without an ack: READY again at ``at_rel``, or DEAD (finished at ``at_rel``).
-    A cancel-requested lease never runs again: it ends cancelled."""
+    ``reason`` WHY_NONE: its holder nacked it; else why it was reclaimed.  A cancel-requested
+    lease never runs again: it ends cancelled (END_RECLAIMED when reclaimed)."""
     if w & FLAG_CANCEL and state(w) == ST_LEASED:
-        return cancelled(w, at_rel)
+        return cancelled(w, at_rel, END_CANCELLED if reason == WHY_NONE else END_RECLAIMED)
     return pack(ST_DEAD if dead else ST_READY, reason, lease_count(w), at_rel)
 
 
-def cancelled(w: int, now_rel: int) -> int:
-    """CANCELLED: DONE with the cancel flag and reason END_CANCELLED, finished at ``now_rel``."""
-    return pack(ST_DONE, END_CANCELLED, lease_count(w), now_rel) | FLAG_CANCEL
+def cancelled(w: int, now_rel: int, end: int = END_CANCELLED) -> int:
+    """CANCELLED: DONE with the cancel flag and reason ``end`` (END_CANCELLED, or END_RECLAIMED
+    for a cancel-requested lease that a reclaim ended), finished at ``now_rel``."""
+    return pack(ST_DONE, end, lease_count(w), now_rel) | FLAG_CANCEL
+
+
+def acked_by(w: int, token: int | None) -> bool:
+    """Whether ``w`` is the DONE word an accepted ack with fencing ``token`` (None: any) left, so
+    that the same ack again is a harmless repeat.  A cancel-requested lease that was reclaimed
+    ended without any ack: its holder's ack is refused, not taken for a repeat."""
+    return (
+        state(w) == ST_DONE
+        and (token is None or lease_count(w) == token)
+        and not (w & FLAG_CANCEL and why(w) == END_RECLAIMED)
+    )
 
 
 def expired(w: int, now_rel: int) -> int:
@@ -207,6 +221,8 @@ def require_lease(w: int, job_id: str, token: int | None, op: str) -> None:
             cause = "its lease holder's process died and it waits to be leased again"
         else:
             cause = "it was nacked and waits for its retry"
+    elif st == ST_DONE and w & FLAG_CANCEL and reason == END_RECLAIMED:
+        cause = "it was cancelled: its cancel-requested lease ran out or its holder died, unacked"
     elif st == ST_DONE:
         unrun = ended_unrun(w)
         cause = f"it was {unrun}" if unrun else "it was already acked"

@@ -54,6 +54,7 @@ __all__ = [
     "FLAG_CANCEL",
     "END_CANCELLED",
     "END_EXPIRED",
+    "END_RECLAIMED",
     "cancel_flag",
     "np_cancel_flag",
     "DEFERRED_TIME",
@@ -109,8 +110,9 @@ WHY_MASK = 0x3
 # word carrying it back to Python (ringq_claim_next, ringq_ack).
 FLAG_CANCEL = lib.RINGQ_W_CANCEL
 # The reason field of a DONE word carrying FLAG_CANCEL: how the job ended without completing.
-END_CANCELLED = 0  # cancelled (pending, or its holder acked/nacked/lost a cancel-requested lease)
-END_EXPIRED = 1  # its expires-at passed before anyone leased it
+END_CANCELLED = lib.RINGQ_END_CANCELLED  # pending, or its holder acked/nacked a cancel request
+END_EXPIRED = lib.RINGQ_END_EXPIRED  # its expires-at passed before anyone leased it
+END_RECLAIMED = lib.RINGQ_END_RECLAIMED  # its cancel-requested lease was reclaimed: never acked
 LC_SHIFT = lib.RINGQ_W_LC_SHIFT
 LC_MASK = lib.RINGQ_W_LC_MASK
 LC_BITS = LC_MASK.bit_length()

@@ -175,7 +175,7 @@ class Leases:
             view, slot, job_id = self.locate(job, queue, fenced=op)
             w = view.seg.load_state(slot)
             if state(w) != ST_LEASED:  # reclaimed: READY, DEAD, or cancelled (DONE) if asked to
-                self._require(view.seg, slot, w, job_id, token, op)
+                self._require(view.seg, slot, w, job_id, token, op)  # frees its cap slots too
         return view, slot, w, job_id, token
 
     def claim(self, view: View, slot: int, w: int, now: int, vt: float, detach: bool) -> Job | None:
@@ -519,25 +519,20 @@ class Leases:
                     return self._acked(view, seg, slot, done, finished, deps)
                 expired = answer == claim.EXPIRED
         self.settle(expired)  # the general path acts on what reclaiming makes of the lease
-        out = self._ack(job, queue, expired)
+        out = self._ack(job, queue)
         if isinstance(job, Job):
             job.ack_accepted = True
         return out
 
-    def _ack(self, job: Job | str, queue: str, expired: bool = False) -> Segment | None:
-        """The general ack.  ``expired``: the lease the token names ran out, and was reclaimed
-        just now: whatever that made of the job (a cancel-requested lease becomes cancelled, a
-        DONE word of the same lease count) is refused, never taken for a repeated ack."""
+    def _ack(self, job: Job | str, queue: str) -> Segment | None:
+        """The general ack.  A lease that was reclaimed is refused, whatever reclaiming made of it
+        (a cancel-requested one ends cancelled: transitions.acked_by)."""
         try:
             view, slot, job_id = self.locate(job, queue, fenced="ack")
         except Retired:
             return None  # its segment retired, so it was finished: a repeated ack
         token = token_number(job.lease_token) if isinstance(job, Job) else None
         seg = view.seg
-        if expired:
-            w = seg.load_state(slot)
-            if state(w) != ST_LEASED:
-                self._require(seg, slot, w, job_id, token, "ack")  # raises, saying why
         if token is None or token > 0:
             # The common case in one C call: LEASED with this token -> DONE (ringq/engine/transitions.py
             # allows it; a cancel-requested lease comes back as 3 for the policy below).
@@ -552,7 +547,7 @@ class Leases:
                 self._require(seg, slot, words[0], job_id, token, "ack")  # raises, saying why
         w = seg.load_state(slot)
         while True:
-            if state(w) == ST_DONE and (token is None or lease_count(w) == token):
+            if transitions.acked_by(w, token):
                 self._release_slot(seg, slot, w)
                 return None  # a repeated ack; a stale holder's ack of a job done by another is refused below
             self._require(seg, slot, w, job_id, token, "ack")

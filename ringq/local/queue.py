@@ -67,7 +67,7 @@ from ringq.engine import forksafe, meta, transitions
 from ringq.engine.recovery import RecoveryReport
 from ringq.engine.ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE, Ring
 from ringq.engine.segment import check_geometry
-from ringq.engine.words import ST_DONE, lease_count, state
+from ringq.engine.words import lease_count
 from ringq.errors import JobNotFoundError, LimitError, NotLeasedError
 from ringq.job import Job, JobState
 from ringq.results import Results
@@ -850,7 +850,7 @@ class Queue:
             except Retired:  # this snapshot was acked before its segment retired
                 repeated = True
             else:
-                repeated = state(w) == ST_DONE and (token is None or lease_count(w) == token)
+                repeated = transitions.acked_by(w, token)
                 if not repeated:
                     transitions.require_lease(w, job_id, token, "ack")
         if repeated:  # a repeated ack is harmless and stores nothing

@@ -297,7 +297,9 @@ local function promote()
     local m = load(id)
     if m then
       m.why = 'expired'
-      if m.cx then make_ended(m, 'cancelled')
+      if m.cx then
+        make_ended(m, 'cancelled')
+        m.rc = 1  -- ended by this reclaim, unacked: its holder's ack is refused, not a repeat
       elseif m.a >= m.m then
         make_dead(m)
         redis.call('HINCRBY', K_CNT, 'dead', 1)
@@ -475,6 +477,7 @@ while taken < count do
       m.dl = now + vt
       m.pg = nil
       m.pm = nil
+      m.rc = nil
       redis.call('ZADD', K_LEASED, m.dl, m.id)
       out[#out + 1] = save(m)
       out[#out + 1] = redis.call('HGET', K_PAY, m.id)
@@ -503,7 +506,8 @@ local out = {}
 for i = 1, n do
   local id, tok = ARGV[1 + 2 * i], tonumber(ARGV[2 + 2 * i])
   local m = load(id)
-  if m and (m.st == 'done' or m.st == 'cancelled' or m.st == 'expired') and (tok < 0 or m.t == tok) then
+  if m and (m.st == 'done' or m.st == 'cancelled' or m.st == 'expired') and (tok < 0 or m.t == tok)
+      and not m.rc then
     out[i] = 'ok'
   else
     local st = check_lease(m, tok)

@@ -70,6 +70,16 @@ class Outside:
             ctx.users += 1
 
     def __exit__(self, *exc: object) -> None:
+        self.leave()
+
+    def enter_held(self) -> None:
+        """Count a user in from under the queue lock, which the caller holds while the queue is
+        live (it has just appended): a close that comes before the caller's use of the mappings
+        outside the lock waits for it (its :meth:`leave`), rather than refusing a use whose
+        records are already written."""
+        self.ctx.users += 1
+
+    def leave(self) -> None:
         ctx = self.ctx
         with ctx.lock:
             ctx.users -= 1

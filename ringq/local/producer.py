@@ -42,6 +42,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ringq.engine.index import Index
     from ringq.engine.ring import Ring
 
+    from .context import Outside
+
 __all__ = ["Producer"]
 
 READY = JobState.READY
@@ -89,7 +91,7 @@ class Producer:
         ring: Ring,
         index: Callable[[], Index],
         lock: AbstractContextManager[None],
-        outside: AbstractContextManager[None],
+        outside: Outside,
         refresh: Callable[[bool], None],
         auto_ids: bool = True,
     ) -> None:
@@ -98,7 +100,7 @@ class Producer:
         self.ring = ring
         self.index = index
         self.lock = lock
-        self.outside = outside  # around the sync after an append, which runs outside the lock
+        self.outside = outside  # counts in the sync after an append, which runs outside the lock
         self.refresh = refresh
         self.max_bytes = ring.max_record_bytes()  # the geometry is fixed when the queue is created
 
@@ -141,6 +143,9 @@ class Producer:
             segseq, slot, seq, enq_us, avail_ms, ticket = self.retry_full(
                 ring.append_one, kind, data, priority, delay_ms, attempts, rkind
             )
+            settled = ring.settled(ticket)
+            if not settled:  # the sync below runs outside the lock: a close waits for it
+                self.outside.enter_held()
         # Built before the sync: what runs after the disk answers runs on cold caches.
         job = Job(
             seq.to_bytes(8, "big").hex(),  # the automatic id (ringq/ids.py)
@@ -162,10 +167,12 @@ class Producer:
             None,
             (segseq, slot, ring.identity),
         )
-        if not ring.settled(ticket):
+        if not settled:
             # Sync outside our lock, so that other threads append meanwhile (and share the sync).
-            with self.outside:
+            try:
                 ring.finish(ticket)
+            finally:
+                self.outside.leave()
         return job
 
     def enqueue(
@@ -231,9 +238,12 @@ class Producer:
                     attempts,
                     rkind,
                 )
+                self.outside.enter_held()  # the sync below runs outside the lock: a close waits
             # Sync outside our lock, so that other threads append meanwhile (and share the sync).
-            with self.outside:
+            try:
                 ring.finish(ticket)
+            finally:
+                self.outside.leave()
             return fresh_jobs(
                 placed,
                 heads,

@@ -388,6 +388,17 @@ def test_verify_reports_a_damaged_record_and_exits_nonzero(tmp_path):
     ringq(q, "verify", rc=1)  # still damage: quarantined, not repaired
 
 
+def test_verify_names_a_damaged_state_file_once(tmp_path):
+    q = tmp_path / "q"
+    _filled(q)
+    state = q / "default.0000000000000001.state"
+    with open(state, "r+b") as fh:
+        fh.write(b"garbage!")  # its magic
+    [line] = as_json(q, "verify", rc=1)["damage"]
+    assert "its state file default.0000000000000001.state: not a ringq state file" in line
+    assert line.count(".state") == 1, line
+
+
 def test_verify_reports_a_damaged_segment_header_without_touching_it(tmp_path):
     q = tmp_path / "q"
     _filled(q)

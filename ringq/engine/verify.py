@@ -49,6 +49,7 @@ from .segment import (
     REC_DATA_OFF,
     Segment,
     StateFileError,
+    state_path_of,
 )
 from .segments import NAME_RE, SEG_RE, queue_exists
 from .transitions import ended_unrun
@@ -217,9 +218,11 @@ def _segment(
     except FileNotFoundError:
         return None
     except StateFileError as exc:
+        state = state_path_of(path)
+        why = str(exc).removeprefix(f"{state}: ")  # the line names the file once
         rep.damage.append(
-            f"state file: {exc}. The next open gives the segment a fresh state file from its "
-            "record file (every intact record ready again)"
+            f"its state file {os.path.basename(state)}: {why}. The next open gives the segment "
+            "a fresh state file from its record file (every intact record ready again)"
         )
         return rep
     except FormatVersionError as exc:

@@ -219,9 +219,9 @@ def _segment(
         return None
     except StateFileError as exc:
         state = state_path_of(path)
-        why = str(exc).removeprefix(f"{state}: ")  # the line names the file once
+        reason = str(exc).removeprefix(f"{state}: ")  # the line names the file once
         rep.damage.append(
-            f"its state file {os.path.basename(state)}: {why}. The next open gives the segment "
+            f"its state file {os.path.basename(state)}: {reason}. The next open gives the segment "
             "a fresh state file from its record file (every intact record ready again)"
         )
         return rep

@@ -379,12 +379,16 @@ class Index:
                         out += direct.made_run(view, jobs)
                     if why == RUN_END:
                         continue
-                    if why == RUN_FULL and not heap and not self.fair and lane.cursor < arr.n:
-                        # Alone in the heap: the lane goes back under the key it was taken with,
-                        # which ranks it too early, never too late -- its next job is checked by
-                        # the call above when it comes first, and nothing else ranks now.
+                    if why == RUN_FULL and not self.fair and lane.cursor < arr.n:
+                        # The lane goes back under the key it was taken with, which ranks it too
+                        # early, never too late: when it comes first again, the call above checks
+                        # its next job against the best other candidate (``bound``) and hands the
+                        # lane back (bounded) if that job ranks later.
                         lane.queued = True
-                        heap.append(entry)
+                        if heap:
+                            heapq.heappush(heap, entry)
+                        else:
+                            heap.append(entry)
                         continue
                     if why != RUN_ASK:  # bounded or full: the lane waits its turn
                         self.queue_lane_next(view, lane)

@@ -85,6 +85,7 @@ def plan(seed: int) -> dict[str, Any]:
     roles = [ro for p in procs for ro in p["roles"]]
     if "producer" not in roles:  # a "both" thread may spend the whole run waiting in a lease
         procs[0]["roles"][0] = "producer"
+        roles = [ro for p in procs for ro in p["roles"]]  # that thread may have been the consumer
     if not any(p["worker"] for p in procs) and not {"consumer", "both", "waiter"} & set(roles):
         procs[-1]["roles"].append("consumer")
     duration = r.uniform(1.0, 2.5)

@@ -48,6 +48,16 @@ def test_history(seed):
     )
 
 
+def test_every_plan_has_a_producer_and_a_consumer():
+    # A plan whose only consumer thread was turned into its producer leased nothing (seed
+    # 110923689 had one process of a producer and an admin thread).
+    for seed in [110923689, *range(2000)]:
+        cfg = history.plan(seed)
+        roles = {ro for p in cfg["procs"] for ro in p["roles"]}
+        assert "producer" in roles, seed
+        assert any(p["worker"] for p in cfg["procs"]) or {"consumer", "both", "waiter"} & roles, seed
+
+
 def _crafted(events: list[dict], state: dict) -> history.Run:
     run = history.Run(seed=0, cfg={"max_attempts": 5})
     run.events = events

@@ -258,6 +258,10 @@ int ringq_wait_claim(uint8_t *ctl, size_t ctl_len, uint8_t *base, size_t maplen,
     if ((rc = word_check(ctl, ctl_len, a->wake_off, 4)) || (rc = word_check(ctl, ctl_len, a->waiters_off, 4)) ||
         (rc = word_check(ctl, ctl_len, a->change_off, 8)) || (rc = word_check(base, maplen, RINGQ_SEG_OFF_TAIL, 4)))
         return rc;
+    if (a->floor_off) { /* checked first: nothing is leased when the floor could not be lowered */
+        if (a->floor_gen_bits < 1 || a->floor_gen_bits > 63) return RINGQ_EINVAL;
+        if ((rc = word_check(ctl, ctl_len, a->floor_off, 8))) return rc;
+    }
     memset(out, 0, sizeof *out);
     out->status = RINGQ_CLAIM_NONE;
     int64_t left = a->timeout_ns;
@@ -314,6 +318,11 @@ int ringq_wait_claim(uint8_t *ctl, size_t ctl_len, uint8_t *base, size_t maplen,
     if (!atomic_compare_exchange_strong(sw, &w, leased)) return 0; /* another consumer got it */
     atomic_store_explicit(A64(base, g->state_off + (size_t)first.slot * RINGQ_STATE_ENTRY + 8),
                           a->owner_base | ((uint64_t)1 << RINGQ_OW_LC_SHIFT), memory_order_release);
+    if (a->floor_off) {
+        int64_t until = a->epoch_ms + (int64_t)deadline;
+        (void)ringq_lower_packed64(ctl, ctl_len, a->floor_off, a->floor_gen_bits,
+                                   until > 0 ? (uint64_t)until : 0); /* its arguments checked above */
+    }
     out->status = RINGQ_CLAIMED;
     out->slot = first.slot;
     out->word = leased;

@@ -337,6 +337,9 @@ typedef struct {
     int64_t epoch_ms;     /* the tail segment's epoch, ms since the Unix epoch */
     uint64_t vt_ms;       /* visibility timeout of a lease taken here */
     uint64_t owner_base;  /* owner word, lease count 0 (as ringq_claim_next) */
+    size_t floor_off;     /* u64 lease-deadline floor (control page) a lease taken here lowers
+                             (ringq_lower_packed64); 0: none */
+    uint32_t floor_gen_bits; /* its generation bits, 1..63 when floor_off is set */
 } ringq_wait_args;
 
 /* Wait for work (spin, then futex as Control.sleep does), then, if the only news is new records
@@ -346,7 +349,8 @@ typedef struct {
  * a->from on are at most RINGQ_WAIT_FEW, all valid, the first is plain (kind 1, no carried
  * attempts, no supersede, not delayed: available_ms <= enqueued_us / 1000), READY, never leased
  * and due, no later one has a higher priority, and no job returned to READY meanwhile (the change
- * word is as seen): exactly the job the caller's index would rank first.  Returns 0 with
+ * word is as seen): exactly the job the caller's index would rank first.  A lease taken lowers
+ * the floor word at a->floor_off (if set) to its deadline, so that no reaper's scan waits past it.  Returns 0 with
  * out->status RINGQ_CLAIMED (out->slot, out->word; and, if rec is not NULL, the record's fields
  * in *rec, as ringq_claim_run reports a job), RINGQ_CLAIM_ASK (something happened: look with the
  * general path) or RINGQ_CLAIM_NONE (timed out); or an error. */

@@ -194,3 +194,41 @@ def test_a_wait_on_a_segment_closed_meanwhile_returns_for_a_new_look(tmp_path):
         assert got is None
     finally:
         ring.close()
+
+
+@pytest.mark.parametrize("reclaimed_first", [False, True])
+def test_a_job_leased_in_the_wait_whose_lease_ran_out_stays_leasable_after_a_stale_ack(
+    tmp_path, reclaimed_first
+):
+    # The consumer leases the job in the C call it waits in, so its index reads the record in
+    # only at the ack.  Its lease runs out first; the stale ack is refused, and the job -- READY
+    # again, reclaimed by another process's queue before the ack or by the ack itself -- is the
+    # consumer's next lease.
+    import threading
+
+    from ringq import NotLeasedError
+
+    q = Queue(tmp_path, durability="none", visibility_timeout=0.2)
+    other = Queue(tmp_path, durability="none")
+    try:
+        assert q.lease(1) == []
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(q.lease_one(wait=10)))
+        waiter.start()
+        time.sleep(0.2)  # asleep in the wait
+        other.enqueue("one")
+        waiter.join(10)
+        (job,) = got
+        assert job.payload == "one" and job.lease_token == "1"
+        time.sleep(0.35)  # its lease runs out
+        if reclaimed_first:
+            assert other.get(job.id).state is JobState.READY  # reclaimed there
+        with pytest.raises(NotLeasedError):
+            q.ack(job)
+        again = q.lease_one()
+        assert again is not None and again.id == job.id and again.lease_token == "2"
+        q.ack(again)
+        assert q.stats().done == 1
+    finally:
+        q.close()
+        other.close()

@@ -139,18 +139,21 @@ class CatchUp:
                     view.change = c
                     self._find_returned(view)
 
-    def read_through(self, view: View, slot: int) -> None:
+    def read_through(self, view: View, slot: int, held: bool = False) -> None:
         """Make sure the record at head ``slot`` of ``view`` is read in (a record a C call leased
         may be published before the wake word that announces it moves, so a quick catch-up can
-        miss it)."""
+        miss it).  ``held``: the caller holds (or held) that job's lease, so when it is next in its
+        lane and still LEASED the lane's cursor moves past it at once, instead of queueing the
+        lane for a job that is not READY (one that comes back to READY later gets its own entry,
+        as any job behind a cursor)."""
         if view.scanned <= slot:
-            self._ingest(view)
+            self._ingest(view, slot if held else -1)
 
-    def _ingest(self, view: View) -> None:
+    def _ingest(self, view: View, held: int = -1) -> None:
         seg = view.seg
         tail = seg.bounded_tail()
         if tail - view.scanned <= FEW:
-            self._ingest_few(view, tail)
+            self._ingest_few(view, tail, held)
             return
         infos, nxt = records.scan(seg, view.scanned)
         view.scanned = nxt
@@ -245,9 +248,10 @@ class CatchUp:
         self.index.keyed()
         return lk
 
-    def _ingest_few(self, view: View, tail: int) -> None:
+    def _ingest_few(self, view: View, tail: int, held: int = -1) -> None:
         """:meth:`_ingest` for a handful of records, field by field (what a consumer woken for
-        the job just appended runs: no numpy call per field).  Same effects, record by record."""
+        the job just appended runs: no numpy call per field).  Same effects, record by record;
+        the lane's cursor passes over slot ``held`` (read_through) when it is next in its lane."""
         seg = view.seg
         n, view.scanned = self._few.scan(seg, view.scanned, tail)
         infos = self._few.infos
@@ -292,6 +296,10 @@ class CatchUp:
             if lane is None:
                 lane = view.lanes[lk] = Lane(prio, lk)
             view.lanepos[slot] = lane.slots.n
+            if slot == held and lane.cursor == lane.slots.n and state(r.state) == ST_LEASED:
+                # Leased when the scan read it: a cursor may pass a job that is not READY, since
+                # its return to READY moves the change counters (_look_for_returned).
+                lane.cursor += 1
             lane.slots.append(slot)
             if sup:
                 self._complete_supersede(sup)

@@ -13,7 +13,7 @@ from array import array
 from typing import NamedTuple
 
 from . import native
-from .control import OFF_CTL_CHANGE, OFF_WAITERS, OFF_WAKE, Control
+from .control import OFF_CTL_CHANGE, OFF_MIN_DEADLINE, OFF_WAITERS, OFF_WAKE, Control
 from .native import CData, ffi, lib
 from .records import CLAIMED
 from .segment import Segment
@@ -63,7 +63,13 @@ class _Buffers(threading.local):
     def __init__(self) -> None:
         self.args = ffi.new(
             "ringq_wait_args *",
-            {"wake_off": OFF_WAKE, "waiters_off": OFF_WAITERS, "change_off": OFF_CTL_CHANGE},
+            {
+                "wake_off": OFF_WAKE,
+                "waiters_off": OFF_WAITERS,
+                "change_off": OFF_CTL_CHANGE,
+                "floor_off": OFF_MIN_DEADLINE,
+                "floor_gen_bits": Control.FLOOR_GEN_BITS,
+            },
         )
         self.out = ffi.new("ringq_claim_out *")
         self.rec = ffi.new("ringq_claimed *")
@@ -99,8 +105,8 @@ def wait_claim(
     """Sleep until the wake word moves from ``seen`` (spinning first for ``spin`` seconds), at
     most ``timeout`` seconds; then, if the only news is new plain records of ``seg`` (the tail
     segment) from ``from_slot`` on and no job returned to READY since ``change_seen``, lease the
-    first of them for ``vt_ms`` ms with owner word ``owner_base`` (csrc/ringq.h has the exact
-    rule).  None: timed out, or woken by something the caller must look at itself -- also at once
+    first of them for ``vt_ms`` ms with owner word ``owner_base``, lowering ``ctl``'s
+    lease-deadline floor to its deadline (csrc/ringq.h has the exact rule).  None: timed out, or woken by something the caller must look at itself -- also at once
     when ``seg`` was closed (retired by another thread: the caller waits without the queue lock)."""
     mapping, size = seg.ptr, seg.size  # in this order: a close zeroes the size, then drops ptr
     if mapping is None or not size:

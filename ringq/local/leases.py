@@ -400,13 +400,14 @@ class Leases:
                 return None  # it expired while this thread waited for the lock, and was reclaimed
             # The visibility timeout counts from when the caller gets the lease, not from the C
             # claim: a lease that waited for the lock is extended by one CAS (nobody else holds it).
+            # The C call lowered the deadline floor to the first deadline, which stays a lower
+            # bound after an extension.
             due = now_ms() + direct.vt_ms - seg.epoch_ms
             if rel_time(word) < due - direct.vt_ms // 10:
                 new = transitions.extended(word, due)
                 if not seg.cas_state(slot, word, new)[0]:
                     return None  # reclaimed meanwhile
                 word = new
-            self.ring.ctl.lower_deadline_floor(seg.epoch_ms + rel_time(word))
             jobs: list[Job] = direct.made_run(view, [(word, *got.record[1:])])
             return jobs[0] if jobs else None
         finally:
@@ -509,8 +510,8 @@ class Leases:
                 and (origin == self.ring.identity or not origin)
                 and job.seq
             ):
-                if slot >= view.scanned:
-                    self.index.read_through(view, slot)  # leased by ringq_wait_claim: read in late
+                if slot >= view.scanned:  # leased by ringq_wait_claim: read in late
+                    self.index.read_through(view, slot, True)
                 seg = view.seg
                 answer = claim.ack(seg, slot, token, job.seq, self.ring.ctl, self._ack_out)
                 if answer == claim.ACKED:

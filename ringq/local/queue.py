@@ -592,8 +592,17 @@ class Queue:
         if ctx.closed:
             ctx.live()
         # Checked before anything is leased: a NaN wait would fail in the sleep, after the lease.
-        if count.__class__ is int and count >= 1 and wait is None and visibility_timeout is None:
-            vt = self.visibility_timeout  # checked when the queue was opened
+        if (
+            count.__class__ is int
+            and count >= 1
+            and visibility_timeout is None
+            and (
+                wait is None
+                or wait.__class__ is int
+                or (wait.__class__ is float and wait == wait)  # not NaN
+            )
+        ):
+            vt = self.visibility_timeout  # checked when the queue was opened; exact types only
         else:
             count, wait, vt = check_lease_args(
                 count,

@@ -258,9 +258,23 @@ static void wait_claim_answers(void) {
     memcpy(m + RINGQ_SEG_OFF_TAIL, &tail, 4);
     CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co, NULL) == 0 && co.status == RINGQ_CLAIM_ASK);
     a.from_slot = 1; /* only the second is new: it is leased, and its fields reported */
+    a.floor_off = 104; /* with a lease-deadline floor to lower: bad generation bits lease nothing */
+    ctlbuf[104 / 8] = (UINT64_MAX >> 20) << 20;
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co, NULL) == RINGQ_EINVAL);
+    a.floor_gen_bits = 20;
+    a.floor_off = 4096;
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co, NULL) == RINGQ_EBOUNDS);
+    a.floor_off = 104;
     ringq_claimed rec;
     memset(&rec, 0xAB, sizeof rec);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t before_ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
     CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co, &rec) == 0 && co.status == RINGQ_CLAIMED && co.slot == 1);
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t after_ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    uint64_t floor_ms = ctlbuf[104 / 8] >> 20; /* lowered to the lease's deadline (epoch 0) */
+    CHECK(floor_ms >= before_ms + 500 && floor_ms <= after_ms + 500 && (ctlbuf[104 / 8] & 0xFFFFF) == 1);
     CHECK(rec.word == co.word && rec.slot == 1 && rec.priority == 3 && rec.available_ms == 1000 &&
           rec.enqueued_us == 1000000 && rec.payload_len == 10 && rec.id_len == 0 && rec.pad8 == 0 && rec.pad32 == 0);
     uint64_t w = 0, ow = 0;

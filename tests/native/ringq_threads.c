@@ -165,7 +165,8 @@ static void *consumer(void *arg) {
     for (uint32_t i = 0; i < jobs; i++) order[i] = i;
     memset(plain, 1, g.slot_count);
     ringq_wait_args a = {.wake_off = WAKE_OFF, .waiters_off = WAITERS_OFF, .change_off = CHANGE_OFF,
-                         .timeout_ns = 20000000, .vt_ms = 1000000, .owner_base = me + 1};
+                         .timeout_ns = 20000000, .vt_ms = 1000000, .owner_base = me + 1,
+                         .floor_off = FLOOR_OFF, .floor_gen_bits = 20};
     ringq_claim_out co;
     ringq_claimed rec; /* what the wait reports of a job it leased: this thread's own */
     uint32_t cursor = 0;

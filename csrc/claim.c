@@ -181,7 +181,7 @@ int ringq_ack_slot(uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t s
     uint64_t w = atomic_load_explicit(sw, memory_order_acquire);
     for (;;) {
         uint32_t st = STATE_OF(w), lc = LC_OF(w);
-        if (st == RINGQ_ST_DONE && (token == 0 || lc == token) && !RECLAIMED_CANCEL(w)) {
+        if (st == RINGQ_ST_DONE && (token == 0 || (lc == token && !RECLAIMED_CANCEL(w)))) {
             *word = w;
             return 1;
         }

@@ -362,7 +362,8 @@ int ringq_wait_claim(uint8_t *ctl, size_t ctl_len, uint8_t *base, size_t maplen,
  * add one to the segment's finished count (RINGQ_SEG_OFF_FINISHED; *finished = the new count) and
  * to the control mapping's acked count (ctl, ctl_len, words->acked).  token is the caller's fencing
  * token (0: any lease, as an ack by bare id).  Returns 0 when acked (*word = the DONE word), 1 for
- * a repeated ack (DONE with that token, or any DONE without one), 2 when refused (not leased, or
+ * a repeated ack (DONE with that token, unless a cancel ended the job after that lease ended
+ * unacked (reason RINGQ_END_RECLAIMED); or any DONE without a token), 2 when refused (not leased, or
  * another token: *word = the word seen, for the caller's message), 3 when the lease carries the
  * cancel flag (the caller ends it as its policy says); nothing is changed unless 0.  Or an error. */
 int ringq_ack_slot(uint8_t *base, size_t maplen, const ringq_geom *g, uint32_t slot, uint32_t token,

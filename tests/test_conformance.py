@@ -581,6 +581,38 @@ def test_a_holder_whose_cancel_requested_lease_ran_out_is_refused(q, first, with
         q.result(job.id)
 
 
+@pytest.mark.parametrize("with_result", [False, True], ids=["ack", "ack with a result"])
+@pytest.mark.parametrize("ended", ["ran out", "nacked"])
+def test_a_holder_whose_lease_ended_before_the_job_was_cancelled_is_refused(q, ended, with_result):
+    # The lease ends unacked (it runs out and a lease reclaims it, or its holder nacks it), the
+    # job waits READY to run again, and is cancelled: the old holder's ack is no repeat of an
+    # accepted ack, and is refused.
+    q.enqueue("x")
+    job = q.lease_one(visibility_timeout=0.05)
+    if ended == "ran out":
+        time.sleep(0.12)
+        q.enqueue("y", priority=10)
+        assert q.lease_one().payload == "y"  # this lease reclaims the first
+    else:
+        q.nack(job, delay=60)
+    assert q.get(job.id).state is JobState.READY
+    q.cancel(job.id)
+    with pytest.raises(NotLeasedError, match="cancelled"):
+        q.ack(job, result="late") if with_result else q.ack(job)
+    assert not job.ack_accepted
+    q.ack(job.id)  # an ack by bare id names no lease: harmless, as for any finished job
+    assert q.get(job.id).state is JobState.CANCELLED
+    with pytest.raises(ringq.ResultNotFoundError):
+        q.result(job.id)
+
+
+def test_a_job_cancelled_before_any_lease_is_still_cancelled_once(q):
+    job = q.enqueue("x")
+    assert q.cancel(job.id).state is JobState.CANCELLED
+    assert q.cancel(job.id).state is JobState.CANCELLED  # idempotent
+    assert q.lease_one() is None and q.stats().cancelled == 1
+
+
 @pytest.mark.parametrize("at", [0, 0.0004, 1.0])
 def test_an_expiry_at_the_epoch_expires_the_job_as_any_past_one(q, at):
     job = q.enqueue("x", expires_at=at)

@@ -509,7 +509,7 @@ class Deps:
         own dependents."""
         w = seg.load_state(dep.slot)
         while is_deferred(w):
-            new = transitions.cancelled(w, now_ms() - seg.epoch_ms)
+            new = transitions.cancelled_pending(w, now_ms() - seg.epoch_ms)
             ok, w = seg.cas_state(dep.slot, w, new)
             if ok:
                 self.ring.write_error(seg, dep.slot, 0, why_text)

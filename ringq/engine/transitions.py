@@ -130,14 +130,23 @@ def cancelled(w: int, now_rel: int, end: int = END_CANCELLED) -> int:
     return pack(ST_DONE, end, lease_count(w), now_rel) | FLAG_CANCEL
 
 
+def cancelled_pending(w: int, now_rel: int) -> int:
+    """CANCELLED for a READY or DEFERRED job.  One that was leased before ends with END_RECLAIMED:
+    the lease whose count it carries ended without an ack, so that holder's late ack is refused,
+    not taken for a repeat of an accepted one."""
+    return cancelled(w, now_rel, END_RECLAIMED if lease_count(w) else END_CANCELLED)
+
+
 def acked_by(w: int, token: int | None) -> bool:
     """Whether ``w`` is the DONE word an accepted ack with fencing ``token`` (None: any) left, so
-    that the same ack again is a harmless repeat.  A cancel-requested lease that was reclaimed
-    ended without any ack: its holder's ack is refused, not taken for a repeat."""
+    that the same ack again is a harmless repeat.  A job cancelled after its last lease ended
+    unacked (reclaimed, or nacked, then cancelled; or cancel-requested and reclaimed) carries
+    END_RECLAIMED: that holder's ack is refused, not taken for a repeat (an ack by bare id,
+    which names no lease, is a repeat of any finished one)."""
     return (
         state(w) == ST_DONE
         and (token is None or lease_count(w) == token)
-        and not (w & FLAG_CANCEL and why(w) == END_RECLAIMED)
+        and not (token is not None and w & FLAG_CANCEL and why(w) == END_RECLAIMED)
     )
 
 
@@ -222,7 +231,9 @@ def require_lease(w: int, job_id: str, token: int | None, op: str) -> None:
         else:
             cause = "it was nacked and waits for its retry"
     elif st == ST_DONE and w & FLAG_CANCEL and reason == END_RECLAIMED:
-        cause = "it was cancelled: its cancel-requested lease ran out or its holder died, unacked"
+        cause = (
+            "it was cancelled after its lease ended unacked (ran out, its holder died, or nacked)"
+        )
     elif st == ST_DONE:
         unrun = ended_unrun(w)
         cause = f"it was {unrun}" if unrun else "it was already acked"

@@ -35,7 +35,7 @@ def cancel(leases: Leases, job: Job | str, queue: str) -> Job:
     while True:
         st = state(w)
         if st == ST_READY:
-            new = transitions.cancelled(w, now_ms() - seg.epoch_ms)
+            new = transitions.cancelled_pending(w, now_ms() - seg.epoch_ms)
         elif st == ST_LEASED and not cancel_flag(w):
             new = transitions.cancel_requested(w)
         elif st == ST_LEASED or transitions.ended_unrun(w) == "cancelled":

@@ -506,8 +506,8 @@ local out = {}
 for i = 1, n do
   local id, tok = ARGV[1 + 2 * i], tonumber(ARGV[2 + 2 * i])
   local m = load(id)
-  if m and (m.st == 'done' or m.st == 'cancelled' or m.st == 'expired') and (tok < 0 or m.t == tok)
-      and not m.rc then
+  if m and (m.st == 'done' or m.st == 'cancelled' or m.st == 'expired')
+      and (tok < 0 or (m.t == tok and not m.rc)) then
     out[i] = 'ok'
   else
     local st = check_lease(m, tok)
@@ -659,6 +659,7 @@ if not m then return {'nf'} end
 if m.st == 'ready' or m.st == 'deferred' then
   unplace(m, true)
   make_ended(m, 'cancelled')
+  if (m.t or 0) > 0 then m.rc = 1 end  -- its last lease ended unacked: that holder's ack is refused
   wake(ended(m))
 elseif m.st == 'leased' then
   m.cx = 1

@@ -54,7 +54,7 @@ def _loop(kind: str, n: int) -> None:
     """One run of ``kind`` over ``n`` jobs (in the process callgrind counts)."""
     _pin()
     from ringq import Queue
-    from ringq.bench.consume import _floor
+    from ringq.bench.consume import floor_loop
 
     d = tempfile.mkdtemp(prefix="ringq-instr-")
     try:
@@ -78,7 +78,7 @@ def _loop(kind: str, n: int) -> None:
             for i in range(n):
                 q.enqueue({"i": i, "pad": PAD})
         elif kind == "floor":
-            _floor(n)(n)
+            floor_loop(n)(n)
         q.close()
     finally:
         shutil.rmtree(d, ignore_errors=True)

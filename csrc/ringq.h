@@ -350,8 +350,8 @@ typedef struct {
  * attempts, no supersede, not delayed: available_ms <= enqueued_us / 1000), READY, never leased
  * and due, no later one has a higher priority, and no job returned to READY meanwhile (the change
  * word is as seen): exactly the job the caller's index would rank first.  A lease taken lowers
- * the floor word at a->floor_off (if set) to its deadline, so that no reaper's scan waits past it.  Returns 0 with
- * out->status RINGQ_CLAIMED (out->slot, out->word; and, if rec is not NULL, the record's fields
+ * the floor word at a->floor_off (if set) to its deadline, so that no reaper's scan waits past
+ * it.  Returns 0 with out->status RINGQ_CLAIMED (out->slot, out->word; and, if rec is not NULL, the record's fields
  * in *rec, as ringq_claim_run reports a job), RINGQ_CLAIM_ASK (something happened: look with the
  * general path) or RINGQ_CLAIM_NONE (timed out); or an error. */
 #define RINGQ_WAIT_FEW 8

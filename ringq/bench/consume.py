@@ -22,7 +22,7 @@ from typing import Any
 
 from .harness import Row, Sizes, payload
 
-__all__ = ["consume_path", "drain", "FLOOR_LOOP"]
+__all__ = ["consume_path", "drain", "floor_loop", "FLOOR_LOOP"]
 
 FLOOR_LOOP = "interpreter floor"
 ACK_BATCH = 100
@@ -37,7 +37,8 @@ class _Item:
         self.token = token
 
 
-def _floor(n: int) -> Callable[[int], None]:
+def floor_loop(n: int) -> Callable[[int], None]:
+    """The interpreter floor's loop (see the module) as ``run(k)``, which runs ``k`` jobs."""
     from ringq.engine.native import ffi, lib
 
     size = 16 * 4096
@@ -100,7 +101,7 @@ def consume_path(scratch: str, sz: Sizes, log: Callable[[str], None], deep: int)
 
         return run
 
-    contestants: list[tuple[str, Callable[[int], None]]] = [(FLOOR_LOOP, _floor(n))]
+    contestants: list[tuple[str, Callable[[int], None]]] = [(FLOOR_LOOP, floor_loop(n))]
     for label, make, jobs in (
         ("ringq lease_one+ack", lease_one_ack, n),
         (f"ringq lease({ACK_BATCH})+ack each", lease_many_ack, n),

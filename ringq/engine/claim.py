@@ -106,8 +106,9 @@ def wait_claim(
     most ``timeout`` seconds; then, if the only news is new plain records of ``seg`` (the tail
     segment) from ``from_slot`` on and no job returned to READY since ``change_seen``, lease the
     first of them for ``vt_ms`` ms with owner word ``owner_base``, lowering ``ctl``'s
-    lease-deadline floor to its deadline (csrc/ringq.h has the exact rule).  None: timed out, or woken by something the caller must look at itself -- also at once
-    when ``seg`` was closed (retired by another thread: the caller waits without the queue lock)."""
+    lease-deadline floor to its deadline (csrc/ringq.h has the exact rule).  None: timed out, or
+    woken by something the caller must look at itself -- also at once when ``seg`` was closed
+    (retired by another thread: the caller waits without the queue lock)."""
     mapping, size = seg.ptr, seg.size  # in this order: a close zeroes the size, then drops ptr
     if mapping is None or not size:
         return None

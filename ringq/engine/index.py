@@ -385,10 +385,7 @@ class Index:
                         # its next job against the best other candidate (``bound``) and hands the
                         # lane back (bounded) if that job ranks later.
                         lane.queued = True
-                        if heap:
-                            heapq.heappush(heap, entry)
-                        else:
-                            heap.append(entry)
+                        heapq.heappush(heap, entry)
                         continue
                     if why != RUN_ASK:  # bounded or full: the lane waits its turn
                         self.queue_lane_next(view, lane)

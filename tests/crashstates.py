@@ -54,7 +54,7 @@ import crashmodel  # noqa: E402
 import crashrec  # noqa: E402
 import crashworkloads as wl  # noqa: E402
 
-CI_LIMIT = 6  # states per crash point in the CI run
+CI_LIMIT = 3  # states per crash point in the CI run
 FULL_LIMIT = 64  # and in the full run
 OFF_BOOT = 104  # control file: the boot id of the last recovery, 16 bytes (docs/format.md)
 

@@ -35,7 +35,7 @@ def test_every_crash_state_of_every_workload(capsys) -> None:
     assert not report.violations, report.summary()
     assert len(report.per_workload) == len(cs.wl.SPECS)
     if not full:
-        assert report.states >= 1500
+        assert report.states >= 750
 
 
 # -- the recorder and the model -------------------------------------------------------------------

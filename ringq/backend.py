@@ -56,6 +56,8 @@ __all__ = [
     "redact_url",
     "check_queue_name",
     "check_fraction",
+    "check_lock_timeout",
+    "check_mode",
     "due_delay",
     "check_priority",
     "check_delay",
@@ -311,6 +313,30 @@ def check_result_ttl(ttl: object) -> float:
     if not _number(ttl) or not 0 < ttl < 86400 * 366 * 30:  # type: ignore[operator]
         raise ValueError(f"result_ttl must be > 0 seconds, got {ttl!r}")
     return float(ttl)  # type: ignore[arg-type]
+
+
+def check_lock_timeout(timeout: object) -> float:
+    """A queue's ``lock_timeout``: seconds to wait for the writer lock, a number (an int or a
+    float, not a bool) >= 0 -- 0 tries once and does not wait, ``math.inf`` waits as long as it
+    takes.  ValueError for anything else (NaN, a negative number, None, a str)."""
+    if not _number(timeout) or not timeout >= 0:  # type: ignore[operator]
+        raise ValueError(
+            "lock_timeout must be a number of seconds >= 0 (0: do not wait; math.inf: wait "
+            f"as long as it takes), got {timeout!r}"
+        )
+    return float(timeout)  # type: ignore[arg-type]
+
+
+def check_mode(mode: object) -> int:
+    """A queue's ``mode``: the permission bits of the files it creates, an int (not a bool) from
+    0 to 0o777.  ValueError for anything else, a setuid, setgid or sticky bit (0o7000) included."""
+    if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
+        shown = oct(mode) if isinstance(mode, int) and not isinstance(mode, bool) else repr(mode)
+        raise ValueError(
+            "mode must be permission bits from 0o000 to 0o777 (an int, no setuid, setgid or "
+            f"sticky bit), got {shown}"
+        )
+    return int(mode)
 
 
 def timeout_ms(timeout: float | None) -> int | None:

@@ -392,6 +392,26 @@ def test_bad_arguments_are_value_errors(q, queue_factory):
         queue_factory(name="bad/name")
 
 
+@pytest.mark.parametrize(
+    "option",
+    [
+        dict(lock_timeout=math.nan),
+        dict(lock_timeout=-1),
+        dict(lock_timeout=True),
+        dict(lock_timeout=None),
+        dict(mode=0o7777),
+        dict(mode=0o4600),
+        dict(mode=True),
+        dict(mode="0o600"),
+    ],
+    ids=repr,
+)
+def test_a_bad_lock_timeout_or_mode_is_refused_alike(queue_factory, option):
+    # The Redis queue ignores these storage options, yet refuses what the local one refuses.
+    with pytest.raises(ValueError, match="lock_timeout must be|mode must be"):
+        queue_factory(**option)
+
+
 def test_stats_counts_every_state(queue_factory):
     q = queue_factory(max_attempts=1)
     q.enqueue_many(["a", "b", "c", "d"])

@@ -115,13 +115,16 @@ class Queue:
         visibility_timeout: seconds a lease lasts before the job is handed out again (default 30).
         max_attempts: leases allowed per job before it moves to the dead-letter queue (default 5).
         backoff: retry delay policy for nack (default ``BackoffPolicy()``).
-        lock_timeout: seconds to wait for the writer lock (LockTimeoutError after).
+        lock_timeout: seconds to wait for the writer lock (LockTimeoutError after; default 10):
+            a number >= 0, where 0 tries once without waiting and ``math.inf`` waits as long as
+            it takes.
         slot_size: bytes per slot for a new queue (multiple of 64, default 256).
         slot_count: slots per segment for a new queue (default 16384; 4 MiB of slots).  Both are
             validated on every open (ValueError); on an existing queue a value other than the
             default that differs from the queue's own is ignored with a :class:`GeometryWarning`
             (the geometry is fixed at creation; ``q.options`` shows the one in use).
-        mode: permission bits of files created (default 0o600; directories get matching x bits).
+        mode: permission bits of files created (default 0o600; directories get matching x bits):
+            an int from 0 to 0o777, so no setuid, setgid or sticky bit.
         allow_network_fs: allow NFS/SMB (refused by default: flock does not work across hosts).
         allow_foreign: open the queue even in a directory holding a nobroker queue (a log
             ``<name>.NNNNNN.log``) not yet imported there; refused by default, whatever ``name``,

@@ -54,6 +54,8 @@ from ringq.backend import (
     check_extension,
     check_job_ref,
     check_lease_args,
+    check_lock_timeout,
+    check_mode,
     check_priority,
     check_queue_name,
     check_replace,
@@ -105,7 +107,9 @@ class RedisQueue:
         replica_timeout: seconds to wait for them (default 5): ReplicationTimeoutError after.
         socket_timeout: seconds a reply may take before ConnectionLostError (default 30).
         Other keyword arguments are refused, except the local queue's storage options
-        (``durability``, ``fsync``, ...), which do not apply and are ignored.
+        (``durability``, ``fsync``, ...), which do not apply and are ignored; a bad
+        ``lock_timeout`` or ``mode`` is refused as the local queue refuses it (ValueError), so
+        that one call opens a queue, or fails, alike on both.
 
     Raises:
         MissingExtraError: redis-py is not installed (``pip install 'ringq[redis]'``); a subclass
@@ -150,6 +154,10 @@ class RedisQueue:
         unknown = set(local_options) - self._LOCAL_ONLY
         if unknown:
             raise TypeError(f"RedisQueue got unexpected keyword arguments {sorted(unknown)}")
+        if "lock_timeout" in local_options:
+            check_lock_timeout(local_options["lock_timeout"])
+        if "mode" in local_options:
+            check_mode(local_options["mode"])
         check_queue_name(name)
         visibility_timeout = check_visibility_timeout(visibility_timeout)
         check_attempts(max_attempts)

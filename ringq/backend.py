@@ -56,6 +56,7 @@ __all__ = [
     "redact_url",
     "check_queue_name",
     "check_fraction",
+    "check_wait",
     "check_lock_timeout",
     "check_mode",
     "due_delay",
@@ -226,14 +227,24 @@ def check_lease_args(
 ) -> tuple[int, float | None, float]:
     """``(count, wait, visibility_timeout)`` of a lease call, checked before anything is leased.
 
-    Raises ValueError: count not an int >= 1 (a bool is refused), wait not None or a number
-    (NaN refused), visibility timeout not in (0, MAX_DELAY] seconds."""
+    Raises ValueError: count not an int >= 1 (a bool is refused), wait not as
+    :func:`check_wait` takes it, visibility timeout not in (0, MAX_DELAY] seconds."""
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         raise ValueError(f"count must be an int >= 1, got {count!r}")
-    if wait is not None and not _number(wait):
-        raise ValueError(f"wait must be a number of seconds or None, got {wait!r}")
+    wait = check_wait(wait)
     vt = check_visibility_timeout(visibility_timeout)
-    return count, None if wait is None else float(wait), vt  # type: ignore[arg-type]
+    return count, wait, vt
+
+
+def check_wait(wait: object) -> float | None:
+    """A blocking call's ``wait`` (``lease``, ``consume``, ``result``): None, or a number of
+    seconds as a float (an int or a float, not a bool; inf waits as long as it takes, 0 or a
+    negative number not at all).  ValueError for anything else (NaN, a bool, a str)."""
+    if wait is None:
+        return None
+    if not _number(wait):
+        raise ValueError(f"wait must be a number of seconds or None, got {wait!r}")
+    return float(wait)  # type: ignore[arg-type]
 
 
 def check_visibility_timeout(vt: object) -> float:
@@ -565,8 +576,7 @@ def check_consume(
     is neither an event nor a callable)."""
     if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
         raise ValueError(f"count must be an int >= 1 or None, got {count!r}")
-    if wait is not None and not _number(wait):
-        raise ValueError(f"wait must be a number of seconds or None, got {wait!r}")
+    check_wait(wait)
     if stop is None:
         return None
     is_set = getattr(stop, "is_set", None)

@@ -663,6 +663,37 @@ def test_a_negative_wait_waits_for_nothing_in_lease_and_consume_alike(q):
             call()
 
 
+@pytest.mark.parametrize("wait", [math.nan, True, False, "1", b"1", [1], np.array(1.0)], ids=repr)
+def test_result_refuses_a_bad_wait_as_lease_does(q, wait):
+    q.enqueue("x")
+    job = q.lease_one()
+    q.ack(job, result="kept")
+    before = q.stats()
+    for call in (
+        lambda: q.lease(1, wait=wait),
+        lambda: q.result(job.id, wait=wait),
+        lambda: q.result(job, wait=wait),
+    ):
+        with pytest.raises(ValueError, match="wait must be a number of seconds or None"):
+            call()
+    assert q.stats() == before and q.result(job.id) == "kept"
+
+
+def test_result_takes_a_wait_as_lease_does(q):
+    q.enqueue("x")
+    job = q.lease_one()
+    t = time.monotonic()
+    for wait in (None, 0, -1, -0.5):
+        with pytest.raises(ringq.ResultNotFoundError, match="not acked with a result yet") as e:
+            q.result(job.id, wait=wait)
+        assert "within" not in str(e.value)
+    assert time.monotonic() - t < 0.5
+    with pytest.raises(ringq.ResultNotFoundError, match="within 0.05 s"):
+        q.result(job.id, wait=0.05)
+    q.ack(job, result="r")
+    assert q.result(job.id, wait=math.inf) == "r" and q.result(job, wait=1) == "r"
+
+
 def test_a_bad_result_ttl_stores_nothing_and_acks_nothing(q):
     q.enqueue("x")
     job = q.lease_one()

@@ -1185,12 +1185,14 @@ class Queue:
         Args:
             job_id: the job (or its id).
             wait: seconds to block until the result is stored (woken by the storing process's
-                futex wake, not by polling); None or 0 returns at once.
+                futex wake, not by polling); None, 0 or a negative number returns at once, as
+                :meth:`lease` takes it.
 
         Raises:
             ResultNotFoundError (a JobNotFoundError): none stored within ``wait``, its ``result_ttl``
             passed, or the job finished without one (dead-lettered, cancelled, expired, or acked
-            without a result: then it is raised at once).  QueueClosedError.
+            without a result: then it is raised at once).  ValueError: ``wait`` is not None or a
+            number of seconds (NaN, a bool, a str), as for :meth:`lease`.  QueueClosedError.
         """
         return self._lifecycle.result(job_id, wait=wait)
 

@@ -14,6 +14,7 @@ Everything here is the queues' common ground, defined once: neither backend impo
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import re
 import time
@@ -56,6 +57,7 @@ __all__ = [
     "redact_url",
     "check_queue_name",
     "check_fraction",
+    "check_progress",
     "check_wait",
     "check_lock_timeout",
     "check_mode",
@@ -153,12 +155,26 @@ def check_queue_name(name: object) -> str:
     return name
 
 
-def check_fraction(fraction: float) -> float:
-    """A progress report's fraction as a float in [0, 1]; ValueError otherwise."""
-    f = float(fraction)
-    if not math.isfinite(f) or not 0.0 <= f <= 1.0:
-        raise ValueError(f"progress must be a fraction in [0, 1], got {fraction!r}")
+def check_fraction(fraction: object) -> float:
+    """A progress report's fraction as a float in [0, 1]: a real number (an int, a float, a
+    numpy float; not a bool, not a str), not NaN.  ValueError otherwise."""
+    f = math.nan
+    if isinstance(fraction, numbers.Real) and not isinstance(fraction, bool):
+        f = float(fraction)
+    if not 0.0 <= f <= 1.0:  # False for NaN
+        raise ValueError(f"progress must be a number from 0 to 1, got {fraction!r}")
     return f
+
+
+def check_progress(fraction: object, message: object) -> tuple[float, str | None]:
+    """``(fraction, message)`` of a progress report: :func:`check_fraction`'s fraction, and a
+    message that is a str or None (TypeError otherwise)."""
+    f = check_fraction(fraction)
+    if message is not None and not isinstance(message, str):
+        raise TypeError(
+            f"a progress message is a str or None, got {type(message).__name__} {message!r}"
+        )
+    return f, message
 
 
 def due_delay(delay: Any) -> Any:

@@ -694,6 +694,45 @@ def test_result_takes_a_wait_as_lease_does(q):
     assert q.result(job.id, wait=math.inf) == "r" and q.result(job, wait=1) == "r"
 
 
+@pytest.mark.parametrize(
+    "args, error",
+    [
+        ((math.nan,), ValueError),
+        (("0.5",), ValueError),
+        ((True,), ValueError),
+        ((False,), ValueError),
+        ((None,), ValueError),
+        ((-0.1,), ValueError),
+        ((1.5,), ValueError),
+        ((math.inf,), ValueError),
+        ((0.5, 123), TypeError),
+        ((0.5, b"bytes"), TypeError),
+    ],
+    ids=repr,
+)
+def test_a_bad_progress_report_writes_nothing(q, args, error):
+    q.enqueue("x")
+    job = q.lease_one()
+    q.progress(job, 0.25, "a quarter")
+    with pytest.raises(error, match="progress must be a number from 0 to 1|message is a str"):
+        q.progress(job, *args)
+    with pytest.raises(error):
+        q.progress(job.id, *args)
+    got = q.get(job.id)
+    assert (got.progress, got.progress_message) == (0.25, "a quarter")
+
+
+def test_progress_takes_a_real_number_from_0_to_1(q):
+    import fractions
+
+    q.enqueue("x")
+    job = q.lease_one()
+    for f in (0, 1, 0.5, np.float64(0.125), np.float32(0.75), fractions.Fraction(1, 4)):
+        q.progress(job, f, "m")
+        got = q.get(job.id)
+        assert got.progress == float(f) and type(got.progress) is float
+
+
 def test_a_bad_result_ttl_stores_nothing_and_acks_nothing(q):
     q.enqueue("x")
     job = q.lease_one()

@@ -1162,10 +1162,12 @@ class Queue:
         return self._lifecycle.paused()
 
     def progress(self, job: Job | str, fraction: float, message: str | None = None) -> None:
-        """Report a leased job's progress: ``fraction`` in [0, 1] and an optional message, shown
-        as ``Job.progress``/``progress_message`` by :meth:`get` and :meth:`list_jobs` for the rest
-        of this lease.  Fenced like :meth:`ack`: a stale holder is refused with NotLeasedError.
-        Raises ValueError for a fraction outside [0, 1], JobNotFoundError."""
+        """Report a leased job's progress: ``fraction`` a number from 0 to 1 and an optional
+        message (a str), shown as ``Job.progress``/``progress_message`` by :meth:`get` and
+        :meth:`list_jobs` for the rest of this lease.  Fenced like :meth:`ack`: a stale holder is
+        refused with NotLeasedError.  Raises ValueError for a fraction that is not a number from 0
+        to 1 (NaN, a bool, a str such as ``"0.5"``), TypeError for a message that is neither a str
+        nor None (both before anything is written), JobNotFoundError."""
         return self._lifecycle.progress(job, fraction, message)
 
     def trace_first_attempt(self, job: Job | str, traceparent: str) -> None:

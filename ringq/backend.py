@@ -44,6 +44,7 @@ __all__ = [
     "DEFAULT_RESULT_TTL",
     "MAX_ATTEMPTS_LIMIT",
     "MAX_DELAY",
+    "MAX_RESULT_TTL",
     "PRIORITY_LIMIT",
     "FEATURE_SCHEDULES",
     "FEATURE_LIMITS",
@@ -335,10 +336,18 @@ def _stopped_child(pid: int) -> bool:
     return len(rest) >= 2 and rest[0] in ("T", "t") and rest[1] == str(os.getpid())
 
 
+MAX_RESULT_TTL = 86400 * 366 * 30  # seconds a result may be kept: under 30 years
+
+
 def check_result_ttl(ttl: object) -> float:
-    """A result's time to live in seconds: ValueError unless in (0, 30 years)."""
-    if not _number(ttl) or not 0 < ttl < 86400 * 366 * 30:  # type: ignore[operator]
-        raise ValueError(f"result_ttl must be > 0 seconds, got {ttl!r}")
+    """A result's time to live in seconds: a number (not a bool) above 0 and below
+    MAX_RESULT_TTL (30 years; a result is kept as a record delayed by its time to live, so
+    there is no "forever").  ValueError otherwise, inf and NaN included."""
+    if not _number(ttl) or not 0 < ttl < MAX_RESULT_TTL:  # type: ignore[operator]
+        raise ValueError(
+            f"result_ttl must be a number of seconds above 0 and below 30 years "
+            f"({MAX_RESULT_TTL}), got {ttl!r}"
+        )
     return float(ttl)  # type: ignore[arg-type]
 
 

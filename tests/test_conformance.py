@@ -733,13 +733,18 @@ def test_progress_takes_a_real_number_from_0_to_1(q):
         assert got.progress == float(f) and type(got.progress) is float
 
 
-def test_a_bad_result_ttl_stores_nothing_and_acks_nothing(q):
+@pytest.mark.parametrize(
+    "ttl", ["5", math.inf, math.nan, 0, -1, True, 86400 * 366 * 30, None], ids=repr
+)
+def test_a_bad_result_ttl_stores_nothing_and_acks_nothing(q, ttl):
     q.enqueue("x")
     job = q.lease_one()
-    with pytest.raises(ValueError):
-        q.ack(job, result=1, result_ttl="5")
+    with pytest.raises(ValueError, match="result_ttl must be a number of seconds above 0"):
+        q.ack(job, result=1, result_ttl=ttl)
     assert q.get(job.id).state is JobState.LEASED
     q.ack(job)
+    with pytest.raises(ringq.ResultNotFoundError, match="acked without a result"):
+        q.result(job.id)
 
 
 def test_closing_while_threads_wait_in_lease_raises_closed(queue_factory):

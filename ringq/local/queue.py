@@ -828,14 +828,16 @@ class Queue:
         operators).  With ``sync_acks=True`` the ack is durable when this returns.
 
         ``result`` (any payload ringq stores: JSON, bytes, a numpy array) is kept for
-        ``result_ttl`` seconds (default 3600) in the companion queue ``<name>-results``, where
-        :meth:`result` finds it.  It is stored under the lease after the lease is checked and
-        before the ack, so a result is never lost to a crash after the ack, and the job's result is
-        that of the lease whose ack went in: a holder whose lease runs out while it stores a result
-        is refused at the ack, and its result is never returned.
+        ``result_ttl`` seconds (default 3600; above 0 and below 30 years, so not ``math.inf``) in
+        the companion queue ``<name>-results``, where :meth:`result` finds it.  It is stored under
+        the lease after the lease is checked and before the ack, so a result is never lost to a
+        crash after the ack, and the job's result is that of the lease whose ack went in: a holder
+        whose lease runs out while it stores a result is refused at the ack, and its result is
+        never returned.
 
         Raises NotLeasedError (not leased, or stale token), JobNotFoundError, SerializationError
-        (a result that cannot be stored: the job is not acked).
+        (a result that cannot be stored: the job is not acked), ValueError (a ``result_ttl`` out
+        of range: nothing stored, the job not acked).
         """
         if result is not NO_RESULT:
             self._ack_with_result(job, result, result_ttl)

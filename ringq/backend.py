@@ -62,6 +62,9 @@ __all__ = [
     "check_wait",
     "check_lock_timeout",
     "check_mode",
+    "check_payloads",
+    "check_job_ids",
+    "check_job_refs",
     "due_delay",
     "check_priority",
     "check_delay",
@@ -423,6 +426,68 @@ def check_depends_on(depends_on: object, job_id: str | None = None) -> list[str]
         raise ValueError("depends_on is empty: give None for a job without parents")
     if len(out) > MAX_PARENTS:
         raise ValueError(f"a job depends on at most {MAX_PARENTS} jobs, got {len(out)}")
+    return out
+
+
+_ONE_VALUE = (str, bytes, bytearray, memoryview)  # iterable, yet one payload (or id), not a list
+
+
+def _short(value: object) -> str:
+    """``type value`` for a message, the value's repr cut to 60 characters."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _ordered(items: Any) -> list[Any] | None:
+    """``items`` as a new list if it is a list, a tuple or another ordered iterable (a generator
+    too); None for a str, bytes, bytearray or memoryview (one value), a mapping, a set (no order)
+    or anything not iterable."""
+    cls = items.__class__
+    if cls is list or cls is tuple:
+        return list(items)
+    if isinstance(items, (*_ONE_VALUE, Mapping, AbstractSet)) or not isinstance(items, Iterable):
+        return None
+    return list(items)
+
+
+def check_payloads(payloads: object) -> list[Any]:
+    """The payloads of ``enqueue_many`` as a new list: a list, a tuple or another ordered
+    iterable of payloads.  TypeError, before anything is stored, for a str, bytes, bytearray or
+    memoryview and for a dict (each one payload, not a list of them), for a set (it has no
+    order) and for anything not iterable."""
+    out = _ordered(payloads)
+    if out is None:
+        raise TypeError(
+            "enqueue_many takes a list (or tuple, or other ordered iterable) of payloads, got "
+            f"{_short(payloads)}: give [payload] for one job, or call enqueue"
+        )
+    return out
+
+
+def check_job_ids(job_ids: object) -> list[Any] | None:
+    """The ``job_ids`` of ``enqueue_many`` as a new list, or None for None: a list, a tuple or
+    another ordered iterable.  TypeError for a str or bytes (one id, not a list of them), a
+    mapping, a set or anything not iterable; each id is checked by ringq/ids.py."""
+    if job_ids is None:
+        return None
+    out = _ordered(job_ids)
+    if out is None:
+        raise TypeError(
+            "job_ids must be a list (or tuple, or other ordered iterable) of ids, one per "
+            f"payload, got {_short(job_ids)}"
+        )
+    return out
+
+
+def check_job_refs(jobs: object) -> list[Job | str]:
+    """The jobs of ``ack_many`` as a new list: an iterable of :class:`Job` or job ids (a set
+    too).  TypeError for a str or bytes (one id, not a list of them), anything not iterable, or
+    an item that is neither a Job nor a str (:func:`check_job_ref`), before any job is acked."""
+    if isinstance(jobs, _ONE_VALUE) or not isinstance(jobs, Iterable):
+        raise TypeError(f"expected a list of jobs or job ids, got {_short(jobs)}")
+    out = list(jobs)
+    for job in out:
+        check_job_ref(job)
     return out
 
 

@@ -547,6 +547,55 @@ def test_enqueue_takes_what_enqueue_many_takes(q, args, priority, due_now):
     assert len(q.lease(10)) == (2 if due_now else 0)
 
 
+_NOT_A_LIST = [
+    "abc",
+    b"abc",
+    bytearray(b"abc"),
+    memoryview(b"abc"),
+    {"a": 1, "b": 2, "c": 3},
+    {"a", "b", "c"},
+    frozenset({1}),
+    3,
+    None,
+]
+
+
+@pytest.mark.parametrize("payloads", _NOT_A_LIST, ids=repr)
+def test_enqueue_many_refuses_what_is_not_a_list_of_payloads_and_stores_nothing(q, payloads):
+    with pytest.raises(TypeError, match="enqueue_many takes a list .* of payloads"):
+        q.enqueue_many(payloads)
+    st = q.stats()
+    assert st.total == 0 and st.enqueued_total == 0
+
+
+@pytest.mark.parametrize("job_ids", [i for i in _NOT_A_LIST if i is not None], ids=repr)
+def test_enqueue_many_refuses_job_ids_that_are_not_a_list_and_stores_nothing(q, job_ids):
+    with pytest.raises(TypeError, match="job_ids must be a list"):
+        q.enqueue_many(["x", "y", "z"], job_ids=job_ids)
+    st = q.stats()
+    assert st.total == 0 and st.enqueued_total == 0
+
+
+def test_enqueue_many_takes_any_ordered_iterable(q):
+    jobs = q.enqueue_many((p for p in ["a", "b"]), job_ids=iter(["i1", "i2"]))
+    jobs += q.enqueue_many(("c",), job_ids=("i3",))
+    jobs += q.enqueue_many(range(2))
+    assert [j.payload for j in jobs] == ["a", "b", "c", 0, 1]
+    assert [j.id for j in jobs[:3]] == ["i1", "i2", "i3"] and q.stats().total == 5
+
+
+def test_ack_many_refuses_a_str_for_its_list_and_acks_nothing(q):
+    q.enqueue_many(["x", "y", "z"], job_ids=["a", "b", "c"])
+    leased = q.lease(3)
+    for jobs in ("abc", b"abc", 3):  # "abc" would ack the jobs "a", "b" and "c"
+        with pytest.raises(TypeError, match="expected a list of jobs or job ids"):
+            q.ack_many(jobs)
+    assert [q.get(i).state for i in ("a", "b", "c")] == [JobState.LEASED] * 3
+    q.ack_many({"a", "b"})  # a set of ids is fine: acks have no order
+    q.ack_many([leased[2]])
+    assert q.stats().done == 3
+
+
 @pytest.mark.parametrize("call", [lambda q: q.ack(123), lambda q: q.get(123), lambda q: q.cancel(123),
                                   lambda q: q.nack(None), lambda q: q.extend(1.5, 5)])
 def test_a_job_is_a_job_or_its_id(q, call):

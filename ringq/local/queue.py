@@ -48,8 +48,10 @@ from ringq.backend import (
     check_consume,
     check_depends_on,
     check_extension,
-    check_job_ref,
+    check_job_ids,
+    check_job_refs,
     check_lease_args,
+    check_payloads,
     check_replace,
     check_reschedule,
     check_retry_delay,
@@ -544,16 +546,25 @@ class Queue:
         """Add many jobs with one lock hold and one durability sync.  Same arguments as :meth:`enqueue`
         (``key`` applies to every job of the batch; ``unique_for`` is for single enqueues).
 
-        Every payload is encoded before anything is written: if one fails, none is stored.
+        ``payloads`` is a list, a tuple or another ordered iterable of payloads, and ``job_ids``
+        (one per payload) too.  Every payload is encoded before anything is written: if one
+        fails, none is stored.
+
+        Raises:
+            TypeError: ``payloads`` or ``job_ids`` is a str, bytes, a dict, a set or not iterable
+            (a str or a dict is one payload: :meth:`enqueue` takes it); nothing is stored.  And
+            what :meth:`enqueue` raises.
         """
+        payloads = check_payloads(payloads)
+        ids = check_job_ids(job_ids)
         self._ctx.live()
         attempts = self.max_attempts if max_attempts is None else max_attempts
         return self._ctx.producer.enqueue(
-            list(payloads),
+            payloads,
             priority,
             due_delay(delay),
             attempts,
-            None if job_ids is None else list(job_ids),
+            ids,
             key,
             meta.of(expiry_ms(expires_in, expires_at), timeout_ms(timeout), tracing.carrier()),
         )
@@ -885,11 +896,10 @@ class Queue:
         """Ack every job of ``jobs`` (as :meth:`ack`), with one sync for all of them under
         ``sync_acks=True``.  Every job that can be acked is; then the first refusal
         (NotLeasedError, JobNotFoundError) is raised.  An item that is neither a Job nor a job
-        id raises TypeError before any job is acked."""
+        id raises TypeError before any job is acked, and so does a str or bytes given for
+        ``jobs`` (one id, not a list of them)."""
         self._ctx.live()
-        jobs = list(jobs)
-        for job in jobs:
-            check_job_ref(job)
+        jobs = check_job_refs(jobs)
         first: Exception | None = None
         with self._ctx.live_lock:
             for job in jobs:  # each reclaims first where it must (Leases.ack)

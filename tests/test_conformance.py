@@ -287,6 +287,40 @@ def test_unserialisable_payload_writes_nothing_and_queue_stays_usable(q, bad):
     assert [j.payload for j in drain(q)] == ["before", "after"]
 
 
+_MERGED_KEYS = [
+    {1: "a", "1": "b"},
+    {True: 1, "true": 2},
+    {None: 1, "null": 2},
+    {1.5: 1, "1.5": 2},
+    {"outer": [{"x": 0}, {2: "a", "2": "b"}]},
+    ({0: "a", "0": "b"},),
+    {"arr": np.arange(2), "d": {1: "a", "1": "b"}},
+]
+
+
+@pytest.mark.parametrize("payload", _MERGED_KEYS, ids=repr)
+def test_a_payload_whose_keys_json_would_merge_is_refused_and_nothing_is_stored(q, payload):
+    # {1: "a", "1": "b"} would be stored as {"1": "b"}: one value lost without a word.
+    for call in (
+        lambda: q.enqueue(payload),
+        lambda: q.enqueue(payload, job_id="keyed"),
+        lambda: q.enqueue(payload, job_id="replaced", replace=True),
+        lambda: q.enqueue_many(["fine", payload]),
+        lambda: q.import_jobs([ringq.Job(id="imported", payload=payload)]),
+    ):
+        with pytest.raises(SerializationError, match="which JSON writes as the same key"):
+            call()
+    st = q.stats()
+    assert st.total == 0 and st.enqueued_total == 0
+    q.enqueue("x")
+    job = q.lease_one()
+    with pytest.raises(SerializationError, match="which JSON writes as the same key"):
+        q.ack(job, result=payload)
+    assert q.get(job.id).state is JobState.LEASED
+    q.ack(job, result={1: "a", 2: "b"})  # keys that stay apart are taken, as strs
+    assert q.result(job.id) == {"1": "a", "2": "b"}
+
+
 def test_mixed_payloads_round_trip(q):
     arr = np.arange(6, dtype=">i4").reshape(2, 3)
     q.enqueue({"image": arr, "meta": {"raw": b"\x00\xff", "n": np.uint8(7), "s": "text"}})

@@ -14,6 +14,7 @@ Everything here is the queues' common ground, defined once: neither backend impo
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import re
 import time
@@ -43,6 +44,7 @@ __all__ = [
     "DEFAULT_RESULT_TTL",
     "MAX_ATTEMPTS_LIMIT",
     "MAX_DELAY",
+    "MAX_RESULT_TTL",
     "PRIORITY_LIMIT",
     "FEATURE_SCHEDULES",
     "FEATURE_LIMITS",
@@ -56,6 +58,13 @@ __all__ = [
     "redact_url",
     "check_queue_name",
     "check_fraction",
+    "check_progress",
+    "check_wait",
+    "check_lock_timeout",
+    "check_mode",
+    "check_payloads",
+    "check_job_ids",
+    "check_job_refs",
     "due_delay",
     "check_priority",
     "check_delay",
@@ -150,12 +159,26 @@ def check_queue_name(name: object) -> str:
     return name
 
 
-def check_fraction(fraction: float) -> float:
-    """A progress report's fraction as a float in [0, 1]; ValueError otherwise."""
-    f = float(fraction)
-    if not math.isfinite(f) or not 0.0 <= f <= 1.0:
-        raise ValueError(f"progress must be a fraction in [0, 1], got {fraction!r}")
+def check_fraction(fraction: object) -> float:
+    """A progress report's fraction as a float in [0, 1]: a real number (an int, a float, a
+    numpy float; not a bool, not a str), not NaN.  ValueError otherwise."""
+    f = math.nan
+    if isinstance(fraction, numbers.Real) and not isinstance(fraction, bool):
+        f = float(fraction)
+    if not 0.0 <= f <= 1.0:  # False for NaN
+        raise ValueError(f"progress must be a number from 0 to 1, got {fraction!r}")
     return f
+
+
+def check_progress(fraction: object, message: object) -> tuple[float, str | None]:
+    """``(fraction, message)`` of a progress report: :func:`check_fraction`'s fraction, and a
+    message that is a str or None (TypeError otherwise)."""
+    f = check_fraction(fraction)
+    if message is not None and not isinstance(message, str):
+        raise TypeError(
+            f"a progress message is a str or None, got {type(message).__name__} {message!r}"
+        )
+    return f, message
 
 
 def due_delay(delay: Any) -> Any:
@@ -224,14 +247,24 @@ def check_lease_args(
 ) -> tuple[int, float | None, float]:
     """``(count, wait, visibility_timeout)`` of a lease call, checked before anything is leased.
 
-    Raises ValueError: count not an int >= 1 (a bool is refused), wait not None or a number
-    (NaN refused), visibility timeout not in (0, MAX_DELAY] seconds."""
+    Raises ValueError: count not an int >= 1 (a bool is refused), wait not as
+    :func:`check_wait` takes it, visibility timeout not in (0, MAX_DELAY] seconds."""
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         raise ValueError(f"count must be an int >= 1, got {count!r}")
-    if wait is not None and not _number(wait):
-        raise ValueError(f"wait must be a number of seconds or None, got {wait!r}")
+    wait = check_wait(wait)
     vt = check_visibility_timeout(visibility_timeout)
-    return count, None if wait is None else float(wait), vt  # type: ignore[arg-type]
+    return count, wait, vt
+
+
+def check_wait(wait: object) -> float | None:
+    """A blocking call's ``wait`` (``lease``, ``consume``, ``result``): None, or a number of
+    seconds as a float (an int or a float, not a bool; inf waits as long as it takes, 0 or a
+    negative number not at all).  ValueError for anything else (NaN, a bool, a str)."""
+    if wait is None:
+        return None
+    if not _number(wait):
+        raise ValueError(f"wait must be a number of seconds or None, got {wait!r}")
+    return float(wait)  # type: ignore[arg-type]
 
 
 def check_visibility_timeout(vt: object) -> float:
@@ -306,11 +339,43 @@ def _stopped_child(pid: int) -> bool:
     return len(rest) >= 2 and rest[0] in ("T", "t") and rest[1] == str(os.getpid())
 
 
+MAX_RESULT_TTL = 86400 * 366 * 30  # seconds a result may be kept: under 30 years
+
+
 def check_result_ttl(ttl: object) -> float:
-    """A result's time to live in seconds: ValueError unless in (0, 30 years)."""
-    if not _number(ttl) or not 0 < ttl < 86400 * 366 * 30:  # type: ignore[operator]
-        raise ValueError(f"result_ttl must be > 0 seconds, got {ttl!r}")
+    """A result's time to live in seconds: a number (not a bool) above 0 and below
+    MAX_RESULT_TTL (30 years; a result is kept as a record delayed by its time to live, so
+    there is no "forever").  ValueError otherwise, inf and NaN included."""
+    if not _number(ttl) or not 0 < ttl < MAX_RESULT_TTL:  # type: ignore[operator]
+        raise ValueError(
+            f"result_ttl must be a number of seconds above 0 and below 30 years "
+            f"({MAX_RESULT_TTL}), got {ttl!r}"
+        )
     return float(ttl)  # type: ignore[arg-type]
+
+
+def check_lock_timeout(timeout: object) -> float:
+    """A queue's ``lock_timeout``: seconds to wait for the writer lock, a number (an int or a
+    float, not a bool) >= 0 -- 0 tries once and does not wait, ``math.inf`` waits as long as it
+    takes.  ValueError for anything else (NaN, a negative number, None, a str)."""
+    if not _number(timeout) or not timeout >= 0:  # type: ignore[operator]
+        raise ValueError(
+            "lock_timeout must be a number of seconds >= 0 (0: do not wait; math.inf: wait "
+            f"as long as it takes), got {timeout!r}"
+        )
+    return float(timeout)  # type: ignore[arg-type]
+
+
+def check_mode(mode: object) -> int:
+    """A queue's ``mode``: the permission bits of the files it creates, an int (not a bool) from
+    0 to 0o777.  ValueError for anything else, a setuid, setgid or sticky bit (0o7000) included."""
+    if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
+        shown = oct(mode) if isinstance(mode, int) and not isinstance(mode, bool) else repr(mode)
+        raise ValueError(
+            "mode must be permission bits from 0o000 to 0o777 (an int, no setuid, setgid or "
+            f"sticky bit), got {shown}"
+        )
+    return int(mode)
 
 
 def timeout_ms(timeout: float | None) -> int | None:
@@ -361,6 +426,68 @@ def check_depends_on(depends_on: object, job_id: str | None = None) -> list[str]
         raise ValueError("depends_on is empty: give None for a job without parents")
     if len(out) > MAX_PARENTS:
         raise ValueError(f"a job depends on at most {MAX_PARENTS} jobs, got {len(out)}")
+    return out
+
+
+_ONE_VALUE = (str, bytes, bytearray, memoryview)  # iterable, yet one payload (or id), not a list
+
+
+def _short(value: object) -> str:
+    """``type value`` for a message, the value's repr cut to 60 characters."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _ordered(items: Any) -> list[Any] | None:
+    """``items`` as a new list if it is a list, a tuple or another ordered iterable (a generator
+    too); None for a str, bytes, bytearray or memoryview (one value), a mapping, a set (no order)
+    or anything not iterable."""
+    cls = items.__class__
+    if cls is list or cls is tuple:
+        return list(items)
+    if isinstance(items, (*_ONE_VALUE, Mapping, AbstractSet)) or not isinstance(items, Iterable):
+        return None
+    return list(items)
+
+
+def check_payloads(payloads: object) -> list[Any]:
+    """The payloads of ``enqueue_many`` as a new list: a list, a tuple or another ordered
+    iterable of payloads.  TypeError, before anything is stored, for a str, bytes, bytearray or
+    memoryview and for a dict (each one payload, not a list of them), for a set (it has no
+    order) and for anything not iterable."""
+    out = _ordered(payloads)
+    if out is None:
+        raise TypeError(
+            "enqueue_many takes a list (or tuple, or other ordered iterable) of payloads, got "
+            f"{_short(payloads)}: give [payload] for one job, or call enqueue"
+        )
+    return out
+
+
+def check_job_ids(job_ids: object) -> list[Any] | None:
+    """The ``job_ids`` of ``enqueue_many`` as a new list, or None for None: a list, a tuple or
+    another ordered iterable.  TypeError for a str or bytes (one id, not a list of them), a
+    mapping, a set or anything not iterable; each id is checked by ringq/ids.py."""
+    if job_ids is None:
+        return None
+    out = _ordered(job_ids)
+    if out is None:
+        raise TypeError(
+            "job_ids must be a list (or tuple, or other ordered iterable) of ids, one per "
+            f"payload, got {_short(job_ids)}"
+        )
+    return out
+
+
+def check_job_refs(jobs: object) -> list[Job | str]:
+    """The jobs of ``ack_many`` as a new list: an iterable of :class:`Job` or job ids (a set
+    too).  TypeError for a str or bytes (one id, not a list of them), anything not iterable, or
+    an item that is neither a Job nor a str (:func:`check_job_ref`), before any job is acked."""
+    if isinstance(jobs, _ONE_VALUE) or not isinstance(jobs, Iterable):
+        raise TypeError(f"expected a list of jobs or job ids, got {_short(jobs)}")
+    out = list(jobs)
+    for job in out:
+        check_job_ref(job)
     return out
 
 
@@ -539,8 +666,7 @@ def check_consume(
     is neither an event nor a callable)."""
     if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
         raise ValueError(f"count must be an int >= 1 or None, got {count!r}")
-    if wait is not None and not _number(wait):
-        raise ValueError(f"wait must be a number of seconds or None, got {wait!r}")
+    check_wait(wait)
     if stop is None:
         return None
     is_set = getattr(stop, "is_set", None)

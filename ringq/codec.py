@@ -51,6 +51,7 @@ __all__ = [
     "MAX_KEY_BYTES",
     "encode",
     "encode_stored",
+    "encode_stored_many",
     "stored_many",
     "stored",
     "decode",
@@ -163,13 +164,26 @@ def encode(payload: Any) -> tuple[int, bytes]:
       ``np.str_`` and ``np.bytes_``, which *are* Python ``float``, ``str`` and ``bytes``
       (subclasses) and come back as those, wherever they are;
     * ``bytes``, ``bytearray`` and ``memoryview`` come back as ``bytes``, never confused with text;
-    * tuples come back as lists and dict keys are strings, as in JSON.
+    * tuples come back as lists and dict keys are strings, as in JSON (``{1: "a"}`` comes back
+      as ``{"1": "a"}``).
 
     Raises:
         SerializationError: the payload holds something else (a set, an object array, an
-            ndarray subclass, a NaN Python float, a cycle, ...); the message names the offending
-            type and where it is.
+            ndarray subclass, a NaN Python float, a cycle, ...), or a dict with two keys that
+            JSON writes as the same key (``1`` and ``"1"``, ``True`` and ``"true"``, ``None`` and
+            ``"null"``: one would be lost); the message names the offending type or keys and
+            where they are.
     """
+    codec, data = _encode(payload)
+    if codec == JSON and not _unchanged(payload, _JSON_LEAVES):
+        _check_keys(payload)  # only a dict with a key that is not a str can lose one
+    return codec, data
+
+
+def _encode(payload: Any) -> tuple[int, bytes]:
+    """:func:`encode` without the check of a JSON payload's keys, which the callers that walk
+    the payload anyway (:func:`encode_stored`, :func:`stored_many`) make only when a key is not
+    a str.  A mixed payload's keys are checked here, by the walk that builds its tree."""
     cls = payload.__class__
     if cls is not dict and cls is not list and cls is not str:  # these go to the JSON encoder
         if isinstance(payload, (bytes, bytearray, memoryview)):
@@ -229,15 +243,89 @@ def _unchanged(obj: Any, leaves: frozenset[type]) -> bool:
     return t in leaves
 
 
+def _key_text(key: Any) -> str | None:
+    """The text the json module writes for the dict key ``key``, or None for a key it refuses."""
+    if isinstance(key, str):
+        return str.__str__(key)
+    if isinstance(key, float):
+        return float.__repr__(key)
+    if key is True or key is False or key is None:
+        return json.dumps(key)
+    if isinstance(key, int):
+        return int.__repr__(key)
+    return None
+
+
+def _same_key(d: dict[Any, Any]) -> tuple[Any, Any, str] | None:
+    """Two keys of ``d`` that JSON writes as the same text, and that text; None if none are."""
+    seen: dict[str, Any] = {}
+    for key in d:
+        text = _key_text(key)
+        if text is None:
+            continue  # refused by the encoder itself
+        if text in seen:
+            return seen[text], key, text
+        seen[text] = key
+    return None
+
+
+def _lost_key(obj: Any) -> tuple[str, Any, Any, str] | None:
+    """``(where, key, other key, text)``: the first dict in ``obj`` (``where`` is its path from
+    ``obj``, ``""`` for ``obj`` itself) with two keys that JSON writes as the same text; None if
+    there is none.  Only a dict with a key that is not a str can have such keys."""
+    if isinstance(obj, dict):
+        for key in obj:
+            if type(key) is not str:
+                same = _same_key(obj)
+                if same is not None:
+                    return ("", *same)
+                break
+        for key, v in obj.items():
+            if isinstance(v, (dict, list, tuple)):
+                found = _lost_key(v)
+                if found is not None:
+                    return (f"[{key!r}]{found[0]}", *found[1:])
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            if isinstance(v, (dict, list, tuple)):
+                found = _lost_key(v)
+                if found is not None:
+                    return (f"[{i}]{found[0]}", *found[1:])
+    return None
+
+
+def _lost_key_error(where: str, key: Any, other: Any, text: str) -> SerializationError:
+    return SerializationError(
+        f"{where} has the keys {key!r} and {other!r}, which JSON writes as the same key "
+        f"{json.dumps(text, ensure_ascii=False)}: one of them would be lost (use distinct str keys)"
+    )
+
+
+def _check_keys(payload: Any) -> None:
+    """Raise SerializationError if a dict in ``payload`` has two keys that JSON writes as the
+    same key (``1`` and ``"1"``): decoding would give back one of them.  For a payload that
+    :func:`_unchanged` refused (a key that is not a str, a tuple, a subclass): the rest never
+    has such keys."""
+    found = _lost_key(payload)
+    if found is not None:
+        where, key, other, text = found
+        raise _lost_key_error(f"payload{where}", key, other, text)
+
+
 def stored(payload: Any, codec: int, data: bytes) -> Any:
     """``payload`` as :func:`decode` gives it back from ``(codec, data)`` (what :func:`encode`
     made of it), so that a producer sees what a consumer will: dict keys become strings and tuples
     lists (JSON), a ``bytearray`` or ``memoryview`` becomes ``bytes``.  ``payload`` itself where
     that changes nothing (the common case costs a walk of its containers, no decoding); an array
-    is returned as given (same dtype, shape and values as the consumer's copy)."""
+    is returned as given (same dtype, shape and values as the consumer's copy).  Raises
+    SerializationError for a dict with two keys that JSON writes as the same key (as
+    :func:`encode`), found only where ``payload`` is not unchanged: a key is not a str."""
     global _mixed_leaves
     if codec == JSON:
-        return payload if _unchanged(payload, _JSON_LEAVES) else _loads(data)
+        if _unchanged(payload, _JSON_LEAVES):
+            return payload
+        _check_keys(payload)
+        return _loads(data)
     if codec == BYTES:
         return data
     if codec == MIXED:
@@ -257,7 +345,7 @@ def stored_many(payloads: Sequence[Any], encoded: Sequence[tuple[int, bytes]]) -
     container, no tuple), and every key a str; such payloads are returned as given (a value of
     a subclass of str, int or float, such as an IntEnum member, then stays as given: equal to the
     consumer's).  Any other batch (text holding a brace or bracket included) goes payload by
-    payload."""
+    payload (:func:`stored`, which checks the keys where one is not a str)."""
     n = len(payloads)
     try:
         text = b"".join(map(_second, encoded))
@@ -274,11 +362,24 @@ def stored_many(payloads: Sequence[Any], encoded: Sequence[tuple[int, bytes]]) -
 
 
 def encode_stored(payload: Any) -> tuple[int, bytes, Any]:
-    """``(codec id, bytes, stored value)``: :func:`encode` and :func:`stored` in one call."""
-    codec, data = encode(payload)
+    """``(codec id, bytes, stored value)``: :func:`encode` and :func:`stored` in one call, with
+    one walk of the payload: a payload of dicts with str keys (the usual) is never walked
+    twice.  Raises SerializationError as :func:`encode`."""
+    codec, data = _encode(payload)
     if codec == JSON:  # stored()'s first case, without its call
-        return codec, data, payload if _unchanged(payload, _JSON_LEAVES) else _loads(data)
+        if _unchanged(payload, _JSON_LEAVES):
+            return codec, data, payload
+        _check_keys(payload)
+        return codec, data, _loads(data)
     return codec, data, stored(payload, codec, data)
+
+
+def encode_stored_many(payloads: Sequence[Any]) -> tuple[list[tuple[int, bytes]], list[Any]]:
+    """``([(codec id, bytes)], [stored value])`` of every payload: :func:`encode_stored` for a
+    batch, whose values :func:`stored_many` finds without a walk per payload when they are flat
+    dicts with str keys.  Raises SerializationError as :func:`encode`."""
+    encoded = [_encode(p) for p in payloads]
+    return encoded, stored_many(payloads, encoded)
 
 
 def _check_array(obj: np.ndarray, where: str) -> None:
@@ -368,12 +469,19 @@ def _to_tree(obj: Any, blocks: _Blocks, where: str, stack: set[int]) -> Any:
         try:
             if isinstance(obj, dict):
                 out = {}
+                str_keys = True
                 for k, v in obj.items():
-                    if not isinstance(k, (str, int, float, bool)) and k is not None:
-                        raise SerializationError(
-                            f"{where} has a key of type {type(k).__name__} (keys must be str, int, float, bool or None)"
-                        )
+                    if type(k) is not str:
+                        str_keys = False
+                        if not isinstance(k, (str, int, float, bool)) and k is not None:
+                            raise SerializationError(
+                                f"{where} has a key of type {type(k).__name__} (keys must be str, int, float, bool or None)"
+                            )
                     out[k] = _to_tree(v, blocks, f"{where}[{k!r}]", stack)
+                if not str_keys:
+                    same = _same_key(obj)
+                    if same is not None:
+                        raise _lost_key_error(where, *same)
                 # A one-key dict whose key starts with "$" would read as a tag: wrap it.
                 if (
                     len(out) == 1

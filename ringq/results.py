@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .backend import RESULTS_SUFFIX, check_result_ttl
+from .backend import RESULTS_SUFFIX, check_result_ttl, check_wait
 from .errors import JobNotFoundError, NotLeasedError
 from .job import Job, JobState
 
@@ -178,13 +178,16 @@ class Results:
     def wait(
         self, job_id: str, wait: float | None, finished_without: Callable[[], str | None]
     ) -> Any:
-        """The result of ``job_id``; blocks up to ``wait`` seconds for it (None or 0: not at all).
+        """The result of ``job_id``; blocks up to ``wait`` seconds for it (None, 0 or a negative
+        number: not at all; as a lease's wait, backend.check_wait).
 
         ``finished_without()`` says why no result can come (the job is dead, cancelled, ...) or
-        None; it is asked before sleeping and after the wait.  Raises ResultNotFoundError."""
+        None; it is asked before sleeping and after the wait.  Raises ResultNotFoundError, and
+        ValueError for a bad ``wait`` before anything is read or removed."""
+        wait = check_wait(wait)
         self.prune()
         q = self.queue
-        deadline = None if not wait else time.monotonic() + wait
+        deadline = None if not wait or wait < 0 else time.monotonic() + wait
         while True:
             token = q.wake_token()
             found, value = self.lookup(job_id)
@@ -197,7 +200,7 @@ class Results:
             if left <= 0:
                 raise ResultNotFoundError(
                     f"no result for job {job_id!r}"
-                    + (f" within {wait:g} s" if wait else "")
+                    + (f" within {wait:g} s" if deadline is not None else "")
                     + " (not acked with a result yet, or its result expired)"
                 )
             q.wait_for_wake(token, left)

@@ -160,3 +160,73 @@ def test_a_dict_or_list_holding_bytes_or_an_array_is_encoded_mixed_not_refused()
         assert kind == codec.MIXED
         back = codec.decode(kind, data)
         assert type(back) is type(value) and len(back) == len(value)
+
+
+MERGED_KEYS = [
+    ({1: "a", "1": "b"}, "payload", "1 and '1'", '"1"'),
+    ({"1": "b", 1: "a"}, "payload", "'1' and 1", '"1"'),
+    ({True: 1, "true": 2}, "payload", "True and 'true'", '"true"'),
+    ({False: 1, "false": 2}, "payload", "False and 'false'", '"false"'),
+    ({None: 1, "null": 2}, "payload", "None and 'null'", '"null"'),
+    ({1.5: 1, "1.5": 2}, "payload", "1.5 and '1.5'", '"1.5"'),
+    ({-(2**70): 1, str(-(2**70)): 2}, "payload", "-1180591620717411303424 and", '"-1180'),
+    ({"outer": [{"x": 0}, {2: "a", "2": "b"}]}, "payload['outer'][1]", "2 and '2'", '"2"'),
+    (({0: "a", "0": "b"},), "payload[0]", "0 and '0'", '"0"'),
+    ([{"k": {"é": 1, 3: {"3": 1, 3: 2}}}], "payload[0]['k'][3]", "'3' and 3", '"3"'),
+]
+
+
+@pytest.mark.parametrize("value, where, keys, text", MERGED_KEYS, ids=repr)
+def test_keys_that_json_would_merge_are_refused(encoder, value, where, keys, text):
+    # {1: "a", "1": "b"} would decode as {"1": "b"}: one value lost without a word.
+    import re
+
+    message = (
+        rf"^{re.escape(where)} has the keys {re.escape(keys)}.* "
+        rf"which JSON writes as the same key {re.escape(text)}"
+    )
+    for encode in (
+        codec.encode,
+        codec.encode_stored,
+        lambda v: codec.encode_stored_many([{"fine": 1}, v]),
+    ):
+        with pytest.raises(codec.SerializationError, match=message):
+            encode(value)
+
+
+def test_keys_that_json_would_merge_are_refused_in_a_mixed_payload_too():
+    np = pytest.importorskip("numpy")
+    value = {"arr": np.arange(2), "d": [{1: "a", "1": "b"}]}
+    for encode in (codec.encode, codec.encode_stored, lambda v: codec.encode_stored_many([v])):
+        with pytest.raises(codec.SerializationError, match=r"payload\['d'\]\[0\] has the keys 1"):
+            encode(value)
+
+
+@pytest.mark.parametrize(
+    "value, back",
+    [
+        ({1: "a", 2: "b", "k": "c"}, {"1": "a", "2": "b", "k": "c"}),
+        ({True: 1, "false": 2, None: 3, 1.5: 4}, {"true": 1, "false": 2, "null": 3, "1.5": 4}),
+        ({"a": [{1: "x"}], "b": ({2: "y"},)}, {"a": [{"1": "x"}], "b": [{"2": "y"}]}),
+    ],
+    ids=repr,
+)
+def test_keys_that_stay_apart_in_json_are_taken(encoder, value, back):
+    assert codec.decode(*codec.encode(value)) == back
+    assert codec.encode_stored(value)[2] == back
+    assert codec.encode_stored_many([value])[1] == [back]
+
+
+def test_payloads_with_str_keys_only_are_never_walked_for_the_key_check(monkeypatch):
+    # The check costs nothing where no key can be lost: only a dict with a key that is not a
+    # str (which the stored value's walk finds anyway) is looked at for merged keys.
+    def walked(obj):
+        raise AssertionError(f"walked for merged keys: {obj!r}")
+
+    monkeypatch.setattr(codec, "_lost_key", walked)
+    flat = [{"n": i, "kind": "resize", "path": "/a/b.jpg"} for i in range(3)]
+    nested = {"a": {"b": [1, {"c": "{["}]}, "d": []}
+    for value in (*flat, nested, "text", 5, [1, "x"]):
+        codec.encode_stored(value)
+    codec.encode_stored_many(flat)
+    codec.encode_stored_many([nested, *flat])

@@ -287,6 +287,40 @@ def test_unserialisable_payload_writes_nothing_and_queue_stays_usable(q, bad):
     assert [j.payload for j in drain(q)] == ["before", "after"]
 
 
+_MERGED_KEYS = [
+    {1: "a", "1": "b"},
+    {True: 1, "true": 2},
+    {None: 1, "null": 2},
+    {1.5: 1, "1.5": 2},
+    {"outer": [{"x": 0}, {2: "a", "2": "b"}]},
+    ({0: "a", "0": "b"},),
+    {"arr": np.arange(2), "d": {1: "a", "1": "b"}},
+]
+
+
+@pytest.mark.parametrize("payload", _MERGED_KEYS, ids=repr)
+def test_a_payload_whose_keys_json_would_merge_is_refused_and_nothing_is_stored(q, payload):
+    # {1: "a", "1": "b"} would be stored as {"1": "b"}: one value lost without a word.
+    for call in (
+        lambda: q.enqueue(payload),
+        lambda: q.enqueue(payload, job_id="keyed"),
+        lambda: q.enqueue(payload, job_id="replaced", replace=True),
+        lambda: q.enqueue_many(["fine", payload]),
+        lambda: q.import_jobs([ringq.Job(id="imported", payload=payload)]),
+    ):
+        with pytest.raises(SerializationError, match="which JSON writes as the same key"):
+            call()
+    st = q.stats()
+    assert st.total == 0 and st.enqueued_total == 0
+    q.enqueue("x")
+    job = q.lease_one()
+    with pytest.raises(SerializationError, match="which JSON writes as the same key"):
+        q.ack(job, result=payload)
+    assert q.get(job.id).state is JobState.LEASED
+    q.ack(job, result={1: "a", 2: "b"})  # keys that stay apart are taken, as strs
+    assert q.result(job.id) == {"1": "a", "2": "b"}
+
+
 def test_mixed_payloads_round_trip(q):
     arr = np.arange(6, dtype=">i4").reshape(2, 3)
     q.enqueue({"image": arr, "meta": {"raw": b"\x00\xff", "n": np.uint8(7), "s": "text"}})
@@ -390,6 +424,26 @@ def test_bad_arguments_are_value_errors(q, queue_factory):
             call()
     with pytest.raises(ValueError):
         queue_factory(name="bad/name")
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        dict(lock_timeout=math.nan),
+        dict(lock_timeout=-1),
+        dict(lock_timeout=True),
+        dict(lock_timeout=None),
+        dict(mode=0o7777),
+        dict(mode=0o4600),
+        dict(mode=True),
+        dict(mode="0o600"),
+    ],
+    ids=repr,
+)
+def test_a_bad_lock_timeout_or_mode_is_refused_alike(queue_factory, option):
+    # The Redis queue ignores these storage options, yet refuses what the local one refuses.
+    with pytest.raises(ValueError, match="lock_timeout must be|mode must be"):
+        queue_factory(**option)
 
 
 def test_stats_counts_every_state(queue_factory):
@@ -527,6 +581,55 @@ def test_enqueue_takes_what_enqueue_many_takes(q, args, priority, due_now):
     assert len(q.lease(10)) == (2 if due_now else 0)
 
 
+_NOT_A_LIST = [
+    "abc",
+    b"abc",
+    bytearray(b"abc"),
+    memoryview(b"abc"),
+    {"a": 1, "b": 2, "c": 3},
+    {"a", "b", "c"},
+    frozenset({1}),
+    3,
+    None,
+]
+
+
+@pytest.mark.parametrize("payloads", _NOT_A_LIST, ids=repr)
+def test_enqueue_many_refuses_what_is_not_a_list_of_payloads_and_stores_nothing(q, payloads):
+    with pytest.raises(TypeError, match="enqueue_many takes a list .* of payloads"):
+        q.enqueue_many(payloads)
+    st = q.stats()
+    assert st.total == 0 and st.enqueued_total == 0
+
+
+@pytest.mark.parametrize("job_ids", [i for i in _NOT_A_LIST if i is not None], ids=repr)
+def test_enqueue_many_refuses_job_ids_that_are_not_a_list_and_stores_nothing(q, job_ids):
+    with pytest.raises(TypeError, match="job_ids must be a list"):
+        q.enqueue_many(["x", "y", "z"], job_ids=job_ids)
+    st = q.stats()
+    assert st.total == 0 and st.enqueued_total == 0
+
+
+def test_enqueue_many_takes_any_ordered_iterable(q):
+    jobs = q.enqueue_many((p for p in ["a", "b"]), job_ids=iter(["i1", "i2"]))
+    jobs += q.enqueue_many(("c",), job_ids=("i3",))
+    jobs += q.enqueue_many(range(2))
+    assert [j.payload for j in jobs] == ["a", "b", "c", 0, 1]
+    assert [j.id for j in jobs[:3]] == ["i1", "i2", "i3"] and q.stats().total == 5
+
+
+def test_ack_many_refuses_a_str_for_its_list_and_acks_nothing(q):
+    q.enqueue_many(["x", "y", "z"], job_ids=["a", "b", "c"])
+    leased = q.lease(3)
+    for jobs in ("abc", b"abc", 3):  # "abc" would ack the jobs "a", "b" and "c"
+        with pytest.raises(TypeError, match="expected a list of jobs or job ids"):
+            q.ack_many(jobs)
+    assert [q.get(i).state for i in ("a", "b", "c")] == [JobState.LEASED] * 3
+    q.ack_many({"a", "b"})  # a set of ids is fine: acks have no order
+    q.ack_many([leased[2]])
+    assert q.stats().done == 3
+
+
 @pytest.mark.parametrize("call", [lambda q: q.ack(123), lambda q: q.get(123), lambda q: q.cancel(123),
                                   lambda q: q.nack(None), lambda q: q.extend(1.5, 5)])
 def test_a_job_is_a_job_or_its_id(q, call):
@@ -643,13 +746,88 @@ def test_a_negative_wait_waits_for_nothing_in_lease_and_consume_alike(q):
             call()
 
 
-def test_a_bad_result_ttl_stores_nothing_and_acks_nothing(q):
+@pytest.mark.parametrize("wait", [math.nan, True, False, "1", b"1", [1], np.array(1.0)], ids=repr)
+def test_result_refuses_a_bad_wait_as_lease_does(q, wait):
     q.enqueue("x")
     job = q.lease_one()
-    with pytest.raises(ValueError):
-        q.ack(job, result=1, result_ttl="5")
+    q.ack(job, result="kept")
+    before = q.stats()
+    for call in (
+        lambda: q.lease(1, wait=wait),
+        lambda: q.result(job.id, wait=wait),
+        lambda: q.result(job, wait=wait),
+    ):
+        with pytest.raises(ValueError, match="wait must be a number of seconds or None"):
+            call()
+    assert q.stats() == before and q.result(job.id) == "kept"
+
+
+def test_result_takes_a_wait_as_lease_does(q):
+    q.enqueue("x")
+    job = q.lease_one()
+    t = time.monotonic()
+    for wait in (None, 0, -1, -0.5):
+        with pytest.raises(ringq.ResultNotFoundError, match="not acked with a result yet") as e:
+            q.result(job.id, wait=wait)
+        assert "within" not in str(e.value)
+    assert time.monotonic() - t < 0.5
+    with pytest.raises(ringq.ResultNotFoundError, match="within 0.05 s"):
+        q.result(job.id, wait=0.05)
+    q.ack(job, result="r")
+    assert q.result(job.id, wait=math.inf) == "r" and q.result(job, wait=1) == "r"
+
+
+@pytest.mark.parametrize(
+    "args, error",
+    [
+        ((math.nan,), ValueError),
+        (("0.5",), ValueError),
+        ((True,), ValueError),
+        ((False,), ValueError),
+        ((None,), ValueError),
+        ((-0.1,), ValueError),
+        ((1.5,), ValueError),
+        ((math.inf,), ValueError),
+        ((0.5, 123), TypeError),
+        ((0.5, b"bytes"), TypeError),
+    ],
+    ids=repr,
+)
+def test_a_bad_progress_report_writes_nothing(q, args, error):
+    q.enqueue("x")
+    job = q.lease_one()
+    q.progress(job, 0.25, "a quarter")
+    with pytest.raises(error, match="progress must be a number from 0 to 1|message is a str"):
+        q.progress(job, *args)
+    with pytest.raises(error):
+        q.progress(job.id, *args)
+    got = q.get(job.id)
+    assert (got.progress, got.progress_message) == (0.25, "a quarter")
+
+
+def test_progress_takes_a_real_number_from_0_to_1(q):
+    import fractions
+
+    q.enqueue("x")
+    job = q.lease_one()
+    for f in (0, 1, 0.5, np.float64(0.125), np.float32(0.75), fractions.Fraction(1, 4)):
+        q.progress(job, f, "m")
+        got = q.get(job.id)
+        assert got.progress == float(f) and type(got.progress) is float
+
+
+@pytest.mark.parametrize(
+    "ttl", ["5", math.inf, math.nan, 0, -1, True, 86400 * 366 * 30, None], ids=repr
+)
+def test_a_bad_result_ttl_stores_nothing_and_acks_nothing(q, ttl):
+    q.enqueue("x")
+    job = q.lease_one()
+    with pytest.raises(ValueError, match="result_ttl must be a number of seconds above 0"):
+        q.ack(job, result=1, result_ttl=ttl)
     assert q.get(job.id).state is JobState.LEASED
     q.ack(job)
+    with pytest.raises(ringq.ResultNotFoundError, match="acked without a result"):
+        q.result(job.id)
 
 
 def test_closing_while_threads_wait_in_lease_raises_closed(queue_factory):

@@ -60,6 +60,17 @@ def test_group_mode_on_purpose(tmp_path, umask):
     assert set(_modes(path).values()) == {0o660}
 
 
+@pytest.mark.parametrize(
+    "mode", [0o7777, 0o4600, 0o2660, 0o1600, 0o1000, -1, True, 0o600 * 1.0, "0o600", None]
+)
+def test_mode_is_permission_bits_only(tmp_path, mode):
+    # A setuid, setgid or sticky bit would be applied to every file and directory created.
+    path = tmp_path / "q"
+    with pytest.raises(ValueError, match="mode must be permission bits"):
+        open_queue(str(path), mode=mode)
+    assert not path.exists()  # refused before anything was created
+
+
 def test_existing_directory_mode_is_left_alone(tmp_path):
     os.chmod(tmp_path, 0o755)
     with open_queue(str(tmp_path)) as q:

@@ -205,6 +205,43 @@ def test_aio_cancel_cancels_the_running_handler_task_and_records_it(tmp_path):
     asyncio.run(asyncio.wait_for(main(), 30))
 
 
+def test_aio_progress_refuses_a_bad_report_before_it_looks_for_the_job(tmp_path):
+    import asyncio
+    import math
+
+    from ringq.aio import Queue as AioQueue
+    from ringq.aio import Status
+
+    queue = AioQueue(tmp_path)
+    bad = [((math.nan,), ValueError), (("0.5",), ValueError), ((True,), ValueError)]
+    bad.append(((0.5, 123), TypeError))
+    refused = []
+
+    @queue.handler("work")
+    async def work(job):
+        queue.progress(job, 0.25, "a quarter")
+        for args, error in bad:
+            with pytest.raises(error):
+                queue.progress(job, *args)
+            refused.append(error)
+        assert queue.get(job.id).progress == 0.25
+
+    async def main():
+        async with queue:
+            jid = queue.submit("work", {})
+            t0 = time.monotonic()
+            while queue.get(jid).status is Status.RUNNING:
+                assert time.monotonic() - t0 < 10
+                await asyncio.sleep(0.01)
+            assert queue.get(jid).status is Status.DONE
+            for args, error in bad:  # refused as such, though no job of that id runs here
+                with pytest.raises(error):
+                    queue.progress(queue.get(jid), *args)
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+    assert refused == [error for _, error in bad]
+
+
 def test_aio_pause_of_a_kind_stops_starting_its_jobs_until_resumed(tmp_path):
     import asyncio
 

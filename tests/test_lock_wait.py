@@ -4,8 +4,10 @@ count still hold under contention and with a holder that never releases."""
 from __future__ import annotations
 
 import fcntl
+import math
 import multiprocessing as mp
 import os
+import threading
 import time
 
 import pytest
@@ -27,6 +29,26 @@ def test_lock_timeout_still_raises_and_leaves_no_waiter_registered(tmp_path):
         assert q.introspect()["lock_waiters"] == 0
         q.enqueue("after the holder let go")
         assert len(q) == 1
+
+
+def test_a_lock_timeout_of_0_does_not_wait_and_one_of_inf_waits_for_the_holder(tmp_path):
+    with (
+        Queue(tmp_path, durability="none", lock_timeout=0) as at_once,
+        Queue(tmp_path, durability="none", lock_timeout=math.inf) as patient,
+    ):
+        fd = os.open(tmp_path / "default.lock", os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            t = time.monotonic()
+            with pytest.raises(LockTimeoutError, match="not acquired within 0.0 s"):
+                at_once.enqueue("x")
+            assert time.monotonic() - t < 1
+            threading.Timer(0.3, fcntl.flock, (fd, fcntl.LOCK_UN)).start()
+            patient.enqueue("waited for the holder")
+            assert time.monotonic() - t >= 0.3
+        finally:
+            os.close(fd)
+        assert [j.payload for j in patient.lease(5)] == ["waited for the holder"]
 
 
 def _contend(path: str, who: int, n: int) -> None:

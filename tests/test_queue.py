@@ -1,5 +1,6 @@
 """Queue semantics: ordering, delays, retries, DLQ, fencing, payloads, errors, lifecycle."""
 
+import math
 import os
 
 import numpy as np
@@ -102,6 +103,20 @@ def test_invalid_geometry_is_refused_even_when_the_queue_exists(tmp_path, kw):
     ringq.Queue(str(tmp_path)).close()
     with pytest.raises(ValueError, match="slot_"):
         ringq.Queue(str(tmp_path), **kw)
+
+
+@pytest.mark.parametrize(
+    "lock_timeout", [float("nan"), -1, -0.001, -math.inf, True, None, "10"], ids=repr
+)
+def test_a_bad_lock_timeout_is_refused_before_anything_is_created(tmp_path, lock_timeout):
+    path = tmp_path / "q"
+    with pytest.raises(ValueError, match="lock_timeout must be a number of seconds >= 0"):
+        ringq.Queue(str(path), lock_timeout=lock_timeout)
+    assert not path.exists()
+    from ringq.engine.upgrade import upgrade
+
+    with pytest.raises(ValueError, match="lock_timeout"):
+        upgrade(tmp_path, lock_timeout=lock_timeout)
 
 
 def test_another_valid_geometry_on_an_existing_queue_is_ignored_with_a_warning(tmp_path):

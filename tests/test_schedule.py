@@ -169,6 +169,8 @@ def test_arguments_are_checked(tmp_path):
         q.schedule("a b", 1, every=1)
     with pytest.raises(SerializationError):
         q.schedule("x", {1, 2}, every=1)
+    with pytest.raises(SerializationError, match="same key"):
+        q.schedule("x", {1: "a", "1": "b"}, every=1)  # JSON would keep one of the two
     with pytest.raises(ScheduleNotFoundError):
         q.unschedule("x")
     assert q.schedules() == []

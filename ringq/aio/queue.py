@@ -66,7 +66,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ringq import codec, tracing
-from ringq.backend import DEFAULT_VISIBILITY_TIMEOUT, check_allow_failure, check_replace
+from ringq.backend import (
+    DEFAULT_VISIBILITY_TIMEOUT,
+    check_allow_failure,
+    check_progress,
+    check_replace,
+)
 from ringq.backoff import BackoffPolicy
 from ringq.engine import records
 from ringq.engine.ring import DEFAULT_SLOT_COUNT, DEFAULT_SLOT_SIZE
@@ -405,10 +410,13 @@ class Queue:
         self._open_engine(self.queue_name(kind)).resume()
 
     def progress(self, job: Job, fraction: float, message: str | None = None) -> None:
-        """Report the progress of a job this process is running (``fraction`` in [0, 1]); shown as
-        ``Job.progress`` by :meth:`get`.  Raises JobNotFoundError if this process does not run it,
-        NotLeasedError if its lease was lost, ValueError for a fraction outside [0, 1]."""
+        """Report the progress of a job this process is running (``fraction`` a number from 0 to
+        1, ``message`` a str or None); shown as ``Job.progress`` by :meth:`get`.  Raises
+        JobNotFoundError if this process does not run it, NotLeasedError if its lease was lost,
+        ValueError for a fraction that is not a number from 0 to 1 (NaN, a bool, a str),
+        TypeError for a message that is not a str."""
         self._check_open()
+        fraction, message = check_progress(fraction, message)
         for h in self._handlers.values():
             for _task, ej in list(h.running.values()):
                 if ej.id == job.id:

@@ -28,7 +28,7 @@ import errno
 import os
 import threading
 
-from ringq.backend import check_queue_name
+from ringq.backend import check_lock_timeout, check_mode, check_queue_name
 from ringq.errors import QueuePathError, ReadOnlyQueueError, UnsupportedFilesystemError
 
 from . import durability as _durability
@@ -127,8 +127,9 @@ class Ring:
             (bytes per slot, multiple of 64; slots per segment).  An existing queue keeps its own.
         durability, flush_interval, sync_acks, state_flush_interval: the durability strategy
             (ringq/engine/durability.py; docs/durability.md says what each survives).
-        lock_timeout: seconds to wait for the writer lock before LockTimeoutError.
-        mode: permission bits of files created (directories get the matching x bits).
+        lock_timeout: seconds to wait for the writer lock before LockTimeoutError (>= 0; 0 does
+            not wait, ``math.inf`` waits as long as it takes).
+        mode: permission bits of files created, 0 to 0o777 (directories get the matching x bits).
         allow_network_fs: open a queue on NFS/SMB anyway (flock and shared mappings do not work
             across hosts there).
 
@@ -136,10 +137,11 @@ class Ring:
     ``dur`` (the durability strategy), ``report`` (RecoveryReport), ``lock`` (the WriterLock).
 
     Raises:
-        ValueError: bad name or geometry.  QueuePathError: a file where the directory (or one
-        above it) should be.  ReadOnlyQueueError: the directory cannot be written (a read-only
-        file system, no write permission).  OSError (with the path) for another failure to
-        create or write it.  UnsupportedFilesystemError, CorruptionError, FormatVersionError.
+        ValueError: bad name, geometry, lock_timeout or mode (the last two before anything is
+        created).  QueuePathError: a file where the directory (or one above it) should be.
+        ReadOnlyQueueError: the directory cannot be written (a read-only file system, no write
+        permission).  OSError (with the path) for another failure to create or write it.
+        UnsupportedFilesystemError, CorruptionError, FormatVersionError.
     """
 
     MAX_RECORD_FIELD = records.MAX_RECORD_FIELD
@@ -163,6 +165,8 @@ class Ring:
         allow_network_fs: bool = False,
     ) -> None:
         check_queue_name(name)
+        lock_timeout = check_lock_timeout(lock_timeout)
+        mode = check_mode(mode)
         self.dur = _durability.make(
             self,
             durability,

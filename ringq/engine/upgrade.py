@@ -26,6 +26,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 
+from ringq.backend import check_lock_timeout
 from ringq.errors import CorruptionError
 
 from .lock import WriterLock
@@ -90,8 +91,10 @@ def upgrade(
 
     Idempotent: a directory already in format 2 is left alone, and an upgrade cut short by a crash
     is finished by running it again.  Raises FileNotFoundError for a missing directory,
-    LockTimeoutError if a writer holds the lock longer than ``lock_timeout`` seconds.
+    LockTimeoutError if a writer holds the lock longer than ``lock_timeout`` seconds, ValueError
+    for a ``lock_timeout`` that is not a number of seconds >= 0.
     """
+    lock_timeout = check_lock_timeout(lock_timeout)
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise FileNotFoundError(2, f"no queue directory at {path}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ringq.backend import check_fraction
+from ringq.backend import check_progress
 from ringq.engine.lifecycle import read_first_attempt, report_progress, write_first_attempt
 from ringq.job import Job
 from ringq.results import Results, finished_without
@@ -64,7 +64,7 @@ class Lifecycle:
     def progress(self, job: Job | str, fraction: float, message: str | None = None) -> None:
         """As :meth:`ringq.Queue.progress`."""
         self.ctx.live()
-        fraction = check_fraction(fraction)
+        fraction, message = check_progress(fraction, message)
         with self.ctx.live_lock:
             view, slot, w, job_id, token = self.ctx.leases.word_for(
                 job, self.ctx.name, "report progress of"

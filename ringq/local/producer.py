@@ -378,12 +378,10 @@ def check_args(
 def encode_all(
     payloads: Sequence[Any], key: str | None
 ) -> tuple[tuple[int, ...], list[bytes], list[Any]]:
-    """``(codec ids, bytes, stored values)`` of every payload (codec.encode; codec.stored_many:
-    the values as a consumer will decode them), each wrapped with ``key`` if given
+    """``(codec ids, bytes, stored values)`` of every payload (codec.encode_stored_many: the
+    values as a consumer will decode them), each wrapped with ``key`` if given
     (codec.wrap_key).  Raises SerializationError."""
-    enc = codec.encode
-    pairs = [enc(p) for p in payloads]
-    values = codec.stored_many(payloads, pairs)
+    pairs, values = codec.encode_stored_many(payloads)
     if key is not None:
         pairs = [codec.wrap_key(key, k, d) for k, d in pairs]
     kinds, datas = zip(*pairs)

@@ -48,8 +48,10 @@ from ringq.backend import (
     check_consume,
     check_depends_on,
     check_extension,
-    check_job_ref,
+    check_job_ids,
+    check_job_refs,
     check_lease_args,
+    check_payloads,
     check_replace,
     check_reschedule,
     check_retry_delay,
@@ -115,13 +117,16 @@ class Queue:
         visibility_timeout: seconds a lease lasts before the job is handed out again (default 30).
         max_attempts: leases allowed per job before it moves to the dead-letter queue (default 5).
         backoff: retry delay policy for nack (default ``BackoffPolicy()``).
-        lock_timeout: seconds to wait for the writer lock (LockTimeoutError after).
+        lock_timeout: seconds to wait for the writer lock (LockTimeoutError after; default 10):
+            a number >= 0, where 0 tries once without waiting and ``math.inf`` waits as long as
+            it takes.
         slot_size: bytes per slot for a new queue (multiple of 64, default 256).
         slot_count: slots per segment for a new queue (default 16384; 4 MiB of slots).  Both are
             validated on every open (ValueError); on an existing queue a value other than the
             default that differs from the queue's own is ignored with a :class:`GeometryWarning`
             (the geometry is fixed at creation; ``q.options`` shows the one in use).
-        mode: permission bits of files created (default 0o600; directories get matching x bits).
+        mode: permission bits of files created (default 0o600; directories get matching x bits):
+            an int from 0 to 0o777, so no setuid, setgid or sticky bit.
         allow_network_fs: allow NFS/SMB (refused by default: flock does not work across hosts).
         allow_foreign: open the queue even in a directory holding a nobroker queue (a log
             ``<name>.NNNNNN.log``) not yet imported there; refused by default, whatever ``name``,
@@ -541,16 +546,25 @@ class Queue:
         """Add many jobs with one lock hold and one durability sync.  Same arguments as :meth:`enqueue`
         (``key`` applies to every job of the batch; ``unique_for`` is for single enqueues).
 
-        Every payload is encoded before anything is written: if one fails, none is stored.
+        ``payloads`` is a list, a tuple or another ordered iterable of payloads, and ``job_ids``
+        (one per payload) too.  Every payload is encoded before anything is written: if one
+        fails, none is stored.
+
+        Raises:
+            TypeError: ``payloads`` or ``job_ids`` is a str, bytes, a dict, a set or not iterable
+            (a str or a dict is one payload: :meth:`enqueue` takes it); nothing is stored.  And
+            what :meth:`enqueue` raises.
         """
+        payloads = check_payloads(payloads)
+        ids = check_job_ids(job_ids)
         self._ctx.live()
         attempts = self.max_attempts if max_attempts is None else max_attempts
         return self._ctx.producer.enqueue(
-            list(payloads),
+            payloads,
             priority,
             due_delay(delay),
             attempts,
-            None if job_ids is None else list(job_ids),
+            ids,
             key,
             meta.of(expiry_ms(expires_in, expires_at), timeout_ms(timeout), tracing.carrier()),
         )
@@ -825,14 +839,16 @@ class Queue:
         operators).  With ``sync_acks=True`` the ack is durable when this returns.
 
         ``result`` (any payload ringq stores: JSON, bytes, a numpy array) is kept for
-        ``result_ttl`` seconds (default 3600) in the companion queue ``<name>-results``, where
-        :meth:`result` finds it.  It is stored under the lease after the lease is checked and
-        before the ack, so a result is never lost to a crash after the ack, and the job's result is
-        that of the lease whose ack went in: a holder whose lease runs out while it stores a result
-        is refused at the ack, and its result is never returned.
+        ``result_ttl`` seconds (default 3600; above 0 and below 30 years, so not ``math.inf``) in
+        the companion queue ``<name>-results``, where :meth:`result` finds it.  It is stored under
+        the lease after the lease is checked and before the ack, so a result is never lost to a
+        crash after the ack, and the job's result is that of the lease whose ack went in: a holder
+        whose lease runs out while it stores a result is refused at the ack, and its result is
+        never returned.
 
         Raises NotLeasedError (not leased, or stale token), JobNotFoundError, SerializationError
-        (a result that cannot be stored: the job is not acked).
+        (a result that cannot be stored: the job is not acked), ValueError (a ``result_ttl`` out
+        of range: nothing stored, the job not acked).
         """
         if result is not NO_RESULT:
             self._ack_with_result(job, result, result_ttl)
@@ -880,11 +896,10 @@ class Queue:
         """Ack every job of ``jobs`` (as :meth:`ack`), with one sync for all of them under
         ``sync_acks=True``.  Every job that can be acked is; then the first refusal
         (NotLeasedError, JobNotFoundError) is raised.  An item that is neither a Job nor a job
-        id raises TypeError before any job is acked."""
+        id raises TypeError before any job is acked, and so does a str or bytes given for
+        ``jobs`` (one id, not a list of them)."""
         self._ctx.live()
-        jobs = list(jobs)
-        for job in jobs:
-            check_job_ref(job)
+        jobs = check_job_refs(jobs)
         first: Exception | None = None
         with self._ctx.live_lock:
             for job in jobs:  # each reclaims first where it must (Leases.ack)
@@ -1159,10 +1174,12 @@ class Queue:
         return self._lifecycle.paused()
 
     def progress(self, job: Job | str, fraction: float, message: str | None = None) -> None:
-        """Report a leased job's progress: ``fraction`` in [0, 1] and an optional message, shown
-        as ``Job.progress``/``progress_message`` by :meth:`get` and :meth:`list_jobs` for the rest
-        of this lease.  Fenced like :meth:`ack`: a stale holder is refused with NotLeasedError.
-        Raises ValueError for a fraction outside [0, 1], JobNotFoundError."""
+        """Report a leased job's progress: ``fraction`` a number from 0 to 1 and an optional
+        message (a str), shown as ``Job.progress``/``progress_message`` by :meth:`get` and
+        :meth:`list_jobs` for the rest of this lease.  Fenced like :meth:`ack`: a stale holder is
+        refused with NotLeasedError.  Raises ValueError for a fraction that is not a number from 0
+        to 1 (NaN, a bool, a str such as ``"0.5"``), TypeError for a message that is neither a str
+        nor None (both before anything is written), JobNotFoundError."""
         return self._lifecycle.progress(job, fraction, message)
 
     def trace_first_attempt(self, job: Job | str, traceparent: str) -> None:
@@ -1182,12 +1199,14 @@ class Queue:
         Args:
             job_id: the job (or its id).
             wait: seconds to block until the result is stored (woken by the storing process's
-                futex wake, not by polling); None or 0 returns at once.
+                futex wake, not by polling); None, 0 or a negative number returns at once, as
+                :meth:`lease` takes it.
 
         Raises:
             ResultNotFoundError (a JobNotFoundError): none stored within ``wait``, its ``result_ttl``
             passed, or the job finished without one (dead-lettered, cancelled, expired, or acked
-            without a result: then it is raised at once).  QueueClosedError.
+            without a result: then it is raised at once).  ValueError: ``wait`` is not None or a
+            number of seconds (NaN, a bool, a str), as for :meth:`lease`.  QueueClosedError.
         """
         return self._lifecycle.result(job_id, wait=wait)
 

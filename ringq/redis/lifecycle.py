@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ringq.backend import check_fraction, check_job_ref
+from ringq.backend import check_job_ref, check_progress
 from ringq.errors import JobFinishedError
 from ringq.job import Job
 from ringq.results import Results, finished_without
@@ -68,9 +68,9 @@ class RedisLifecycle:
     def progress(self, job: Job | str, fraction: float, message: str | None = None) -> None:
         """As :meth:`RedisQueue.progress`."""
         self.scripts.live()
-        f = check_fraction(fraction)
+        f, message = check_progress(fraction, message)
         jid, tok = (job.id, int(job.lease_token or 0)) if isinstance(job, Job) else (job, -1)
-        text = "" if message is None else str(message).encode("utf-8", "replace").decode()
+        text = "" if message is None else message.encode("utf-8", "replace").decode()
         status = self.scripts.run("progress", [jid, tok, repr(f), text, int(message is not None)])
         refuse(self.name, status, jid, "report progress of")
 

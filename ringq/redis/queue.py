@@ -52,8 +52,13 @@ from ringq.backend import (
     check_delay,
     check_depends_on,
     check_extension,
+    check_job_ids,
     check_job_ref,
+    check_job_refs,
     check_lease_args,
+    check_lock_timeout,
+    check_mode,
+    check_payloads,
     check_priority,
     check_queue_name,
     check_replace,
@@ -105,7 +110,9 @@ class RedisQueue:
         replica_timeout: seconds to wait for them (default 5): ReplicationTimeoutError after.
         socket_timeout: seconds a reply may take before ConnectionLostError (default 30).
         Other keyword arguments are refused, except the local queue's storage options
-        (``durability``, ``fsync``, ...), which do not apply and are ignored.
+        (``durability``, ``fsync``, ...), which do not apply and are ignored; a bad
+        ``lock_timeout`` or ``mode`` is refused as the local queue refuses it (ValueError), so
+        that one call opens a queue, or fails, alike on both.
 
     Raises:
         MissingExtraError: redis-py is not installed (``pip install 'ringq[redis]'``); a subclass
@@ -150,6 +157,10 @@ class RedisQueue:
         unknown = set(local_options) - self._LOCAL_ONLY
         if unknown:
             raise TypeError(f"RedisQueue got unexpected keyword arguments {sorted(unknown)}")
+        if "lock_timeout" in local_options:
+            check_lock_timeout(local_options["lock_timeout"])
+        if "mode" in local_options:
+            check_mode(local_options["mode"])
         check_queue_name(name)
         visibility_timeout = check_visibility_timeout(visibility_timeout)
         check_attempts(max_attempts)
@@ -357,8 +368,9 @@ class RedisQueue:
         expiry = expiry_ms(expires_in, expires_at)
         ex = 0 if expiry is None else max(1, expiry)  # 0 in the script's arguments: no expiry
         to = timeout_ms(timeout) or 0
-        payloads = list(payloads)
-        ids = [""] * len(payloads) if job_ids is None else list(job_ids)
+        payloads = check_payloads(payloads)
+        given = check_job_ids(job_ids)
+        ids = [""] * len(payloads) if given is None else given
         if len(ids) != len(payloads):
             raise ValueError(f"job_ids has {len(ids)} ids for {len(payloads)} payloads")
         if job_ids is None and not self.auto_ids:
@@ -566,10 +578,9 @@ class RedisQueue:
     def ack_many(self, jobs: Iterable[Job | str]) -> None:
         """Ack several jobs in one script.  Every job that can be acked is; then the first refusal
         (NotLeasedError, JobNotFoundError) is raised.  An item that is neither a Job nor a job
-        id raises TypeError before any job is acked.  A retry after ConnectionLostError is safe."""
-        jobs = list(jobs)
-        for j in jobs:
-            check_job_ref(j)
+        id raises TypeError before any job is acked, and so does a str or bytes given for
+        ``jobs``.  A retry after ConnectionLostError is safe."""
+        jobs = check_job_refs(jobs)
         items = [(j.id, int(j.lease_token or 0)) if isinstance(j, Job) else (j, -1) for j in jobs]
         if not items:
             return

@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import pty
+import re
 import select
 import signal
 import subprocess
@@ -18,7 +19,8 @@ import textwrap
 import time
 
 import pytest
-from procs import child_env
+import shellsession
+from procs import ROOT, child_env
 
 from ringq import Queue
 
@@ -581,8 +583,6 @@ def test_demo_runs_on_a_small_tree(tmp_path):
 
 
 def test_demo_reports_the_leases_its_killed_worker_held_as_they_are_redelivered(tmp_path):
-    import re
-
     src = tmp_path / "src"
     src.mkdir()
     for i in range(600):
@@ -798,33 +798,60 @@ def test_worker_and_servers_refuse_a_port_out_of_range(tmp_path):
                     serve(q, bad) if module == "ringq.web.dashboard" else serve(None, bad)
 
 
-def test_the_inspect_example_of_docs_cli_md_is_what_inspect_prints(tmp_path):
-    """docs/cli.md's inspect output showed files and offsets of an older format (.err only, data_off=266240)."""
-    import re
+def _shape(line: str) -> str:
+    """What of a line does not depend on the time of the run: times as `ringq` prints them (`in
+    29.9s`, `3.1s ago`, `top`'s clock, `inspect`'s `epoch=`) become <t>; blanks are collapsed."""
+    line = re.sub(r"\bin \d+\.\ds\b|\b\d+\.\ds ago\b", "<t>", line)
+    line = re.sub(r"^\d\d:\d\d:\d\d\b", "<t>", line)
+    line = re.sub(r"\bepoch=\S+", "epoch=<t>", line)
+    return " ".join(line.split())
 
-    q = tmp_path / ".ringq"
-    ringq(q, "enqueue", '{"to": "ada@example.com"}')
-    ringq(q, "enqueue", "resize photo-17.jpg", "--priority", "5")
-    ringq(q, "enqueue", '{"report": "daily"}', "--delay", "3600", "--job-id", "daily-2026-11-30")
-    ringq(q, "enqueue", "-", stdin='{"n": 1}\n{"n": 2}\n')
-    ringq(q, "lease")
-    ringq(q, "ack", "0000000000000002")
-    ringq(q, "lease")
-    # (the page's nack takes the backoff delay; "a few seconds after" it, the job is due again)
-    ringq(q, "nack", "0000000000000001", "--error", "SMTPError: 451 try later", "--delay", "0")
-    got = ringq(q, "inspect", "--limit", "3").stdout.splitlines()
-    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "cli.md"),
-              encoding="utf-8") as fh:
-        doc = fh.read()
-    shown = doc[doc.index("$ ringq inspect --limit 3\n"):].split("```")[0].splitlines()[1:]
 
-    def shape(line: str) -> str:  # what does not depend on the time of the run or the directory
-        line = re.sub(r"queue 'default' in \S+", "queue 'default' in DIR", line)
-        line = re.sub(r"epoch=\S+", "epoch=T", line)
-        line = re.sub(r"(ring_gen|wake|change|sync_count)=\d+", r"\1=N", line)
-        return " ".join(re.sub(r"\d+\.\ds ago|in \d+\.\ds", "TIME", line).split())
+def _shows(shown: str, got: str) -> bool:
+    """True if the page's line ``shown`` is ``got``, up to times; ``...`` in it stands for anything."""
+    parts = _shape(shown).split("...")
+    return re.fullmatch(".*".join(re.escape(p) for p in parts), _shape(got)) is not None
 
-    assert [shape(x) for x in got] == [shape(x) for x in shown]
+
+def _docs_cli_md() -> str:
+    with open(os.path.join(ROOT, "docs", "cli.md"), encoding="utf-8") as fh:
+        return fh.read()
+
+
+def test_the_examples_of_docs_cli_md_are_one_session_that_prints_what_they_show(tmp_path):
+    """docs/cli.md's examples, pasted in order into a shell in an empty directory, print what the
+    page shows under each command, and exit 0 unless the page's next command is `echo $?` (which
+    then shows the status)."""
+    steps = shellsession.parse(_docs_cli_md())
+    assert len(steps) > 40, len(steps)
+    results = shellsession.run(str(tmp_path), [s.command for s in steps], child_env(), timeout=240)
+    for n, (step, (status, output)) in enumerate(zip(steps, results)):
+        where = f"docs/cli.md line {step.line}: $ {step.command}"
+        got = output.splitlines()
+        assert len(got) == len(step.shown) and all(map(_shows, step.shown, got)), (
+            f"{where}\nthe page shows:\n" + "\n".join(step.shown) + "\nit printed:\n" + output
+        )
+        checked = n + 1 < len(steps) and steps[n + 1].command.strip() == "echo $?"
+        assert checked or status == 0, f"{where}\nexit status {status}, and the page shows no `echo $?`"
+
+
+def test_the_metrics_example_of_docs_cli_md_is_what_metrics_prints(tmp_path):
+    """The `metrics` example, outside the session (it serves until stopped): the line it prints,
+    the port aside; SIGTERM stops it, exit 0."""
+    doc = _docs_cli_md()
+    shown = doc[doc.index("$ ringq metrics --port 0 --json\n") :].splitlines()[1]
+    ringq(tmp_path / "q", "enqueue", "x")
+    proc = subprocess.Popen([sys.executable, "-m", "ringq", "--dir", str(tmp_path / "q"), "metrics", "--port", "0",
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env())
+    try:
+        line = proc.stdout.readline()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", line.strip()) == re.sub(
+        r"127\.0\.0\.1:\d+", "127.0.0.1:PORT", shown
+    ), (line, shown)
+    assert proc.returncode == 0 and out == "" and err == "", (proc.returncode, out, err)
 
 
 def test_enqueue_timeout_is_stored_with_the_job_and_a_bad_one_writes_nothing(tmp_path):

@@ -358,6 +358,12 @@ def test_a_damaged_pause_file_is_set_aside_and_the_queue_runs(tmp_path):
         assert any("pause file damaged" in why for _p, why in q.recovery.repairs)
         assert (tmp_path / "p.pause.quarantined").exists()
         assert not q.paused()["queue"] and q.lease_one().payload == "x"
+    from ringq.engine.verify import examine
+
+    assert examine(str(tmp_path), "p").damage == [
+        f"{tmp_path}/p.pause.quarantined: quarantined earlier: a pause file that failed validation "
+        "at an open, which made a fresh, unpaused one (pauses set before then were dropped)"
+    ]
     path.write_bytes(b"short")
     with Queue(tmp_path, "p") as q:
         assert q.paused() == {"queue": False, "keys": []}

@@ -69,7 +69,66 @@ def test_damage_found_on_open_is_never_silent_on_the_command_line(tmp_path):
     # ... while verify reports the quarantined files as damage and recover lists them
     ver = ringq_cli(qdir, "verify")
     assert ver.returncode == 1 and "quarantined earlier" in ver.stdout
+    # what each file was and what became of its jobs: the salvaged ones are served from the tail
+    assert f"{seg}.quarantined: quarantined earlier: a record file that failed validation; nothing is served from this file" in ver.stdout
+    assert "first copies the intact jobs in it that had not finished to the tail segment" in ver.stdout
+    state = qdir / "default.0000000000000001.state"
+    assert f"{state}.quarantined: quarantined earlier: the state file of the record file {seg.name}.quarantined, set aside with it" in ver.stdout
+    assert "not served" not in ver.stdout
     assert "quarantined earlier await an operator" in ringq_cli(qdir, "recover").stdout
+    with Queue(str(qdir)) as q:  # job 0 is the one `ringq lease` took above
+        assert q.stats().total == 10 and sorted(j.payload for j in q.lease(20)) == list(range(1, 10))
+
+
+def test_verify_says_a_quarantined_state_file_was_rebuilt_and_its_segment_is_served(tmp_path):
+    """A state file that failed validation is set aside by the open, which rebuilds the segment's
+    state from its record file: `verify` says so and that the segment's jobs are served, and they
+    are (every one of them is leased, a finished one again)."""
+    qdir = tmp_path / "q"
+    with Queue(str(qdir)) as q:
+        q.enqueue_many(["a", "b", "c"])
+        q.ack(q.lease_one())  # "a" is done: only the old state file says so
+    state = qdir / "default.0000000000000001.state"
+    with open(state, "r+b") as fh:
+        fh.write(b"X")  # the state file's magic: it fails validation
+    first = ringq_cli(qdir, "stats")  # this open sets it aside and rebuilds it
+    assert first.returncode == 0 and "a fresh state file was made from the record file" in first.stderr
+    assert (qdir / "default.0000000000000001.state.quarantined").exists() and state.exists()
+    ver = ringq_cli(qdir, "verify")
+    assert ver.returncode == 1, ver
+    [line] = [x for x in ver.stdout.splitlines() if x.startswith("DAMAGE:")]
+    assert line == (
+        f"DAMAGE: {state}.quarantined: quarantined earlier: a state file that failed validation at "
+        "an open, which kept it here for inspection and rebuilt the segment's state from its record "
+        "file default.0000000000000001.seg; the segment's jobs are served (every intact record was "
+        "made ready again, so a job acked or leased before may be delivered again)"
+    )
+    # served indeed: every job of the segment is leased from it, "a" again although it was acked
+    leased = json.loads(ringq_cli(qdir, "--json", "lease", "--count", "5").stdout)
+    assert sorted(j["payload"] for j in leased) == ["a", "b", "c"]
+
+
+def test_verify_says_what_a_state_file_left_behind_by_a_retired_segment_is(tmp_path):
+    """A quarantined state file outlives its segment's retirement: nothing is served from it."""
+    qdir = tmp_path / "q"
+    with Queue(str(qdir), slot_size=128, slot_count=8) as q:
+        q.enqueue_many(list(range(8)))  # segment 1 is full
+    state = qdir / "default.0000000000000001.state"
+    with open(state, "r+b") as fh:
+        fh.write(b"X")
+    with Queue(str(qdir), slot_size=128, slot_count=8) as q:
+        assert any(p.endswith(".state.quarantined") for p, _w in q.recovery.quarantined)
+        for job in q.lease(8):
+            q.ack(job)
+        q.enqueue("next")  # in segment 2: segment 1 is sealed, every job in it done
+        q.compact()
+    assert not (qdir / "default.0000000000000001.seg").exists()
+    ver = ringq_cli(qdir, "verify")
+    assert ver.returncode == 1 and (
+        f"DAMAGE: {state}.quarantined: quarantined earlier: the state file of "
+        "default.0000000000000001.seg, which is no longer in the queue (a segment's record file goes "
+        "when every job in it finished); nothing is served from it"
+    ) in ver.stdout.splitlines(), ver.stdout
 
 
 def test_a_damaged_record_is_reported_by_the_open_that_marks_it(tmp_path):

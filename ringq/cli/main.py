@@ -199,8 +199,8 @@ def _warn_damage(report: Any) -> None:
     """What this command's open of the queue found and did, on stderr: each file it quarantined,
     each record it marked BAD, each repair.  Said once, by the command whose open did it: later
     commands say nothing of it (their open found nothing new); ``ringq verify`` reports the
-    quarantined files and BAD records as damage (exit 1), and ``ringq recover`` lists them, until
-    an operator has dealt with them (docs/guarantees.md)."""
+    quarantined files and BAD records as damage (exit 1), ``ringq recover`` counts the quarantined
+    files and ``stats`` the BAD records (docs/cli.md)."""
     said = []
     for path, reason in report.quarantined:
         print(f"ringq: warning: quarantined {path}: {reason}", file=sys.stderr)

@@ -391,6 +391,43 @@ def _segment(
     return rep
 
 
+def _set_aside(path: str, name: str) -> str:
+    """What a ``*.quarantined`` file of queue ``name`` was and what became of its jobs.  It stays
+    damage until an operator removes it (ringq/engine/recovery.py sets such files aside)."""
+    base = os.path.basename(path)
+    head = f"{path}: quarantined earlier"
+    if base == f"{name}.pause.quarantined":
+        return (
+            f"{head}: a pause file that failed validation at an open, which made a fresh, unpaused "
+            "one (pauses set before then were dropped)"
+        )
+    if base.endswith(".state.quarantined"):
+        seg = path[: -len(".state.quarantined")] + ".seg"
+        if os.path.exists(seg):
+            return (
+                f"{head}: a state file that failed validation at an open, which kept it here for "
+                f"inspection and rebuilt the segment's state from its record file "
+                f"{os.path.basename(seg)}; the segment's jobs are served (every intact record was "
+                "made ready again, so a job acked or leased before may be delivered again)"
+            )
+        if os.path.exists(seg + ".quarantined"):
+            return (
+                f"{head}: the state file of the record file {os.path.basename(seg)}.quarantined, "
+                "set aside with it (see that file)"
+            )
+        return (
+            f"{head}: the state file of {os.path.basename(seg)}, which is no longer in the queue "
+            "(a segment's record file goes when every job in it finished); nothing is served from it"
+        )
+    if base.endswith(".seg.quarantined"):
+        return (
+            f"{head}: a record file that failed validation; nothing is served from this file (an "
+            "open that sets a record file aside first copies the intact jobs in it that had not "
+            "finished to the tail segment, dead ones as dead, and its report says how many)"
+        )
+    return f"{head} as damaged; kept for inspection"
+
+
 def examine(path: str, name: str = "default", *, limit: int | None = None) -> QueueFiles:
     """Examine queue ``name`` in directory ``path`` without changing anything.
 
@@ -439,9 +476,7 @@ def examine(path: str, name: str = "default", *, limit: int | None = None) -> Qu
                     "the queue then runs unpaused)"
                 )
         if entry.name.endswith(".quarantined"):
-            report.damage.append(
-                f"{entry.path}: quarantined earlier as damaged; its jobs are not served"
-            )
+            report.damage.append(_set_aside(entry.path, name))
         m = SEG_RE.match(entry.name)
         if m:
             segs.append((int(m.group("seq"), 16), entry.path))

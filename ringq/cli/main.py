@@ -1440,7 +1440,9 @@ def _parser() -> argparse.ArgumentParser:
     when.add_argument(
         "--every", type=_ranged("--every", float, 0, above=True), help="seconds between ticks"
     )
-    when.add_argument("--cron", help="cron expression, e.g. '0 2 * * *' (6 fields: seconds first)")
+    when.add_argument(
+        "--cron", help="cron expression, e.g. '0 2 * * *' (5 fields, or 6 with seconds first)"
+    )
     sca.add_argument("--tz", default="UTC", help="time zone of --cron (IANA name; default UTC)")
     sca.add_argument("--priority", type=int, default=0, help="priority of each job (default 0)")
     sca.add_argument(

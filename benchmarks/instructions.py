@@ -2,6 +2,7 @@
 
     python benchmarks/instructions.py                  # every loop
     python benchmarks/instructions.py lease_one fanout # some of them
+    python benchmarks/instructions.py --bytecodes lease_one consume  # bytecodes per job, by function
 
 Counts instead of times: callgrind's counts repeat for the same code and inputs whatever else the
 machine is doing, so two versions of the code can be compared on a busy machine.  Each loop runs
@@ -17,13 +18,14 @@ each runs about once in a hundred jobs or less; slowed down, they would run on e
 
 Loops: ``floor`` (the interpreter floor of ringq/bench/consume.py), ``lease_one`` (+ ack),
 ``lease100`` (``lease(100)`` + an ack each), ``consume`` (+ ack), ``enqueue`` (one job per call),
-over a queue of 6,300 jobs; and ``fanout``: a consumer process blocked in ``lease_one(wait=5)``,
+``enqueue_many`` (batches of 1,000), over a queue of 6,300 jobs; and ``fanout``: a consumer process blocked in ``lease_one(wait=5)``,
 woken by a producer process that enqueues one job every 20 ms, which decodes the payload and acks
 (what the consumer of the fan-out row runs per job; only the consumer is counted).
 """
 
 from __future__ import annotations
 
+import collections
 import glob
 import os
 import shutil
@@ -31,10 +33,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 
 SMALL, LARGE = 2000, 6000
 FANOUT_SMALL, FANOUT_LARGE = 200, 600
-LOOPS = ("floor", "lease_one", "lease100", "consume", "enqueue", "fanout")
+LOOPS = ("floor", "lease_one", "lease100", "consume", "enqueue", "enqueue_many", "fanout")
 PAD = "x" * 40
 
 
@@ -50,8 +54,9 @@ def _pin() -> None:
     backend.CONSUME_BATCH_SPAN = 1e6
 
 
-def _loop(kind: str, n: int) -> None:
-    """One run of ``kind`` over ``n`` jobs (in the process callgrind counts)."""
+def _loop(kind: str, n: int, traced: int = 0) -> None:
+    """One run of ``kind`` over ``n`` jobs (in the process callgrind counts); with ``traced``, a
+    second run of that many jobs under :func:`_bytecodes`, whose table is printed."""
     _pin()
     from ringq import Queue
     from ringq.bench.consume import floor_loop
@@ -62,26 +67,60 @@ def _loop(kind: str, n: int) -> None:
         for i in range(0, 6300, 1000):
             q.enqueue_many([{"i": i + j, "pad": PAD} for j in range(1000)])
         q.ack_many(q.lease(1))
-        if kind == "lease_one":
-            for _ in range(n):
-                q.ack(q.lease_one())
-        elif kind == "lease100":
-            left = n
-            while left > 0:
-                for job in q.lease(min(100, left)):
+        batch = [{"i": i, "pad": PAD} for i in range(1000)]
+
+        def run(n: int) -> None:
+            if kind == "lease_one":
+                for _ in range(n):
+                    q.ack(q.lease_one())
+            elif kind == "lease100":
+                left = n
+                while left > 0:
+                    for job in q.lease(min(100, left)):
+                        q.ack(job)
+                        left -= 1
+            elif kind == "consume":
+                for job in q.consume(count=n):
                     q.ack(job)
-                    left -= 1
-        elif kind == "consume":
-            for job in q.consume(count=n):
-                q.ack(job)
-        elif kind == "enqueue":
-            for i in range(n):
-                q.enqueue({"i": i, "pad": PAD})
-        elif kind == "floor":
-            floor_loop(n)(n)
+            elif kind == "enqueue":
+                for i in range(n):
+                    q.enqueue({"i": i, "pad": PAD})
+            elif kind == "enqueue_many":
+                for _ in range(n // len(batch)):
+                    q.enqueue_many(batch)
+            elif kind == "floor":
+                floor_loop(n)(n)
+
+        run(n)
+        if traced:
+            _bytecodes(kind, run, traced)
         q.close()
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def _bytecodes(kind: str, run: Callable[[int], None], n: int) -> None:
+    """Print the bytecodes per job that ``run(n)`` executes, in all and by function (the
+    interpreter's opcode events, through ``sys.settrace``: exact counts, not samples)."""
+    counts: collections.Counter[tuple[str, str, int]] = collections.Counter()
+
+    def trace(frame: Any, event: str, _arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            code = frame.f_code
+            counts[
+                (code.co_filename.rpartition("/ringq/")[2], code.co_name, code.co_firstlineno)
+            ] += 1
+        return trace
+
+    sys.settrace(trace)
+    try:
+        run(n)
+    finally:
+        sys.settrace(None)
+    print(f"{kind}: {sum(counts.values()) / n:,.1f} bytecodes per job")
+    for (path, name, line), k in counts.most_common(15):
+        print(f"  {k / n:8.1f}  {path}:{line} {name}")
 
 
 def _fanout_consumer(d: str, n: int) -> None:
@@ -170,6 +209,12 @@ def main() -> None:
     args = sys.argv[1:]
     if args[:1] == ["--run"]:
         _loop(args[1], int(args[2]))
+        return
+    if args[:1] == ["--bytecodes"]:
+        for kind in args[1:] or [k for k in LOOPS if k != "fanout"]:
+            if kind not in LOOPS or kind == "fanout":
+                sys.exit(f"unknown loop {kind!r} for --bytecodes: one of {', '.join(LOOPS[:-1])}")
+            _loop(kind, 500, traced=1000)
         return
     if args[:1] == ["--consumer"]:
         _fanout_consumer(args[1], int(args[2]))

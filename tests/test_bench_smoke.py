@@ -73,3 +73,17 @@ def test_unknown_scenario_is_a_usage_error(tmp_path):
     res = _run(tmp_path, "--only", "everything")
     assert res.returncode == 2
     assert "unknown scenario" in res.stderr
+
+
+def test_bytecode_counts_of_the_consume_path_run_and_name_the_functions(tmp_path):
+    # The by-function counts docs/benchmarks.md cites: they come from the script as it is.
+    script = os.path.join(ROOT, "benchmarks", "instructions.py")
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    res = subprocess.run([sys.executable, script, "--bytecodes", "lease_one", "enqueue_many"],
+                         capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "lease_one: " in res.stdout and "enqueue_many: " in res.stdout
+    assert "engine/index.py" in res.stdout and "take" in res.stdout
+    bad = subprocess.run([sys.executable, script, "--bytecodes", "fanout"],
+                         capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path)
+    assert bad.returncode != 0 and "fanout" in bad.stderr

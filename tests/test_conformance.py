@@ -409,6 +409,30 @@ def test_close_is_idempotent_and_use_after_close_raises(queue_factory):
             call()
 
 
+def test_a_lease_outlives_the_queue_object_it_was_taken_through(queue_factory):
+    # Leases belong to the process: closing (or dropping) the object a job was leased through
+    # neither frees the job for others nor charges an attempt, and a new object acks it.
+    import gc
+
+    first = queue_factory()
+    first.enqueue_many(["closed", "collected"])
+    job = first.lease_one(visibility_timeout=60)
+    first.close()
+    second = queue_factory()
+    other = second.lease_one(visibility_timeout=60)
+    assert other is not None and other.payload == "collected" and other.attempts == 1
+    del second
+    gc.collect()
+    third = queue_factory()
+    assert third.lease_one() is None  # both leases still stand
+    third.ack(job)
+    third.extend(other, 30)
+    third.ack(other)
+    stats = third.stats()
+    assert (stats.done, stats.leased, stats.ready) == (2, 0, 0)
+    assert job.attempts == 1 and third.get(job.id).attempts == 1
+
+
 def test_bad_arguments_are_value_errors(q, queue_factory):
     for call in (
         lambda: q.enqueue(1, delay=float("nan")),

@@ -11,11 +11,18 @@ and two containers sharing a volume can both have PID 1 (the PID in the owner wo
 Index reuse: a new process may take the index of a dead one.  It then treats every lease recorded
 under its index that it did not take itself as a dead predecessor's, and reclaims it.  A reclaimer
 of another index holds that index's lock while it reclaims, so no new holder can appear mid-way.
+
+Leases belong to the process, not to a ``Queue`` object: closing a registry whose process still
+holds leases under its index keeps the index locked (its descriptor is kept open here, in
+:data:`RETIRED`), and the next registry of the same owners file in the same process adopts that
+index and its leases.  So a lease taken through a queue object that was closed (or collected) is
+acked through a new one as if nothing happened, and still ends at once when the process dies.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 
 from ringq import errors
 
@@ -23,9 +30,55 @@ from . import forksafe, native
 from ._native import lib
 from .mapped import open_nofollow
 
-__all__ = ["OwnerRegistry", "MAX_OWNERS"]
+__all__ = ["OwnerRegistry", "MAX_OWNERS", "RETIRED"]
 
 MAX_OWNERS = 65535
+
+
+class Retired:
+    """Owner indexes that closed registries of this process left locked because leases were
+    still held under them: file identity (st_dev, st_ino) -> [(descriptor, index, held)]."""
+
+    def __init__(self) -> None:
+        self.mutex = threading.Lock()
+        self.by_file: dict[tuple[int, int], list[tuple[int, int, dict[tuple[int, int], int]]]] = {}
+        forksafe.register(self)
+
+    def keep(self, fd: int, index: int, held: dict[tuple[int, int], int]) -> None:
+        st = os.fstat(fd)
+        with self.mutex:
+            self.by_file.setdefault((st.st_dev, st.st_ino), []).append((fd, index, held))
+
+    def take(self, fd: int) -> tuple[int, int, dict[tuple[int, int], int]] | None:
+        """A retired (descriptor, index, held) of the file ``fd`` is open on, now the caller's."""
+        st = os.fstat(fd)
+        with self.mutex:
+            kept = self.by_file.get((st.st_dev, st.st_ino))
+            if not kept:
+                return None
+            got = kept.pop()
+            if not kept:
+                del self.by_file[(st.st_dev, st.st_ino)]
+            return got
+
+    def count(self) -> int:
+        """How many owner indexes are kept locked for closed registries."""
+        with self.mutex:
+            return sum(len(kept) for kept in self.by_file.values())
+
+    def drop_inherited_locks(self) -> None:
+        """In a forked child: the kept indexes are the parent's (see OwnerRegistry's)."""
+        for kept in self.by_file.values():
+            for fd, _, _ in kept:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.by_file = {}
+        self.mutex = threading.Lock()
+
+
+RETIRED = Retired()
 
 
 class OwnerRegistry:
@@ -72,6 +125,8 @@ class OwnerRegistry:
             return self.index
         if self.pid and self.pid != forksafe.pid():
             self.forget()  # a forked child shares the parent's lock: never use it
+        if self.adopt():
+            return self.index
         fd = self._ensure_fd()
         for idx in range(1, MAX_OWNERS + 1):
             if native.check(
@@ -82,6 +137,23 @@ class OwnerRegistry:
         raise errors.RingqError(
             f"{self.path}: all {MAX_OWNERS} owner slots are held by live processes"
         )
+
+    def adopt(self) -> bool:
+        """Take over an index a closed registry of this process kept for its leases (on this
+        owners file), with those leases; True if one was.  The reader calls it when it opens,
+        so a new queue object acks, extends and reaps the leases of a closed one as its own."""
+        if not RETIRED.by_file or (self.index and self.pid == forksafe.pid()):
+            return False
+        fd = self._ensure_fd()
+        adopted = RETIRED.take(fd)
+        if adopted is None:
+            return False
+        kept_fd, idx, held = adopted
+        os.close(fd)  # holds no lock: try_hold releases before the queue lock is let go
+        self.fd, self.index, self.pid = kept_fd, idx, forksafe.pid()
+        for key, lc in held.items():
+            self.held.setdefault(key, lc)
+        return True
 
     def is_alive(self, idx: int) -> bool:
         """True if some open file description other than ours holds owner index ``idx``."""
@@ -144,8 +216,15 @@ class OwnerRegistry:
         self.pid = 0
 
     def close(self) -> None:
+        """Give the index up, unless leases are still held under it (``held``: the caller drops
+        those that ended): then it stays locked in :data:`RETIRED` for the next registry of this
+        process to adopt, and the kernel drops it when the process exits."""
         if self.fd >= 0:
             if self.index and self.pid == forksafe.pid():
+                if self.held:
+                    RETIRED.keep(self.fd, self.index, self.held)
+                    self.fd, self.index, self.pid, self.held = -1, 0, 0, {}
+                    return
                 lib.ringq_owner_unlock(self.fd, self.index)
             os.close(self.fd)
         self.fd = -1

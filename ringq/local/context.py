@@ -165,6 +165,7 @@ class QueueContext:
             leases = Leases(
                 ring, index, self.owners, relocator, self.refresh, self.settle, self.gate, deps
             )
+            self.owners.adopt()  # before the first reaper pass: a closed object's leases are ours
             parts = self._reader = (index, reaper, relocator, leases, deps)
             d = self.__dict__
             d["index"], d["reaper"], d["relocator"], d["leases"], d["deps"] = parts
@@ -241,6 +242,7 @@ class QueueContext:
             self.idle.wait_for(lambda: not self.users, timeout=10)
         if "_reader" in self.__dict__:
             self.quiet.close()  # before the mappings it watches are closed
+            self.leases.forget_ended()  # what stays in owners.held outlives the close (owner.py)
             self.index.clear()
         self.gate.close()
         self.ring.close()

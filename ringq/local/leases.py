@@ -33,6 +33,7 @@ from ringq.engine.words import (
     np_owner_index,
     np_owner_lease_count,
     np_owner_pid,
+    owner_index,
     owner_pack,
     owner_pid,
     pack,
@@ -412,6 +413,26 @@ class Leases:
             return jobs[0] if jobs else None
         finally:
             self._settled((seg.seq, slot))
+
+    def forget_ended(self) -> None:
+        """Drop from ``owners.held`` the leases that ended meanwhile (acked through another queue
+        object or process, reclaimed, retired with their segment): those left are leases this
+        process still holds, which outlive the closing of this queue object (ringq/engine/owner.py)."""
+        held = self.owners.held
+        mine = self.owners.mine()
+        for key, lc in list(held.items()):
+            view = self.index.views.get(key[0])
+            seg = view.seg if view is not None else None
+            if seg is None or seg.mm is None:
+                del held[key]
+                continue
+            w = seg.load_state(key[1])
+            if (
+                state(w) != ST_LEASED
+                or lease_count(w) != lc
+                or owner_index(seg.load_owner(key[1])) != mine
+            ):
+                del held[key]
 
     def give_back(self, jobs: list[Job]) -> int:
         """Return leases this process took and never handed out (a stream's batch) to READY

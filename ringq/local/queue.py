@@ -310,7 +310,9 @@ class Queue:
         return self.options.to_kwargs()
 
     def close(self) -> None:
-        """Close the queue (idempotent).  Leases held are not released: they expire or are reclaimed."""
+        """Close the queue (idempotent).  Leases taken through it stay held by this process: ack,
+        nack or extend them through any queue object (a new one of this process takes them over
+        as its own); they end at their visibility timeout, or at once when the process dies."""
         with self._ctx.lock:
             if self._ctx.closed:
                 return

@@ -1,0 +1,95 @@
+"""A lease belongs to the process that took it, not to the Queue object it was taken through
+(ringq/engine/owner.py): closing or dropping that object keeps the lease held -- no other process
+leases the job, no attempt is charged -- and a new object of the same process acks it.  The
+process's death still ends it at once, even with a forked child alive.  Real processes, real
+SIGKILL."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import signal
+import time
+
+from procs import spawn
+
+from ringq import JobState, Queue
+from ringq.engine.owner import OwnerRegistry
+
+HOLD = """
+import gc, os, sys, time
+from ringq import Queue
+q = Queue(sys.argv[1])
+a = q.lease_one(visibility_timeout=300)
+q.close()
+q = Queue(sys.argv[1])
+b = q.lease_one(visibility_timeout=300)
+del q
+gc.collect()
+child = os.fork() if sys.argv[2] == "fork" else -1
+if child == 0:
+    time.sleep(300)  # a child that outlives its parent must not keep the parent's leases alive
+    os._exit(0)
+print(a.id, b.id, child, flush=True)
+time.sleep(300)
+"""
+
+
+def _held_by_another_process(tmp_path, fork: bool) -> None:
+    path = tmp_path / "q"
+    with Queue(path) as q:
+        q.enqueue_many(["a", "b", "c"])
+        child = "-1"
+        holder = spawn(HOLD, str(path), "fork" if fork else "-", stdout=-1, text=True)
+        try:
+            *ids, child = holder.stdout.readline().split()
+            assert len(ids) == 2, ids
+            time.sleep(0.3)  # past any reaper's schedule: nothing reclaims a live holder's lease
+            third = q.lease_one()
+            assert third.payload == "c"
+            assert q.lease_one() is None
+            assert [q.get(i).state for i in ids] == [JobState.LEASED] * 2
+            holder.send_signal(signal.SIGKILL)
+            holder.wait()
+            back = [q.lease_one(wait=5) for _ in ids]
+            assert sorted(j.id for j in back) == sorted(ids)
+            assert [j.attempts for j in back] == [2, 2]  # the dead holder's attempt counts
+            for j in (*back, third):
+                q.ack(j)
+        finally:
+            holder.kill()
+            holder.wait()
+            if fork and int(child) > 0:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(child), signal.SIGKILL)
+
+
+def test_leases_of_closed_queue_objects_stay_held_until_the_process_dies(tmp_path):
+    _held_by_another_process(tmp_path, fork=False)
+
+
+def test_a_forked_child_does_not_keep_the_leases_of_closed_queue_objects(tmp_path):
+    _held_by_another_process(tmp_path, fork=True)
+
+
+def test_opening_and_closing_with_a_lease_each_time_keeps_one_owner_index(tmp_path):
+    # Each new object adopts the index the closed one kept (with its leases): a loop that opens a
+    # queue per job never runs out of owner indexes or descriptors.
+    path = tmp_path / "q"
+    with Queue(path) as q:
+        q.enqueue_many(range(50))
+    jobs = []
+    for _ in range(50):
+        q = Queue(path)
+        jobs.append(q.lease_one())
+        q.close()
+    gc.collect()
+    owners = OwnerRegistry(str(path / "default.owners"))
+    assert len(owners.held_by(os.getpid())) == 1
+    with Queue(path) as q:
+        for job in jobs:
+            q.ack(job)
+        assert q.stats().done == 50
+    assert owners.held_by(os.getpid()) == set()  # nothing left to hold: the index is given up
+    owners.close()

@@ -49,6 +49,7 @@ __all__ = [
     "KEYED",
     "IN_META",
     "MAX_KEY_BYTES",
+    "MAX_DEPTH",
     "encode",
     "encode_stored",
     "encode_stored_many",
@@ -70,6 +71,11 @@ KEYED = 5
 # payload (unknown codec) instead of decoding the block as part of it.
 IN_META = 6
 MAX_KEY_BYTES = 128  # a key is a limit's name, and a limit's name has 128 bytes in <name>.limits
+# How deep a payload's lists and dicts may nest.  Decoding recurses (the json module's C parser,
+# the mixed payload's tree), and the interpreter's recursion limit counts the caller's frames too:
+# a payload nested near that limit, accepted where it was enqueued, would fail to decode in a
+# consumer that calls from deeper.  This leaves hundreds of frames to every consumer.
+MAX_DEPTH = 256
 _U16 = struct.Struct("<H")
 
 # Blocks of a mixed payload start at multiples of this many bytes from the payload's start, so a
@@ -198,8 +204,11 @@ def _encode(payload: Any) -> tuple[int, bytes]:
             return NDARRAY, _U32.pack(len(header)) + header + data
     try:
         if _json_once is None:
-            return JSON, _encoder.encode(payload).encode("utf-8")
-        return JSON, "".join(_json_once(payload, 0)).encode("utf-8")
+            text = _encoder.encode(payload).encode("utf-8")
+        else:
+            text = "".join(_json_once(payload, 0)).encode("utf-8")
+        _check_depth(text)
+        return JSON, text
     except _NotJSON:
         return MIXED, _encode_mixed(payload)
     except (TypeError, ValueError, RecursionError) as exc:
@@ -218,6 +227,28 @@ _JSON_LEAVES: frozenset[type] = frozenset({str, int, float, bool, type(None)})
 _STR_KEYS: frozenset[type] = frozenset({str})
 _mixed_leaves: frozenset[type] | None = None
 _first, _second = itemgetter(0), itemgetter(1)
+
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_INNERMOST = re.compile(rb"\[\]|\{\}")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def _check_depth(text: bytes) -> None:
+    """Refuse JSON ``text`` whose lists and dicts nest deeper than MAX_DEPTH.  Costs nothing for
+    text too short to nest that deep or with too few brackets; otherwise the strings are cut out,
+    and each pass over what is left removes the innermost containers (one level a pass)."""
+    if len(text) <= 2 * MAX_DEPTH or text.count(b"[") + text.count(b"{") <= MAX_DEPTH:
+        return
+    left = _JSON_STRING.sub(b"", text).translate(None, _NOT_BRACKETS)
+    for _ in range(MAX_DEPTH):
+        left, removed = _INNERMOST.subn(b"", left)
+        if not left or not removed:
+            return
+    raise SerializationError(
+        f"payload nests lists and dicts more than {MAX_DEPTH} deep, which a consumer could not "
+        "decode"
+    )
 
 
 def _unchanged(obj: Any, leaves: frozenset[type]) -> bool:
@@ -426,7 +457,7 @@ class _Blocks:
 def _encode_mixed(payload: Any) -> bytes:
     blocks = _Blocks()
     try:
-        tree = _to_tree(payload, blocks, "payload", set())
+        tree = _to_tree(payload, blocks, "payload", [])
         text = _tree_encoder.encode(tree).encode("utf-8")
     except SerializationError:
         raise
@@ -439,8 +470,9 @@ def _encode_mixed(payload: Any) -> bytes:
     return b"".join([_U32.pack(len(text)), text, *blocks.parts])
 
 
-def _to_tree(obj: Any, blocks: _Blocks, where: str, stack: set[int]) -> Any:
-    """The JSON tree of ``obj``: arrays, numpy scalars and bytes become tags that point at blocks."""
+def _to_tree(obj: Any, blocks: _Blocks, where: str, stack: list[int]) -> Any:
+    """The JSON tree of ``obj``: arrays, numpy scalars and bytes become tags that point at blocks.
+    ``stack``: the ids of the containers ``obj`` is in (a cycle, and the depth, are refused)."""
     if obj is None or isinstance(obj, (str, int, float)):  # bool is an int; np.float64 a float
         return obj
     if isinstance(obj, (bytes, bytearray, memoryview)):
@@ -465,7 +497,12 @@ def _to_tree(obj: Any, blocks: _Blocks, where: str, stack: set[int]) -> Any:
     if isinstance(obj, (dict, list, tuple)):
         if id(obj) in stack:
             raise SerializationError(f"{where} contains itself (a circular reference)")
-        stack.add(id(obj))
+        if len(stack) >= MAX_DEPTH:
+            raise SerializationError(
+                f"payload nests lists and dicts more than {MAX_DEPTH} deep, which a consumer "
+                "could not decode"
+            )
+        stack.append(id(obj))
         try:
             if isinstance(obj, dict):
                 out = {}
@@ -492,7 +529,7 @@ def _to_tree(obj: Any, blocks: _Blocks, where: str, stack: set[int]) -> Any:
                 return out
             return [_to_tree(v, blocks, f"{where}[{i}]", stack) for i, v in enumerate(obj)]
         finally:
-            stack.discard(id(obj))
+            stack.pop()
     raise SerializationError(
         f"{where} is of type {type(obj).__name__}, which a payload cannot hold "
         "(JSON values, bytes, numpy arrays and numpy scalars only; no pickle)"

@@ -181,6 +181,54 @@ def test_a_cycle_is_a_serialization_error():
         codec.encode(d)
 
 
+def _nested(depth, leaf, kind):
+    for _ in range(depth):
+        leaf = {"k": leaf} if kind == "dict" else [leaf]
+    return leaf
+
+
+def _decode_from_deep_in_the_stack(depth, cid, data):
+    # A consumer decodes from far deeper in the stack than a producer encodes (a Worker's
+    # thread, a framework's handler): each level here is one more frame under the decode.
+    if depth:
+        return _decode_from_deep_in_the_stack(depth - 1, cid, data)
+    return codec.decode(cid, data)
+
+
+LEAVES = {"str": "s", "bytes": b"b", "array": np.arange(3.0), "scalar": np.int8(3)}
+
+
+@pytest.mark.parametrize("kind", ["dict", "list"])
+@pytest.mark.parametrize("leaf", list(LEAVES))
+def test_what_nests_deeper_than_a_consumer_decodes_is_refused_at_encode(kind, leaf):
+    # Dicts about 500 to 985 deep around bytes or an array were accepted and never decoded:
+    # every lease of the job failed, and the record was marked damaged.
+    for depth in (codec.MAX_DEPTH + 1, 495, 985, 5000):
+        with pytest.raises(SerializationError, match=f"more than {codec.MAX_DEPTH} deep"):
+            codec.encode(_nested(depth, LEAVES[leaf], kind))
+    value = _nested(codec.MAX_DEPTH, LEAVES[leaf], kind)
+    cid, data = codec.encode(value)
+    back = _decode_from_deep_in_the_stack(300, cid, data)
+    while isinstance(back, (dict, list)):
+        back, value = (back["k"], value["k"]) if kind == "dict" else (back[0], value[0])
+    assert type(back) is type(value) and np.array_equal(back, value)
+
+
+def test_the_depth_check_reads_brackets_in_strings_as_text():
+    wide = {"s": "[" * 5000 + "{" * 5000, "list": [[1, "]]]}}"]] * 1000}
+    cid, data = codec.encode(wide)
+    assert codec.decode(cid, data) == wide
+
+
+def test_a_batch_with_one_payload_nested_too_deep_stores_nothing(tmp_path):
+    with Queue(tmp_path / "q") as q:
+        with pytest.raises(SerializationError, match="deep"):
+            q.enqueue_many([{"ok": 1}, _nested(600, b"x", "dict")])
+        with pytest.raises(SerializationError, match="deep"):
+            q.enqueue(_nested(985, np.zeros(2), "dict"))
+        assert q.stats().total == 0 and q.lease_one() is None
+
+
 @pytest.mark.parametrize(
     "data",
     [
@@ -277,24 +325,22 @@ def test_a_memmap_is_stored_as_its_values(tmp_path):
 def test_a_job_whose_payload_does_not_decode_still_has_a_repr(tmp_path):
     """A payload nested deeper than the consumer's recursion limit allows does not decode: reading
     it raises SerializationError every time, and the job's repr (a log line) describes it."""
-    nested: list = []
-    inner = nested
-    for _ in range(5000):
-        inner.append([])
-        inner = inner[0]
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(100_000)  # the producer's: its encoder goes that deep
-    try:
-        with Queue(tmp_path) as q:
-            q.enqueue({"deep": nested})
-    finally:
-        sys.setrecursionlimit(limit)
+    with Queue(tmp_path) as q:
+        q.enqueue({"deep": _nested(codec.MAX_DEPTH - 1, b"x", "list")})  # as deep as allowed
+    frames, f = 0, sys._getframe()
+    while f is not None:
+        frames, f = frames + 1, f.f_back
     with Queue(tmp_path) as q:
         job = q.lease_one()
         assert job is not None
-        for _ in range(2):
-            with pytest.raises(SerializationError):
-                job.payload  # noqa: B018
-        text = repr(job)
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(frames + 120)  # a consumer that allows less than the producer's
+        try:
+            for _ in range(2):
+                with pytest.raises(SerializationError):
+                    job.payload  # noqa: B018
+            text = repr(job)
+        finally:
+            sys.setrecursionlimit(limit)
         assert text.startswith(f"Job(id={job.id!r}, payload=<undecodable: ") and "lease_token='1'" in text
         q.ack(job)

@@ -17,6 +17,7 @@ import textwrap
 import pytest
 from crashkit import NAME, SLOTS, drain, geometry, open_queue, verify
 
+from ringq import Queue
 from ringq.errors import QueueFullError
 
 
@@ -52,6 +53,10 @@ def test_full_tmpfs_rotation_fails_cleanly_and_recovers(small_tmpfs):
         assert f"{seg_bytes} bytes" in msg and path in msg, msg
         assert info.value.errno == 28
         assert not [f for f in os.listdir(path) if f.endswith(".tmp")]  # nothing half-made left
+        names = os.listdir(path)
+        assert {f[: -len(".state")] for f in names if f.endswith(".state")} == {
+            f[: -len(".seg")] for f in names if f.endswith(".seg")
+        }  # no state file of a segment whose record file could not be made
         with pytest.raises(QueueFullError):
             q.enqueue_many(["a", "b", "c", "d", "e", "f", "g", "h", "i"])  # a batch: all or nothing
         # Every job whose enqueue returned is intact, in another process's view too.
@@ -142,6 +147,20 @@ RLIMIT_CHILD = textwrap.dedent("""
     q.enqueue(8)
     print("payloads:", sorted(j.payload for j in q.lease(20)))
 """)
+
+
+def test_a_geometry_no_disk_holds_leaves_no_queue_behind(tmp_path):
+    # A first segment of 16 TiB cannot be allocated: the open fails with QueueFullError, and
+    # leaves no control file with that geometry (every later open would try it again) and no
+    # state file of the segment.
+    path = tmp_path / "q"
+    with pytest.raises(QueueFullError, match="17592184999936 bytes"):
+        Queue(path, slot_size=2**20, slot_count=2**24 - 1)
+    assert [f for f in os.listdir(path) if not f.endswith(".lock")] == []
+    with Queue(path) as q:
+        q.enqueue("fits")
+        assert q.lease_one().payload == "fits"
+        assert not verify(q).damaged
 
 
 def test_rlimit_fsize_gives_queue_full_not_a_signal(tmp_path):

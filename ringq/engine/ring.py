@@ -216,33 +216,48 @@ class Ring:
         forksafe.register(self)
         try:
             with self.lock:
-                self.ctl = recovery.open_control(
-                    self.segs, slot_size, slot_count, mode, self.report
-                )
-                self.opened = True
-                st = os.fstat(self.ctl.fd)
-                # What this queue is, as its control file (device, inode and the random number
-                # written at its creation): a job snapshot records it, so that a snapshot of
-                # another queue's job -- also of a queue deleted and created again at this path --
-                # is never taken for one of this queue's records.
-                mix = self.ctl.instance() * 0x9E3779B97F4A7C15
-                self.identity = self.segs.origin = (
-                    (st.st_dev << 40) ^ st.st_ino ^ mix
-                ) & 0x7FFFFFFFFFFFFFFF or 1
-                self.lock.ctl = self.segs.ctl = self.ctl
-                for item in recovery.recover_segments(self.segs, mode, self.report):
-                    # Copies first, then the rename: a crash in between salvages again at the next
-                    # open (a job twice, as at-least-once allows), never loses one.
-                    if item.records:
-                        self.append(item.records)
-                    what = f"{len(item.records)} intact jobs salvaged to the tail (ids, attempts, priority, times kept)"
-                    if item.lost:
-                        what += f"; {item.lost} records failed their CRC and are lost"
-                    recovery.quarantine(item.path, f"{item.reason}; {what}", self.report)
-                    self.report.repairs.append((item.path, what))
+                ctl_path = os.path.join(self.dir, f"{name}.ctl")
+                creating = not os.path.lexists(ctl_path) and not self.segs.listed_seqs()
+                try:
+                    self._open(slot_size, slot_count, mode)
+                except BaseException:
+                    if creating and not self.segs.listed_seqs():
+                        # A queue this call was creating, and whose first segment could not be
+                        # made (no room for its geometry): leave no control file behind, which
+                        # would make every later open try that geometry again.
+                        try:
+                            os.unlink(ctl_path)
+                        except OSError:
+                            pass
+                    raise
         except BaseException:
             self.close()
             raise
+
+    def _open(self, slot_size: int, slot_count: int, mode: int) -> None:
+        """Open (or create) the control file and recover the segments; under the writer lock."""
+        self.ctl = recovery.open_control(self.segs, slot_size, slot_count, mode, self.report)
+        self.opened = True
+        st = os.fstat(self.ctl.fd)
+        # What this queue is, as its control file (device, inode and the random number
+        # written at its creation): a job snapshot records it, so that a snapshot of
+        # another queue's job -- also of a queue deleted and created again at this path --
+        # is never taken for one of this queue's records.
+        mix = self.ctl.instance() * 0x9E3779B97F4A7C15
+        self.identity = self.segs.origin = (
+            (st.st_dev << 40) ^ st.st_ino ^ mix
+        ) & 0x7FFFFFFFFFFFFFFF or 1
+        self.lock.ctl = self.segs.ctl = self.ctl
+        for item in recovery.recover_segments(self.segs, mode, self.report):
+            # Copies first, then the rename: a crash in between salvages again at the next
+            # open (a job twice, as at-least-once allows), never loses one.
+            if item.records:
+                self.append(item.records)
+            what = f"{len(item.records)} intact jobs salvaged to the tail (ids, attempts, priority, times kept)"
+            if item.lost:
+                what += f"; {item.lost} records failed their CRC and are lost"
+            recovery.quarantine(item.path, f"{item.reason}; {what}", self.report)
+            self.report.repairs.append((item.path, what))
 
     def drop_inherited_locks(self) -> None:
         """In a forked child (ringq/engine/forksafe.py): replace the map lock, which a parent thread (the

@@ -274,18 +274,26 @@ class Segment(Mapped):
         epoch = int(time.time() * 1000) if epoch_ms is None else epoch_ms
         _state_off, data_off, _size = seg_layout(slot_size, slot_count)
         final = os.path.join(dirpath, segment_name(name, seq))
+        state_path = os.path.join(dirpath, state_name(name, seq))
         write_file(
-            os.path.join(dirpath, state_name(name, seq)),
+            state_path,
             data_off,
             static_header(STATE_MAGIC, seq, slot_size, slot_count, epoch),
             mode,
         )
-        write_file(
-            final,
-            rec_file_size(slot_size, slot_count),
-            static_header(SEG_MAGIC, seq, slot_size, slot_count, epoch),
-            mode,
-        )
+        try:
+            write_file(
+                final,
+                rec_file_size(slot_size, slot_count),
+                static_header(SEG_MAGIC, seq, slot_size, slot_count, epoch),
+                mode,
+            )
+        except BaseException:
+            try:
+                os.unlink(state_path)  # no record file: nothing refers to it yet
+            except OSError:
+                pass
+            raise
         fsync_dir(dirpath)
         return final
 

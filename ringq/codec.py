@@ -433,8 +433,46 @@ def _check_array(obj: np.ndarray, where: str) -> None:
 
 
 def _spec(dt: np.dtype) -> Any:
-    # A structured dtype keeps its field names (and offsets) through numpy's descr list.
-    return dt.descr if dt.fields is not None else dt.str
+    """A dtype as JSON: its string for a plain dtype; numpy's ``descr`` list for a structured
+    dtype whose fields are packed (that list gives it back exactly); otherwise -- padding
+    between or after the fields, an aligned struct, overlapping fields -- the names, formats,
+    offsets and item size as ``np.dtype`` takes them in a dict (a ``descr`` list would come back
+    with its padding as extra fields)."""
+    if dt.fields is None:
+        return dt.str
+    import numpy as np
+
+    try:
+        descr = dt.descr
+    except ValueError:  # overlapping or out-of-order fields have none
+        descr = None
+    if (
+        descr is not None
+        and not dt.isalignedstruct
+        and all(f[0] for f in descr)
+        and np.dtype(descr) == dt
+    ):
+        return descr
+    names = list(dt.names or ())
+    formats, titles = [], []
+    for name in names:
+        fdt, _off, *title = dt.fields[name]
+        titles.append(title[0] if title else None)
+        if fdt.subdtype is not None:
+            base, shape = fdt.subdtype
+            formats.append({"base": _spec(base), "shape": list(shape)})
+        else:
+            formats.append(_spec(fdt))
+    spec = {
+        "names": names,
+        "formats": formats,
+        "offsets": [dt.fields[name][1] for name in names],
+        "itemsize": dt.itemsize,
+        "aligned": dt.isalignedstruct,
+    }
+    if any(t is not None for t in titles):
+        spec["titles"] = titles
+    return spec
 
 
 class _Blocks:
@@ -622,6 +660,20 @@ def _descr(spec: Any) -> Any:
     """A JSON-decoded dtype spec back to what ``np.dtype`` takes (lists of fields become tuples)."""
     if isinstance(spec, str):
         return spec
+    if isinstance(spec, dict):  # a structured dtype with padding (see _spec)
+        fields = {k: spec[k] for k in ("names", "formats", "offsets", "itemsize")}
+        if not all(isinstance(v, list) for k, v in fields.items() if k != "itemsize"):
+            raise ValueError(f"bad dtype spec {spec!r}")
+        fields["formats"] = [
+            (_descr(f["base"]), tuple(f["shape"]))
+            if isinstance(f, dict) and "base" in f
+            else _descr(f)
+            for f in fields["formats"]
+        ]
+        if "titles" in spec:
+            fields["titles"] = spec["titles"]
+        fields["aligned"] = spec.get("aligned") is True
+        return fields
     if not isinstance(spec, list):
         raise ValueError(f"bad dtype spec {spec!r}")
     out = []

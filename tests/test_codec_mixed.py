@@ -181,6 +181,57 @@ def test_a_cycle_is_a_serialization_error():
         codec.encode(d)
 
 
+PADDED = {
+    "aligned": np.dtype([("a", "u1"), ("b", "<f8")], align=True),
+    "padded at the end": np.dtype(
+        {"names": ["a", "b"], "formats": ["u1", "<f8"], "offsets": [0, 8], "itemsize": 24}
+    ),
+    "overlapping": np.dtype({"names": ["a", "b"], "formats": ["<i4", "<i2"], "offsets": [0, 0]}),
+    "titles and a subarray": np.dtype([(("title", "a"), "u1"), ("b", "<f8", (2,))]),
+    "nested aligned": np.dtype(
+        [
+            ("a", "u1"),
+            ("n", np.dtype([("x", "u1"), ("y", "<f4")], align=True)),
+            ("s", np.dtype([("p", "u1"), ("q", ">i8")], align=True), (2,)),
+        ],
+        align=True,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(PADDED))
+def test_structured_dtypes_with_padding_come_back_exactly(tmp_path, name):
+    # An aligned struct came back with its padding as extra fields ("f1" of dtype V7), and a
+    # dtype of overlapping fields was refused with a bare ValueError.
+    dt = PADDED[name]
+    arr = np.zeros(3, dt)
+    arr.view(np.uint8)[:] = np.arange(arr.nbytes) % 251
+    with Queue(tmp_path / "q") as q:
+        q.enqueue(arr)
+        q.enqueue({"rows": arr, "row": arr[1]})
+        alone, mixed = q.lease_one().payload, q.lease_one().payload
+    for back, want in ((alone, arr), (mixed["rows"], arr), (mixed["row"], arr[1])):
+        assert back.dtype == dt and back.dtype.names == dt.names
+        assert back.dtype.itemsize == dt.itemsize
+        assert back.dtype.isalignedstruct == dt.isalignedstruct
+        assert back.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        b'{"dtype":{"names":["a"],"formats":["u1"],"offsets":[0]},"shape":[1]}',
+        b'{"dtype":{"names":"a","formats":["u1"],"offsets":[0],"itemsize":1},"shape":[1]}',
+        b'{"dtype":{"names":["a"],"formats":[{"base":"u1"}],"offsets":[0],"itemsize":1},"shape":[1]}',
+        b'{"dtype":{"names":["a"],"formats":["u1"],"offsets":[0],"itemsize":99},"shape":[1]}',
+    ],
+)
+def test_damaged_dtype_specs_are_serialization_errors(header):
+    data = len(header).to_bytes(4, "little") + header + b"\0"
+    with pytest.raises(SerializationError):
+        codec.decode(codec.NDARRAY, data)
+
+
 def _nested(depth, leaf, kind):
     for _ in range(depth):
         leaf = {"k": leaf} if kind == "dict" else [leaf]

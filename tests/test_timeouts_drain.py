@@ -11,6 +11,7 @@ ignores them.  Timings are short (timeouts and grace of a fraction of a second).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -82,7 +83,8 @@ def test_the_jobs_own_timeout_wins_and_the_error_says_so(make_queue):
     assert w.stats.failed == 1 and w.stats.dead == 1
 
 
-def test_processes_timeout_kills_and_replaces_the_child(make_queue):
+def test_processes_timeout_kills_and_replaces_the_child(make_queue, caplog):
+    caplog.set_level(logging.WARNING, logger="ringq.worker")
     q = make_queue()
     hang = q.enqueue({"n": "hang"}, timeout=0.5, max_attempts=1)
     slow = q.enqueue({"n": "slow"}, max_attempts=3)
@@ -113,6 +115,10 @@ def test_processes_timeout_kills_and_replaces_the_child(make_queue):
     assert pids["hang"] == {first} and len(pids["slow"]) == 2
     assert w.pool is not None and w.pool.timeouts == 1 and w.restarts == 0
     assert w.stats.failed >= 1 and w.stats.dead == 1
+    # The lines a failure logs in threads mode, nobroker's dead-letter line among them.
+    said = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert (logging.WARNING, f"job {hang.id} failed (attempt 1 of 1): timeout after 0.5 s") in said
+    assert (logging.ERROR, f"job {hang.id} exhausted 1 attempts and moved to the DLQ") in said
 
 
 def test_worker_timeout_and_grace_are_validated(make_queue):

@@ -42,6 +42,25 @@ def timeout_error(seconds: float) -> str:
     return f"timeout after {seconds:g} s"
 
 
+def log_failure(
+    job_id: str, attempts: int, after: Job, text: str, exc: BaseException | None = None
+) -> None:
+    """The lines a failed attempt logs: ``job ID failed (attempt N of M): error`` (a warning; the
+    traceback of ``exc`` at debug level), and nobroker's ``job ID exhausted M attempts and moved
+    to the DLQ`` (an error) when the nack dead-lettered it (``after``: the job as the nack left
+    it) -- a program that watches for that line keeps working."""
+    log.warning(
+        "job %s failed (attempt %d of %d): %s",
+        job_id,
+        attempts,
+        after.max_attempts,
+        text,
+        exc_info=exc if exc is not None and log.isEnabledFor(logging.DEBUG) else None,
+    )
+    if after.state is JobState.DEAD:
+        log.error("job %s exhausted %d attempts and moved to the DLQ", job_id, after.max_attempts)
+
+
 @dataclass
 class WorkerStats:
     """What a worker did (nobroker's fields).
@@ -294,7 +313,7 @@ class ProcessPool:
                 continue
             if (e.job_id, e.token) in timed:
                 count(slot, failed=1, **({"dead": 1} if out.state is JobState.DEAD else {}))
-                log.warning("job %s failed (attempt %d): %s", e.job_id, e.attempts, why)
+                log_failure(e.job_id, e.attempts, out, why)
             else:
                 if out.state is JobState.DEAD:  # handed back on its last attempt
                     count(slot, dead=1)

@@ -30,7 +30,7 @@ from ringq.job import Job, JobState
 
 from .board import Board
 from .cancelled import CancelEvent
-from .processes import ProcessPool, WorkerStats, timeout_error
+from .processes import ProcessPool, WorkerStats, log_failure, timeout_error
 
 __all__ = ["Worker", "WorkerStats"]
 
@@ -631,20 +631,9 @@ class Worker:
         if result is not None:
             # The traceback is for whoever asked for debug output (`ringq work -v`); the one-line
             # warning is always there.
-            log.warning(
-                "job %s failed (attempt %d of %d): %s",
-                job.id,
-                job.attempts,
-                job.max_attempts,
-                text,
-                exc_info=exc if exc is not None and log.isEnabledFor(logging.DEBUG) else None,
-            )
+            log_failure(job.id, job.attempts, result, text, exc)
             if result.state is JobState.DEAD:
                 self.stats.one("dead")
-                # nobroker's Worker logs this line too; a program that watches for it keeps working.
-                log.error(
-                    "job %s exhausted %d attempts and moved to the DLQ", job.id, result.max_attempts
-                )
 
     def _heartbeat_loop(self) -> None:
         # Beats until every handler thread has returned, so that handlers still running after

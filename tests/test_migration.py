@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -64,6 +65,42 @@ def test_opening_a_nobroker_directory_is_refused_in_one_line(tmp_path):
         Queue(d, "other")
     assert cli("-d", d, "-q", "other", "enqueue", "x").returncode == 1
     assert not any(f.endswith(".ctl") for f in os.listdir(d))  # nothing created for either name
+
+
+# What each command that takes a queue needs besides the queue; the commands that do not open
+# one (import-nobroker reads it on purpose) are left out.
+COMMAND_ARGS = {
+    "enqueue": ["x"], "lease": [], "ack": ["abc"], "nack": ["abc"], "stats": [], "get": ["abc"],
+    "cancel": ["abc"], "pause": [], "resume": [], "list": [], "dlq": [], "purge": ["--yes"],
+    "inspect": [], "verify": [], "upgrade": ["{d}"], "compact": [], "recover": [],
+    "work": ["json:dumps", "--idle-timeout", "1"], "metrics": ["--port", "0"],
+    "dashboard": ["--port", "0"], "top": ["--once"], "migrate": ["{d}", "{d}2"],
+    "schedule": ["list"],
+}
+NOT_A_QUEUE = {"import-nobroker", "demo", "bench"}
+
+
+SERVES = {"work", "metrics", "dashboard", "top"}  # run in a child: if one did not refuse, it would serve
+
+
+def test_every_command_refuses_a_nobroker_directory_and_creates_nothing(tmp_path, capsys):
+    d = str(tmp_path / "jobs")
+    nobroker_queue(d)
+    before = sorted(os.listdir(d))
+    assert main(["no-such-command"]) == 2
+    listed = re.search(r"choose from (.*?)\)", capsys.readouterr().err).group(1)
+    commands = set(re.findall(r"'([a-z-]+)'", listed))
+    assert commands - NOT_A_QUEUE == set(COMMAND_ARGS)  # a new command gets an entry here
+    for name, extra in COMMAND_ARGS.items():
+        argv = ["-d", d, name, *(a.format(d=d) for a in extra)]
+        if name in SERVES:
+            proc = cli(*argv)
+            rc, err = proc.returncode, proc.stderr
+        else:
+            rc, err = main(argv), capsys.readouterr().err
+        assert rc == 1, (name, err)
+        assert "ringq import-nobroker" in err and err.count("\n") == 1, name
+    assert sorted(os.listdir(d)) == before and not os.path.exists(d + "2")
 
 
 def test_after_an_import_in_place_python_aio_and_the_cli_all_open_the_directory(tmp_path):

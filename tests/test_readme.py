@@ -19,3 +19,14 @@ def test_readme_example_runs_verbatim(tmp_path):
                               text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         assert "ada@example.com" in proc.stdout
+
+
+def test_readme_names_every_command_of_the_cli(capsys):
+    from ringq.cli import main
+
+    assert main(["no-such-command"]) == 2
+    listed = re.search(r"choose from (.*?)\)", capsys.readouterr().err).group(1)
+    commands = re.findall(r"'([a-z-]+)'", listed)
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    line = re.search(r"`docs/cli.md`: the `ringq` command line \((.*?)\)\.", readme, re.S).group(1)
+    assert re.findall(r"`([a-z-]+)`", line) == commands

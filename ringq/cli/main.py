@@ -548,6 +548,7 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
 
     if not os.path.isdir(args.target):
         raise UserError(f"{args.target}: no such directory")
+    _refuse_foreign(args.target)  # not "nothing to upgrade": its jobs come over by import-nobroker
     name = args.upgrade_queue
     if name is not None and not os.path.exists(os.path.join(args.target, f"{name}.ctl")):
         raise UserError(

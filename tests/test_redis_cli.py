@@ -105,6 +105,26 @@ def test_migrate_local_to_redis_and_back_keeps_jobs_and_reruns_add_nothing(redis
     )
 
 
+def test_a_payload_larger_than_a_segment_migrates_only_into_a_queue_made_to_hold_it(
+    redis_url, tmp_path
+):
+    # Redis stores a 5 MB payload; a directory of the default geometry holds records of 4 MiB.
+    url = redis_url.rsplit("/", 1)[0] + "/4"
+    src = ringq.connect(url)
+    src.purge()
+    src.enqueue_many(["small", b"x" * 5_000_000, "after"])
+    err = cli("migrate", url, str(tmp_path / "dst"), "--purge-source", rc=1).stderr
+    assert "record of 5000097 bytes" in err and "4194304 bytes" in err and len(err.splitlines()) == 1
+    with ringq.Queue(tmp_path / "dst") as dst:
+        assert dst.stats().total == 0  # all or nothing
+    assert src.stats().ready == 3  # nothing purged
+    ringq.Queue(tmp_path / "big", slot_size=1024, slot_count=8192).close()  # 8 MiB segments
+    assert json.loads(cli("--json", "migrate", url, str(tmp_path / "big")).stdout)["copied"] == 3
+    with ringq.Queue(tmp_path / "big") as dst:
+        assert sorted(len(j.payload) for j in dst.lease(3)) == [5, 5, 5_000_000]
+    src.purge()
+
+
 def test_migrate_refuses_a_missing_source_in_one_line(tmp_path):
     err = cli("migrate", str(tmp_path / "nope"), str(tmp_path / "dst"), rc=2).stderr
     assert "no queue directory" in err and len(err.splitlines()) == 1

@@ -70,6 +70,7 @@ __all__ = [
     "check_delay",
     "check_retry_delay",
     "check_lease_args",
+    "MIN_LEASE",
     "check_visibility_timeout",
     "check_extension",
     "check_limit",
@@ -211,17 +212,18 @@ def expiry_ms(expires_in: float | None, expires_at: float | None) -> int | None:
 
 
 def _number(x: object) -> bool:
-    """A real number of seconds (not a bool, not NaN)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x
+    """A real number (an int, a float, a numpy number, a Fraction; not a bool, not NaN)."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and x == x
 
 
 def check_priority(priority: object) -> int:
-    """``priority`` if it is a signed 32-bit int (not a bool); ValueError otherwise."""
-    if (
-        not isinstance(priority, int)
-        or isinstance(priority, bool)
-        or not -PRIORITY_LIMIT <= priority < PRIORITY_LIMIT
-    ):
+    """``priority`` as an int if it is a signed 32-bit integer (an int or a numpy integer, not a
+    bool); ValueError otherwise."""
+    if priority.__class__ is not int:
+        if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
+            raise ValueError(f"priority must be a 32-bit signed int, got {priority!r}")
+        priority = int(priority)
+    if not -PRIORITY_LIMIT <= priority < PRIORITY_LIMIT:
         raise ValueError(f"priority must be a 32-bit signed int, got {priority!r}")
     return priority
 
@@ -243,14 +245,17 @@ def check_retry_delay(delay: object) -> float | None:
 
 
 def check_lease_args(
-    count: object, wait: object, visibility_timeout: object
+    count: object, wait: object, visibility_timeout: object, detach: object = False
 ) -> tuple[int, float | None, float]:
     """``(count, wait, visibility_timeout)`` of a lease call, checked before anything is leased.
 
     Raises ValueError: count not an int >= 1 (a bool is refused), wait not as
-    :func:`check_wait` takes it, visibility timeout not in (0, MAX_DELAY] seconds."""
+    :func:`check_wait` takes it, visibility timeout not as :func:`check_visibility_timeout`
+    takes it, detach not a bool."""
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         raise ValueError(f"count must be an int >= 1, got {count!r}")
+    if detach is not True and detach is not False:
+        raise ValueError(f"detach must be True or False, got {detach!r}")
     wait = check_wait(wait)
     vt = check_visibility_timeout(visibility_timeout)
     return count, wait, vt
@@ -267,17 +272,27 @@ def check_wait(wait: object) -> float | None:
     return float(wait)  # type: ignore[arg-type]
 
 
+MIN_LEASE = 0.001  # seconds: lease deadlines are kept in milliseconds
+
+
 def check_visibility_timeout(vt: object) -> float:
-    """A visibility timeout (or an extension) in seconds: ValueError unless in (0, MAX_DELAY]."""
-    if not _number(vt) or not 0 < vt <= MAX_DELAY:  # type: ignore[operator]
-        raise ValueError(f"visibility_timeout must be > 0 seconds, got {vt!r}")
+    """A visibility timeout in seconds: ValueError unless from MIN_LEASE (1 ms, the resolution
+    of a lease deadline: a shorter one would have run out when it was taken) to MAX_DELAY."""
+    if not _number(vt) or not MIN_LEASE <= vt <= MAX_DELAY:  # type: ignore[operator]
+        raise ValueError(
+            f"visibility_timeout must be a number of seconds from {MIN_LEASE:g} to {MAX_DELAY:.0f} "
+            f"(about 33 years), got {vt!r}"
+        )
     return float(vt)  # type: ignore[arg-type]
 
 
 def check_extension(seconds: object) -> float:
-    """An extend's seconds: ValueError unless in (0, MAX_DELAY]."""
-    if not _number(seconds) or not 0 < seconds <= MAX_DELAY:  # type: ignore[operator]
-        raise ValueError(f"seconds must be > 0 (and finite), got {seconds!r}")
+    """An extend's seconds: ValueError unless from MIN_LEASE to MAX_DELAY."""
+    if not _number(seconds) or not MIN_LEASE <= seconds <= MAX_DELAY:  # type: ignore[operator]
+        raise ValueError(
+            f"seconds must be a number from {MIN_LEASE:g} to {MAX_DELAY:.0f} (about 33 years), "
+            f"got {seconds!r}"
+        )
     return float(seconds)  # type: ignore[arg-type]
 
 
@@ -564,8 +579,9 @@ class QueueStats:
     ``enqueued_total``, ``acked_total`` and ``dead_lettered_total`` never fall: jobs enqueued
     (requeues and relocation copies not counted), acks, and moves to the dead-letter queue, since
     the queue was created, by all processes.  The local queue keeps them in its control file and
-    bumps them right after the state change they count: a process killed between the two leaves
-    a counter one short (never over); a power loss may lose the increments since the control page
+    bumps them right after the state changes they count (a batch's by its size, after the
+    batch): a process killed between the two leaves a counter short by what it was changing --
+    one ack, or a whole batch of enqueues or acks -- never over; a power loss may lose the increments since the control page
     was last synced (at each segment rotation); a control file rebuilt from the segments restarts
     them at 0.
     """

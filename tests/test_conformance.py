@@ -443,11 +443,39 @@ def test_bad_arguments_are_value_errors(q, queue_factory):
         lambda: q.enqueue(1, job_id=""),
         lambda: q.extend("x", 0),
         lambda: q.lease(visibility_timeout=0),
+        lambda: q.enqueue(1, priority=np.int64(2**40)),
+        lambda: q.enqueue(1, priority=np.bool_(True)),
     ):
         with pytest.raises(ValueError):
             call()
     with pytest.raises(ValueError):
         queue_factory(name="bad/name")
+
+
+def test_a_lease_shorter_than_a_millisecond_or_longer_than_33_years_is_refused_alike(q):
+    # A lease deadline is kept in milliseconds: 0.1 ms ran out when it was taken.
+    q.enqueue("x")
+    for vt in (0.0001, 1e10, math.inf):
+        with pytest.raises(ValueError, match="from 0.001 to .*about 33 years"):
+            q.lease(visibility_timeout=vt)
+        with pytest.raises(ValueError, match="from 0.001 to"):
+            q.lease_one(visibility_timeout=vt)
+    job = q.lease_one(visibility_timeout=0.001)
+    with pytest.raises(ValueError, match="from 0.001 to"):
+        q.extend(job, 0.0001)
+    with pytest.raises(ValueError, match="detach must be True or False"):
+        q.lease(detach="yes")
+
+
+def test_numpy_numbers_are_taken_where_numbers_are(q):
+    job = q.enqueue("x", priority=np.int64(3), delay=np.float32(0))
+    assert job.priority == 3 and type(job.priority) is int
+    [job2] = q.enqueue_many(["y"], priority=np.int32(-2), delay=np.int64(0))
+    assert job2.priority == -2 and type(job2.priority) is int
+    got = q.lease_one(visibility_timeout=np.int64(30), wait=np.float64(0))
+    assert got.id == job.id and got.priority == 3
+    q.extend(got, np.int16(60))
+    q.ack(got)
 
 
 @pytest.mark.parametrize(
@@ -1024,3 +1052,9 @@ def test_reads_show_an_expired_lease_as_reclaimed_before_any_lease_call(queue_fa
     st = q.stats()
     assert (st.dead, st.ready, st.leased, st.cancelled) == (1, 1, 0, 1), st
     assert q.get("spent").attempts == 1
+
+
+def test_a_nack_error_that_is_not_text_is_kept_as_its_str(q):
+    q.enqueue_many([1, 2])
+    assert q.nack(q.lease_one(), error=ValueError("boom"), delay=60).last_error == "boom"
+    assert q.nack(q.lease_one(), error=123, delay=60).last_error == "123"

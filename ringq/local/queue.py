@@ -612,6 +612,7 @@ class Queue:
             count.__class__ is int
             and count >= 1
             and visibility_timeout is None
+            and (detach is False or detach is True)
             and (
                 wait is None
                 or wait.__class__ is int
@@ -624,6 +625,7 @@ class Queue:
                 count,
                 wait,
                 self.visibility_timeout if visibility_timeout is None else visibility_timeout,
+                detach,
             )
         deadline = None if not wait else time.monotonic() + wait
         got: list[Job] = []
@@ -918,7 +920,8 @@ class Queue:
 
         Args:
             job: the leased job (token checked) or its id.
-            error: text kept as the job's ``last_error``.
+            error: text kept as the job's ``last_error`` (any other object is kept as ``str(error)``:
+                an exception as its message).
             delay: seconds before the retry, instead of the backoff policy's.
 
         Returns:

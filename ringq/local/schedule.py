@@ -581,7 +581,7 @@ class Scheduler:
             every_ms = max(1, int(round(every * 1000)))
         else:
             check_cron(cron, tz)
-        check_priority(priority)
+        priority = check_priority(priority)
         if max_attempts is not None:
             check_attempts(max_attempts)
         kind, data = codec.encode(payload)

@@ -380,7 +380,7 @@ class RedisQueue:
         if job_ids is not None:
             for jid in ids:
                 check_caller_id(jid, allow_auto_form=not self.auto_ids)  # ringq/ids.py
-        check_priority(priority)
+        priority = check_priority(priority)
         delay = check_delay(delay)
         attempts = self.max_attempts if max_attempts is None else max_attempts
         check_attempts(attempts)
@@ -440,6 +440,7 @@ class RedisQueue:
             count,
             wait,
             self.visibility_timeout if visibility_timeout is None else visibility_timeout,
+            detach,
         )
         deadline = None if not wait else time.monotonic() + wait
         got: list[Job] = []

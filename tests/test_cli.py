@@ -331,8 +331,8 @@ def test_inspect_shows_segments_and_slots(tmp_path):
 
 def test_inspect_limit_0_shows_every_record_and_n_shows_n(tmp_path):
     q = tmp_path / "q"
-    for i in range(25):  # more than the default 20
-        ringq(q, "enqueue", f'{{"n": {i}}}')
+    # More than the default 20, one per stdin line.
+    ringq(q, "enqueue", "-", stdin="".join(f'{{"n": {i}}}\n' for i in range(25)))
     count = lambda *extra: len(as_json(q, "inspect", *extra)["segments"][0]["records"])  # noqa: E731
     assert (count(), count("--limit", "0"), count("--limit", "2")) == (20, 25, 2)
     text = ringq(q, "inspect", "--limit", "0").stdout

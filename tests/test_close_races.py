@@ -117,5 +117,5 @@ def test_an_enqueue_that_a_close_overtakes_returns_its_jobs_or_writes_none(tmp_p
     after an append runs outside the lock: a close in between waits for it, rather than making the
     call raise with its jobs written (a retry would store them twice)."""
     for durability in ("none", "group", "interval", "msync"):
-        out = run_py(COUNTED, str(tmp_path / durability), durability, "40", timeout=120)
+        out = run_py(COUNTED, str(tmp_path / durability), durability, "14", timeout=120)
         assert out.returncode == 0 and out.stdout.strip() == "ok", (durability, out.stderr[-3000:])

@@ -12,7 +12,7 @@ import os
 import signal
 import time
 
-from procs import spawn
+from procs import run_py, spawn
 
 from ringq import JobState, Queue
 from ringq.engine.owner import OwnerRegistry
@@ -93,3 +93,30 @@ def test_opening_and_closing_with_a_lease_each_time_keeps_one_owner_index(tmp_pa
         assert q.stats().done == 50
     assert owners.held_by(os.getpid()) == set()  # nothing left to hold: the index is given up
     owners.close()
+
+
+def test_a_concurrency_slot_stays_taken_while_the_lease_of_a_closed_queue_object_stands(tmp_path):
+    # A cap of 1: the job leased through a closed object still runs, so nobody (another process,
+    # another object of this one) leases the key's next job until it is acked.
+    path = tmp_path / "q"
+    with Queue(path) as q:
+        q.limit("k", concurrency=1)
+        q.enqueue_many(["first", "second"], key="k")
+        job = q.lease_one()
+    other = run_py(LEASE_ONE, str(path))
+    assert other.returncode == 0 and other.stdout.strip() == "None", other.stderr
+    with Queue(path) as q:
+        assert q.lease_one() is None
+        assert [(lim.name, lim.running) for lim in q.limits()] == [("k", 1)]
+        q.ack(job)
+        assert [(lim.name, lim.running) for lim in q.limits()] == [("k", 0)]
+    other = run_py(LEASE_ONE, str(path))
+    assert other.stdout.strip() == "second", other.stderr
+
+
+LEASE_ONE = """
+import sys
+from ringq import Queue
+job = Queue(sys.argv[1]).lease_one()
+print(job and job.payload)
+"""

@@ -242,6 +242,20 @@ class LimitsFile:
             self._pid = os.getpid()
         return self._lockfd
 
+    def give_lock_fd(self) -> int:
+        """Hand over this process's lock descriptor, with the cap-slot locks it carries (-1 if
+        none is open): this object forgets it and never closes it."""
+        fd = self._lockfd if self._pid == os.getpid() else -1
+        self._lockfd = -1
+        return fd
+
+    def take_lock_fd(self, fd: int) -> None:
+        """Use ``fd`` (another object's, on the same file: :meth:`give_lock_fd`) as this one's
+        lock descriptor.  Only while this object holds no cap slot: its own is closed."""
+        if self._lockfd >= 0 and self._pid == os.getpid():
+            os.close(self._lockfd)
+        self._lockfd, self._pid = fd, os.getpid()
+
     def mapped(self, create_missing: bool = False) -> Mapped | None:
         """The file's map (created first if ``create_missing``), or None if there is no file yet.
         Raises LimitsFileError for a damaged file."""

@@ -13,21 +13,21 @@ under its index that it did not take itself as a dead predecessor's, and reclaim
 of another index holds that index's lock while it reclaims, so no new holder can appear mid-way.
 
 Leases belong to the process, not to a ``Queue`` object: closing a registry whose process still
-holds leases under its index keeps the index locked (its descriptor is kept open here, in
-:data:`RETIRED`), and the next registry of the same owners file in the same process adopts that
-index and its leases.  So a lease taken through a queue object that was closed (or collected) is
+holds leases under its index keeps the index locked (its descriptor is kept open in
+:data:`RETIRED`, ringq/engine/kept.py), and the next registry of the same owners file in the same
+process adopts that index and its leases.  So a lease taken through a queue object that was closed (or collected) is
 acked through a new one as if nothing happened, and still ends at once when the process dies.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 
 from ringq import errors
 
 from . import forksafe, native
 from ._native import lib
+from .kept import Kept
 from .mapped import open_nofollow
 
 __all__ = ["OwnerRegistry", "MAX_OWNERS", "RETIRED"]
@@ -35,50 +35,9 @@ __all__ = ["OwnerRegistry", "MAX_OWNERS", "RETIRED"]
 MAX_OWNERS = 65535
 
 
-class Retired:
-    """Owner indexes that closed registries of this process left locked because leases were
-    still held under them: file identity (st_dev, st_ino) -> [(descriptor, index, held)]."""
-
-    def __init__(self) -> None:
-        self.mutex = threading.Lock()
-        self.by_file: dict[tuple[int, int], list[tuple[int, int, dict[tuple[int, int], int]]]] = {}
-        forksafe.register(self)
-
-    def keep(self, fd: int, index: int, held: dict[tuple[int, int], int]) -> None:
-        st = os.fstat(fd)
-        with self.mutex:
-            self.by_file.setdefault((st.st_dev, st.st_ino), []).append((fd, index, held))
-
-    def take(self, fd: int) -> tuple[int, int, dict[tuple[int, int], int]] | None:
-        """A retired (descriptor, index, held) of the file ``fd`` is open on, now the caller's."""
-        st = os.fstat(fd)
-        with self.mutex:
-            kept = self.by_file.get((st.st_dev, st.st_ino))
-            if not kept:
-                return None
-            got = kept.pop()
-            if not kept:
-                del self.by_file[(st.st_dev, st.st_ino)]
-            return got
-
-    def count(self) -> int:
-        """How many owner indexes are kept locked for closed registries."""
-        with self.mutex:
-            return sum(len(kept) for kept in self.by_file.values())
-
-    def drop_inherited_locks(self) -> None:
-        """In a forked child: the kept indexes are the parent's (see OwnerRegistry's)."""
-        for kept in self.by_file.values():
-            for fd, _, _ in kept:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        self.by_file = {}
-        self.mutex = threading.Lock()
-
-
-RETIRED = Retired()
+# Owner indexes that closed registries of this process kept because leases were still held
+# under them: (index, held) by descriptor.
+RETIRED: Kept[tuple[int, dict[tuple[int, int], int]]] = Kept()
 
 
 class OwnerRegistry:
@@ -148,7 +107,7 @@ class OwnerRegistry:
         adopted = RETIRED.take(fd)
         if adopted is None:
             return False
-        kept_fd, idx, held = adopted
+        kept_fd, (idx, held) = adopted
         os.close(fd)  # holds no lock: try_hold releases before the queue lock is let go
         self.fd, self.index, self.pid = kept_fd, idx, forksafe.pid()
         for key, lc in held.items():
@@ -222,7 +181,7 @@ class OwnerRegistry:
         if self.fd >= 0:
             if self.index and self.pid == forksafe.pid():
                 if self.held:
-                    RETIRED.keep(self.fd, self.index, self.held)
+                    RETIRED.keep(self.fd, (self.index, self.held))
                     self.fd, self.index, self.pid, self.held = -1, 0, 0, {}
                     return
                 lib.ringq_owner_unlock(self.fd, self.index)

@@ -174,6 +174,10 @@ class QueueContext:
             # path; the parts are attributes now, so this context no longer needs it.
             self.__class__ = QueueContext
             self.refresh()
+            # The cap slots a closed queue object of this process kept for its leases, now the
+            # segments are read in (ringq/engine/kept.py).
+            views = index.views
+            self.gate.adopt(lambda seq: view.seg if (view := views.get(seq)) else None)
             self.reap(force=True)
             deps.sweep(force=True)
             return parts

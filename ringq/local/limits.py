@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ringq import errors
 from ringq.engine import forksafe, lifecycle, unique
+from ringq.engine.kept import Kept
 from ringq.engine.limits_file import MAX_CONCURRENCY, MAX_LIMITS, MAX_UNIQUE, Limit, LimitsFile
 from ringq.engine.segment import Segment
 from ringq.engine.unique import MAX_UNIQUE_FOR
@@ -111,6 +112,11 @@ class _Ticket:
     tokens: list[tuple[int, int]] = field(default_factory=list)
 
 
+# Cap slots that closed gates of this process kept for leases still held: job loc -> (ticket,
+# lease count), by descriptor of the limits file.
+CAPS_KEPT: Kept[dict[tuple[int, int], tuple[_Ticket, int]]] = Kept()
+
+
 class LimitGate:
     """One queue's limits as one process sees them; the Queue calls it around each lease.
 
@@ -143,10 +149,49 @@ class LimitGate:
         self._mutex = threading.RLock()  # a parent thread may have held it at the fork
 
     def close(self) -> None:
+        """Close.  The cap slots of leases still held stay taken: they belong to the process,
+        which may ack those leases through another queue object (ringq/engine/kept.py)."""
         with self._mutex:
-            for loc in list(self.held):
-                self.release(loc)
+            live: dict[tuple[int, int], tuple[_Ticket, int]] = {}
+            for loc, (ticket, seg, lc) in list(self.held.items()):
+                try:
+                    w = seg.load64(seg.state_off_of(loc[1]))
+                except errors.RingqError:
+                    w = 0  # the segment retired: the job finished
+                if state(w) == ST_LEASED and lease_count(w) == lc:
+                    live[loc] = (ticket, lc)
+                else:
+                    self.release(loc)
+            if live:
+                fd = self.file.give_lock_fd()
+                if fd >= 0:
+                    CAPS_KEPT.keep(fd, live)
+                self.held.clear()
+                self._mine.clear()
             self.file.close()
+
+    def adopt(self, segment: Callable[[int], Segment | None]) -> None:
+        """Take over the cap slots a closed gate of this process kept for its leases on this
+        limits file (``segment``: this queue's segment of a seq, None if it is gone); the queue
+        calls it when its reader opens, before any lease.  Slots of a job whose segment is gone
+        (it finished) are freed."""
+        if not CAPS_KEPT.by_file or not os.path.exists(self.path):
+            return
+        with self._mutex:
+            got = CAPS_KEPT.take(self.file.lock_fd())
+            if got is None:
+                return
+            fd, live = got
+            self.file.take_lock_fd(fd)
+            for loc, (ticket, lc) in live.items():
+                seg = segment(loc[0])
+                if seg is None:
+                    for index, j in ticket.slots:
+                        self.file.free_slot(index, j)
+                    continue
+                self.held[loc] = (ticket, seg, lc)
+                for s in ticket.slots:
+                    self._mine[s] = loc
 
     # -- configuration ---------------------------------------------------------------------------
 

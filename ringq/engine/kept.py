@@ -1,0 +1,69 @@
+"""Lock descriptors that outlive the object that opened them, kept for the process's next one.
+
+A lease belongs to the process that took it, not to the ``Queue`` object it was taken through.
+The locks that stand for it -- the owner index (ringq/engine/owner.py), the cap slots of a limit
+(ringq/local/limits.py) -- are OFD locks on an open file description, so closing their
+descriptor would end them while the process still holds the lease.  An object closed with such
+leases hands its descriptor here instead, with what it knew of them; the next object of the
+process that opens the same file takes both over (:meth:`Kept.take`), and the kernel drops the
+locks when the process exits.  In a forked child every kept descriptor is closed at once (the
+locks are the parent's: ringq/engine/forksafe.py).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Generic, TypeVar
+
+from . import forksafe
+
+__all__ = ["Kept"]
+
+T = TypeVar("T")
+
+
+class Kept(Generic[T]):
+    """Descriptors kept for one kind of file: (st_dev, st_ino) -> [(descriptor, state)]."""
+
+    def __init__(self) -> None:
+        self.mutex = threading.Lock()
+        self.by_file: dict[tuple[int, int], list[tuple[int, T]]] = {}
+        forksafe.register(self)
+
+    def keep(self, fd: int, state: T) -> None:
+        """Keep ``fd`` open, with ``state``, for the next object of this process on its file."""
+        st = os.fstat(fd)
+        with self.mutex:
+            self.by_file.setdefault((st.st_dev, st.st_ino), []).append((fd, state))
+
+    def take(self, fd: int) -> tuple[int, T] | None:
+        """A kept (descriptor, state) of the file ``fd`` is open on, now the caller's; None if
+        there is none.  Costs no system call while nothing is kept."""
+        if not self.by_file:
+            return None
+        st = os.fstat(fd)
+        with self.mutex:
+            kept = self.by_file.get((st.st_dev, st.st_ino))
+            if not kept:
+                return None
+            got = kept.pop()
+            if not kept:
+                del self.by_file[(st.st_dev, st.st_ino)]
+            return got
+
+    def count(self) -> int:
+        """How many descriptors are kept."""
+        with self.mutex:
+            return sum(len(kept) for kept in self.by_file.values())
+
+    def drop_inherited_locks(self) -> None:
+        """In a forked child: close the copies; the locks are the parent's."""
+        for kept in self.by_file.values():
+            for fd, _ in kept:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.by_file = {}
+        self.mutex = threading.Lock()

@@ -416,3 +416,19 @@ def test_list_state_delayed(tmp_path):
         q.enqueue("now")
     rows = json.loads(ringq_cli(qdir, "--json", "list", "--state", "delayed").stdout)
     assert [r["payload"] for r in rows] == ["later"]
+
+
+def test_control_characters_in_ids_and_errors_are_escaped_in_text_output(tmp_path):
+    # A newline or a terminal escape sequence in a job id (any non-empty string is an id) or in a
+    # handler's error was written raw by `ringq list` and `ringq get`.
+    odd = "a\nb\x1b[31mred"
+    with Queue(tmp_path / "q") as q:
+        q.enqueue("x", job_id=odd)
+        q.enqueue("y", job_id="plain")
+        q.nack(q.lease_one(), error="bad\x1b[2Jclear", delay=100)
+    listed = ringq_cli(tmp_path / "q", "list").stdout
+    got = ringq_cli(tmp_path / "q", "get", odd).stdout
+    for out in (listed, got):
+        assert "\x1b" not in out and "\\x1b[31m" in out and "\\x1b[2J" in out
+    assert len(listed.splitlines()) == 3 and listed.splitlines()[1].startswith("a\\nb\\x1b[31mred ")
+    assert json.loads(ringq_cli(tmp_path / "q", "--json", "get", odd).stdout)["id"] == odd

@@ -77,16 +77,22 @@ def _ago(ts: float | None, now: float | None = None) -> str:
     return f"in {d:.1f}s" if d > 0 else f"{-d:.1f}s ago"
 
 
+def _printable(text: str) -> str:
+    """``text`` as a line of output shows it: control characters (a newline, a terminal escape
+    sequence that a producer put in a job id or a handler in its error) escaped as in a Python
+    string literal, never written raw."""
+    return text if text.isprintable() else repr(text)[1:-1]
+
+
 def _short(value: Any, width: int = 50) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    text = text.replace("\n", "\\n")
+    text = _printable(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _job_line(job: Job) -> str:
     d = job.to_dict()
     parts = [
-        job.id,
+        _printable(job.id),
         job.state.value,
         f"attempts={job.attempts}/{job.max_attempts}",
         f"priority={job.priority}",
@@ -283,7 +289,11 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
             jobs = [q.enqueue(p, **kw) for p in payloads]
         else:
             jobs = q.enqueue_many(payloads, **kw)
-    _emit(args, [j.to_dict() for j in jobs], "\n".join(j.id for j in jobs) if jobs else None)
+    _emit(
+        args,
+        [j.to_dict() for j in jobs],
+        "\n".join(_printable(j.id) for j in jobs) if jobs else None,
+    )
     return 0
 
 
@@ -322,9 +332,9 @@ def cmd_nack(args: argparse.Namespace) -> int:
     with _open(args) as q:
         job = q.nack(_with_token(q, args.id, args.token), error=args.error, delay=args.delay)
     if job.state is JobState.DEAD:
-        text = f"{job.id} dead (attempts {job.attempts}/{job.max_attempts} used): moved to the dead-letter queue"
+        text = f"{_printable(job.id)} dead (attempts {job.attempts}/{job.max_attempts} used): moved to the dead-letter queue"
     else:
-        text = f"{job.id} ready again {_ago(job.available_at)} (attempts {job.attempts}/{job.max_attempts})"
+        text = f"{_printable(job.id)} ready again {_ago(job.available_at)} (attempts {job.attempts}/{job.max_attempts})"
     _emit(args, job.to_dict(), text)
     return 0
 
@@ -349,9 +359,9 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         args,
         [j.to_dict() for j in jobs],
         "\n".join(
-            f"{j.id} cancel requested (its holder is told)"
+            f"{_printable(j.id)} cancel requested (its holder is told)"
             if j.cancel_requested
-            else f"{j.id} cancelled"
+            else f"{_printable(j.id)} cancelled"
             for j in jobs
         ),
     )
@@ -405,7 +415,7 @@ def _job_rows(jobs: list[Job]) -> str:
             when = ""
         rows.append(
             [
-                j.id,
+                _printable(j.id),
                 state,
                 f"{j.attempts}/{j.max_attempts}",
                 str(j.priority),

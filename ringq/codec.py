@@ -427,8 +427,13 @@ def _check_array(obj: np.ndarray, where: str) -> None:
             "array to its .data and .mask arrays)"
         )
     if obj.dtype.hasobject:
-        raise SerializationError(
-            f"{where} is a numpy array of dtype object, which cannot be stored (no pickle)"
+        if obj.dtype == object:
+            raise SerializationError(
+                f"{where} is a numpy array of dtype object, which cannot be stored (no pickle)"
+            )
+        raise SerializationError(  # StringDType: its items live outside the array's bytes
+            f"{where} is a numpy array of dtype {obj.dtype}, whose items live outside the "
+            "array's bytes, which cannot be stored; a fixed-width dtype such as '<U16' or 'S16' can"
         )
 
 

@@ -247,8 +247,10 @@ def test_non_json_result_fails_the_job_and_non_json_payload_is_refused(target):
 
     async def main():
         async with queue:
-            with pytest.raises(ringq.SerializationError):
-                queue.submit("obj", {1, 2})
+            with pytest.raises(ringq.SerializationError, match=r"^[^\[]*payload is of type set"):
+                queue.submit("obj", {1, 2})  # the caller's payload, not the record it is kept in
+            with pytest.raises(ringq.SerializationError, match=r"payload\['a'\]\[0\] is of type set"):
+                queue.submit("obj", {"a": [{3}]})
             job_id = queue.submit("obj", None)
             await asyncio.sleep(0)
             job = queue.get(job_id)

@@ -395,3 +395,12 @@ def test_a_job_whose_payload_does_not_decode_still_has_a_repr(tmp_path):
             sys.setrecursionlimit(limit)
         assert text.startswith(f"Job(id={job.id!r}, payload=<undecodable: ") and "lease_token='1'" in text
         q.ack(job)
+
+
+@pytest.mark.skipif(not hasattr(np.dtypes, "StringDType"), reason="numpy < 2 has no StringDType")
+def test_a_stringdtype_array_is_refused_by_its_name_with_the_dtype_that_works():
+    arr = np.array(["a", "bc"], dtype=np.dtypes.StringDType())
+    with pytest.raises(SerializationError, match=r"dtype StringDType\(\).*'<U16'"):
+        codec.encode({"names": arr})
+    cid, data = codec.encode(arr.astype("<U2"))
+    assert codec.decode(cid, data).tolist() == ["a", "bc"]

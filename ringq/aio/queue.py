@@ -558,7 +558,10 @@ class Queue:
                 raise JobNotFoundError(f"no job {pid!r} in aio queue {self.name!r} to depend on")
         q = self._open_engine(self.queue_name(kind))
         rec = {"kind": kind, "payload": payload}
-        self._check_record_size(q.name, rec, job_id)
+        try:
+            self._check_record_size(q.name, rec, job_id)
+        except SerializationError as exc:
+            raise _as_submitted(exc) from None
         gate_ids = None
         if parents is not None:
             self._gated.add(q.name)
@@ -568,15 +571,18 @@ class Queue:
                 job_ids=gate_ids,
                 priority=gates.GATE_PRIORITY,
             )
-        q.enqueue(
-            rec,
-            job_id=job_id,
-            delay=delay if wait is None else 0.0,
-            timeout=timeout,
-            depends_on=gate_ids,
-            allow_failure=allow_failure,
-            debounce=wait,
-        )
+        try:
+            q.enqueue(
+                rec,
+                job_id=job_id,
+                delay=delay if wait is None else 0.0,
+                timeout=timeout,
+                depends_on=gate_ids,
+                allow_failure=allow_failure,
+                debounce=wait,
+            )
+        except SerializationError as exc:
+            raise _as_submitted(exc) from None
         if wait is not None:
             delay = wait
         loop = self._opened_loop()
@@ -748,6 +754,12 @@ class Queue:
 
     def __repr__(self) -> str:
         return f"ringq.aio.Queue({self._store.where!r}, name={self.name!r})"
+
+
+def _as_submitted(exc: SerializationError) -> SerializationError:
+    """``exc`` naming the caller's payload as ``payload``, not as the field of the record it is
+    stored in (``payload['payload']``)."""
+    return type(exc)(str(exc).replace("payload['payload']", "payload"))
 
 
 def _check_settings(

@@ -24,6 +24,13 @@ from hypothesis import core, settings
 
 sys.path.insert(0, os.path.dirname(__file__))  # the shared helpers (crashkit, procs) import by name
 
+# Hundreds of tests start a child interpreter that imports ringq (`python -m ringq ...`).  Where
+# the environment says never to write bytecode, each of them compiled every module of the
+# checkout again (about 0.3 s a child on this 2-core machine); the first child writes the caches
+# (__pycache__, ignored by git) and the others read them.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 # A shell without job control starts a background job with SIGINT ignored, and an ignored signal
 # stays ignored across exec: the tests that stop a child with Ctrl-C need it delivered.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:

@@ -205,23 +205,14 @@ class QueueModel(RuleBasedStateMachine):
 
     @rule()
     def reopen(self):
+        # Leases belong to the process, not to the queue object: the new object holds ours, and
+        # the rules that ack, nack, extend or report progress on them use it from now on.
         self.q.close()
         self.q = self._open()
-        for jid in self.held:  # our leases' owner is gone: they come back at once
-            m = self.jobs[jid]
+        for jid, lease in self.held.items():
             job = self.q.get(jid)
-            if m["cancel"]:  # a cancel-requested lease whose holder is gone ends cancelled
-                assert job.state is JobState.CANCELLED
-                m["state"] = "cancelled"
-                continue
-            assert "died" in job.last_error
-            if m["attempts"] >= MAX_ATTEMPTS:
-                assert job.state is JobState.DEAD
-                m["state"] = "dead"
-            else:
-                assert job.state is JobState.READY
-                m.update(state="ready", avail=job.available_at)
-        self.held.clear()
+            assert job.state is JobState.LEASED and job.lease_token == lease.lease_token
+            assert job.cancel_requested == self.jobs[jid]["cancel"]
 
     @precondition(lambda self: self.jobs)
     @rule(data=st.data())

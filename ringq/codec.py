@@ -216,8 +216,8 @@ def _encode(payload: Any) -> tuple[int, bytes]:
         try:
             _encode_mixed(payload)
         except SerializationError as located:
-            text = str(located).removeprefix("payload is not serialisable: ")
-            raise SerializationError(f"payload is not JSON-serialisable: {text}") from None
+            why = str(located).removeprefix("payload is not serialisable: ")
+            raise SerializationError(f"payload is not JSON-serialisable: {why}") from None
         raise SerializationError(f"payload is not JSON-serialisable: {exc}") from None
     except UnicodeEncodeError as exc:
         raise SerializationError(f"payload holds text that is not valid Unicode: {exc}") from None

@@ -120,3 +120,28 @@ from ringq import Queue
 job = Queue(sys.argv[1]).lease_one()
 print(job and job.payload)
 """
+
+
+def test_an_object_open_before_the_close_acks_the_lease_and_frees_its_locks(tmp_path):
+    # The ack goes through an object that was open all along (it adopted nothing): the closed
+    # object's kept cap slot and owner index are given up then, not at the process's exit.
+    path = tmp_path / "q"
+    keeper = Queue(path)
+    keeper.limit("k", concurrency=1)
+    keeper.enqueue("mine")
+    mine = keeper.lease_one()  # the keeper has an owner index of its own
+    keeper.enqueue_many(["first", "second"], key="k")
+    first = Queue(path)
+    job = first.lease_one()
+    first.close()
+    owners = OwnerRegistry(str(path / "default.owners"))
+    assert len(owners.held_by(os.getpid())) == 2  # the keeper's, and the one kept for `job`
+    assert keeper.lease_one() is None  # the cap is taken by the closed object's lease
+    keeper.ack(job)
+    assert [(lim.name, lim.running) for lim in keeper.limits()] == [("k", 0)]
+    assert len(owners.held_by(os.getpid())) == 1  # the kept index held nothing more: given up
+    other = run_py(LEASE_ONE, str(path))
+    assert other.stdout.strip() == "second", other.stderr
+    keeper.ack(mine)
+    keeper.close()
+    owners.close()

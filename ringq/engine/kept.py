@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from . import forksafe
 
@@ -51,6 +52,38 @@ class Kept(Generic[T]):
             if not kept:
                 del self.by_file[(st.st_dev, st.st_ino)]
             return got
+
+    def ended(
+        self,
+        path: str,
+        key: Any,
+        drop: Callable[[int, T, Any], bool],
+        empty: Callable[[T], bool],
+    ) -> bool:
+        """The lease ``key`` ended, through some object of this process: ``drop(fd, state, key)``
+        forgets it in each state kept for the file at ``path`` (True if that state held it), and
+        a state that is ``empty`` afterwards has its descriptor closed (the locks it carries go
+        with it).  True if some state held the lease.  No system call while nothing is kept."""
+        if not self.by_file:
+            return False
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        found = False
+        with self.mutex:
+            kept = self.by_file.get((st.st_dev, st.st_ino))
+            if not kept:
+                return False
+            for entry in list(kept):
+                if drop(entry[0], entry[1], key):
+                    found = True
+                    if empty(entry[1]):
+                        kept.remove(entry)
+                        os.close(entry[0])
+            if not kept:
+                del self.by_file[(st.st_dev, st.st_ino)]
+        return found
 
     def count(self) -> int:
         """How many descriptors are kept."""

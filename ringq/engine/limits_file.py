@@ -28,7 +28,7 @@ from ._native import lib
 from .mapped import Mapped, crc32c, fsync_dir
 from .mapped import open_nofollow as _open_nofollow
 
-__all__ = ["Limit", "LimitsFile", "MAX_CONCURRENCY", "MAX_LIMITS", "MAX_UNIQUE"]
+__all__ = ["Limit", "LimitsFile", "MAX_CONCURRENCY", "MAX_LIMITS", "MAX_UNIQUE", "free_slot_on"]
 
 MAGIC = 0x314D494C51474E52  # bytes "RNGQLIM1"
 VERSION = 1
@@ -481,7 +481,9 @@ class LimitsFile:
     def free_slot(self, index: int, j: int) -> None:
         """Unlock cap slot ``j`` of limit ``index`` (nothing in a forked child: it is the parent's)."""
         if self._lockfd >= 0 and self._pid == os.getpid():
-            native.check(
-                lib.ringq_owner_unlock(self._lockfd, _lock_off(index, j)),
-                f"unlock cap slot of {self.path}",
-            )
+            free_slot_on(self._lockfd, index, j)
+
+
+def free_slot_on(fd: int, index: int, j: int) -> None:
+    """Unlock cap slot ``j`` of limit ``index`` held through descriptor ``fd`` of a limits file."""
+    native.check(lib.ringq_owner_unlock(fd, _lock_off(index, j)), "unlock cap slot")

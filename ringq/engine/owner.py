@@ -114,6 +114,12 @@ class OwnerRegistry:
             self.held.setdefault(key, lc)
         return True
 
+    def ended_kept(self, key: tuple[int, int]) -> None:
+        """The lease ``key`` (segment seq, slot) ended through this registry's queue object:
+        forget it in the indexes that closed registries of this process kept (:data:`RETIRED`);
+        one that holds no lease any more is given up.  The caller checked ``RETIRED.by_file``."""
+        RETIRED.ended(self.path, key, _drop_lease, _no_lease)
+
     def is_alive(self, idx: int) -> bool:
         """True if some open file description other than ours holds owner index ``idx``."""
         if idx == self.index and self.pid == forksafe.pid():
@@ -189,3 +195,13 @@ class OwnerRegistry:
         self.fd = -1
         self.index = 0
         self.pid = 0
+
+
+def _drop_lease(
+    fd: int, state: tuple[int, dict[tuple[int, int], int]], key: tuple[int, int]
+) -> bool:
+    return state[1].pop(key, None) is not None
+
+
+def _no_lease(state: tuple[int, dict[tuple[int, int], int]]) -> bool:
+    return not state[1]

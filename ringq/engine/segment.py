@@ -20,6 +20,7 @@ instead of raising SIGBUS later.
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import time
@@ -158,6 +159,16 @@ def write_file(
         os.unlink(tmp)  # a leftover of a crash during an earlier creation
     except FileNotFoundError:
         pass
+    # A file larger than the free space is refused before any of it is allocated: fallocate
+    # would take all the free space (other writers of the file system failing meanwhile) and
+    # only then report ENOSPC.  fallocate stays the real check (the space may go meanwhile).
+    vfs = os.statvfs(os.path.dirname(final) or ".")
+    if size > vfs.f_bavail * vfs.f_frsize:
+        raise QueueFullError(
+            errno.ENOSPC,
+            f"cannot allocate a new segment file of {size} bytes at {final}: "
+            f"{os.strerror(errno.ENOSPC)} ({vfs.f_bavail * vfs.f_frsize} bytes free)",
+        )
     fd = open_nofollow(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
     try:
         try:

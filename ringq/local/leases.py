@@ -18,7 +18,7 @@ from ringq.backend import check_job_ref
 from ringq.backoff import BackoffPolicy
 from ringq.engine import claim, forksafe, lifecycle, records, snapshot, transitions
 from ringq.engine.index import Direct, Index, View, due, now_ms
-from ringq.engine.owner import OwnerRegistry
+from ringq.engine.owner import RETIRED, OwnerRegistry
 from ringq.engine.relocate import Relocator
 from ringq.engine.segment import Segment
 from ringq.engine.words import (
@@ -44,7 +44,7 @@ from ringq.engine.words import (
 from ringq.errors import CorruptionError, JobNotFoundError, NotLeasedError, SerializationError
 from ringq.job import UNDECODED, Job, JobState
 
-from .limits import LimitGate
+from .limits import CAPS_KEPT, LimitGate
 
 if TYPE_CHECKING:  # pragma: no cover
     from ringq.engine.deps import Deps
@@ -505,6 +505,8 @@ class Leases:
         if not seg.cas_state(slot, w, ready)[0]:
             return 0
         self.owners.held.pop((seg.seq, slot), None)
+        if RETIRED.by_file:  # a closed queue object of this process kept it (engine/kept.py)
+            self.owners.ended_kept((seg.seq, slot))
         self._release_slot(seg, slot)
         self.ring.note_state(seg, slot, final=False)
         touched[seg.seq] = seg
@@ -586,7 +588,7 @@ class Leases:
     ) -> Segment:
         """After the ack's CAS, counted: durability, the holder's bookkeeping, the jobs that
         wait for this one (``deps``: the dependents counter read after the CAS), retirement."""
-        if self.gate.held:
+        if self.gate.held or CAPS_KEPT.by_file:
             self._release_slot(seg, slot)  # the lease ended: its cap slots are free
         dur = self.ring.dur
         if dur.sync_acks or (
@@ -594,6 +596,8 @@ class Leases:
         ):
             dur.note_ack(seg, slot, done)  # (its own test, spelt out: nothing to note otherwise)
         self.owners.held.pop((seg.seq, slot), None)
+        if RETIRED.by_file:  # a closed queue object of this process kept it (engine/kept.py)
+            self.owners.ended_kept((seg.seq, slot))
         if deps:  # the queue has had dependents: fire this job's edges
             self.deps.changed(view, slot, done)
         # The index has read ``heads.n`` records of the segment, so fewer finished cannot be all
@@ -633,6 +637,8 @@ class Leases:
         self._release_slot(seg, slot)  # the lease ended: its cap slots are free
         self.ring.dur.note_ack(seg, slot, new)
         self.owners.held.pop((seg.seq, slot), None)
+        if RETIRED.by_file:  # a closed queue object of this process kept it (engine/kept.py)
+            self.owners.ended_kept((seg.seq, slot))
         self.deps.changed(view, slot, new)
         if state(new) == ST_DONE:  # a cancel-requested lease ends cancelled, never retried
             self.ring.segs.note_finished(seg)

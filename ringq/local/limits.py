@@ -46,7 +46,14 @@ from typing import TYPE_CHECKING, Any, Literal
 from ringq import errors
 from ringq.engine import forksafe, lifecycle, unique
 from ringq.engine.kept import Kept
-from ringq.engine.limits_file import MAX_CONCURRENCY, MAX_LIMITS, MAX_UNIQUE, Limit, LimitsFile
+from ringq.engine.limits_file import (
+    MAX_CONCURRENCY,
+    MAX_LIMITS,
+    MAX_UNIQUE,
+    Limit,
+    LimitsFile,
+    free_slot_on,
+)
 from ringq.engine.segment import Segment
 from ringq.engine.unique import MAX_UNIQUE_FOR
 from ringq.engine.words import ST_LEASED, lease_count, state
@@ -370,18 +377,23 @@ class LimitGate:
         job's state word ``word`` shows that lease is not live any more (finished, or leased again
         with another token).  True if any were freed.  A refused ack or nack of a stale token
         passes ``word``, so that it never frees the slots of the job's current lease."""
-        if not self.held:  # nothing held in this process (no caps): no lock needed to say so
-            return False
+        if not self.held:  # nothing held in this object (no caps): no lock needed to say so
+            return word is None and self._release_kept(loc)
         with self._mutex:
             held = self.held.get(loc)
             if held is None:
-                return False
+                return word is None and self._release_kept(loc)
             if word is not None and state(word) == ST_LEASED and lease_count(word) == held[2]:
                 return False  # the lease the slots were taken for is still held
             del self.held[loc]
             for index, j in held[0].slots:
                 self._unlock(index, j)
             return True
+
+    def _release_kept(self, loc: tuple[int, int]) -> bool:
+        """Free the cap slots that a closed gate of this process kept for the lease of the job at
+        ``loc``, which just ended through this object (CAPS_KEPT).  True if any were."""
+        return CAPS_KEPT.ended(self.path, loc, _free_kept, _nothing_kept)
 
     def reoffer(self) -> list[tuple[int, ...]]:
         """Heap entries of blocked jobs worth another try now (the best few per limit)."""
@@ -460,3 +472,18 @@ class Limits:
         """As :meth:`ringq.Queue.limits`."""
         with self.ctx.live_lock:
             return self.ctx.gate.describe()
+
+
+def _free_kept(
+    fd: int, live: dict[tuple[int, int], tuple[_Ticket, int]], loc: tuple[int, int]
+) -> bool:
+    got = live.pop(loc, None)
+    if got is None:
+        return False
+    for index, j in got[0].slots:
+        free_slot_on(fd, index, j)
+    return True
+
+
+def _nothing_kept(live: dict[tuple[int, int], tuple[_Ticket, int]]) -> bool:
+    return not live

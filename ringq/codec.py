@@ -237,19 +237,31 @@ _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 def _check_depth(text: bytes) -> None:
     """Refuse JSON ``text`` whose lists and dicts nest deeper than MAX_DEPTH.  Costs nothing for
-    text too short to nest that deep or with too few brackets; otherwise the strings are cut out,
-    and each pass over what is left removes the innermost containers (one level a pass)."""
+    text too short to nest that deep or with too few brackets.  Otherwise the strings are cut out
+    and a few passes remove the innermost containers (one level a pass, at C speed: a shallow
+    payload ends there); the depth of what is left is its deepest running count of brackets."""
     if len(text) <= 2 * MAX_DEPTH or text.count(b"[") + text.count(b"{") <= MAX_DEPTH:
         return
     left = _JSON_STRING.sub(b"", text).translate(None, _NOT_BRACKETS)
-    for _ in range(MAX_DEPTH):
+    for _ in range(_DEPTH_PASSES):
         left, removed = _INNERMOST.subn(b"", left)
         if not left or not removed:
             return
-    raise SerializationError(
-        f"payload nests lists and dicts more than {MAX_DEPTH} deep, which a consumer could not "
-        "decode"
-    )
+    # Opening brackets as +1, closing ones as -1: the deepest running sum is the depth.  (numpy:
+    # this is the rare payload that is both large and deeper than the passes.)
+    import numpy as np
+
+    steps = np.frombuffer(left.translate(_BRACKET_STEPS), np.int8).astype(np.int32) - 1
+    deepest = _DEPTH_PASSES + int(np.cumsum(steps).max())
+    if deepest > MAX_DEPTH:
+        raise SerializationError(
+            f"payload nests lists and dicts more than {MAX_DEPTH} deep, which a consumer could "
+            "not decode"
+        )
+
+
+_DEPTH_PASSES = 3  # most payloads are no deeper: they end in these passes
+_BRACKET_STEPS = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")
 
 
 def _unchanged(obj: Any, leaves: frozenset[type]) -> bool:

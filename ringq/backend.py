@@ -81,6 +81,7 @@ __all__ = [
     "check_result_ttl",
     "expiry_ms",
     "check_attempts",
+    "as_int",
     "timeout_ms",
     "MAX_TIMEOUT",
     "MAX_PARENTS",
@@ -211,6 +212,16 @@ def expiry_ms(expires_in: float | None, expires_at: float | None) -> int | None:
     return None
 
 
+def as_int(x: object) -> int | None:
+    """``x`` as an int if it is an integer -- an int, a numpy integer, any ``numbers.Integral``
+    -- but not a bool; None otherwise."""
+    if x.__class__ is int:
+        return x
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        return None
+    return int(x)
+
+
 def _number(x: object) -> bool:
     """A real number (an int, a float, a numpy number, a Fraction; not a bool, not NaN)."""
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and x == x
@@ -252,13 +263,14 @@ def check_lease_args(
     Raises ValueError: count not an int >= 1 (a bool is refused), wait not as
     :func:`check_wait` takes it, visibility timeout not as :func:`check_visibility_timeout`
     takes it, detach not a bool."""
-    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+    n = as_int(count)
+    if n is None or n < 1:
         raise ValueError(f"count must be an int >= 1, got {count!r}")
     if detach is not True and detach is not False:
         raise ValueError(f"detach must be True or False, got {detach!r}")
     wait = check_wait(wait)
     vt = check_visibility_timeout(visibility_timeout)
-    return count, wait, vt
+    return n, wait, vt
 
 
 def check_wait(wait: object) -> float | None:
@@ -298,9 +310,12 @@ def check_extension(seconds: object) -> float:
 
 def check_limit(limit: object) -> int | None:
     """A listing's ``limit``: None or an int >= 0 (not a bool); ValueError otherwise."""
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+    if limit is None:
+        return None
+    n = as_int(limit)
+    if n is None or n < 0:
         raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
-    return limit
+    return n
 
 
 def check_port(port: object, what: str = "port") -> int:
@@ -554,10 +569,13 @@ def check_reschedule(priority: object, delay: object) -> tuple[int | None, float
     )
 
 
-def check_attempts(n: int) -> None:
-    """Raise ValueError unless ``n`` is an int in ``[1, MAX_ATTEMPTS_LIMIT]`` (a bool is refused)."""
-    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_ATTEMPTS_LIMIT:
+def check_attempts(n: object) -> int:
+    """``n`` as an int if it is an integer in ``[1, MAX_ATTEMPTS_LIMIT]`` (:func:`as_int`: a
+    bool is refused); ValueError otherwise."""
+    got = as_int(n)
+    if got is None or not 1 <= got <= MAX_ATTEMPTS_LIMIT:
         raise ValueError(f"max_attempts must be an int in [1, {MAX_ATTEMPTS_LIMIT}], got {n!r}")
+    return got
 
 
 @dataclass(frozen=True, slots=True)
@@ -680,7 +698,7 @@ def check_consume(
     ValueError (a count that is not an int >= 1, a wait that is not a number of seconds --
     NaN, a bool, a string -- as for a lease, where a negative wait waits for nothing, a stop that
     is neither an event nor a callable)."""
-    if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 1):
+    if count is not None and ((n := as_int(count)) is None or n < 1):
         raise ValueError(f"count must be an int >= 1 or None, got {count!r}")
     check_wait(wait)
     if stop is None:

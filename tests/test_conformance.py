@@ -476,6 +476,19 @@ def test_numpy_numbers_are_taken_where_numbers_are(q):
     assert got.id == job.id and got.priority == 3
     q.extend(got, np.int16(60))
     q.ack(got)
+    q.enqueue("z", max_attempts=np.int64(2))
+    [a, b] = q.lease(np.int64(2))
+    assert {a.payload, b.payload} == {"y", "z"}
+    assert type(b.max_attempts) is int and type(a.max_attempts) is int
+    assert len(q.list_jobs(limit=np.int32(1))) == 1
+    q.ack(a)
+    q.ack(b)
+
+
+def test_numpy_numbers_are_taken_for_queue_options(queue_factory):
+    q = queue_factory(max_attempts=np.int64(2))
+    job = q.enqueue("x")
+    assert job.max_attempts == 2 and type(job.max_attempts) is int
 
 
 @pytest.mark.parametrize(

@@ -448,3 +448,14 @@ def test_a_stale_holders_refused_ack_or_nack_keeps_the_current_leases_cap_slot(q
     assert [i.running for i in q.limits()] == [1]
     q.ack(cur)  # the current lease's end frees it
     assert [j.payload for j in q.lease(5)] == [2]
+
+
+def test_numpy_integers_are_taken_for_caps_bursts_geometry_and_schedules(tmp_path):
+    import numpy as np
+
+    with Queue(tmp_path / "q", slot_size=np.int64(256), slot_count=np.int32(1024)) as q:
+        q.limit("k", concurrency=np.int64(2), rate=(np.int64(10), np.float64(1.0)), burst=np.int8(3))
+        [info] = q.limits()
+        assert (info.concurrency, info.rate, info.burst) == (2, (10, 1.0), 3)
+        q.schedule("tick", {"t": 1}, every=np.int64(60))
+        assert [s.name for s in q.schedules()] == ["tick"]

@@ -358,7 +358,7 @@ class LimitsFile:
         if len(raw) > MAX_NAME:
             raise LimitError(f"a limit name has at most {MAX_NAME} UTF-8 bytes, got {len(raw)}")
         if concurrency is not None and (
-            not isinstance(concurrency, int)
+            not isinstance(concurrency, numbers.Integral)
             or isinstance(concurrency, bool)
             or not 1 <= concurrency <= MAX_CONCURRENCY
         ):
@@ -369,11 +369,15 @@ class LimitsFile:
         if rate is not None:
             rate_n, per = _check_rate(rate)
         if burst is not None and (
-            not isinstance(burst, int) or isinstance(burst, bool) or not 1 <= burst <= 0xFFFFFFFF
+            not isinstance(burst, numbers.Integral)
+            or isinstance(burst, bool)
+            or not 1 <= burst <= 0xFFFFFFFF
         ):
             raise LimitError(f"burst must be an int >= 1, got {burst!r}")
         if burst is not None and rate is None:
             raise LimitError("burst applies to a rate limit: give rate=(count, per) too")
+        concurrency = None if concurrency is None else int(concurrency)  # a numpy integer too
+        burst = None if burst is None else int(burst)
         if rate is not None and burst is None:
             burst = min(0xFFFFFFFF, max(2, math.ceil(LATE_SLACK * rate_n / per)))
         m = self.mapped(create_missing=True)

@@ -287,7 +287,7 @@ class Admin:
     ) -> list[Job]:
         """As :meth:`ringq.Queue.list_jobs`."""
         self.ctx.live()
-        check_limit(limit)
+        limit = check_limit(limit)
         with self.ctx.live_lock:
             self.ctx.refresh()
             return list_jobs(self.ctx.ring, self.ctx.index, self.ctx.reaper, state, limit)

@@ -129,7 +129,7 @@ class Producer:
             delay_ms = 0  # the common arguments, passing check_args; exact types only
         else:
             delay_ms = check_args(priority, due_delay(delay), attempts, None, self.auto_ids)
-            priority = int(priority)  # a numpy integer, checked
+            priority, attempts = int(priority), int(attempts)  # numpy integers, checked
         kind, data, payload = codec.encode_stored(payload)  # the Job shows what a consumer gets
         if key is not None:
             kind, data = codec.wrap_key(key, kind, data)
@@ -197,7 +197,7 @@ class Producer:
         if self.reserved:
             refuse_reserved(self.ring.name)
         delay_ms = check_args(priority, delay, attempts, job_ids, self.auto_ids, n)
-        priority = int(priority)  # a numpy integer, checked
+        priority, attempts = int(priority), int(attempts)  # numpy integers, checked
         if not n:
             return []
         kinds, datas, payloads = encode_all(payloads, key)

@@ -43,6 +43,7 @@ from ringq.backend import (
     QueueStats,
     SearchPage,
     Stop,
+    as_int,
     check_allow_failure,
     check_attempts,
     check_consume,
@@ -183,14 +184,15 @@ class Queue:
         if durability is None:
             durability = "msync" if fsync else "none"
         visibility_timeout = check_visibility_timeout(visibility_timeout)
-        check_attempts(max_attempts)
+        max_attempts = check_attempts(max_attempts)
         if not isinstance(spin, (int, float)) or isinstance(spin, bool) or not 0 <= spin <= 1:
             raise ValueError(f"spin must be a number of seconds from 0 to 1, got {spin!r}")
         self.spin = float(spin)
         # Checked on every open, not only at creation, so a bad argument never passes silently.
         for arg, value in (("slot_size", slot_size), ("slot_count", slot_count)):
-            if not isinstance(value, int) or isinstance(value, bool):
+            if as_int(value) is None:
                 raise ValueError(f"{arg} must be an int, got {value!r}")
+        slot_size, slot_count = int(slot_size), int(slot_count)
         check_geometry(slot_size, slot_count)
         self.path = pathlib.Path(
             path

@@ -35,6 +35,7 @@ import builtins
 import errno
 import fcntl
 import json
+import numbers
 import os
 import re
 import struct
@@ -572,7 +573,7 @@ class Scheduler:
         if every is not None:
             if (
                 isinstance(every, bool)
-                or not isinstance(every, (int, float))
+                or not isinstance(every, numbers.Real)
                 or not MIN_EVERY <= every <= MAX_EVERY
             ):
                 raise ValueError(
@@ -583,7 +584,7 @@ class Scheduler:
             check_cron(cron, tz)
         priority = check_priority(priority)
         if max_attempts is not None:
-            check_attempts(max_attempts)
+            max_attempts = check_attempts(max_attempts)
         kind, data = codec.encode(payload)
         with self._lock:
             tab = self._table(create=True)

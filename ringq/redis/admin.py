@@ -53,7 +53,7 @@ class RedisAdmin:
     ) -> list[Job]:
         """As :meth:`RedisQueue.list_jobs`."""
         want = "" if state is None else JobState(state).value
-        check_limit(limit)
+        limit = check_limit(limit)
         out = self.scripts.run("list", [want, -1 if limit is None else limit])
         jobs = []
         for i in range(0, len(out), 2):

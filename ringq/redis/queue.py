@@ -163,7 +163,7 @@ class RedisQueue:
             check_mode(local_options["mode"])
         check_queue_name(name)
         visibility_timeout = check_visibility_timeout(visibility_timeout)
-        check_attempts(max_attempts)
+        max_attempts = check_attempts(max_attempts)
         if not retain_done >= 0:
             raise ValueError(f"retain_done must be >= 0 seconds, got {retain_done!r}")
         if not isinstance(min_replicas, int) or min_replicas < 0:
@@ -383,7 +383,7 @@ class RedisQueue:
         priority = check_priority(priority)
         delay = check_delay(delay)
         attempts = self.max_attempts if max_attempts is None else max_attempts
-        check_attempts(attempts)
+        attempts = check_attempts(attempts)
         args: list[Any] = [priority, int(round(delay * 1000)), attempts, len(payloads)]
         for i, (jid, payload) in enumerate(zip(ids, payloads)):
             kind, data, payloads[i] = codec.encode_stored(payload)  # as a consumer will see it

@@ -432,3 +432,17 @@ def test_control_characters_in_ids_and_errors_are_escaped_in_text_output(tmp_pat
         assert "\x1b" not in out and "\\x1b[31m" in out and "\\x1b[2J" in out
     assert len(listed.splitlines()) == 3 and listed.splitlines()[1].startswith("a\\nb\\x1b[31mred ")
     assert json.loads(ringq_cli(tmp_path / "q", "--json", "get", odd).stdout)["id"] == odd
+    inspected = ringq_cli(tmp_path / "q", "inspect").stdout
+    assert "\x1b" not in inspected and "a\\nb\\x1b[31mred" in inspected
+    # A worker's log lines (-v: with the handler's traceback) and ack's echo.
+    (tmp_path / "hmod.py").write_text(
+        "def bad(job):\n    raise RuntimeError('bad\\x1b[2J\\r\\nFAKE LINE')\n"
+    )
+    worked = ringq_cli(tmp_path / "q", "work", "hmod:bad", "--max-jobs", "1", "-v", cwd=tmp_path)
+    assert "\x1b" not in worked.stderr and "\r" not in worked.stderr, worked.stderr
+    assert "RuntimeError: bad\\x1b[2J\\r\\nFAKE LINE" in worked.stderr
+    with Queue(tmp_path / "q") as q:
+        q.enqueue("z", job_id="ack\x1b[1m")
+        q.lease_one()  # the only due job
+    acked = ringq_cli(tmp_path / "q", "ack", "ack\x1b[1m")
+    assert acked.stdout == "acked ack\\x1b[1m\n", acked.stderr

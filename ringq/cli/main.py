@@ -323,7 +323,7 @@ def cmd_ack(args: argparse.Namespace) -> int:
     _emit(
         args,
         {"acked": args.ids[0] if len(args.ids) == 1 else args.ids},
-        "\n".join(f"acked {i}" for i in args.ids),
+        "\n".join(f"acked {_printable(i)}" for i in args.ids),
     )
     return 0
 
@@ -641,9 +641,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                     "ok" if r.crc_ok else "BAD",
                     "-" if r.seq is None else str(r.seq),
                     "-" if r.priority is None else str(r.priority),
-                    r.id or "-",
+                    _printable(r.id) if r.id else "-",
                     when.strip(),
-                    r.preview or "-",
+                    _printable(r.preview) if r.preview else "-",
                 ]
             )
         if rows:
@@ -748,16 +748,27 @@ def _load_handler(spec: str) -> Callable[[Job], Any]:
     return obj
 
 
+class _PrintableLines(logging.Formatter):
+    """One line per log record: control characters in its message (a job id, a handler's error
+    text) escaped (:func:`_printable`), so that none can move the cursor or forge another line;
+    a traceback (``-v``) follows line by line, escaped the same way."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        record.message = _printable(record.message)
+        return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802 (logging's name)
+        return "\n".join(_printable(line) for line in super().formatException(ei).split("\n"))
+
+
 def cmd_work(args: argparse.Namespace) -> int:
     from ringq.worker.worker import Worker
 
     handler = _load_handler(args.handler)
     # -v: every job's outcome and a failed handler's traceback (logged at DEBUG by the worker).
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        stream=sys.stderr,
-        format="ringq work: %(message)s",
-    )
+    lines = logging.StreamHandler(sys.stderr)
+    lines.setFormatter(_PrintableLines("ringq work: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, handlers=[lines])
     if args.poll_interval is not None and not args.poll_interval > 0:
         raise UserError(f"--poll-interval must be > 0 seconds, got {args.poll_interval}")
     kw = {} if args.visibility_timeout is None else {"visibility_timeout": args.visibility_timeout}

@@ -259,6 +259,30 @@ def test_non_json_result_fails_the_job_and_non_json_payload_is_refused(target):
     run(main())
 
 
+def test_payloads_nest_255_deep_one_level_below_the_record(target):
+    queue = Queue(target, **SMALL)
+
+    def nested(depth):
+        value = "leaf"
+        for _ in range(depth):
+            value = [value]
+        return value
+
+    @queue.handler("echo")
+    async def echo(job):
+        return job.payload
+
+    async def main():
+        async with queue:
+            with pytest.raises(ringq.SerializationError, match="deep"):
+                queue.submit("echo", nested(256))
+            job_id = queue.submit("echo", nested(255))
+            await until(lambda: queue.get(job_id).status is Status.DONE)
+            assert queue.get(job_id).result == nested(255)
+
+    run(main())
+
+
 def test_sync_handlers_run_in_a_thread(target):
     queue = Queue(target, **SMALL)
     loop_thread = threading.get_ident()

@@ -460,16 +460,19 @@ def _spec(dt: np.dtype) -> Any:
         return dt.str
     import numpy as np
 
+    for name, (_fdt, _off, *title) in dt.fields.items():
+        if title and not isinstance(title[0], str):
+            raise SerializationError(
+                f"a numpy dtype whose field {name!r} has a title of type "
+                f"{type(title[0]).__name__} cannot be stored (titles must be str)"
+            )
     try:
         descr = dt.descr
-    except ValueError:  # overlapping or out-of-order fields have none
+        if dt.isalignedstruct or not all(f[0] for f in descr) or np.dtype(descr) != dt:
+            descr = None
+    except (ValueError, TypeError):  # overlapping or out-of-order fields, a field's metadata
         descr = None
-    if (
-        descr is not None
-        and not dt.isalignedstruct
-        and all(f[0] for f in descr)
-        and np.dtype(descr) == dt
-    ):
+    if descr is not None:
         return descr
     names = list(dt.names or ())
     formats, titles = [], []

@@ -404,3 +404,18 @@ def test_a_stringdtype_array_is_refused_by_its_name_with_the_dtype_that_works():
         codec.encode({"names": arr})
     cid, data = codec.encode(arr.astype("<U2"))
     assert codec.decode(cid, data).tolist() == ["a", "bc"]
+
+
+def test_a_field_dtype_with_metadata_is_stored_without_it_and_a_bytes_title_is_refused(tmp_path):
+    # Both raised a bare ValueError or TypeError from numpy or json.
+    meta = np.zeros(2, np.dtype([("a", np.dtype("<i4", metadata={"u": 1})), ("b", "u1")]))
+    meta["a"] = [7, 8]
+    for payload in (meta, {"x": meta}):
+        cid, data = codec.encode(payload)
+        back = codec.decode(cid, data)
+        back = back if isinstance(back, np.ndarray) else back["x"]
+        assert back.dtype.names == ("a", "b") and back["a"].tolist() == [7, 8]
+    titled = np.zeros(2, np.dtype({"names": ["a"], "formats": ["u1"], "titles": [b"t"]}))
+    for payload in (titled, {"x": titled}):
+        with pytest.raises(SerializationError, match="title of type bytes"):
+            codec.encode(payload)

@@ -467,13 +467,11 @@ def _spec(dt: np.dtype) -> Any:
                 f"{type(title[0]).__name__} cannot be stored (titles must be str)"
             )
     try:
-        descr = dt.descr
-        if dt.isalignedstruct or not all(f[0] for f in descr) or np.dtype(descr) != dt:
-            descr = None
+        descr: Any = dt.descr
+        if not dt.isalignedstruct and all(f[0] for f in descr) and np.dtype(descr) == dt:
+            return descr
     except (ValueError, TypeError):  # overlapping or out-of-order fields, a field's metadata
-        descr = None
-    if descr is not None:
-        return descr
+        pass
     names = list(dt.names or ())
     formats, titles = [], []
     for name in names:

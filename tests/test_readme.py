@@ -30,3 +30,16 @@ def test_readme_names_every_command_of_the_cli(capsys):
     readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     line = re.search(r"`docs/cli.md`: the `ringq` command line \((.*?)\)\.", readme, re.S).group(1)
     assert re.findall(r"`([a-z-]+)`", line) == commands
+
+
+def test_the_shell_forms_readme_gives_take_the_directory_before_the_command(tmp_path, capsys):
+    from ringq import Queue
+    from ringq.cli import main
+
+    jobs = str(tmp_path / "jobs")
+    with Queue(jobs) as q:
+        q.enqueue({"email": "ada@example.com"})
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    assert "`ringq -d ./jobs stats`, `ringq -d ./jobs list`" in readme
+    assert main(["-d", jobs, "stats"]) == 0 and "ready" in capsys.readouterr().out
+    assert main(["-d", jobs, "list"]) == 0 and "ada@example.com" in capsys.readouterr().out

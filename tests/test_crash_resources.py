@@ -16,6 +16,7 @@ import textwrap
 
 import pytest
 from crashkit import NAME, SLOTS, drain, geometry, open_queue, verify
+from procs import child_env
 
 from ringq import Queue
 from ringq.errors import QueueFullError
@@ -147,6 +148,26 @@ RLIMIT_CHILD = textwrap.dedent("""
     q.enqueue(8)
     print("payloads:", sorted(j.payload for j in q.lease(20)))
 """)
+
+
+def test_a_control_file_that_cannot_be_written_whole_is_queue_full(tmp_path):
+    # Under a 3000-byte file size limit the 4096-byte control page was written short, and the
+    # open said the control file was damaged (remove it and reopen) instead of full.
+    code = textwrap.dedent("""
+        import resource, sys, ringq
+        resource.setrlimit(resource.RLIMIT_FSIZE, (3000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        try:
+            ringq.Queue(sys.argv[1])
+        except ringq.QueueFullError as exc:
+            print("full:", exc)
+    """)
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "q")], capture_output=True,
+                         text=True, env=child_env(), timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("full:") and "cannot write the control file" in out.stdout, out.stdout
+    assert [f for f in os.listdir(tmp_path / "q") if not f.endswith(".lock")] == []
+    with Queue(tmp_path / "q") as q:  # without the limit the queue is created
+        q.enqueue(1)
 
 
 def test_a_geometry_no_disk_holds_leaves_no_queue_behind(tmp_path):

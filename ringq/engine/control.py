@@ -7,10 +7,11 @@ lease-deadline floor.  Its operations are here too, so that no other module spel
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 
-from ringq.errors import CorruptionError, FormatVersionError
+from ringq.errors import CorruptionError, FormatVersionError, QueueFullError
 
 from . import native
 from ._native import ffi, lib
@@ -92,10 +93,31 @@ class Control(Mapped):
             pass
         fd = open_nofollow(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
         try:
-            os.pwrite(fd, bytes(page), 0)
+            try:
+                written = os.pwrite(fd, bytes(page), 0)
+            except OSError as exc:
+                if exc.errno not in native.FULL:
+                    raise
+                written = -exc.errno
+            if written != PAGE:  # a full disk, a quota, a file size limit (RLIMIT_FSIZE)
+                why = (
+                    os.strerror(-written)
+                    if written < 0
+                    else "short write: no room, or a file size limit"
+                )
+                raise QueueFullError(
+                    errno.ENOSPC if written >= 0 else -written,
+                    f"cannot write the control file {path} ({PAGE} bytes): {why}",
+                )
             os.fsync(fd)
-        finally:
+        except BaseException:
             os.close(fd)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        os.close(fd)
         os.rename(tmp, path)
         fsync_dir(os.path.dirname(path) or ".")
 

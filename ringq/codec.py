@@ -207,7 +207,8 @@ def _encode(payload: Any) -> tuple[int, bytes]:
             text = _encoder.encode(payload).encode("utf-8")
         else:
             text = "".join(_json_once(payload, 0)).encode("utf-8")
-        _check_depth(text)
+        if len(text) > _DEPTH_TEXT:  # shorter text cannot nest too deep: no call
+            _check_depth(text)
         return JSON, text
     except _NotJSON:
         return MIXED, _encode_mixed(payload)
@@ -240,7 +241,7 @@ def _check_depth(text: bytes) -> None:
     text too short to nest that deep or with too few brackets.  Otherwise the strings are cut out
     and a few passes remove the innermost containers (one level a pass, at C speed: a shallow
     payload ends there); the depth of what is left is its deepest running count of brackets."""
-    if len(text) <= 2 * MAX_DEPTH or text.count(b"[") + text.count(b"{") <= MAX_DEPTH:
+    if len(text) <= _DEPTH_TEXT or text.count(b"[") + text.count(b"{") <= MAX_DEPTH:
         return
     left = _JSON_STRING.sub(b"", text).translate(None, _NOT_BRACKETS)
     for _ in range(_DEPTH_PASSES):
@@ -260,6 +261,7 @@ def _check_depth(text: bytes) -> None:
         )
 
 
+_DEPTH_TEXT = 2 * MAX_DEPTH  # bytes of the shortest JSON text nested deeper than MAX_DEPTH
 _DEPTH_PASSES = 3  # most payloads are no deeper: they end in these passes
 _BRACKET_STEPS = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")
 

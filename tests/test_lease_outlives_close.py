@@ -145,3 +145,75 @@ def test_an_object_open_before_the_close_acks_the_lease_and_frees_its_locks(tmp_
     keeper.ack(mine)
     keeper.close()
     owners.close()
+
+
+def test_a_close_racing_an_ack_through_another_object_keeps_nothing_for_the_acked_lease(tmp_path):
+    # Threads lease through their own objects and close them while other threads ack the same
+    # jobs through one shared object: an ack landing between the close's look at its leases and
+    # their keeping found nothing kept, and the index and cap slot stayed kept for good.
+    import queue as stdqueue
+    import threading
+
+    from ringq.engine.owner import RETIRED
+    from ringq.local.limits import CAPS_KEPT
+
+    path = tmp_path / "q"
+    shared = Queue(path)
+    shared.limit("k", concurrency=64)
+    shared.enqueue_many(list(range(400)), key="k")
+    handoff: stdqueue.Queue = stdqueue.Queue()
+    failures: list[str] = []
+
+    def leaser():
+        for _ in range(100):
+            q = Queue(path)
+            job = q.lease_one(wait=2.0)
+            if job is not None:
+                handoff.put(job)
+            q.close()
+
+    def acker():
+        while (job := handoff.get()) is not None:
+            try:
+                shared.ack(job)
+            except Exception as exc:  # noqa: BLE001 -- reported below
+                failures.append(repr(exc))
+
+    leasers = [threading.Thread(target=leaser) for _ in range(4)]
+    ackers = [threading.Thread(target=acker) for _ in range(2)]
+    for t in leasers + ackers:
+        t.start()
+    for t in leasers:
+        t.join()
+    for _ in ackers:
+        handoff.put(None)
+    for t in ackers:
+        t.join()
+    assert failures == [] and shared.stats().done == 400
+    assert (RETIRED.count(), CAPS_KEPT.count()) == (0, 0)
+    assert [(lim.name, lim.running) for lim in shared.limits()] == [("k", 0)]
+    shared.close()
+
+
+def test_kept_slots_of_leases_ended_by_expiry_or_purge_are_freed(tmp_path):
+    # Not by an ack or nack of this process: an expiry (freed at this process's next lease
+    # under the cap) and a purge (every lease ended).
+    for how in ("expiry", "purge"):
+        path = tmp_path / how
+        keeper = Queue(path)
+        keeper.limit("k", concurrency=1)
+        keeper.stats()  # its reader is open before the other object's close
+        keeper.enqueue("first", key="k")
+        closing = Queue(path)
+        closing.lease_one(visibility_timeout=0.2)
+        closing.close()
+        if how == "expiry":
+            time.sleep(0.3)
+        else:
+            assert keeper.purge() == 1
+        keeper.enqueue("second", key="k")
+        got = keeper.lease_one(wait=2.0)
+        assert got is not None and got.payload == "second", how
+        keeper.ack(got)
+        assert [(lim.name, lim.running) for lim in keeper.limits()] == [("k", 0)], how
+        keeper.close()

@@ -85,6 +85,29 @@ class Kept(Generic[T]):
                 del self.by_file[(st.st_dev, st.st_ino)]
         return found
 
+    def settle(
+        self, path: str, settle: Callable[[int, T], None], empty: Callable[[T], bool]
+    ) -> None:
+        """Let ``settle(fd, state)`` drop what has ended from each state kept for the file at
+        ``path``; a state that is ``empty`` afterwards has its descriptor closed."""
+        if not self.by_file:
+            return
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        with self.mutex:
+            kept = self.by_file.get((st.st_dev, st.st_ino))
+            if not kept:
+                return
+            for entry in list(kept):
+                settle(entry[0], entry[1])
+                if empty(entry[1]):
+                    kept.remove(entry)
+                    os.close(entry[0])
+            if not kept:
+                del self.by_file[(st.st_dev, st.st_ino)]
+
     def count(self) -> int:
         """How many descriptors are kept."""
         with self.mutex:

@@ -120,6 +120,11 @@ class OwnerRegistry:
         one that holds no lease any more is given up.  The caller checked ``RETIRED.by_file``."""
         RETIRED.ended(self.path, key, _drop_lease, _no_lease)
 
+    def forget_kept(self) -> None:
+        """Give up every index closed registries of this process kept (a purge ended every
+        lease)."""
+        RETIRED.settle(self.path, lambda fd, state: state[1].clear(), _no_lease)
+
     def is_alive(self, idx: int) -> bool:
         """True if some open file description other than ours holds owner index ``idx``."""
         if idx == self.index and self.pid == forksafe.pid():

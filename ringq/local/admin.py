@@ -349,6 +349,8 @@ class Admin:
             self.ctx.refresh(relocate=False)
             n = purge(self.ctx.ring, self.ctx.index)
             self.ctx.owners.held.clear()
+            self.ctx.owners.forget_kept()  # and the leases closed objects of this process kept
+            self.ctx.gate.release_all_kept()
             self.ctx.ring.segs.retire_finished()
             self.ctx.refresh()
             return n

@@ -244,13 +244,22 @@ class QueueContext:
         if self.users:
             self.ring.ctl.wake()  # sleepers on the futex see the queue closed
             self.idle.wait_for(lambda: not self.users, timeout=10)
-        if "_reader" in self.__dict__:
+        reader = "_reader" in self.__dict__
+        kept: dict[tuple[int, int], int] = {}
+        if reader:
             self.quiet.close()  # before the mappings it watches are closed
-            self.leases.forget_ended()  # what stays in owners.held outlives the close (owner.py)
-            self.index.clear()
+            # The leases still held outlive the close: their owner index and cap slots are kept
+            # for the process (engine/kept.py) by gate.close and owners.close.
+            kept = self.leases.still_held()
         self.gate.close()
-        self.ring.close()
         self.owners.close()
+        if kept:
+            # Another object of the process may have acked one of them between the look above
+            # and the keeping, finding nothing kept yet: look again now they are kept.
+            self.leases.settle_kept(kept)
+        if reader:
+            self.index.clear()
+        self.ring.close()
         self.pause.close()
 
 

@@ -414,25 +414,39 @@ class Leases:
         finally:
             self._settled((seg.seq, slot))
 
-    def forget_ended(self) -> None:
-        """Drop from ``owners.held`` the leases that ended meanwhile (acked through another queue
-        object or process, reclaimed, retired with their segment): those left are leases this
-        process still holds, which outlive the closing of this queue object (ringq/engine/owner.py)."""
+    def still_held(self) -> dict[tuple[int, int], int]:
+        """As this queue object closes: drop from ``owners.held`` the leases that ended meanwhile
+        (acked through another queue object or process, reclaimed, retired with their segment),
+        and return every lease still held through it -- (segment seq, slot) -> lease count, with
+        the detached ones that hold cap slots -- which outlive the close (ringq/engine/kept.py)."""
         held = self.owners.held
         mine = self.owners.mine()
         for key, lc in list(held.items()):
-            view = self.index.views.get(key[0])
-            seg = view.seg if view is not None else None
-            if seg is None or seg.mm is None:
+            if not self._live(key, lc) or owner_index(self._owner_word(key)) != mine:
                 del held[key]
-                continue
-            w = seg.load_state(key[1])
-            if (
-                state(w) != ST_LEASED
-                or lease_count(w) != lc
-                or owner_index(seg.load_owner(key[1])) != mine
-            ):
-                del held[key]
+        out = dict(held)
+        for loc, (_ticket, _seg, lc) in list(self.gate.held.items()):
+            out.setdefault(loc, lc)
+        return out
+
+    def settle_kept(self, kept: dict[tuple[int, int], int]) -> None:
+        """After the close kept them: give up the owner index and cap slots kept for each lease
+        of ``kept`` (:meth:`still_held`) that has ended since."""
+        for key, lc in kept.items():
+            if not self._live(key, lc):
+                self.owners.ended_kept(key)
+                self.gate.release_kept(key)
+
+    def _live(self, key: tuple[int, int], lc: int) -> bool:
+        view = self.index.views.get(key[0])
+        seg = view.seg if view is not None else None
+        if seg is None or seg.mm is None:
+            return False  # retired: every job in it finished
+        w = seg.load_state(key[1])
+        return state(w) == ST_LEASED and lease_count(w) == lc
+
+    def _owner_word(self, key: tuple[int, int]) -> int:
+        return self.index.views[key[0]].seg.load_owner(key[1])
 
     def give_back(self, jobs: list[Job]) -> int:
         """Return leases this process took and never handed out (a stream's batch) to READY

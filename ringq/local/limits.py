@@ -144,6 +144,8 @@ class LimitGate:
         self._blocked: dict[str, list[tuple[int, ...]]] = {}
         self._blocked_set: set[tuple[int, int]] = set()
         self._due: dict[str, int] = {}  # limit name -> ns when its next token is due
+        # This queue's segment of a seq (set when its reader opens: adopt), for kept slots.
+        self._segment: Callable[[int], Segment | None] | None = None
         self._mutex = threading.RLock()
         forksafe.register(self)
 
@@ -182,6 +184,7 @@ class LimitGate:
         limits file (``segment``: this queue's segment of a seq, None if it is gone); the queue
         calls it when its reader opens, before any lease.  Slots of a job whose segment is gone
         (it finished) are freed."""
+        self._segment = segment  # also for the sweep of kept slots (_sweep)
         if not CAPS_KEPT.by_file or not os.path.exists(self.path):
             return
         with self._mutex:
@@ -331,7 +334,7 @@ class LimitGate:
     def _sweep(self, index: int) -> bool:
         """Release this process's slots of limit ``index`` whose leases ended without ack or nack
         here (expired and handed out again, acked by id elsewhere).  True if any was released."""
-        freed = False
+        freed = self._sweep_kept()
         for (idx, _j), loc in list(self._mine.items()):
             if idx != index or loc not in self.held:
                 continue
@@ -378,11 +381,11 @@ class LimitGate:
         with another token).  True if any were freed.  A refused ack or nack of a stale token
         passes ``word``, so that it never frees the slots of the job's current lease."""
         if not self.held:  # nothing held in this object (no caps): no lock needed to say so
-            return word is None and self._release_kept(loc)
+            return word is None and self.release_kept(loc)
         with self._mutex:
             held = self.held.get(loc)
             if held is None:
-                return word is None and self._release_kept(loc)
+                return word is None and self.release_kept(loc)
             if word is not None and state(word) == ST_LEASED and lease_count(word) == held[2]:
                 return False  # the lease the slots were taken for is still held
             del self.held[loc]
@@ -390,9 +393,46 @@ class LimitGate:
                 self._unlock(index, j)
             return True
 
-    def _release_kept(self, loc: tuple[int, int]) -> bool:
+    def _sweep_kept(self) -> bool:
+        """Free the cap slots closed gates of this process kept for leases that have ended since
+        without an ack or nack here (expired and reclaimed, purged, cancelled): as :meth:`_sweep`
+        does for this gate's own.  True if any was freed."""
+        segment = self._segment
+        if not CAPS_KEPT.by_file or segment is None:
+            return False
+        freed = False
+
+        def settle(fd: int, live: dict[tuple[int, int], tuple[_Ticket, int]]) -> None:
+            nonlocal freed
+            for loc, (ticket, lc) in list(live.items()):
+                seg = segment(loc[0])
+                try:
+                    w = 0 if seg is None else seg.load64(seg.state_off_of(loc[1]))
+                except errors.RingqError:
+                    w = 0  # the segment retired: the job finished
+                if state(w) != ST_LEASED or lease_count(w) != lc:
+                    del live[loc]
+                    for index, j in ticket.slots:
+                        free_slot_on(fd, index, j)
+                    freed = True
+
+        CAPS_KEPT.settle(self.path, settle, _nothing_kept)
+        return freed
+
+    def release_all_kept(self) -> None:
+        """Free every cap slot closed gates of this process kept (a purge ended every lease)."""
+
+        def settle(fd: int, live: dict[tuple[int, int], tuple[_Ticket, int]]) -> None:
+            for ticket, _lc in live.values():
+                for index, j in ticket.slots:
+                    free_slot_on(fd, index, j)
+            live.clear()
+
+        CAPS_KEPT.settle(self.path, settle, _nothing_kept)
+
+    def release_kept(self, loc: tuple[int, int]) -> bool:
         """Free the cap slots that a closed gate of this process kept for the lease of the job at
-        ``loc``, which just ended through this object (CAPS_KEPT).  True if any were."""
+        ``loc``, which has ended (CAPS_KEPT).  True if any were."""
         return CAPS_KEPT.ended(self.path, loc, _free_kept, _nothing_kept)
 
     def reoffer(self) -> list[tuple[int, ...]]:

@@ -16,10 +16,11 @@ death).  Every such descriptor is also opened ``O_CLOEXEC``, so ``exec`` (``subp
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from typing import Protocol
 
-__all__ = ["register", "pid"]
+__all__ = ["register", "pid", "moving"]
 
 
 class _Holder(Protocol):
@@ -38,13 +39,35 @@ def pid() -> int:
     return _pid
 
 
+# Held while a lock-carrying descriptor is opened, handed from one object to another, or closed,
+# and across every fork: a child never sees a descriptor that no object records (it would keep
+# its lock) nor an object recording a number that was closed (it would close what the number is
+# now).  Such steps are a few system calls long; a fork waits for them.
+_moving = threading.RLock()
+
+
+def moving() -> threading.RLock:
+    """The lock to hold around a step that opens, hands over or closes a descriptor that carries
+    (or is about to carry) a ringq lock, together with recording it: ``with forksafe.moving():``."""
+    return _moving
+
+
 def register(holder: _Holder) -> None:
     """Have ``holder.drop_inherited_locks()`` called in every child forked from now on."""
     _HOLDERS.add(holder)
 
 
+def _before_fork() -> None:
+    _moving.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _moving.release()
+
+
 def _after_fork_in_child() -> None:
-    global _pid
+    global _pid, _moving
+    _moving = threading.RLock()  # the parent's threads that might wait for it are not here
     _pid = os.getpid()
     for holder in list(_HOLDERS):
         try:
@@ -54,4 +77,8 @@ def _after_fork_in_child() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )

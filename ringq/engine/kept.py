@@ -33,18 +33,20 @@ class Kept(Generic[T]):
         forksafe.register(self)
 
     def keep(self, fd: int, state: T) -> None:
-        """Keep ``fd`` open, with ``state``, for the next object of this process on its file."""
+        """Keep ``fd`` open, with ``state``, for the next object of this process on its file.
+        The caller holds ``forksafe.moving()`` until it has forgotten ``fd`` itself."""
         st = os.fstat(fd)
-        with self.mutex:
+        with forksafe.moving(), self.mutex:
             self.by_file.setdefault((st.st_dev, st.st_ino), []).append((fd, state))
 
     def take(self, fd: int) -> tuple[int, T] | None:
         """A kept (descriptor, state) of the file ``fd`` is open on, now the caller's; None if
-        there is none.  Costs no system call while nothing is kept."""
+        there is none.  The caller holds ``forksafe.moving()`` until it has recorded the
+        descriptor.  Costs no system call while nothing is kept."""
         if not self.by_file:
             return None
         st = os.fstat(fd)
-        with self.mutex:
+        with forksafe.moving(), self.mutex:
             kept = self.by_file.get((st.st_dev, st.st_ino))
             if not kept:
                 return None
@@ -71,7 +73,10 @@ class Kept(Generic[T]):
         except OSError:
             return False
         found = False
-        with self.mutex:
+        with (
+            forksafe.moving(),
+            self.mutex,
+        ):  # no fork between forgetting a descriptor and closing it
             kept = self.by_file.get((st.st_dev, st.st_ino))
             if not kept:
                 return False
@@ -96,7 +101,10 @@ class Kept(Generic[T]):
             st = os.stat(path)
         except OSError:
             return
-        with self.mutex:
+        with (
+            forksafe.moving(),
+            self.mutex,
+        ):  # no fork between forgetting a descriptor and closing it
             kept = self.by_file.get((st.st_dev, st.st_ino))
             if not kept:
                 return

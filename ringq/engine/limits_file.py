@@ -23,7 +23,7 @@ from typing import Any
 from ringq import codec
 from ringq.errors import LimitError, LimitsFileError
 
-from . import native
+from . import forksafe, native
 from ._native import lib
 from .mapped import Mapped, crc32c, fsync_dir
 from .mapped import open_nofollow as _open_nofollow
@@ -238,13 +238,15 @@ class LimitsFile:
     def lock_fd(self) -> int:
         """This process's descriptor of the file, which carries its ``flock`` and cap-slot locks."""
         if self._lockfd < 0 or self._pid != os.getpid():
-            self._lockfd = _open_nofollow(self.path, os.O_RDWR)
-            self._pid = os.getpid()
+            with forksafe.moving():  # opened and recorded with no fork in between
+                self._lockfd = _open_nofollow(self.path, os.O_RDWR)
+                self._pid = os.getpid()
         return self._lockfd
 
     def give_lock_fd(self) -> int:
         """Hand over this process's lock descriptor, with the cap-slot locks it carries (-1 if
-        none is open): this object forgets it and never closes it."""
+        none is open): this object forgets it and never closes it.  The caller holds
+        ``forksafe.moving()`` until it has recorded the descriptor elsewhere."""
         fd = self._lockfd if self._pid == os.getpid() else -1
         self._lockfd = -1
         return fd
@@ -252,9 +254,11 @@ class LimitsFile:
     def take_lock_fd(self, fd: int) -> None:
         """Use ``fd`` (another object's, on the same file: :meth:`give_lock_fd`) as this one's
         lock descriptor.  Only while this object holds no cap slot: its own is closed."""
-        if self._lockfd >= 0 and self._pid == os.getpid():
-            os.close(self._lockfd)
-        self._lockfd, self._pid = fd, os.getpid()
+        with forksafe.moving():
+            old = self._lockfd if self._pid == os.getpid() else -1
+            self._lockfd, self._pid = fd, os.getpid()
+            if old >= 0:
+                os.close(old)
 
     def mapped(self, create_missing: bool = False) -> Mapped | None:
         """The file's map (created first if ``create_missing``), or None if there is no file yet.
@@ -337,9 +341,11 @@ class LimitsFile:
 
     def close(self) -> None:
         """Close the descriptor (in the process that opened it) and the map."""
-        if self._lockfd >= 0 and self._pid == os.getpid():
-            os.close(self._lockfd)
-        self._lockfd = -1
+        with forksafe.moving():  # forgotten before it is closed, with no fork in between
+            fd = self._lockfd if self._pid == os.getpid() else -1
+            self._lockfd = -1
+            if fd >= 0:
+                os.close(fd)
         if self.map is not None:
             self.map.close()
             self.map = None

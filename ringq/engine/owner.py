@@ -75,7 +75,8 @@ class OwnerRegistry:
 
     def _ensure_fd(self) -> int:
         if self.fd < 0:
-            self.fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, self.mode)
+            with forksafe.moving():  # opened and recorded with no fork in between
+                self.fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, self.mode)
         return self.fd
 
     def acquire(self) -> int:
@@ -104,12 +105,13 @@ class OwnerRegistry:
         if not RETIRED.by_file or (self.index and self.pid == forksafe.pid()):
             return False
         fd = self._ensure_fd()
-        adopted = RETIRED.take(fd)
-        if adopted is None:
-            return False
-        kept_fd, (idx, held) = adopted
-        os.close(fd)  # holds no lock: try_hold releases before the queue lock is let go
-        self.fd, self.index, self.pid = kept_fd, idx, forksafe.pid()
+        with forksafe.moving():  # the kept descriptor is always recorded somewhere at a fork
+            adopted = RETIRED.take(fd)
+            if adopted is None:
+                return False
+            kept_fd, (idx, held) = adopted
+            self.fd, self.index, self.pid = kept_fd, idx, forksafe.pid()
+            os.close(fd)  # holds no lock: try_hold releases before the queue lock is let go
         for key, lc in held.items():
             self.held.setdefault(key, lc)
         return True
@@ -180,8 +182,9 @@ class OwnerRegistry:
     def forget(self) -> None:
         """Drop the index without unlocking (after fork: the lock belongs to the parent)."""
         if self.fd >= 0 and self.pid and self.pid != forksafe.pid():
-            os.close(self.fd)  # closing our copy does not release the parent's lock
-            self.fd = -1
+            with forksafe.moving():
+                fd, self.fd = self.fd, -1
+                os.close(fd)  # closing our copy does not release the parent's lock
         self.index = 0
         self.pid = 0
 
@@ -189,17 +192,19 @@ class OwnerRegistry:
         """Give the index up, unless leases are still held under it (``held``: the caller drops
         those that ended): then it stays locked in :data:`RETIRED` for the next registry of this
         process to adopt, and the kernel drops it when the process exits."""
-        if self.fd >= 0:
-            if self.index and self.pid == forksafe.pid():
-                if self.held:
-                    RETIRED.keep(self.fd, (self.index, self.held))
-                    self.fd, self.index, self.pid, self.held = -1, 0, 0, {}
-                    return
-                lib.ringq_owner_unlock(self.fd, self.index)
-            os.close(self.fd)
-        self.fd = -1
-        self.index = 0
-        self.pid = 0
+        with forksafe.moving():  # the descriptor is recorded in one place at any fork
+            if self.fd >= 0:
+                if self.index and self.pid == forksafe.pid():
+                    if self.held:
+                        RETIRED.keep(self.fd, (self.index, self.held))
+                        self.fd, self.index, self.pid, self.held = -1, 0, 0, {}
+                        return
+                    lib.ringq_owner_unlock(self.fd, self.index)
+                fd, self.fd = self.fd, -1
+                os.close(fd)
+            self.fd = -1
+            self.index = 0
+            self.pid = 0
 
 
 def _drop_lease(

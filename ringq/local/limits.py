@@ -172,9 +172,10 @@ class LimitGate:
                 else:
                     self.release(loc)
             if live:
-                fd = self.file.give_lock_fd()
-                if fd >= 0:
-                    CAPS_KEPT.keep(fd, live)
+                with forksafe.moving():  # the descriptor is recorded in one place at any fork
+                    fd = self.file.give_lock_fd()
+                    if fd >= 0:
+                        CAPS_KEPT.keep(fd, live)
                 self.held.clear()
                 self._mine.clear()
             self.file.close()
@@ -188,11 +189,13 @@ class LimitGate:
         if not CAPS_KEPT.by_file or not os.path.exists(self.path):
             return
         with self._mutex:
-            got = CAPS_KEPT.take(self.file.lock_fd())
-            if got is None:
-                return
-            fd, live = got
-            self.file.take_lock_fd(fd)
+            own = self.file.lock_fd()
+            with forksafe.moving():  # the kept descriptor is always recorded somewhere at a fork
+                got = CAPS_KEPT.take(own)
+                if got is None:
+                    return
+                fd, live = got
+                self.file.take_lock_fd(fd)
             for loc, (ticket, lc) in live.items():
                 seg = segment(loc[0])
                 if seg is None:

@@ -204,11 +204,11 @@ def expiry_ms(expires_in: float | None, expires_at: float | None) -> int | None:
             raise ValueError(
                 f"expires_in must be a finite number of seconds from 0 to about 33 years, got {expires_in!r}"
             )
-        return int(time.time() * 1000 + expires_in * 1000)
+        return int(time.time() * 1000 + float(expires_in) * 1000)  # float: never numpy float32
     if expires_at is not None:
         if not _number(expires_at) or not 0 <= expires_at < 2**62 / 1000:
             raise ValueError(f"expires_at must be seconds since the Unix epoch, got {expires_at!r}")
-        return int(expires_at * 1000)
+        return int(float(expires_at) * 1000)
     return None
 
 

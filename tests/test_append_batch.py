@@ -216,6 +216,7 @@ q = Queue(path, "q", slot_size=128, slot_count=64, durability="none")
 q.enqueue_many(["a", "b", "c", "d"])
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
 soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+sys.dont_write_bytecode = True  # a module first imported under the limit: no truncated cache
 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
 try:
     q.enqueue_many([{"n": i, "pad": "z" * 40} for i in range(20)])

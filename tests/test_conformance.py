@@ -1072,3 +1072,11 @@ def test_a_nack_error_that_is_not_text_is_kept_as_its_str(q):
     q.enqueue_many([1, 2])
     assert q.nack(q.lease_one(), error=ValueError("boom"), delay=60).last_error == "boom"
     assert q.nack(q.lease_one(), error=123, delay=60).last_error == "123"
+
+
+def test_an_expiry_given_as_a_numpy_float32_is_computed_in_full_precision(q):
+    # time.time() * 1000 + float32 stayed float32: 75 to 94 s early for an hour, and an expiry
+    # of 30 s was already past.
+    job = q.enqueue("x", expires_in=np.float32(30))
+    assert 29 < job.expires_at - time.time() <= 30
+    assert q.lease_one() is not None

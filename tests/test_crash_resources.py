@@ -137,6 +137,7 @@ RLIMIT_CHILD = textwrap.dedent("""
     for i in range(8):
         q.enqueue(i)                      # segment 1 is full
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    sys.dont_write_bytecode = True  # a module first imported under the limit: no truncated cache
     resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))  # the next segment cannot be written
     try:
         q.enqueue(8)
@@ -155,6 +156,7 @@ def test_a_control_file_that_cannot_be_written_whole_is_queue_full(tmp_path):
     # open said the control file was damaged (remove it and reopen) instead of full.
     code = textwrap.dedent("""
         import resource, sys, ringq
+        sys.dont_write_bytecode = True  # no bytecode cache written short under the limit
         resource.setrlimit(resource.RLIMIT_FSIZE, (3000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
         try:
             ringq.Queue(sys.argv[1])
@@ -168,6 +170,30 @@ def test_a_control_file_that_cannot_be_written_whole_is_queue_full(tmp_path):
     assert [f for f in os.listdir(tmp_path / "q") if not f.endswith(".lock")] == []
     with Queue(tmp_path / "q") as q:  # without the limit the queue is created
         q.enqueue(1)
+
+
+def test_limits_and_schedule_files_that_cannot_be_written_whole_are_queue_full(tmp_path):
+    # The schedule file was left at 4096 bytes (every later schedule call then refused it as
+    # damaged), and the limits file was sparse (SIGBUS when a nearly full tmpfs had no page).
+    code = textwrap.dedent("""
+        import resource, sys, ringq
+        q = ringq.Queue(sys.argv[1])
+        sys.dont_write_bytecode = True  # no bytecode cache written short under the limit
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        for call in (lambda: q.limit("k", concurrency=1), lambda: q.schedule("s", 1, every=60)):
+            try:
+                call()
+            except ringq.QueueFullError as exc:
+                print("full:", "cannot write" in str(exc))
+    """)
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "q")], capture_output=True,
+                         text=True, env=child_env(), timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["full: True", "full: True"], out.stdout
+    with Queue(tmp_path / "q") as q:  # without the limit both work
+        q.limit("k", concurrency=1)
+        q.schedule("s", 1, every=60)
+        assert [s.name for s in q.schedules()] == ["s"]
 
 
 def test_a_geometry_no_disk_holds_leaves_no_queue_behind(tmp_path):

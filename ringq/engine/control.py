@@ -7,15 +7,14 @@ lease-deadline floor.  Its operations are here too, so that no other module spel
 
 from __future__ import annotations
 
-import errno
 import os
 import struct
 
-from ringq.errors import CorruptionError, FormatVersionError, QueueFullError
+from ringq.errors import CorruptionError, FormatVersionError
 
 from . import native
 from ._native import ffi, lib
-from .mapped import Mapped, crc32c, fsync_dir, open_nofollow
+from .mapped import Mapped, crc32c, fsync_dir, open_nofollow, write_whole
 from .segment import PAGE, check_geometry
 
 CTL_VERSION = 1  # the control page's own layout (unchanged by segment format 2)
@@ -93,22 +92,7 @@ class Control(Mapped):
             pass
         fd = open_nofollow(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
         try:
-            try:
-                written = os.pwrite(fd, bytes(page), 0)
-            except OSError as exc:
-                if exc.errno not in native.FULL:
-                    raise
-                written = -exc.errno
-            if written != PAGE:  # a full disk, a quota, a file size limit (RLIMIT_FSIZE)
-                why = (
-                    os.strerror(-written)
-                    if written < 0
-                    else "short write: no room, or a file size limit"
-                )
-                raise QueueFullError(
-                    errno.ENOSPC if written >= 0 else -written,
-                    f"cannot write the control file {path} ({PAGE} bytes): {why}",
-                )
+            write_whole(fd, bytes(page), PAGE, f"the control file {path}")
             os.fsync(fd)
         except BaseException:
             os.close(fd)

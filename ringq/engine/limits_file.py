@@ -25,7 +25,7 @@ from ringq.errors import LimitError, LimitsFileError
 
 from . import forksafe, native
 from ._native import lib
-from .mapped import Mapped, crc32c, fsync_dir
+from .mapped import Mapped, crc32c, fsync_dir, write_whole
 from .mapped import open_nofollow as _open_nofollow
 
 __all__ = ["Limit", "LimitsFile", "MAX_CONCURRENCY", "MAX_LIMITS", "MAX_UNIQUE", "free_slot_on"]
@@ -109,11 +109,13 @@ def create(path: str, mode: int = 0o600) -> None:
     tmp = f"{path}.{os.getpid()}.{random.getrandbits(32):08x}.tmp"
     fd = _open_nofollow(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
     try:
-        os.pwrite(fd, bytes(page), 0)
-        os.ftruncate(fd, FILE_SIZE)
+        write_whole(fd, bytes(page), FILE_SIZE, f"the limits file {path}")
         os.fsync(fd)
-    finally:
+    except BaseException:
         os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
     try:
         os.link(tmp, path)  # fails if another process created it first: theirs is kept
     except FileExistsError:

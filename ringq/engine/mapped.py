@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from ringq.errors import CorruptionError
+from ringq.errors import CorruptionError, QueueFullError
 
 from . import native
 from ._native import ffi, lib
@@ -29,6 +29,28 @@ def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
     """CRC32C (Castagnoli) of ``data``, continuing from ``crc``."""
     buf = ffi.from_buffer(data)
     return lib.ringq_crc32c(crc, buf, len(buf))
+
+
+def write_whole(fd: int, data: bytes, size: int, path: str) -> None:
+    """Write ``data`` at offset 0 of the new file ``fd`` and allocate it to ``size`` bytes (never
+    sparse: a page the disk cannot hold would be SIGBUS when read through a mapping).  Raises
+    QueueFullError when the disk, a quota or a file size limit (RLIMIT_FSIZE) leaves no room: a
+    short write included, which would leave a file of an impossible size."""
+    try:
+        written = os.pwrite(fd, data, 0)
+        if written == len(data) and size > len(data):
+            os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in native.FULL:
+            raise
+        raise QueueFullError(
+            exc.errno, f"cannot write {path} ({size} bytes): {os.strerror(exc.errno)}"
+        ) from None
+    if written != len(data):
+        raise QueueFullError(
+            errno.ENOSPC,
+            f"cannot write {path} ({size} bytes): short write (no room, or a file size limit)",
+        )
 
 
 def open_nofollow(path: str, flags: int, mode: int = 0o600) -> int:

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 from ringq import codec
 from ringq.backend import check_attempts, check_priority
-from ringq.engine.mapped import Mapped, crc32c, fsync_dir
+from ringq.engine.mapped import Mapped, crc32c, fsync_dir, write_whole
 from ringq.engine.owner import OwnerRegistry
 from ringq.errors import CorruptionError, FormatVersionError, QueueClosedError, RingqError
 
@@ -372,10 +372,13 @@ def _create_ticks(path: str, mode: int) -> None:
         buf[: len(head)] = head
         struct.pack_into("<I", buf, 16, crc32c(head))
         struct.pack_into("<Q", buf, OFF_EARLIEST, NEVER << 20)
-        os.write(fd, bytes(buf))
+        write_whole(fd, bytes(buf), TICKS_SIZE, f"the schedule file {path}")
         os.fsync(fd)
-    finally:
+    except BaseException:
         os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
     try:
         os.link(tmp, path)
     except FileExistsError:

@@ -187,7 +187,7 @@ def due_delay(delay: Any) -> Any:
     """An enqueue's ``delay`` as stored: a negative number of seconds means "due now" (nobroker's
     rule, so ``run_at - time.time()`` works once ``run_at`` passed); anything else unchanged, for
     the caller's range check (NaN and values past the limit stay errors)."""
-    if isinstance(delay, (int, float)) and not isinstance(delay, bool) and -math.inf < delay < 0:
+    if _number(delay) and -math.inf < delay < 0:
         return 0.0
     return delay
 
@@ -414,15 +414,11 @@ def timeout_ms(timeout: float | None) -> int | None:
     ``(0, MAX_TIMEOUT]`` (about 49 days)."""
     if timeout is None:
         return None
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, (int, float))
-        or not 0 < timeout <= MAX_TIMEOUT
-    ):
+    if not _number(timeout) or not 0 < timeout <= MAX_TIMEOUT:
         raise ValueError(
             f"timeout must be a number of seconds > 0 and at most {MAX_TIMEOUT:.0f}, got {timeout!r}"
         )
-    return min(0xFFFFFFFF, max(1, int(round(timeout * 1000))))
+    return min(0xFFFFFFFF, max(1, int(round(float(timeout) * 1000))))
 
 
 def check_depends_on(depends_on: object, job_id: str | None = None) -> list[str] | None:

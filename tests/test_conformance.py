@@ -485,6 +485,11 @@ def test_numpy_numbers_are_taken_where_numbers_are(q):
     q.ack(b)
 
 
+def test_numpy_timeouts_and_negative_numpy_delays_are_taken(q):
+    job = q.enqueue("t", timeout=np.float32(5), delay=np.int64(-5))  # a negative delay: due now
+    assert job.timeout == 5 and q.lease_one().id == job.id
+
+
 def test_numpy_numbers_are_taken_for_queue_options(queue_factory):
     q = queue_factory(max_attempts=np.int64(2))
     job = q.enqueue("x")

@@ -154,9 +154,6 @@ def test_a_close_racing_an_ack_through_another_object_keeps_nothing_for_the_acke
     import queue as stdqueue
     import threading
 
-    from ringq.engine.owner import RETIRED
-    from ringq.local.limits import CAPS_KEPT
-
     path = tmp_path / "q"
     shared = Queue(path)
     shared.limit("k", concurrency=64)
@@ -190,9 +187,12 @@ def test_a_close_racing_an_ack_through_another_object_keeps_nothing_for_the_acke
     for t in ackers:
         t.join()
     assert failures == [] and shared.stats().done == 400
-    assert (RETIRED.count(), CAPS_KEPT.count()) == (0, 0)
+    # Nothing kept for this queue: no owner index of it held by this process, no cap slot taken.
+    owners = OwnerRegistry(str(path / "default.owners"))
+    assert owners.held_by(os.getpid()) == set()
     assert [(lim.name, lim.running) for lim in shared.limits()] == [("k", 0)]
     shared.close()
+    owners.close()
 
 
 def test_kept_slots_of_leases_ended_by_expiry_or_purge_are_freed(tmp_path):

@@ -459,3 +459,5 @@ def test_numpy_integers_are_taken_for_caps_bursts_geometry_and_schedules(tmp_pat
         assert (info.concurrency, info.rate, info.burst) == (2, (10, 1.0), 3)
         q.schedule("tick", {"t": 1}, every=np.int64(60))
         assert [s.name for s in q.schedules()] == ["tick"]
+        first = q.enqueue("u", key="u", unique_for=np.int64(60))
+        assert q.enqueue("u again", key="u", unique_for=np.float32(60)).id == first.id

@@ -8,6 +8,7 @@ an entry is live, an enqueue of ``k`` returns the job that opened the window ins
 from __future__ import annotations
 
 import hashlib
+import numbers
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,7 +47,7 @@ def enqueue_unique(
     table is full."""
     if (
         isinstance(unique_for, bool)
-        or not isinstance(unique_for, (int, float))
+        or not isinstance(unique_for, numbers.Real)
         or not 0 < unique_for < MAX_UNIQUE_FOR
     ):
         raise LimitError(
@@ -92,7 +93,7 @@ def enqueue_unique(
             U_ID, b"\0"
         ) + raw.ljust(MAX_UNIQUE_ID, b"\0")
         m.store64(
-            base + U_EXPIRES, now + int(unique_for * 1000)
+            base + U_EXPIRES, now + int(float(unique_for) * 1000)
         )  # last: the entry counts from here
         m.msync(
             OFF_UNIQUE + (free * UENTRY // PAGE) * PAGE,

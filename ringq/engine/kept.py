@@ -66,28 +66,13 @@ class Kept(Generic[T]):
         forgets it in each state kept for the file at ``path`` (True if that state held it), and
         a state that is ``empty`` afterwards has its descriptor closed (the locks it carries go
         with it).  True if some state held the lease.  No system call while nothing is kept."""
-        if not self.by_file:
-            return False
-        try:
-            st = os.stat(path)
-        except OSError:
-            return False
         found = False
-        with (
-            forksafe.moving(),
-            self.mutex,
-        ):  # no fork between forgetting a descriptor and closing it
-            kept = self.by_file.get((st.st_dev, st.st_ino))
-            if not kept:
-                return False
-            for entry in list(kept):
-                if drop(entry[0], entry[1], key):
-                    found = True
-                    if empty(entry[1]):
-                        kept.remove(entry)
-                        os.close(entry[0])
-            if not kept:
-                del self.by_file[(st.st_dev, st.st_ino)]
+
+        def one(fd: int, state: T) -> None:
+            nonlocal found
+            found = drop(fd, state, key) or found
+
+        self.settle(path, one, empty)  # a state is kept non-empty: only a drop can empty it
         return found
 
     def settle(
@@ -101,10 +86,8 @@ class Kept(Generic[T]):
             st = os.stat(path)
         except OSError:
             return
-        with (
-            forksafe.moving(),
-            self.mutex,
-        ):  # no fork between forgetting a descriptor and closing it
+        # No fork between forgetting a descriptor and closing it.
+        with forksafe.moving(), self.mutex:
             kept = self.by_file.get((st.st_dev, st.st_ino))
             if not kept:
                 return

@@ -99,11 +99,6 @@ class Kept(Generic[T]):
             if not kept:
                 del self.by_file[(st.st_dev, st.st_ino)]
 
-    def count(self) -> int:
-        """How many descriptors are kept."""
-        with self.mutex:
-            return sum(len(kept) for kept in self.by_file.values())
-
     def drop_inherited_locks(self) -> None:
         """In a forked child: close the copies; the locks are the parent's."""
         for kept in self.by_file.values():

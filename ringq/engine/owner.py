@@ -15,8 +15,9 @@ of another index holds that index's lock while it reclaims, so no new holder can
 Leases belong to the process, not to a ``Queue`` object: closing a registry whose process still
 holds leases under its index keeps the index locked (its descriptor is kept open in
 :data:`RETIRED`, ringq/engine/kept.py), and the next registry of the same owners file in the same
-process adopts that index and its leases.  So a lease taken through a queue object that was closed (or collected) is
-acked through a new one as if nothing happened, and still ends at once when the process dies.
+process adopts that index and its leases.  So a lease taken through a queue object that was
+closed (or collected) is acked through a new one as if nothing happened, and still ends at once
+when the process dies.
 """
 
 from __future__ import annotations

@@ -163,11 +163,7 @@ class LimitGate:
         with self._mutex:
             live: dict[tuple[int, int], tuple[_Ticket, int]] = {}
             for loc, (ticket, seg, lc) in list(self.held.items()):
-                try:
-                    w = seg.load64(seg.state_off_of(loc[1]))
-                except errors.RingqError:
-                    w = 0  # the segment retired: the job finished
-                if state(w) == ST_LEASED and lease_count(w) == lc:
+                if _still_leased(seg, loc[1], lc):
                     live[loc] = (ticket, lc)
                 else:
                     self.release(loc)
@@ -408,15 +404,9 @@ class LimitGate:
         def settle(fd: int, live: dict[tuple[int, int], tuple[_Ticket, int]]) -> None:
             nonlocal freed
             for loc, (ticket, lc) in list(live.items()):
-                seg = segment(loc[0])
-                try:
-                    w = 0 if seg is None else seg.load64(seg.state_off_of(loc[1]))
-                except errors.RingqError:
-                    w = 0  # the segment retired: the job finished
-                if state(w) != ST_LEASED or lease_count(w) != lc:
+                if not _still_leased(segment(loc[0]), loc[1], lc):
                     del live[loc]
-                    for index, j in ticket.slots:
-                        free_slot_on(fd, index, j)
+                    _free_on(fd, ticket)
                     freed = True
 
         CAPS_KEPT.settle(self.path, settle, _nothing_kept)
@@ -427,8 +417,7 @@ class LimitGate:
 
         def settle(fd: int, live: dict[tuple[int, int], tuple[_Ticket, int]]) -> None:
             for ticket, _lc in live.values():
-                for index, j in ticket.slots:
-                    free_slot_on(fd, index, j)
+                _free_on(fd, ticket)
             live.clear()
 
         CAPS_KEPT.settle(self.path, settle, _nothing_kept)
@@ -523,9 +512,24 @@ def _free_kept(
     got = live.pop(loc, None)
     if got is None:
         return False
-    for index, j in got[0].slots:
-        free_slot_on(fd, index, j)
+    _free_on(fd, got[0])
     return True
+
+
+def _free_on(fd: int, ticket: _Ticket) -> None:
+    """Unlock ``ticket``'s cap slots, held through the kept descriptor ``fd``."""
+    for index, j in ticket.slots:
+        free_slot_on(fd, index, j)
+
+
+def _still_leased(seg: Segment | None, slot: int, lc: int) -> bool:
+    """True if ``slot`` of ``seg`` still holds the lease of count ``lc`` (None, or a retired
+    segment: the job finished)."""
+    try:
+        w = 0 if seg is None else seg.load64(seg.state_off_of(slot))
+    except errors.RingqError:
+        return False
+    return state(w) == ST_LEASED and lease_count(w) == lc
 
 
 def _nothing_kept(live: dict[tuple[int, int], tuple[_Ticket, int]]) -> bool:

@@ -127,13 +127,15 @@ class DirStore:
 
     def sweep_lock(self) -> SweepLock:
         if self._fd < 0:
-            self._fd = os.open(self._sweep_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            with forksafe.moving():  # opened and recorded with no fork in between
+                self._fd = os.open(self._sweep_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         return _Flock(self._fd)
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-        self._fd = -1
+        with forksafe.moving():  # forgotten before it is closed, with no fork in between
+            fd, self._fd = self._fd, -1
+            if fd >= 0:
+                os.close(fd)
 
 
 class _Flock:

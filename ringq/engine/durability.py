@@ -415,9 +415,10 @@ class Group(Strategy):
     def _lead(self) -> int:
         if self._leader_fd < 0:
             path = os.path.join(self.ring.dir, f"{self.ring.name}.sync")
-            self._leader_fd = os.open(
-                path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, self.ring.mode
-            )
+            with forksafe.moving():  # opened and recorded with no fork in between
+                self._leader_fd = os.open(
+                    path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, self.ring.mode
+                )
         return self._leader_fd
 
     def make_durable(self, touched: dict[int, list[int]], end: int) -> None:
@@ -526,9 +527,10 @@ class Group(Strategy):
 
     def close(self) -> None:
         super().close()
-        if self._leader_fd >= 0 and self._pid == forksafe.pid():
-            os.close(self._leader_fd)
-        self._leader_fd = -1
+        with forksafe.moving():  # forgotten before it is closed, with no fork in between
+            fd, self._leader_fd = self._leader_fd, -1
+            if fd >= 0 and self._pid == forksafe.pid():
+                os.close(fd)
 
 
 class Interval(Strategy):

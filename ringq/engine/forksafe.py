@@ -15,12 +15,15 @@ death).  Every such descriptor is also opened ``O_CLOEXEC``, so ``exec`` (``subp
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import threading
 import weakref
+from collections.abc import Iterator
 from typing import Protocol
 
-__all__ = ["register", "pid", "moving"]
+__all__ = ["register", "pid", "moving", "flocked"]
 
 
 class _Holder(Protocol):
@@ -57,6 +60,28 @@ def register(holder: _Holder) -> None:
     _HOLDERS.add(holder)
 
 
+# Descriptors open for one ``flocked`` block: a child closes its copies at once.
+_brief: set[int] = set()
+
+
+@contextlib.contextmanager
+def flocked(path: str, flags: int, mode: int = 0o600, shared: bool = False) -> Iterator[int]:
+    """Open ``path`` (``os.open`` ``flags``, ``O_CLOEXEC`` added; ``mode`` if it is created) and
+    hold ``flock`` on it, exclusive or ``shared``, for the block; yields the descriptor.  A child
+    forked meanwhile never keeps a copy, so the lock ends when this block or this process does.
+    Raises OSError from ``open``."""
+    with _moving:  # opened and recorded with no fork in between
+        fd = os.open(path, flags | os.O_CLOEXEC, mode)
+        _brief.add(fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        yield fd
+    finally:
+        with _moving:  # forgotten before it is closed, with no fork in between
+            _brief.discard(fd)
+            os.close(fd)  # the flock ends with the last descriptor of its open file description
+
+
 def _before_fork() -> None:
     _moving.acquire()
 
@@ -69,6 +94,12 @@ def _after_fork_in_child() -> None:
     global _pid, _moving
     _moving = threading.RLock()  # the parent's threads that might wait for it are not here
     _pid = os.getpid()
+    for fd in list(_brief):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _brief.clear()
     for holder in list(_HOLDERS):
         try:
             holder.drop_inherited_locks()

@@ -44,11 +44,13 @@ class WriterLock:
         self._tlock = threading.RLock()  # serialises this process's threads around the flock
         self._depth = 0  # nesting in the thread holding _tlock
         self._closed = False
+        self._fd = -1
+        forksafe.register(self)
         try:
-            self._fd = open_nofollow(path, os.O_RDWR | os.O_CREAT, mode)
+            with forksafe.moving():  # opened and recorded with no fork in between
+                self._fd = open_nofollow(path, os.O_RDWR | os.O_CREAT, mode)
         except OSError as exc:
             raise type(exc)(exc.errno, f"cannot open {path}: {exc.strerror}") from None
-        forksafe.register(self)
 
     def __enter__(self) -> None:
         self._tlock.acquire()
@@ -114,9 +116,11 @@ class WriterLock:
         self._depth = 0
 
     def _after_fork(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-        self._fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, self.mode)
+        with forksafe.moving():  # each descriptor recorded while it is open, at any fork
+            if self._fd >= 0:
+                fd, self._fd = self._fd, -1
+                os.close(fd)
+            self._fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, self.mode)
         self._depth = 0
 
     def _flock(self) -> None:
@@ -157,6 +161,7 @@ class WriterLock:
 
     def close(self) -> None:
         self._closed = True
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        with forksafe.moving():  # forgotten before it is closed, with no fork in between
+            fd, self._fd = self._fd, -1
+            if fd >= 0:
+                os.close(fd)

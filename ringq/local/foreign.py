@@ -23,13 +23,14 @@ record that is torn or fails its checksum (nobroker itself truncates the log the
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import json
 import os
 import re
 import struct
 from typing import Any
 
+from ringq.engine import forksafe
 from ringq.errors import CorruptionError, ForeignQueueError
 from ringq.job import Job, JobState
 
@@ -232,12 +233,9 @@ def read_nobroker_log(log_path: str | os.PathLike[str]) -> tuple[list[Job], str 
 def read_locked(source: str, name: str, log: str) -> tuple[list[Job], str | None]:
     """Read ``log`` while holding nobroker's queue lock, released before anything is written."""
     lock_path = os.path.join(source, f"{name}.lock")
-    try:
-        fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return read_nobroker_log(log)  # no lock file (or not readable): nobody to exclude
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(forksafe.flocked(lock_path, os.O_RDONLY, shared=True))
+        except OSError:
+            pass  # no lock file (or not readable): nobody to exclude
         return read_nobroker_log(log)
-    finally:
-        os.close(fd)  # closing drops the flock

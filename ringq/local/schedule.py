@@ -33,7 +33,6 @@ from __future__ import annotations
 import base64
 import builtins
 import errno
-import fcntl
 import json
 import numbers
 import os
@@ -48,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 from ringq import codec
 from ringq.backend import check_attempts, check_priority
+from ringq.engine import forksafe
 from ringq.engine.mapped import Mapped, crc32c, fsync_dir, write_whole
 from ringq.engine.owner import OwnerRegistry
 from ringq.errors import CorruptionError, FormatVersionError, QueueClosedError, RingqError
@@ -496,18 +496,6 @@ class Scheduler:
         self._open_error = None
         return self._tab
 
-    class _Flock:
-        def __init__(self, path: str) -> None:
-            self.path = path
-            self.fd = -1
-
-        def __enter__(self) -> None:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
-
-        def __exit__(self, *exc: object) -> None:
-            os.close(self.fd)  # releases the flock
-
     def _defs_now(self, tab: Mapped) -> list[_Def]:
         """The definitions, re-read when another process replaced the file."""
         v = tab.load64(OFF_DEFS_VERSION)
@@ -591,7 +579,7 @@ class Scheduler:
         kind, data = codec.encode(payload)
         with self._lock:
             tab = self._table(create=True)
-            with self._Flock(self.ticks_path):
+            with forksafe.flocked(self.ticks_path, os.O_RDWR | os.O_NOFOLLOW):
                 defs = _read_defs(self.sched_path)
                 old = next((d for d in defs if d.name == name), None)
                 now = _now_ms()
@@ -662,7 +650,7 @@ class Scheduler:
             tab = self._table(create=False)
             if tab is None:
                 raise ScheduleNotFoundError(f"no schedule named {name!r} in queue {self.name!r}")
-            with self._Flock(self.ticks_path):
+            with forksafe.flocked(self.ticks_path, os.O_RDWR | os.O_NOFOLLOW):
                 defs = _read_defs(self.sched_path)
                 gone = next((d for d in defs if d.name == name), None)
                 if gone is None:
@@ -710,7 +698,8 @@ class Scheduler:
 
     def _fire_one(self, q: Queue, tab: Mapped, d: _Def, me: int) -> Job | None:
         if tab.load64(self._eoff(d.slot, E_UID)) != d.uid:
-            with self._Flock(self.ticks_path):  # an add that died before initialising the entry
+            # an add that died before initialising the entry
+            with forksafe.flocked(self.ticks_path, os.O_RDWR | os.O_NOFOLLOW):
                 if (
                     _read_defs(self.sched_path) == self._defs
                     and tab.load64(self._eoff(d.slot, E_UID)) != d.uid

@@ -50,6 +50,7 @@ __all__ = [
     "IN_META",
     "MAX_KEY_BYTES",
     "MAX_DEPTH",
+    "MAX_FIELD_DEPTH",
     "encode",
     "encode_stored",
     "encode_stored_many",
@@ -76,6 +77,7 @@ MAX_KEY_BYTES = 128  # a key is a limit's name, and a limit's name has 128 bytes
 # a payload nested near that limit, accepted where it was enqueued, would fail to decode in a
 # consumer that calls from deeper.  This leaves hundreds of frames to every consumer.
 MAX_DEPTH = 256
+MAX_FIELD_DEPTH = 32  # levels of a structured numpy dtype's fields within fields
 _U16 = struct.Struct("<H")
 
 # Blocks of a mixed payload start at multiples of this many bytes from the payload's start, so a
@@ -441,6 +443,11 @@ def _check_array(obj: np.ndarray, where: str) -> None:
             "cannot be stored exactly (plain numpy.ndarray only; convert it, e.g. a masked "
             "array to its .data and .mask arrays)"
         )
+    if obj.dtype.itemsize == 0:
+        raise SerializationError(
+            f"{where} is a numpy array of dtype {obj.dtype}, whose items are 0 bytes wide, "
+            "which cannot be stored (numpy cannot rebuild such an array from its bytes)"
+        )
     if obj.dtype.hasobject:
         if obj.dtype == object:
             raise SerializationError(
@@ -450,6 +457,26 @@ def _check_array(obj: np.ndarray, where: str) -> None:
             f"{where} is a numpy array of dtype {obj.dtype}, whose items live outside the "
             "array's bytes, which cannot be stored; a fixed-width dtype such as '<U16' or 'S16' can"
         )
+
+
+def _check_fields(dt: np.dtype, depth: int) -> None:
+    """Refuse a structured dtype (``depth`` levels of fields deep so far) that the stored header
+    cannot give back: a title that is not a str, at any depth, or fields nested more than
+    MAX_FIELD_DEPTH deep (each level is several levels of the header's JSON)."""
+    if depth > MAX_FIELD_DEPTH:
+        raise SerializationError(
+            f"a numpy dtype whose structured fields nest more than {MAX_FIELD_DEPTH} deep "
+            "cannot be stored"
+        )
+    for name, (fdt, _off, *title) in (dt.fields or {}).items():
+        if title and not isinstance(title[0], str):
+            raise SerializationError(
+                f"a numpy dtype whose field {name!r} has a title of type "
+                f"{type(title[0]).__name__} cannot be stored (titles must be str)"
+            )
+        base = fdt.subdtype[0] if fdt.subdtype is not None else fdt
+        if base.fields is not None:
+            _check_fields(base, depth + 1)
 
 
 def _spec(dt: np.dtype) -> Any:
@@ -462,12 +489,7 @@ def _spec(dt: np.dtype) -> Any:
         return dt.str
     import numpy as np
 
-    for name, (_fdt, _off, *title) in dt.fields.items():
-        if title and not isinstance(title[0], str):
-            raise SerializationError(
-                f"a numpy dtype whose field {name!r} has a title of type "
-                f"{type(title[0]).__name__} cannot be stored (titles must be str)"
-            )
+    _check_fields(dt, 1)
     try:
         descr: Any = dt.descr
         if not dt.isalignedstruct and all(f[0] for f in descr) and np.dtype(descr) == dt:
@@ -551,6 +573,11 @@ def _to_tree(obj: Any, blocks: _Blocks, where: str, stack: list[int]) -> Any:
         if arr.dtype.hasobject:
             raise SerializationError(
                 f"{where} is a numpy object scalar, which cannot be stored (no pickle)"
+            )
+        if arr.dtype.itemsize == 0:
+            raise SerializationError(
+                f"{where} is a numpy scalar of dtype {arr.dtype}, 0 bytes wide, which cannot be "
+                "stored (numpy cannot rebuild it from its bytes)"
             )
         return {_TAG_SCALAR: [*blocks.add(arr.tobytes()), _spec(arr.dtype)]}
     if isinstance(obj, (dict, list, tuple)):

@@ -419,3 +419,46 @@ def test_a_field_dtype_with_metadata_is_stored_without_it_and_a_bytes_title_is_r
     for payload in (titled, {"x": titled}):
         with pytest.raises(SerializationError, match="title of type bytes"):
             codec.encode(payload)
+
+
+def _fields_within_fields(levels: int) -> np.dtype:
+    dt = np.dtype("<i4")
+    for _ in range(levels):
+        dt = np.dtype([("f", dt)])
+    return dt
+
+
+@pytest.mark.parametrize(
+    "payload, match",
+    [
+        # a bytes title one level down (plain field, then a subarray field): bare TypeError from json
+        (np.zeros(2, np.dtype([("a", np.dtype([((b"t", "n"), "<i4")]))])), "title of type bytes"),
+        (
+            {"x": np.zeros(2, np.dtype([("a", np.dtype([((b"t", "n"), "<i4")]), (2,))]))},
+            "title of type bytes",
+        ),
+        # fields 500 levels within fields: bare RecursionError from json
+        (np.zeros(1, _fields_within_fields(500)), "nest more than 32 deep"),
+        ({"x": np.zeros(1, _fields_within_fields(33))}, "nest more than 32 deep"),
+        # items 0 bytes wide: accepted, then undecodable in every consumer
+        (np.zeros(3, "V0"), "0 bytes wide"),
+        ({"x": np.zeros(3, np.dtype([]))}, "0 bytes wide"),
+        ({"x": np.void(b"")}, "0 bytes wide"),
+    ],
+)
+def test_a_dtype_the_header_cannot_give_back_is_refused_by_name(tmp_path, payload, match):
+    q = Queue(str(tmp_path / "q"))
+    with pytest.raises(SerializationError, match=match):
+        q.enqueue(payload)
+    assert q.stats().ready == 0  # nothing half-stored
+
+
+def test_the_deepest_dtype_within_the_deepest_payload_decodes():
+    arr = np.arange(2, dtype="<i4").view(_fields_within_fields(codec.MAX_FIELD_DEPTH))
+    payload: object = arr
+    for _ in range(codec.MAX_DEPTH - 1):
+        payload = [payload]
+    back = codec.decode(*codec.encode(payload))
+    for _ in range(codec.MAX_DEPTH - 1):
+        back = back[0]
+    assert back.dtype == arr.dtype and back.tobytes() == arr.tobytes()

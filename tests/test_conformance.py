@@ -780,6 +780,25 @@ def test_a_holder_whose_lease_ended_before_the_job_was_cancelled_is_refused(q, e
         q.result(job.id)
 
 
+@pytest.mark.parametrize("attempts", [5, 1], ids=["a retry left", "the last attempt"])
+def test_cancelling_a_job_whose_lease_ran_out_returns_what_every_read_shows(q, attempts):
+    # The lease ran out and nothing has reclaimed it yet: the cancel acts on what reclaiming
+    # makes of it (a retry is cancelled; a last attempt is dead-lettered, too late to cancel).
+    q.enqueue("x", max_attempts=attempts)
+    job = q.lease_one(visibility_timeout=0.05)
+    time.sleep(0.12)
+    if attempts > 1:
+        assert q.cancel(job.id).state is JobState.CANCELLED
+        assert q.get(job.id).state is JobState.CANCELLED
+    else:
+        with pytest.raises(ringq.JobFinishedError, match="dead"):
+            q.cancel(job.id)
+        assert q.get(job.id).state is JobState.DEAD
+    with pytest.raises(NotLeasedError):
+        q.ack(job)
+    assert q.lease_one() is None
+
+
 def test_a_job_cancelled_before_any_lease_is_still_cancelled_once(q):
     job = q.enqueue("x")
     assert q.cancel(job.id).state is JobState.CANCELLED

@@ -32,8 +32,16 @@ def cancel(leases: Leases, job: Job | str, queue: str) -> Job:
     view, slot, job_id = leases.locate(job, queue)
     ring, seg = leases.ring, view.seg
     w = seg.load_state(slot)
+    settled = False
     while True:
         st = state(w)
+        if st == ST_LEASED and not settled:
+            # A lease that ran out, or whose holder died, is what reclaiming makes of it (a
+            # retry, or dead-lettered) before it is cancelled, as every read shows it.
+            leases.settle(True)
+            settled = True
+            w = seg.load_state(slot)
+            continue
         if st == ST_READY:
             new = transitions.cancelled_pending(w, now_ms() - seg.epoch_ms)
         elif st == ST_LEASED and not cancel_flag(w):

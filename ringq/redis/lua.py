@@ -656,6 +656,11 @@ CANCEL = r"""
 local id = ARGV[1]
 local m = load(id)
 if not m then return {'nf'} end
+while m.st == 'leased' and m.dl < now do
+  promote()  -- a lease that ran out is cancelled as what reclaiming makes it (a retry, or dead)
+  m = load(id)
+  if not m then return {'nf'} end
+end
 if m.st == 'ready' or m.st == 'deferred' then
   unplace(m, true)
   make_ended(m, 'cancelled')

@@ -105,6 +105,16 @@ def test_invalid_geometry_is_refused_even_when_the_queue_exists(tmp_path, kw):
         ringq.Queue(str(tmp_path), **kw)
 
 
+def test_a_geometry_whose_segment_holds_no_job_is_refused_and_the_smallest_that_does_works(tmp_path):
+    # One 64-byte slot is a record header and nothing else: every enqueue would be refused.
+    with pytest.raises(ValueError, match="holds no job"):
+        ringq.Queue(str(tmp_path / "a"), slot_size=64, slot_count=1)
+    assert not (tmp_path / "a").exists() or not any((tmp_path / "a").iterdir())
+    q = ringq.Queue(str(tmp_path / "b"), slot_size=64, slot_count=2)
+    q.enqueue_many([1, 2])
+    assert [j.payload for j in q.lease(5)] == [1, 2]
+
+
 @pytest.mark.parametrize(
     "lock_timeout", [float("nan"), -1, -0.001, -math.inf, True, None, "10"], ids=repr
 )

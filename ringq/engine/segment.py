@@ -48,6 +48,7 @@ __all__ = [
     "seg_layout",
     "rec_file_size",
     "check_geometry",
+    "MIN_SEGMENT_BYTES",
     "read_static",
     "write_file",
 ]
@@ -65,6 +66,8 @@ MAX_SLOT_SIZE = 1 << 20
 # writes every msync of the state file wrote about 1 MiB (benchmarks/pagecost.c, docs/benchmarks.md).
 FILL_WRITE = 4096
 MAX_SLOT_COUNT = 1 << 24  # slot numbers must fit the 24 bits of a ``supersedes`` reference
+# The smallest segment: a record's header and as much again for a payload and its id.
+MIN_SEGMENT_BYTES = 2 * ffi.sizeof("ringq_rec_header")
 
 # Static header of both files (CRC-covered): magic, version, header size, seq, slot size, slot
 # count, epoch ms, state offset, data offset, file size; then the CRC32C of those 64 bytes.
@@ -126,13 +129,21 @@ def rec_file_size(slot_size: int, slot_count: int) -> int:
 
 
 def check_geometry(slot_size: int, slot_count: int) -> None:
-    """Raise ValueError unless slot_size is a multiple of 64 in [64, 1 MiB] and slot_count in [1, 2**24)."""
+    """Raise ValueError unless slot_size is a multiple of 64 in [64, 1 MiB], slot_count in
+    [1, 2**24), and a segment (``slot_size * slot_count`` bytes) holds a record with a payload
+    (at least MIN_SEGMENT_BYTES: a record is a 64-byte header, its id and its payload)."""
     if not (64 <= slot_size <= MAX_SLOT_SIZE) or slot_size % 64:
         raise ValueError(
             f"slot_size must be a multiple of 64 between 64 and {MAX_SLOT_SIZE} bytes, got {slot_size}"
         )
     if not (1 <= slot_count < MAX_SLOT_COUNT):
         raise ValueError(f"slot_count must be between 1 and {MAX_SLOT_COUNT - 1}, got {slot_count}")
+    if slot_size * slot_count < MIN_SEGMENT_BYTES:
+        raise ValueError(
+            f"a segment of slot_size * slot_count = {slot_size * slot_count} bytes holds no job "
+            f"(a record is a {MIN_SEGMENT_BYTES // 2}-byte header and its payload): at least "
+            f"{MIN_SEGMENT_BYTES} bytes"
+        )
 
 
 def static_header(magic: int, seq: int, slot_size: int, slot_count: int, epoch_ms: int) -> bytes:

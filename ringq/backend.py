@@ -308,6 +308,15 @@ def check_extension(seconds: object) -> float:
     return float(seconds)  # type: ignore[arg-type]
 
 
+def check_count(n: object, what: str, low: int = 0) -> int:
+    """An int >= ``low`` (a numpy integer too; not a bool), as an int; ValueError naming
+    ``what`` otherwise."""
+    k = as_int(n)
+    if k is None or k < low:
+        raise ValueError(f"{what} must be an int >= {low}, got {n!r}")
+    return k
+
+
 def check_limit(limit: object) -> int | None:
     """A listing's ``limit``: None or an int >= 0 (not a bool); ValueError otherwise."""
     if limit is None:

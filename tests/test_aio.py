@@ -238,6 +238,26 @@ def test_submit_get_running_need_an_open_queue(target):
         queue.handler("k", concurrency=0)
 
 
+def test_numpy_integers_are_taken_for_counts(target):
+    import numpy as np
+
+    queue = Queue(target, keep_jobs=np.int64(10), max_attempts=np.int32(3), **SMALL)
+    assert (queue.keep_jobs, queue.max_attempts) == (10, 3)
+    assert type(queue.keep_jobs) is int and type(queue.max_attempts) is int
+
+    @queue.handler("k", concurrency=np.int64(2), retries=np.int8(1))
+    async def k(job):
+        return job.payload
+
+    async def main():
+        async with queue as q:
+            jid = q.submit("k", 7)
+            await until(lambda: q.get(jid).status is Status.DONE)
+            assert q.get(jid).result == 7
+
+    run(main())
+
+
 def test_non_json_result_fails_the_job_and_non_json_payload_is_refused(target):
     queue = Queue(target, **SMALL)
 

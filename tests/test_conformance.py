@@ -481,8 +481,12 @@ def test_numpy_numbers_are_taken_where_numbers_are(q):
     assert {a.payload, b.payload} == {"y", "z"}
     assert type(b.max_attempts) is int and type(a.max_attempts) is int
     assert len(q.list_jobs(limit=np.int32(1))) == 1
+    page = q.search(limit=np.int64(1))
+    assert len(page.jobs) == 1 and page.next is not None
     q.ack(a)
     q.ack(b)
+    worker = ringq.Worker(q, lambda job: None, max_restarts=np.int64(2))
+    assert worker.max_restarts == 2 and type(worker.max_restarts) is int
 
 
 def test_numpy_timeouts_and_negative_numpy_delays_are_taken(q):

@@ -69,6 +69,16 @@ def test_unknown_strategy_and_bad_intervals_are_refused(tmp_path):
         Queue(tmp_path, state_flush_interval=-1)
 
 
+def test_numpy_intervals_are_taken(tmp_path):
+    import numpy as np
+
+    with Queue(
+        tmp_path, durability="interval", flush_interval=np.float32(0.01), state_flush_interval=np.int64(1)
+    ) as q:
+        q.enqueue(1)
+        assert q.lease_one().payload == 1
+
+
 def test_fsync_false_still_means_none(tmp_path):
     with Queue(tmp_path, fsync=False) as q:
         assert q.durability == "none"

@@ -68,6 +68,7 @@ from typing import Any, TypeVar
 from ringq import codec, tracing
 from ringq.backend import (
     DEFAULT_VISIBILITY_TIMEOUT,
+    as_int,
     check_allow_failure,
     check_progress,
     check_replace,
@@ -203,8 +204,8 @@ class Queue:
         self._prefix = f"{name}-j-"  # a kind queue's name is this and the kind (unless hashed)
         self.visibility_timeout = float(visibility_timeout)
         self.keep_seconds = keep_seconds
-        self.keep_jobs = keep_jobs
-        self.max_attempts = max_attempts
+        self.keep_jobs = None if keep_jobs is None else int(keep_jobs)
+        self.max_attempts = int(max_attempts)
         self.sweep_interval = (
             _sweep_default(keep_seconds) if sweep_interval is None else sweep_interval
         )
@@ -281,7 +282,14 @@ class Queue:
         def register(fn: F) -> F:
             if kind in self._handlers and self._handlers[kind].waiter is not None:
                 raise ValueError(f"a handler for {kind!r} is already serving")
-            h = _Handler(kind, fn, concurrency, retries, backoff or BackoffPolicy(), timeout)
+            h = _Handler(
+                kind,
+                fn,
+                None if concurrency is None else int(concurrency),
+                int(retries),
+                backoff or BackoffPolicy(),
+                timeout,
+            )
             self._handlers[kind] = h
             if self._results is not None and not self._closing:
                 self._serve(h)
@@ -771,9 +779,9 @@ def _check_settings(
         raise ValueError(f"visibility_timeout must be > 0 seconds, got {visibility_timeout!r}")
     if keep_seconds is not None and not keep_seconds >= 0:
         raise ValueError(f"keep_seconds must be >= 0 or None, got {keep_seconds!r}")
-    if keep_jobs is not None and (not isinstance(keep_jobs, int) or keep_jobs < 0):
+    if keep_jobs is not None and (as_int(keep_jobs) is None or keep_jobs < 0):
         raise ValueError(f"keep_jobs must be an int >= 0 or None, got {keep_jobs!r}")
-    if not isinstance(max_attempts, int) or not 1 <= max_attempts < ENGINE_MAX_ATTEMPTS:
+    if as_int(max_attempts) is None or not 1 <= max_attempts < ENGINE_MAX_ATTEMPTS:
         raise ValueError(
             f"max_attempts must be an int in [1, {ENGINE_MAX_ATTEMPTS - 1}], got {max_attempts!r}"
         )
@@ -785,9 +793,9 @@ def _sweep_default(keep_seconds: float | None) -> float:
 
 
 def _check_handler(concurrency: Any, retries: Any, timeout: Any) -> None:
-    if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
+    if concurrency is not None and (as_int(concurrency) is None or concurrency < 1):
         raise ValueError(f"concurrency must be an int >= 1 or None, got {concurrency!r}")
-    if not isinstance(retries, int) or not 0 <= retries < ENGINE_MAX_ATTEMPTS - 1:
+    if as_int(retries) is None or not 0 <= retries < ENGINE_MAX_ATTEMPTS - 1:
         raise ValueError(f"retries must be an int >= 0, got {retries!r}")
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout must be > 0 seconds or None, got {timeout!r}")

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import atexit
 import fcntl
+import numbers
 import os
 import threading
 import time
@@ -584,12 +585,12 @@ def make(
     """
     if name not in _BY_NAME:
         raise ValueError(f"durability must be one of {STRATEGIES}, got {name!r}")
-    if not (isinstance(flush_interval, (int, float)) and flush_interval > 0):
+    if not (isinstance(flush_interval, numbers.Real) and flush_interval > 0):
         raise ValueError(f"flush_interval must be > 0 seconds, got {flush_interval!r}")
     if state_flush_interval is ...:
         state_flush_interval = None if name == "none" else DEFAULT_STATE_FLUSH_INTERVAL
     if state_flush_interval is not None and not (
-        isinstance(state_flush_interval, (int, float)) and state_flush_interval > 0
+        isinstance(state_flush_interval, numbers.Real) and state_flush_interval > 0
     ):
         raise ValueError(
             f"state_flush_interval must be > 0 seconds or None, got {state_flush_interval!r}"

@@ -295,8 +295,7 @@ class Admin:
     def search(self, query: search.Query, after: str | None, limit: int | None) -> SearchPage:
         """As :meth:`ringq.Queue.search`."""
         self.ctx.live()
-        if limit is not None and (not isinstance(limit, int) or limit < 0):
-            raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
+        limit = check_limit(limit)
         with self.ctx.live_lock:
             self.ctx.refresh()
             jobs, total, nxt = search.search(

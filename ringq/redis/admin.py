@@ -75,8 +75,7 @@ class RedisAdmin:
     ) -> SearchPage:
         """As :meth:`RedisQueue.search`: one read of the queue's jobs (the list script), filtered
         here; the cursor is the seq of the page's last job."""
-        if limit is not None and (not isinstance(limit, int) or limit < 0):
-            raise ValueError(f"limit must be an int >= 0 or None, got {limit!r}")
+        limit = check_limit(limit)
         try:
             past = -1 if after is None else int(after)
         except ValueError:

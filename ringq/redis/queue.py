@@ -49,6 +49,7 @@ from ringq.backend import (
     check_allow_failure,
     check_attempts,
     check_consume,
+    check_count,
     check_delay,
     check_depends_on,
     check_extension,
@@ -166,8 +167,7 @@ class RedisQueue:
         max_attempts = check_attempts(max_attempts)
         if not retain_done >= 0:
             raise ValueError(f"retain_done must be >= 0 seconds, got {retain_done!r}")
-        if not isinstance(min_replicas, int) or min_replicas < 0:
-            raise ValueError(f"min_replicas must be an int >= 0, got {min_replicas!r}")
+        min_replicas = check_count(min_replicas, "min_replicas")
         if not replica_timeout > 0:
             raise ValueError(f"replica_timeout must be > 0 seconds, got {replica_timeout!r}")
         self.url = url

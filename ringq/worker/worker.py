@@ -24,7 +24,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from ringq import tracing
-from ringq.backend import FEATURE_SCHEDULES, QueueBackend, check_port, timeout_ms
+from ringq.backend import FEATURE_SCHEDULES, QueueBackend, check_count, check_port, timeout_ms
 from ringq.errors import JobNotFoundError, NotLeasedError, QueueClosedError
 from ringq.job import Job, JobState
 
@@ -182,9 +182,7 @@ class Worker:
         if not self.heartbeat > 0:
             raise ValueError(f"heartbeat must be > 0 seconds, got {self.heartbeat!r}")
         self.processes = processes
-        if not isinstance(max_restarts, int) or max_restarts < 0:
-            raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
-        self.max_restarts = max_restarts
+        self.max_restarts = check_count(max_restarts, "max_restarts")
         self.restarts = 0  # children replaced during the last run()
         self.stats = WorkerStats()
         self._stop = threading.Event()

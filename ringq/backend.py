@@ -187,7 +187,7 @@ def due_delay(delay: Any) -> Any:
     """An enqueue's ``delay`` as stored: a negative number of seconds means "due now" (nobroker's
     rule, so ``run_at - time.time()`` works once ``run_at`` passed); anything else unchanged, for
     the caller's range check (NaN and values past the limit stay errors)."""
-    if _number(delay) and -math.inf < delay < 0:
+    if -math.inf < _real(delay) < 0:
         return 0.0
     return delay
 
@@ -200,13 +200,13 @@ def expiry_ms(expires_in: float | None, expires_at: float | None) -> int | None:
     if expires_in is not None and expires_at is not None:
         raise ValueError("give expires_in or expires_at, not both")
     if expires_in is not None:
-        if not _number(expires_in) or not 0 <= expires_in <= MAX_DELAY:
+        if not 0 <= _real(expires_in) <= MAX_DELAY:
             raise ValueError(
                 f"expires_in must be a finite number of seconds from 0 to about 33 years, got {expires_in!r}"
             )
         return int(time.time() * 1000 + float(expires_in) * 1000)  # float: never numpy float32
     if expires_at is not None:
-        if not _number(expires_at) or not 0 <= expires_at < 2**62 / 1000:
+        if not 0 <= _real(expires_at) < 2**62 / 1000:
             raise ValueError(f"expires_at must be seconds since the Unix epoch, got {expires_at!r}")
         return int(float(expires_at) * 1000)
     return None
@@ -227,6 +227,19 @@ def _number(x: object) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and x == x
 
 
+def _real(x: object) -> float:
+    """``x`` as a float if it is a real number (as :func:`_number`; an int too large for a float
+    is an infinity), else NaN, which every range check refuses.  Ranges are compared as floats:
+    a numpy float16 or float32 compared with a limit would first cast the limit to its own width
+    (with an overflow warning, and the wrong answer)."""
+    if not isinstance(x, numbers.Real) or isinstance(x, bool):
+        return math.nan
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf if x > 0 else -math.inf  # type: ignore[operator]
+
+
 def check_priority(priority: object) -> int:
     """``priority`` as an int if it is a signed 32-bit integer (an int or a numpy integer, not a
     bool); ValueError otherwise."""
@@ -242,17 +255,20 @@ def check_priority(priority: object) -> int:
 def check_delay(delay: object) -> float:
     """An enqueue's delay in seconds, as stored (a negative one means now: :func:`due_delay`);
     ValueError unless it is a number from 0 to MAX_DELAY."""
-    d = due_delay(delay)
-    if not _number(d) or not 0 <= d <= MAX_DELAY:
+    d = _real(due_delay(delay))
+    if not 0 <= d <= MAX_DELAY:
         raise ValueError(f"delay must be between 0 and about 33 years (in seconds), got {delay!r}")
-    return float(d)
+    return d
 
 
 def check_retry_delay(delay: object) -> float | None:
     """A nack's ``delay`` (None: the backoff policy's); ValueError unless 0 to MAX_DELAY seconds."""
-    if delay is not None and (not _number(delay) or not 0 <= delay <= MAX_DELAY):  # type: ignore[operator]
+    if delay is None:
+        return None
+    d = _real(delay)
+    if not 0 <= d <= MAX_DELAY:
         raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
-    return None if delay is None else float(delay)  # type: ignore[arg-type]
+    return d
 
 
 def check_lease_args(
@@ -290,22 +306,24 @@ MIN_LEASE = 0.001  # seconds: lease deadlines are kept in milliseconds
 def check_visibility_timeout(vt: object) -> float:
     """A visibility timeout in seconds: ValueError unless from MIN_LEASE (1 ms, the resolution
     of a lease deadline: a shorter one would have run out when it was taken) to MAX_DELAY."""
-    if not _number(vt) or not MIN_LEASE <= vt <= MAX_DELAY:  # type: ignore[operator]
+    v = _real(vt)
+    if not MIN_LEASE <= v <= MAX_DELAY:
         raise ValueError(
             f"visibility_timeout must be a number of seconds from {MIN_LEASE:g} to {MAX_DELAY:.0f} "
             f"(about 33 years), got {vt!r}"
         )
-    return float(vt)  # type: ignore[arg-type]
+    return v
 
 
 def check_extension(seconds: object) -> float:
     """An extend's seconds: ValueError unless from MIN_LEASE to MAX_DELAY."""
-    if not _number(seconds) or not MIN_LEASE <= seconds <= MAX_DELAY:  # type: ignore[operator]
+    v = _real(seconds)
+    if not MIN_LEASE <= v <= MAX_DELAY:
         raise ValueError(
             f"seconds must be a number from {MIN_LEASE:g} to {MAX_DELAY:.0f} (about 33 years), "
             f"got {seconds!r}"
         )
-    return float(seconds)  # type: ignore[arg-type]
+    return v
 
 
 def check_count(n: object, what: str, low: int = 0) -> int:
@@ -385,12 +403,13 @@ def check_result_ttl(ttl: object) -> float:
     """A result's time to live in seconds: a number (not a bool) above 0 and below
     MAX_RESULT_TTL (30 years; a result is kept as a record delayed by its time to live, so
     there is no "forever").  ValueError otherwise, inf and NaN included."""
-    if not _number(ttl) or not 0 < ttl < MAX_RESULT_TTL:  # type: ignore[operator]
+    v = _real(ttl)
+    if not 0 < v < MAX_RESULT_TTL:
         raise ValueError(
             f"result_ttl must be a number of seconds above 0 and below 30 years "
             f"({MAX_RESULT_TTL}), got {ttl!r}"
         )
-    return float(ttl)  # type: ignore[arg-type]
+    return v
 
 
 def check_lock_timeout(timeout: object) -> float:
@@ -423,11 +442,12 @@ def timeout_ms(timeout: float | None) -> int | None:
     ``(0, MAX_TIMEOUT]`` (about 49 days)."""
     if timeout is None:
         return None
-    if not _number(timeout) or not 0 < timeout <= MAX_TIMEOUT:
+    v = _real(timeout)
+    if not 0 < v <= MAX_TIMEOUT:
         raise ValueError(
             f"timeout must be a number of seconds > 0 and at most {MAX_TIMEOUT:.0f}, got {timeout!r}"
         )
-    return min(0xFFFFFFFF, max(1, int(round(float(timeout) * 1000))))
+    return min(0xFFFFFFFF, max(1, int(round(v * 1000))))
 
 
 def check_depends_on(depends_on: object, job_id: str | None = None) -> list[str] | None:
@@ -555,9 +575,10 @@ def check_replace(
             raise ValueError("give debounce= or replace=True, not both (debounce replaces too)")
         if delay:
             raise ValueError("debounce is the delay of the replacement: give no delay with it")
-        if not _number(debounce) or not 0 <= debounce <= MAX_DELAY:  # type: ignore[operator]
+        d = _real(debounce)
+        if not 0 <= d <= MAX_DELAY:
             raise ValueError(f"debounce must be a number of seconds >= 0, got {debounce!r}")
-        return float(debounce)  # type: ignore[arg-type]
+        return d
     return check_delay(delay)
 
 

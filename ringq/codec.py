@@ -551,6 +551,15 @@ def _encode_mixed(payload: Any) -> bytes:
     return b"".join([_U32.pack(len(text)), text, *blocks.parts])
 
 
+def _type_name(obj: Any) -> str:
+    """``obj``'s type as a message names it: qualified unless built in (``numpy.bool``, not a
+    ``bool`` that reads as Python's)."""
+    cls = type(obj)
+    return (
+        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    )
+
+
 def _to_tree(obj: Any, blocks: _Blocks, where: str, stack: list[int]) -> Any:
     """The JSON tree of ``obj``: arrays, numpy scalars and bytes become tags that point at blocks.
     ``stack``: the ids of the containers ``obj`` is in (a cycle, and the depth, are refused)."""
@@ -598,7 +607,7 @@ def _to_tree(obj: Any, blocks: _Blocks, where: str, stack: list[int]) -> Any:
                         str_keys = False
                         if not isinstance(k, (str, int, float, bool)) and k is not None:
                             raise SerializationError(
-                                f"{where} has a key of type {type(k).__name__} (keys must be str, int, float, bool or None)"
+                                f"{where} has a key of type {_type_name(k)} (keys must be str, int, float, bool or None)"
                             )
                     out[k] = _to_tree(v, blocks, f"{where}[{k!r}]", stack)
                 if not str_keys:

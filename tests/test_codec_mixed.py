@@ -166,6 +166,7 @@ def test_plain_json_payloads_keep_the_json_codec():
         ({"o": np.array([None, 1], dtype=object)}, "payload['o'] is a numpy array of dtype object"),
         ([b"x", object()], "payload[1] is of type object"),
         ({"a": np.zeros(1), (1, 2): 3}, "has a key of type tuple"),
+        ({np.True_: 1}, "has a key of type numpy.bool"),  # not a "bool", which keys may be
         ({"a": np.zeros(1), "f": float("nan")}, "Out of range float"),
     ],
 )

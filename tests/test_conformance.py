@@ -489,6 +489,25 @@ def test_numpy_numbers_are_taken_where_numbers_are(q):
     assert worker.max_restarts == 2 and type(worker.max_restarts) is int
 
 
+def test_narrow_numpy_floats_are_range_checked_as_floats(q):
+    # A float16 compared with the 33-year limit cast the limit to float16 (overflow warning).
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        q.enqueue("x", delay=np.float16(-1), expires_in=np.float16(60), timeout=np.float16(10))
+        job = q.lease_one(visibility_timeout=np.float16(30))
+        q.extend(job, np.float16(20))
+        q.nack(job, delay=np.float16(0))
+        job = q.lease_one(visibility_timeout=np.float32(30))
+        q.ack(job, result=1, result_ttl=np.float16(100))
+        for bad in (np.float16(np.inf), np.float16(np.nan), 10**400):
+            with pytest.raises(ValueError, match="visibility_timeout"):
+                q.lease_one(visibility_timeout=bad)
+        with pytest.raises(ValueError, match="delay"):
+            q.enqueue("y", delay=-(10**400))
+
+
 def test_numpy_timeouts_and_negative_numpy_delays_are_taken(q):
     job = q.enqueue("t", timeout=np.float32(5), delay=np.int64(-5))  # a negative delay: due now
     assert job.timeout == 5 and q.lease_one().id == job.id

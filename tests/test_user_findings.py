@@ -446,3 +446,16 @@ def test_control_characters_in_ids_and_errors_are_escaped_in_text_output(tmp_pat
         q.lease_one()  # the only due job
     acked = ringq_cli(tmp_path / "q", "ack", "ack\x1b[1m")
     assert acked.stdout == "acked ack\\x1b[1m\n", acked.stderr
+
+
+def test_control_characters_in_a_dir_are_escaped_in_warnings_and_errors(tmp_path):
+    # The --dir a command names comes back in its warnings and errors: escaped, never raw.
+    odd = tmp_path / "a\x1b[31mred\nFAKE LINE"
+    odd.mkdir()
+    for cmd in ("stats", "inspect", "purge"):
+        out = ringq_cli(odd / "q", cmd)
+        assert "\x1b" not in out.stderr and "\\x1b[31mred" in out.stderr, out.stderr
+        assert not any(line.startswith("FAKE LINE") for line in out.stderr.splitlines())
+    as_json = ringq_cli(odd / "q", "--json", "inspect")
+    assert "\x1b" not in as_json.stderr  # JSON escapes it on the wire ...
+    assert "a\x1b[31mred" in json.loads(as_json.stderr)["error"]  # ... and gives it back whole

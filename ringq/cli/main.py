@@ -84,6 +84,12 @@ def _printable(text: str) -> str:
     return text if text.isprintable() else repr(text)[1:-1]
 
 
+def _say(text: str) -> None:
+    """One line on stderr (a warning), with what it quotes -- a path given with ``--dir``, a
+    reason read from a damaged file -- escaped (:func:`_printable`)."""
+    print(_printable(text), file=sys.stderr)
+
+
 def _short(value: Any, width: int = 50) -> str:
     text = _printable(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
     return text if len(text) <= width else text[: width - 3] + "..."
@@ -194,10 +200,7 @@ def _as_empty(args: argparse.Namespace, then: str = "answering as for an empty q
     if not _absent(args):
         return False
     _refuse_foreign(args.dir)
-    print(
-        f"ringq {args.cmd}: warning: {_no_queue(args)}: {then}; check --dir and --queue",
-        file=sys.stderr,
-    )
+    _say(f"ringq {args.cmd}: warning: {_no_queue(args)}: {then}; check --dir and --queue")
     return True
 
 
@@ -209,16 +212,13 @@ def _warn_damage(report: Any) -> None:
     files and ``stats`` the BAD records (docs/cli.md)."""
     said = []
     for path, reason in report.quarantined:
-        print(f"ringq: warning: quarantined {path}: {reason}", file=sys.stderr)
+        _say(f"ringq: warning: quarantined {path}: {reason}")
         said.append(reason)
     for path, slot, reason in report.corrupt_records:
-        print(
-            f"ringq: warning: {path} slot {slot}: {reason}; the record is quarantined (BAD)",
-            file=sys.stderr,
-        )
+        _say(f"ringq: warning: {path} slot {slot}: {reason}; the record is quarantined (BAD)")
     for path, what in report.repairs:
         if not any(what in reason for reason in said):  # a salvage the quarantine line told
-            print(f"ringq: warning: repaired {path}: {what}", file=sys.stderr)
+            _say(f"ringq: warning: repaired {path}: {what}")
 
 
 def _payload(text: str, force_text: bool, where: str = "payload") -> Any:
@@ -593,7 +593,9 @@ def cmd_import_nobroker(args: argparse.Namespace) -> int:
         f"else due when the lease expires); {c['done']} finished job(s) left out"
         for name, c in data["queues"].items()
     ]
-    lines += [f"warning: reading {path} stopped early: {why}" for path, why in res.stopped]
+    lines += [
+        _printable(f"warning: reading {path} stopped early: {why}") for path, why in res.stopped
+    ]
     _emit(args, data, "\n".join(lines) or f"no nobroker queue in {args.source}")
     return 0
 
@@ -1022,10 +1024,10 @@ class _Parser(argparse.ArgumentParser):
         # "argument --wait: --wait must be ..." says the option's name once
         message = re.sub(r"^argument [^:]+: (-\S+ must)", r"\1", message)
         text = " ".join(f"{message} (see '{self.prog} --help')".split())
-        if _Parser.json_errors:
+        if _Parser.json_errors:  # JSON escapes control characters itself
             print(json.dumps({"error": text, "command": self.prog}), file=sys.stderr)
         else:
-            print(f"{self.prog}: {text}", file=sys.stderr)
+            print(f"{self.prog}: {_printable(text)}", file=sys.stderr)
         raise SystemExit(2)
 
 
@@ -1651,7 +1653,7 @@ def _check_target(args: argparse.Namespace) -> None:
 
 def _error(args: argparse.Namespace, text: str) -> None:
     text = " ".join(text.split())  # always one line
-    if args.json:
+    if args.json:  # JSON escapes control characters itself
         print(json.dumps({"error": text, "command": args.cmd}), file=sys.stderr)
     else:
-        print(f"ringq {args.cmd}: {text}", file=sys.stderr)
+        print(f"ringq {args.cmd}: {_printable(text)}", file=sys.stderr)

@@ -305,12 +305,15 @@ t = threading.Thread(target=holder)
 t.start()
 inside.wait()
 r, w = os.pipe()
+up_r, up_w = os.pipe()
 pid = os.fork()
-if pid == 0:
+if pid == 0:  # the fork hooks have run by now
     os.close(w)
+    os.write(up_w, b"u")
     os.read(r, 1)  # lives on until the parent has looked
     os._exit(0)
 os.close(r)
+os.read(up_r, 1)  # the child is past its fork hooks
 leave.set()
 t.join()
 fd = os.open(path, os.O_RDWR)

@@ -461,3 +461,55 @@ def test_numpy_integers_are_taken_for_caps_bursts_geometry_and_schedules(tmp_pat
         assert [s.name for s in q.schedules()] == ["tick"]
         first = q.enqueue("u", key="u", unique_for=np.int64(60))
         assert q.enqueue("u again", key="u", unique_for=np.float32(60)).id == first.id
+
+
+def _admits_during(call):
+    """How many times a limits gate decided on a job during ``call()`` (LimitGate.admit)."""
+    from ringq.local.limits import LimitGate
+
+    count = 0
+
+    def profile(frame, event, _arg):
+        nonlocal count
+        if event == "call" and frame.f_code is LimitGate.admit.__code__:
+            count += 1
+
+    import sys
+
+    sys.setprofile(profile)
+    try:
+        return call(), count
+    finally:
+        sys.setprofile(None)
+
+
+def test_jobs_a_cap_holds_back_wait_as_one_lane_not_one_by_one(qdir):
+    # 2,000 jobs of a key at its cap: a lease (also the first of a new queue object) decides on
+    # a bounded few of them, not on each: a lane of one key waits whole.
+    q = Queue(qdir)
+    q.limit("k", concurrency=1)
+    q.enqueue_many(list(range(2000)), key="k")
+    q.enqueue_many(["free-1", "free-2", "free-3"])
+    assert q.lease_one().payload == 0  # takes the key's one slot
+    for q2 in (q, Queue(qdir)):
+        job, admits = _admits_during(q2.lease_one)
+        assert job.payload.startswith("free-") and admits <= 2 * 8 + 2, admits
+    # The held-back jobs are all still there, in order, once the slot frees.
+    first = q.lease_one()
+    assert first.payload.startswith("free-")
+
+
+def test_keys_whose_lane_ids_collide_never_hold_each_other_back(qdir):
+    # Lanes are keyed by a 31-bit hash of the key: these two keys share one.  One at its cap must
+    # not hold back the other's jobs queued behind it in the shared lane.
+    from ringq.engine.views import key_id
+
+    a, b = "tenant-1371838", "tenant-2000402"
+    assert key_id(a) == key_id(b)
+    q = Queue(qdir)
+    q.limit(a, concurrency=1)
+    q.enqueue_many(["a1", "a2", "a3"], key=a)
+    q.enqueue_many(["b1", "b2"], key=b)
+    got = [q.lease_one().payload for _ in range(3)]
+    assert got == ["a1", "b1", "b2"]
+    assert q.lease_one() is None  # a2 and a3 wait for a's slot

@@ -243,7 +243,9 @@ class CatchUp:
         key = key_of(view.seg, slot)
         if key is None:
             return prio
-        lk = lane_key(prio, key_id(key))
+        kid = key_id(key)
+        self.index.note_key(kid, key)
+        lk = lane_key(prio, kid)
         view.lanekey[slot] = lk
         self.index.keyed()
         return lk

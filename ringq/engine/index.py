@@ -58,6 +58,7 @@ __all__ = ["Index", "View", "Direct", "now_ms", "order", "due"]
 
 
 AUTO_ID = re.compile(r"^[0-9a-f]{16}$")
+KID_TRACK = 1 << 16  # key ids whose key an index remembers (Index.one_key)
 RETAINED = (ST_READY, ST_LEASED, ST_DONE, ST_DEAD)
 # Fair order: rank = -priority * TURN_SPAN + turn, so priority still comes first.
 TURN_SPAN = 1 << 40
@@ -88,6 +89,10 @@ class Index:
         self.fair = False
         self.turns: dict[int, int] = {}  # lane key -> the next turn of that key
         self.rounds: dict[int, int] = {}  # priority -> the latest turn served
+        # The key each key id of a lane stands for, and the ids two keys share (views.key_id is
+        # a hash): a lane whose id is known to stand for one key holds jobs of that key only.
+        self.kid_keys: dict[int, str] = {}
+        self.shared_kids: set[int] = set()
         # Learning of other processes' work is the CatchUp's; its two entry points are the index's.
         self.catchup = CatchUp(self)
         self.catch_up = self.catchup.catch_up
@@ -136,6 +141,22 @@ class Index:
         """The individual heap entry of the job at ``slot``, due at ``at``."""
         prio, lk = view.prio.item(slot), view.lanekey.item(slot)
         return (self.rank(prio, lk), at, order(view, slot), 1, view.seg.seq, lk, slot, 0)
+
+    def note_key(self, kid: int, key: str) -> None:
+        """Key ``key`` has id ``kid`` (views.key_id) in this index's lanes."""
+        seen = self.kid_keys.get(kid)
+        if seen is None:
+            if len(self.kid_keys) < KID_TRACK:
+                self.kid_keys[kid] = key
+        elif seen != key:
+            self.shared_kids.add(kid)
+
+    def one_key(self, lanekey: int) -> bool:
+        """True if every job of a lane with ``lanekey`` has the same key (or none): a limit that
+        holds back one of them holds back all, so the lane can wait as one.  A key id not
+        tracked (past KID_TRACK keys) may be shared: False."""
+        kid = lanekey >> 32 if not -(1 << 31) <= lanekey < 1 << 31 else 0
+        return not kid or (kid in self.kid_keys and kid not in self.shared_kids)
 
     def keyed(self) -> None:
         """A job with a key was read in: order by turns from now on (the heap's keys are
@@ -316,6 +337,28 @@ class Index:
         """
         now = now_ms()
         passed: list[tuple[View, int]] = []
+        # Lanes whose candidate a limit held back: the limit holds back every job behind it
+        # too (one key per lane), so they wait as one until the next take, not job by job.
+        aside: list[tuple[View, Lane]] = []
+        try:
+            return self._take(want, claim, held_back, skip, direct, now, passed, aside)
+        finally:
+            for view, lane in aside:
+                self.queue_lane(view, lane, now)
+            for view, slot in passed:
+                self.park(view, slot, now)
+
+    def _take(
+        self,
+        want: int,
+        claim: Callable[[View, int, int, int], Any],
+        held_back: Any,
+        skip: Callable[[View, int], bool] | None,
+        direct: Direct | None,
+        now: int,
+        passed: list[tuple[View, int]],
+        aside: list[tuple[View, Lane]],
+    ) -> list[Any]:
         sched, heap = self.sched, self.heap
         while sched and sched[0][0] <= now:
             at, nprio, seq, segseq, slot = heapq.heappop(sched)
@@ -405,11 +448,15 @@ class Index:
                     self.queue_lane(view, lane, now)
                     continue
                 got = claim(view, slot, w, now)
-                if got is not None or held_back.blocked(segseq, slot):
-                    lane.cursor += 1
                 if got is not None:
+                    lane.cursor += 1
                     self.served(lane.key, lane.prio, 1)
                     out.append(got)
+                elif held_back.blocked(segseq, slot):
+                    lane.cursor += 1  # the job waits in the gate
+                    if self.one_key(lane.key):
+                        aside.append((view, lane))
+                        continue
                 self.queue_lane(view, lane, now)
             else:
                 self.parked.discard((segseq, slot))
@@ -432,8 +479,6 @@ class Index:
                 if got is not None:
                     self.served(lk, prio_s, 1)
                     out.append(got)
-        for view, slot in passed:
-            self.park(view, slot, now)
         return out
 
     # -- finding jobs ---------------------------------------------------------------------------

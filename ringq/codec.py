@@ -60,6 +60,7 @@ __all__ = [
     "jsonable",
     "wrap_key",
     "split_key",
+    "key_at",
 ]
 
 JSON = 1
@@ -766,20 +767,28 @@ def split_key(codec: int, data: bytes | bytearray) -> tuple[str | None, int, byt
     ``codec`` is :data:`KEYED`.  Raises SerializationError for a malformed envelope."""
     if codec != KEYED:
         return None, codec, data
-    if len(data) < 3:
+    key, at = key_at(data, 0, len(data))
+    body = data[at + 1 :]
+    return key, data[at], bytearray(body) if isinstance(data, bytearray) else bytes(body)
+
+
+def key_at(buf: Any, start: int, end: int) -> tuple[str, int]:
+    """The key of the keyed envelope stored in ``buf[start:end]`` (bytes, a bytearray or a
+    mapping: nothing is copied but the key), and the offset in ``buf`` of its inner codec byte.
+    Raises SerializationError for a malformed envelope."""
+    if end - start < 3:
         raise SerializationError("stored keyed payload is shorter than its envelope")
-    (k,) = _U16.unpack_from(data, 0)
-    if k == 0 or k > MAX_KEY_BYTES or 2 + k + 1 > len(data):
+    (k,) = _U16.unpack_from(buf, start)
+    at = start + 2 + k
+    if k == 0 or k > MAX_KEY_BYTES or at + 1 > end:
         raise SerializationError(f"stored keyed payload has an impossible key length {k}")
     try:
-        key = bytes(data[2 : 2 + k]).decode("utf-8", "strict")
+        key = bytes(buf[start + 2 : at]).decode("utf-8", "strict")
     except UnicodeDecodeError:
         raise SerializationError("stored job key is not valid UTF-8") from None
-    inner = data[2 + k]
-    if inner == KEYED:
+    if buf[at] == KEYED:
         raise SerializationError("stored keyed payload nests another key")
-    body = data[3 + k :]
-    return key, inner, bytearray(body) if isinstance(data, bytearray) else bytes(body)
+    return key, at
 
 
 def jsonable(payload: Any) -> Any:

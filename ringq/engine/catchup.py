@@ -205,8 +205,9 @@ class CatchUp:
                 self.index.ids[
                     records.read_id(seg, slot, int(row["id_len"])).decode("utf-8", "replace")
                 ] = (seg.seq, slot)
-            for row in ok[keyed]:
-                self._keyed(view, int(row["slot"]), int(row["priority"]))
+            rows = ok[keyed]
+            for slot, prio in zip(rows["slot"].tolist(), rows["priority"].tolist()):
+                self._keyed(view, slot, prio)
             now = now_ms()
             for row in ok[ok["supersedes"] != 0]:
                 self._complete_supersede(int(row["supersedes"]))

@@ -128,11 +128,8 @@ def key_of(seg: Segment, slot: int) -> str | None:
         return None
     if codec_id != codec.KEYED:
         return None
-    end = min(start + 3 + codec.MAX_KEY_BYTES, start + plen, seg.size)
-    if end < start + 3:
-        return None
     try:
-        return codec.split_key(codec_id, bytes(mm[start:end]))[0]
+        return codec.key_at(mm, start, min(start + plen, seg.size))[0]
     except SerializationError:
         return None
 

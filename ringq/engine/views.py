@@ -4,12 +4,14 @@ are ordered by (``order``, ``due``).  Built by ringq/engine/catchup.py, ordered 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ._native import ffi
+from .mapped import crc32c
 from .segment import Segment
 from .words import lease_count, now_ms, rel_time
 
@@ -162,11 +164,10 @@ def lane_key(prio: int, kid: int) -> int:
     return prio if not kid else (kid << 32) | (prio & 0xFFFFFFFF)
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a reader reads the same few keys again and again
 def key_id(key: str) -> int:
     """A job key's id in the lanes: 31 bits of its CRC32C, never 0 (two keys that share one
     share their turns, which only makes them take turns as one key)."""
-    from .mapped import crc32c
-
     return (crc32c(key.encode("utf-8")) & 0x7FFFFFFF) or 1
 
 

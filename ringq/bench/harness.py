@@ -791,7 +791,7 @@ def _rss() -> dict[str, int]:
 def _child_cold(system: str, path: str) -> dict[str, Any]:
     """In a fresh process: open the queue, lease one job; time, peak RSS, RSS growth, stats()."""
     Q: Any
-    if system == "ringq":
+    if system != "nobroker":
         from ringq.local.queue import Queue as RingqQueue
 
         Q = RingqQueue
@@ -803,7 +803,7 @@ def _child_cold(system: str, path: str) -> dict[str, Any]:
     before = _rss()
     peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     t0 = time.perf_counter()
-    q = Q(path) if system == "ringq" else Q(path, fsync=False)
+    q = Q(path) if system != "nobroker" else Q(path, fsync=False)
     job = q.lease_one()
     t_open = time.perf_counter() - t0
     after = _rss()
@@ -815,7 +815,7 @@ def _child_cold(system: str, path: str) -> dict[str, Any]:
         "anon_growth": after["anon"] - before["anon"],
         "file_growth": after["file"] - before["file"],
     }
-    if system == "ringq":
+    if system != "nobroker":
         times = []
         for _ in range(3):
             t = time.perf_counter()
@@ -826,16 +826,29 @@ def _child_cold(system: str, path: str) -> dict[str, Any]:
     return res
 
 
+KEYED_COLD = "ringq, keyed"  # the cold-open row whose jobs have keys (one capped)
+
+
 def _fill(system: str, path: str, n: int) -> None:
-    step = 10_000
-    if system == "ringq":
-        q = _open_ringq(path, "none")
-    else:
+    """``n`` pending jobs; for KEYED_COLD, each thousand under a key of its own, the first
+    thousand's key capped at one running job (which holds back all of them)."""
+    step = 1_000 if system == KEYED_COLD else 10_000
+    if system == "nobroker":
         q = importlib.import_module("nobroker").Queue(path, fsync=False)
+    else:
+        q = _open_ringq(path, "none")
+        if system == KEYED_COLD:
+            q.limit("k0", concurrency=1)
+            q.enqueue("running", key="k0")
+            q.lease_one(detach=True)  # takes k0's one slot while this process lives
     done = 0
     while done < n:
         k = min(step, n - done)
-        q.enqueue_many([payload(done + i) for i in range(k)])
+        jobs = [payload(done + i) for i in range(k)]
+        if system == KEYED_COLD:
+            q.enqueue_many(jobs, key=f"k{done // step}")
+        else:
+            q.enqueue_many(jobs)
         done += k
     q.close()
 
@@ -868,7 +881,7 @@ def cold_open(
     scratch: str, sz: Sizes, log: Callable[[str], None], with_nobroker: bool
 ) -> list[Row]:
     rows = []
-    systems = ["ringq"] + (["nobroker"] if with_nobroker else [])
+    systems = ["ringq", KEYED_COLD] + (["nobroker"] if with_nobroker else [])
     for system in systems:
         path = tempfile.mkdtemp(prefix=f"cold-{system}-", dir=scratch)
         t = time.perf_counter()

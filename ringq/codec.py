@@ -786,7 +786,7 @@ def key_at(buf: Any, start: int, end: int) -> tuple[str, int]:
         key = bytes(buf[start + 2 : at]).decode("utf-8", "strict")
     except UnicodeDecodeError:
         raise SerializationError("stored job key is not valid UTF-8") from None
-    if buf[at] == KEYED:
+    if buf[at : at + 1][0] == KEYED:  # (a slice: a mapping's item may be a 1-byte bytes)
         raise SerializationError("stored keyed payload nests another key")
     return key, at
 

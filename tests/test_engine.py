@@ -183,3 +183,71 @@ def test_every_state_word_cas_consults_the_transition_table(qdir):
         assert (ST_DONE, ST_GONE) in TRANSITIONS
         assert q.purge() == 1  # purging a finished job is a transition of the table
         seg.close()
+
+
+def test_keys_read_in_bulk_are_the_keys_read_one_by_one(qdir):
+    # A reader reads the keys of many KEYED records at once (lifecycle.keys_of_plain); it must
+    # give every record the key -- or None, for a malformed envelope -- that key_of gives it.
+    import random
+
+    from ringq import codec
+    from ringq.engine.lifecycle import key_of, keys_of_plain
+
+    rng = random.Random(7)
+    good = ["k", "a" * 128, "é" * 64, "tenant-1371838", "tenant-2000402", "a\x01", "a\x01\x02"]
+    good += [f"key-{rng.randrange(50)}" for _ in range(60)]
+    envelopes = [codec.wrap_key(k, codec.JSON, b"1")[1] for k in good]
+    envelopes += [
+        b"",  # shorter than any envelope
+        b"\x01\x00",  # no room for the inner codec byte
+        b"\x00\x00\x01",  # a key of length 0
+        b"\x81\x00" + b"x" * 129 + b"\x01",  # 129 bytes: longer than a key may be
+        b"\x05\x00abc\x01",  # longer than the payload
+        b"\x02\x00\xff\xfe\x01",  # not UTF-8
+        b"\x01\x00k" + bytes((codec.KEYED,)) + b"\x01\x00j\x01",  # a key in a key
+        b"\x02\x00k\x00\x01",  # a key with a NUL in it
+        b"\x01\x00k",  # nothing after the key
+    ]
+    rng.shuffle(envelopes)
+    ring = Ring(qdir, "e", slot_size=128, slot_count=256)
+    ring.append(
+        [
+            NewRecord(e, codec.KEYED, id_bytes=b"id%d" % i if i % 3 == 0 else b"")
+            for i, e in enumerate(envelopes)
+        ]
+    )
+    for seg in ring.segs.ordered():
+        infos, _ = scan(seg, 0)
+        keys, which = keys_of_plain(seg, infos["slot"], infos["id_len"], infos["payload_len"])
+        bulk = [keys[i] for i in which]
+        assert bulk == [key_of(seg, int(s)) for s in infos["slot"]]
+        assert bulk.count(None) == 8 and "a" * 128 in bulk and "k\x00" in bulk
+    ring.close()
+
+
+def test_a_reader_that_reads_keyed_jobs_in_bulk_leases_them_in_the_order_of_one_that_read_each(
+    tmp_path,
+):
+    # Two ways into a reader's lanes (a batch of records at once, or a few as they come):
+    # the same jobs must lease in the same fair order either way.
+    import random
+
+    rng = random.Random(3)
+    jobs = [
+        (i, f"key-{rng.randrange(7)}" if i % 5 else None, rng.choice([-3, 0, 0, 2]))
+        for i in range(150)
+    ]
+    orders = []
+    for name in ("bulk", "few"):
+        q = Queue(tmp_path / name)
+        if name == "few":
+            assert q.lease_one() is None  # its reader is open: it reads each job as it comes
+        for i, key, prio in jobs:
+            q.enqueue(i, key=key, priority=prio)
+            if name == "few":
+                assert q.stats().ready == i + 1  # read in before the next enqueue
+        reader = Queue(tmp_path / name) if name == "bulk" else q  # reads all 150 at once
+        orders.append([j.payload for j in reader.lease(200)])
+        reader.close()
+        q.close()
+    assert len(orders[0]) == 150 and orders[0] == orders[1]

@@ -18,7 +18,7 @@ from ringq import codec
 
 from . import records
 from .deps import lost_word
-from .lifecycle import key_of
+from .lifecycle import key_of, keys_of_plain
 from .meta import KIND_META
 from .transitions import gone
 from .views import Lane, View, key_id, lane_key, now_ms
@@ -206,8 +206,13 @@ class CatchUp:
                     records.read_id(seg, slot, int(row["id_len"])).decode("utf-8", "replace")
                 ] = (seg.seq, slot)
             rows = ok[keyed]
-            for slot, prio in zip(rows["slot"].tolist(), rows["priority"].tolist()):
-                self._keyed(view, slot, prio)
+            plain = rows["codec"] == codec.KEYED
+            if plain.any():
+                self._keyed_plain(view, rows[plain])
+            if not plain.all():  # a key behind a metadata block: read one by one
+                rows = rows[~plain]
+                for slot, prio in zip(rows["slot"].tolist(), rows["priority"].tolist()):
+                    self._keyed(view, slot, prio)
             now = now_ms()
             for row in ok[ok["supersedes"] != 0]:
                 self._complete_supersede(int(row["supersedes"]))
@@ -237,6 +242,21 @@ class CatchUp:
         if int(row["kind"]) != KIND_META:  # type: ignore[index]
             return pack(ST_READY, WHY_NONE, 0, avail - seg.epoch_ms)
         return lost_word(seg, slot, avail)
+
+    def _keyed_plain(self, view: View, rows: np.ndarray) -> None:
+        """:meth:`_keyed` for many records of codec KEYED at once (scanned ``rows``)."""
+        slots = rows["slot"]
+        keys, which = keys_of_plain(view.seg, slots, rows["id_len"], rows["payload_len"])
+        kids = np.zeros(len(keys), np.int64)
+        for i, key in enumerate(keys):
+            if key is not None:
+                kids[i] = kid = key_id(key)
+                self.index.note_key(kid, key)
+        kid = kids[which]
+        prio = rows["priority"].astype(np.int64)
+        view.lanekey[slots] = np.where(kid != 0, (kid << 32) | (prio & 0xFFFFFFFF), prio)
+        if kid.any():
+            self.index.keyed()
 
     def _keyed(self, view: View, slot: int, prio: int) -> int:
         """Put the keyed job at ``slot`` in its key's lane (fair scheduling across keys,

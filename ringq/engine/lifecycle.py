@@ -134,6 +134,52 @@ def key_of(seg: Segment, slot: int) -> str | None:
         return None
 
 
+def keys_of_plain(
+    seg: Segment, slots: Any, id_lens: Any, plens: Any
+) -> tuple[list[str | None], Any]:
+    """The keys of many records whose codec is :data:`codec.KEYED` (no metadata block), read
+    as :func:`key_of` reads one, in a few numpy calls: ``slots``, ``id_lens`` and ``plens`` are
+    arrays of the records' head slots, id and payload lengths, from a validated scan (every
+    record lies within the mapping).  Returns ``(keys, which)``: the distinct keys (None for a
+    malformed envelope, as key_of gives) and for each record the index of its key in them."""
+    import numpy as np
+
+    n = len(slots)
+    buf = np.frombuffer(seg.mm, np.uint8)
+    start = (
+        seg.data_off
+        + slots.astype(np.int64) * seg.slot_size
+        + _REC_HEADER
+        + id_lens.astype(np.int64)
+    )
+    plens = plens.astype(np.int64)
+    room = plens >= 3  # the envelope's length, a key byte and the inner codec byte
+    k = np.zeros(n, np.int64)
+    k[room] = buf[start[room]].astype(np.int64) | (buf[start[room] + 1].astype(np.int64) << 8)
+    ok = room & (k >= 1) & (k <= codec.MAX_KEY_BYTES) & (k + 3 <= plens)
+    ok[ok] = buf[start[ok] + 2 + k[ok]] != codec.KEYED  # a key in a key is malformed
+    width = 2 + (int(k[ok].max()) if ok.any() else 0)
+    cols = np.arange(width)
+    # Each record's length bytes and key, zero-padded to the longest (the length tells a key
+    # that ends in NULs from a shorter one); a malformed record's row is all 0xFF.
+    rows = np.full((n, width), 0xFF, np.uint8)
+    last = len(buf) - 1
+    picked = buf[np.minimum(start[ok, None] + cols, last)]
+    picked[cols >= (k[ok, None] + 2)] = 0
+    rows[ok] = picked
+    uniq, which = np.unique(
+        np.ascontiguousarray(rows).view(np.dtype((np.void, width))).ravel(), return_inverse=True
+    )
+    keys: list[str | None] = []
+    for raw in uniq.tolist():
+        klen = raw[0] | (raw[1] << 8) if raw[:2] != b"\xff\xff" else 0
+        try:
+            keys.append(raw[2 : 2 + klen].decode("utf-8", "strict") if klen else None)
+        except UnicodeDecodeError:
+            keys.append(None)
+    return keys, which.ravel()
+
+
 # -- pause -----------------------------------------------------------------------------------------
 
 PAUSE_MAGIC = 0x3155415051474E52  # bytes "RNGQPAU1"

@@ -204,7 +204,7 @@ def test_kept_slots_of_leases_ended_by_expiry_or_purge_are_freed(tmp_path):
         keeper = Queue(path)
         keeper.limit("k", concurrency=1)
         keeper.stats()  # its reader is open before the other object's close
-        keeper.enqueue("first", key="k")
+        keeper.enqueue("first", key="k", max_attempts=1)  # its expiry dead-letters it
         closing = Queue(path)
         closing.lease_one(visibility_timeout=0.2)
         closing.close()
@@ -334,3 +334,43 @@ def test_a_brief_flock_ends_with_its_block_though_a_child_forked_inside_it_lives
     out = run_py(FORK_IN_FLOCK, str(tmp_path / "f"), timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["free"]
+
+
+FORK_IN_COLLECTION = """
+import gc, os, sys
+from ringq import Queue
+
+def lock_files():
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.endswith((".lock", ".owners", ".sync")):
+            out.append(os.path.basename(target))
+    return out
+
+class ForksWhenCollected:  # a fork that lands while the collector finalises an unclosed queue
+    def __del__(self):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(3 if lock_files() else 0)
+        print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+
+probe = ForksWhenCollected()  # made first: finalised before the queue
+q = Queue(sys.argv[1], durability="group")  # never closed: the collector frees it
+q.enqueue(1)
+q.lease_one()
+q.probe, probe.q = probe, q  # the queue and the probe: garbage of one cycle
+del q, probe
+gc.collect()
+"""
+
+
+def test_a_fork_while_the_collector_frees_an_unclosed_queue_gives_the_child_no_lock(tmp_path):
+    # The collector drops an object's weak references before its finaliser closes what it
+    # holds: a fork in between must still leave no lock descriptor in the child.
+    out = run_py(FORK_IN_COLLECTION, str(tmp_path / "q"), timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0"], out.stdout

@@ -109,9 +109,7 @@ class DirStore:
 
     def drop_inherited_locks(self) -> None:
         """In a forked child (ringq/engine/forksafe.py): close the copy of the sweep lock's descriptor,
-        which would otherwise keep a dead parent's flock held."""
-        if self._fd >= 0:
-            os.close(self._fd)
+        which would otherwise keep a dead parent's flock held (forksafe closed it)."""
         self._fd = -1
 
     def start(self) -> None:
@@ -127,15 +125,15 @@ class DirStore:
 
     def sweep_lock(self) -> SweepLock:
         if self._fd < 0:
-            with forksafe.moving():  # opened and recorded with no fork in between
-                self._fd = os.open(self._sweep_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._fd = forksafe.opened(
+                lambda: os.open(self._sweep_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            )
         return _Flock(self._fd)
 
     def close(self) -> None:
-        with forksafe.moving():  # forgotten before it is closed, with no fork in between
-            fd, self._fd = self._fd, -1
-            if fd >= 0:
-                os.close(fd)
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            forksafe.close(fd)
 
 
 class _Flock:

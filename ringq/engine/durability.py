@@ -402,10 +402,8 @@ class Group(Strategy):
 
     def _reset(self) -> None:
         super()._reset()
-        if getattr(self, "_leader_fd", -1) >= 0:
-            # A forked child: close its copy of the parent's descriptor, or the parent's flock
-            # would outlive the parent (the lock belongs to the shared open file description).
-            os.close(self._leader_fd)
+        # In a forked child the parent's descriptor is forgotten (forksafe closed it: the parent's
+        # flock would outlive the parent, as the lock belongs to the open file description).
         self._leader_fd = -1
         self._busy = False  # the last append saw other producers (waited, or was covered)
         # Held by the thread of this process that leads (or tries to).  Not _mutex: a thread that
@@ -416,10 +414,11 @@ class Group(Strategy):
     def _lead(self) -> int:
         if self._leader_fd < 0:
             path = os.path.join(self.ring.dir, f"{self.ring.name}.sync")
-            with forksafe.moving():  # opened and recorded with no fork in between
-                self._leader_fd = os.open(
+            self._leader_fd = forksafe.opened(
+                lambda: os.open(
                     path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, self.ring.mode
                 )
+            )
         return self._leader_fd
 
     def make_durable(self, touched: dict[int, list[int]], end: int) -> None:
@@ -528,10 +527,9 @@ class Group(Strategy):
 
     def close(self) -> None:
         super().close()
-        with forksafe.moving():  # forgotten before it is closed, with no fork in between
-            fd, self._leader_fd = self._leader_fd, -1
-            if fd >= 0 and self._pid == forksafe.pid():
-                os.close(fd)
+        fd, self._leader_fd = self._leader_fd, -1
+        if fd >= 0 and self._pid == forksafe.pid():
+            forksafe.close(fd)
 
 
 class Interval(Strategy):

@@ -6,11 +6,14 @@ multiprocessing helper started with the default ``fork`` method, a handler's own
 keeps its parent's locks alive after the parent dies: a SIGKILLed holder's leases would stay held
 until their visibility timeout, and a killed writer's lock until the child exits.
 
-So every object that keeps a descriptor carrying a ringq lock registers here, and in a forked
-child each one's :meth:`drop_inherited_locks` closes its copy at once (closing the child's copy
-never releases the parent's lock; the lock goes when the parent's own descriptor closes, at its
-death).  Every such descriptor is also opened ``O_CLOEXEC``, so ``exec`` (``subprocess``, the
-``spawn`` and ``forkserver`` start methods) drops it too.
+So every descriptor that carries (or may come to carry) a ringq lock is opened and closed here
+(:func:`opened`, :func:`close`), which records it from its open to its close, and a forked child
+closes every recorded descriptor at once, whichever object held it -- one the garbage collector is
+finalising too (closing the child's copy never releases the parent's lock; the lock goes when the
+parent's own descriptor closes, at its death).  Objects that keep such a descriptor, or thread
+locks, register here too, and in the child their :meth:`drop_inherited_locks` forgets them.
+Every such descriptor is also opened ``O_CLOEXEC``, so ``exec`` (``subprocess``, the ``spawn``
+and ``forkserver`` start methods) drops it too.
 """
 
 from __future__ import annotations
@@ -20,10 +23,10 @@ import fcntl
 import os
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
-__all__ = ["register", "pid", "moving", "flocked"]
+__all__ = ["register", "pid", "moving", "opened", "close", "flocked"]
 
 
 class _Holder(Protocol):
@@ -60,8 +63,26 @@ def register(holder: _Holder) -> None:
     _HOLDERS.add(holder)
 
 
-# Descriptors open for one ``flocked`` block: a child closes its copies at once.
-_brief: set[int] = set()
+# Every open descriptor that carries (or may carry) a ringq lock: a forked child closes them all.
+_lock_fds: set[int] = set()
+
+
+def opened(open_fd: Callable[[], int]) -> int:
+    """The new descriptor ``open_fd()`` returns, recorded (with no fork in between) until
+    :func:`close`: for one that carries, or may come to carry, a ringq lock.  Raises what
+    ``open_fd`` raises."""
+    with _moving:
+        fd = open_fd()
+        _lock_fds.add(fd)
+    return fd
+
+
+def close(fd: int) -> None:
+    """Close a descriptor :func:`opened` recorded (forgotten first, with no fork in between:
+    a child never closes a number that is no longer this one)."""
+    with _moving:
+        _lock_fds.discard(fd)
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -70,16 +91,12 @@ def flocked(path: str, flags: int, mode: int = 0o600, shared: bool = False) -> I
     hold ``flock`` on it, exclusive or ``shared``, for the block; yields the descriptor.  A child
     forked meanwhile never keeps a copy, so the lock ends when this block or this process does.
     Raises OSError from ``open``."""
-    with _moving:  # opened and recorded with no fork in between
-        fd = os.open(path, flags | os.O_CLOEXEC, mode)
-        _brief.add(fd)
+    fd = opened(lambda: os.open(path, flags | os.O_CLOEXEC, mode))
     try:
         fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         yield fd
     finally:
-        with _moving:  # forgotten before it is closed, with no fork in between
-            _brief.discard(fd)
-            os.close(fd)  # the flock ends with the last descriptor of its open file description
+        close(fd)  # the flock ends with the last descriptor of its open file description
 
 
 def _before_fork() -> None:
@@ -94,12 +111,12 @@ def _after_fork_in_child() -> None:
     global _pid, _moving
     _moving = threading.RLock()  # the parent's threads that might wait for it are not here
     _pid = os.getpid()
-    for fd in list(_brief):
+    for fd in list(_lock_fds):
         try:
             os.close(fd)
         except OSError:
             pass
-    _brief.clear()
+    _lock_fds.clear()
     for holder in list(_HOLDERS):
         try:
             holder.drop_inherited_locks()

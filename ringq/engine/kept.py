@@ -95,17 +95,12 @@ class Kept(Generic[T]):
                 settle(entry[0], entry[1])
                 if empty(entry[1]):
                     kept.remove(entry)
-                    os.close(entry[0])
+                    forksafe.close(entry[0])
             if not kept:
                 del self.by_file[(st.st_dev, st.st_ino)]
 
     def drop_inherited_locks(self) -> None:
-        """In a forked child: close the copies; the locks are the parent's."""
-        for kept in self.by_file.values():
-            for fd, _ in kept:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        """In a forked child: forget the copies (forksafe closed them; the locks are the
+        parent's)."""
         self.by_file = {}
         self.mutex = threading.Lock()

@@ -26,7 +26,7 @@ from ringq.backend import check_fraction
 from ringq.errors import CorruptionError, SerializationError
 from ringq.job import Job
 
-from . import errtext, meta, records, transitions
+from . import errtext, forksafe, meta, records, transitions
 from .mapped import Mapped, crc32c, open_nofollow
 from .meta import KIND_EXPIRES, KIND_JOB
 from .words import lease_count
@@ -288,8 +288,8 @@ class PauseFile:
         if not 0 < len(raw) <= MAX_KEY:
             raise ValueError(f"a paused key must be 1..{MAX_KEY} bytes of UTF-8, got {key!r}")
         mm = self.map.mm
-        fcntl.flock(self.map.fd, fcntl.LOCK_EX)  # writers of the key table take turns
-        try:
+        # Writers of the key table take turns (a brief flock that no forked child keeps).
+        with forksafe.flocked(self.path, os.O_RDWR | os.O_NOFOLLOW):
             free = None
             for i in range(_KEY_SLOTS):
                 off = _KEYS_OFF + i * _KEY_ENTRY
@@ -313,8 +313,6 @@ class PauseFile:
                 struct.pack_into("<H", mm, free, len(raw))
             self.map.add64(_OFF_CHANGES)
             self.map.msync(0, PAUSE_SIZE)
-        finally:
-            fcntl.flock(self.map.fd, fcntl.LOCK_UN)
 
     def blocks(self, seg: Segment, slot: int) -> bool:
         """True if the job at ``slot`` must not be leased now because its key is paused."""

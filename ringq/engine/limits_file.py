@@ -231,18 +231,15 @@ class LimitsFile:
 
     def drop_inherited_lock(self) -> None:
         """In a forked child: close the copy of the parent's lock descriptor (its cap slots are
-        the parent's)."""
-        if self._lockfd >= 0:
-            os.close(self._lockfd)
+        the parent's; forksafe closed it)."""
         self._lockfd = -1
         self._pid = os.getpid()
 
     def lock_fd(self) -> int:
         """This process's descriptor of the file, which carries its ``flock`` and cap-slot locks."""
         if self._lockfd < 0 or self._pid != os.getpid():
-            with forksafe.moving():  # opened and recorded with no fork in between
-                self._lockfd = _open_nofollow(self.path, os.O_RDWR)
-                self._pid = os.getpid()
+            self._lockfd = forksafe.opened(lambda: _open_nofollow(self.path, os.O_RDWR))
+            self._pid = os.getpid()
         return self._lockfd
 
     def give_lock_fd(self) -> int:
@@ -260,7 +257,7 @@ class LimitsFile:
             old = self._lockfd if self._pid == os.getpid() else -1
             self._lockfd, self._pid = fd, os.getpid()
             if old >= 0:
-                os.close(old)
+                forksafe.close(old)
 
     def mapped(self, create_missing: bool = False) -> Mapped | None:
         """The file's map (created first if ``create_missing``), or None if there is no file yet.
@@ -343,11 +340,10 @@ class LimitsFile:
 
     def close(self) -> None:
         """Close the descriptor (in the process that opened it) and the map."""
-        with forksafe.moving():  # forgotten before it is closed, with no fork in between
-            fd = self._lockfd if self._pid == os.getpid() else -1
-            self._lockfd = -1
-            if fd >= 0:
-                os.close(fd)
+        fd = self._lockfd if self._pid == os.getpid() else -1
+        self._lockfd = -1
+        if fd >= 0:
+            forksafe.close(fd)
         if self.map is not None:
             self.map.close()
             self.map = None

@@ -47,8 +47,7 @@ class WriterLock:
         self._fd = -1
         forksafe.register(self)
         try:
-            with forksafe.moving():  # opened and recorded with no fork in between
-                self._fd = open_nofollow(path, os.O_RDWR | os.O_CREAT, mode)
+            self._fd = forksafe.opened(lambda: open_nofollow(path, os.O_RDWR | os.O_CREAT, mode))
         except OSError as exc:
             raise type(exc)(exc.errno, f"cannot open {path}: {exc.strerror}") from None
 
@@ -108,19 +107,19 @@ class WriterLock:
     def drop_inherited_locks(self) -> None:
         """In a forked child: close the copy of the lock's descriptor at once -- flock belongs to
         the open file description, so a child keeping it would keep a parent's lock held after the
-        parent died -- and replace the thread lock, which a parent thread may have held at fork."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        parent died (forksafe closed it) -- and replace the thread lock, which a parent thread may
+        have held at fork."""
+        self._fd = -1
         self._tlock = threading.RLock()
         self._depth = 0
 
     def _after_fork(self) -> None:
-        with forksafe.moving():  # each descriptor recorded while it is open, at any fork
-            if self._fd >= 0:
-                fd, self._fd = self._fd, -1
-                os.close(fd)
-            self._fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, self.mode)
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            forksafe.close(fd)
+        self._fd = forksafe.opened(
+            lambda: open_nofollow(self.path, os.O_RDWR | os.O_CREAT, self.mode)
+        )
         self._depth = 0
 
     def _flock(self) -> None:
@@ -161,7 +160,6 @@ class WriterLock:
 
     def close(self) -> None:
         self._closed = True
-        with forksafe.moving():  # forgotten before it is closed, with no fork in between
-            fd, self._fd = self._fd, -1
-            if fd >= 0:
-                os.close(fd)
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            forksafe.close(fd)

@@ -61,9 +61,7 @@ class OwnerRegistry:
     def drop_inherited_locks(self) -> None:
         """In a forked child: close the copy of the parent's descriptor at once.  The OFD lock
         belongs to the open file description; a child keeping its copy would keep the parent's
-        owner index locked (and its leases held) after the parent died."""
-        if self.fd >= 0:
-            os.close(self.fd)
+        owner index locked (and its leases held) after the parent died; forksafe closed it."""
         self.fd = -1
         self.index = 0
         self.pid = 0
@@ -76,8 +74,9 @@ class OwnerRegistry:
 
     def _ensure_fd(self) -> int:
         if self.fd < 0:
-            with forksafe.moving():  # opened and recorded with no fork in between
-                self.fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, self.mode)
+            self.fd = forksafe.opened(
+                lambda: open_nofollow(self.path, os.O_RDWR | os.O_CREAT, self.mode)
+            )
         return self.fd
 
     def acquire(self) -> int:
@@ -112,7 +111,7 @@ class OwnerRegistry:
                 return False
             kept_fd, (idx, held) = adopted
             self.fd, self.index, self.pid = kept_fd, idx, forksafe.pid()
-            os.close(fd)  # holds no lock: try_hold releases before the queue lock is let go
+            forksafe.close(fd)  # holds no lock: try_hold releases before the queue lock is let go
         for key, lc in held.items():
             self.held.setdefault(key, lc)
         return True
@@ -183,9 +182,8 @@ class OwnerRegistry:
     def forget(self) -> None:
         """Drop the index without unlocking (after fork: the lock belongs to the parent)."""
         if self.fd >= 0 and self.pid and self.pid != forksafe.pid():
-            with forksafe.moving():
-                fd, self.fd = self.fd, -1
-                os.close(fd)  # closing our copy does not release the parent's lock
+            fd, self.fd = self.fd, -1
+            forksafe.close(fd)  # closing our copy does not release the parent's lock
         self.index = 0
         self.pid = 0
 
@@ -202,7 +200,7 @@ class OwnerRegistry:
                         return
                     lib.ringq_owner_unlock(self.fd, self.index)
                 fd, self.fd = self.fd, -1
-                os.close(fd)
+                forksafe.close(fd)
             self.fd = -1
             self.index = 0
             self.pid = 0

@@ -222,14 +222,10 @@ def as_int(x: object) -> int | None:
     return int(x)
 
 
-def _number(x: object) -> bool:
-    """A real number (an int, a float, a numpy number, a Fraction; not a bool, not NaN)."""
-    return isinstance(x, numbers.Real) and not isinstance(x, bool) and x == x
-
-
 def _real(x: object) -> float:
-    """``x`` as a float if it is a real number (as :func:`_number`; an int too large for a float
-    is an infinity), else NaN, which every range check refuses.  Ranges are compared as floats:
+    """``x`` as a float if it is a real number (an int, a float, a numpy number, a Fraction; not
+    a bool; an int too large for a float is an infinity), else NaN, which every range check
+    refuses.  Ranges are compared as floats:
     a numpy float16 or float32 compared with a limit would first cast the limit to its own width
     (with an overflow warning, and the wrong answer)."""
     if not isinstance(x, numbers.Real) or isinstance(x, bool):
@@ -295,9 +291,10 @@ def check_wait(wait: object) -> float | None:
     negative number not at all).  ValueError for anything else (NaN, a bool, a str)."""
     if wait is None:
         return None
-    if not _number(wait):
+    v = _real(wait)  # an int too large for a float: as long as it takes
+    if v != v:
         raise ValueError(f"wait must be a number of seconds or None, got {wait!r}")
-    return float(wait)  # type: ignore[arg-type]
+    return v
 
 
 MIN_LEASE = 0.001  # seconds: lease deadlines are kept in milliseconds
@@ -333,6 +330,19 @@ def check_count(n: object, what: str, low: int = 0) -> int:
     if k is None or k < low:
         raise ValueError(f"{what} must be an int >= {low}, got {n!r}")
     return k
+
+
+def check_seconds(x: object, what: str, *, zero: bool = False) -> float:
+    """``x`` seconds as a float: a number (an int, a float, a numpy number; not a bool) above 0
+    -- at least 0 with ``zero`` -- and at most MAX_DELAY (about 33 years; a thread sleeps that
+    long at most).  ValueError naming ``what`` otherwise (NaN, inf, a str, None)."""
+    v = _real(x)
+    if not ((0 <= v) if zero else (0 < v)) or not v <= MAX_DELAY:
+        raise ValueError(
+            f"{what} must be a number of seconds {'>= 0' if zero else '> 0'} and at most "
+            f"{MAX_DELAY:.0f}, got {x!r}"
+        )
+    return v
 
 
 def check_limit(limit: object) -> int | None:
@@ -416,12 +426,13 @@ def check_lock_timeout(timeout: object) -> float:
     """A queue's ``lock_timeout``: seconds to wait for the writer lock, a number (an int or a
     float, not a bool) >= 0 -- 0 tries once and does not wait, ``math.inf`` waits as long as it
     takes.  ValueError for anything else (NaN, a negative number, None, a str)."""
-    if not _number(timeout) or not timeout >= 0:  # type: ignore[operator]
+    v = _real(timeout)  # an int too large for a float: as long as it takes
+    if not v >= 0:
         raise ValueError(
             "lock_timeout must be a number of seconds >= 0 (0: do not wait; math.inf: wait "
             f"as long as it takes), got {timeout!r}"
         )
-    return float(timeout)  # type: ignore[arg-type]
+    return v
 
 
 def check_mode(mode: object) -> int:

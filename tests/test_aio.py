@@ -238,6 +238,31 @@ def test_submit_get_running_need_an_open_queue(target):
         queue.handler("k", concurrency=0)
 
 
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(visibility_timeout=10**400),
+        dict(visibility_timeout=float("nan")),
+        dict(keep_seconds=10**400),
+        dict(keep_seconds=__import__("numpy").float16("inf")),
+        dict(sweep_interval=float("nan")),
+        dict(sweep_interval=0),
+    ],
+    ids=repr,
+)
+def test_a_queue_option_out_of_range_is_a_value_error(target, kw):
+    with pytest.raises(ValueError, match="must be"):
+        Queue(target, **kw)
+
+
+@pytest.mark.parametrize("timeout", [10**400, float("inf"), float("nan"), 0, -1], ids=repr)
+def test_a_handler_timeout_out_of_range_is_a_value_error(target, timeout):
+    # A timeout asyncio cannot arm is refused when the handler is registered, not when it runs.
+    queue = Queue(target)
+    with pytest.raises(ValueError, match="timeout must be"):
+        queue.handler("k", timeout=timeout)
+
+
 def test_numpy_integers_are_taken_for_counts(target):
     import numpy as np
 

@@ -69,14 +69,43 @@ def test_unknown_strategy_and_bad_intervals_are_refused(tmp_path):
         Queue(tmp_path, state_flush_interval=-1)
 
 
-def test_numpy_intervals_are_taken(tmp_path):
+def test_numpy_intervals_are_taken_and_the_flusher_lives(tmp_path):
+    import threading
+
     import numpy as np
 
-    with Queue(
-        tmp_path, durability="interval", flush_interval=np.float32(0.01), state_flush_interval=np.int64(1)
-    ) as q:
-        q.enqueue(1)
-        assert q.lease_one().payload == 1
+    died: list[BaseException | None] = []
+    before, threading.excepthook = threading.excepthook, lambda a: died.append(a.exc_value)
+    try:
+        for kw in (
+            dict(durability="interval", flush_interval=np.float32(0.01), state_flush_interval=np.int64(1)),
+            dict(state_flush_interval=np.float32(0.02)),
+            dict(state_flush_interval=np.float16(0.05)),
+        ):
+            with Queue(tmp_path / str(len(died)), **kw) as q:
+                for i in range(3):
+                    q.enqueue(i)
+                    q.ack(q.lease_one())
+                    time.sleep(0.06)  # the flusher runs meanwhile
+            assert died == [], (kw, died)
+    finally:
+        threading.excepthook = before
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(flush_interval=10**400),
+        dict(flush_interval=float("inf")),
+        dict(state_flush_interval=1e300),
+        dict(state_flush_interval=float("nan")),
+        dict(state_flush_interval=True),
+    ],
+    ids=repr,
+)
+def test_an_interval_the_flusher_cannot_sleep_is_a_value_error(tmp_path, kw):
+    with pytest.raises(ValueError, match="flush_interval must be a number of seconds"):
+        Queue(tmp_path, durability="interval", **kw)
 
 
 def test_fsync_false_still_means_none(tmp_path):

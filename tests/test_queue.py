@@ -138,3 +138,12 @@ def test_another_valid_geometry_on_an_existing_queue_is_ignored_with_a_warning(t
         ringq.Queue(str(tmp_path), slot_size=1024).close()
     with ringq.Queue(str(tmp_path), slot_size=512) as q, ringq.Queue(str(tmp_path)) as default:
         assert q.stats().ready == default.stats().ready == 1
+
+
+def test_an_int_too_large_for_a_float_waits_as_long_as_it_takes_not_overflows(tmp_path):
+    # wait= and lock_timeout= take math.inf; an int past a float's range means the same.
+    q = ringq.Queue(str(tmp_path), lock_timeout=10**400)
+    q.enqueue(1)
+    assert q.lease_one(wait=10**400).payload == 1
+    q.enqueue(2)
+    assert [j.payload for j in q.lease(5, wait=10**400)] == [2]

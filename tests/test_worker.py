@@ -91,7 +91,11 @@ def _steal_attempts(path, started: threading.Event, stop: threading.Event, stole
                 other.ack(job)
 
 
-@pytest.mark.parametrize("heartbeat", [None, 60.0], ids=["heartbeat", "no-heartbeat-control"])
+@pytest.mark.parametrize(
+    "heartbeat",
+    [None, __import__("numpy").float32(0.15), 60.0],
+    ids=["heartbeat", "numpy-heartbeat", "no-heartbeat-control"],
+)
 def test_heartbeat_protects_a_handler_slower_than_the_visibility_timeout(tmp_path, heartbeat):
     vt = 0.5
     with _queue(tmp_path, visibility_timeout=vt) as q:
@@ -109,7 +113,7 @@ def test_heartbeat_protects_a_handler_slower_than_the_visibility_timeout(tmp_pat
         finally:
             stop.set()
             thief.join(10)
-        if heartbeat is None:  # default: beats every vt/3
+        if heartbeat is None or heartbeat < 1:  # default: beats every vt/3
             assert stolen == []
             assert (stats.succeeded, stats.lost_leases) == (1, 0)
             done = q.get(job.id)
@@ -412,3 +416,44 @@ def _until(pred, timeout=30.0):
     while not pred():
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(0.01)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(concurrency=float("nan")),
+        dict(concurrency=2.5),
+        dict(processes=-1),
+        dict(max_jobs=2.5),
+        dict(max_jobs=0),
+        dict(idle_timeout=float("nan")),
+        dict(idle_timeout=10**400),
+        dict(poll_interval=0),
+        dict(heartbeat=float("inf")),
+        dict(grace=10**400),
+        dict(grace=-1),
+    ],
+    ids=repr,
+)
+def test_a_worker_option_that_would_kill_or_stall_a_thread_is_a_value_error(tmp_path, kw):
+    with _queue(tmp_path) as q, pytest.raises(ValueError, match="must be"):
+        Worker(q, lambda job: None, handle_signals=False, **kw)
+
+
+def test_numpy_numbers_are_taken_for_every_worker_option(tmp_path):
+    import numpy as np
+
+    with _queue(tmp_path) as q:
+        q.enqueue_many([1, 2])
+        w = Worker(
+            q,
+            lambda job: None,
+            concurrency=np.int64(2),
+            poll_interval=np.float32(0.05),
+            max_jobs=np.int32(2),
+            idle_timeout=np.float16(0.5),
+            heartbeat=np.float32(1),
+            grace=np.int64(1),
+            handle_signals=False,
+        )
+        assert w.run().succeeded == 2

@@ -72,6 +72,9 @@ from ringq.backend import (
     check_allow_failure,
     check_progress,
     check_replace,
+    check_seconds,
+    check_visibility_timeout,
+    timeout_ms,
 )
 from ringq.backoff import BackoffPolicy
 from ringq.engine import records
@@ -203,11 +206,13 @@ class Queue:
         self.name = name
         self._prefix = f"{name}-j-"  # a kind queue's name is this and the kind (unless hashed)
         self.visibility_timeout = float(visibility_timeout)
-        self.keep_seconds = keep_seconds
+        self.keep_seconds = None if keep_seconds is None else float(keep_seconds)
         self.keep_jobs = None if keep_jobs is None else int(keep_jobs)
         self.max_attempts = int(max_attempts)
         self.sweep_interval = (
-            _sweep_default(keep_seconds) if sweep_interval is None else sweep_interval
+            _sweep_default(self.keep_seconds)
+            if sweep_interval is None
+            else check_seconds(sweep_interval, "sweep_interval")
         )
         # The largest record (64-byte header + id + encoded payload), in bytes, on both backends:
         # what one segment of the directory geometry holds (ringq/engine/ring.py max_record_bytes).
@@ -233,7 +238,11 @@ class Queue:
         self._gated: set[str] = set()
         self._chores: list[asyncio.Task[None]] = []
         self._retention = Retention(
-            self._store, keep_seconds, keep_jobs, self.sweep_interval, self.visibility_timeout
+            self._store,
+            self.keep_seconds,
+            self.keep_jobs,
+            self.sweep_interval,
+            self.visibility_timeout,
         )
 
     # -- names ----------------------------------------------------------------------------------
@@ -288,7 +297,7 @@ class Queue:
                 None if concurrency is None else int(concurrency),
                 int(retries),
                 backoff or BackoffPolicy(),
-                timeout,
+                None if timeout is None else float(timeout),
             )
             self._handlers[kind] = h
             if self._results is not None and not self._closing:
@@ -775,10 +784,9 @@ def _check_settings(
 ) -> None:
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise ValueError(f"aio queue name must match [A-Za-z0-9_]{{1,20}}, got {name!r}")
-    if not visibility_timeout > 0:
-        raise ValueError(f"visibility_timeout must be > 0 seconds, got {visibility_timeout!r}")
-    if keep_seconds is not None and not keep_seconds >= 0:
-        raise ValueError(f"keep_seconds must be >= 0 or None, got {keep_seconds!r}")
+    check_visibility_timeout(visibility_timeout)
+    if keep_seconds is not None:
+        check_seconds(keep_seconds, "keep_seconds", zero=True)
     if keep_jobs is not None and (as_int(keep_jobs) is None or keep_jobs < 0):
         raise ValueError(f"keep_jobs must be an int >= 0 or None, got {keep_jobs!r}")
     if as_int(max_attempts) is None or not 1 <= max_attempts < ENGINE_MAX_ATTEMPTS:
@@ -797,8 +805,7 @@ def _check_handler(concurrency: Any, retries: Any, timeout: Any) -> None:
         raise ValueError(f"concurrency must be an int >= 1 or None, got {concurrency!r}")
     if as_int(retries) is None or not 0 <= retries < ENGINE_MAX_ATTEMPTS - 1:
         raise ValueError(f"retries must be an int >= 0, got {retries!r}")
-    if timeout is not None and not timeout > 0:
-        raise ValueError(f"timeout must be > 0 seconds or None, got {timeout!r}")
+    timeout_ms(timeout)  # None, or seconds > 0 up to MAX_TIMEOUT: ValueError
 
 
 async def _heartbeat(

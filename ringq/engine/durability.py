@@ -567,6 +567,21 @@ _BY_NAME = {
 }
 
 
+MAX_INTERVAL = 1e6  # seconds: the longest flush interval (about 12 days; None turns one off)
+
+
+def _interval(x: object) -> float | None:
+    """A flush interval as a float (an int, a float, a numpy number; not a bool), or None unless
+    it is above 0 and at most MAX_INTERVAL: the flusher thread sleeps that long."""
+    if not isinstance(x, numbers.Real) or isinstance(x, bool):
+        return None
+    try:
+        v = float(x)
+    except OverflowError:
+        return None
+    return v if 0 < v <= MAX_INTERVAL else None
+
+
 def make(
     ring: Ring,
     name: str,
@@ -583,19 +598,25 @@ def make(
     """
     if name not in _BY_NAME:
         raise ValueError(f"durability must be one of {STRATEGIES}, got {name!r}")
-    if not (isinstance(flush_interval, numbers.Real) and flush_interval > 0):
-        raise ValueError(f"flush_interval must be > 0 seconds, got {flush_interval!r}")
+    flush = _interval(flush_interval)
+    if flush is None:
+        raise ValueError(
+            f"flush_interval must be a number of seconds above 0 and at most {MAX_INTERVAL:.0f}, "
+            f"got {flush_interval!r}"
+        )
     if state_flush_interval is ...:
         state_flush_interval = None if name == "none" else DEFAULT_STATE_FLUSH_INTERVAL
-    if state_flush_interval is not None and not (
-        isinstance(state_flush_interval, numbers.Real) and state_flush_interval > 0
-    ):
-        raise ValueError(
-            f"state_flush_interval must be > 0 seconds or None, got {state_flush_interval!r}"
-        )
+    if state_flush_interval is not None:
+        state = _interval(state_flush_interval)
+        if state is None:
+            raise ValueError(
+                f"state_flush_interval must be a number of seconds above 0 and at most "
+                f"{MAX_INTERVAL:.0f}, or None, got {state_flush_interval!r}"
+            )
+        state_flush_interval = state
     return _BY_NAME[name](
         ring,
-        flush_interval=float(flush_interval),
+        flush_interval=flush,
         sync_acks=bool(sync_acks),
         state_flush_interval=state_flush_interval,
     )

@@ -617,7 +617,7 @@ class Queue:
             and (detach is False or detach is True)
             and (
                 wait is None
-                or wait.__class__ is int
+                or (wait.__class__ is int and wait < 1 << 53)  # exact as a float
                 or (wait.__class__ is float and wait == wait)  # not NaN
             )
         ):

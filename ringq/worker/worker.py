@@ -24,7 +24,14 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from ringq import tracing
-from ringq.backend import FEATURE_SCHEDULES, QueueBackend, check_count, check_port, timeout_ms
+from ringq.backend import (
+    FEATURE_SCHEDULES,
+    QueueBackend,
+    check_count,
+    check_port,
+    check_seconds,
+    timeout_ms,
+)
 from ringq.errors import JobNotFoundError, NotLeasedError, QueueClosedError
 from ringq.job import Job, JobState
 
@@ -138,8 +145,10 @@ class Worker:
     the queue, each tick enqueues one job (docs/schedules.md).
 
     Raises:
-        ValueError: concurrency < 1, processes < 0, heartbeat <= 0, max_restarts < 0,
-            metrics_port not an int from 0 to 65535, timeout not > 0, grace < 0.
+        ValueError: concurrency or max_jobs not an int >= 1, processes or max_restarts not an
+            int >= 0, heartbeat or poll_interval not a number of seconds > 0, idle_timeout or
+            grace not one >= 0 (NaN and inf are not), metrics_port not an int from 0 to 65535,
+            timeout not > 0.
     """
 
     def __init__(
@@ -160,28 +169,24 @@ class Worker:
         timeout: float | None = None,
         grace: float = 30.0,
     ) -> None:
-        if concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-        if processes < 0:
-            raise ValueError(f"processes must be >= 0, got {processes}")
+        self.concurrency = check_count(concurrency, "concurrency", 1)
+        self.processes = check_count(processes, "processes")
         if metrics_port is not None:
             check_port(metrics_port, "metrics_port")
         timeout_ms(timeout)  # validates: ValueError
-        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not grace >= 0:
-            raise ValueError(f"grace must be a number of seconds >= 0, got {grace!r}")
-        self.timeout = timeout
-        self.grace = float(grace)
+        self.timeout = None if timeout is None else float(timeout)
+        self.grace = check_seconds(grace, "grace", zero=True)
         self.queue = queue
         self.handler = handler
-        self.concurrency = concurrency
-        self.poll_interval = poll_interval
-        self.max_jobs = max_jobs
-        self.idle_timeout = idle_timeout
+        self.poll_interval = check_seconds(poll_interval, "poll_interval")
+        self.max_jobs = None if max_jobs is None else check_count(max_jobs, "max_jobs", 1)
+        self.idle_timeout = (
+            None if idle_timeout is None else check_seconds(idle_timeout, "idle_timeout", zero=True)
+        )
         self.handle_signals = handle_signals
-        self.heartbeat = heartbeat if heartbeat is not None else queue.visibility_timeout / 3
-        if not self.heartbeat > 0:
-            raise ValueError(f"heartbeat must be > 0 seconds, got {self.heartbeat!r}")
-        self.processes = processes
+        self.heartbeat = check_seconds(
+            heartbeat if heartbeat is not None else queue.visibility_timeout / 3, "heartbeat"
+        )
         self.max_restarts = check_count(max_restarts, "max_restarts")
         self.restarts = 0  # children replaced during the last run()
         self.stats = WorkerStats()

@@ -458,4 +458,16 @@ def test_control_characters_in_a_dir_are_escaped_in_warnings_and_errors(tmp_path
         assert not any(line.startswith("FAKE LINE") for line in out.stderr.splitlines())
     as_json = ringq_cli(odd / "q", "--json", "inspect")
     assert "\x1b" not in as_json.stderr  # JSON escapes it on the wire ...
-    assert "a\x1b[31mred" in json.loads(as_json.stderr)["error"]  # ... and gives it back whole
+    assert "a\x1b[31mred\nFAKE LINE" in json.loads(as_json.stderr)["error"]  # ... whole
+    warned = ringq_cli(odd / "q", "--json", "stats")  # the no-queue warning is JSON too
+    assert "a\x1b[31mred" in json.loads(warned.stderr.splitlines()[0])["warning"]
+    # A queue there: what verify, inspect and upgrade print on stdout names the directory.
+    with Queue(odd / "q") as q:
+        q.enqueue(1)
+    (odd / "q" / "stray\x1b[2Jname").write_text("x")  # a file of the directory's that inspect lists
+    for cmd in (["verify"], ["inspect"]):
+        out = ringq_cli(odd / "q", *cmd)
+        assert "\x1b" not in out.stdout and "\\x1b[31mred" in out.stdout, out.stdout
+        assert not any(line.startswith("FAKE LINE") for line in out.stdout.splitlines())
+    up = ringq_cli(None, "upgrade", str(odd / "q"))
+    assert "\x1b" not in up.stdout + up.stderr and "FAKE LINE" in up.stdout + up.stderr

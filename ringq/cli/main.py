@@ -63,8 +63,8 @@ def _emit(args: argparse.Namespace, obj: Any, text: str | None) -> None:
     """Print ``obj`` as JSON with --json, else ``text`` (nothing if None)."""
     if args.json:
         print(json.dumps(obj))
-    elif text is not None:
-        print(text)
+    elif text is not None:  # no control character reaches the terminal raw
+        print("\n".join(_printable(line) for line in text.split("\n")))
 
 
 def _ago(ts: float | None, now: float | None = None) -> str:
@@ -200,7 +200,11 @@ def _as_empty(args: argparse.Namespace, then: str = "answering as for an empty q
     if not _absent(args):
         return False
     _refuse_foreign(args.dir)
-    _say(f"ringq {args.cmd}: warning: {_no_queue(args)}: {then}; check --dir and --queue")
+    text = f"{_no_queue(args)}: {then}; check --dir and --queue"
+    if args.json:  # one JSON object per line on stderr, as the command's errors are
+        print(json.dumps({"warning": text, "command": args.cmd}), file=sys.stderr)
+    else:
+        _say(f"ringq {args.cmd}: warning: {text}")
     return True
 
 
@@ -562,14 +566,17 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     name = args.upgrade_queue
     if name is not None and not os.path.exists(os.path.join(args.target, f"{name}.ctl")):
         raise UserError(
-            f"no queue {name!r} in {args.target} (no {name}.ctl); check --queue", status=1
+            f"no queue {name!r} in {args.target} (no {name}.ctl); check --queue",
+            status=1,
         )
     rep = upgrade(args.target, name)
-    lines = [f"upgraded {p}" for p in rep.upgraded] + [
-        f"quarantined {p}: {why}" for p, why in rep.quarantined
+    lines = [f"upgraded {_printable(p)}" for p in rep.upgraded] + [
+        _printable(f"quarantined {p}: {why}") for p, why in rep.quarantined
     ]
     text = (
-        "\n".join(lines) if lines else f"{args.target}: nothing to upgrade (no format-1 segments)"
+        "\n".join(lines)
+        if lines
+        else f"{_printable(str(args.target))}: nothing to upgrade (no format-1 segments)"
     )
     _emit(args, {"upgraded": rep.upgraded, "quarantined": rep.quarantined}, text)
     return 0
@@ -587,7 +594,7 @@ def cmd_import_nobroker(args: argparse.Namespace) -> int:
     data = res.to_dict()
     into = args.into or args.source
     lines = [
-        f"{name}: {c['imported']} job(s) imported into ringq queue {name!r} in {into}, {c['existing']} "
+        f"{name}: {c['imported']} job(s) imported into ringq queue {name!r} in {_printable(str(into))}, {c['existing']} "
         f"already there (of them: {c['ready']} ready, {c['delayed']} delayed, {c['dead']} dead, "
         f"{c['leased']} leased by nobroker: the lost lease counted as an attempt, dead if it was the last, "
         f"else due when the lease expires); {c['done']} finished job(s) left out"
@@ -596,7 +603,7 @@ def cmd_import_nobroker(args: argparse.Namespace) -> int:
     lines += [
         _printable(f"warning: reading {path} stopped early: {why}") for path, why in res.stopped
     ]
-    _emit(args, data, "\n".join(lines) or f"no nobroker queue in {args.source}")
+    _emit(args, data, "\n".join(lines) or f"no nobroker queue in {_printable(str(args.source))}")
     return 0
 
 
@@ -607,8 +614,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         _emit(args, rep.to_dict(), None)
         return 0
     now = time.time()
-    out = [f"queue {rep.name!r} in {rep.dir}", "files:"]
-    out += [f"  {name:<40} {size:>12,} bytes" for name, size in rep.files]
+    out = [f"queue {rep.name!r} in {_printable(str(rep.dir))}", "files:"]
+    out += [f"  {_printable(name):<40} {size:>12,} bytes" for name, size in rep.files]
     if rep.control:
         out.append(
             f"control {rep.name}.ctl: " + " ".join(f"{k}={v}" for k, v in rep.control.items())
@@ -696,7 +703,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     lines = [f"DAMAGE: {d}" for d in damage] + [f"note: {n}" for n in notes]
     verdict = "ok" if not damage else f"{len(damage)} problem(s)"
     lines.append(
-        f"{verdict}: queue {rep.name!r} in {rep.dir}: {len(rep.segments)} segment(s), "
+        f"{verdict}: queue {rep.name!r} in {_printable(str(rep.dir))}: {len(rep.segments)} segment(s), "
         f"{nrec} record(s) checked"
     )
     _emit(args, summary, "\n".join(lines))
@@ -905,7 +912,10 @@ def _top_curses(args: argparse.Namespace, sampler: _Sampler) -> None:
             scr.erase()
             h, w = scr.getmaxyx()
             rate = lambda v: "-" if v is None else f"{v:,.1f}/s"
-            lines = [f"ringq top  queue {args.queue!r} in {args.dir}   (q quits)", ""]
+            lines = [
+                f"ringq top  queue {args.queue!r} in {_printable(str(args.dir))}   (q quits)",
+                "",
+            ]
             total = max(s["total"], 1)
             bar_w = max(10, min(40, w - 30))
             for k in ("ready", "delayed", "leased", "done", "dead"):
@@ -1652,8 +1662,7 @@ def _check_target(args: argparse.Namespace) -> None:
 
 
 def _error(args: argparse.Namespace, text: str) -> None:
-    text = " ".join(text.split())  # always one line
-    if args.json:  # JSON escapes control characters itself
+    if args.json:  # one line whatever the text holds: JSON escapes it
         print(json.dumps({"error": text, "command": args.cmd}), file=sys.stderr)
     else:
-        print(f"ringq {args.cmd}: {_printable(text)}", file=sys.stderr)
+        print(f"ringq {args.cmd}: {_printable(' '.join(text.split()))}", file=sys.stderr)

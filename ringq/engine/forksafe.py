@@ -45,16 +45,17 @@ def pid() -> int:
     return _pid
 
 
-# Held while a lock-carrying descriptor is opened, handed from one object to another, or closed,
-# and across every fork: a child never sees a descriptor that no object records (it would keep
-# its lock) nor an object recording a number that was closed (it would close what the number is
-# now).  Such steps are a few system calls long; a fork waits for them.
+# Held while a lock-carrying descriptor is opened and recorded, or forgotten and closed
+# (:func:`opened`, :func:`close`), and across every fork: a child never holds a descriptor that is
+# not recorded (it would keep its lock) nor a record of a number that was closed (it would close
+# what the number is now).  Objects that hand a descriptor to one another hold it too, so that a
+# fork sees each one's bookkeeping whole.  Such steps are a few system calls long; a fork waits.
 _moving = threading.RLock()
 
 
 def moving() -> threading.RLock:
-    """The lock to hold around a step that opens, hands over or closes a descriptor that carries
-    (or is about to carry) a ringq lock, together with recording it: ``with forksafe.moving():``."""
+    """The lock to hold around a step that hands a lock-carrying descriptor from one object to
+    another, with its bookkeeping: ``with forksafe.moving():``."""
     return _moving
 
 

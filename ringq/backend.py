@@ -164,9 +164,7 @@ def check_queue_name(name: object) -> str:
 def check_fraction(fraction: object) -> float:
     """A progress report's fraction as a float in [0, 1]: a real number (an int, a float, a
     numpy float; not a bool, not a str), not NaN.  ValueError otherwise."""
-    f = math.nan
-    if isinstance(fraction, numbers.Real) and not isinstance(fraction, bool):
-        f = float(fraction)
+    f = _real(fraction)
     if not 0.0 <= f <= 1.0:  # False for NaN
         raise ValueError(f"progress must be a number from 0 to 1, got {fraction!r}")
     return f
@@ -219,7 +217,10 @@ def as_int(x: object) -> int | None:
         return x
     if isinstance(x, bool) or not isinstance(x, numbers.Integral):
         return None
-    return int(x)
+    try:
+        return int(x)
+    except TypeError:  # numpy.timedelta64 calls itself Integral, and is no count
+        return None
 
 
 def _real(x: object) -> float:
@@ -234,15 +235,18 @@ def _real(x: object) -> float:
         return float(x)
     except OverflowError:
         return math.inf if x > 0 else -math.inf  # type: ignore[operator]
+    except TypeError:  # numpy.timedelta64 calls itself Real, and is no number of seconds
+        return math.nan
 
 
 def check_priority(priority: object) -> int:
     """``priority`` as an int if it is a signed 32-bit integer (an int or a numpy integer, not a
     bool); ValueError otherwise."""
     if priority.__class__ is not int:
-        if isinstance(priority, bool) or not isinstance(priority, numbers.Integral):
+        n = as_int(priority)
+        if n is None:
             raise ValueError(f"priority must be a 32-bit signed int, got {priority!r}")
-        priority = int(priority)
+        priority = n
     if not -PRIORITY_LIMIT <= priority < PRIORITY_LIMIT:
         raise ValueError(f"priority must be a 32-bit signed int, got {priority!r}")
     return priority
@@ -323,12 +327,13 @@ def check_extension(seconds: object) -> float:
     return v
 
 
-def check_count(n: object, what: str, low: int = 0) -> int:
-    """An int >= ``low`` (a numpy integer too; not a bool), as an int; ValueError naming
-    ``what`` otherwise."""
+def check_count(n: object, what: str, low: int = 0, high: int | None = None) -> int:
+    """An int >= ``low`` and at most ``high`` if given (a numpy integer too; not a bool), as an
+    int; ValueError naming ``what`` otherwise."""
     k = as_int(n)
-    if k is None or k < low:
-        raise ValueError(f"{what} must be an int >= {low}, got {n!r}")
+    if k is None or k < low or (high is not None and k > high):
+        most = "" if high is None else f" and <= {high}"
+        raise ValueError(f"{what} must be an int >= {low}{most}, got {n!r}")
     return k
 
 

@@ -508,6 +508,22 @@ def test_narrow_numpy_floats_are_range_checked_as_floats(q):
             q.enqueue("y", delay=-(10**400))
 
 
+def test_a_numpy_timedelta_is_no_number_here(q):
+    # numpy.timedelta64 registers as a numbers.Integral, and converts to neither int nor float.
+    import numpy as np
+
+    td = np.timedelta64(5, "s")
+    for call in (
+        lambda: q.enqueue("x", priority=td),
+        lambda: q.enqueue("x", delay=td),
+        lambda: q.lease_one(visibility_timeout=td),
+        lambda: q.lease_one(wait=td),
+        lambda: q.lease(td),
+    ):
+        with pytest.raises(ValueError):
+            call()
+
+
 def test_numpy_timeouts_and_negative_numpy_delays_are_taken(q):
     job = q.enqueue("t", timeout=np.float32(5), delay=np.int64(-5))  # a negative delay: due now
     assert job.timeout == 5 and q.lease_one().id == job.id

@@ -237,13 +237,15 @@ def test_a_reader_that_reads_keyed_jobs_in_bulk_leases_them_in_the_order_of_one_
         (i, f"key-{rng.randrange(7)}" if i % 5 else None, rng.choice([-3, 0, 0, 2]))
         for i in range(150)
     ]
+    # Some with an expiry prefix or a metadata block before their key, as records of other kinds.
+    extra = [{}, {}, {"expires_in": 3600}, {"timeout": 30}]
     orders = []
     for name in ("bulk", "few"):
         q = Queue(tmp_path / name)
         if name == "few":
             assert q.lease_one() is None  # its reader is open: it reads each job as it comes
         for i, key, prio in jobs:
-            q.enqueue(i, key=key, priority=prio)
+            q.enqueue(i, key=key, priority=prio, **extra[i % len(extra)])
             if name == "few":
                 assert q.stats().ready == i + 1  # read in before the next enqueue
         reader = Queue(tmp_path / name) if name == "bulk" else q  # reads all 150 at once

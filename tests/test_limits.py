@@ -513,3 +513,38 @@ def test_keys_whose_lane_ids_collide_never_hold_each_other_back(qdir):
     got = [q.lease_one().payload for _ in range(3)]
     assert got == ["a1", "b1", "b2"]
     assert q.lease_one() is None  # a2 and a3 wait for a's slot
+
+
+@pytest.mark.parametrize(
+    "kw", [{}, {"timeout": 5}, {"expires_in": 3600}], ids=["plain", "metadata", "expiry"]
+)
+def test_a_fresh_reader_puts_each_keyed_record_in_its_key_lane_whatever_its_kind(qdir, kw):
+    # A record with an expiry or a metadata block holds its key behind them: read in bulk by a
+    # fresh queue object, its job must still wait in its key's lane, not hold back others.
+    q = Queue(qdir)
+    q.limit("K", concurrency=1)
+    for i in range(20):
+        q.enqueue(f"K{i}", key="K", **kw)
+    q.enqueue_many(["free-1", "free-2", "free-3"])
+    q.close()
+    fresh = Queue(qdir)
+    assert [fresh.lease_one().payload for _ in range(4)] == ["K0", "free-1", "free-2", "free-3"]
+    assert fresh.lease_one() is None
+
+
+def test_a_numpy_timedelta_is_no_count_or_number_of_seconds_for_a_limit(qdir):
+    import numpy as np
+
+    from ringq.errors import LimitError
+
+    td = np.timedelta64(2, "s")
+    q = Queue(qdir)
+    for kw in (dict(concurrency=td), dict(rate=(td, 1.0)), dict(rate=(2, td)), dict(rate=(2, 1.0), burst=td)):
+        with pytest.raises(LimitError):
+            q.limit("k", **kw)
+    with pytest.raises(LimitError, match="unique_for"):
+        q.enqueue(1, key="k", unique_for=td)
+    with pytest.raises(ValueError, match="every"):
+        q.schedule("tick", 1, every=td)
+    with pytest.raises(ValueError, match="flush_interval"):
+        Queue(qdir, state_flush_interval=td)

@@ -423,6 +423,9 @@ def _until(pred, timeout=30.0):
     [
         dict(concurrency=float("nan")),
         dict(concurrency=2.5),
+        dict(concurrency=10**20),
+        dict(concurrency=__import__("numpy").timedelta64(2, "s")),
+        dict(heartbeat=__import__("numpy").timedelta64(2, "s")),
         dict(processes=-1),
         dict(max_jobs=2.5),
         dict(max_jobs=0),

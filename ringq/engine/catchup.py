@@ -206,7 +206,9 @@ class CatchUp:
                     records.read_id(seg, slot, int(row["id_len"])).decode("utf-8", "replace")
                 ] = (seg.seq, slot)
             rows = ok[keyed]
-            plain = rows["codec"] == codec.KEYED
+            # Only a plain job record holds its key envelope first in its payload: an expiry
+            # prefix or a metadata block (ringq/engine/meta.py) comes before it in the others.
+            plain = (rows["codec"] == codec.KEYED) & (rows["kind"] == records.KIND_JOB)
             if plain.any():
                 self._keyed_plain(view, rows[plain])
             if not plain.all():  # a key behind a metadata block: read one by one

@@ -577,7 +577,7 @@ def _interval(x: object) -> float | None:
         return None
     try:
         v = float(x)
-    except OverflowError:
+    except (OverflowError, TypeError):  # TypeError: numpy.timedelta64, which calls itself Real
         return None
     return v if 0 < v <= MAX_INTERVAL else None
 

@@ -137,7 +137,8 @@ def key_of(seg: Segment, slot: int) -> str | None:
 def keys_of_plain(
     seg: Segment, slots: Any, id_lens: Any, plens: Any
 ) -> tuple[list[str | None], Any]:
-    """The keys of many records whose codec is :data:`codec.KEYED` (no metadata block), read
+    """The keys of many records of kind KIND_JOB whose codec is :data:`codec.KEYED` (no expiry
+    prefix, no metadata block), read
     as :func:`key_of` reads one, in a few numpy calls: ``slots``, ``id_lens`` and ``plens`` are
     arrays of the records' head slots, id and payload lengths, from a validated scan (every
     record lies within the mapping).  Returns ``(keys, which)``: the distinct keys (None for a

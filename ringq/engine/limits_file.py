@@ -75,20 +75,34 @@ class Limit:
         return max(1, int(round(self.per * 1e9 / self.rate_n)))
 
 
+def _count(n: Any) -> int | None:
+    """``n`` as an int if it is an integer (a numpy one too; not a bool, not a
+    numpy.timedelta64, which calls itself Integral), else None."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        return None
+    try:
+        return int(n)
+    except TypeError:
+        return None
+
+
 def _check_rate(rate: Any) -> tuple[int, float]:
     """``(count, per)`` of a rate: a 2-tuple (or list) of an int >= 1 and finite seconds > 0."""
     ok = isinstance(rate, (tuple, list)) and len(rate) == 2
     if ok:
         n, per = rate
-        ok = (
-            isinstance(n, numbers.Integral)
-            and not isinstance(n, bool)
-            and 1 <= int(n) <= 0xFFFFFFFF
-            and isinstance(per, numbers.Real)
-            and not isinstance(per, bool)
-            and math.isfinite(per)
-            and float(per) > 0
-        )
+        try:  # TypeError: numpy.timedelta64, which calls itself Integral
+            ok = (
+                isinstance(n, numbers.Integral)
+                and not isinstance(n, bool)
+                and 1 <= int(n) <= 0xFFFFFFFF
+                and isinstance(per, numbers.Real)
+                and not isinstance(per, bool)
+                and math.isfinite(float(per))
+                and float(per) > 0
+            )
+        except (TypeError, OverflowError):
+            ok = False
     if not ok:
         raise LimitError(
             "rate must be a 2-tuple (count, per): an int count in [1, 2**32 - 1] and a finite "
@@ -361,27 +375,20 @@ class LimitsFile:
         raw = name.encode("utf-8", "strict")
         if len(raw) > MAX_NAME:
             raise LimitError(f"a limit name has at most {MAX_NAME} UTF-8 bytes, got {len(raw)}")
-        if concurrency is not None and (
-            not isinstance(concurrency, numbers.Integral)
-            or isinstance(concurrency, bool)
-            or not 1 <= concurrency <= MAX_CONCURRENCY
-        ):
+        cap = None if concurrency is None else _count(concurrency)
+        if concurrency is not None and (cap is None or not 1 <= cap <= MAX_CONCURRENCY):
             raise LimitError(
                 f"concurrency must be an int in [1, {MAX_CONCURRENCY}], got {concurrency!r}"
             )
         rate_n, per = 0, 0.0
         if rate is not None:
             rate_n, per = _check_rate(rate)
-        if burst is not None and (
-            not isinstance(burst, numbers.Integral)
-            or isinstance(burst, bool)
-            or not 1 <= burst <= 0xFFFFFFFF
-        ):
+        tokens = None if burst is None else _count(burst)
+        if burst is not None and (tokens is None or not 1 <= tokens <= 0xFFFFFFFF):
             raise LimitError(f"burst must be an int >= 1, got {burst!r}")
         if burst is not None and rate is None:
             raise LimitError("burst applies to a rate limit: give rate=(count, per) too")
-        concurrency = None if concurrency is None else int(concurrency)  # a numpy integer too
-        burst = None if burst is None else int(burst)
+        concurrency, burst = cap, tokens  # ints (a numpy integer too)
         if rate is not None and burst is None:
             burst = min(0xFFFFFFFF, max(2, math.ceil(LATE_SLACK * rate_n / per)))
         m = self.mapped(create_missing=True)

@@ -8,6 +8,7 @@ an entry is live, an enqueue of ``k`` returns the job that opened the window ins
 from __future__ import annotations
 
 import hashlib
+import math
 import numbers
 import time
 from collections.abc import Callable
@@ -45,11 +46,11 @@ def enqueue_unique(
     mutex); the file's ``flock`` serialises processes.  Raises DuplicateJobError if that job is
     no longer retained, LimitError if ``unique_for`` is not a positive number of seconds or the
     table is full."""
-    if (
-        isinstance(unique_for, bool)
-        or not isinstance(unique_for, numbers.Real)
-        or not 0 < unique_for < MAX_UNIQUE_FOR
-    ):
+    try:  # TypeError: numpy.timedelta64, which calls itself Real
+        seconds = float(unique_for) if isinstance(unique_for, numbers.Real) else math.nan
+    except (TypeError, OverflowError):
+        seconds = math.nan
+    if isinstance(unique_for, bool) or not 0 < seconds < MAX_UNIQUE_FOR:
         raise LimitError(
             f"unique_for must be seconds > 0 and below {MAX_UNIQUE_FOR} (about 30 years), "
             f"got {unique_for!r}"
@@ -92,9 +93,7 @@ def enqueue_unique(
         m.mm[base : base + U_ID + MAX_UNIQUE_ID] = UNI.pack(h, 0, len(raw)).ljust(
             U_ID, b"\0"
         ) + raw.ljust(MAX_UNIQUE_ID, b"\0")
-        m.store64(
-            base + U_EXPIRES, now + int(float(unique_for) * 1000)
-        )  # last: the entry counts from here
+        m.store64(base + U_EXPIRES, now + int(seconds * 1000))  # last: the entry counts from here
         m.msync(
             OFF_UNIQUE + (free * UENTRY // PAGE) * PAGE,
             PAGE * 2 if (free * UENTRY) % PAGE + UENTRY > PAGE else PAGE,

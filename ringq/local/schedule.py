@@ -34,6 +34,7 @@ import base64
 import builtins
 import errno
 import json
+import math
 import numbers
 import os
 import re
@@ -562,15 +563,15 @@ class Scheduler:
         _zone(tz)
         every_ms = None
         if every is not None:
-            if (
-                isinstance(every, bool)
-                or not isinstance(every, numbers.Real)
-                or not MIN_EVERY <= every <= MAX_EVERY
-            ):
+            try:  # TypeError: numpy.timedelta64, which calls itself Real
+                secs = float(every) if isinstance(every, numbers.Real) else math.nan
+            except (TypeError, OverflowError):
+                secs = math.nan
+            if isinstance(every, bool) or not MIN_EVERY <= secs <= MAX_EVERY:
                 raise ValueError(
                     f"every must be a number of seconds in [{MIN_EVERY}, {MAX_EVERY:.0f}], got {every!r}"
                 )
-            every_ms = max(1, int(round(every * 1000)))
+            every_ms = max(1, int(round(secs * 1000)))
         else:
             check_cron(cron, tz)
         priority = check_priority(priority)

@@ -82,6 +82,10 @@ class _Stream:
                 self.lock.release()
 
 
+MAX_THREADS = 4096  # handler threads per process: each is an OS thread and its stack
+MAX_PROCESSES = 1024  # worker processes of one Worker
+
+
 class Worker:
     """Run ``handler(job)`` for jobs leased from ``queue``.
 
@@ -145,8 +149,8 @@ class Worker:
     the queue, each tick enqueues one job (docs/schedules.md).
 
     Raises:
-        ValueError: concurrency or max_jobs not an int >= 1, processes or max_restarts not an
-            int >= 0, heartbeat or poll_interval not a number of seconds > 0, idle_timeout or
+        ValueError: concurrency (at most 4096) or max_jobs not an int >= 1, processes (at
+            most 1024) or max_restarts not an int >= 0, heartbeat or poll_interval not a number of seconds > 0, idle_timeout or
             grace not one >= 0 (NaN and inf are not), metrics_port not an int from 0 to 65535,
             timeout not > 0.
     """
@@ -169,8 +173,8 @@ class Worker:
         timeout: float | None = None,
         grace: float = 30.0,
     ) -> None:
-        self.concurrency = check_count(concurrency, "concurrency", 1)
-        self.processes = check_count(processes, "processes")
+        self.concurrency = check_count(concurrency, "concurrency", 1, MAX_THREADS)
+        self.processes = check_count(processes, "processes", 0, MAX_PROCESSES)
         if metrics_port is not None:
             check_port(metrics_port, "metrics_port")
         timeout_ms(timeout)  # validates: ValueError

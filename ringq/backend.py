@@ -81,6 +81,7 @@ __all__ = [
     "check_result_ttl",
     "expiry_ms",
     "check_attempts",
+    "as_float",
     "as_int",
     "timeout_ms",
     "MAX_TIMEOUT",
@@ -164,7 +165,7 @@ def check_queue_name(name: object) -> str:
 def check_fraction(fraction: object) -> float:
     """A progress report's fraction as a float in [0, 1]: a real number (an int, a float, a
     numpy float; not a bool, not a str), not NaN.  ValueError otherwise."""
-    f = _real(fraction)
+    f = as_float(fraction)
     if not 0.0 <= f <= 1.0:  # False for NaN
         raise ValueError(f"progress must be a number from 0 to 1, got {fraction!r}")
     return f
@@ -185,7 +186,7 @@ def due_delay(delay: Any) -> Any:
     """An enqueue's ``delay`` as stored: a negative number of seconds means "due now" (nobroker's
     rule, so ``run_at - time.time()`` works once ``run_at`` passed); anything else unchanged, for
     the caller's range check (NaN and values past the limit stay errors)."""
-    if -math.inf < _real(delay) < 0:
+    if -math.inf < as_float(delay) < 0:
         return 0.0
     return delay
 
@@ -198,13 +199,13 @@ def expiry_ms(expires_in: float | None, expires_at: float | None) -> int | None:
     if expires_in is not None and expires_at is not None:
         raise ValueError("give expires_in or expires_at, not both")
     if expires_in is not None:
-        if not 0 <= _real(expires_in) <= MAX_DELAY:
+        if not 0 <= as_float(expires_in) <= MAX_DELAY:
             raise ValueError(
                 f"expires_in must be a finite number of seconds from 0 to about 33 years, got {expires_in!r}"
             )
         return int(time.time() * 1000 + float(expires_in) * 1000)  # float: never numpy float32
     if expires_at is not None:
-        if not 0 <= _real(expires_at) < 2**62 / 1000:
+        if not 0 <= as_float(expires_at) < 2**62 / 1000:
             raise ValueError(f"expires_at must be seconds since the Unix epoch, got {expires_at!r}")
         return int(float(expires_at) * 1000)
     return None
@@ -223,7 +224,7 @@ def as_int(x: object) -> int | None:
         return None
 
 
-def _real(x: object) -> float:
+def as_float(x: object) -> float:
     """``x`` as a float if it is a real number (an int, a float, a numpy number, a Fraction; not
     a bool; an int too large for a float is an infinity), else NaN, which every range check
     refuses.  Ranges are compared as floats:
@@ -255,7 +256,7 @@ def check_priority(priority: object) -> int:
 def check_delay(delay: object) -> float:
     """An enqueue's delay in seconds, as stored (a negative one means now: :func:`due_delay`);
     ValueError unless it is a number from 0 to MAX_DELAY."""
-    d = _real(due_delay(delay))
+    d = as_float(due_delay(delay))
     if not 0 <= d <= MAX_DELAY:
         raise ValueError(f"delay must be between 0 and about 33 years (in seconds), got {delay!r}")
     return d
@@ -265,7 +266,7 @@ def check_retry_delay(delay: object) -> float | None:
     """A nack's ``delay`` (None: the backoff policy's); ValueError unless 0 to MAX_DELAY seconds."""
     if delay is None:
         return None
-    d = _real(delay)
+    d = as_float(delay)
     if not 0 <= d <= MAX_DELAY:
         raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
     return d
@@ -295,7 +296,7 @@ def check_wait(wait: object) -> float | None:
     negative number not at all).  ValueError for anything else (NaN, a bool, a str)."""
     if wait is None:
         return None
-    v = _real(wait)  # an int too large for a float: as long as it takes
+    v = as_float(wait)  # an int too large for a float: as long as it takes
     if v != v:
         raise ValueError(f"wait must be a number of seconds or None, got {wait!r}")
     return v
@@ -307,7 +308,7 @@ MIN_LEASE = 0.001  # seconds: lease deadlines are kept in milliseconds
 def check_visibility_timeout(vt: object) -> float:
     """A visibility timeout in seconds: ValueError unless from MIN_LEASE (1 ms, the resolution
     of a lease deadline: a shorter one would have run out when it was taken) to MAX_DELAY."""
-    v = _real(vt)
+    v = as_float(vt)
     if not MIN_LEASE <= v <= MAX_DELAY:
         raise ValueError(
             f"visibility_timeout must be a number of seconds from {MIN_LEASE:g} to {MAX_DELAY:.0f} "
@@ -318,7 +319,7 @@ def check_visibility_timeout(vt: object) -> float:
 
 def check_extension(seconds: object) -> float:
     """An extend's seconds: ValueError unless from MIN_LEASE to MAX_DELAY."""
-    v = _real(seconds)
+    v = as_float(seconds)
     if not MIN_LEASE <= v <= MAX_DELAY:
         raise ValueError(
             f"seconds must be a number from {MIN_LEASE:g} to {MAX_DELAY:.0f} (about 33 years), "
@@ -341,7 +342,7 @@ def check_seconds(x: object, what: str, *, zero: bool = False) -> float:
     """``x`` seconds as a float: a number (an int, a float, a numpy number; not a bool) above 0
     -- at least 0 with ``zero`` -- and at most MAX_DELAY (about 33 years; a thread sleeps that
     long at most).  ValueError naming ``what`` otherwise (NaN, inf, a str, None)."""
-    v = _real(x)
+    v = as_float(x)
     if not ((0 <= v) if zero else (0 < v)) or not v <= MAX_DELAY:
         raise ValueError(
             f"{what} must be a number of seconds {'>= 0' if zero else '> 0'} and at most "
@@ -418,7 +419,7 @@ def check_result_ttl(ttl: object) -> float:
     """A result's time to live in seconds: a number (not a bool) above 0 and below
     MAX_RESULT_TTL (30 years; a result is kept as a record delayed by its time to live, so
     there is no "forever").  ValueError otherwise, inf and NaN included."""
-    v = _real(ttl)
+    v = as_float(ttl)
     if not 0 < v < MAX_RESULT_TTL:
         raise ValueError(
             f"result_ttl must be a number of seconds above 0 and below 30 years "
@@ -431,7 +432,7 @@ def check_lock_timeout(timeout: object) -> float:
     """A queue's ``lock_timeout``: seconds to wait for the writer lock, a number (an int or a
     float, not a bool) >= 0 -- 0 tries once and does not wait, ``math.inf`` waits as long as it
     takes.  ValueError for anything else (NaN, a negative number, None, a str)."""
-    v = _real(timeout)  # an int too large for a float: as long as it takes
+    v = as_float(timeout)  # an int too large for a float: as long as it takes
     if not v >= 0:
         raise ValueError(
             "lock_timeout must be a number of seconds >= 0 (0: do not wait; math.inf: wait "
@@ -458,7 +459,7 @@ def timeout_ms(timeout: float | None) -> int | None:
     ``(0, MAX_TIMEOUT]`` (about 49 days)."""
     if timeout is None:
         return None
-    v = _real(timeout)
+    v = as_float(timeout)
     if not 0 < v <= MAX_TIMEOUT:
         raise ValueError(
             f"timeout must be a number of seconds > 0 and at most {MAX_TIMEOUT:.0f}, got {timeout!r}"
@@ -591,7 +592,7 @@ def check_replace(
             raise ValueError("give debounce= or replace=True, not both (debounce replaces too)")
         if delay:
             raise ValueError("debounce is the delay of the replacement: give no delay with it")
-        d = _real(debounce)
+        d = as_float(debounce)
         if not 0 <= d <= MAX_DELAY:
             raise ValueError(f"debounce must be a number of seconds >= 0, got {debounce!r}")
         return d

@@ -21,7 +21,7 @@ from .deps import lost_word
 from .lifecycle import key_of, keys_of_plain
 from .meta import KIND_META
 from .transitions import gone
-from .views import Lane, View, key_id, lane_key, now_ms
+from .views import Lane, View, key_id, lane_key, lane_keys, now_ms
 from .words import (
     ST_DEAD,
     ST_EMPTY,
@@ -255,8 +255,7 @@ class CatchUp:
                 kids[i] = kid = key_id(key)
                 self.index.note_key(kid, key)
         kid = kids[which]
-        prio = rows["priority"].astype(np.int64)
-        view.lanekey[slots] = np.where(kid != 0, (kid << 32) | (prio & 0xFFFFFFFF), prio)
+        view.lanekey[slots] = lane_keys(rows["priority"].astype(np.int64), kid)
         if kid.any():
             self.index.keyed()
 

@@ -47,12 +47,13 @@ from __future__ import annotations
 
 import atexit
 import fcntl
-import numbers
 import os
 import threading
 import time
 import weakref
 from typing import TYPE_CHECKING, Any
+
+from ringq.backend import as_float
 
 from . import ackjournal, forksafe, native
 from ._native import ffi, lib
@@ -571,14 +572,9 @@ MAX_INTERVAL = 1e6  # seconds: the longest flush interval (about 12 days; None t
 
 
 def _interval(x: object) -> float | None:
-    """A flush interval as a float (an int, a float, a numpy number; not a bool), or None unless
-    it is above 0 and at most MAX_INTERVAL: the flusher thread sleeps that long."""
-    if not isinstance(x, numbers.Real) or isinstance(x, bool):
-        return None
-    try:
-        v = float(x)
-    except (OverflowError, TypeError):  # TypeError: numpy.timedelta64, which calls itself Real
-        return None
+    """A flush interval as a float (backend.as_float), or None unless it is above 0 and at most
+    MAX_INTERVAL: the flusher thread sleeps that long."""
+    v = as_float(x)
     return v if 0 < v <= MAX_INTERVAL else None
 
 

@@ -72,6 +72,11 @@ def lane_prio(lanekey: int) -> int:
     return low - (1 << 32) if low >= 1 << 31 else low
 
 
+def lane_kid(lanekey: int) -> int:
+    """The key id of a lane key (views.lane_key): 0 for the lane of jobs without a key."""
+    return 0 if -(1 << 31) <= lanekey < 1 << 31 else lanekey >> 32
+
+
 class Index:
     """The views of every mapped segment, the ready and scheduled heaps, and known job ids."""
 
@@ -155,7 +160,7 @@ class Index:
         """True if every job of a lane with ``lanekey`` has the same key (or none): a limit that
         holds back one of them holds back all, so the lane can wait as one.  A key id not
         tracked (past KID_TRACK keys) may be shared: False."""
-        kid = lanekey >> 32 if not -(1 << 31) <= lanekey < 1 << 31 else 0
+        kid = lane_kid(lanekey)
         return not kid or (kid in self.kid_keys and kid not in self.shared_kids)
 
     def keyed(self) -> None:

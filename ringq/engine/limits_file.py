@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import fcntl
 import math
-import numbers
 import os
 import random
 import struct
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ringq import codec
+from ringq.backend import as_float, as_int
 from ringq.errors import LimitError, LimitsFileError
 
 from . import forksafe, native
@@ -75,40 +75,17 @@ class Limit:
         return max(1, int(round(self.per * 1e9 / self.rate_n)))
 
 
-def _count(n: Any) -> int | None:
-    """``n`` as an int if it is an integer (a numpy one too; not a bool, not a
-    numpy.timedelta64, which calls itself Integral), else None."""
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-        return None
-    try:
-        return int(n)
-    except TypeError:
-        return None
-
-
 def _check_rate(rate: Any) -> tuple[int, float]:
     """``(count, per)`` of a rate: a 2-tuple (or list) of an int >= 1 and finite seconds > 0."""
-    ok = isinstance(rate, (tuple, list)) and len(rate) == 2
-    if ok:
-        n, per = rate
-        try:  # TypeError: numpy.timedelta64, which calls itself Integral
-            ok = (
-                isinstance(n, numbers.Integral)
-                and not isinstance(n, bool)
-                and 1 <= int(n) <= 0xFFFFFFFF
-                and isinstance(per, numbers.Real)
-                and not isinstance(per, bool)
-                and math.isfinite(float(per))
-                and float(per) > 0
-            )
-        except (TypeError, OverflowError):
-            ok = False
-    if not ok:
+    count, seconds = None, math.nan
+    if isinstance(rate, (tuple, list)) and len(rate) == 2:
+        count, seconds = as_int(rate[0]), as_float(rate[1])
+    if count is None or not 1 <= count <= 0xFFFFFFFF or not 0 < seconds < math.inf:
         raise LimitError(
             "rate must be a 2-tuple (count, per): an int count in [1, 2**32 - 1] and a finite "
             f"number of seconds per > 0, got {rate!r}"
         )
-    return int(n), float(per)
+    return count, seconds
 
 
 def _lock_off(index: int, j: int) -> int:
@@ -375,7 +352,7 @@ class LimitsFile:
         raw = name.encode("utf-8", "strict")
         if len(raw) > MAX_NAME:
             raise LimitError(f"a limit name has at most {MAX_NAME} UTF-8 bytes, got {len(raw)}")
-        cap = None if concurrency is None else _count(concurrency)
+        cap = None if concurrency is None else as_int(concurrency)
         if concurrency is not None and (cap is None or not 1 <= cap <= MAX_CONCURRENCY):
             raise LimitError(
                 f"concurrency must be an int in [1, {MAX_CONCURRENCY}], got {concurrency!r}"
@@ -383,7 +360,7 @@ class LimitsFile:
         rate_n, per = 0, 0.0
         if rate is not None:
             rate_n, per = _check_rate(rate)
-        tokens = None if burst is None else _count(burst)
+        tokens = None if burst is None else as_int(burst)
         if burst is not None and (tokens is None or not 1 <= tokens <= 0xFFFFFFFF):
             raise LimitError(f"burst must be an int >= 1, got {burst!r}")
         if burst is not None and rate is None:

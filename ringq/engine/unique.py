@@ -8,13 +8,12 @@ an entry is live, an enqueue of ``k`` returns the job that opened the window ins
 from __future__ import annotations
 
 import hashlib
-import math
-import numbers
 import time
 from collections.abc import Callable
 from typing import Any
 
 from ringq import errors
+from ringq.backend import as_float
 from ringq.errors import LimitError
 
 from .limits_file import (
@@ -46,11 +45,8 @@ def enqueue_unique(
     mutex); the file's ``flock`` serialises processes.  Raises DuplicateJobError if that job is
     no longer retained, LimitError if ``unique_for`` is not a positive number of seconds or the
     table is full."""
-    try:  # TypeError: numpy.timedelta64, which calls itself Real
-        seconds = float(unique_for) if isinstance(unique_for, numbers.Real) else math.nan
-    except (TypeError, OverflowError):
-        seconds = math.nan
-    if isinstance(unique_for, bool) or not 0 < seconds < MAX_UNIQUE_FOR:
+    seconds = as_float(unique_for)
+    if not 0 < seconds < MAX_UNIQUE_FOR:
         raise LimitError(
             f"unique_for must be seconds > 0 and below {MAX_UNIQUE_FOR} (about 30 years), "
             f"got {unique_for!r}"

@@ -18,7 +18,18 @@ from .words import lease_count, now_ms, rel_time
 if TYPE_CHECKING:  # pragma: no cover
     from .control import Control
 
-__all__ = ["View", "Lane", "Grow", "Direct", "now_ms", "order", "due", "lane_key", "key_id"]
+__all__ = [
+    "View",
+    "Lane",
+    "Grow",
+    "Direct",
+    "now_ms",
+    "order",
+    "due",
+    "lane_key",
+    "lane_keys",
+    "key_id",
+]
 
 
 class Direct:
@@ -162,6 +173,11 @@ def lane_key(prio: int, kid: int) -> int:
     """The key of a lane in ``View.lanes``: the priority for jobs without a key (``kid`` 0), else
     the priority and the key's id (:func:`key_id`), above every priority."""
     return prio if not kid else (kid << 32) | (prio & 0xFFFFFFFF)
+
+
+def lane_keys(prio: np.ndarray, kid: np.ndarray) -> np.ndarray:
+    """:func:`lane_key` of each element of two int64 arrays."""
+    return np.where(kid != 0, (kid << 32) | (prio & 0xFFFFFFFF), prio)
 
 
 @functools.lru_cache(maxsize=1 << 16)  # a reader reads the same few keys again and again

@@ -34,8 +34,6 @@ import base64
 import builtins
 import errno
 import json
-import math
-import numbers
 import os
 import re
 import struct
@@ -47,7 +45,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from ringq import codec
-from ringq.backend import check_attempts, check_priority
+from ringq.backend import as_float, check_attempts, check_priority
 from ringq.engine import forksafe
 from ringq.engine.mapped import Mapped, crc32c, fsync_dir, write_whole
 from ringq.engine.owner import OwnerRegistry
@@ -563,11 +561,8 @@ class Scheduler:
         _zone(tz)
         every_ms = None
         if every is not None:
-            try:  # TypeError: numpy.timedelta64, which calls itself Real
-                secs = float(every) if isinstance(every, numbers.Real) else math.nan
-            except (TypeError, OverflowError):
-                secs = math.nan
-            if isinstance(every, bool) or not MIN_EVERY <= secs <= MAX_EVERY:
+            secs = as_float(every)
+            if not MIN_EVERY <= secs <= MAX_EVERY:
                 raise ValueError(
                     f"every must be a number of seconds in [{MIN_EVERY}, {MAX_EVERY:.0f}], got {every!r}"
                 )

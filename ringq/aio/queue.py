@@ -68,8 +68,8 @@ from typing import Any, TypeVar
 from ringq import codec, tracing
 from ringq.backend import (
     DEFAULT_VISIBILITY_TIMEOUT,
-    as_int,
     check_allow_failure,
+    check_count,
     check_progress,
     check_replace,
     check_seconds,
@@ -787,12 +787,9 @@ def _check_settings(
     check_visibility_timeout(visibility_timeout)
     if keep_seconds is not None:
         check_seconds(keep_seconds, "keep_seconds", zero=True)
-    if keep_jobs is not None and (as_int(keep_jobs) is None or keep_jobs < 0):
-        raise ValueError(f"keep_jobs must be an int >= 0 or None, got {keep_jobs!r}")
-    if as_int(max_attempts) is None or not 1 <= max_attempts < ENGINE_MAX_ATTEMPTS:
-        raise ValueError(
-            f"max_attempts must be an int in [1, {ENGINE_MAX_ATTEMPTS - 1}], got {max_attempts!r}"
-        )
+    if keep_jobs is not None:
+        check_count(keep_jobs, "keep_jobs")
+    check_count(max_attempts, "max_attempts", 1, ENGINE_MAX_ATTEMPTS - 1)
 
 
 def _sweep_default(keep_seconds: float | None) -> float:
@@ -801,10 +798,9 @@ def _sweep_default(keep_seconds: float | None) -> float:
 
 
 def _check_handler(concurrency: Any, retries: Any, timeout: Any) -> None:
-    if concurrency is not None and (as_int(concurrency) is None or concurrency < 1):
-        raise ValueError(f"concurrency must be an int >= 1 or None, got {concurrency!r}")
-    if as_int(retries) is None or not 0 <= retries < ENGINE_MAX_ATTEMPTS - 1:
-        raise ValueError(f"retries must be an int >= 0, got {retries!r}")
+    if concurrency is not None:
+        check_count(concurrency, "concurrency", 1)
+    check_count(retries, "retries", 0, ENGINE_MAX_ATTEMPTS - 2)
     timeout_ms(timeout)  # None, or seconds > 0 up to MAX_TIMEOUT: ValueError
 
 

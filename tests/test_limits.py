@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import time
 
 import pytest
+from conftest import SEED
 from procs import spawn
 
 import ringq
@@ -454,7 +456,9 @@ def test_numpy_integers_are_taken_for_caps_bursts_geometry_and_schedules(tmp_pat
     import numpy as np
 
     with Queue(tmp_path / "q", slot_size=np.int64(256), slot_count=np.int32(1024)) as q:
-        q.limit("k", concurrency=np.int64(2), rate=(np.int64(10), np.float64(1.0)), burst=np.int8(3))
+        q.limit(
+            "k", concurrency=np.int64(2), rate=(np.int64(10), np.float64(1.0)), burst=np.int8(3)
+        )
         [info] = q.limits()
         assert (info.concurrency, info.rate, info.burst) == (2, (10, 1.0), 3)
         q.schedule("tick", {"t": 1}, every=np.int64(60))
@@ -539,7 +543,12 @@ def test_a_numpy_timedelta_is_no_count_or_number_of_seconds_for_a_limit(qdir):
 
     td = np.timedelta64(2, "s")
     q = Queue(qdir)
-    for kw in (dict(concurrency=td), dict(rate=(td, 1.0)), dict(rate=(2, td)), dict(rate=(2, 1.0), burst=td)):
+    for kw in (
+        dict(concurrency=td),
+        dict(rate=(td, 1.0)),
+        dict(rate=(2, td)),
+        dict(rate=(2, 1.0), burst=td),
+    ):
         with pytest.raises(LimitError):
             q.limit("k", **kw)
     with pytest.raises(LimitError, match="unique_for"):
@@ -548,3 +557,69 @@ def test_a_numpy_timedelta_is_no_count_or_number_of_seconds_for_a_limit(qdir):
         q.schedule("tick", 1, every=td)
     with pytest.raises(ValueError, match="flush_interval"):
         Queue(qdir, state_flush_interval=td)
+
+
+def test_jobs_a_cap_held_back_across_many_leases_come_out_fifo_within_their_key(qdir):
+    # 20 leases of another key while "a" sits at its cap of 1: more of a's jobs wait in the
+    # limit than are offered again per lease, and its key's turn moves on meanwhile.  Each slot
+    # freed goes to a's oldest waiting job.
+    q = Queue(qdir)
+    q.limit("a", concurrency=1)
+    for i in range(1, 31):
+        q.enqueue(f"a{i}", key="a")
+        q.enqueue(f"b{i}", key="b")
+    held = q.lease_one()
+    assert held.payload == "a1"
+    assert [q.lease_one().payload for _ in range(20)] == [f"b{i}" for i in range(1, 21)]
+    a_order = []
+    while len(a_order) < 29:
+        q.ack(held)
+        while (job := q.lease_one()).key != "a":
+            q.ack(job)
+        a_order.append(job.payload)
+        held = job
+    assert a_order == [f"a{i}" for i in range(2, 31)]
+
+
+_FIFO_RNG = random.Random(SEED)
+FIFO_SEEDS = [_FIFO_RNG.randrange(2**32) for _ in range(24)]
+
+
+@pytest.mark.parametrize("seed", FIFO_SEEDS)
+def test_first_leases_are_fifo_within_each_key_and_priority_under_any_caps(tmp_path, seed):
+    # A random history (its seed in the test's id) of enqueues, leases (one and several), acks
+    # and nacks under caps on some keys and on the whole queue: every job's first lease comes
+    # after the first lease of each job enqueued before it with the same key and priority.
+    rnd = random.Random(seed)
+    q = Queue(tmp_path / "q", durability="none")
+    keys = ["k0", "k1", "k2", "k3", None]
+    for key in keys[:3]:
+        if rnd.random() < 0.8:
+            q.limit(key, concurrency=rnd.choice([1, 2, 3]))
+    if rnd.random() < 0.3:
+        q.limit("q", concurrency=rnd.choice([2, 4]))  # named like the queue: every job
+    prios = rnd.choice([[0], [0, 1]])
+    rank: dict[str, tuple[str | None, int, int]] = {}
+    enqueued: dict[tuple[str | None, int], int] = {}
+    last: dict[tuple[str | None, int], int] = {}
+    held: list[ringq.Job] = []
+    for _ in range(400):
+        op = rnd.random()
+        if op < 0.45:
+            key, prio = rnd.choice(keys), rnd.choice(prios)
+            n = enqueued[key, prio] = enqueued.get((key, prio), 0) + 1
+            rank[q.enqueue(n, key=key, priority=prio).id] = (key, prio, n)
+        elif op < 0.8:
+            got = [q.lease_one()] if rnd.random() < 0.6 else q.lease(rnd.randint(1, 4))
+            for job in got:
+                if job is None:
+                    continue
+                held.append(job)
+                key, prio, n = rank.pop(job.id, (None, 0, 0))
+                if n:  # its first lease
+                    assert n == last.get((key, prio), 0) + 1, (key, prio, n)
+                    last[key, prio] = n
+        elif held:
+            job = held.pop(rnd.randrange(len(held)))
+            (q.ack if rnd.random() < 0.8 else q.nack)(job)
+    q.close()

@@ -147,6 +147,14 @@ class Index:
         prio, lk = view.prio.item(slot), view.lanekey.item(slot)
         return (self.rank(prio, lk), at, order(view, slot), 1, view.seg.seq, lk, slot, 0)
 
+    def waiting_entry(self, view: View, slot: int, at: int) -> tuple:
+        """The entry a limit keeps for a job it holds back (ringq/local/limits.py): the job's
+        individual heap entry without its key's turn, which moves on while the job waits.  The
+        held-back jobs of one key so order by age (FIFO within a key), and :meth:`take` gives
+        each re-offered one the turn its key has then."""
+        lk = view.lanekey.item(slot)
+        return (-view.prio.item(slot), at, order(view, slot), 1, view.seg.seq, lk, slot, 0)
+
     def note_key(self, kid: int, key: str) -> None:
         """Key ``key`` has id ``kid`` (views.key_id) in this index's lanes."""
         seen = self.kid_keys.get(kid)
@@ -374,8 +382,13 @@ class Index:
                 heapq.heappush(heap, self.entry(v, slot, at))
             else:
                 heapq.heappush(heap, (nprio, at, seq, 1, segseq, 0, slot, 0))
-        for entry in held_back.reoffer():  # jobs a limit held back: worth another try
-            heapq.heappush(heap, entry)
+        for held in held_back.reoffer():  # jobs a limit held back: worth another try
+            if self.fair:  # ranked by their key's turn now (waiting_entry)
+                v = self.views.get(held[4])
+                if v is None:
+                    continue
+                held = self.entry(v, held[6], held[1])
+            heapq.heappush(heap, held)
         out: list[Any] = []
         while len(out) < want and heap:
             entry = heapq.heappop(heap)

@@ -201,7 +201,7 @@ class Leases:
         # visibility timeout alone.
         owner = 0 if detach else self.owners.acquire()
         ticket = self.gate.admit(
-            seg, slot, lambda: self.index.entry(view, slot, due(view, slot, w))
+            seg, slot, lambda: self.index.waiting_entry(view, slot, due(view, slot, w))
         )
         if ticket is False:
             return None  # a limit holds it back: it stays READY

@@ -284,7 +284,8 @@ class LimitGate:
 
         Returns None when no limit applies, a ticket (pass it to :meth:`bind` or :meth:`undo`)
         when admitted, and False when a limit refuses: the job is then remembered (``entry()`` is
-        its heap entry) and offered again by :meth:`reoffer`.
+        its entry, Index.waiting_entry: a limit's held-back jobs are offered again by
+        :meth:`reoffer` best first, by priority, then available-at, then enqueue order).
         """
         cfg = self.file.config()
         if not cfg:

@@ -772,6 +772,18 @@ def split_key(codec: int, data: bytes | bytearray) -> tuple[str | None, int, byt
     return key, data[at], bytearray(body) if isinstance(data, bytearray) else bytes(body)
 
 
+def stored_key(raw: bytes) -> str:
+    """The key whose stored bytes are ``raw``, held to the rule :func:`wrap_key` wrote it by
+    (UTF-8, no NUL).  Raises SerializationError for bytes no enqueue could have stored."""
+    try:
+        key = raw.decode("utf-8", "strict")
+    except UnicodeDecodeError:
+        raise SerializationError("stored job key is not valid UTF-8") from None
+    if "\x00" in key:
+        raise SerializationError("stored job key holds a NUL")
+    return key
+
+
 def key_at(buf: Any, start: int, end: int) -> tuple[str, int]:
     """The key of the keyed envelope stored in ``buf[start:end]`` (bytes, a bytearray or a
     mapping: nothing is copied but the key), and the offset in ``buf`` of its inner codec byte.
@@ -782,10 +794,7 @@ def key_at(buf: Any, start: int, end: int) -> tuple[str, int]:
     at = start + 2 + k
     if k == 0 or k > MAX_KEY_BYTES or at + 1 > end:
         raise SerializationError(f"stored keyed payload has an impossible key length {k}")
-    try:
-        key = bytes(buf[start + 2 : at]).decode("utf-8", "strict")
-    except UnicodeDecodeError:
-        raise SerializationError("stored job key is not valid UTF-8") from None
+    key = stored_key(bytes(buf[start + 2 : at]))
     if buf[at : at + 1][0] == KEYED:  # (a slice: a mapping's item may be a 1-byte bytes)
         raise SerializationError("stored keyed payload nests another key")
     return key, at

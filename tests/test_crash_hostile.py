@@ -568,3 +568,36 @@ def test_segment_retired_between_listing_and_opening(tmp_path, monkeypatch):
         monkeypatch.undo()
         assert drain(q) == [8, 9]
         assert q.recovery.clean
+
+
+def test_records_with_a_valid_crc_that_no_enqueue_writes_are_damage(tmp_path, monkeypatch):
+    # A writer that does not hold to the key rule (a NUL in the key), or whose payload bytes do
+    # not decode as their codec byte says: the CRC covers the bytes, so only a decode tells.
+    # verify reports each; a reader never hands out a job whose key cannot be read (it marks
+    # it BAD), and a job whose payload cannot be decoded raises SerializationError on access.
+    def loose(key, kind, data):
+        raw = key.encode()
+        if key == "garbled":
+            kind, data = codec.JSON, b"\xff{not json"
+        return codec.KEYED, struct.pack("<H", len(raw)) + raw + bytes((kind,)) + data
+
+    q = open_queue(str(tmp_path / "q"))
+    with monkeypatch.context() as m:
+        m.setattr(codec, "wrap_key", loose)
+        q.enqueue("nul", key="a\x00b")
+        q.enqueue_many(["m1", "m2"], key="a\x00c")
+        q.enqueue("g", key="garbled")
+    q.enqueue("fine", key="fine")
+    damage = verify(q).damaged
+    assert len(damage) == 4 and all("payload does not decode" in d for d in damage), damage
+    assert sum("holds a NUL" in d for d in damage) == 3
+    q.close()
+
+    fresh = open_queue(str(tmp_path / "q"))
+    jobs = {job.key: job for job in fresh.lease(10)}
+    assert sorted(jobs) == ["fine", "garbled"]
+    assert jobs["fine"].payload == "fine"
+    with pytest.raises(SerializationError):
+        _ = jobs["garbled"].payload
+    assert fresh.stats().corrupt == 3
+    fresh.close()

@@ -175,8 +175,8 @@ def keys_of_plain(
     for raw in uniq.tolist():
         klen = raw[0] | (raw[1] << 8) if raw[:2] != b"\xff\xff" else 0
         try:
-            keys.append(raw[2 : 2 + klen].decode("utf-8", "strict") if klen else None)
-        except UnicodeDecodeError:
+            keys.append(codec.stored_key(raw[2 : 2 + klen]) if klen else None)
+        except SerializationError:
             keys.append(None)
     return keys, which.ravel()
 

@@ -8,7 +8,8 @@ written is never counted as damage because only heads below the published tail a
 
 *Damage* (what makes ``verify`` fail) is anything that loses or corrupts committed data: a segment
 or control file whose header fails validation, a file already quarantined, a published record that
-fails its magic/length/CRC check, or a record a reader has marked BAD.  *Notes* are conditions that
+fails its magic/length/CRC check or whose payload (key envelope included) does not decode, or a
+record a reader has marked BAD.  *Notes* are conditions that
 recovery repairs by itself (records published beyond a stale tail, counters behind) and do not fail.
 """
 
@@ -146,6 +147,21 @@ def _meta_damage(seg: Any, slot: int, row: Any) -> str | None:
         meta.split(KIND_META, int(row["codec"]), bytearray(seg.mm[start : start + plen]))
     except CorruptionError as exc:
         return f"a job's metadata block does not parse: {exc}"
+    return None
+
+
+def _payload_damage(seg: Any, slot: int, row: Any) -> str | None:
+    """Why the payload of the record at ``slot`` (its CRC checked, its kind known) does not
+    decode as its codec says, key envelope included, or None: bytes no enqueue writes, which
+    a lease hands out and its ``payload`` refuses (``SerializationError``)."""
+    base = seg.data_off + slot * seg.slot_size + 64
+    start, plen = base + int(row["id_len"]), int(row["payload_len"])
+    try:
+        inner, start, n = meta.body(int(row["kind"]), int(row["codec"]), seg.mm, start, plen)
+        _key, inner, body = codec.split_key(inner, bytes(seg.mm[start : start + n]))
+        codec.decode(inner, body)
+    except (CorruptionError, SerializationError) as exc:
+        return f"payload does not decode: {exc}"
     return None
 
 
@@ -330,6 +346,8 @@ def _segment(
                 rep.notes.append(
                     f"slot {slot}: published record with an empty state word (re-published by the next reader)"
                 )
+            elif st != ST_GONE and (why := _payload_damage(seg, slot, row)):
+                rep.damage.append(f"slot {slot} (byte {offset}): {why}")
             if limit is not None and len(rep.records) >= limit:
                 continue
             rec = RecordReport(

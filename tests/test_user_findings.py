@@ -19,8 +19,14 @@ from ringq import Queue
 
 def ringq_cli(qdir, *args, **kw) -> subprocess.CompletedProcess:
     where = [] if qdir is None else ["--dir", str(qdir)]
-    return subprocess.run([sys.executable, "-m", "ringq", *where, *args], capture_output=True,
-                          text=True, env=child_env(), timeout=120, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "ringq", *where, *args],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=120,
+        **kw,
+    )
 
 
 def test_segment_copied_from_a_queue_of_other_geometry_is_quarantined(tmp_path):
@@ -70,14 +76,24 @@ def test_damage_found_on_open_is_never_silent_on_the_command_line(tmp_path):
     ver = ringq_cli(qdir, "verify")
     assert ver.returncode == 1 and "quarantined earlier" in ver.stdout
     # what each file was and what became of its jobs: the salvaged ones are served from the tail
-    assert f"{seg}.quarantined: quarantined earlier: a record file that failed validation; nothing is served from this file" in ver.stdout
-    assert "first copies the intact jobs in it that had not finished to the tail segment" in ver.stdout
+    assert (
+        f"{seg}.quarantined: quarantined earlier: a record file that failed validation; nothing is served from this file"
+        in ver.stdout
+    )
+    assert (
+        "first copies the intact jobs in it that had not finished to the tail segment" in ver.stdout
+    )
     state = qdir / "default.0000000000000001.state"
-    assert f"{state}.quarantined: quarantined earlier: the state file of the record file {seg.name}.quarantined, set aside with it" in ver.stdout
+    assert (
+        f"{state}.quarantined: quarantined earlier: the state file of the record file {seg.name}.quarantined, set aside with it"
+        in ver.stdout
+    )
     assert "not served" not in ver.stdout
     assert "quarantined earlier await an operator" in ringq_cli(qdir, "recover").stdout
     with Queue(str(qdir)) as q:  # job 0 is the one `ringq lease` took above
-        assert q.stats().total == 10 and sorted(j.payload for j in q.lease(20)) == list(range(1, 10))
+        assert q.stats().total == 10 and sorted(j.payload for j in q.lease(20)) == list(
+            range(1, 10)
+        )
 
 
 def test_verify_says_a_quarantined_state_file_was_rebuilt_and_its_segment_is_served(tmp_path):
@@ -92,7 +108,9 @@ def test_verify_says_a_quarantined_state_file_was_rebuilt_and_its_segment_is_ser
     with open(state, "r+b") as fh:
         fh.write(b"X")  # the state file's magic: it fails validation
     first = ringq_cli(qdir, "stats")  # this open sets it aside and rebuilds it
-    assert first.returncode == 0 and "a fresh state file was made from the record file" in first.stderr
+    assert (
+        first.returncode == 0 and "a fresh state file was made from the record file" in first.stderr
+    )
     assert (qdir / "default.0000000000000001.state.quarantined").exists() and state.exists()
     ver = ringq_cli(qdir, "verify")
     assert ver.returncode == 1, ver
@@ -124,11 +142,15 @@ def test_verify_says_what_a_state_file_left_behind_by_a_retired_segment_is(tmp_p
         q.compact()
     assert not (qdir / "default.0000000000000001.seg").exists()
     ver = ringq_cli(qdir, "verify")
-    assert ver.returncode == 1 and (
-        f"DAMAGE: {state}.quarantined: quarantined earlier: the state file of "
-        "default.0000000000000001.seg, which is no longer in the queue (a segment's record file goes "
-        "when every job in it finished); nothing is served from it"
-    ) in ver.stdout.splitlines(), ver.stdout
+    assert (
+        ver.returncode == 1
+        and (
+            f"DAMAGE: {state}.quarantined: quarantined earlier: the state file of "
+            "default.0000000000000001.seg, which is no longer in the queue (a segment's record file goes "
+            "when every job in it finished); nothing is served from it"
+        )
+        in ver.stdout.splitlines()
+    ), ver.stdout
 
 
 def test_a_damaged_record_is_reported_by_the_open_that_marks_it(tmp_path):
@@ -152,6 +174,21 @@ def test_a_damaged_record_is_reported_by_the_open_that_marks_it(tmp_path):
     assert ver.returncode == 1 and "slot 1" in ver.stdout
 
 
+def test_damage_an_open_found_is_a_json_warning_under_json(tmp_path):
+    qdir = tmp_path / "q"
+    with Queue(str(qdir)) as q:
+        q.enqueue_many(["first", "second", "third"])
+    seg = qdir / "default.0000000000000001.seg"
+    data = bytearray(seg.read_bytes())
+    data[data.find(b'"second"') + 2] ^= 0x20  # one payload byte: the record fails its CRC
+    seg.write_bytes(bytes(data))
+    out = ringq_cli(qdir, "--json", "list")
+    assert out.returncode == 0, out.stderr
+    [warning] = [json.loads(line) for line in out.stderr.splitlines()]
+    assert warning["command"] == "list" and "quarantined (BAD)" in warning["warning"], warning
+    assert len(json.loads(out.stdout)) == 2
+
+
 def test_verify_reads_a_queue_it_cannot_write(tmp_path):
     """Finding: `verify` and `inspect` opened the control file read-write and failed on a read-only queue."""
     if os.geteuid() != 0:
@@ -164,13 +201,24 @@ def test_verify_reads_a_queue_it_cannot_write(tmp_path):
     for f in qdir.iterdir():
         os.chmod(f, 0o644)
     code = "import os, sys; os.setgid(65534); os.setuid(65534); from ringq.cli import main; sys.exit(main(sys.argv[1:]))"
-    probe = subprocess.run([sys.executable, "-c", "import os; os.setgid(65534); os.setuid(65534); import json, ringq"],
-                           capture_output=True, env=child_env(), timeout=60, cwd=tmp_path)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import os; os.setgid(65534); os.setuid(65534); import json, ringq"],
+        capture_output=True,
+        env=child_env(),
+        timeout=60,
+        cwd=tmp_path,
+    )
     if probe.returncode != 0:
         pytest.skip("this Python or ringq is not readable by an unprivileged uid here")
     for cmd in ("verify", "inspect"):
-        proc = subprocess.run([sys.executable, "-c", code, "--dir", str(qdir), cmd], capture_output=True, text=True,
-                              env=child_env(), timeout=60, cwd=tmp_path)
+        proc = subprocess.run(
+            [sys.executable, "-c", code, "--dir", str(qdir), cmd],
+            capture_output=True,
+            text=True,
+            env=child_env(),
+            timeout=60,
+            cwd=tmp_path,
+        )
         assert proc.returncode == 0, (cmd, proc.stdout, proc.stderr)
 
 
@@ -186,7 +234,12 @@ def test_verify_and_inspect_work_on_a_read_only_file_system(tmp_path):
     if subprocess.run(["mount", "--bind", str(qdir), str(ro)], capture_output=True).returncode != 0:
         pytest.skip("cannot bind-mount here")
     try:
-        if subprocess.run(["mount", "-o", "remount,ro,bind", str(ro)], capture_output=True).returncode != 0:
+        if (
+            subprocess.run(
+                ["mount", "-o", "remount,ro,bind", str(ro)], capture_output=True
+            ).returncode
+            != 0
+        ):
             pytest.skip("cannot remount read-only here")
         with pytest.raises(ringq.ReadOnlyQueueError, match="read-only file system") as info:
             Queue(str(ro))
@@ -229,14 +282,24 @@ def test_a_directory_another_user_cannot_write_is_read_only_to_it():
             os.chmod(os.path.join(qdir, f), 0o644)
 
         def run(*args):
-            return subprocess.run([sys.executable, "-c", UNPRIVILEGED_CLI, "--dir", qdir, *args],
-                                  capture_output=True, text=True, env=child_env(), timeout=60, cwd=top)
+            return subprocess.run(
+                [sys.executable, "-c", UNPRIVILEGED_CLI, "--dir", qdir, *args],
+                capture_output=True,
+                text=True,
+                env=child_env(),
+                timeout=60,
+                cwd=top,
+            )
 
         probe = run("--version")
         if probe.returncode != 0:
-            pytest.skip(f"this Python or ringq is not readable by an unprivileged uid here: {probe.stderr[-300:]}")
+            pytest.skip(
+                f"this Python or ringq is not readable by an unprivileged uid here: {probe.stderr[-300:]}"
+            )
         stats = run("stats")
-        assert stats.returncode == 1 and "is read-only (not writable by this user" in stats.stderr, stats.stderr
+        assert (
+            stats.returncode == 1 and "is read-only (not writable by this user" in stats.stderr
+        ), stats.stderr
         assert "ringq verify" in stats.stderr and "Traceback" not in stats.stderr
         for cmd in ("verify", "inspect"):
             proc = run(cmd)
@@ -255,7 +318,11 @@ def test_a_file_where_the_queue_directory_belongs_is_a_ringq_error(tmp_path):
         with pytest.raises(ringq.QueuePathError, match="a file is in the way"):
             Queue(str(path))
     proc = ringq_cli(f, "enqueue", "x")
-    assert proc.returncode == 1 and "a file is in the way" in proc.stderr and "Traceback" not in proc.stderr
+    assert (
+        proc.returncode == 1
+        and "a file is in the way" in proc.stderr
+        and "Traceback" not in proc.stderr
+    )
     assert f.read_text() == "not a queue"
 
 
@@ -269,12 +336,15 @@ def test_structured_arrays_keep_their_field_names(tmp_path):
     assert got.dtype == arr.dtype and got.dtype.names == ("a", "b") and np.array_equal(got, arr)
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--threads", "0"], "--threads must be at least 1"),
-    (["--workers", "0"], "--workers must be at least 1"),
-    (["--limit", "-5"], "--limit must be at least 1"),
-    (["--source", "/nonexistent/dir"], "no such directory"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--threads", "0"], "--threads must be at least 1"),
+        (["--workers", "0"], "--workers must be at least 1"),
+        (["--limit", "-5"], "--limit must be at least 1"),
+        (["--source", "/nonexistent/dir"], "no such directory"),
+    ],
+)
 def test_demo_refuses_bad_arguments_in_one_line(tmp_path, args, needle):
     """Finding: --threads 0 printed worker tracebacks and negative redelivery counts."""
     proc = ringq_cli(None, "demo", *args)
@@ -292,20 +362,39 @@ def test_demo_refuses_a_used_keep_directory(tmp_path):
 
 def test_worker_processes_stop_when_their_parent_is_sigkilled(tmp_path):
     """Finding: SIGKILL of `ringq work --processes 2` left children leasing forever."""
-    (tmp_path / "orphan_handlers.py").write_text("import time\n\ndef slow(job):\n    time.sleep(0.05)\n")
+    (tmp_path / "orphan_handlers.py").write_text(
+        "import time\n\ndef slow(job):\n    time.sleep(0.05)\n"
+    )
     qdir = tmp_path / "q"
     with Queue(str(qdir)) as q:
         q.enqueue_many(list(range(10000)))
     env = dict(child_env(), PYTHONPATH=f"{tmp_path}{os.pathsep}{child_env()['PYTHONPATH']}")
-    parent = subprocess.Popen([sys.executable, "-m", "ringq", "--dir", str(qdir), "work", "orphan_handlers:slow",
-                               "--processes", "2"], env=env, cwd=tmp_path, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ringq",
+            "--dir",
+            str(qdir),
+            "work",
+            "orphan_handlers:slow",
+            "--processes",
+            "2",
+        ],
+        env=env,
+        cwd=tmp_path,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 30
         with Queue(str(qdir)) as q:
             while q.stats().leased < 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
-        kids = subprocess.run(["pgrep", "-P", str(parent.pid)], capture_output=True, text=True).stdout.split()
+        kids = subprocess.run(
+            ["pgrep", "-P", str(parent.pid)], capture_output=True, text=True
+        ).stdout.split()
         assert len(kids) >= 2
         parent.send_signal(signal.SIGKILL)
         parent.wait()
@@ -334,10 +423,12 @@ def test_empty_job_id_and_negative_limits_are_refused(tmp_path):
     """Finding: `--job-id ''` silently got an automatic id; a negative --limit must not pass."""
     qdir = tmp_path / "q"
     assert ringq_cli(qdir, "enqueue", "x").returncode == 0
-    for args, needle in ((["enqueue", "x", "--job-id", ""], "--job-id must not be empty"),
-                         (["list", "--limit", "-1"], "--limit must be >= 0"),
-                         (["dlq", "--limit", "-1"], "--limit must be >= 0"),
-                         (["inspect", "--limit", "-1"], "--limit must be >= 0")):
+    for args, needle in (
+        (["enqueue", "x", "--job-id", ""], "--job-id must not be empty"),
+        (["list", "--limit", "-1"], "--limit must be >= 0"),
+        (["dlq", "--limit", "-1"], "--limit must be >= 0"),
+        (["inspect", "--limit", "-1"], "--limit must be >= 0"),
+    ):
         proc = ringq_cli(qdir, *args)
         assert proc.returncode == 2 and needle in proc.stderr, (args, proc.stderr)
 
@@ -374,10 +465,27 @@ def test_relocation_killed_after_its_append_leaves_one_live_copy(tmp_path):
         dead = q.enqueue("dead")
         q.nack(q.lease_one(), error="boom")
     ring = Ring(qdir)
-    for job, state, at in ((late, 1, int(late.available_at * 1000)), (dead, 4, int(time.time() * 1000))):
+    for job, state, at in (
+        (late, 1, int(late.available_at * 1000)),
+        (dead, 4, int(time.time() * 1000)),
+    ):
         seg, slot, _ = job.record_position
-        ring.append([NewRecord(json.dumps(job.payload).encode(), JSON, job.id.encode(), 0, 0, 1, 1 if state == 4 else 0,
-                               (seg << 24) | slot, state=state, at_ms=at)])
+        ring.append(
+            [
+                NewRecord(
+                    json.dumps(job.payload).encode(),
+                    JSON,
+                    job.id.encode(),
+                    0,
+                    0,
+                    1,
+                    1 if state == 4 else 0,
+                    (seg << 24) | slot,
+                    state=state,
+                    at_ms=at,
+                )
+            ]
+        )
     ring.close()
     with Queue(qdir) as q:
         st = q.stats()

@@ -90,6 +90,15 @@ def _say(text: str) -> None:
     print(_printable(text), file=sys.stderr)
 
 
+def _warn(args: argparse.Namespace, text: str) -> None:
+    """A warning of command ``args.cmd`` on stderr: ``ringq CMD: warning: TEXT``, or under
+    ``--json`` one JSON object ``{"warning": TEXT, "command": CMD}`` on a line, as errors are."""
+    if getattr(args, "json", False):
+        print(json.dumps({"warning": text, "command": args.cmd}), file=sys.stderr)
+    else:
+        _say(f"ringq {args.cmd}: warning: {text}")
+
+
 def _short(value: Any, width: int = 50) -> str:
     text = _printable(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
     return text if len(text) <= width else text[: width - 3] + "..."
@@ -146,22 +155,23 @@ def _open(args: argparse.Namespace, *, create: bool = False, **kw: Any):
     if not create and _absent(args):
         _refuse_foreign(args.dir)
         raise UserError(f"{_no_queue(args)}; check --dir and --queue", status=1)
-    return _Reporting(Queue(args.dir, args.queue, **kw))
+    return _Reporting(Queue(args.dir, args.queue, **kw), args)
 
 
 class _Reporting:
     """``with`` a local queue for one command: on the way out, what the queue's open and the
     command's reads found and did (the reader catches up on first use, after the open)."""
 
-    def __init__(self, q: Any) -> None:
+    def __init__(self, q: Any, args: argparse.Namespace) -> None:
         self.q = q
+        self.args = args
 
     def __enter__(self) -> Any:
         return self.q
 
     def __exit__(self, *exc: object) -> None:
         try:
-            _warn_damage(self.q.recovery)
+            _warn_damage(self.q.recovery, self.args)
         finally:
             self.q.close()
 
@@ -200,15 +210,11 @@ def _as_empty(args: argparse.Namespace, then: str = "answering as for an empty q
     if not _absent(args):
         return False
     _refuse_foreign(args.dir)
-    text = f"{_no_queue(args)}: {then}; check --dir and --queue"
-    if args.json:  # one JSON object per line on stderr, as the command's errors are
-        print(json.dumps({"warning": text, "command": args.cmd}), file=sys.stderr)
-    else:
-        _say(f"ringq {args.cmd}: warning: {text}")
+    _warn(args, f"{_no_queue(args)}: {then}; check --dir and --queue")
     return True
 
 
-def _warn_damage(report: Any) -> None:
+def _warn_damage(report: Any, args: argparse.Namespace) -> None:
     """What this command's open of the queue found and did, on stderr: each file it quarantined,
     each record it marked BAD, each repair.  Said once, by the command whose open did it: later
     commands say nothing of it (their open found nothing new); ``ringq verify`` reports the
@@ -216,13 +222,13 @@ def _warn_damage(report: Any) -> None:
     files and ``stats`` the BAD records (docs/cli.md)."""
     said = []
     for path, reason in report.quarantined:
-        _say(f"ringq: warning: quarantined {path}: {reason}")
+        _warn(args, f"quarantined {path}: {reason}")
         said.append(reason)
     for path, slot, reason in report.corrupt_records:
-        _say(f"ringq: warning: {path} slot {slot}: {reason}; the record is quarantined (BAD)")
+        _warn(args, f"{path} slot {slot}: {reason}; the record is quarantined (BAD)")
     for path, what in report.repairs:
         if not any(what in reason for reason in said):  # a salvage the quarantine line told
-            _say(f"ringq: warning: repaired {path}: {what}")
+            _warn(args, f"repaired {path}: {what}")
 
 
 def _payload(text: str, force_text: bool, where: str = "payload") -> Any:

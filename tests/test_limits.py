@@ -623,3 +623,15 @@ def test_first_leases_are_fifo_within_each_key_and_priority_under_any_caps(tmp_p
             job = held.pop(rnd.randrange(len(held)))
             (q.ack if rnd.random() < 0.8 else q.nack)(job)
     q.close()
+
+
+@pytest.mark.parametrize("prio", [-(2**31), -1, 0, 1, 2**31 - 1])
+@pytest.mark.parametrize("kid", [0, 1, 0x2468ACE, 2**31 - 1])
+def test_a_lane_key_gives_back_its_priority_and_key_id(prio, kid):
+    import numpy as np
+
+    from ringq.engine.views import lane_key, lane_keys, lane_kid, lane_prio
+
+    lk = lane_key(prio, kid)
+    assert (lane_prio(lk), lane_kid(lk)) == (prio, kid)
+    assert lane_keys(np.array([prio], np.int64), np.array([kid], np.int64)).tolist() == [lk]

@@ -37,7 +37,7 @@ import numpy as np
 from ._native import ffi, lib
 from .catchup import CatchUp
 from .claim import RUN_ASK, RUN_END, RUN_FULL, claim_run
-from .views import Direct, Lane, View, due, now_ms, order
+from .views import Direct, Lane, View, due, lane_kid, lane_prio, now_ms, order
 from .words import (
     FLAG_CANCEL,
     ST_DEAD,
@@ -62,19 +62,6 @@ KID_TRACK = 1 << 16  # key ids whose key an index remembers (Index.one_key)
 RETAINED = (ST_READY, ST_LEASED, ST_DONE, ST_DEAD)
 # Fair order: rank = -priority * TURN_SPAN + turn, so priority still comes first.
 TURN_SPAN = 1 << 40
-
-
-def lane_prio(lanekey: int) -> int:
-    """The priority of a lane key (views.lane_key)."""
-    if -(1 << 31) <= lanekey < 1 << 31:
-        return lanekey
-    low = lanekey & 0xFFFFFFFF
-    return low - (1 << 32) if low >= 1 << 31 else low
-
-
-def lane_kid(lanekey: int) -> int:
-    """The key id of a lane key (views.lane_key): 0 for the lane of jobs without a key."""
-    return 0 if -(1 << 31) <= lanekey < 1 << 31 else lanekey >> 32
 
 
 class Index:

@@ -180,6 +180,19 @@ def lane_keys(prio: np.ndarray, kid: np.ndarray) -> np.ndarray:
     return np.where(kid != 0, (kid << 32) | (prio & 0xFFFFFFFF), prio)
 
 
+def lane_prio(lanekey: int) -> int:
+    """The priority of a lane key (:func:`lane_key`)."""
+    if -(1 << 31) <= lanekey < 1 << 31:
+        return lanekey
+    low = lanekey & 0xFFFFFFFF
+    return low - (1 << 32) if low >= 1 << 31 else low
+
+
+def lane_kid(lanekey: int) -> int:
+    """The key id of a lane key (:func:`lane_key`): 0 for the lane of jobs without a key."""
+    return 0 if -(1 << 31) <= lanekey < 1 << 31 else lanekey >> 32
+
+
 @functools.lru_cache(maxsize=1 << 16)  # a reader reads the same few keys again and again
 def key_id(key: str) -> int:
     """A job key's id in the lanes: 31 bits of its CRC32C, never 0 (two keys that share one

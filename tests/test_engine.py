@@ -205,7 +205,7 @@ def test_keys_read_in_bulk_are_the_keys_read_one_by_one(qdir):
         b"\x05\x00abc\x01",  # longer than the payload
         b"\x02\x00\xff\xfe\x01",  # not UTF-8
         b"\x01\x00k" + bytes((codec.KEYED,)) + b"\x01\x00j\x01",  # a key in a key
-        b"\x02\x00k\x00\x01",  # a key with a NUL in it
+        b"\x02\x00k\x00\x01",  # a key with a NUL in it (no enqueue writes one)
         b"\x01\x00k",  # nothing after the key
     ]
     rng.shuffle(envelopes)
@@ -221,7 +221,7 @@ def test_keys_read_in_bulk_are_the_keys_read_one_by_one(qdir):
         keys, which = keys_of_plain(seg, infos["slot"], infos["id_len"], infos["payload_len"])
         bulk = [keys[i] for i in which]
         assert bulk == [key_of(seg, int(s)) for s in infos["slot"]]
-        assert bulk.count(None) == 8 and "a" * 128 in bulk and "k\x00" in bulk
+        assert bulk.count(None) == 9 and "a" * 128 in bulk and "k\x00" not in bulk
     ring.close()
 
 

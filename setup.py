@@ -1,4 +1,27 @@
-# Only the cffi hook lives here; everything else is declared in pyproject.toml.
-from setuptools import setup
+# The cffi hook and the one CPython extension live here; everything else is declared in
+# pyproject.toml.
+import importlib.util
+import pathlib
 
-setup(cffi_modules=["ringq/engine/_build_native.py:ffibuilder"])
+from setuptools import Extension, setup
+
+_spec = importlib.util.spec_from_file_location(
+    "_build_native", pathlib.Path(__file__).parent / "ringq" / "engine" / "_build_native.py"
+)
+native = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(native)
+
+setup(
+    cffi_modules=["ringq/engine/_build_native.py:ffibuilder"],
+    ext_modules=[
+        # The Job objects of a run of jobs leased in C (csrc/ext/jobs.c): cffi's helper cannot
+        # make Python objects.  The helper's flags (RINGQ_CFLAGS for a sanitizer build).
+        Extension(
+            "ringq.engine._jobs",
+            sources=["csrc/ext/jobs.c"],
+            include_dirs=["csrc"],
+            extra_compile_args=native.COMPILE_ARGS,
+            extra_link_args=native.LINK_ARGS,
+        )
+    ],
+)

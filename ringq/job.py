@@ -237,3 +237,10 @@ def _get_payload(job: Job) -> Any:
 
 # (setattr: the class attribute is replaced after the dataclass machinery ran, on purpose)
 setattr(Job, "payload", property(_get_payload, _PAYLOAD_SLOT.__set__, doc="the decoded payload"))  # noqa: B010
+
+
+def slots() -> tuple[tuple[str, ...], tuple[Any, ...]]:
+    """Job's field names in declaration order, and the slot descriptor that stores each (for
+    ``payload``, the slot under its property): what ringq/engine/runs.py fills a Job through."""
+    names = tuple(f.name for f in fields(Job))
+    return names, tuple(_PAYLOAD_SLOT if n == "payload" else Job.__dict__[n] for n in names)

@@ -3,7 +3,8 @@
 
 * no import cycle among ringq's modules (imports inside functions count; imports only for type
   checkers, under ``if TYPE_CHECKING:``, do not);
-* only ``ringq/engine/`` imports the compiled helper (``_native``);
+* only ``ringq/engine/`` imports the compiled modules (``_native``, the cffi helper; ``_jobs``,
+  the job builder);
 * the layers depend one way: the top-level modules (the public types, errors, codec, the backend
   interface) import no subpackage except where the public API names a class that lives in one
   (``ringq/__init__.py``, ``connect.py``, ``__main__.py``), and neither backend imports the other;
@@ -27,6 +28,7 @@ def _module(path: pathlib.Path) -> str:
 
 MODULES = {_module(p): p for p in PKG.rglob("*.py")}
 PACKAGES = {_module(p) for p in PKG.rglob("__init__.py")}
+COMPILED = ("_native", "_jobs")  # the compiled modules of ringq/engine/
 
 
 def _typing_only(tree: ast.Module) -> set[int]:
@@ -79,13 +81,14 @@ class Imports:
                     base = _absolute(module, node.level, node.module)
                     for alias in node.names:
                         full = f"{base}.{alias.name}"
-                        self._edge(module, full if full in MODULES or alias.name == "_native" else base)
+                        self._edge(module, full if full in MODULES or alias.name in COMPILED else base)
                         if (alias.name.startswith("_") and not alias.name.startswith("__")
+                                and alias.name not in COMPILED
                                 and full not in MODULES and base in MODULES and base != module):
                             self.private.append(f"{module} imports {alias.name} from {base}")
 
     def _edge(self, module: str, target: str) -> None:
-        if target.split(".")[-1] == "_native" and target.startswith("ringq"):
+        if target.split(".")[-1] in COMPILED and target.startswith("ringq"):
             self.native.add(module)
             return
         owner = _owner(target)

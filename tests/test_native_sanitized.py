@@ -33,8 +33,23 @@ FLAVOURS = [["-fsanitize=address,undefined"], ["-fsanitize=undefined"]]
 
 
 def _build(tmp, flags, sources, exe, extra=()):
-    cmd = ["gcc", "-std=gnu11", "-g", "-O1", "-Wall", "-Wextra", "-fno-omit-frame-pointer",
-           "-fno-sanitize-recover=all", *flags, "-I", os.path.join(ROOT, "csrc"), *sources, *extra, "-o", exe]
+    cmd = [
+        "gcc",
+        "-std=gnu11",
+        "-g",
+        "-O1",
+        "-Wall",
+        "-Wextra",
+        "-fno-omit-frame-pointer",
+        "-fno-sanitize-recover=all",
+        *flags,
+        "-I",
+        os.path.join(ROOT, "csrc"),
+        *sources,
+        *extra,
+        "-o",
+        exe,
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr  # the toolchain works: a build failure is ours
     return exe
@@ -114,7 +129,9 @@ def threads_harness(request, tmp_path_factory):
 
 
 def _run_threads(exe, *args):
-    env = dict(os.environ, TSAN_OPTIONS="halt_on_error=1:exitcode=66", ASAN_OPTIONS="detect_leaks=1")
+    env = dict(
+        os.environ, TSAN_OPTIONS="halt_on_error=1:exitcode=66", ASAN_OPTIONS="detect_leaks=1"
+    )
     return subprocess.run([exe, *args], capture_output=True, text=True, env=env, timeout=300)
 
 
@@ -122,8 +139,11 @@ def _run_threads(exe, *args):
 def test_threads_share_the_c_paths_without_a_race_or_a_second_lease(threads_harness, seed):
     out = _run_threads(threads_harness, "3000", str(seed))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
-    m = re.search(r"threads: (\d+) leases \((\d+) by the wait, (\d+) by claim_next, (\d+) by CAS; "
-                  r"(\d+) through a segment handle\), (\d+) acks, 0 failed", out.stdout)
+    m = re.search(
+        r"threads: (\d+) leases \((\d+) by the wait, (\d+) by claim_next, (\d+) by CAS; "
+        r"(\d+) through a segment handle\), (\d+) acks, 0 failed",
+        out.stdout,
+    )
     assert m, out.stdout
     # every path that hands out a lease was taken (runs through the segment handle among them),
     # and every job was acked once
@@ -141,3 +161,60 @@ def test_threads_harness_catches_a_result_struct_shared_between_threads(threads_
             break
     assert out.returncode != 0, out.stdout
     assert "handed to two threads" in out.stderr or "ThreadSanitizer: data race" in out.stderr
+
+
+# The CPython extension (csrc/ext/jobs.c) under ASan + UBSan: built as a shared object, loaded in
+# place of ringq.engine._jobs by an interpreter with the ASan runtime preloaded, and run through
+# the tests that drive it (its own, and the queue's lease paths).
+_LOAD_SANITIZED = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("ringq.engine._jobs", sys.argv[1])
+mod = importlib.util.module_from_spec(spec)
+sys.modules["ringq.engine._jobs"] = mod
+spec.loader.exec_module(mod)
+import pytest
+import ringq.engine.runs as runs
+assert runs.build is mod.build, "the sanitized build is not the one in use"
+sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", *sys.argv[2:]]))
+"""
+
+
+def test_the_job_builder_extension_under_sanitizers(tmp_path):
+    import sys
+    import sysconfig
+
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not installed")
+    asan = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True)
+    if not os.path.isabs(asan.stdout.strip()):
+        pytest.skip("no ASan runtime with this gcc")
+    so = str(tmp_path / "_jobs_sanitized.so")
+    _build(
+        tmp_path,
+        ["-fsanitize=address,undefined", "-shared", "-fPIC"],
+        [os.path.join(ROOT, "csrc", "ext", "jobs.c")],
+        so,
+        ["-I", sysconfig.get_paths()["include"]],
+    )
+    script = tmp_path / "load.py"
+    script.write_text(_LOAD_SANITIZED)
+    env = dict(
+        os.environ,
+        LD_PRELOAD=asan.stdout.strip(),
+        ASAN_OPTIONS="detect_leaks=0:abort_on_error=0",  # the interpreter itself is not built for it
+        UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1",
+    )
+    tests = [
+        os.path.join(ROOT, "tests", t)
+        for t in ("test_runs.py", "test_queue.py", "test_leases_threads.py")
+    ]
+    out = subprocess.run(
+        [sys.executable, str(script), so, *tests],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-4000:]
+    assert "passed" in out.stdout and "ERROR: AddressSanitizer" not in out.stderr

@@ -42,6 +42,17 @@ SOURCES = sorted(os.path.relpath(p) for p in CSRC.glob("*.c"))
 
 CDEF = cdef_from_header(HEADER.read_text(encoding="utf-8"))
 
+# The compiler and linker flags of every C file of the package (this helper, and the job builder
+# of setup.py); RINGQ_CFLAGS and RINGQ_LDFLAGS add to them.
+COMPILE_ARGS = [
+    "-std=gnu11",
+    "-O2",
+    "-Wall",
+    "-Wextra",
+    *shlex.split(os.environ.get("RINGQ_CFLAGS", "")),
+]
+LINK_ARGS = shlex.split(os.environ.get("RINGQ_LDFLAGS", ""))
+
 ffibuilder = FFI()
 ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
@@ -49,14 +60,8 @@ ffibuilder.set_source(
     '#include "ringq.h"',
     sources=SOURCES,
     include_dirs=[os.path.relpath(CSRC)],
-    extra_compile_args=[
-        "-std=gnu11",
-        "-O2",
-        "-Wall",
-        "-Wextra",
-        *shlex.split(os.environ.get("RINGQ_CFLAGS", "")),
-    ],
-    extra_link_args=shlex.split(os.environ.get("RINGQ_LDFLAGS", "")),
+    extra_compile_args=COMPILE_ARGS,
+    extra_link_args=LINK_ARGS,
 )
 
 if __name__ == "__main__":

@@ -51,12 +51,13 @@ RUN_CAP = 256  # most jobs one ringq_claim_run call leases
 
 class WaitClaimed(NamedTuple):
     """A lease ringq_wait_claim took: the slot, the LEASED word it wrote, the READY word it
-    replaced, and the record's fields as :func:`claim_run` reports a job (records.CLAIMED_FIELDS)."""
+    replaced, and its ringq_claimed record as :func:`claim_run` reports a job (bytes:
+    records.CLAIMED_FIELDS)."""
 
     slot: int
     word: int
     prev: int
-    record: tuple[int, ...]
+    record: bytes
 
 
 class _Buffers(threading.local):
@@ -129,7 +130,7 @@ def wait_claim(
     )
     if co.status != lib.RINGQ_CLAIMED:
         return None
-    return WaitClaimed(co.slot, co.word, co.prev, CLAIMED.unpack_from(bufs.rec_buf))
+    return WaitClaimed(co.slot, co.word, co.prev, bufs.rec_buf[:])
 
 
 def ack_out() -> tuple[CData, array[int]]:
@@ -169,14 +170,14 @@ def claim_run(
     vt_ms: int,
     owner_base: int,
     cap: int,
-) -> tuple[list[tuple[int, ...]], int, int]:
+) -> tuple[int, bytes, int, int]:
     """Lease up to ``cap`` (at most RUN_CAP) of a lane's plain jobs due now, each for ``vt_ms``
     milliseconds, in one call (ringq_take_run, which also lowers ``ctl``'s lease-deadline floor to
     their deadline): ``order[start:n]`` its head slots, ``plain`` the index's per-slot flags,
     ``fields`` its per-slot available-at (ms), enqueue time (µs) and seq vectors, ``bound`` the
     ``(available ms, enqueue µs, seq)`` of the best candidate outside the lane (None: none ranks
-    near).  Returns ``(jobs, next index, why it stopped)``: each job a tuple of
-    ``ringq_claimed``'s fields (records.CLAIMED_FIELDS).  Raises for a bounds error."""
+    near).  Returns ``(jobs leased, their ringq_claimed records (bytes), next index, why it
+    stopped)`` (records.CLAIMED_FIELDS).  Raises for a bounds error."""
     k, nxt, run, run_buf, pointed = _buffers.take
     if fields is not pointed[0]:
         k.avail_ms, k.enq_us, k.seq = fields
@@ -204,7 +205,4 @@ def claim_run(
     del mapping
     if got < 0:
         native.check(got, seg.path)
-    if got == 1:
-        return [CLAIMED.unpack_from(run_buf)], nxt[0], nxt[1]
-    jobs = list(CLAIMED.iter_unpack(run_buf[: got * CLAIMED.size])) if got else []
-    return jobs, nxt[0], nxt[1]
+    return got, run_buf[: got * CLAIMED.size], nxt[0], nxt[1]

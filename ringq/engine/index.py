@@ -407,7 +407,7 @@ class Index:
                             gap = self.turns_before_another_key(entry[0], lane.key)
                             if gap is not None:  # another key's turn comes after this many
                                 cap = min(cap, gap)
-                    jobs, nxt, why = claim_run(
+                    got, run, nxt, why = claim_run(
                         seg,
                         direct.ctl,
                         arr.cptr,
@@ -421,10 +421,10 @@ class Index:
                         cap,
                     )
                     lane.cursor = nxt
-                    if jobs:
+                    if got:
                         if self.fair:
-                            self.served(lane.key, lane.prio, len(jobs))
-                        out += direct.made_run(view, jobs)
+                            self.served(lane.key, lane.prio, got)
+                        out += direct.made_run(view, run)
                     if why == RUN_END:
                         continue
                     if why == RUN_FULL and not self.fair and lane.cursor < arr.n:

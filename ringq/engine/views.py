@@ -35,9 +35,9 @@ __all__ = [
 class Direct:
     """How :meth:`Index.take` leases plain candidates itself: for ``vt_ms`` milliseconds, with
     owner word ``owner_base`` (ringq/engine/words.py owner_pack with lease count 0);
-    ``made_run(view, jobs)`` returns the caller's results for jobs just leased in C (by one
-    ringq_claim_run, or the one ringq_wait_claim took), each job a tuple of ringq_claimed's fields
-    (records.CLAIMED_FIELDS), dropping any it cannot hand out; ``ctl`` the control page whose
+    ``made_run(view, run)`` returns the caller's results for jobs just leased in C (by one
+    ringq_claim_run, or the one ringq_wait_claim took), ``run`` the bytes of their ringq_claimed
+    records (records.CLAIMED_FIELDS), dropping any it cannot hand out; ``ctl`` the control page whose
     lease-deadline floor each run lowers; ``claim(view, slot, word, now)`` the same lease's
     general path, for a candidate the C call hands back (Index.take's ``claim``)."""
 
@@ -47,7 +47,7 @@ class Direct:
         self,
         vt_ms: int,
         owner_base: int,
-        made_run: Callable[[View, list[tuple[int, ...]]], list[Any]],
+        made_run: Callable[[View, bytes], list[Any]],
         ctl: Control,
         claim: Callable[[View, int, int, int], Any],
     ) -> None:

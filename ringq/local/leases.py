@@ -20,13 +20,14 @@ from ringq.engine import claim, forksafe, lifecycle, records, snapshot, transiti
 from ringq.engine.index import Direct, Index, View, due, now_ms
 from ringq.engine.owner import RETIRED, OwnerRegistry
 from ringq.engine.relocate import Relocator
+from ringq.engine.runs import build as build_run
+from ringq.engine.runs import key_of
 from ringq.engine.segment import Segment
 from ringq.engine.words import (
     FLAG_CANCEL,
     ST_DONE,
     ST_LEASED,
     ST_READY,
-    TIME_SHIFT,
     lease_count,
     np_cancel_flag,
     np_lease_count,
@@ -42,7 +43,7 @@ from ringq.engine.words import (
     why,
 )
 from ringq.errors import CorruptionError, JobNotFoundError, NotLeasedError, SerializationError
-from ringq.job import UNDECODED, Job, JobState
+from ringq.job import Job, JobState
 
 from .limits import CAPS_KEPT, LimitGate
 
@@ -246,72 +247,33 @@ class Leases:
         if d is not None:
             self._last_direct = (vt, detach, pid, d)
             return d
-        held = self.owners.held
+        held_here = self.owners.held if owner else None
         ring = self.ring
+        mark_bad = ring.mark_bad
         hdr = records.REC_HEADER.size
         keyed = codec.KEYED
         dur = ring.dur
 
-        def made_run(view: View, jobs: list[tuple[int, ...]]) -> list[Job]:
+        def made_run(view: View, run: bytes) -> list[Job]:
             # Jobs leased in C, built from what the call reported (no read of the index or the
-            # header): their payloads are decoded on first access (Job.payload), their keys read
-            # now (a limit key is a field).
+            # header), in one call (ringq/engine/runs.py).
             seg = view.seg
-            segseq, mm, epoch, origin = seg.seq, seg.mm, seg.epoch_ms, seg.origin
-            base, size = seg.data_off + hdr, seg.slot_size
-            out = []
-            rel = -1  # the lease deadline of the jobs so far (one call leases them all alike)
-            deadline = 0.0
-            for word, seq, enq_us, avail_ms, slot, plen, prio, maxatt, idlen, cid, _, _, _ in jobs:
-                if word >> TIME_SHIFT != rel:
-                    rel = word >> TIME_SHIFT
-                    deadline = (epoch + rel) / 1000
-                start = base + slot * size
-                if idlen:
-                    jid = mm[start : start + idlen].decode("utf-8", "replace")
-                    start += idlen
-                else:
-                    jid = seq.to_bytes(8, "big").hex()  # the automatic id (ringq/ids.py)
-                raw = mm[start : start + plen]
-                key = None
-                if cid == keyed:
-                    try:
-                        key = codec.split_key(cid, raw)[0]
-                    except SerializationError as exc:
-                        ring.mark_bad(seg, slot, str(exc))
-                        continue
-                if owner:
-                    held[(segseq, slot)] = 1
-                out.append(
-                    Job(
-                        jid,
-                        UNDECODED,
-                        prio,
-                        LEASED,
-                        1,
-                        maxatt,
-                        avail_ms / 1000,
-                        enq_us / 1e6,
-                        deadline,
-                        "1",
-                        None,
-                        seq,
-                        1,
-                        key,
-                        False,
-                        None,
-                        None,
-                        None,
-                        None,
-                        None,
-                        None,
-                        (segseq, slot, origin),
-                        False,
-                        (cid, raw),
-                    )
-                )
+            out = build_run(
+                run,
+                seg.mm,
+                seg.data_off + hdr,
+                seg.slot_size,
+                seg.epoch_ms,
+                seg.seq,
+                seg.origin,
+                keyed,
+                key_of,
+                held_here,
+                mark_bad,
+                seg,
+            )
             # The flush is per segment: note_state's own test, spelt out (one call less a run).
-            if dur.state_flush_interval is not None and segseq not in dur.dirty_state:
+            if dur.state_flush_interval is not None and seg.seq not in dur.dirty_state:
                 dur.note_state(seg, 0)
             return out
 
@@ -409,7 +371,10 @@ class Leases:
                 if not seg.cas_state(slot, word, new)[0]:
                     return None  # reclaimed meanwhile
                 word = new
-            jobs: list[Job] = direct.made_run(view, [(word, *got.record[1:])])
+            run = got.record
+            if word != got.word:  # the record reports the word the C call wrote
+                run = records.CLAIMED.pack(word, *records.CLAIMED.unpack(run)[1:])
+            jobs: list[Job] = direct.made_run(view, run)
             return jobs[0] if jobs else None
         finally:
             self._settled((seg.seq, slot))
@@ -698,14 +663,14 @@ class Leases:
 
 class Waited(NamedTuple):
     """A lease :meth:`Leases.wait_claim` took in C, not yet handed out: its job's view and slot,
-    the LEASED word it wrote, the READY word it replaced and the record's fields
-    (records.CLAIMED_FIELDS)."""
+    the LEASED word it wrote, the READY word it replaced and its ringq_claimed record (bytes:
+    records.CLAIMED_FIELDS)."""
 
     view: View
     slot: int
     word: int
     prev: int
-    record: tuple[int, ...]
+    record: bytes
 
 
 # Fencing tokens as text -> their lease count, for the common small ones (no parse per ack).

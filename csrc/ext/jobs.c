@@ -1,0 +1,305 @@
+/* ringq.engine._jobs: the Job objects of a run of jobs leased in C, built in one call.
+ *
+ * The cffi helper (the C files of csrc/) leases a run of plain jobs and reports each as a ringq_claimed
+ * (csrc/ringq.h); what is left per job is building its ringq.Job.  The Python loop that did it
+ * ran about 230 bytecodes a job (a dataclass __init__ of 25 stores among them), which was most of
+ * what a lease(n) or consume() costs a job once the C call is made.  This module does the same
+ * work with the CPython API: it allocates each Job and fills its slots directly, with the values
+ * the Python loop gave them (the payload is left undecoded, as before).
+ *
+ * It trusts nothing it is given: setup() checks that Job's fields are the ones below, in this
+ * order, each a plain object slot of Job; build() checks every record against the mapping's
+ * length before it reads a byte.  Runs under the GIL only (no state shared between threads
+ * beyond what setup() stores once). */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ringq.h"
+
+/* Job's fields, in declaration order (ringq/job.py); setup() refuses any other list. */
+static const char *const FIELDS[] = {
+    "id", "payload", "priority", "state", "attempts", "max_attempts", "available_at",
+    "enqueued_at", "lease_deadline", "lease_token", "last_error", "seq", "version", "key",
+    "cancel_requested", "expires_at", "progress", "progress_message", "timeout", "trace_context",
+    "cancelled", "record_position", "ack_accepted", "_raw", "depends_on",
+};
+enum {
+    F_ID, F_PAYLOAD, F_PRIORITY, F_STATE, F_ATTEMPTS, F_MAX_ATTEMPTS, F_AVAILABLE_AT,
+    F_ENQUEUED_AT, F_LEASE_DEADLINE, F_LEASE_TOKEN, F_LAST_ERROR, F_SEQ, F_VERSION, F_KEY,
+    F_CANCEL_REQUESTED, F_EXPIRES_AT, F_PROGRESS, F_PROGRESS_MESSAGE, F_TIMEOUT, F_TRACE_CONTEXT,
+    F_CANCELLED, F_RECORD_POSITION, F_ACK_ACCEPTED, F_RAW, F_DEPENDS_ON, NFIELDS
+};
+
+static PyTypeObject *job_type;      /* ringq.Job */
+static Py_ssize_t offsets[NFIELDS]; /* each field's slot in a Job */
+static PyObject *undecoded;         /* ringq.job.UNDECODED */
+static PyObject *leased;            /* JobState.LEASED */
+static PyObject *token_one;         /* "1": the fencing token of a first lease */
+static PyObject *serialization_error;
+static PyObject *one;               /* 1: attempts and version of a first lease, held's value */
+
+static PyObject *setup(PyObject *self, PyObject *args) {
+    PyObject *type, *names, *slots, *und, *state, *token, *error;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!O!O!OOUO", &PyType_Type, &type, &PyTuple_Type, &names,
+                          &PyTuple_Type, &slots, &und, &state, &token, &error))
+        return NULL;
+    if (PyTuple_GET_SIZE(names) != NFIELDS || PyTuple_GET_SIZE(slots) != NFIELDS) {
+        PyErr_Format(PyExc_TypeError, "Job has %zd fields, this module builds %d",
+                     PyTuple_GET_SIZE(names), NFIELDS);
+        return NULL;
+    }
+    Py_ssize_t off[NFIELDS];
+    for (int i = 0; i < NFIELDS; i++) {
+        PyObject *name = PyTuple_GET_ITEM(names, i), *d = PyTuple_GET_ITEM(slots, i);
+        if (!PyUnicode_Check(name) || PyUnicode_CompareWithASCIIString(name, FIELDS[i]) != 0) {
+            PyErr_Format(PyExc_TypeError, "Job's field %d is %R, this module builds %s", i, name,
+                         FIELDS[i]);
+            return NULL;
+        }
+        if (!PyObject_TypeCheck(d, &PyMemberDescr_Type)) {
+            PyErr_Format(PyExc_TypeError, "Job's field %s is not a slot", FIELDS[i]);
+            return NULL;
+        }
+        PyMemberDescrObject *m = (PyMemberDescrObject *)d;
+        if (m->d_common.d_type != (PyTypeObject *)type || m->d_member->type != T_OBJECT_EX ||
+            (m->d_member->flags & READONLY) || m->d_member->offset < (Py_ssize_t)sizeof(PyObject) ||
+            m->d_member->offset + (Py_ssize_t)sizeof(PyObject *) >
+                ((PyTypeObject *)type)->tp_basicsize) {
+            PyErr_Format(PyExc_TypeError, "Job's field %s is not a writable object slot of Job",
+                         FIELDS[i]);
+            return NULL;
+        }
+        off[i] = m->d_member->offset;
+    }
+    if (one == NULL && (one = PyLong_FromLong(1)) == NULL)
+        return NULL;
+    memcpy(offsets, off, sizeof off);
+    Py_INCREF(type);
+    Py_XSETREF(job_type, (PyTypeObject *)type);
+    Py_INCREF(und);
+    Py_XSETREF(undecoded, und);
+    Py_INCREF(state);
+    Py_XSETREF(leased, state);
+    Py_INCREF(token);
+    Py_XSETREF(token_one, token);
+    Py_INCREF(error);
+    Py_XSETREF(serialization_error, error);
+    Py_RETURN_NONE;
+}
+
+/* The automatic id of a job without one: 16 lowercase hex digits of its seq (ringq/ids.py). */
+static PyObject *auto_id(uint64_t seq) {
+    char text[17];
+    snprintf(text, sizeof text, "%016llx", (unsigned long long)seq);
+    return PyUnicode_FromStringAndSize(text, 16);
+}
+
+/* A new Job with every slot set from `v` (references stolen, also on failure). */
+static PyObject *new_job(PyObject *v[NFIELDS]) {
+    PyObject *job = job_type->tp_alloc(job_type, 0);
+    if (job == NULL) {
+        for (int i = 0; i < NFIELDS; i++)
+            Py_DECREF(v[i]);
+        return NULL;
+    }
+    for (int i = 0; i < NFIELDS; i++)
+        *(PyObject **)((char *)job + offsets[i]) = v[i];
+    return job;
+}
+
+/* The key of a keyed record: key_of(raw).  Returns a new reference; NULL with no exception set
+ * when key_of raised SerializationError (the record is then passed to mark_bad(seg, slot,
+ * message)); NULL with an exception for any other failure. */
+static PyObject *key_or_bad(PyObject *key_of, PyObject *raw, PyObject *mark_bad, PyObject *seg,
+                            uint32_t slot) {
+    PyObject *key = PyObject_CallOneArg(key_of, raw);
+    if (key != NULL || !PyErr_ExceptionMatches(serialization_error))
+        return key;
+    PyObject *type, *exc, *tb;
+    PyErr_Fetch(&type, &exc, &tb);
+    PyErr_NormalizeException(&type, &exc, &tb);
+    PyObject *text = exc ? PyObject_Str(exc) : NULL;
+    Py_XDECREF(type);
+    Py_XDECREF(exc);
+    Py_XDECREF(tb);
+    if (text == NULL)
+        return NULL;
+    PyObject *r = PyObject_CallFunction(mark_bad, "OIO", seg, (unsigned int)slot, text);
+    Py_DECREF(text);
+    if (r == NULL)
+        return NULL;
+    Py_DECREF(r);
+    return NULL;
+}
+
+/* build(run, mm, base, size, epoch_ms, segseq, origin, keyed, key_of, held, mark_bad, seg)
+ *   -> list[Job]
+ *
+ * run: the ringq_claimed records of jobs just leased (a bytes-like object, a whole number of
+ * them); mm: the segment's mapping; base: the mapping offset of slot 0's record header plus the
+ * header's size; size: the slot size; epoch_ms: the segment's epoch; segseq, origin: the segment's
+ * seq and queue identity (Job.record_position); keyed: the codec id of a keyed envelope, whose key
+ * key_of(raw payload) reads; held: None, or the dict of this process's leases, where
+ * (segseq, slot) -> 1 is set for each job; mark_bad(seg, slot, message) is called for a job whose
+ * key does not read, which is left out. */
+static PyObject *build(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "build() takes 12 arguments");
+        return NULL;
+    }
+    if (job_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "ringq.engine._jobs.setup() was not called");
+        return NULL;
+    }
+    PyObject *segseq = args[5], *origin = args[6], *key_of = args[8], *held = args[9];
+    PyObject *mark_bad = args[10], *seg = args[11];
+    Py_ssize_t base = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t size = PyLong_AsSsize_t(args[3]);
+    long long epoch = PyLong_AsLongLong(args[4]);
+    long keyed = PyLong_AsLong(args[7]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (base < 0 || size <= 0) {
+        PyErr_SetString(PyExc_ValueError, "build(): a negative base or a slot size <= 0");
+        return NULL;
+    }
+    if (held != Py_None && !PyDict_CheckExact(held)) {
+        PyErr_SetString(PyExc_TypeError, "build(): held must be a dict or None");
+        return NULL;
+    }
+    Py_buffer run, mm;
+    if (PyObject_GetBuffer(args[0], &run, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &mm, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&run);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    if (run.len % (Py_ssize_t)sizeof(ringq_claimed) != 0) {
+        PyErr_SetString(PyExc_ValueError, "build(): run is not a whole number of records");
+        goto done;
+    }
+    Py_ssize_t n = run.len / (Py_ssize_t)sizeof(ringq_claimed);
+    out = PyList_New(0);
+    if (out == NULL)
+        goto done;
+    uint64_t rel = UINT64_MAX;
+    PyObject *deadline = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        ringq_claimed c;
+        memcpy(&c, (const char *)run.buf + i * (Py_ssize_t)sizeof c, sizeof c);
+        Py_ssize_t start = base + (Py_ssize_t)c.slot * size;
+        if ((Py_ssize_t)c.slot > (PY_SSIZE_T_MAX - base) / size ||
+            start > mm.len - (Py_ssize_t)c.id_len - (Py_ssize_t)c.payload_len) {
+            PyErr_Format(PyExc_ValueError, "build(): the record at slot %u runs past the mapping",
+                         (unsigned int)c.slot);
+            goto fail;
+        }
+        const char *p = (const char *)mm.buf + start;
+        uint64_t r = c.word >> RINGQ_W_TIME_SHIFT;
+        if (r != rel) { /* one call leases a run alike: one deadline object for all of it */
+            rel = r;
+            Py_XDECREF(deadline);
+            deadline = PyFloat_FromDouble((double)(epoch + (long long)r) / 1000.0);
+            if (deadline == NULL)
+                goto fail;
+        }
+        PyObject *raw = PyBytes_FromStringAndSize(p + c.id_len, c.payload_len);
+        if (raw == NULL)
+            goto fail;
+        PyObject *key = Py_None;
+        Py_INCREF(key);
+        if (c.codec == keyed) {
+            Py_DECREF(key);
+            key = key_or_bad(key_of, raw, mark_bad, seg, c.slot);
+            if (key == NULL) {
+                Py_DECREF(raw);
+                if (PyErr_Occurred())
+                    goto fail;
+                continue; /* marked BAD */
+            }
+        }
+        PyObject *v[NFIELDS];
+        v[F_ID] = c.id_len ? PyUnicode_DecodeUTF8(p, c.id_len, "replace") : auto_id(c.seq);
+        v[F_PRIORITY] = PyLong_FromLong(c.priority);
+        v[F_MAX_ATTEMPTS] = PyLong_FromLong(c.max_attempts);
+        v[F_AVAILABLE_AT] = PyFloat_FromDouble((double)c.available_ms / 1000.0);
+        v[F_ENQUEUED_AT] = PyFloat_FromDouble((double)c.enqueued_us / 1e6);
+        v[F_SEQ] = PyLong_FromUnsignedLongLong(c.seq);
+        PyObject *slot = PyLong_FromUnsignedLong(c.slot);
+        v[F_RECORD_POSITION] = slot ? PyTuple_Pack(3, segseq, slot, origin) : NULL;
+        PyObject *cid = PyLong_FromLong(c.codec);
+        v[F_RAW] = cid ? PyTuple_Pack(2, cid, raw) : NULL;
+        Py_XDECREF(cid);
+        Py_DECREF(raw);
+        int failed = 0;
+        if (held != Py_None && slot != NULL) {
+            PyObject *loc = PyTuple_Pack(2, segseq, slot);
+            failed = loc == NULL || PyDict_SetItem(held, loc, one) < 0;
+            Py_XDECREF(loc);
+        }
+        Py_XDECREF(slot);
+        static const int made[] = {F_ID, F_PRIORITY, F_MAX_ATTEMPTS, F_AVAILABLE_AT,
+                                   F_ENQUEUED_AT, F_SEQ, F_RECORD_POSITION, F_RAW};
+        for (size_t k = 0; k < sizeof made / sizeof made[0]; k++)
+            failed |= v[made[k]] == NULL;
+        if (failed) {
+            for (size_t k = 0; k < sizeof made / sizeof made[0]; k++)
+                Py_XDECREF(v[made[k]]);
+            Py_DECREF(key);
+            goto fail;
+        }
+        v[F_KEY] = key;
+        v[F_PAYLOAD] = Py_NewRef(undecoded);
+        v[F_STATE] = Py_NewRef(leased);
+        v[F_ATTEMPTS] = Py_NewRef(one);
+        v[F_VERSION] = Py_NewRef(one);
+        v[F_LEASE_DEADLINE] = Py_NewRef(deadline);
+        v[F_LEASE_TOKEN] = Py_NewRef(token_one);
+        v[F_CANCEL_REQUESTED] = Py_NewRef(Py_False);
+        v[F_ACK_ACCEPTED] = Py_NewRef(Py_False);
+        static const int none[] = {F_LAST_ERROR, F_EXPIRES_AT, F_PROGRESS, F_PROGRESS_MESSAGE,
+                                   F_TIMEOUT, F_TRACE_CONTEXT, F_CANCELLED, F_DEPENDS_ON};
+        for (size_t k = 0; k < sizeof none / sizeof none[0]; k++)
+            v[none[k]] = Py_NewRef(Py_None);
+        PyObject *job = new_job(v);
+        if (job == NULL)
+            goto fail;
+        int rc = PyList_Append(out, job);
+        Py_DECREF(job);
+        if (rc < 0)
+            goto fail;
+    }
+    Py_XDECREF(deadline);
+    goto done;
+fail:
+    Py_XDECREF(deadline);
+    Py_CLEAR(out);
+done:
+    PyBuffer_Release(&mm);
+    PyBuffer_Release(&run);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"setup", setup, METH_VARARGS,
+     "setup(job_type, names, slots, undecoded, leased, token_one, serialization_error)"},
+    {"build", (PyCFunction)(void (*)(void))build, METH_FASTCALL,
+     "build(run, mm, base, size, epoch_ms, segseq, origin, keyed, key_of, held, mark_bad, seg)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "ringq.engine._jobs",
+    "The Job objects of a run of jobs leased in C, built in one call.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__jobs(void) { return PyModule_Create(&module); }

@@ -1,0 +1,29 @@
+# The compiled module of csrc/ext/jobs.c (ringq/engine/runs.py documents it).
+from collections.abc import Callable
+from typing import Any
+
+from ringq.job import Job
+
+def setup(
+    job_type: type[Job],
+    names: tuple[str, ...],
+    slots: tuple[Any, ...],
+    undecoded: Any,
+    leased: Any,
+    token_one: str,
+    serialization_error: type[BaseException],
+) -> None: ...
+def build(
+    run: bytes,
+    mm: Any,
+    base: int,
+    size: int,
+    epoch_ms: int,
+    segseq: int,
+    origin: int,
+    keyed: int,
+    key_of: Callable[[bytes], str],
+    held: dict[tuple[int, int], int] | None,
+    mark_bad: Callable[[Any, int, str], None],
+    seg: Any,
+) -> list[Job]: ...

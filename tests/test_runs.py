@@ -1,0 +1,122 @@
+"""Jobs leased in C and built in one call (ringq/engine/runs.py, csrc/ext/jobs.c).
+
+Invariant: a job handed out by a lease whose jobs the C call built is the job the general path
+describes -- every field equal to ``Queue.get``'s snapshot of the same lease, its payload the one
+enqueued -- whatever its id, key, priority, attempts or payload; a record that does not fit
+its mapping is refused with ValueError, never read past.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+import pytest
+
+from ringq import Queue
+from ringq.engine.records import CLAIMED
+from ringq.engine.runs import build, key_of
+from ringq.errors import SerializationError
+
+PAYLOADS = [
+    {"n": 1, "text": "é"},
+    b"\x00\xffbytes",
+    np.arange(6, dtype=np.int32).reshape(2, 3),
+    [1, 2.5, None],
+    "x" * 300,
+]
+
+
+def _same(job, snap) -> None:
+    for f in dataclasses.fields(job):
+        if f.name in ("payload", "_raw", "cancelled"):
+            continue
+        assert getattr(job, f.name) == getattr(snap, f.name), f.name
+    if isinstance(snap.payload, np.ndarray):
+        assert np.array_equal(job.payload, snap.payload)
+    else:
+        assert job.payload == snap.payload
+
+
+def test_jobs_built_in_one_call_equal_the_general_paths_snapshots(tmp_path):
+    q = Queue(tmp_path / "q", durability="none")
+    sent = {}
+    for i in range(60):
+        kw = {"priority": i % 3 - 1, "max_attempts": 1 + i % 7}
+        if i % 4 == 0:
+            kw["job_id"] = f"job-{i}-ü"
+        if i % 5 == 0:
+            kw["key"] = f"tenant-{i % 3}"
+        job = q.enqueue(PAYLOADS[i % len(PAYLOADS)], **kw)
+        sent[job.id] = PAYLOADS[i % len(PAYLOADS)]
+    got = q.lease(100, visibility_timeout=123.5)
+    assert len(got) == 60
+    for job in got:
+        snap = q.get(job.id)
+        _same(job, snap)
+        assert job.attempts == 1 and job.lease_token == "1" and job.version == 1
+        assert job.key == (None if snap.key is None else snap.key)
+        if isinstance(sent[job.id], np.ndarray):
+            assert np.array_equal(job.payload, sent[job.id])
+        else:
+            assert job.payload == sent[job.id]
+        q.ack(job)
+    q.close()
+
+
+def test_a_job_leased_while_its_consumer_slept_is_built_alike(tmp_path):
+    q = Queue(tmp_path / "q", durability="none")
+    out: list = []
+    sleepers = [
+        threading.Thread(target=lambda: out.append(q.lease_one(wait=10))) for _ in range(3)
+    ]
+    for t in sleepers:
+        t.start()
+    for i in range(3):
+        q.enqueue({"i": i}, key="k" if i else None, job_id=f"slept-{i}")
+    for t in sleepers:
+        t.join(15)
+    assert sorted(j.id for j in out) == ["slept-0", "slept-1", "slept-2"]
+    for job in out:
+        _same(job, q.get(job.id))
+        q.ack(job)
+    q.close()
+
+
+def test_a_run_that_does_not_fit_its_mapping_is_refused():
+    mm = bytes(4096)
+    one = CLAIMED.pack(1 << 24, 1, 0, 0, 3, 10, 0, 5, 0, 1, 0, 0, 0)
+    args = (mm, 64, 256, 0, 1, 0, 5, key_of, None, None, None)
+    assert len(build(one, *args)) == 1
+    with pytest.raises(ValueError, match="whole number"):
+        build(one[:-1], *args)
+    past = CLAIMED.pack(1 << 24, 1, 0, 0, 15, 200, 0, 5, 0, 1, 0, 0, 0)  # 64+15*256+200 > 4096
+    with pytest.raises(ValueError, match="runs past"):
+        build(past, *args)
+    huge = CLAIMED.pack(1 << 24, 1, 0, 0, 2**32 - 1, 10, 0, 5, 0, 1, 0, 0, 0)
+    with pytest.raises(ValueError, match="runs past"):
+        build(huge, *args)
+
+
+def test_a_key_that_does_not_read_leaves_the_job_out_and_marks_it():
+    bad_key = b"\x02\x00k\x00\x01" + b"1"  # a NUL in the key: no enqueue writes it
+    good_key = b"\x01\x00k\x01" + b"1"
+    mm = bytearray(4096)
+    mm[64 : 64 + len(bad_key)] = bad_key
+    mm[64 + 256 : 64 + 256 + len(good_key)] = good_key
+    run = CLAIMED.pack(1 << 24, 1, 0, 0, 0, len(bad_key), 0, 5, 0, 5, 0, 0, 0)
+    run += CLAIMED.pack(1 << 24, 2, 0, 0, 1, len(good_key), 0, 5, 0, 5, 0, 0, 0)
+    marked = []
+    held: dict = {}
+    jobs = build(run, mm, 64, 256, 0, 7, 0, 5, key_of, held, lambda *a: marked.append(a), "seg")
+    assert [j.key for j in jobs] == ["k"] and held == {(7, 1): 1}
+    assert marked == [("seg", 0, "stored job key holds a NUL")]
+
+    def other(raw):
+        raise KeyError("not a SerializationError")
+
+    with pytest.raises(KeyError):
+        build(run, mm, 64, 256, 0, 7, 0, 5, other, None, lambda *a: None, "seg")
+    with pytest.raises(SerializationError):
+        key_of(bad_key)

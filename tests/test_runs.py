@@ -1,9 +1,10 @@
-"""Jobs leased in C and built in one call (ringq/engine/runs.py, csrc/ext/jobs.c).
+"""Jobs built in one call (ringq/engine/runs.py, csrc/ext/jobs.c): those a lease took in C, and
+the snapshots an ``enqueue_many`` returns.
 
-Invariant: a job handed out by a lease whose jobs the C call built is the job the general path
-describes -- every field equal to ``Queue.get``'s snapshot of the same lease, its payload the one
-enqueued -- whatever its id, key, priority, attempts or payload; a record that does not fit
-its mapping is refused with ValueError, never read past.
+Invariant: a job built there is the job the general path describes -- every field equal to
+``Queue.get``'s snapshot of the same job, its payload the one enqueued -- whatever its id, key,
+priority, attempts, expiry, timeout or payload; a record that does not fit its mapping is refused
+with ValueError, never read past.
 """
 
 from __future__ import annotations
@@ -84,6 +85,30 @@ def test_a_job_leased_while_its_consumer_slept_is_built_alike(tmp_path):
     q.close()
 
 
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"job_ids": [f"id-{i}-ß" for i in range(40)]},
+        {"key": "tenant", "priority": -3, "max_attempts": 9},
+        {"expires_in": 3600, "timeout": 2.5, "delay": 30},
+    ],
+    ids=["auto-ids", "ids", "keyed", "meta"],
+)
+def test_the_snapshots_enqueue_many_returns_equal_the_general_paths(tmp_path, kw):
+    q = Queue(tmp_path / "q", durability="none", slot_count=32)  # 40 jobs: two segments
+    payloads = [PAYLOADS[i % len(PAYLOADS)] for i in range(40)]
+    jobs = q.enqueue_many(payloads, **kw)
+    assert len({j.record_position[0] for j in jobs}) == 2
+    for job, sent in zip(jobs, payloads):
+        _same(job, q.get(job.id))
+        if isinstance(sent, np.ndarray):
+            assert np.array_equal(job.payload, sent)
+        else:
+            assert job.payload == sent
+    q.close()
+
+
 def test_a_run_that_does_not_fit_its_mapping_is_refused():
     mm = bytes(4096)
     one = CLAIMED.pack(1 << 24, 1, 0, 0, 3, 10, 0, 5, 0, 1, 0, 0, 0)
@@ -120,3 +145,19 @@ def test_a_key_that_does_not_read_leaves_the_job_out_and_marks_it():
         build(run, mm, 64, 256, 0, 7, 0, 5, other, None, lambda *a: None, "seg")
     with pytest.raises(SerializationError):
         key_of(bad_key)
+
+
+def test_fresh_refuses_placements_of_jobs_it_was_not_given():
+    from ringq.engine.runs import fresh
+
+    shown = (None, None, None, None, None)
+    [job] = fresh([(1, 0, 1)], [7], 5, 0, 0, ["p"], None, 0, 3, None, shown, 0)
+    assert (job.id, job.seq, job.record_position, job.payload) == ("0000000000000005", 5, (1, 7, 0), "p")
+    for placed, heads, ids in [
+        ([(1, 0, 2)], [7], None),  # two jobs, one head
+        ([(1, 1, 1)], [7, 8], None),  # job 1 of one payload
+        ([(1, 0, 1)], [7], []),  # an id list shorter than the jobs
+        ([(1, -1, 1)], [7], None),
+    ]:
+        with pytest.raises(ValueError, match="not given"):
+            fresh(placed, heads, 5, 0, 0, ["p"], ids, 0, 3, None, shown, 0)

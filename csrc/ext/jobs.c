@@ -1,4 +1,5 @@
-/* ringq.engine._jobs: the Job objects of a run of jobs leased in C, built in one call.
+/* ringq.engine._jobs: the Job objects of a run of jobs leased in C, or of a batch just
+ * appended, built in one call.
  *
  * The cffi helper (the C files of csrc/) leases a run of plain jobs and reports each as a ringq_claimed
  * (csrc/ringq.h); what is left per job is building its ringq.Job.  The Python loop that did it
@@ -9,7 +10,8 @@
  *
  * It trusts nothing it is given: setup() checks that Job's fields are the ones below, in this
  * order, each a plain object slot of Job; build() checks every record against the mapping's
- * length before it reads a byte.  Runs under the GIL only (no state shared between threads
+ * length before it reads a byte.  fresh() builds the snapshots an enqueue_many returns, which
+ * spent about half its bytecodes on them in Python.  Runs under the GIL only (no state shared between threads
  * beyond what setup() stores once). */
 
 #define PY_SSIZE_T_CLEAN
@@ -39,15 +41,17 @@ static PyTypeObject *job_type;      /* ringq.Job */
 static Py_ssize_t offsets[NFIELDS]; /* each field's slot in a Job */
 static PyObject *undecoded;         /* ringq.job.UNDECODED */
 static PyObject *leased;            /* JobState.LEASED */
+static PyObject *ready;             /* JobState.READY */
+static PyObject *zero;              /* 0: attempts and version of a job never leased */
 static PyObject *token_one;         /* "1": the fencing token of a first lease */
 static PyObject *serialization_error;
 static PyObject *one;               /* 1: attempts and version of a first lease, held's value */
 
 static PyObject *setup(PyObject *self, PyObject *args) {
-    PyObject *type, *names, *slots, *und, *state, *token, *error;
+    PyObject *type, *names, *slots, *und, *state, *rstate, *token, *error;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!O!O!OOUO", &PyType_Type, &type, &PyTuple_Type, &names,
-                          &PyTuple_Type, &slots, &und, &state, &token, &error))
+    if (!PyArg_ParseTuple(args, "O!O!O!OOOUO", &PyType_Type, &type, &PyTuple_Type, &names,
+                          &PyTuple_Type, &slots, &und, &state, &rstate, &token, &error))
         return NULL;
     if (PyTuple_GET_SIZE(names) != NFIELDS || PyTuple_GET_SIZE(slots) != NFIELDS) {
         PyErr_Format(PyExc_TypeError, "Job has %zd fields, this module builds %d",
@@ -79,6 +83,8 @@ static PyObject *setup(PyObject *self, PyObject *args) {
     }
     if (one == NULL && (one = PyLong_FromLong(1)) == NULL)
         return NULL;
+    if (zero == NULL && (zero = PyLong_FromLong(0)) == NULL)
+        return NULL;
     memcpy(offsets, off, sizeof off);
     Py_INCREF(type);
     Py_XSETREF(job_type, (PyTypeObject *)type);
@@ -86,6 +92,8 @@ static PyObject *setup(PyObject *self, PyObject *args) {
     Py_XSETREF(undecoded, und);
     Py_INCREF(state);
     Py_XSETREF(leased, state);
+    Py_INCREF(rstate);
+    Py_XSETREF(ready, rstate);
     Py_INCREF(token);
     Py_XSETREF(token_one, token);
     Py_INCREF(error);
@@ -288,9 +296,130 @@ done:
     return out;
 }
 
+/* fresh(placed, heads, seq0, enq_us, avail_ms, payloads, job_ids, priority, max_attempts, key,
+ *       shown, origin) -> list[Job]
+ *
+ * The snapshots of jobs just appended (READY, never leased): placed is a list of (segseq, first,
+ * count) -- the jobs first..first+count-1 went to segment segseq --, heads[i] is job i's head slot,
+ * its seq is seq0 + i, its payload payloads[i] (the value as stored) and its id job_ids[i], or
+ * the automatic id when job_ids is None; enq_us and avail_ms are shared by all, as are priority,
+ * max_attempts and key; shown is (expires_at, progress, progress_message, timeout,
+ * trace_context), a trace_context dict copied for each job; origin the queue's identity. */
+static PyObject *fresh(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "fresh() takes 12 arguments");
+        return NULL;
+    }
+    if (job_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "ringq.engine._jobs.setup() was not called");
+        return NULL;
+    }
+    PyObject *placed = args[0], *heads = args[1], *ids = args[6], *prio = args[7];
+    PyObject *maxatt = args[8], *key = args[9], *shown = args[10], *origin = args[11];
+    if (!PyList_CheckExact(placed) || !PyList_CheckExact(heads) || !PyTuple_CheckExact(shown) ||
+        PyTuple_GET_SIZE(shown) != 5) {
+        PyErr_SetString(PyExc_TypeError, "fresh(): placed and heads lists, shown a 5-tuple");
+        return NULL;
+    }
+    unsigned long long seq0 = PyLong_AsUnsignedLongLong(args[2]);
+    long long enq_us = PyLong_AsLongLong(args[3]), avail_ms = PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    PyObject *trace = PyTuple_GET_ITEM(shown, 4);
+    if (trace != Py_None && !PyDict_Check(trace)) {
+        PyErr_SetString(PyExc_TypeError, "fresh(): trace_context must be a dict or None");
+        return NULL;
+    }
+    PyObject *payloads = PySequence_Fast(args[5], "fresh(): payloads must be a sequence");
+    if (payloads == NULL)
+        return NULL;
+    PyObject *idseq = NULL;
+    if (ids != Py_None && (idseq = PySequence_Fast(ids, "fresh(): job_ids must be a sequence")) == NULL) {
+        Py_DECREF(payloads);
+        return NULL;
+    }
+    Py_ssize_t npay = PySequence_Fast_GET_SIZE(payloads), nheads = PyList_GET_SIZE(heads);
+    PyObject *avail = PyFloat_FromDouble((double)avail_ms / 1000.0);
+    PyObject *enq = PyFloat_FromDouble((double)enq_us / 1e6);
+    PyObject *out = avail && enq ? PyList_New(0) : NULL;
+    if (out == NULL)
+        goto fail;
+    for (Py_ssize_t p = 0; p < PyList_GET_SIZE(placed); p++) {
+        PyObject *run = PyList_GET_ITEM(placed, p);
+        if (!PyTuple_Check(run) || PyTuple_GET_SIZE(run) != 3) {
+            PyErr_SetString(PyExc_TypeError, "fresh(): placed holds (segseq, first, count)");
+            goto fail;
+        }
+        PyObject *segseq = PyTuple_GET_ITEM(run, 0);
+        Py_ssize_t first = PyLong_AsSsize_t(PyTuple_GET_ITEM(run, 1));
+        Py_ssize_t count = PyLong_AsSsize_t(PyTuple_GET_ITEM(run, 2));
+        if (PyErr_Occurred())
+            goto fail;
+        if (first < 0 || count < 0 || first > npay - count || first > nheads - count ||
+            (idseq && first > PySequence_Fast_GET_SIZE(idseq) - count)) {
+            PyErr_SetString(PyExc_ValueError, "fresh(): placed names jobs it was not given");
+            goto fail;
+        }
+        for (Py_ssize_t i = first; i < first + count; i++) {
+            PyObject *v[NFIELDS];
+            v[F_ID] = idseq ? Py_NewRef(PySequence_Fast_GET_ITEM(idseq, i))
+                            : auto_id(seq0 + (unsigned long long)i);
+            v[F_SEQ] = PyLong_FromUnsignedLongLong(seq0 + (unsigned long long)i);
+            v[F_RECORD_POSITION] = PyTuple_Pack(3, segseq, PyList_GET_ITEM(heads, i), origin);
+            v[F_TRACE_CONTEXT] = trace == Py_None ? Py_NewRef(Py_None) : PyDict_Copy(trace);
+            if (!v[F_ID] || !v[F_SEQ] || !v[F_RECORD_POSITION] || !v[F_TRACE_CONTEXT]) {
+                Py_XDECREF(v[F_ID]);
+                Py_XDECREF(v[F_SEQ]);
+                Py_XDECREF(v[F_RECORD_POSITION]);
+                Py_XDECREF(v[F_TRACE_CONTEXT]);
+                goto fail;
+            }
+            v[F_PAYLOAD] = Py_NewRef(PySequence_Fast_GET_ITEM(payloads, i));
+            v[F_PRIORITY] = Py_NewRef(prio);
+            v[F_STATE] = Py_NewRef(ready);
+            v[F_ATTEMPTS] = Py_NewRef(zero);
+            v[F_MAX_ATTEMPTS] = Py_NewRef(maxatt);
+            v[F_AVAILABLE_AT] = Py_NewRef(avail);
+            v[F_ENQUEUED_AT] = Py_NewRef(enq);
+            v[F_VERSION] = Py_NewRef(zero);
+            v[F_KEY] = Py_NewRef(key);
+            v[F_CANCEL_REQUESTED] = Py_NewRef(Py_False);
+            v[F_ACK_ACCEPTED] = Py_NewRef(Py_False);
+            v[F_EXPIRES_AT] = Py_NewRef(PyTuple_GET_ITEM(shown, 0));
+            v[F_PROGRESS] = Py_NewRef(PyTuple_GET_ITEM(shown, 1));
+            v[F_PROGRESS_MESSAGE] = Py_NewRef(PyTuple_GET_ITEM(shown, 2));
+            v[F_TIMEOUT] = Py_NewRef(PyTuple_GET_ITEM(shown, 3));
+            static const int none[] = {F_LEASE_DEADLINE, F_LEASE_TOKEN, F_LAST_ERROR,
+                                       F_CANCELLED, F_RAW, F_DEPENDS_ON};
+            for (size_t k = 0; k < sizeof none / sizeof none[0]; k++)
+                v[none[k]] = Py_NewRef(Py_None);
+            PyObject *job = new_job(v);
+            if (job == NULL)
+                goto fail;
+            int rc = PyList_Append(out, job);
+            Py_DECREF(job);
+            if (rc < 0)
+                goto fail;
+        }
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    Py_XDECREF(avail);
+    Py_XDECREF(enq);
+    Py_DECREF(payloads);
+    Py_XDECREF(idseq);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"setup", setup, METH_VARARGS,
-     "setup(job_type, names, slots, undecoded, leased, token_one, serialization_error)"},
+     "setup(job_type, names, slots, undecoded, leased, ready, token_one, serialization_error)"},
+    {"fresh", (PyCFunction)(void (*)(void))fresh, METH_FASTCALL,
+     "fresh(placed, heads, seq0, enq_us, avail_ms, payloads, job_ids, priority, max_attempts, "
+     "key, shown, origin)"},
     {"build", (PyCFunction)(void (*)(void))build, METH_FASTCALL,
      "build(run, mm, base, size, epoch_ms, segseq, origin, keyed, key_of, held, mark_bad, seg)"},
     {NULL, NULL, 0, NULL},
@@ -298,7 +427,8 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "ringq.engine._jobs",
-    "The Job objects of a run of jobs leased in C, built in one call.", -1, methods,
+    "The Job objects of a run of jobs leased in C, or of a batch just appended, built in one call.",
+    -1, methods,
     NULL, NULL, NULL, NULL,
 };
 

@@ -1,5 +1,5 @@
 # The compiled module of csrc/ext/jobs.c (ringq/engine/runs.py documents it).
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ringq.job import Job
@@ -10,6 +10,7 @@ def setup(
     slots: tuple[Any, ...],
     undecoded: Any,
     leased: Any,
+    ready: Any,
     token_one: str,
     serialization_error: type[BaseException],
 ) -> None: ...
@@ -26,4 +27,18 @@ def build(
     held: dict[tuple[int, int], int] | None,
     mark_bad: Callable[[Any, int, str], None],
     seg: Any,
+) -> list[Job]: ...
+def fresh(
+    placed: list[tuple[int, int, int]],
+    heads: list[int],
+    seq0: int,
+    enq_us: int,
+    avail_ms: int,
+    payloads: Sequence[Any],
+    job_ids: Sequence[str] | None,
+    priority: int,
+    max_attempts: int,
+    key: str | None,
+    shown: tuple[Any, Any, Any, Any, Any],
+    origin: int,
 ) -> list[Job]: ...

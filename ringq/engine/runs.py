@@ -1,5 +1,6 @@
-"""The Job objects of a run of jobs leased in C, built by one call: :func:`build`, from
-``ringq.engine._jobs`` (compiled from csrc/ext/jobs.c by ``pip install``).
+"""Job objects built by one call each, from ``ringq.engine._jobs`` (compiled from
+csrc/ext/jobs.c by ``pip install``): :func:`build` for a run of jobs leased in C, :func:`fresh`
+for a batch just appended.
 
 ``build(run, mm, base, size, epoch_ms, segseq, origin, keyed, key_of, held, mark_bad, seg)``
 returns the jobs of ``run`` (the bytes of ringq_claimed records, records.CLAIMED_FIELDS, as one C
@@ -13,6 +14,16 @@ decodes it on first access).  With ``held`` (a dict), ``held[(segseq, slot)] = 1
 A job whose key does not read (SerializationError) is left out and passed to
 ``mark_bad(seg, slot, reason)``.  Raises ValueError for a record that runs past ``mm``.
 
+``fresh(placed, heads, seq0, enq_us, avail_ms, payloads, job_ids, priority, max_attempts, key,
+shown, origin)`` returns the snapshots of jobs just appended (READY, never leased): ``placed`` a
+list of ``(segseq, first, count)`` (jobs ``first`` to ``first + count - 1`` went to segment
+``segseq``), ``heads[i]`` job ``i``'s head slot, its seq ``seq0 + i``, its payload
+``payloads[i]`` (the value as stored) and its id ``job_ids[i]`` (None: the automatic ids); the
+enqueue time (µs), available-at (ms), priority, max_attempts and key shared by all; ``shown`` the
+fields ``(expires_at, progress, progress_message, timeout, trace_context)``, the trace context
+copied for each job; ``origin`` the queue's identity.  Raises ValueError when ``placed`` names
+more jobs than it was given.
+
 The module fills each Job's slots itself and runs no ``__init__``: it checks at import that
 Job's fields are the ones it fills, each a plain slot (tests/test_runs.py compares its jobs with
 the general path's).
@@ -25,9 +36,9 @@ from ringq.errors import SerializationError
 from ringq.job import UNDECODED, Job, JobState, slots
 
 from . import _jobs
-from ._jobs import build
+from ._jobs import build, fresh
 
-__all__ = ["build", "key_of"]
+__all__ = ["build", "fresh", "key_of"]
 
 
 def key_of(raw: bytes) -> str:
@@ -37,4 +48,4 @@ def key_of(raw: bytes) -> str:
 
 if hasattr(Job, "__post_init__"):  # pragma: no cover - build() runs no __init__
     raise ImportError("ringq.engine.runs builds Job without __init__: Job has a __post_init__")
-_jobs.setup(Job, *slots(), UNDECODED, JobState.LEASED, "1", SerializationError)
+_jobs.setup(Job, *slots(), UNDECODED, JobState.LEASED, JobState.READY, "1", SerializationError)

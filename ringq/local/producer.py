@@ -30,7 +30,7 @@ from ringq.backend import (
     reserved_for_results,
     timeout_ms,
 )
-from ringq.engine import meta, records, snapshot
+from ringq.engine import meta, records, runs, snapshot
 from ringq.engine.appends import REC_HEADER_SIZE
 from ringq.engine.records import KIND_JOB, NewRecord
 from ringq.engine.words import ST_DEAD, ST_READY, TIME_MAX, now_ms
@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Producer"]
 
 READY = JobState.READY
-# fresh_jobs and enqueue_one build a Job positionally (a third of the cost of keywords), in this order.
+# enqueue_one builds a Job positionally (a third of the cost of keywords), in this order.
 assert tuple(f.name for f in fields(Job)) == (
     "id",
     "payload",
@@ -74,7 +74,7 @@ assert tuple(f.name for f in fields(Job)) == (
     "ack_accepted",
     "_raw",
     "depends_on",
-), "Job's fields changed: update fresh_jobs and Producer.enqueue_one"
+), "Job's fields changed: update Producer.enqueue_one"
 
 # A delay, expiry or retry time must fit the state word for a year more.
 assert MAX_DELAY + 86400 * 366 <= TIME_MAX / 1000
@@ -415,40 +415,22 @@ def fresh_jobs(
     m: meta.Meta | None,
     origin: int,
 ) -> list[Job]:
-    """The snapshots of jobs just appended by Ring.append_packed (no read back).  Built
-    positionally (a third of the keyword form's cost; the field order is checked at import)."""
-    avail, enq = avail_ms / 1000, enq_us / 1e6
-    exp, progress, message, timeout, trace = shown(m)
-    out = []
-    for segseq, first, cnt in placed:
-        out += [
-            Job(
-                (seq0 + i).to_bytes(8, "big").hex() if job_ids is None else job_ids[i],
-                payloads[i],
-                priority,
-                READY,
-                0,
-                attempts,
-                avail,
-                enq,
-                None,
-                None,
-                None,
-                seq0 + i,
-                0,
-                key,
-                False,
-                exp,
-                progress,
-                message,
-                timeout,
-                None if trace is None else dict(trace),
-                None,
-                (segseq, heads[i], origin),
-            )
-            for i in range(first, first + cnt)
-        ]
-    return out
+    """The snapshots of jobs just appended by Ring.append_packed (no read back), built in one
+    call (ringq/engine/runs.py)."""
+    return runs.fresh(
+        placed,
+        heads,
+        seq0,
+        enq_us,
+        avail_ms,
+        payloads,
+        job_ids,
+        priority,
+        attempts,
+        key,
+        shown(m),
+        origin,
+    )
 
 
 def shown(

@@ -246,7 +246,8 @@ class Producer:
                 ring.finish(ticket)
             finally:
                 self.outside.leave()
-            return fresh_jobs(
+            # The snapshots of the jobs just appended, built in one call (no read back).
+            return runs.fresh(
                 placed,
                 heads,
                 seq0,
@@ -257,7 +258,7 @@ class Producer:
                 priority,
                 attempts,
                 key,
-                m,
+                shown(m),
                 ring.identity,
             )
         assert ids is not None  # encoded from job_ids, which are given here
@@ -292,7 +293,7 @@ class Producer:
                 )
                 with self.outside:
                     ring.finish(ticket)
-                jobs = fresh_jobs(
+                jobs = runs.fresh(
                     placed,
                     heads,
                     seq0,
@@ -303,7 +304,7 @@ class Producer:
                     priority,
                     attempts,
                     key,
-                    m,
+                    shown(m),
                     ring.identity,
                 )
                 for i, job in zip(todo, jobs):
@@ -399,38 +400,6 @@ def encode_ids(job_ids: Sequence[str]) -> list[bytes]:
             raise SerializationError(f"job id {jid!r} is not valid Unicode text")
         out.append(jid.encode("utf-8", "strict"))
     return out
-
-
-def fresh_jobs(
-    placed: list[tuple[int, int, int]],
-    heads: list[int],
-    seq0: int,
-    enq_us: int,
-    avail_ms: int,
-    payloads: Sequence[Any],
-    job_ids: Sequence[str] | None,
-    priority: int,
-    attempts: int,
-    key: str | None,
-    m: meta.Meta | None,
-    origin: int,
-) -> list[Job]:
-    """The snapshots of jobs just appended by Ring.append_packed (no read back), built in one
-    call (ringq/engine/runs.py)."""
-    return runs.fresh(
-        placed,
-        heads,
-        seq0,
-        enq_us,
-        avail_ms,
-        payloads,
-        job_ids,
-        priority,
-        attempts,
-        key,
-        shown(m),
-        origin,
-    )
 
 
 def shown(

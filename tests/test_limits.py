@@ -587,17 +587,22 @@ FIFO_SEEDS = [_FIFO_RNG.randrange(2**32) for _ in range(24)]
 
 @pytest.mark.parametrize("seed", FIFO_SEEDS)
 def test_first_leases_are_fifo_within_each_key_and_priority_under_any_caps(tmp_path, seed):
-    # A random history (its seed in the test's id) of enqueues, leases (one and several), acks
-    # and nacks under caps on some keys and on the whole queue: every job's first lease comes
-    # after the first lease of each job enqueued before it with the same key and priority.
+    # A random history (its seed in the test's id) of enqueues (one and several), leases (one,
+    # several, a stream), acks and nacks under caps on some keys and on the whole queue, small
+    # caps and caps above the number of held-back jobs offered again per lease, keys of their
+    # own or sharing a lane id: every job's first lease comes after the first lease of each job
+    # enqueued before it with the same key and priority.
     rnd = random.Random(seed)
     q = Queue(tmp_path / "q", durability="none")
-    keys = ["k0", "k1", "k2", "k3", None]
+    keys = rnd.choice(
+        [["k0", "k1", "k2", "k3", None], ["tenant-1371838", "tenant-2000402", "k2", None]]
+    )
+    most = rnd.choice([3, 12])
     for key in keys[:3]:
         if rnd.random() < 0.8:
-            q.limit(key, concurrency=rnd.choice([1, 2, 3]))
+            q.limit(key, concurrency=rnd.randint(1, most))
     if rnd.random() < 0.3:
-        q.limit("q", concurrency=rnd.choice([2, 4]))  # named like the queue: every job
+        q.limit("q", concurrency=rnd.randint(1, most))  # named like the queue: every job
     prios = rnd.choice([[0], [0, 1]])
     rank: dict[str, tuple[str | None, int, int]] = {}
     enqueued: dict[tuple[str | None, int], int] = {}
@@ -607,10 +612,20 @@ def test_first_leases_are_fifo_within_each_key_and_priority_under_any_caps(tmp_p
         op = rnd.random()
         if op < 0.45:
             key, prio = rnd.choice(keys), rnd.choice(prios)
-            n = enqueued[key, prio] = enqueued.get((key, prio), 0) + 1
-            rank[q.enqueue(n, key=key, priority=prio).id] = (key, prio, n)
+            ns = []
+            for _ in range(rnd.choice([1, 1, 3])):
+                ns.append(enqueued.get((key, prio), 0) + 1)
+                enqueued[key, prio] = ns[-1]
+            jobs = q.enqueue_many(ns, key=key, priority=prio)
+            rank.update((job.id, (key, prio, n)) for job, n in zip(jobs, ns))
         elif op < 0.8:
-            got = [q.lease_one()] if rnd.random() < 0.6 else q.lease(rnd.randint(1, 4))
+            how = rnd.random()
+            if how < 0.4:
+                got = [q.lease_one()]
+            elif how < 0.8:
+                got = q.lease(rnd.randint(1, most))
+            else:
+                got = list(q.consume(count=rnd.randint(1, most)))
             for job in got:
                 if job is None:
                     continue
@@ -620,9 +635,45 @@ def test_first_leases_are_fifo_within_each_key_and_priority_under_any_caps(tmp_p
                     assert n == last.get((key, prio), 0) + 1, (key, prio, n)
                     last[key, prio] = n
         elif held:
-            job = held.pop(rnd.randrange(len(held)))
-            (q.ack if rnd.random() < 0.8 else q.nack)(job)
+            for _ in range(rnd.randint(1, len(held))):
+                job = held.pop(rnd.randrange(len(held)))
+                (q.ack if rnd.random() < 0.8 else q.nack)(job)
     q.close()
+
+
+@pytest.mark.parametrize("how", ["lease", "lease_one"])
+def test_a_freed_cap_goes_to_the_oldest_jobs_of_its_key_after_many_leases_held_them_back(qdir, how):
+    # A cap of 10, full, while 12 leases found nothing: more leases than the limit offers
+    # held-back jobs again in one.  Once the slots free, jobs 10..19 come next, in order.
+    q = Queue(qdir, durability="none")
+    q.limit("a", concurrency=10)
+    q.enqueue_many(list(range(60)), key="a")
+    held = q.lease(10)
+    for _ in range(12):
+        assert q.lease_one() is None
+    q.ack_many(held)
+    got = q.lease(10) if how == "lease" else [q.lease_one() for _ in range(10)]
+    assert [job.payload for job in got] == list(range(10, 20))
+
+
+def test_a_queue_wide_cap_keeps_each_keys_jobs_in_order(qdir):
+    # A cap on the whole queue holds back the first job of "a" behind many of "b"; a second job
+    # of "a" enqueued meanwhile must not go before it once the slot frees.
+    q = Queue(qdir, durability="none")
+    q.limit(q.name, concurrency=1)
+    q.enqueue_many([f"b{i}" for i in range(1, 11)], key="b")
+    q.enqueue("a1", key="a")
+    held = q.lease_one()
+    for _ in range(12):
+        assert q.lease_one() is None
+    q.enqueue("a2", key="a")
+    q.ack(held)
+    order = []
+    while (job := q.lease_one()) is not None:
+        order.append(job.payload)
+        q.ack(job)
+    assert [p for p in order if p.startswith("a")] == ["a1", "a2"]
+    assert [p for p in order if p.startswith("b")] == [f"b{i}" for i in range(2, 11)]
 
 
 @pytest.mark.parametrize("prio", [-(2**31), -1, 0, 1, 2**31 - 1])

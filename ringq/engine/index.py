@@ -458,10 +458,13 @@ class Index:
                     self.served(lane.key, lane.prio, 1)
                     out.append(got)
                 elif held_back.blocked(segseq, slot):
-                    lane.cursor += 1  # the job waits in the gate
                     if self.one_key(lane.key):
+                        # The limit holds back every job of the lane (one key): the lane waits
+                        # whole, this job at its head, until the next take, so no newer job of
+                        # the key goes before it (the gate may offer it too: a duplicate entry).
                         aside.append((view, lane))
                         continue
+                    lane.cursor += 1  # the job waits in the gate; the lane goes on past it
                 self.queue_lane(view, lane, now)
             else:
                 self.parked.discard((segseq, slot))

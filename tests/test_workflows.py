@@ -7,9 +7,11 @@ and the release of its dependent.  Waits are bounded polls, never sleeps a pass 
 
 from __future__ import annotations
 
+import random
 import time
 
 import pytest
+from conftest import SEED
 from procs import run_py
 
 from ringq import (
@@ -186,7 +188,9 @@ def test_sweeps_take_the_dependents_in_turn_and_reach_every_one(tmp_path):
         assert got == n and q.stats().deferred == SWEEP_BATCH + 8
 
 
-def test_a_dependent_whose_state_word_was_lost_waits_again_and_is_released_from_its_parent(tmp_path):
+def test_a_dependent_whose_state_word_was_lost_waits_again_and_is_released_from_its_parent(
+    tmp_path,
+):
     # A power loss can keep a record and lose its state page: the dependent's word reads EMPTY
     # (and its tree's bits may be anything).  Reopened, it is DEFERRED again with a zeroed tree,
     # and its edges fire from its parents' states: its parent is done, so it is ready.
@@ -414,6 +418,75 @@ def test_a_backlog_of_one_key_delays_another_key_by_one_lease_and_saves_no_credi
         q.enqueue_many([f"b{i}" for i in range(5)], key="b")
         got = [q.lease_one() for _ in range(12)]
         assert _keys(got) == "bababababaaa"  # b0..b4 alternate with a, then a alone
+
+
+@pytest.mark.parametrize("how", ["lease", "consume"])
+def test_a_backlog_leased_in_one_call_saves_no_credit_either(tmp_path, how):
+    # 100 of key a in one lease(100) (or a stream of 100) move the round as 100 leases of one
+    # job each would: a key that comes later alternates with a, it does not run 100 in a row.
+    with Queue(tmp_path) as q:
+        q.enqueue_many([f"a{i}" for i in range(400)], key="a")
+        got = q.lease(100) if how == "lease" else list(q.consume(count=100))
+        assert len(got) == 100
+        q.ack_many(got)
+        q.enqueue_many([f"b{i}" for i in range(5)], key="b")
+        assert _keys([q.lease_one() for _ in range(12)]) == "bababababaaa"
+
+
+def _fair_history(seed: int) -> list[tuple]:
+    rnd = random.Random(seed)
+    keys = rnd.choice(
+        [[None, "a", "b"], ["a", "b", "c", "d"], ["tenant-1371838", "tenant-2000402", None]]
+    )
+    prios = rnd.choice([[0], [0, 1], [-1, 0, 5]])
+    ops: list[tuple] = []
+    for _ in range(rnd.randint(50, 200)):
+        if rnd.random() < 0.7:
+            ops.append(("enqueue", rnd.choice(keys), rnd.choice(prios), rnd.choice([1, 1, 1, 5])))
+        else:
+            ops.append(("take", rnd.randint(1, 40)))
+    return ops + [("take", 10**6)]
+
+
+def _fair_play(tmp_path, ops: list[tuple], how: str, seed: int) -> list[int]:
+    rnd = random.Random(seed)
+    out: list[int] = []
+    n = 0
+    with Queue(tmp_path / how, durability="none") as q:
+        for op in ops:
+            if op[0] == "enqueue":
+                _, key, prio, m = op
+                q.enqueue_many(list(range(n, n + m)), key=key, priority=prio)
+                n += m
+                continue
+            got: list = []
+            while len(got) < op[1]:
+                want = min(op[1] - len(got), rnd.randint(1, 300))
+                if how == "lease_one":
+                    jobs = [j for j in [q.lease_one()] if j is not None]
+                elif how == "lease":
+                    jobs = q.lease(want)
+                else:
+                    jobs = list(q.consume(count=want))
+                if not jobs:
+                    break
+                got += jobs
+            out += [j.payload for j in got]
+            q.ack_many(got)
+    return out
+
+
+FAIR_SEEDS = [random.Random(SEED).randrange(2**32) for _ in range(4)]
+
+
+@pytest.mark.parametrize("seed", FAIR_SEEDS)
+def test_a_lease_of_several_jobs_takes_them_in_the_order_of_as_many_single_leases(tmp_path, seed):
+    # docs/workflows.md: lease(n) and consume() take jobs in the order lease_one() would, on a
+    # random history (its seed in the test's id) of keys, priorities and batch sizes.
+    ops = _fair_history(seed)
+    one = _fair_play(tmp_path, ops, "lease_one", seed)
+    assert _fair_play(tmp_path, ops, "lease", seed) == one
+    assert _fair_play(tmp_path, ops, "consume", seed) == one
 
 
 def test_a_snapshot_of_another_queue_is_no_parent_and_is_not_rescheduled(tmp_path):

@@ -168,11 +168,12 @@ class Index:
         heapq.heapify(self.heap)
 
     def served(self, lanekey: int, prio: int, n: int) -> None:
-        """``n`` jobs of lane key ``lanekey`` were just leased: its key's turn moves on."""
+        """``n`` jobs of lane key ``lanekey`` were just leased: its key's turn moves on, and the
+        round to that of the last of them, as ``n`` leases of one job each would have left it."""
         if not self.fair:
             return
         turn = max(self.turns.get(lanekey, 0), self.rounds.get(prio, 0))
-        self.rounds[prio] = turn
+        self.rounds[prio] = turn + n - 1
         self.turns[lanekey] = turn + n
         if len(self.turns) > 1 << 16:  # many keys came and went: forget the idle ones' turns
             rounds = self.rounds

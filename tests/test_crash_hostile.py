@@ -594,10 +594,30 @@ def test_records_with_a_valid_crc_that_no_enqueue_writes_are_damage(tmp_path, mo
     q.close()
 
     fresh = open_queue(str(tmp_path / "q"))
+    stats = fresh.stats()  # read in, not leased: quarantined as they are read
+    assert (stats.corrupt, stats.ready) == (3, 2), stats
+    assert sorted(r[1] for r in fresh.recovery.corrupt_records) == [0, 1, 2]
     jobs = {job.key: job for job in fresh.lease(10)}
     assert sorted(jobs) == ["fine", "garbled"]
     assert jobs["fine"].payload == "fine"
     with pytest.raises(SerializationError):
         _ = jobs["garbled"].payload
     assert fresh.stats().corrupt == 3
+    with monkeypatch.context() as m:  # one more, read in by a reader that is open already
+        m.setattr(codec, "wrap_key", loose)
+        q2 = open_queue(str(tmp_path / "q"))
+        q2.enqueue("late", key="b\x00")
+        q2.close()
+    assert fresh.stats().corrupt == 4 and fresh.lease(10) == []
     fresh.close()
+
+
+def test_a_stored_job_id_that_is_not_utf8_is_damage_to_verify(tmp_path, monkeypatch):
+    from ringq.local import producer
+
+    q = open_queue(str(tmp_path / "q"))
+    with monkeypatch.context() as m:  # a writer that does not hold to the id rule
+        m.setattr(producer, "encode_ids", lambda ids: [b"\xff\xfeid" for _ in ids])
+        q.enqueue_many(["x"], job_ids=["any"])
+    assert verify(q).damaged[-1].endswith("job id is not valid UTF-8"), verify(q).damaged
+    q.close()

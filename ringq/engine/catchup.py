@@ -18,7 +18,7 @@ from ringq import codec
 
 from . import records
 from .deps import lost_word
-from .lifecycle import key_of, keys_of_plain
+from .lifecycle import key_of, key_problem, keys_of_plain
 from .meta import KIND_META
 from .transitions import gone
 from .views import Lane, View, key_id, lane_key, lane_keys, now_ms
@@ -254,6 +254,9 @@ class CatchUp:
             if key is not None:
                 kids[i] = kid = key_id(key)
                 self.index.note_key(kid, key)
+            else:
+                for slot in slots[which == i].tolist():
+                    self._unkeyable(view, slot)
         kid = kids[which]
         view.lanekey[slots] = lane_keys(rows["priority"].astype(np.int64), kid)
         if kid.any():
@@ -264,6 +267,7 @@ class CatchUp:
         ringq/engine/index.py); returns its lane key."""
         key = key_of(view.seg, slot)
         if key is None:
+            self._unkeyable(view, slot)
             return prio
         kid = key_id(key)
         self.index.note_key(kid, key)
@@ -271,6 +275,14 @@ class CatchUp:
         view.lanekey[slot] = lk
         self.index.keyed()
         return lk
+
+    def _unkeyable(self, view: View, slot: int) -> None:
+        """A keyed record whose key does not read (bytes no enqueue writes) is quarantined as
+        it is read in while READY, as a record that fails its CRC is: never leased, counted as
+        corrupt, reported by the open that found it."""
+        why = key_problem(view.seg, slot)
+        if why is not None and state(view.seg.load_state(slot)) == ST_READY:
+            self.ring.mark_bad(view.seg, slot, why)
 
     def _ingest_few(self, view: View, tail: int, held: int = -1) -> None:
         """:meth:`_ingest` for a handful of records, field by field (what a consumer woken for

@@ -112,26 +112,37 @@ def key_of(seg: Segment, slot: int) -> str | None:
     The one place a job's key is read (per-key pause here, limits in ringq/local/limits.py): the key is
     the keyed envelope (codec.KEYED) around the payload's codec bytes, behind the record's expiry
     prefix or metadata block (ringq/engine/meta.py)."""
+    return _key(seg, slot)[0]
+
+
+def key_problem(seg: Segment, slot: int) -> str | None:
+    """Why the keyed envelope of the record at ``slot`` does not read (SerializationError's
+    text: bytes no enqueue writes, such as a key with a NUL in it), or None: it reads, or the
+    record has no key."""
+    return _key(seg, slot)[1]
+
+
+def _key(seg: Segment, slot: int) -> tuple[str | None, str | None]:
     base = seg.data_off + slot * seg.slot_size
     mm = seg.mm
     if mm is None or base + _REC_HEADER > seg.size:
-        return None
+        return None, None
     id_len, codec_id, kind, plen = records.BODY.unpack_from(mm, base + records.OFF_BODY)
     if codec_id != codec.KEYED and codec_id != codec.IN_META:
-        return None
+        return None, None
     start = base + _REC_HEADER + id_len
     if start + plen > seg.size:
-        return None
+        return None, None
     try:
         codec_id, start, plen = meta.body(kind, codec_id, mm, start, plen)
     except CorruptionError:
-        return None
+        return None, None
     if codec_id != codec.KEYED:
-        return None
+        return None, None
     try:
-        return codec.key_at(mm, start, min(start + plen, seg.size))[0]
-    except SerializationError:
-        return None
+        return codec.key_at(mm, start, min(start + plen, seg.size))[0], None
+    except SerializationError as exc:
+        return None, str(exc)
 
 
 def keys_of_plain(

@@ -8,8 +8,8 @@ written is never counted as damage because only heads below the published tail a
 
 *Damage* (what makes ``verify`` fail) is anything that loses or corrupts committed data: a segment
 or control file whose header fails validation, a file already quarantined, a published record that
-fails its magic/length/CRC check or whose payload (key envelope included) does not decode, or a
-record a reader has marked BAD.  *Notes* are conditions that
+fails its magic/length/CRC check or whose id or payload (key envelope included) does not decode,
+or a record a reader has marked BAD.  *Notes* are conditions that
 recovery repairs by itself (records published beyond a stale tail, counters behind) and do not fail.
 """
 
@@ -150,12 +150,16 @@ def _meta_damage(seg: Any, slot: int, row: Any) -> str | None:
     return None
 
 
-def _payload_damage(seg: Any, slot: int, row: Any) -> str | None:
-    """Why the payload of the record at ``slot`` (its CRC checked, its kind known) does not
-    decode as its codec says, key envelope included, or None: bytes no enqueue writes, which
-    a lease hands out and its ``payload`` refuses (``SerializationError``)."""
+def _body_damage(seg: Any, slot: int, row: Any) -> str | None:
+    """Why the id or payload of the record at ``slot`` (its CRC checked, its kind known) does
+    not decode -- the id as UTF-8, the payload as its codec says, key envelope included --, or
+    None: bytes no enqueue writes."""
     base = seg.data_off + slot * seg.slot_size + 64
     start, plen = base + int(row["id_len"]), int(row["payload_len"])
+    try:
+        bytes(seg.mm[base:start]).decode("utf-8", "strict")
+    except UnicodeDecodeError:
+        return "job id is not valid UTF-8"
     try:
         inner, start, n = meta.body(int(row["kind"]), int(row["codec"]), seg.mm, start, plen)
         _key, inner, body = codec.split_key(inner, bytes(seg.mm[start : start + n]))
@@ -346,7 +350,7 @@ def _segment(
                 rep.notes.append(
                     f"slot {slot}: published record with an empty state word (re-published by the next reader)"
                 )
-            elif st != ST_GONE and (why := _payload_damage(seg, slot, row)):
+            elif st != ST_GONE and (why := _body_damage(seg, slot, row)):
                 rep.damage.append(f"slot {slot} (byte {offset}): {why}")
             if limit is not None and len(rep.records) >= limit:
                 continue

@@ -671,3 +671,13 @@ def test_the_screenshot_script_of_docs_dashboard_md(browser, qdir, tmp_path):  #
         assert out.read_bytes().startswith(b"\x89PNG")
     finally:
         stop(proc)
+
+
+def test_a_sigterm_sent_on_the_ready_line_stops_it_as_ctrl_c_does(qdir):
+    """A supervisor that stops the dashboard as soon as it says it serves: the signal asks the
+    server to stop (exit 130, "interrupted"), it does not kill the process with the queue open."""
+    fill(qdir)
+    for _ in range(3):
+        proc, _url = start_dashboard(qdir)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 130

@@ -822,10 +822,11 @@ def cmd_metrics(args: argparse.Namespace) -> int:
         raise UserError(str(exc), status=1) from None
     with _open(args) as q:
         server, port = serve(queue_registry(q), args.port)
-        _serving(args, "Prometheus metrics", f"http://127.0.0.1:{port}/metrics")
         stop = threading.Event()
+        # Before the line that says it serves: a SIGTERM sent on reading it stops it cleanly.
         previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
         try:
+            _serving(args, "Prometheus metrics", f"http://127.0.0.1:{port}/metrics")
             while not stop.wait(0.5):
                 pass
         except KeyboardInterrupt:

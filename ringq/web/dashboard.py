@@ -49,6 +49,7 @@ import hmac
 import html
 import json
 import secrets
+import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -354,9 +355,20 @@ def serve(queue: Queue, port: int, *, allow_actions: bool = False, ready: Any = 
     config = uvicorn.Config(app, log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
     servers.append(server)
-    if ready is not None:
-        ready(sock.getsockname()[1])
-    server.run(sockets=[sock])
+    # Until the server takes SIGTERM and SIGINT over as it starts: a signal sent on the ready
+    # line asks it to stop at once instead of killing the process with the queue open.
+    main = threading.current_thread() is threading.main_thread()
+    previous = {}
+    if main:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, lambda *_: setattr(server, "should_exit", True))
+    try:
+        if ready is not None:
+            ready(sock.getsockname()[1])
+        server.run(sockets=[sock])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     # The server stops only when a signal asked it to.  It re-raises the signal as it returns,
     # which does nothing to a process started with SIGINT ignored (a shell without job control
     # starts background jobs so): raise it here every time, so that it always ends as interrupted.

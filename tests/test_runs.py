@@ -161,3 +161,33 @@ def test_fresh_refuses_placements_of_jobs_it_was_not_given():
     ]:
         with pytest.raises(ValueError, match="not given"):
             fresh(placed, heads, 5, 0, 0, ["p"], ids, 0, 3, None, shown, 0)
+
+
+def test_an_acks_first_try_in_one_call_and_what_it_leaves_to_the_general_path(tmp_path):
+    import dataclasses
+
+    from ringq import JobNotFoundError, NotLeasedError
+
+    q = Queue(tmp_path / "q", durability="none")
+    other = Queue(tmp_path / "other", durability="none")
+    q.enqueue_many(list(range(6)))
+    other.enqueue("theirs")
+    a, b, c, d, e = q.lease(5)
+    q.ack(a)  # the first try
+    assert a.ack_accepted and q.get(a.id).state.value == "done"
+    q.ack(a)  # again: harmless (the helper answers REPEATED; the general path agrees)
+    q.ack(dataclasses.replace(b, lease_token="01"))  # not a token the first try takes: the general path acks it
+    assert q.get(b.id).state.value == "done"
+    with pytest.raises(NotLeasedError):
+        q.ack(dataclasses.replace(c, lease_token="2"))  # a later lease's token: refused
+    with pytest.raises(NotLeasedError, match="another queue"):
+        q.ack(other.lease_one())  # another queue's snapshot
+    q.ack(d.id)  # a bare id: the general path
+    moved = dataclasses.replace(e, record_position=(e.record_position[0], 5, 0))  # slot 5: job 6's
+    with pytest.raises((NotLeasedError, JobNotFoundError)):
+        q.ack(moved)
+    q.ack(e)
+    q.ack(c)
+    assert q.stats().done == 5 and q.stats().ready == 1
+    q.close()
+    other.close()

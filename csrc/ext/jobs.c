@@ -46,6 +46,8 @@ static PyObject *zero;              /* 0: attempts and version of a job never le
 static PyObject *token_one;         /* "1": the fencing token of a first lease */
 static PyObject *serialization_error;
 static PyObject *one;               /* 1: attempts and version of a first lease, held's value */
+static __typeof__(ringq_ack) *ack_fn; /* the cffi helper's ringq_ack (set_ack) */
+static PyObject *name_seg, *name_ref_addr; /* "seg", "ref_addr" */
 
 static PyObject *setup(PyObject *self, PyObject *args) {
     PyObject *type, *names, *slots, *und, *state, *rstate, *token, *error;
@@ -414,9 +416,138 @@ done:
     return out;
 }
 
+/* set_ack(address): the address of the cffi helper's ringq_ack (csrc/claim.c), which first_ack
+ * calls: one copy of the ack's code, in the helper. */
+static PyObject *set_ack(PyObject *self, PyObject *arg) {
+    (void)self;
+    void *addr = PyLong_AsVoidPtr(arg);
+    if (addr == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "set_ack(): a null address");
+        return NULL;
+    }
+    if (name_seg == NULL && (name_seg = PyUnicode_InternFromString("seg")) == NULL)
+        return NULL;
+    if (name_ref_addr == NULL && (name_ref_addr = PyUnicode_InternFromString("ref_addr")) == NULL)
+        return NULL;
+    ack_fn = (__typeof__(ringq_ack) *)addr;
+    Py_RETURN_NONE;
+}
+
+/* The fencing token a first try takes: the text of a lease count 1..1024 ("1", not "01"), as
+ * the general path's table of common tokens; 0 for anything else. */
+static uint32_t small_token(PyObject *tok) {
+    if (!PyUnicode_CheckExact(tok) || !PyUnicode_IS_ASCII(tok))
+        return 0;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(tok);
+    const char *p = (const char *)PyUnicode_DATA(tok);
+    if (n < 1 || n > 4 || p[0] == '0')
+        return 0;
+    uint32_t v = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9')
+            return 0;
+        v = v * 10 + (uint32_t)(p[i] - '0');
+    }
+    return v <= 1024 ? v : 0;
+}
+
+/* first_ack(job, views, identity, ctl_ref_addr, out_addr) -> (view, slot) | int | None
+ *
+ * An ack's first try in one call, for a Job snapshot of a lease whose segment this index maps:
+ * ringq_ack given the job's slot, fencing token and seq (it checks the slot's record is the
+ * job's and the lease has not run out, and changes nothing otherwise).  Returns (view, slot)
+ * when the ack went in (the job's ack_accepted is set; out holds the DONE word, the segment's
+ * finished count and the dependents counter), the helper's answer (an int: REPEATED, REFUSED,
+ * CANCEL_REQUESTED, EXPIRED, OTHER, or a negative error) when it did not, and None when the
+ * first try does not apply (not a Job, another queue's snapshot, a segment not mapped here, a
+ * token that is not a small lease count, no seq): the caller takes the general path. */
+static PyObject *first_ack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "first_ack() takes 5 arguments");
+        return NULL;
+    }
+    if (job_type == NULL || ack_fn == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "ringq.engine._jobs: setup() and set_ack() first");
+        return NULL;
+    }
+    PyObject *job = args[0], *views = args[1];
+    if (Py_TYPE(job) != job_type || !PyDict_CheckExact(views))
+        Py_RETURN_NONE;
+#define SLOT_OF(f) (*(PyObject **)((char *)job + offsets[f]))
+    PyObject *pos = SLOT_OF(F_RECORD_POSITION), *tok = SLOT_OF(F_LEASE_TOKEN);
+    PyObject *seqo = SLOT_OF(F_SEQ);
+    if (pos == NULL || tok == NULL || seqo == NULL || !PyTuple_CheckExact(pos) ||
+        PyTuple_GET_SIZE(pos) != 3 || !PyLong_CheckExact(seqo))
+        Py_RETURN_NONE;
+    uint32_t token = small_token(tok);
+    unsigned long long seq = PyLong_AsUnsignedLongLong(seqo);
+    if (seq == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *segseq = PyTuple_GET_ITEM(pos, 0), *sloto = PyTuple_GET_ITEM(pos, 1);
+    PyObject *origin = PyTuple_GET_ITEM(pos, 2);
+    if (!token || !seq || !PyLong_CheckExact(sloto) || !PyLong_CheckExact(origin))
+        Py_RETURN_NONE;
+    int same = PyObject_RichCompareBool(origin, args[2], Py_EQ);
+    if (same < 0)
+        return NULL;
+    if (!same) {
+        long o = PyLong_AsLong(origin);
+        if (o == -1 && PyErr_Occurred())
+            return NULL;
+        if (o != 0)
+            Py_RETURN_NONE; /* another queue's snapshot */
+    }
+    unsigned long slot = PyLong_AsUnsignedLong(sloto);
+    if ((slot == (unsigned long)-1 && PyErr_Occurred()) || slot > UINT32_MAX) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *view = PyDict_GetItemWithError(views, segseq); /* borrowed */
+    if (view == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    Py_INCREF(view);
+    PyObject *seg = PyObject_GetAttr(view, name_seg);
+    PyObject *ref = seg ? PyObject_GetAttr(seg, name_ref_addr) : NULL;
+    Py_XDECREF(seg);
+    void *seg_ref = ref ? PyLong_AsVoidPtr(ref) : NULL;
+    Py_XDECREF(ref);
+    void *ctl_ref = PyLong_AsVoidPtr(args[3]);
+    uint64_t *out = (uint64_t *)PyLong_AsVoidPtr(args[4]);
+    if (seg_ref == NULL || ctl_ref == NULL || out == NULL) {
+        Py_DECREF(view);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "first_ack(): a null handle");
+        return NULL;
+    }
+    /* The GIL is held through the call: no thread of this process unmaps meanwhile. */
+    int rc = ack_fn((const ringq_seg_ref *)seg_ref, (const ringq_ctl_ref *)ctl_ref,
+                    (uint32_t)slot, token, (uint64_t)seq, out);
+    if (rc != 0) { /* not acked: the caller acts on the answer */
+        Py_DECREF(view);
+        return PyLong_FromLong(rc);
+    }
+    PyObject *accepted = SLOT_OF(F_ACK_ACCEPTED);
+    SLOT_OF(F_ACK_ACCEPTED) = Py_NewRef(Py_True);
+    Py_XDECREF(accepted);
+#undef SLOT_OF
+    PyObject *hit = PyTuple_Pack(2, view, sloto);
+    Py_DECREF(view);
+    return hit;
+}
+
 static PyMethodDef methods[] = {
     {"setup", setup, METH_VARARGS,
      "setup(job_type, names, slots, undecoded, leased, ready, token_one, serialization_error)"},
+    {"set_ack", set_ack, METH_O, "set_ack(address of ringq_ack)"},
+    {"first_ack", (PyCFunction)(void (*)(void))first_ack, METH_FASTCALL,
+     "first_ack(job, views, identity, ctl_ref_addr, out_addr) -> (view, slot) | int | None"},
     {"fresh", (PyCFunction)(void (*)(void))fresh, METH_FASTCALL,
      "fresh(placed, heads, seq0, enq_us, avail_ms, payloads, job_ids, priority, max_attempts, "
      "key, shown, origin)"},

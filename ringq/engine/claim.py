@@ -133,11 +133,13 @@ def wait_claim(
     return WaitClaimed(co.slot, co.word, co.prev, bufs.rec_buf[:])
 
 
-def ack_out() -> tuple[CData, array[int]]:
+def ack_out() -> tuple[CData, array[int], int]:
     """The buffer :func:`ack` reports into, one per queue and used under the queue's lock: the
-    pointer to pass, and the three words it holds (read from the array: no conversion per word)."""
+    pointer to pass, the three words it holds (read from the array: no conversion per word), and
+    its address (for ringq/engine/runs.py's first_ack)."""
     words = array("Q", (0, 0, 0))
-    return ffi.from_buffer("uint64_t[]", words), words
+    ptr = ffi.from_buffer("uint64_t[]", words)
+    return ptr, words, int(ffi.cast("uintptr_t", ptr))
 
 
 def ack(seg: Segment, slot: int, token: int, seq: int, ctl: Control, out: CData) -> int:

@@ -73,7 +73,7 @@ CTL_WORDS_WAKE = ffi.new("ringq_ctl_words *", {**_WORDS, "wake": OFF_WAKE, "wait
 class Control(Mapped):
     """The queue's control file ``<name>.ctl``: one page of shared words (docs/format.md)."""
 
-    __slots__ = ("slot_size", "slot_count", "ref")
+    __slots__ = ("slot_size", "slot_count", "ref", "ref_addr")
 
     @staticmethod
     def create(path: str, slot_size: int, slot_count: int, mode: int = 0o600) -> None:
@@ -144,6 +144,7 @@ class Control(Mapped):
                 "floor_gen_bits": self.FLOOR_GEN_BITS,
             },
         )
+        self.ref_addr = int(ffi.cast("uintptr_t", self.ref))  # the handle for ringq.engine._jobs
 
     def close(self) -> None:
         self.ref.len = 0  # before the unmap: a call through the handle then fails its bounds check

@@ -1,6 +1,6 @@
 """Job objects built by one call each, from ``ringq.engine._jobs`` (compiled from
 csrc/ext/jobs.c by ``pip install``): :func:`build` for a run of jobs leased in C, :func:`fresh`
-for a batch just appended.
+for a batch just appended; and :func:`first_ack`, an ack's first try in one call.
 
 ``build(run, mm, base, size, epoch_ms, segseq, origin, keyed, key_of, held, mark_bad, seg)``
 returns the jobs of ``run`` (the bytes of ringq_claimed records, records.CLAIMED_FIELDS, as one C
@@ -24,6 +24,16 @@ fields ``(expires_at, progress, progress_message, timeout, trace_context)``, the
 copied for each job; ``origin`` the queue's identity.  Raises ValueError when ``placed`` names
 more jobs than it was given.
 
+``first_ack(job, views, identity, ctl_ref_addr, out_addr)`` is an ack's first try for a Job
+snapshot of a lease whose segment ``views`` (the index's, segment seq -> View) maps: the C
+helper's ``ringq_ack`` (claim.ack) given the job's slot, fencing token and seq, called with the
+GIL held.  Returns ``(view, slot)`` when the ack went in (the job's ``ack_accepted`` set; the
+buffer at ``out_addr``, claim.ack_out's, holds the DONE word, the segment's finished count and
+the dependents counter), the helper's answer (an int) when it did not, and None when the first
+try does not apply (another queue's snapshot, ``identity`` being this queue's; a segment not
+mapped here; a token that is not a lease count of 1 to 1024; no seq).  ``ctl_ref_addr`` is the
+control page's ``Control.ref_addr``.
+
 The module fills each Job's slots itself and runs no ``__init__``: it checks at import that
 Job's fields are the ones it fills, each a plain slot (tests/test_runs.py compares its jobs with
 the general path's).
@@ -36,9 +46,10 @@ from ringq.errors import SerializationError
 from ringq.job import UNDECODED, Job, JobState, slots
 
 from . import _jobs
-from ._jobs import build, fresh
+from ._jobs import build, first_ack, fresh
+from ._native import ffi, lib
 
-__all__ = ["build", "fresh", "key_of"]
+__all__ = ["build", "first_ack", "fresh", "key_of"]
 
 
 def key_of(raw: bytes) -> str:
@@ -49,3 +60,4 @@ def key_of(raw: bytes) -> str:
 if hasattr(Job, "__post_init__"):  # pragma: no cover - build() runs no __init__
     raise ImportError("ringq.engine.runs builds Job without __init__: Job has a __post_init__")
 _jobs.setup(Job, *slots(), UNDECODED, JobState.LEASED, JobState.READY, "1", SerializationError)
+_jobs.set_ack(int(ffi.cast("uintptr_t", ffi.addressof(lib, "ringq_ack"))))

@@ -272,6 +272,7 @@ class Segment(Mapped):
         "data_off",
         "geom",
         "ref",
+        "ref_addr",
         "_states",
         "rfd",
         "state_path",
@@ -424,6 +425,7 @@ class Segment(Mapped):
             "ringq_seg_ref *",
             {"base": self.ptr, "maplen": size, "g": self.geom, "epoch_ms": self.epoch_ms},
         )
+        self.ref_addr = int(ffi.cast("uintptr_t", self.ref))  # the handle for ringq.engine._jobs
         self._states: np.ndarray | None = None
 
     def record_file_off(self, slot: int) -> int:

@@ -21,7 +21,7 @@ from ringq.engine.index import Direct, Index, View, due, now_ms
 from ringq.engine.owner import RETIRED, OwnerRegistry
 from ringq.engine.relocate import Relocator
 from ringq.engine.runs import build as build_run
-from ringq.engine.runs import key_of
+from ringq.engine.runs import first_ack, key_of
 from ringq.engine.segment import Segment
 from ringq.engine.words import (
     FLAG_CANCEL,
@@ -103,7 +103,7 @@ class Leases:
         self.settle = settle
         self._direct: dict[tuple[int, int, int], Direct] = {}
         # What an ack reports (acks run under the queue lock): the pointer, and its three words.
-        self._ack_out, self._ack_words = claim.ack_out()
+        self._ack_out, self._ack_words, self._ack_out_addr = claim.ack_out()
         # (visibility timeout, detach, pid, Direct) of the last call of direct().
         self._last_direct: tuple[float, bool, int, Direct] | None = None
 
@@ -497,31 +497,22 @@ class Leases:
         A snapshot whose ack went in is marked so, for a repeat after its segment retired.  A
         lease that ran out is reclaimed first (and the ack then refused), as is any other once the
         reaper's schedule says so, unless the ack goes in on the first try."""
-        expired = False
-        if isinstance(job, Job):
-            # The common case without the general path's lookups: a snapshot of a lease whose
-            # record this index holds, acked in one C call that checks the record is the job's
-            # and the lease has not run out.  Anything else takes the general path.
-            segseq, slot, origin = job.record_position
-            view = self.index.views.get(segseq)
-            tok = job.lease_token
-            token = _TOKENS.get(tok) if tok.__class__ is str else None
-            if (
-                view is not None
-                and token is not None
-                and (origin == self.ring.identity or not origin)
-                and job.seq
-            ):
-                if slot >= view.scanned:  # leased by ringq_wait_claim: read in late
-                    self.index.read_through(view, slot, True)
-                seg = view.seg
-                answer = claim.ack(seg, slot, token, job.seq, self.ring.ctl, self._ack_out)
-                if answer == claim.ACKED:
-                    job.ack_accepted = True
-                    done, finished, deps = self._ack_words
-                    return self._acked(view, seg, slot, done, finished, deps)
-                expired = answer == claim.EXPIRED
-        self.settle(expired)  # the general path acts on what reclaiming makes of the lease
+        # The common case without the general path's lookups, in one call (runs.first_ack): a
+        # snapshot of a lease whose segment this index maps, acked by a C call that checks the
+        # record is the job's and the lease has not run out.  Anything else, and any answer but
+        # ACKED, takes the general path.
+        hit = first_ack(
+            job, self.index.views, self.ring.identity, self.ring.ctl.ref_addr, self._ack_out_addr
+        )
+        if hit.__class__ is tuple:
+            view, slot = hit
+            if slot >= view.scanned:  # leased by ringq_wait_claim: read in late
+                self.index.read_through(view, slot, True)
+            done, finished, deps = self._ack_words
+            return self._acked(view, view.seg, slot, done, finished, deps)
+        self.settle(
+            hit == claim.EXPIRED
+        )  # the general path acts on what reclaiming makes of the lease
         out = self._ack(job, queue)
         if isinstance(job, Job):
             job.ack_accepted = True
@@ -671,10 +662,6 @@ class Waited(NamedTuple):
     word: int
     prev: int
     record: bytes
-
-
-# Fencing tokens as text -> their lease count, for the common small ones (no parse per ack).
-_TOKENS: dict[str, int] = {str(n): n for n in range(1, 1025)}
 
 
 def token_number(token: object) -> int | None:

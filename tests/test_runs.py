@@ -186,6 +186,12 @@ def test_an_acks_first_try_in_one_call_and_what_it_leaves_to_the_general_path(tm
     moved = dataclasses.replace(e, record_position=(e.record_position[0], 5, 0))  # slot 5: job 6's
     with pytest.raises((NotLeasedError, JobNotFoundError)):
         q.ack(moved)
+    for origin in (2**63, 2**70, -(2**70)):  # a forged origin past a C long: another queue's
+        with pytest.raises(NotLeasedError, match="another queue"):
+            q.ack(dataclasses.replace(e, record_position=(*e.record_position[:2], origin)))
+    for token in ("²", "①", "١"):  # digits to str.isdigit(), never issued as a token
+        with pytest.raises(NotLeasedError, match="never issued"):
+            q.ack(dataclasses.replace(e, lease_token=token))
     q.ack(e)
     q.ack(c)
     assert q.stats().done == 5 and q.stats().ready == 1

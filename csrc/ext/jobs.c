@@ -489,18 +489,16 @@ static PyObject *first_ack(PyObject *self, PyObject *const *args, Py_ssize_t nar
     }
     PyObject *segseq = PyTuple_GET_ITEM(pos, 0), *sloto = PyTuple_GET_ITEM(pos, 1);
     PyObject *origin = PyTuple_GET_ITEM(pos, 2);
-    if (!token || !seq || !PyLong_CheckExact(sloto) || !PyLong_CheckExact(origin))
+    /* Exact ints only: nothing below runs Python code (a __hash__ or __eq__ of the caller's)
+     * that could replace the job's position and free what was borrowed from it. */
+    if (!token || !seq || !PyLong_CheckExact(segseq) || !PyLong_CheckExact(sloto) ||
+        !PyLong_CheckExact(origin) || !PyLong_CheckExact(args[2]))
         Py_RETURN_NONE;
     int same = PyObject_RichCompareBool(origin, args[2], Py_EQ);
     if (same < 0)
         return NULL;
-    if (!same) {
-        long o = PyLong_AsLong(origin);
-        if (o == -1 && PyErr_Occurred())
-            return NULL;
-        if (o != 0)
-            Py_RETURN_NONE; /* another queue's snapshot */
-    }
+    if (!same && PyObject_IsTrue(origin))
+        Py_RETURN_NONE; /* another queue's snapshot (0: made before snapshots had an origin) */
     unsigned long slot = PyLong_AsUnsignedLong(sloto);
     if ((slot == (unsigned long)-1 && PyErr_Occurred()) || slot > UINT32_MAX) {
         PyErr_Clear();
@@ -513,6 +511,7 @@ static PyObject *first_ack(PyObject *self, PyObject *const *args, Py_ssize_t nar
         Py_RETURN_NONE;
     }
     Py_INCREF(view);
+    Py_INCREF(pos); /* sloto is borrowed from it, and the attribute reads below run Python */
     PyObject *seg = PyObject_GetAttr(view, name_seg);
     PyObject *ref = seg ? PyObject_GetAttr(seg, name_ref_addr) : NULL;
     Py_XDECREF(seg);
@@ -522,6 +521,7 @@ static PyObject *first_ack(PyObject *self, PyObject *const *args, Py_ssize_t nar
     uint64_t *out = (uint64_t *)PyLong_AsVoidPtr(args[4]);
     if (seg_ref == NULL || ctl_ref == NULL || out == NULL) {
         Py_DECREF(view);
+        Py_DECREF(pos);
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_ValueError, "first_ack(): a null handle");
         return NULL;
@@ -531,6 +531,7 @@ static PyObject *first_ack(PyObject *self, PyObject *const *args, Py_ssize_t nar
                     (uint32_t)slot, token, (uint64_t)seq, out);
     if (rc != 0) { /* not acked: the caller acts on the answer */
         Py_DECREF(view);
+        Py_DECREF(pos);
         return PyLong_FromLong(rc);
     }
     PyObject *accepted = SLOT_OF(F_ACK_ACCEPTED);
@@ -539,6 +540,7 @@ static PyObject *first_ack(PyObject *self, PyObject *const *args, Py_ssize_t nar
 #undef SLOT_OF
     PyObject *hit = PyTuple_Pack(2, view, sloto);
     Py_DECREF(view);
+    Py_DECREF(pos);
     return hit;
 }
 

@@ -344,7 +344,7 @@ def _segment(
                 rep.damage.append(f"slot {slot}: {why}")
             elif st == ST_BAD:
                 rep.damage.append(
-                    f"slot {slot} (byte {offset}): marked BAD by a reader (payload does not decode)"
+                    f"slot {slot} (byte {offset}): marked BAD by a reader (the record failed validation)"
                 )
             elif st == ST_EMPTY:
                 rep.notes.append(

@@ -671,4 +671,5 @@ def token_number(token: object) -> int | None:
     if isinstance(token, int) and not isinstance(token, bool):
         return token
     text = str(token)
-    return int(text) if text.isdigit() and len(text) < 12 else -1
+    # ASCII digits only: str.isdigit() also takes "²" or "١", which no lease issues.
+    return int(text) if text.isascii() and text.isdigit() and len(text) < 12 else -1

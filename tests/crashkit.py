@@ -24,6 +24,7 @@ import ringq
 from ringq.engine import appends as appends_mod
 from ringq.engine import claim as claim_mod
 from ringq.engine import index as index_mod
+from ringq.engine import runs as runs_mod
 from ringq.engine import segment as seg_mod
 from ringq.engine.control import OFF_BOOT
 from ringq.engine.segment import REC_DATA_OFF, seg_layout, segment_name, state_name
@@ -276,6 +277,18 @@ class Recorder:
         for mod in (appends_mod, index_mod, claim_mod):
             patches.append((mod, "lib", mod.lib))
             mod.lib = proxy  # type: ignore[assignment]
+        # An ack's first try calls ringq_ack from the extension, past the proxy: one step too.
+        real_first_ack = runs_mod.first_ack
+
+        def first_ack(*a: Any) -> Any:
+            hit = real_first_ack(*a)
+            if hit.__class__ is tuple:
+                view, slot = hit
+                recorder.mark(f"cas64 state of segment {view.seg.seq:016x} slot {slot} (ringq_ack)")
+            return hit
+
+        patches.append((runs_mod, "first_ack", real_first_ack))
+        runs_mod.first_ack = first_ack  # type: ignore[assignment]
         self.active = True
         try:
             self.mark("start")

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from ringq import codec
 from ringq.backend import check_job_ref
 from ringq.backoff import BackoffPolicy
-from ringq.engine import claim, forksafe, lifecycle, records, snapshot, transitions
+from ringq.engine import claim, forksafe, lifecycle, records, runs, snapshot, transitions
 from ringq.engine.index import Direct, Index, View, due, now_ms
 from ringq.engine.owner import RETIRED, OwnerRegistry
 from ringq.engine.relocate import Relocator
 from ringq.engine.runs import build as build_run
-from ringq.engine.runs import first_ack, key_of
+from ringq.engine.runs import key_of
 from ringq.engine.segment import Segment
 from ringq.engine.words import (
     FLAG_CANCEL,
@@ -501,7 +501,7 @@ class Leases:
         # snapshot of a lease whose segment this index maps, acked by a C call that checks the
         # record is the job's and the lease has not run out.  Anything else, and any answer but
         # ACKED, takes the general path.
-        hit = first_ack(
+        hit = runs.first_ack(
             job, self.index.views, self.ring.identity, self.ring.ctl.ref_addr, self._ack_out_addr
         )
         if hit.__class__ is tuple:

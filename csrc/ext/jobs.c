@@ -123,6 +123,31 @@ static PyObject *new_job(PyObject *v[NFIELDS]) {
     return job;
 }
 
+/* 0 if `name` was given `want` arguments and setup() (and, for `ack`, set_ack()) ran; else -1
+ * with the exception set. */
+static int called_right(const char *name, Py_ssize_t nargs, Py_ssize_t want, int ack) {
+    if (nargs != want) {
+        PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments", name, want);
+        return -1;
+    }
+    if (job_type == NULL || (ack && ack_fn == NULL)) {
+        PyErr_SetString(PyExc_RuntimeError, "ringq.engine._jobs: setup() and set_ack() first");
+        return -1;
+    }
+    return 0;
+}
+
+/* Append a new Job with every slot set from `v` (references stolen, also on failure) to `out`:
+ * 0, or -1 with the exception set. */
+static int append_job(PyObject *out, PyObject *v[NFIELDS]) {
+    PyObject *job = new_job(v);
+    if (job == NULL)
+        return -1;
+    int rc = PyList_Append(out, job);
+    Py_DECREF(job);
+    return rc;
+}
+
 /* The key of a keyed record: key_of(raw).  Returns a new reference; NULL with no exception set
  * when key_of raised SerializationError (the record is then passed to mark_bad(seg, slot,
  * message)); NULL with an exception for any other failure. */
@@ -160,14 +185,8 @@ static PyObject *key_or_bad(PyObject *key_of, PyObject *raw, PyObject *mark_bad,
  * key does not read, which is left out. */
 static PyObject *build(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 12) {
-        PyErr_SetString(PyExc_TypeError, "build() takes 12 arguments");
+    if (called_right("build", nargs, 12, 0) < 0)
         return NULL;
-    }
-    if (job_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "ringq.engine._jobs.setup() was not called");
-        return NULL;
-    }
     PyObject *segseq = args[5], *origin = args[6], *key_of = args[8], *held = args[9];
     PyObject *mark_bad = args[10], *seg = args[11];
     Py_ssize_t base = PyLong_AsSsize_t(args[2]);
@@ -279,12 +298,7 @@ static PyObject *build(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
                                    F_TIMEOUT, F_TRACE_CONTEXT, F_CANCELLED, F_DEPENDS_ON};
         for (size_t k = 0; k < sizeof none / sizeof none[0]; k++)
             v[none[k]] = Py_NewRef(Py_None);
-        PyObject *job = new_job(v);
-        if (job == NULL)
-            goto fail;
-        int rc = PyList_Append(out, job);
-        Py_DECREF(job);
-        if (rc < 0)
+        if (append_job(out, v) < 0)
             goto fail;
     }
     Py_XDECREF(deadline);
@@ -309,14 +323,8 @@ done:
  * trace_context), a trace_context dict copied for each job; origin the queue's identity. */
 static PyObject *fresh(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 12) {
-        PyErr_SetString(PyExc_TypeError, "fresh() takes 12 arguments");
+    if (called_right("fresh", nargs, 12, 0) < 0)
         return NULL;
-    }
-    if (job_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "ringq.engine._jobs.setup() was not called");
-        return NULL;
-    }
     PyObject *placed = args[0], *heads = args[1], *ids = args[6], *prio = args[7];
     PyObject *maxatt = args[8], *key = args[9], *shown = args[10], *origin = args[11];
     if (!PyList_CheckExact(placed) || !PyList_CheckExact(heads) || !PyTuple_CheckExact(shown) ||
@@ -396,12 +404,7 @@ static PyObject *fresh(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
                                        F_CANCELLED, F_RAW, F_DEPENDS_ON};
             for (size_t k = 0; k < sizeof none / sizeof none[0]; k++)
                 v[none[k]] = Py_NewRef(Py_None);
-            PyObject *job = new_job(v);
-            if (job == NULL)
-                goto fail;
-            int rc = PyList_Append(out, job);
-            Py_DECREF(job);
-            if (rc < 0)
+            if (append_job(out, v) < 0)
                 goto fail;
         }
     }
@@ -464,14 +467,8 @@ static uint32_t small_token(PyObject *tok) {
  * token that is not a small lease count, no seq): the caller takes the general path. */
 static PyObject *first_ack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "first_ack() takes 5 arguments");
+    if (called_right("first_ack", nargs, 5, 1) < 0)
         return NULL;
-    }
-    if (job_type == NULL || ack_fn == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "ringq.engine._jobs: setup() and set_ack() first");
-        return NULL;
-    }
     PyObject *job = args[0], *views = args[1];
     if (Py_TYPE(job) != job_type || !PyDict_CheckExact(views))
         Py_RETURN_NONE;

@@ -38,7 +38,7 @@ from .control import (
 )
 from .lifecycle import PAUSE_SIZE, valid_pause_header
 from .meta import KIND_EXPIRES, KIND_META
-from .records import KIND_JOB, scan
+from .records import KIND_JOB, body_span, read_id, scan
 from .segment import (
     OFF_CHANGE,
     OFF_FINISHED,
@@ -141,8 +141,7 @@ class QueueFiles:
 
 def _meta_damage(seg: Any, slot: int, row: Any) -> str | None:
     """Why the metadata block of the kind-3 record at ``slot`` cannot be read, or None."""
-    base = seg.data_off + slot * seg.slot_size + 64
-    start, plen = base + int(row["id_len"]), int(row["payload_len"])
+    start, plen = body_span(seg, slot)
     try:
         meta.split(KIND_META, int(row["codec"]), bytearray(seg.mm[start : start + plen]))
     except CorruptionError as exc:
@@ -154,10 +153,9 @@ def _body_damage(seg: Any, slot: int, row: Any) -> str | None:
     """Why the id or payload of the record at ``slot`` (its CRC checked, its kind known) does
     not decode -- the id as UTF-8, the payload as its codec says, key envelope included --, or
     None: bytes no enqueue writes."""
-    base = seg.data_off + slot * seg.slot_size + 64
-    start, plen = base + int(row["id_len"]), int(row["payload_len"])
+    start, plen = body_span(seg, slot)
     try:
-        bytes(seg.mm[base:start]).decode("utf-8", "strict")
+        read_id(seg, slot, int(row["id_len"])).decode("utf-8", "strict")
     except UnicodeDecodeError:
         return "job id is not valid UTF-8"
     try:

@@ -17,7 +17,7 @@ import pytest
 
 from ringq import Queue
 from ringq.engine.records import CLAIMED
-from ringq.engine.runs import build, key_of
+from ringq.engine.runs import build, envelope_key
 from ringq.errors import SerializationError
 
 PAYLOADS = [
@@ -112,7 +112,7 @@ def test_the_snapshots_enqueue_many_returns_equal_the_general_paths(tmp_path, kw
 def test_a_run_that_does_not_fit_its_mapping_is_refused():
     mm = bytes(4096)
     one = CLAIMED.pack(1 << 24, 1, 0, 0, 3, 10, 0, 5, 0, 1, 0, 0, 0)
-    args = (mm, 64, 256, 0, 1, 0, 5, key_of, None, None, None)
+    args = (mm, 64, 256, 0, 1, 0, 5, envelope_key, None, None, None)
     assert len(build(one, *args)) == 1
     with pytest.raises(ValueError, match="whole number"):
         build(one[:-1], *args)
@@ -134,7 +134,7 @@ def test_a_key_that_does_not_read_leaves_the_job_out_and_marks_it():
     run += CLAIMED.pack(1 << 24, 2, 0, 0, 1, len(good_key), 0, 5, 0, 5, 0, 0, 0)
     marked = []
     held: dict = {}
-    jobs = build(run, mm, 64, 256, 0, 7, 0, 5, key_of, held, lambda *a: marked.append(a), "seg")
+    jobs = build(run, mm, 64, 256, 0, 7, 0, 5, envelope_key, held, lambda *a: marked.append(a), "seg")
     assert [j.key for j in jobs] == ["k"] and held == {(7, 1): 1}
     assert marked == [("seg", 0, "stored job key holds a NUL")]
 
@@ -144,7 +144,7 @@ def test_a_key_that_does_not_read_leaves_the_job_out_and_marks_it():
     with pytest.raises(KeyError):
         build(run, mm, 64, 256, 0, 7, 0, 5, other, None, lambda *a: None, "seg")
     with pytest.raises(SerializationError):
-        key_of(bad_key)
+        envelope_key(bad_key)
 
 
 def test_fresh_refuses_placements_of_jobs_it_was_not_given():

@@ -7,7 +7,7 @@ returns the jobs of ``run`` (the bytes of ringq_claimed records, records.CLAIMED
 call leased them from segment ``seg``): ``mm`` is its mapping, ``base`` the mapping offset of slot
 0's record header plus the header's size, ``size`` its slot size, ``epoch_ms``, ``segseq`` and
 ``origin`` its epoch, seq and queue identity, ``keyed`` the keyed envelope's codec id, whose key
-``key_of(raw payload)`` reads (:func:`key_of`).  Each job gets what a first lease gives it: state
+``key_of(raw payload)`` reads (:func:`envelope_key`).  Each job gets what a first lease gives it: state
 LEASED, attempts, version and fencing token 1, the lease deadline the C call wrote, the record's
 fields as reported, its key (a limit key is a field) and its payload left undecoded (Job.payload
 decodes it on first access).  With ``held`` (a dict), ``held[(segseq, slot)] = 1`` for each job.
@@ -49,10 +49,10 @@ from . import _jobs
 from ._jobs import build, first_ack, fresh
 from ._native import ffi, lib
 
-__all__ = ["build", "first_ack", "fresh", "key_of"]
+__all__ = ["build", "envelope_key", "first_ack", "fresh"]
 
 
-def key_of(raw: bytes) -> str:
+def envelope_key(raw: bytes) -> str:
     """The key of a keyed payload's stored bytes (codec.KEYED).  Raises SerializationError."""
     return key_at(raw, 0, len(raw))[0]
 

@@ -21,7 +21,7 @@ from ringq.engine.index import Direct, Index, View, due, now_ms
 from ringq.engine.owner import RETIRED, OwnerRegistry
 from ringq.engine.relocate import Relocator
 from ringq.engine.runs import build as build_run
-from ringq.engine.runs import key_of
+from ringq.engine.runs import envelope_key
 from ringq.engine.segment import Segment
 from ringq.engine.words import (
     FLAG_CANCEL,
@@ -267,7 +267,7 @@ class Leases:
                 seg.seq,
                 seg.origin,
                 keyed,
-                key_of,
+                envelope_key,
                 held_here,
                 mark_bad,
                 seg,

@@ -64,6 +64,27 @@ RETAINED = (ST_READY, ST_LEASED, ST_DONE, ST_DEAD)
 TURN_SPAN = 1 << 40
 
 
+def lease_run(
+    view: View, lane: Lane, direct: Direct, bound: tuple[int, int, int] | None, cap: int
+) -> tuple[int, bytes, int, int]:
+    """Lease up to ``cap`` of ``lane``'s plain jobs from its cursor on, as ranked before ``bound``,
+    in one C call (claim.claim_run, whose answer this is), for ``direct``'s lease."""
+    arr = lane.slots
+    return claim_run(
+        view.seg,
+        direct.ctl,
+        arr.cptr,
+        arr.n,
+        lane.cursor,
+        view.plain_ptr,
+        view.run_fields,
+        bound,
+        direct.vt_ms,
+        direct.owner_base,
+        cap,
+    )
+
+
 class Index:
     """The views of every mapped segment, the ready and scheduled heaps, and known job ids."""
 
@@ -317,6 +338,46 @@ class Index:
         """When the earliest scheduled (delayed) job this process knows of comes due, or None."""
         return self.sched[0][0] if self.sched else None
 
+    def take_top(self, direct: Direct) -> list[Any] | None:
+        """One plain job of the best lane, leased in one C call with the lane left in place on the
+        heap: :meth:`take` of one job in its common case (no fair order, no scheduled job come
+        due, the heap's top a lane).  Returns what ``direct.made_run`` made of it, or None when
+        nothing was leased here and :meth:`take` must decide.  The caller makes sure no limit
+        and no paused key applies and that the limits gate holds nothing back."""
+        heap = self.heap
+        if not heap or self.fair:
+            return None
+        sched = self.sched
+        if sched and sched[0][0] <= now_ms():
+            return None
+        entry = heap[0]
+        view = self.views.get(entry[4])
+        if entry[3] != 0 or view is None:
+            return None
+        lane = view.lanes[entry[5]]
+        arr = lane.slots
+        # The best candidate of any other lane: the smaller of the top's children.
+        bound = None
+        n = len(heap)
+        if n > 1:
+            top = heap[1] if n == 2 or heap[1] <= heap[2] else heap[2]
+            if top[0] == entry[0]:
+                bound = (top[1], top[2] >> 32, top[2])
+        got, run, nxt, why = lease_run(view, lane, direct, bound, 1)
+        if not got:
+            return None  # take() calls again from the same cursor, and decides
+        lane.cursor = nxt
+        if why != RUN_FULL or nxt >= arr.n:
+            # As take(): an ended lane leaves the heap; a full one with nothing after its cursor
+            # is queued again by its next slot.  (A full lane stays under the key it was taken
+            # with, which ranks it too early, never too late: take() bounds it when it comes
+            # first again.)
+            heapq.heappop(heap)
+            lane.queued = False
+            if why != RUN_END:
+                self.queue_lane_next(view, lane)
+        return direct.made_run(view, run)
+
     def take(
         self,
         want: int,
@@ -390,7 +451,6 @@ class Index:
                 if direct is not None:
                     # The lane's run of plain jobs in one C call, as far as they rank before the
                     # best candidate of any other lane (the heap's top, of the same priority).
-                    seg = view.seg
                     arr = lane.slots
                     top = heap[0] if heap else None
                     bound = None
@@ -408,19 +468,7 @@ class Index:
                             gap = self.turns_before_another_key(entry[0], lane.key)
                             if gap is not None:  # another key's turn comes after this many
                                 cap = min(cap, gap)
-                    got, run, nxt, why = claim_run(
-                        seg,
-                        direct.ctl,
-                        arr.cptr,
-                        arr.n,
-                        lane.cursor,
-                        view.plain_ptr,
-                        view.run_fields,
-                        bound,
-                        direct.vt_ms,
-                        direct.owner_base,
-                        cap,
-                    )
+                    got, run, nxt, why = lease_run(view, lane, direct, bound, cap)
                     lane.cursor = nxt
                     if got:
                         if self.fair:

@@ -257,6 +257,10 @@ class LimitGate:
         """True if any limit is configured (cheap: one atomic load once the file is mapped)."""
         return bool(self.file.config())
 
+    def holding(self) -> bool:
+        """True while a job a limit held back waits here to be offered again (:meth:`reoffer`)."""
+        return bool(self._blocked)
+
     def watched(self) -> tuple[Mapped, int, int] | None:
         """The word that moves whenever a limit is set or removed (LimitsFile.watched), or None
         while there is no limits file; :meth:`next_look` says when one is looked for."""

@@ -662,6 +662,10 @@ class Queue:
                         clear = True
                 if clear:  # no limit and no paused key: plain jobs are leased in one C call each
                     direct = ctx.leases.direct(vt, detach)
+                    if count == 1 and not ctx.gate.holding():
+                        top = ctx.index.take_top(direct)
+                        if top:
+                            return top
                     got += ctx.index.take(count - len(got), direct.claim, ctx.gate, None, direct)
                 elif not queue_paused:  # a paused queue leases nothing; resume wakes sleepers
                     got += ctx.index.take(

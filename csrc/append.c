@@ -207,7 +207,8 @@ int ringq_append_fast(int lock_fd, uint8_t *ctl, size_t ctl_len, const ringq_ctl
                       uint64_t data_file_off, uint8_t *base, size_t maplen, const ringq_geom *g,
                       int64_t epoch_ms, int64_t delay_ms, ringq_rec_header *tmpl, const uint8_t *codecs,
                       const uint16_t *id_lens, const uint32_t *payload_lens, uint32_t n, const uint8_t *data,
-                      size_t data_len, uint8_t *scratch, size_t scratch_len, uint32_t *heads, uint32_t *end) {
+                      size_t data_len, uint8_t *scratch, size_t scratch_len, uint32_t *heads, uint32_t *end,
+                      int writeback) {
     int rc = geom_check(maplen, g);
     if (rc) return rc;
     if (lock_fd < 0 || fd < 0 || !w || !tmpl || !codecs || !payload_lens || !heads || !end || !scratch ||
@@ -255,6 +256,8 @@ int ringq_append_fast(int lock_fd, uint8_t *ctl, size_t ctl_len, const ringq_ctl
         atomic_fetch_add_explicit(A32(ctl, w->lock_wake), 1u, memory_order_seq_cst);
         ringq_futex_wake(ctl, ctl_len, w->lock_wake, 1);
     }
+    /* A hint: its error is the sync's to report. */
+    if (rc > 0 && writeback) (void)ringq_append_writeback(fd, data_file_off, g, heads[0], *end);
     if (rc > 0 && w->wake) wake_consumers(ctl, ctl_len, w);
     return rc;
 }

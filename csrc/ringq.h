@@ -479,8 +479,11 @@ int ringq_append(int fd, uint64_t data_file_off, uint8_t *base, size_t maplen, c
  * lock_waiters word is non-zero, bumps lock_wake and wakes one waiter on it (the protocol of
  * ringq/engine/lock.py).  If w->wake is non-zero it then wakes consumers as Control.wake does: bumps
  * the wake word and, if the waiters word is non-zero, wakes every sleeper on it (for a strategy
- * with no sync between publishing and returning, so sleepers hear of the jobs at once).  *tmpl keeps the seq of the first record and the times, heads[] each head slot,
- * *end the new tail.
+ * with no sync between publishing and returning, so sleepers hear of the jobs at once).  With
+ * writeback non-zero it starts writing the batch's slots back to the disk once the lock is
+ * released, as ringq_append_writeback does (a hint for a caller about to sync them: its error is
+ * ignored).  *tmpl keeps the seq of the first record and the times, heads[] each head slot, *end
+ * the new tail.
  *
  * Returns n when the batch is written and published.  Returns 0, having reserved and written
  * nothing (and holding no lock), when the caller must take the general way: the lock is held
@@ -493,7 +496,8 @@ int ringq_append_fast(int lock_fd, uint8_t *ctl, size_t ctl_len, const ringq_ctl
                       uint64_t data_file_off, uint8_t *base, size_t maplen, const ringq_geom *g,
                       int64_t epoch_ms, int64_t delay_ms, ringq_rec_header *tmpl, const uint8_t *codecs,
                       const uint16_t *id_lens, const uint32_t *payload_lens, uint32_t n, const uint8_t *data,
-                      size_t data_len, uint8_t *scratch, size_t scratch_len, uint32_t *heads, uint32_t *end);
+                      size_t data_len, uint8_t *scratch, size_t scratch_len, uint32_t *heads, uint32_t *end,
+                      int writeback);
 /* Start writing slots [lo, hi) of a segment's record file (slot 0 at file offset data_file_off)
  * back to the disk, without waiting: sync_file_range(SYNC_FILE_RANGE_WRITE).  A hint that promises
  * nothing -- the sync of ringq_append_sync makes the records durable -- called between the write

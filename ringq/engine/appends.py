@@ -485,6 +485,8 @@ class Appender:
                 len(scratch[0]),
                 heads,
                 endp,
+                # The disk writes the records while the rest of the enqueue runs, up to its sync.
+                dur.early_writeback,
             )
         finally:
             lock.exit_thread()
@@ -492,10 +494,6 @@ class Appender:
             native.check(rc, f"write records to {seg.path}")
             return None
         tail, end = heads[0], endp[0]
-        if dur.early_writeback:
-            # The disk writes the records while the rest of the enqueue runs, up to its sync.  A
-            # hint: its error is the sync's to report.
-            lib.ringq_append_writeback(seg.rfd, REC_DATA_OFF, seg.geom, tail, end)
         return (
             seg.seq,
             tail,

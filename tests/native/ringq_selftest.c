@@ -765,7 +765,7 @@ static void fuzz_append_once(void) {
     end = 0xFFFFFFFFu;
     int fr = ringq_append_fast(below(10) ? lock_fd : -1, ctl, ctl_len, &cw, fd, 4096, m, maplen, &g, (int64_t)(rnd() >> 24),
                                below(8) ? (int64_t)below(100000) : -1, &t, codecs, with_ids ? ids : NULL, lens, n, data,
-                               data_len, scratch, scratch_len, heads, &end);
+                               data_len, scratch, scratch_len, heads, &end, (int)below(2));
     CHECK(ok_code(fr) || fr == -EBADF);
     CHECK(fr <= 0 || (uint32_t)fr == n);
     if (held) {

@@ -87,3 +87,15 @@ def test_bytecode_counts_of_the_consume_path_run_and_name_the_functions(tmp_path
     bad = subprocess.run([sys.executable, script, "--bytecodes", "fanout"],
                          capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path)
     assert bad.returncode != 0 and "fanout" in bad.stderr
+
+
+def test_the_fan_out_parts_script_runs_and_prints_each_part(tmp_path):
+    # The figures docs/benchmarks.md cites for the fan-out's critical path come from it as it is.
+    script = os.path.join(ROOT, "benchmarks", "fanout_parts.py")
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    res = subprocess.run([sys.executable, script, "--jobs", "20", "--dir", str(tmp_path)],
+                         capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "cold p50" in res.stdout and "hot p50" in res.stdout
+    assert "(20 jobs)" in res.stdout
+    assert os.listdir(tmp_path) == []  # its scratch queues are removed

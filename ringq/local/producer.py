@@ -14,7 +14,6 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 from ringq import codec
@@ -45,36 +44,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .context import Outside
 
 __all__ = ["Producer"]
-
-READY = JobState.READY
-# enqueue_one builds a Job positionally (a third of the cost of keywords), in this order.
-assert tuple(f.name for f in fields(Job)) == (
-    "id",
-    "payload",
-    "priority",
-    "state",
-    "attempts",
-    "max_attempts",
-    "available_at",
-    "enqueued_at",
-    "lease_deadline",
-    "lease_token",
-    "last_error",
-    "seq",
-    "version",
-    "key",
-    "cancel_requested",
-    "expires_at",
-    "progress",
-    "progress_message",
-    "timeout",
-    "trace_context",
-    "cancelled",
-    "record_position",
-    "ack_accepted",
-    "_raw",
-    "depends_on",
-), "Job's fields changed: update Producer.enqueue_one"
 
 # A delay, expiry or retry time must fit the state word for a year more.
 assert MAX_DELAY + 86400 * 366 <= TIME_MAX / 1000
@@ -148,25 +117,19 @@ class Producer:
             if not settled:  # the sync below runs outside the lock: a close waits for it
                 self.outside.enter_held()
         # Built before the sync: what runs after the disk answers runs on cold caches.
-        job = Job(
-            seq.to_bytes(8, "big").hex(),  # the automatic id (ringq/ids.py)
-            payload,
-            priority,
-            READY,
-            0,
-            attempts,
-            avail_ms / 1000,
-            enq_us / 1e6,
-            None,
-            None,
-            None,
+        (job,) = runs.fresh(
+            [(segseq, 0, 1)],
+            [slot],
             seq,
-            0,
-            key,
-            False,
-            *shown(m),
+            enq_us,
+            avail_ms,
+            [payload],
             None,
-            (segseq, slot, ring.identity),
+            priority,
+            attempts,
+            key,
+            shown(m),
+            ring.identity,
         )
         if not settled:
             # Sync outside our lock, so that other threads append meanwhile (and share the sync).

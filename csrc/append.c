@@ -247,6 +247,8 @@ int ringq_append_fast(int lock_fd, uint8_t *ctl, size_t ctl_len, const ringq_ctl
                           n, 0, data, data_len, scratch, scratch_len, 1, ctl, ctl_len, w->enqueued, heads, end);
         /* The reserve checked the batch fits and the scratch holds it: all of it is written. */
         if (rc >= 0 && (uint32_t)rc != n) rc = RINGQ_EINVAL;
+        /* Published: sleepers hear of it now, not after the unlock (they need no writer lock). */
+        if (rc > 0 && w->wake) wake_consumers(ctl, ctl_len, w);
     } else if (rc == 1) {
         rc = 0;
     }
@@ -258,7 +260,6 @@ int ringq_append_fast(int lock_fd, uint8_t *ctl, size_t ctl_len, const ringq_ctl
     }
     /* A hint: its error is the sync's to report. */
     if (rc > 0 && writeback) (void)ringq_append_writeback(fd, data_file_off, g, heads[0], *end);
-    if (rc > 0 && w->wake) wake_consumers(ctl, ctl_len, w);
     return rc;
 }
 

@@ -477,9 +477,10 @@ int ringq_append(int fd, uint64_t data_file_off, uint8_t *base, size_t maplen, c
  * the batch as ringq_append does (READY words whose time is available_ms - epoch_ms, clamped to
  * [0, RINGQ_TIME_MAX]), adding n to the enqueued word; then releases the lock and, if the
  * lock_waiters word is non-zero, bumps lock_wake and wakes one waiter on it (the protocol of
- * ringq/engine/lock.py).  If w->wake is non-zero it then wakes consumers as Control.wake does: bumps
- * the wake word and, if the waiters word is non-zero, wakes every sleeper on it (for a strategy
- * with no sync between publishing and returning, so sleepers hear of the jobs at once).  With
+ * ringq/engine/lock.py).  If w->wake is non-zero it wakes consumers as Control.wake does, as soon
+ * as the batch is published and before the lock is released: bumps the wake word and, if the
+ * waiters word is non-zero, wakes every sleeper on it (for a strategy with no sync between
+ * publishing and returning, so sleepers hear of the jobs at once).  With
  * writeback non-zero it starts writing the batch's slots back to the disk once the lock is
  * released, as ringq_append_writeback does (a hint for a caller about to sync them: its error is
  * ignored).  *tmpl keeps the seq of the first record and the times, heads[] each head slot, *end

@@ -209,17 +209,19 @@ class Leases:
         held = self.owners.held
         if owner:
             held[key] = lc  # before the CAS: our own reaper must never see this lease unowned
+        # The owner word, tagged with the lease count.  A detached lease is tagged with owner index
+        # 0: known to have no owner process, so only its visibility timeout ends it -- unlike a
+        # lease whose claimer died between the two CAS (left untagged until CLAIM_GRACE passes:
+        # see the reaper), which is why the tag follows the state CAS before anything else.
+        tag = owner_pack(owner, lc, forksafe.pid())
         if not seg.cas_state(slot, w, new)[0]:
             self.gate.undo(ticket)
             held.pop(key, None)
             return None
+        seg.cas_owner(slot, seg.load_owner(slot), tag)
         self.gate.bind(ticket, seg, slot, lc)
         self.ring.ctl.lower_deadline_floor(seg.epoch_ms + rel_time(new))
         self.ring.note_state(seg, slot, final=False)
-        # The owner word, tagged with the lease count.  A detached lease is tagged with owner index
-        # 0: known to have no owner process, so only its visibility timeout ends it -- unlike a
-        # lease whose claimer died before this store (left untagged: see CLAIM_GRACE in the reaper).
-        seg.cas_owner(slot, seg.load_owner(slot), owner_pack(owner, lc, forksafe.pid()))
         if seg.load_state(slot) != new:
             # Stalled past CLAIM_GRACE between the two CAS: the lease was reclaimed as orphaned.
             held.pop(key, None)

@@ -476,7 +476,8 @@ def _fair_play(tmp_path, ops: list[tuple], how: str, seed: int) -> list[int]:
     return out
 
 
-FAIR_SEEDS = [random.Random(SEED).randrange(2**32) for _ in range(4)]
+_seeds = random.Random(SEED)
+FAIR_SEEDS = [_seeds.randrange(2**32) for _ in range(4)]
 
 
 @pytest.mark.parametrize("seed", FAIR_SEEDS)

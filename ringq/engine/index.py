@@ -355,7 +355,6 @@ class Index:
         if entry[3] != 0 or view is None:
             return None
         lane = view.lanes[entry[5]]
-        arr = lane.slots
         # The best candidate of any other lane: the smaller of the top's children.
         bound = None
         n = len(heap)
@@ -367,15 +366,13 @@ class Index:
         if not got:
             return None  # take() calls again from the same cursor, and decides
         lane.cursor = nxt
-        if why != RUN_FULL or nxt >= arr.n:
-            # As take(): an ended lane leaves the heap; a full one with nothing after its cursor
-            # is queued again by its next slot.  (A full lane stays under the key it was taken
-            # with, which ranks it too early, never too late: take() bounds it when it comes
-            # first again.)
+        # One job leased: the call stopped at the lane's next READY job (RUN_FULL) or found none
+        # (RUN_END).  A full lane stays under the key it was taken with, which ranks it too early,
+        # never too late: the bound checks its next job when it comes first again.  An ended
+        # lane leaves the heap, as in take().
+        if why == RUN_END:
             heapq.heappop(heap)
             lane.queued = False
-            if why != RUN_END:
-                self.queue_lane_next(view, lane)
         return direct.made_run(view, run)
 
     def take(

@@ -88,12 +88,15 @@ int ringq_claim_next(uint8_t *base, size_t maplen, const ringq_geom *g, const ui
     return 0;
 }
 
+/* Not after the bound.  An equal key is the same job: the bound is its own entry elsewhere in the
+ * caller's heap (a job a limit held back and offers again, which is also its lane's candidate),
+ * and leasing it here is what that entry would do. */
 static inline int ranks_before(const ringq_run_keys *k, uint32_t slot) {
     if (!k->bounded) return 1;
     int64_t a = k->avail_ms[slot], e = k->enq_us[slot];
     if (a != k->bound_avail_ms) return a < k->bound_avail_ms;
     if (e != k->bound_enq_us) return e < k->bound_enq_us;
-    return (uint32_t)(k->seq[slot] & 0xffffffffu) < k->bound_seq32;
+    return (uint32_t)(k->seq[slot] & 0xffffffffu) <= k->bound_seq32;
 }
 
 /* What the caller builds a leased job from: the LEASED word and the record's fields. */

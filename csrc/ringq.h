@@ -293,7 +293,9 @@ typedef struct {
 
 /* The per-slot ordering fields of the caller's index (each slot_count long) and the key of the
  * best candidate outside this lane: ringq_claim_run leases a candidate only while its key
- * (avail_ms[slot], enq_us[slot], seq[slot] & 0xffffffff) is below the bound's (unless bounded is 0). */
+ * (avail_ms[slot], enq_us[slot], seq[slot] & 0xffffffff) is not above the bound's (unless bounded
+ * is 0).  Equal keys are the same job: the bound is that job's own entry elsewhere in the caller's
+ * heap, and the lane leases it. */
 typedef struct {
     const int64_t  *avail_ms;
     const int64_t  *enq_us;

@@ -686,3 +686,39 @@ def test_a_lane_key_gives_back_its_priority_and_key_id(prio, kid):
     lk = lane_key(prio, kid)
     assert (lane_prio(lk), lane_kid(lk)) == (prio, kid)
     assert lane_keys(np.array([prio], np.int64), np.array([kid], np.int64)).tolist() == [lk]
+
+
+# Leases after a cap that held a job back is removed, run in a child process (a lease that never
+# returns fails the test on its timeout instead of stalling the run).  {scope} is the key of the
+# cap ("k") or the queue's name (a cap on the whole queue); {take} leases the next job.
+AFTER_UNLIMIT = r"""
+import sys
+from ringq import Queue
+
+q = Queue(sys.argv[1], durability="none")
+scope = q.name if sys.argv[2] == "queue" else "k"
+q.limit(scope, concurrency=1)
+q.enqueue_many([1, 2, 3], key="k")
+first = q.lease_one()
+assert q.lease_one() is None  # held back by the cap
+q.limit(scope)  # the cap removed while job 2 waits in the gate
+got = []
+while True:
+    jobs = q.lease(int(sys.argv[3]))
+    if not jobs:
+        break
+    got += [j.payload for j in jobs]
+print(first.payload, got)
+"""
+
+
+@pytest.mark.parametrize("scope", ["key", "queue"])
+@pytest.mark.parametrize("n", [1, 2, 100])
+def test_a_job_held_back_by_a_removed_cap_is_leased_in_order(qdir, scope, n):
+    # The job the cap held back is offered again beside its lane, whose head it is: the lease
+    # must take it once, in order, and return (it had spun on the job as its own bound).
+    from procs import run_py
+
+    res = run_py(AFTER_UNLIMIT, str(qdir), scope, str(n), timeout=30)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split("\n")[0] == "1 [2, 3]"

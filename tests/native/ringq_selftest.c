@@ -491,23 +491,28 @@ static void claim_run_known_answers(void) {
     CHECK((out[0].word >> RINGQ_W_TIME_SHIFT) == 500 && out[0].payload_len == 10 && out[0].id_len == 0);
     uint64_t ow = 0;
     CHECK(ringq_load64(m, maplen, 0 * RINGQ_STATE_ENTRY + 8, &ow) == 0 && ow == (7 | (1ULL << RINGQ_OW_LC_SHIFT)));
-    /* a bound: slots ranking at or after (13, 0, 4) are left for the other lane */
+    /* a bound: slots ranking after (12, 0, 3) are left for the other lane */
     k.bounded = 1;
-    k.bound_avail_ms = 13;
+    k.bound_avail_ms = 12;
     k.bound_enq_us = 0;
     k.bound_seq32 = 4;
     CHECK(ringq_claim_run(m, maplen, &g, order, 6, 2, plain, &k, 10, 500, 7, out, 8, &next, &why) == 1);
     CHECK(why == RINGQ_RUN_BOUND && next == 3 && out[0].slot == 2);
+    /* a bound equal to a candidate's key is that job's own entry elsewhere: it is leased, and the
+     * run stops after it (slot 3 is (13, 0, 4)) */
+    k.bound_avail_ms = 13;
+    CHECK(ringq_claim_run(m, maplen, &g, order, 6, 3, plain, &k, 10, 500, 7, out, 8, &next, &why) == 1);
+    CHECK(why == RINGQ_RUN_BOUND && next == 4 && out[0].slot == 3);
     k.bounded = 0;
     /* a slot that is not plain stops the run there; leased ones are passed over */
-    plain[4] = 0;
-    CHECK(ringq_claim_run(m, maplen, &g, order, 6, 0, plain, &k, 10, 500, 7, out, 8, &next, &why) == 1);
-    CHECK(why == RINGQ_RUN_ASK && next == 4 && out[0].slot == 3);
-    plain[4] = 1;
-    /* a record that fails its CRC is handed back, untouched */
-    m[g.data_off + 5 * 128 + 70] ^= 1;
+    plain[5] = 0;
     CHECK(ringq_claim_run(m, maplen, &g, order, 6, 0, plain, &k, 10, 500, 7, out, 8, &next, &why) == 1);
     CHECK(why == RINGQ_RUN_ASK && next == 5 && out[0].slot == 4);
+    plain[5] = 1;
+    /* a record that fails its CRC is handed back, untouched */
+    m[g.data_off + 5 * 128 + 70] ^= 1;
+    CHECK(ringq_claim_run(m, maplen, &g, order, 6, 0, plain, &k, 10, 500, 7, out, 8, &next, &why) == 0);
+    CHECK(why == RINGQ_RUN_ASK && next == 5);
     uint64_t w5 = 0;
     CHECK(ringq_load64(m, maplen, 5 * RINGQ_STATE_ENTRY, &w5) == 0 && (w5 & 7) == RINGQ_ST_READY);
     CHECK(ringq_claim_run(m, maplen, &g, order, 6, 6, plain, &k, 10, 500, 7, out, 8, &next, &why) == 0);

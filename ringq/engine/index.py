@@ -303,7 +303,7 @@ class Index:
 
     def queue_lane_next(self, view: View, lane: Lane) -> None:
         """Queue a lane whose candidate was just leased, keyed by the next slot in lane order
-        without looking at its state word (no C call): ringq_claim_next checks it when it comes
+        without looking at its state word (no C call): ringq_take_run checks it when it comes
         first, and hands back any other candidate."""
         if lane.queued or lane.cursor >= lane.slots.n:
             return
@@ -391,8 +391,9 @@ class Index:
         (``blocked(segseq, slot)``), which then waits in the gate, not in the lane.
         ``skip(view, slot)``, if given, passes over a job for this call (a paused key): it keeps
         an individual entry and is tried again next time.  ``direct``, if given (only when no limit
-        and no pause can apply), leases a lane's plain candidate in one C call
-        (``ringq_claim_next``) and hands it to ``direct.made``; everything else goes to ``claim``.
+        and no pause can apply), leases a lane's run of plain candidates in one C call
+        (``ringq_take_run``, :func:`lease_run`) and hands them to ``direct.made_run``; everything
+        else goes to ``claim``.
         """
         now = now_ms()
         passed: list[tuple[View, int]] = []

@@ -16,7 +16,7 @@ new tags: neither the block's version nor the record format changes for them.
 
 Records of kind 1 (plain) and 2 (expiry prefix, ringq/engine/lifecycle.py) keep their layouts; an
 enqueue with an expiry alone still writes kind 2, and kind 3 is written only when a job carries
-another field, so a plain enqueue is exactly what it was.  The C fast paths (``ringq_claim_next``,
+another field, so a plain enqueue is exactly what it was.  The C fast paths (``ringq_take_run``,
 ``ringq_wait_claim``) lease kind 1 only: a kind-3 job takes the Python path, whose snapshot
 validates the record (CRC) and splits the block here.
 """

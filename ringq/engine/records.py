@@ -289,7 +289,7 @@ assert [
 
 def read_body(seg: Segment, slot: int) -> tuple[int, bytes, bytes]:
     """``(codec, id bytes, payload bytes)`` of a record validated a moment ago, without checking
-    it again: for a job ringq_claim_next just leased, which validated it first."""
+    it again: for a job a C fast path (ringq_take_run, ringq_wait_claim) just leased, which validated it first."""
     base = seg.data_off + slot * seg.slot_size
     mm = seg.mm
     id_len, codec, _kind, plen = BODY.unpack_from(mm, base + OFF_BODY)

@@ -107,7 +107,7 @@ STATE_MASK = 0x7
 WHY_SHIFT = lib.RINGQ_W_WHY_SHIFT
 WHY_MASK = 0x3
 # Bit 5 is set only by Python (policy); the C helper never builds a word with it and hands a
-# word carrying it back to Python (ringq_claim_next, ringq_ack).
+# word carrying it back to Python (ringq_take_run, ringq_ack).
 FLAG_CANCEL = lib.RINGQ_W_CANCEL
 # The reason field of a DONE word carrying FLAG_CANCEL: how the job ended without completing.
 END_CANCELLED = lib.RINGQ_END_CANCELLED  # pending, or its holder acked/nacked a cancel request

@@ -51,7 +51,10 @@ class Job:
         enqueued_at: seconds since the Unix epoch at which it was accepted.
         lease_deadline: when the current lease expires (seconds since the epoch), or None.
         lease_token: the fencing token of the current/last lease, None if never leased.  A ``str``
-            (as in nobroker): the job's lease count in decimal, so a later lease has a larger token.
+            (as in nobroker): the lease count of the job's record in decimal, so a later lease of
+            that record has a larger token.  A new record of the job -- ``requeue_dead``, or a
+            relocation of a job left far behind (docs/migration.md) -- counts from 1 again; its
+            older leases are fenced by their record (an ack or nack with the ``Job`` is refused).
         last_error: text given to the last nack, or why the last lease was lost.
         seq: queue-wide enqueue order, unique per queue.
         version: changes whenever the job changes state (lease, ack, nack, expiry, dead-letter),

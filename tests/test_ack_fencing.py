@@ -230,3 +230,28 @@ def test_a_snapshot_whose_seq_is_not_its_records_does_not_ack_the_job_there(tmp_
         q.ack(a)
         q.ack(b)
         assert q.stats().done == 2
+
+
+def test_a_job_copied_to_the_tail_counts_its_tokens_from_1_and_fences_older_leases_by_record(
+    tmp_path,
+):
+    # docs/migration.md ("lease_token"): a ready job overtaken by higher priorities in a sealed
+    # segment is copied to the tail (a new record); the copy's first lease has token 1 again, as
+    # the lapsed lease on the old record had, and that old holder's ack is refused by its record.
+    with Queue(tmp_path, slot_size=128, slot_count=16, max_attempts=100) as q:
+        x = q.enqueue("x")
+        old = q.lease_one(visibility_timeout=0.2)
+        for i in range(15):  # the rest of the segment, ranked before x
+            q.enqueue(i, priority=3)
+        time.sleep(0.4)  # the old lease runs out
+        q.enqueue("tail", priority=-5)  # a second segment: the first is sealed
+        for _ in range(15):
+            q.ack(q.lease_one())  # the last ack leaves x alone in its sealed segment: copied
+        assert q.get(x.id).seq != x.seq
+        new = q.lease_one()
+        assert (new.id, new.seq != x.seq, new.lease_token, new.attempts) == (x.id, True, "1", 2)
+        assert old.lease_token == "1"
+        with pytest.raises(NotLeasedError, match="record moved"):
+            q.ack(old)
+        q.ack(new)
+        assert q.get(x.id).state is JobState.DONE

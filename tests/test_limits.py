@@ -722,3 +722,40 @@ def test_a_job_held_back_by_a_removed_cap_is_leased_in_order(qdir, scope, n):
     res = run_py(AFTER_UNLIMIT, str(qdir), scope, str(n), timeout=30)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.split("\n")[0] == "1 [2, 3]"
+
+
+@pytest.mark.parametrize("change", ["removed", "raised"])
+def test_a_job_a_rate_held_back_is_leased_at_once_after_the_rate_is_removed_or_raised(qdir, change):
+    # A rate of one job an hour holds back a retried job; once the rate is removed (or raised
+    # well past what was taken), the token time noted under the old rate no longer holds it back.
+    q = Queue(qdir, durability="none", backoff=ringq.BackoffPolicy(base=0, jitter=0))
+    a = q.enqueue("a", key="k")
+    q.enqueue("b", key="k")
+    q.limit("k", rate=(1, 3600.0), burst=1)
+    q.nack(q.lease_one(), delay=0)
+    assert q.lease_one() is None  # held back: the next token in an hour
+    if change == "removed":
+        q.limit("k")
+    else:
+        q.limit("k", rate=(1000, 1.0))
+    assert sorted(j.payload for j in q.lease(10)) == ["a", "b"]
+    assert q.get(a.id).state.name == "LEASED"
+    q.close()
+
+
+def test_every_job_a_removed_cap_held_back_comes_back_in_one_lease(qdir):
+    # A queue-wide cap holds back the heads of 15 lanes (small segments) and a delayed job that
+    # came due meanwhile, which waits in the gate alone; removing the cap lets one lease take all.
+    q = Queue(qdir, slot_size=128, slot_count=4, durability="none")
+    q.limit(q.name, concurrency=1)
+    q.enqueue("first")
+    first = q.lease_one()
+    late = q.enqueue("late", delay=0.2)
+    q.enqueue_many(list(range(60)))
+    time.sleep(0.3)
+    assert q.lease(1000) == []
+    q.ack(first)
+    q.limit(q.name)
+    got = q.lease(1000)
+    assert len(got) == 61 and late.id in {j.id for j in got}
+    q.close()

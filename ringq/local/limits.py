@@ -144,6 +144,7 @@ class LimitGate:
         self._blocked: dict[str, list[tuple[int, ...]]] = {}
         self._blocked_set: set[tuple[int, int]] = set()
         self._due: dict[str, int] = {}  # limit name -> ns when its next token is due
+        self._due_under: object = None  # the limits (LimitsFile.config) _due was noted under
         # This queue's segment of a seq (set when its reader opens: adopt), for kept slots.
         self._segment: Callable[[int], Segment | None] | None = None
         self._mutex = threading.RLock()
@@ -433,17 +434,23 @@ class LimitGate:
         return CAPS_KEPT.ended(self.path, loc, _free_kept, _nothing_kept)
 
     def reoffer(self) -> list[tuple[int, ...]]:
-        """Heap entries of blocked jobs worth another try now (the best few per limit)."""
+        """Heap entries of blocked jobs worth another try now: the best few per limit, and every
+        job of a limit that is gone.  Once the limits changed (set, raised or removed, by any
+        process) no token time noted under the old ones holds a job back."""
         if not self._blocked:
             return []
         out: list[tuple[int, ...]] = []
         now = time.time_ns()
+        cfg = self.file.config()
         with self._mutex:
+            if cfg is not self._due_under:
+                self._due_under = cfg
+                self._due.clear()
             for name in list(self._blocked):
                 if self._due.get(name, 0) > now:
                     continue
                 heap = self._blocked[name]
-                for _ in range(min(REOFFER, len(heap))):
+                for _ in range(min(REOFFER, len(heap)) if name in cfg else len(heap)):
                     e = heapq.heappop(heap)
                     self._blocked_set.discard((e[4], e[6]))
                     out.append(e)

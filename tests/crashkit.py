@@ -256,13 +256,24 @@ class Recorder:
                     recorder.mark(f"publish {rc} records up to slot {a[5]}")
                 return rc
 
-            # A lease and an ack are one C call each; each is one step (their CAS is the change).
+            # A lease (a run of them) and an ack are one C call each; each is one step (their
+            # CASes are the change).
             @staticmethod
-            def ringq_claim_next(base_ptr, size, geom, *a):  # noqa: ANN001
-                rc = real_lib.ringq_claim_next(base_ptr, size, geom, *a)
-                out = a[-1]
+            def ringq_take_run(seg_ref, ctl_ref, *a):  # noqa: ANN001
+                got = real_lib.ringq_take_run(seg_ref, ctl_ref, *a)
+                if got > 0:
+                    out = a[7]
+                    slots = ", ".join(str(out[i].slot) for i in range(got))
+                    seq = seg_ref.g.seg_seq
+                    recorder.mark(f"cas64 state of segment {seq:016x} slots {slots} (ringq_take_run)")
+                return got
+
+            @staticmethod
+            def ringq_wait_claim(ctl_ptr, ctl_len, base_ptr, size, geom, *a):  # noqa: ANN001
+                rc = real_lib.ringq_wait_claim(ctl_ptr, ctl_len, base_ptr, size, geom, *a)
+                out = a[1]
                 if rc == 0 and out.status == real_lib.RINGQ_CLAIMED:
-                    recorder.mark(f"cas64 state of segment {geom.seg_seq:016x} slot {out.slot} (ringq_claim_next)")
+                    recorder.mark(f"cas64 state of segment {geom.seg_seq:016x} slot {out.slot} (ringq_wait_claim)")
                 return rc
 
             @staticmethod

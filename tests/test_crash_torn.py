@@ -203,6 +203,25 @@ def test_retirement_steps_never_resurrect_or_lose(tmp_path):
         )
 
 
+def test_every_lease_step_reopens_with_each_job_delivered_once(tmp_path):
+    """A single lease and a run of leases, each one step of the recorder (one C call each): every
+    image reopens with each job delivered once -- a lease whose holder is gone comes back."""
+    live = str(tmp_path / "live")
+    with open_queue(live) as q:
+        q.enqueue_many(list(range(5)))
+        rec = Recorder(live, payload_key)
+        with rec.recording():
+            one = q.lease_one()
+            two = q.lease(2)
+        assert (one.payload, [j.payload for j in two]) == (0, [1, 2])
+    leases = [s.what for s in rec.steps if s.what.endswith("(ringq_take_run)")]
+    assert [w.split("slots ")[1] for w in leases] == ["0 (ringq_take_run)", "1, 2 (ringq_take_run)"]
+    for i, step in enumerate(rec.steps):
+        out = reopen_and_drain(restore(step.image, str(tmp_path / "img")))
+        assert sorted(out.delivered) == list(range(5)), f"step {i}: {step.what}"
+        assert out.corrupt == [] and out.quarantined == []
+
+
 # -- power-loss images: header and pages disagree --------------------------------------------------------
 
 

@@ -50,7 +50,8 @@ class Job:
         available_at: seconds since the Unix epoch before which it may not be leased.
         enqueued_at: seconds since the Unix epoch at which it was accepted.
         lease_deadline: when the current lease expires (seconds since the epoch), or None.
-        lease_token: the fencing token of the current/last lease, None if never leased.  A ``str``
+        lease_token: the fencing token of the current/last lease of the job's record, None if that
+            record was never leased (a dead-lettered job copied to the tail shows None).  A ``str``
             (as in nobroker): the lease count of the job's record in decimal, so a later lease of
             that record has a larger token.  A new record of the job -- ``requeue_dead``, or a
             relocation of a job left far behind (docs/migration.md) -- counts from 1 again; its

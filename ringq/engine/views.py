@@ -158,7 +158,7 @@ class View:
         # look for returned jobs skips those in one vector operation.
         self.entered = np.zeros(n, bool)
         # 1: no policy applies to the job at this head slot (never delayed, no expiry, not a copy,
-        # no carried attempts), so ringq_claim_next may lease it directly when it comes first.
+        # no carried attempts), so ringq_take_run may lease it directly when it comes first.
         self.plain = np.zeros(n, np.uint8)
         self.plain_ptr = ffi.cast("uint8_t *", self.plain.ctypes.data)
         # What ringq_claim_run compares candidates by (ringq_run_keys): pointers into the vectors.

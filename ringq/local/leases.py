@@ -236,7 +236,7 @@ class Leases:
             return None
 
     def direct(self, vt: float, detach: bool) -> Direct:
-        """What Index.take needs to lease plain jobs in one C call each (ringq_claim_next), for
+        """What Index.take needs to lease plain jobs in one C call per run (ringq_take_run), for
         ``vt`` seconds; ``detach`` as in :meth:`claim`.  Only for a take that no limit and no
         paused key can concern (the caller checks).  Cached per (vt, detach) in this process."""
         last = self._last_direct

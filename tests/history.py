@@ -470,6 +470,7 @@ def run(seed: int, keep: bool = False) -> Run:
 def final_phase(d: str, cfg: dict[str, Any], out: Run) -> dict[str, Any]:
     """The quiescent reads, the drain and the purge, made by this process (never a lease holder)."""
     from ringq import JobNotFoundError, JobState
+    from ringq.engine.reaper import CLAIM_GRACE
 
     q = open_queue(d, cfg, vt=60.0)
     v = out.violations
@@ -506,7 +507,11 @@ def final_phase(d: str, cfg: dict[str, Any], out: Run) -> dict[str, Any]:
             states[j.payload["tag"]] = {"id": j.id, "state": g.state.value, "attempts": g.attempts}
         drained: list[dict[str, Any]] = []
         idle = 0
-        while idle < 2:
+        # A lease whose claimer was killed between its two CAS has no owner word: it is reclaimed
+        # once a reaper has seen it unowned for CLAIM_GRACE (docs/guarantees.md).  The drain
+        # waits that long for leases still held before it judges them stranded.
+        grace_until = time.monotonic() + CLAIM_GRACE + 1.0
+        while idle < 2 or (q.stats().leased and time.monotonic() < grace_until):
             s = time.time()
             jobs = q.lease(100, wait=0.3)
             e = time.time()

@@ -67,8 +67,9 @@ TURN_SPAN = 1 << 40
 def lease_run(
     view: View, lane: Lane, direct: Direct, bound: tuple[int, int, int] | None, cap: int
 ) -> tuple[int, bytes, int, int]:
-    """Lease up to ``cap`` of ``lane``'s plain jobs from its cursor on, as ranked before ``bound``,
-    in one C call (claim.claim_run, whose answer this is), for ``direct``'s lease."""
+    """Lease up to ``cap`` of ``lane``'s plain jobs from its cursor on, while they rank before
+    ``bound`` (a key equal to it is the same job, and is leased), in one C call (claim.claim_run,
+    whose answer this is), for ``direct``'s lease."""
     arr = lane.slots
     return claim_run(
         view.seg,

@@ -501,6 +501,30 @@ int ringq_append_fast(int lock_fd, uint8_t *ctl, size_t ctl_len, const ringq_ctl
                       const uint16_t *id_lens, const uint32_t *payload_lens, uint32_t n, const uint8_t *data,
                       size_t data_len, uint8_t *scratch, size_t scratch_len, uint32_t *heads, uint32_t *end,
                       int writeback);
+/* An express enqueue (the CPython extension's express(), csrc/ext/jobs.c): one job with a plain
+ * JSON payload and default arguments, encoded, appended by ringq_append_fast and returned as a
+ * Job in one call.  The plan holds ringq_append_fast's arguments for the segment appended to last;
+ * the appender sets it whenever that segment or its scratch changes, and uses it under the writer
+ * thread lock (for tmpl and scratch). */
+typedef struct {
+    uint8_t *ctl;                   /* the control mapping and its length */
+    size_t ctl_len;
+    const ringq_ctl_words *words;   /* its words the append updates (with wake: it wakes consumers) */
+    int fd;                         /* the segment's record file */
+    uint64_t data_file_off;         /* file offset of slot 0 */
+    uint8_t *base;                  /* the segment's mapping, its length and geometry */
+    size_t maplen;
+    const ringq_geom *g;
+    int64_t epoch_ms;
+    ringq_rec_header *tmpl;         /* the template header (seq and times come back in it) */
+    uint8_t *scratch;               /* the layout scratch and its length */
+    size_t scratch_len;
+    uint64_t max_record;            /* the largest record the queue stores, header included */
+    uint8_t codec;                  /* the JSON codec's id */
+    uint8_t kind;                   /* the record kind of a job */
+    int writeback;                  /* ringq_append_fast's writeback */
+} ringq_express_plan;
+
 /* Start writing slots [lo, hi) of a segment's record file (slot 0 at file offset data_file_off)
  * back to the disk, without waiting: sync_file_range(SYNC_FILE_RANGE_WRITE).  A hint that promises
  * nothing -- the sync of ringq_append_sync makes the records durable -- called between the write

@@ -300,6 +300,25 @@ class Recorder:
 
         patches.append((runs_mod, "first_ack", real_first_ack))
         runs_mod.first_ack = first_ack  # type: ignore[assignment]
+        # An express enqueue calls ringq_append_fast from the extension, past the proxy: one step,
+        # as ringq_append_fast; its record is laid out at the start of the plan's scratch.
+        real_express = runs_mod.express
+
+        def express(plan_addr: int, *a: Any) -> Any:
+            got = real_express(plan_addr, *a)
+            if got.__class__ is not int:
+                plan = seg_mod.ffi.cast("ringq_express_plan *", plan_addr)
+                length = seg_mod.ffi.cast("ringq_rec_header *", plan.scratch).record_len
+                recorder.published.add(
+                    recorder.key_of(bytes(seg_mod.ffi.buffer(plan.scratch, length)))
+                )
+                slot = got.record_position[1]
+                recorder.mark(f"append 1 records at slot {slot} (lock to unlock, express)")
+            return got
+
+        if real_express is not None:
+            patches.append((runs_mod, "express", real_express))
+            runs_mod.express = express  # type: ignore[assignment]
         self.active = True
         try:
             self.mark("start")

@@ -206,7 +206,7 @@ def test_the_job_builder_extension_under_sanitizers(tmp_path):
     )
     tests = [
         os.path.join(ROOT, "tests", t)
-        for t in ("test_runs.py", "test_queue.py", "test_leases_threads.py")
+        for t in ("test_runs.py", "test_queue.py", "test_leases_threads.py", "test_express.py")
     ]
     out = subprocess.run(
         [sys.executable, str(script), so, *tests],

@@ -312,6 +312,49 @@ done:
     return out;
 }
 
+/* The snapshot of one job just appended (READY, never leased): its id (a new reference, stolen,
+ * NULL after a failure to make it), seq, segment seq, head slot and the queue's identity, payload
+ * as stored, priority, max_attempts, available_at and enqueued_at (floats), key, and shown:
+ * (expires_at, progress, progress_message, timeout, trace_context), a trace_context dict copied.
+ * The other references are borrowed.  A new Job, or NULL with the exception set. */
+static PyObject *fresh_job(PyObject *id, unsigned long long seq, PyObject *segseq, PyObject *head,
+                           PyObject *origin, PyObject *payload, PyObject *prio, PyObject *maxatt,
+                           PyObject *avail, PyObject *enq, PyObject *key, PyObject *shown) {
+    PyObject *trace = PyTuple_GET_ITEM(shown, 4);
+    PyObject *v[NFIELDS];
+    v[F_ID] = id;
+    v[F_SEQ] = PyLong_FromUnsignedLongLong(seq);
+    v[F_RECORD_POSITION] = PyTuple_Pack(3, segseq, head, origin);
+    v[F_TRACE_CONTEXT] = trace == Py_None ? Py_NewRef(Py_None) : PyDict_Copy(trace);
+    if (!v[F_ID] || !v[F_SEQ] || !v[F_RECORD_POSITION] || !v[F_TRACE_CONTEXT]) {
+        Py_XDECREF(v[F_ID]);
+        Py_XDECREF(v[F_SEQ]);
+        Py_XDECREF(v[F_RECORD_POSITION]);
+        Py_XDECREF(v[F_TRACE_CONTEXT]);
+        return NULL;
+    }
+    v[F_PAYLOAD] = Py_NewRef(payload);
+    v[F_PRIORITY] = Py_NewRef(prio);
+    v[F_STATE] = Py_NewRef(ready);
+    v[F_ATTEMPTS] = Py_NewRef(zero);
+    v[F_MAX_ATTEMPTS] = Py_NewRef(maxatt);
+    v[F_AVAILABLE_AT] = Py_NewRef(avail);
+    v[F_ENQUEUED_AT] = Py_NewRef(enq);
+    v[F_VERSION] = Py_NewRef(zero);
+    v[F_KEY] = Py_NewRef(key);
+    v[F_CANCEL_REQUESTED] = Py_NewRef(Py_False);
+    v[F_ACK_ACCEPTED] = Py_NewRef(Py_False);
+    v[F_EXPIRES_AT] = Py_NewRef(PyTuple_GET_ITEM(shown, 0));
+    v[F_PROGRESS] = Py_NewRef(PyTuple_GET_ITEM(shown, 1));
+    v[F_PROGRESS_MESSAGE] = Py_NewRef(PyTuple_GET_ITEM(shown, 2));
+    v[F_TIMEOUT] = Py_NewRef(PyTuple_GET_ITEM(shown, 3));
+    static const int none[] = {F_LEASE_DEADLINE, F_LEASE_TOKEN, F_LAST_ERROR,
+                               F_CANCELLED, F_RAW, F_DEPENDS_ON};
+    for (size_t k = 0; k < sizeof none / sizeof none[0]; k++)
+        v[none[k]] = Py_NewRef(Py_None);
+    return new_job(v);
+}
+
 /* fresh(placed, heads, seq0, enq_us, avail_ms, payloads, job_ids, priority, max_attempts, key,
  *       shown, origin) -> list[Job]
  *
@@ -372,39 +415,17 @@ static PyObject *fresh(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
             goto fail;
         }
         for (Py_ssize_t i = first; i < first + count; i++) {
-            PyObject *v[NFIELDS];
-            v[F_ID] = idseq ? Py_NewRef(PySequence_Fast_GET_ITEM(idseq, i))
-                            : auto_id(seq0 + (unsigned long long)i);
-            v[F_SEQ] = PyLong_FromUnsignedLongLong(seq0 + (unsigned long long)i);
-            v[F_RECORD_POSITION] = PyTuple_Pack(3, segseq, PyList_GET_ITEM(heads, i), origin);
-            v[F_TRACE_CONTEXT] = trace == Py_None ? Py_NewRef(Py_None) : PyDict_Copy(trace);
-            if (!v[F_ID] || !v[F_SEQ] || !v[F_RECORD_POSITION] || !v[F_TRACE_CONTEXT]) {
-                Py_XDECREF(v[F_ID]);
-                Py_XDECREF(v[F_SEQ]);
-                Py_XDECREF(v[F_RECORD_POSITION]);
-                Py_XDECREF(v[F_TRACE_CONTEXT]);
+            PyObject *id = idseq ? Py_NewRef(PySequence_Fast_GET_ITEM(idseq, i))
+                                 : auto_id(seq0 + (unsigned long long)i);
+            PyObject *job = fresh_job(id, seq0 + (unsigned long long)i, segseq,
+                                      PyList_GET_ITEM(heads, i), origin,
+                                      PySequence_Fast_GET_ITEM(payloads, i), prio, maxatt, avail,
+                                      enq, key, shown);
+            if (job == NULL)
                 goto fail;
-            }
-            v[F_PAYLOAD] = Py_NewRef(PySequence_Fast_GET_ITEM(payloads, i));
-            v[F_PRIORITY] = Py_NewRef(prio);
-            v[F_STATE] = Py_NewRef(ready);
-            v[F_ATTEMPTS] = Py_NewRef(zero);
-            v[F_MAX_ATTEMPTS] = Py_NewRef(maxatt);
-            v[F_AVAILABLE_AT] = Py_NewRef(avail);
-            v[F_ENQUEUED_AT] = Py_NewRef(enq);
-            v[F_VERSION] = Py_NewRef(zero);
-            v[F_KEY] = Py_NewRef(key);
-            v[F_CANCEL_REQUESTED] = Py_NewRef(Py_False);
-            v[F_ACK_ACCEPTED] = Py_NewRef(Py_False);
-            v[F_EXPIRES_AT] = Py_NewRef(PyTuple_GET_ITEM(shown, 0));
-            v[F_PROGRESS] = Py_NewRef(PyTuple_GET_ITEM(shown, 1));
-            v[F_PROGRESS_MESSAGE] = Py_NewRef(PyTuple_GET_ITEM(shown, 2));
-            v[F_TIMEOUT] = Py_NewRef(PyTuple_GET_ITEM(shown, 3));
-            static const int none[] = {F_LEASE_DEADLINE, F_LEASE_TOKEN, F_LAST_ERROR,
-                                       F_CANCELLED, F_RAW, F_DEPENDS_ON};
-            for (size_t k = 0; k < sizeof none / sizeof none[0]; k++)
-                v[none[k]] = Py_NewRef(Py_None);
-            if (append_job(out, v) < 0)
+            int rc = PyList_Append(out, job);
+            Py_DECREF(job);
+            if (rc < 0)
                 goto fail;
         }
     }
@@ -417,6 +438,143 @@ done:
     Py_DECREF(payloads);
     Py_XDECREF(idseq);
     return out;
+}
+
+/* ---- express(): one plain job appended and returned in one call ---------------------------- */
+
+static __typeof__(ringq_append_fast) *append_fn; /* the cffi helper's ringq_append_fast */
+static PyObject *json_encode;  /* encode(payload, 0) -> chunks of JSON text (ringq/codec.py) */
+static PyObject *empty_text;   /* "": what the chunks are joined with */
+static PyObject *no_shown;     /* (None,) * 5: nothing of a job's metadata shown */
+static Py_ssize_t text_max;    /* JSON text longer than this goes the general way (its depth) */
+#define PLAIN_DEPTH 16         /* containers nested deeper go the general way */
+
+/* 1 if `o` is built of dicts with str keys, lists, str, int, float, bool and None only, exact
+ * types, nested at most PLAIN_DEPTH deep: JSON gives it back equal and of the same types (no
+ * Python code runs here, so nothing can change it meanwhile); else 0. */
+static int plain(PyObject *o, int depth) {
+    if (PyUnicode_CheckExact(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o) || PyBool_Check(o) ||
+        o == Py_None)
+        return 1;
+    if (depth >= PLAIN_DEPTH)
+        return 0;
+    if (PyDict_CheckExact(o)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(o, &pos, &k, &v))
+            if (!PyUnicode_CheckExact(k) || !plain(v, depth + 1))
+                return 0;
+        return 1;
+    }
+    if (PyList_CheckExact(o)) {
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(o); i++)
+            if (!plain(PyList_GET_ITEM(o, i), depth + 1))
+                return 0;
+        return 1;
+    }
+    return 0;
+}
+
+/* set_express(append_address, encode, text_max): the address of the cffi helper's
+ * ringq_append_fast, the JSON encoder of ringq/codec.py (encode(payload, 0) -> chunks), and the
+ * longest JSON text express() takes (longer text has its nesting checked on the general way). */
+static PyObject *set_express(PyObject *self, PyObject *args) {
+    PyObject *addr_o, *encode;
+    Py_ssize_t longest;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOn", &addr_o, &encode, &longest))
+        return NULL;
+    void *addr = PyLong_AsVoidPtr(addr_o);
+    if (addr == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "set_express(): a null address");
+        return NULL;
+    }
+    if (!PyCallable_Check(encode) || longest < 0) {
+        PyErr_SetString(PyExc_TypeError, "set_express(): a callable encoder and a length >= 0");
+        return NULL;
+    }
+    if (empty_text == NULL && (empty_text = PyUnicode_FromString("")) == NULL)
+        return NULL;
+    if (no_shown == NULL &&
+        (no_shown = PyTuple_Pack(5, Py_None, Py_None, Py_None, Py_None, Py_None)) == NULL)
+        return NULL;
+    Py_INCREF(encode);
+    Py_XSETREF(json_encode, encode);
+    text_max = longest;
+    append_fn = (__typeof__(ringq_append_fast) *)addr;
+    Py_RETURN_NONE;
+}
+
+/* express(plan_address, payload, max_attempts, lock_fd, segseq, origin) -> Job | int
+ *
+ * One job without an id, key or any other argument, whose payload is a dict that `plain` takes:
+ * encoded, appended by ringq_append_fast with the plan's arguments (csrc/ringq.h
+ * ringq_express_plan; the caller holds the writer thread lock, lock_fd its lock file), and
+ * returned as its snapshot, the payload itself as the stored value.  0 when it must go the
+ * general way, with nothing written: another payload, text too long or unencodable (the general
+ * way raises the error), a record too large for the queue or the scratch, or an append that did
+ * not fit the segment or found the lock taken; a negative helper error code (nothing written). */
+static PyObject *express(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (called_right("express", nargs, 6, 0) < 0)
+        return NULL;
+    if (append_fn == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "ringq.engine._jobs: set_express() first");
+        return NULL;
+    }
+    ringq_express_plan *p = PyLong_AsVoidPtr(args[0]);
+    PyObject *payload = args[1], *maxatt = args[2], *segseq = args[4], *origin = args[5];
+    long attempts = PyLong_AsLong(maxatt);
+    long lock_fd = PyLong_AsLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (p == NULL || p->tmpl == NULL || p->g == NULL || lock_fd < 0 || lock_fd > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "express(): a plan and a lock descriptor");
+        return NULL;
+    }
+    if (attempts < 1 || attempts > UINT16_MAX || !PyDict_CheckExact(payload) || !plain(payload, 0))
+        return PyLong_FromLong(0);
+    PyObject *chunks = PyObject_CallFunctionObjArgs(json_encode, payload, zero, NULL);
+    PyObject *text = chunks ? PyUnicode_Join(empty_text, chunks) : NULL;
+    Py_XDECREF(chunks);
+    Py_ssize_t len = 0;
+    const char *utf8 = text ? PyUnicode_AsUTF8AndSize(text, &len) : NULL;
+    if (utf8 == NULL) { /* a NaN, a lone surrogate, ...: the general way says what */
+        Py_XDECREF(text);
+        PyErr_Clear();
+        return PyLong_FromLong(0);
+    }
+    if (len > text_max || (uint64_t)len + RINGQ_REC_HEADER > p->max_record ||
+        (uint64_t)len + RINGQ_REC_HEADER + p->g->slot_size > p->scratch_len) {
+        Py_DECREF(text);
+        return PyLong_FromLong(0);
+    }
+    p->tmpl->priority = 0;
+    p->tmpl->max_attempts = (uint16_t)attempts;
+    p->tmpl->kind = p->kind;
+    uint32_t lens = (uint32_t)len, head = 0, end = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = append_fn((int)lock_fd, p->ctl, p->ctl_len, p->words, p->fd, p->data_file_off, p->base,
+                   p->maplen, p->g, p->epoch_ms, 0, p->tmpl, &p->codec, NULL, &lens, 1,
+                   (const uint8_t *)utf8, (size_t)len, p->scratch, p->scratch_len, &head, &end,
+                   p->writeback);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(text);
+    if (rc <= 0)
+        return PyLong_FromLong(rc);
+    PyObject *headv = PyLong_FromUnsignedLong(head);
+    PyObject *avail = PyFloat_FromDouble((double)p->tmpl->available_ms / 1000.0);
+    PyObject *enq = PyFloat_FromDouble((double)p->tmpl->enqueued_us / 1e6);
+    PyObject *job = NULL;
+    if (headv && avail && enq)
+        job = fresh_job(auto_id(p->tmpl->seq), p->tmpl->seq, segseq, headv, origin, payload, zero,
+                        maxatt, avail, enq, Py_None, no_shown);
+    Py_XDECREF(headv);
+    Py_XDECREF(avail);
+    Py_XDECREF(enq);
+    return job;
 }
 
 /* set_ack(address): the address of the cffi helper's ringq_ack (csrc/claim.c), which first_ack
@@ -545,6 +703,10 @@ static PyMethodDef methods[] = {
     {"setup", setup, METH_VARARGS,
      "setup(job_type, names, slots, undecoded, leased, ready, token_one, serialization_error)"},
     {"set_ack", set_ack, METH_O, "set_ack(address of ringq_ack)"},
+    {"set_express", set_express, METH_VARARGS,
+     "set_express(address of ringq_append_fast, encode, text_max)"},
+    {"express", (PyCFunction)(void (*)(void))express, METH_FASTCALL,
+     "express(plan_address, payload, max_attempts, lock_fd, segseq, origin) -> Job | int"},
     {"first_ack", (PyCFunction)(void (*)(void))first_ack, METH_FASTCALL,
      "first_ack(job, views, identity, ctl_ref_addr, out_addr) -> (view, slot) | int | None"},
     {"fresh", (PyCFunction)(void (*)(void))fresh, METH_FASTCALL,

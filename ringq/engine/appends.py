@@ -13,9 +13,11 @@ import os
 import time
 from array import array
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from . import native, records, recovery
+from ringq import codec
+
+from . import native, records, recovery, runs
 from ._native import ffi, lib
 from .control import CTL_WORDS, CTL_WORDS_WAKE, OFF_ENQUEUED_TOTAL, OFF_NEXT_SEQ, OFF_TAIL_SEG
 from .native import CData
@@ -24,6 +26,8 @@ from .segment import REC_DATA_OFF, Segment
 from .words import FLAG_CANCEL, ST_READY, deferred_word, pack, position
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ringq.job import Job
+
     from .ring import Ring
 
 __all__ = ["Appender", "Placement", "REC_HEADER_SIZE", "SCRATCH_KEEP", "discard_fresh"]
@@ -32,6 +36,8 @@ REC_HEADER_SIZE = records.REC_HEADER.size
 #: Bytes of scratch a Ring keeps between appends for laying records out in slots; a batch that
 #: needs more than this is written in several runs through a window of this size.
 SCRATCH_KEEP = 4 << 20
+#: Bytes of scratch the express enqueue starts with: records up to about this long take it.
+EXPRESS_SCRATCH = 64 << 10
 
 #: Where an appended record went: ``(segment seq, head slot, job seq, enqueued_us, available_ms)``.
 Placement = tuple[int, int, int, int, int]
@@ -75,10 +81,67 @@ class Appender:
         self._seq = ffi.new("uint64_t *")
         self._last: Segment | None = None  # the segment append_packed wrote to last
         self._scratch: tuple[bytearray, CData] | None = None
+        # The express enqueue's arguments (runs.express), aimed at _last by _aim: used, like the
+        # template and the scratch, under the writer thread lock only.
+        self._plan = ffi.new("ringq_express_plan *")
+        self._plan_addr = int(ffi.cast("uintptr_t", self._plan))
+        self._planned: Segment | None = None  # the segment the plan is aimed at, or None
+        self._plan_keeps: tuple[object, ...] = ()  # what the plan's pointers point into
 
     def forget_last(self) -> None:
         """Forget the segment appended to last (it is being closed or retired)."""
         self._last = None
+        self._planned, self._plan_keeps = None, ()
+
+    def express(self, payload: dict[str, Any], max_attempts: int) -> Job | None:
+        """One job with a plain JSON payload (a dict) and no other argument but ``max_attempts``,
+        encoded, appended and returned as its snapshot in one C call (runs.express), under a
+        strategy that has nothing to do once the record is published (``none``).  None, with
+        nothing written, when it must go the general way: another payload, another strategy, no
+        segment appended to yet or one that is full or closed, the writer lock held or taken.
+        The caller holds the queue lock.  Raises as append_one for a failed write."""
+        express = runs.express  # the module's: a test's recorder may stand in for it
+        if express is None or not self.ring.dur.done_at_publish:
+            return None
+        lock = self.ring.lock
+        lock_fd = lock.enter_thread()
+        try:
+            seg = self._last
+            if lock_fd < 0 or seg is None or seg.mm is None:
+                return None
+            if seg is not self._planned:
+                self._aim(seg)
+            got = express(
+                self._plan_addr, payload, max_attempts, lock_fd, seg.seq, self.ring.identity
+            )
+        finally:
+            lock.exit_thread()
+        if isinstance(got, int):
+            if got:
+                native.check(got, f"write records to {seg.path}")
+            return None
+        return got
+
+    def _aim(self, seg: Segment) -> None:
+        """Point the express plan at ``seg``, the segment appended to last, with a scratch of at
+        least EXPRESS_SCRATCH bytes (a record too long for it goes the general way, which grows
+        the scratch for the next)."""
+        want = min(SCRATCH_KEEP, max(EXPRESS_SCRATCH, 2 * self.ring.ctl.slot_size))
+        if self._scratch is None or len(self._scratch[0]) < want:
+            self._grow_scratch(want)
+        assert self._scratch is not None
+        ctl = self.ring.ctl
+        p = self._plan
+        p.ctl, p.ctl_len, p.words = ctl.ptr, ctl.size, CTL_WORDS_WAKE
+        p.fd, p.data_file_off = seg.rfd, REC_DATA_OFF
+        p.base, p.maplen, p.g, p.epoch_ms = seg.ptr, seg.size, seg.geom, seg.epoch_ms
+        p.tmpl = self._tmpl
+        p.scratch, p.scratch_len = self._scratch[1], len(self._scratch[0])
+        p.max_record = self.max_record_bytes()
+        p.codec, p.kind = codec.JSON, records.KIND_JOB
+        p.writeback = self.ring.dur.early_writeback
+        self._plan_keeps = (ctl.ptr, seg.ptr, seg.geom, self._scratch)
+        self._planned = seg
 
     def max_record_bytes(self) -> int:
         """The largest record (64-byte header + id + payload) this queue stores, in bytes: what a
@@ -512,6 +575,7 @@ class Appender:
         scratch = (buf, ffi.from_buffer("uint8_t[]", buf))
         if need <= SCRATCH_KEEP:
             self._scratch = scratch
+            self._planned = None  # the plan's scratch is the old one: aim it again
         return scratch
 
     def _append_runs(

@@ -217,9 +217,10 @@ class Watch:
             e.base, e.maplen, e.off, e.width = m.ptr, m.size, off, width
         self.reset()
 
-    def same(self) -> bool:
-        """True if every word reads as at the last reset (an acquire load each)."""
-        rc = lib.ringq_watch(self._w, self._n, 0)
+    def same(self, first: int = 0) -> bool:
+        """True if every word from the ``first``-th on reads as at the last reset (an acquire load
+        each)."""
+        rc = lib.ringq_watch(self._w + first, self._n - first, 0)
         if rc < 0:
             native.check(rc, self.maps[0].path)
         return rc == 1

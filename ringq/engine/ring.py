@@ -187,6 +187,7 @@ class Ring:
         self.append_nowait = appender.append_nowait
         self.append_packed = appender.append_packed
         self.append_one = appender.append_one
+        self.express = appender.express
         self.finish = appender.finish
         self.settled = appender.settled
         self.max_record_bytes = appender.max_record_bytes

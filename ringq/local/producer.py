@@ -72,6 +72,16 @@ class Producer:
         self.outside = outside  # counts in the sync after an append, which runs outside the lock
         self.refresh = refresh
         self.max_bytes = ring.max_record_bytes()  # the geometry is fixed when the queue is created
+        self.expressable = auto_ids and not self.reserved  # automatic ids, not a results queue
+
+    def express(self, payload: dict[str, Any], attempts: int) -> Job | None:
+        """:meth:`enqueue_one` of a dict payload with the default arguments (``attempts`` the
+        queue's) in one C call (Appender.express), or None when it must go the general way
+        (nothing written).  Raises QueueClosedError."""
+        if not self.expressable:
+            return None
+        with self.lock:
+            return self.ring.express(payload, attempts)
 
     def enqueue_one(
         self,

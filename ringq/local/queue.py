@@ -428,6 +428,28 @@ class Queue:
             DuplicateJobError (a unique window is open and its job already retired),
             JobNotFoundError (a parent is not retained: nothing written).
         """
+        if (
+            payload.__class__ is dict
+            and priority.__class__ is int
+            and priority == 0
+            and delay.__class__ is float
+            and delay == 0.0
+            and max_attempts is None
+            and job_id is None
+            and key is None
+            and unique_for is None
+            and expires_in is None
+            and expires_at is None
+            and timeout is None
+            and depends_on is None
+            and debounce is None
+            and replace is False
+            and allow_failure is False
+            and tracing.carrier() is None
+        ):  # the common case: a dict payload, no argument; appended in one C call where it can
+            job = self._ctx.producer.express(payload, self.max_attempts)
+            if job is not None:
+                return job
         if depends_on is not None or debounce is not None or replace or allow_failure:
             return self._enqueue_workflow(
                 payload,
@@ -699,7 +721,9 @@ class Queue:
             if leased is not None:
                 assert direct is not None  # only wait_claim, given ``direct``, leases while asleep
                 with ctx.live_lock:
-                    if ctx.gate.active() or any(pause.paused()):
+                    if not quiet.policy_quiet(time.monotonic()) and (
+                        ctx.gate.active() or any(pause.paused())
+                    ):
                         # A limit or a pause appeared while we slept: the C call knew nothing of it.
                         ctx.leases.unclaim(leased)
                         continue

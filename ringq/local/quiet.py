@@ -38,6 +38,7 @@ class QuietLook:
         self._watch: Watch | None = None
         self._limits: Mapped | None = None  # the limits mapping the watch includes, if any
         self._until = 0.0  # monotonic time until which a look that found all clear holds
+        self._policy_from = 0  # the watch's first word that is not the control file's stamp
 
     def quiet(self, t: float) -> bool:
         """True if the last look found nothing paused and no limit, and nothing it read moved
@@ -50,6 +51,18 @@ class QuietLook:
             and watch.same()
         )
 
+    def policy_quiet(self, t: float) -> bool:
+        """:meth:`quiet` for the pause and limits words only: True if the last look found nothing
+        paused and no limit, and neither has moved since, whatever was appended meanwhile (for a
+        lease taken while asleep, which knew nothing of either)."""
+        watch = self._watch
+        return (
+            watch is not None
+            and t < self._until
+            and self._file.map is self._limits
+            and watch.same(self._policy_from)
+        )
+
     def begin(self) -> None:
         """Before a full look: the watched words as they read now (whatever moves after this is
         seen by the next :meth:`quiet`)."""
@@ -57,7 +70,9 @@ class QuietLook:
         limits = self._gate.watched()
         mapped = None if limits is None else limits[0]
         if self._watch is None or mapped is not self._limits:
-            words = [*self._ctl.stamp_words(), self._pause.watched()]
+            stamp = self._ctl.stamp_words()
+            self._policy_from = len(stamp)  # the pause and limits words follow the stamp's
+            words = [*stamp, self._pause.watched()]
             if limits is not None:
                 words.append(limits)
             self._watch, self._limits = Watch(words), mapped

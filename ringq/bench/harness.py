@@ -566,14 +566,16 @@ def _ping(
     stop: Callable[[], None] | None = None,
 ) -> list[int]:
     """Start ``consumers`` processes running ``consumer(*args, n, ready, pipe)``, send ``n``
-    stamped messages with gaps, then (``stop``) one stop message per consumer, and return the
-    latencies they measured (ns), all together."""
+    stamped messages with gaps (and FAN_WARM more per consumer first), then (``stop``) one stop
+    message per consumer, and return the latencies they measured (ns), all together, without
+    each consumer's first FAN_WARM: a process's first wake-ups run on cold caches and lazy
+    imports, once per process, and would weigh on p99 as often as the rows restart them."""
     ctx = mp.get_context("fork")
     started = []
     for _ in range(consumers):
         ready = ctx.Event()
         r, w = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=consumer, args=(*args, n, ready, w))
+        p = ctx.Process(target=consumer, args=(*args, n + FAN_WARM * consumers, ready, w))
         p.start()
         started.append((p, ready, r))
     try:
@@ -581,7 +583,7 @@ def _ping(
             if not ready.wait(10):
                 raise RuntimeError("consumer did not start")
         time.sleep(0.05)  # let them block
-        for _ in range(n):
+        for _ in range(n + FAN_WARM * consumers):  # the count each consumer was given
             _gap()
             send()
         if stop is not None:
@@ -591,7 +593,7 @@ def _ping(
         for _p, _ready, r in started:
             if not r.poll(30):
                 raise RuntimeError("consumer did not report")
-            lat += r.recv()
+            lat += r.recv()[FAN_WARM:]
         return lat
     finally:
         for p, _ready, _r in started:
@@ -602,6 +604,7 @@ def _ping(
 
 FAN_SPIN = 0.002  # seconds: the spin row's Queue(spin=): longer than the ~1 ms between sends
 FAN_CONSUMERS = 4  # consumer processes of the many-consumer rows
+FAN_WARM = 3  # wake-ups per consumer process not counted (its first: see _ping)
 
 
 def _fan_ringq_consumer(path: str, spin: float, n: int, ready, out) -> None:
@@ -707,36 +710,39 @@ def _fan_pyqueue(make: Callable[[], Any], n: int, consumers: int = 1) -> list[in
 
 
 def fanout(scratch: str, sz: Sizes, log: Callable[[str], None]) -> list[Row]:
-    systems: list[tuple[str, str, Callable[[], list[int]]]] = [
+    """The fan-out rows: ``sz.fanout`` wake-ups per system, measured in ``sz.rounds`` rounds
+    (fewer for a small count) that each run every system for its share, in an order that rotates
+    from round to round, so that a slow spell of the machine falls on every system alike."""
+    systems: list[tuple[str, str, Callable[[int], list[int]]]] = [
         (
             "raw futex wake",
             "floor: FUTEX_WAKE through a shared file mapping",
-            lambda: _fan_futex(scratch, sz.fanout),
+            lambda n: _fan_futex(scratch, n),
         ),
         (
             "ringq",
             "lease_one(wait=...) woken by enqueue (none)",
-            lambda: _fan_ringq(scratch, sz.fanout),
+            lambda n: _fan_ringq(scratch, n),
         ),
         (
             "ringq",
             f"lease_one(wait=...), Queue(spin={FAN_SPIN}): polls before it sleeps (none)",
-            lambda: _fan_ringq(scratch, sz.fanout, FAN_SPIN),
+            lambda n: _fan_ringq(scratch, n, FAN_SPIN),
         ),
         (
             "multiprocessing.Queue",
             "get() woken by put()",
-            lambda: _fan_pyqueue(lambda: mp.get_context("fork").Queue(), sz.fanout),
+            lambda n: _fan_pyqueue(lambda: mp.get_context("fork").Queue(), n),
         ),
         (
             "ringq",
             f"{FAN_CONSUMERS} consumer processes in lease_one(wait=...) (none)",
-            lambda: _fan_ringq(scratch, sz.fanout, consumers=FAN_CONSUMERS),
+            lambda n: _fan_ringq(scratch, n, consumers=FAN_CONSUMERS),
         ),
         (
             "multiprocessing.Queue",
             f"{FAN_CONSUMERS} consumer processes in get()",
-            lambda: _fan_pyqueue(lambda: mp.get_context("fork").Queue(), sz.fanout, FAN_CONSUMERS),
+            lambda n: _fan_pyqueue(lambda: mp.get_context("fork").Queue(), n, FAN_CONSUMERS),
         ),
     ]
     try:
@@ -746,25 +752,35 @@ def fanout(scratch: str, sz: Sizes, log: Callable[[str], None]) -> list[Row]:
             (
                 "faster-fifo",
                 "get() woken by put()",
-                lambda: _fan_pyqueue(faster_fifo.Queue, sz.fanout),
+                lambda n: _fan_pyqueue(faster_fifo.Queue, n),
             )
         )
         systems.append(
             (
                 "faster-fifo",
                 f"{FAN_CONSUMERS} consumer processes in get()",
-                lambda: _fan_pyqueue(faster_fifo.Queue, sz.fanout, FAN_CONSUMERS),
+                lambda n: _fan_pyqueue(faster_fifo.Queue, n, FAN_CONSUMERS),
             )
         )
     except ImportError:
         log("  skipped faster-fifo fan-out: faster-fifo is not installed (pip install faster-fifo)")
+    rounds = max(1, min(sz.rounds, sz.fanout // 50))
+    lats: dict[int, list[int]] = {i: [] for i in range(len(systems))}
+    for r in range(rounds):
+        share = sz.fanout // rounds + (1 if r < sz.fanout % rounds else 0)
+        for k in range(len(systems)):
+            i = (k + r) % len(systems)
+            if i not in lats:
+                continue  # it failed in an earlier round
+            system, variant, fn = systems[i]
+            try:
+                lats[i] += fn(share)
+            except Exception as exc:  # noqa: BLE001 - a broken reference must not sink the run
+                log(f"  skipped {system} fan-out: {type(exc).__name__}: {exc}")
+                del lats[i]
     rows = []
-    for system, variant, fn in systems:
-        try:
-            lat = fn()
-        except Exception as exc:  # noqa: BLE001 - a broken reference must not sink the run
-            log(f"  skipped {system} fan-out: {type(exc).__name__}: {exc}")
-            continue
+    for i, lat in lats.items():
+        system, variant, _fn = systems[i]
         row = _lat_row("fanout", system, variant, False, lat, len(lat), 0.0)
         row.ops_per_s = 0.0
         rows.append(row)

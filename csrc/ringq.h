@@ -523,6 +523,7 @@ typedef struct {
     uint8_t codec;                  /* the JSON codec's id */
     uint8_t kind;                   /* the record kind of a job */
     int writeback;                  /* ringq_append_fast's writeback */
+    uint32_t end;                   /* out: the slot after the last express append's record */
 } ringq_express_plan;
 
 /* Start writing slots [lo, hi) of a segment's record file (slot 0 at file offset data_file_off)

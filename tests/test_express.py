@@ -1,5 +1,5 @@
-"""The express enqueue: ``enqueue(dict)`` with no other argument, under ``durability="none"``, is
-encoded, appended and returned in one C call (csrc/ext/jobs.c express, Appender.express).  It must
+"""The express enqueue: ``enqueue(dict)`` with no other argument is encoded, appended and returned
+in one C call (csrc/ext/jobs.c express, Appender.express), then synced as the strategy says.  It must
 give the job the general path gives, write nothing when it hands a payload to the general path,
 and stay one job per record across threads, processes and rotations."""
 
@@ -146,15 +146,26 @@ def test_express_fills_segments_and_rotates_through_the_general_way(tmp_path):
         assert [j.id for j in got] == [j.id for j in jobs]
 
 
-def test_other_strategies_and_queues_never_take_the_express_path(tmp_path):
-    with counted() as answers:
-        with Queue(tmp_path / "msync") as q:
-            q.enqueue({"a": 1})
-            q.enqueue({"a": 2})
-            assert [j.payload for j in q.lease(2)] == [{"a": 1}, {"a": 2}]
-        with Queue(tmp_path / "ids", durability="none", auto_ids=False) as q:
-            with pytest.raises(ValueError):
-                q.enqueue({"a": 1})  # a queue without automatic ids wants an id
+@pytest.mark.parametrize("durability", ["msync", "fdatasync", "group", "interval"])
+def test_every_strategy_takes_the_express_path_and_syncs_as_before(tmp_path, durability):
+    with Queue(tmp_path, durability=durability) as q:
+        q.enqueue({"first": "append"})
+        before = q.sync_counters()["queue_append_syncs"]
+        with counted() as answers:
+            jobs = [q.enqueue({"a": i}) for i in range(3)]
+        assert answers == jobs  # all three taken
+        syncs = q.sync_counters()["queue_append_syncs"] - before
+        if durability in ("msync", "fdatasync"):
+            assert syncs == 3  # one sync per enqueue, before it returned
+        elif durability == "group":
+            assert 1 <= syncs <= 3
+        assert [j.payload for j in q.lease(4)] == [{"first": "append"}, {"a": 0}, {"a": 1}, {"a": 2}]
+
+
+def test_a_queue_without_automatic_ids_never_takes_the_express_path(tmp_path):
+    with counted() as answers, Queue(tmp_path, durability="none", auto_ids=False) as q:
+        with pytest.raises(ValueError):
+            q.enqueue({"a": 1})  # a queue without automatic ids wants an id
     assert answers == []
 
 

@@ -511,7 +511,8 @@ static PyObject *set_express(PyObject *self, PyObject *args) {
  * One job without an id, key or any other argument, whose payload is a dict that `plain` takes:
  * encoded, appended by ringq_append_fast with the plan's arguments (csrc/ringq.h
  * ringq_express_plan; the caller holds the writer thread lock, lock_fd its lock file), and
- * returned as its snapshot, the payload itself as the stored value.  0 when it must go the
+ * returned as its snapshot, the payload itself as the stored value (the plan's end set to the slot
+ * after its record).  0 when it must go the
  * general way, with nothing written: another payload, text too long or unencodable (the general
  * way raises the error), a record too large for the queue or the scratch, or an append that did
  * not fit the segment or found the lock taken; a negative helper error code (nothing written). */
@@ -564,6 +565,7 @@ static PyObject *express(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     Py_DECREF(text);
     if (rc <= 0)
         return PyLong_FromLong(rc);
+    p->end = end;
     PyObject *headv = PyLong_FromUnsignedLong(head);
     PyObject *avail = PyFloat_FromDouble((double)p->tmpl->available_ms / 1000.0);
     PyObject *enq = PyFloat_FromDouble((double)p->tmpl->enqueued_us / 1e6);

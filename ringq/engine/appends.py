@@ -93,15 +93,17 @@ class Appender:
         self._last = None
         self._planned, self._plan_keeps = None, ()
 
-    def express(self, payload: dict[str, Any], max_attempts: int) -> Job | None:
+    def express(
+        self, payload: dict[str, Any], max_attempts: int
+    ) -> tuple[Job, tuple[dict[int, list[int]], int] | None] | None:
         """One job with a plain JSON payload (a dict) and no other argument but ``max_attempts``,
-        encoded, appended and returned as its snapshot in one C call (runs.express), under a
-        strategy that has nothing to do once the record is published (``none``).  None, with
-        nothing written, when it must go the general way: another payload, another strategy, no
-        segment appended to yet or one that is full or closed, the writer lock held or taken.
+        encoded, appended and returned as its snapshot in one C call (runs.express).  Returns
+        ``(job, ticket)``, the ticket for :meth:`finish` or None when the strategy has nothing
+        left to do; None, with nothing written, when it must go the general way: another payload,
+        no segment appended to yet or one that is full or closed, the writer lock held or taken.
         The caller holds the queue lock.  Raises as append_one for a failed write."""
         express = runs.express  # the module's: a test's recorder may stand in for it
-        if express is None or not self.ring.dur.done_at_publish:
+        if express is None:
             return None
         lock = self.ring.lock
         lock_fd = lock.enter_thread()
@@ -114,13 +116,19 @@ class Appender:
             got = express(
                 self._plan_addr, payload, max_attempts, lock_fd, seg.seq, self.ring.identity
             )
+            end = self._plan.end
         finally:
             lock.exit_thread()
         if isinstance(got, int):
             if got:
                 native.check(got, f"write records to {seg.path}")
             return None
-        return got
+        dur = self.ring.dur
+        if dur.done_at_publish:
+            return got, None
+        # As _append_fast's: a third item when the call woke consumers itself.
+        woke = (True,) if dur.wake_at_publish else ()
+        return got, ({seg.seq: [got.record_position[1], end]}, position(seg.seq, end), *woke)
 
     def _aim(self, seg: Segment) -> None:
         """Point the express plan at ``seg``, the segment appended to last, with a scratch of at
@@ -132,14 +140,17 @@ class Appender:
         assert self._scratch is not None
         ctl = self.ring.ctl
         p = self._plan
-        p.ctl, p.ctl_len, p.words = ctl.ptr, ctl.size, CTL_WORDS_WAKE
+        dur = self.ring.dur
+        p.ctl, p.ctl_len = ctl.ptr, ctl.size
+        # With no sync between publishing and returning, the call wakes consumers itself.
+        p.words = CTL_WORDS_WAKE if dur.wake_at_publish else CTL_WORDS
         p.fd, p.data_file_off = seg.rfd, REC_DATA_OFF
         p.base, p.maplen, p.g, p.epoch_ms = seg.ptr, seg.size, seg.geom, seg.epoch_ms
         p.tmpl = self._tmpl
         p.scratch, p.scratch_len = self._scratch[1], len(self._scratch[0])
         p.max_record = self.max_record_bytes()
         p.codec, p.kind = codec.JSON, records.KIND_JOB
-        p.writeback = self.ring.dur.early_writeback
+        p.writeback = dur.early_writeback
         self._plan_keeps = (ctl.ptr, seg.ptr, seg.geom, self._scratch)
         self._planned = seg
 

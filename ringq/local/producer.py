@@ -81,7 +81,19 @@ class Producer:
         if not self.expressable:
             return None
         with self.lock:
-            return self.ring.express(payload, attempts)
+            got = self.ring.express(payload, attempts)
+            if got is None:
+                return None
+            job, ticket = got
+            if ticket is None:
+                return job
+            self.outside.enter_held()  # the sync below runs outside the lock: a close waits
+        # Sync outside our lock, so that other threads append meanwhile (and share the sync).
+        try:
+            self.ring.finish(ticket)
+        finally:
+            self.outside.leave()
+        return job
 
     def enqueue_one(
         self,

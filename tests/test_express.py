@@ -80,6 +80,12 @@ def _nested(depth: int) -> Any:
     return v
 
 
+def _circular() -> dict[str, Any]:
+    d: dict[str, Any] = {}
+    d["self"] = d
+    return d
+
+
 class Colour(enum.IntEnum):
     RED = 1
 
@@ -117,6 +123,7 @@ def test_what_express_does_not_take_goes_the_general_way_unchanged(tmp_path, pay
         ({"x": math.inf}, SerializationError),
         ({"x": "\ud800"}, SerializationError),  # a lone surrogate
         ({"x": "y" * 70_000}, RecordTooLargeError),
+        (_circular(), SerializationError),
     ],
 )
 def test_a_payload_express_cannot_store_raises_as_before_and_writes_nothing(tmp_path, payload, error):

@@ -135,9 +135,11 @@ def _run_threads(exe, *args):
     return subprocess.run([exe, *args], capture_output=True, text=True, env=env, timeout=300)
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_threads_share_the_c_paths_without_a_race_or_a_second_lease(threads_harness, seed):
-    out = _run_threads(threads_harness, "3000", str(seed))
+@pytest.mark.parametrize("seed, mode", [(1, "plain"), (2, "plain"), (3, "append")])
+def test_threads_share_the_c_paths_without_a_race_or_a_second_lease(threads_harness, seed, mode):
+    # "append": the producer appends with ringq_append_fast into a file-backed segment (writer
+    # lock, pwrite, publish, wake in one call) while the consumers wait, claim and ack.
+    out = _run_threads(threads_harness, "3000", str(seed), mode)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     m = re.search(
         r"threads: (\d+) leases \((\d+) by the wait, (\d+) by claim_next, (\d+) by CAS; "

@@ -2,7 +2,7 @@
  * whole history.  Built and run by tests/test_native_sanitized.py under ThreadSanitizer and under
  * AddressSanitizer + UndefinedBehaviorSanitizer:
  *   gcc -std=gnu11 -g -O1 -fsanitize=thread -Icsrc tests/native/ringq_threads.c csrc/ *.c -lpthread
- *   ./threads [jobs] [seed] [shared]
+ *   ./threads [jobs] [seed] [shared|append]
  *
  * One segment mapping and one control page in memory, shared by the threads of this process as a
  * queue's mappings are: a producer publishes records (ringq_rec_write, then a release-store of
@@ -20,7 +20,9 @@
  * end every slot is DONE.  TSan reports any data race in the helper; the checks report any lease
  * handed out twice.  Prints "threads: N leases (W by the wait, C by claim_next, P by CAS), M acks,
  * 0 failed" and exits 0 on success.  With "shared" the consumers pass one result struct to the
- * wait between them (the fault the checks exist for): the run must fail.
+ * wait between them (the fault the checks exist for): the run must fail.  With "append" the
+ * segment is a file mapped MAP_SHARED and the producer appends with ringq_append_fast, the
+ * uncontended enqueue's one call (writer lock, pwrite, publish, wake), as a queue does.
  */
 #include "ringq.h"
 
@@ -29,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -90,10 +93,52 @@ static uint32_t tail_now(void) {
     return t;
 }
 
+/* "append" mode: the segment is a file mapped MAP_SHARED and the producer appends each job with
+ * ringq_append_fast (flock on a lock file, pwrite into the file, publish, wake, unlock), the
+ * one-call append of an uncontended enqueue, instead of writing the record through the mapping. */
+static int append_mode, seg_fd = -1, lock_fd = -1;
+#define TAIL_SEG_OFF 72u
+#define NEXT_SEQ_OFF 64u
+#define ENQUEUED_OFF 224u
+#define LOCK_WAKE_OFF 212u
+#define LOCK_WAITERS_OFF 216u
+
+static void append_job(uint32_t slot) {
+    static uint8_t scratch[4 * SLOT_SIZE];
+    ringq_ctl_words w = {0};
+    w.tail_seg = TAIL_SEG_OFF;
+    w.next_seq = NEXT_SEQ_OFF;
+    w.enqueued = ENQUEUED_OFF;
+    w.acked = ACKED_OFF;
+    w.lock_waiters = LOCK_WAITERS_OFF;
+    w.lock_wake = LOCK_WAKE_OFF;
+    w.wake = WAKE_OFF;
+    w.waiters = WAITERS_OFF;
+    ringq_rec_header tmpl;
+    memset(&tmpl, 0, sizeof tmpl);
+    tmpl.max_attempts = 60;
+    tmpl.kind = 1;
+    uint8_t codec = 1, data[8] = {0};
+    memcpy(data, &slot, 4);
+    uint32_t len = sizeof data, head = 0, end = 0;
+    int rc = ringq_append_fast(lock_fd, ctl, ctl_len, &w, seg_fd, g.data_off, seg, maplen, &g, epoch_ms, 0,
+                               &tmpl, &codec, NULL, &len, 1, data, sizeof data, scratch, sizeof scratch,
+                               &head, &end, 0);
+    if (rc != 1 || head != slot || end != slot + 1)
+        FAIL("append_fast of job %u: rc %d, head %u, end %u", slot, rc, head, end);
+    if (tmpl.seq != (uint64_t)slot + 1) FAIL("append_fast gave job %u seq %llu", slot, (unsigned long long)tmpl.seq);
+}
+
 static void *producer(void *arg) {
     unsigned seed = (unsigned)(uintptr_t)arg;
     uint8_t rec[RINGQ_REC_HEADER + 8];
     for (uint32_t slot = 0; slot < jobs; slot++) {
+        if (append_mode) {
+            append_job(slot);
+            seed = seed * 1103515245u + 12345u;
+            if ((seed >> 16) % 8 != 0) usleep(50 + (seed >> 8) % 200);
+            continue;
+        }
         memset(rec, 0, sizeof rec);
         uint32_t magic = RINGQ_REC_MAGIC, len = sizeof rec, span = 1, plen = 8;
         int64_t enq_us = 1000000, avail_ms = 0;
@@ -312,16 +357,36 @@ int main(int argc, char **argv) {
     if (argc > 1) jobs = (uint32_t)atol(argv[1]);
     unsigned seed = argc > 2 ? (unsigned)strtoul(argv[2], NULL, 10) : 1;
     shared_out = argc > 3 && strcmp(argv[3], "shared") == 0;
+    append_mode = argc > 3 && strcmp(argv[3], "append") == 0;
     g.seg_seq = 3;
     g.slot_size = SLOT_SIZE;
     g.slot_count = jobs;
     g.state_off = 256;
     g.data_off = g.state_off + (uint64_t)jobs * RINGQ_STATE_ENTRY;
     maplen = g.data_off + (size_t)jobs * SLOT_SIZE;
-    seg = aligned_alloc(4096, (maplen + 4095) / 4096 * 4096);
     ctl = aligned_alloc(4096, ctl_len);
-    memset(seg, 0, maplen);
     memset(ctl, 0, ctl_len);
+    if (append_mode) {
+        char seg_path[] = "/tmp/ringq-threads-seg.XXXXXX", lock_path[] = "/tmp/ringq-threads-lock.XXXXXX";
+        seg_fd = mkstemp(seg_path);
+        lock_fd = mkstemp(lock_path);
+        if (seg_fd < 0 || lock_fd < 0 || ftruncate(seg_fd, (off_t)maplen) != 0) {
+            perror("segment file");
+            return 2;
+        }
+        unlink(seg_path);
+        unlink(lock_path);
+        seg = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd, 0);
+        if (seg == MAP_FAILED) {
+            perror("mmap");
+            return 2;
+        }
+        uint64_t tail_seg = g.seg_seq;
+        memcpy(ctl + TAIL_SEG_OFF, &tail_seg, 8); /* appends go to this segment */
+    } else {
+        seg = aligned_alloc(4096, (maplen + 4095) / 4096 * 4096);
+        memset(seg, 0, maplen);
+    }
     set_epoch();
     claims = calloc((size_t)jobs * MAX_LC, sizeof *claims);
     acks = calloc(jobs, sizeof *acks);
@@ -346,7 +411,13 @@ int main(int argc, char **argv) {
            atomic_load(&by_handle), atomic_load(&acked), atomic_load(&failures));
     free(claims);
     free(acks);
-    free(seg);
+    if (append_mode) {
+        munmap(seg, maplen);
+        close(seg_fd);
+        close(lock_fd);
+    } else {
+        free(seg);
+    }
     free(ctl);
     return atomic_load(&failures) ? 1 : 0;
 }

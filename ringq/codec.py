@@ -134,12 +134,13 @@ _json_once = (
 
 
 def plain_encoder() -> tuple[Any, int] | None:
-    """``(encode, text_max)`` for a caller that encodes plain JSON payloads itself -- dicts with
+    """``(encode, max_depth)`` for a caller that encodes plain JSON payloads itself -- dicts with
     str keys, lists, str, int, float, bool and None, exact types (the express enqueue of
     csrc/ext/jobs.c) --: ``encode(payload, 0)`` gives the chunks of the text :func:`encode`
-    writes (raising as the json module does), and text longer than ``text_max`` characters must
-    have its nesting checked by :func:`encode`.  None where the json module has no C encoder."""
-    return None if _json_once is None else (_json_once, _DEPTH_TEXT)
+    writes (raising as the json module does), and a payload whose containers nest at most
+    ``max_depth`` (MAX_DEPTH) deep is one :func:`encode` stores.  None where the json module has
+    no C encoder."""
+    return None if _json_once is None else (_json_once, MAX_DEPTH)
 
 
 _orjson: ModuleType | None

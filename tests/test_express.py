@@ -17,6 +17,7 @@ from procs import spawn
 
 import ringq.engine.runs as runs
 from ringq import JobState, Queue
+from ringq.codec import MAX_DEPTH
 from ringq.errors import QueueClosedError, RecordTooLargeError, SerializationError
 
 pytestmark = pytest.mark.skipif(runs.express is None, reason="no C JSON encoder: no express path")
@@ -46,12 +47,21 @@ def _fields(job: Any) -> dict[str, Any]:
     return {k: v for k, v in job.to_dict().items() if k not in _OWN}
 
 
+def _nested(depth: int) -> Any:
+    v: Any = 0
+    for _ in range(depth):
+        v = [v]
+    return v
+
+
 PLAIN = [
     {},
     {"t": 1, "pad": "x" * 40},
     {"a": [1, 2.5, None, True, False, "é", "\u2028", {"b": []}], "c": -(2**70)},
     {"deep": [[[[[[[[[[1]]]]]]]]]]},
     {"text": "line\nbreak \"quoted\" \\ back"},
+    {"big": ["é" * 100 for _ in range(100)], "n": 1e16},  # far longer than 512 characters
+    {"n": _nested(MAX_DEPTH - 1)},  # as deep as the codec stores: the dict and its lists
 ]
 
 
@@ -71,13 +81,6 @@ def test_a_plain_dict_takes_the_express_path_and_gives_the_general_paths_job(tmp
         leased = q.lease(3)
         assert [j.payload for j in leased] == [{"first": "append"}, payload, payload]
         assert [j.id for j in leased][1] == fast.id
-
-
-def _nested(depth: int) -> Any:
-    v: Any = 0
-    for _ in range(depth):
-        v = [v]
-    return v
 
 
 def _circular() -> dict[str, Any]:
@@ -102,7 +105,6 @@ class Text(str):
         ({"c": Colour.RED}, {"c": 1}),  # an int subclass
         ({"s": Text("x")}, {"s": "x"}),  # a str subclass
         ({"b": b"\x00\xff"}, {"b": b"\x00\xff"}),  # bytes: the mixed codec
-        ({"n": _nested(20)}, None),  # nested past the express depth
     ],
 )
 def test_what_express_does_not_take_goes_the_general_way_unchanged(tmp_path, payload, stored):
@@ -124,6 +126,7 @@ def test_what_express_does_not_take_goes_the_general_way_unchanged(tmp_path, pay
         ({"x": "\ud800"}, SerializationError),  # a lone surrogate
         ({"x": "y" * 70_000}, RecordTooLargeError),
         (_circular(), SerializationError),
+        ({"n": _nested(MAX_DEPTH)}, SerializationError),  # one level deeper than the codec stores
     ],
 )
 def test_a_payload_express_cannot_store_raises_as_before_and_writes_nothing(tmp_path, payload, error):

@@ -446,17 +446,17 @@ static __typeof__(ringq_append_fast) *append_fn; /* the cffi helper's ringq_appe
 static PyObject *json_encode;  /* encode(payload, 0) -> chunks of JSON text (ringq/codec.py) */
 static PyObject *empty_text;   /* "": what the chunks are joined with */
 static PyObject *no_shown;     /* (None,) * 5: nothing of a job's metadata shown */
-static Py_ssize_t text_max;    /* JSON text longer than this goes the general way (its depth) */
-#define PLAIN_DEPTH 16         /* containers nested deeper go the general way */
+static int max_depth;         /* containers nested deeper go the general way (which refuses them) */
 
 /* 1 if `o` is built of dicts with str keys, lists, str, int, float, bool and None only, exact
- * types, nested at most PLAIN_DEPTH deep: JSON gives it back equal and of the same types (no
+ * types, with containers nested at most max_depth deep (`depth` counts the containers around
+ * `o`): JSON gives it back equal and of the same types, and no check of its depth is left (no
  * Python code runs here, so nothing can change it meanwhile); else 0. */
 static int plain(PyObject *o, int depth) {
     if (PyUnicode_CheckExact(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o) || PyBool_Check(o) ||
         o == Py_None)
         return 1;
-    if (depth >= PLAIN_DEPTH)
+    if (depth >= max_depth)
         return 0;
     if (PyDict_CheckExact(o)) {
         Py_ssize_t pos = 0;
@@ -475,14 +475,14 @@ static int plain(PyObject *o, int depth) {
     return 0;
 }
 
-/* set_express(append_address, encode, text_max): the address of the cffi helper's
+/* set_express(append_address, encode, max_depth): the address of the cffi helper's
  * ringq_append_fast, the JSON encoder of ringq/codec.py (encode(payload, 0) -> chunks), and the
- * longest JSON text express() takes (longer text has its nesting checked on the general way). */
+ * deepest nesting of containers the codec stores (ringq.codec.MAX_DEPTH). */
 static PyObject *set_express(PyObject *self, PyObject *args) {
     PyObject *addr_o, *encode;
-    Py_ssize_t longest;
+    int deepest;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOn", &addr_o, &encode, &longest))
+    if (!PyArg_ParseTuple(args, "OOi", &addr_o, &encode, &deepest))
         return NULL;
     void *addr = PyLong_AsVoidPtr(addr_o);
     if (addr == NULL) {
@@ -490,8 +490,8 @@ static PyObject *set_express(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_ValueError, "set_express(): a null address");
         return NULL;
     }
-    if (!PyCallable_Check(encode) || longest < 0) {
-        PyErr_SetString(PyExc_TypeError, "set_express(): a callable encoder and a length >= 0");
+    if (!PyCallable_Check(encode) || deepest < 1 || deepest > 1000) {
+        PyErr_SetString(PyExc_TypeError, "set_express(): a callable encoder and a depth of 1 to 1000");
         return NULL;
     }
     if (empty_text == NULL && (empty_text = PyUnicode_FromString("")) == NULL)
@@ -501,7 +501,7 @@ static PyObject *set_express(PyObject *self, PyObject *args) {
         return NULL;
     Py_INCREF(encode);
     Py_XSETREF(json_encode, encode);
-    text_max = longest;
+    max_depth = deepest;
     append_fn = (__typeof__(ringq_append_fast) *)addr;
     Py_RETURN_NONE;
 }
@@ -513,8 +513,8 @@ static PyObject *set_express(PyObject *self, PyObject *args) {
  * ringq_express_plan; the caller holds the writer thread lock, lock_fd its lock file), and
  * returned as its snapshot, the payload itself as the stored value (the plan's end set to the slot
  * after its record).  0 when it must go the
- * general way, with nothing written: another payload, text too long or unencodable (the general
- * way raises the error), a record too large for the queue or the scratch, or an append that did
+ * general way, with nothing written: another payload, one nested too deep or unencodable (the
+ * general way raises the error), a record too large for the queue or the scratch, or an append that did
  * not fit the segment or found the lock taken; a negative helper error code (nothing written). */
 static PyObject *express(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
@@ -546,7 +546,7 @@ static PyObject *express(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         PyErr_Clear();
         return PyLong_FromLong(0);
     }
-    if (len > text_max || (uint64_t)len + RINGQ_REC_HEADER > p->max_record ||
+    if ((uint64_t)len + RINGQ_REC_HEADER > p->max_record ||
         (uint64_t)len + RINGQ_REC_HEADER + p->g->slot_size > p->scratch_len) {
         Py_DECREF(text);
         return PyLong_FromLong(0);

@@ -137,8 +137,9 @@ def _run_threads(exe, *args):
 
 @pytest.mark.parametrize("seed, mode", [(1, "plain"), (2, "plain"), (3, "append")])
 def test_threads_share_the_c_paths_without_a_race_or_a_second_lease(threads_harness, seed, mode):
-    # "append": the producer appends with ringq_append_fast into a file-backed segment (writer
-    # lock, pwrite, publish, wake in one call) while the consumers wait, claim and ack.
+    # "append": two producers append with ringq_append_fast into a file-backed segment (writer
+    # lock, pwrite, publish, wake in one call; a producer that finds the lock taken waits as
+    # ringq/engine/lock.py does) while the consumers wait, claim and ack.
     out = _run_threads(threads_harness, "3000", str(seed), mode)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     m = re.search(
@@ -150,6 +151,11 @@ def test_threads_share_the_c_paths_without_a_race_or_a_second_lease(threads_harn
     # every path that hands out a lease was taken (runs through the segment handle among them),
     # and every job was acked once
     assert all(int(x) > 0 for x in m.groups()[1:5]) and int(m.group(6)) == 3000, out.stdout
+    # the wake after each publish reaches the waiting consumers: most jobs are leased in the wait
+    assert int(m.group(2)) >= 3000 // 4, out.stdout
+    if mode == "append":  # the two producers' flocks excluded each other, and waiters were woken
+        waits = re.search(r"append: (\d+) lock waits", out.stdout)
+        assert waits and int(waits.group(1)) > 0, out.stdout
 
 
 def test_threads_harness_catches_a_result_struct_shared_between_threads(threads_harness):

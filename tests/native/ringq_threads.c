@@ -21,8 +21,11 @@
  * handed out twice.  Prints "threads: N leases (W by the wait, C by claim_next, P by CAS), M acks,
  * 0 failed" and exits 0 on success.  With "shared" the consumers pass one result struct to the
  * wait between them (the fault the checks exist for): the run must fail.  With "append" the
- * segment is a file mapped MAP_SHARED and the producer appends with ringq_append_fast, the
- * uncontended enqueue's one call (writer lock, pwrite, publish, wake), as a queue does.
+ * segment is a file mapped MAP_SHARED and two producers append with ringq_append_fast, the
+ * uncontended enqueue's one call (writer lock, pwrite, publish, wake), as a queue does, each
+ * through its own descriptor of the lock file; it also prints "append: N lock waits" (how
+ * often a producer found the lock taken and waited for its release) and checks that no writer
+ * is left registered as waiting.
  */
 #include "ringq.h"
 
@@ -31,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -93,18 +97,25 @@ static uint32_t tail_now(void) {
     return t;
 }
 
-/* "append" mode: the segment is a file mapped MAP_SHARED and the producer appends each job with
- * ringq_append_fast (flock on a lock file, pwrite into the file, publish, wake, unlock), the
- * one-call append of an uncontended enqueue, instead of writing the record through the mapping. */
-static int append_mode, seg_fd = -1, lock_fd = -1;
+/* "append" mode: the segment is a file mapped MAP_SHARED and two producer threads append the
+ * jobs with ringq_append_fast (flock on the lock file, pwrite into the file, publish, wake,
+ * unlock), the one-call append of an uncontended enqueue, instead of writing records through the
+ * mapping.  Each producer opens the lock file itself, as each process does, so their flocks
+ * exclude each other; one that finds the lock taken waits as ringq/engine/lock.py does
+ * (registered in lock_waiters before it retries, asleep on lock_wake), and the holder's release
+ * wakes it. */
+static int append_mode, seg_fd = -1;
+static char lock_path[] = "/tmp/ringq-threads-lock.XXXXXX";
+static _Atomic uint32_t next_job, lock_waits;
+#define PRODUCERS_APPEND 2
 #define TAIL_SEG_OFF 72u
 #define NEXT_SEQ_OFF 64u
 #define ENQUEUED_OFF 224u
 #define LOCK_WAKE_OFF 212u
 #define LOCK_WAITERS_OFF 216u
 
-static void append_job(uint32_t slot) {
-    static uint8_t scratch[4 * SLOT_SIZE];
+static void append_job(int lock_fd, uint32_t job) {
+    static _Thread_local uint8_t scratch[4 * SLOT_SIZE];
     ringq_ctl_words w = {0};
     w.tail_seg = TAIL_SEG_OFF;
     w.next_seq = NEXT_SEQ_OFF;
@@ -119,26 +130,54 @@ static void append_job(uint32_t slot) {
     tmpl.max_attempts = 60;
     tmpl.kind = 1;
     uint8_t codec = 1, data[8] = {0};
-    memcpy(data, &slot, 4);
+    memcpy(data, &job, 4);
     uint32_t len = sizeof data, head = 0, end = 0;
-    int rc = ringq_append_fast(lock_fd, ctl, ctl_len, &w, seg_fd, g.data_off, seg, maplen, &g, epoch_ms, 0,
-                               &tmpl, &codec, NULL, &len, 1, data, sizeof data, scratch, sizeof scratch,
-                               &head, &end, 0);
-    if (rc != 1 || head != slot || end != slot + 1)
-        FAIL("append_fast of job %u: rc %d, head %u, end %u", slot, rc, head, end);
-    if (tmpl.seq != (uint64_t)slot + 1) FAIL("append_fast gave job %u seq %llu", slot, (unsigned long long)tmpl.seq);
+    for (int registered = 0;;) {
+        uint32_t seen = 0;
+        if (registered) ringq_load32(ctl, ctl_len, LOCK_WAKE_OFF, &seen);
+        int rc = ringq_append_fast(lock_fd, ctl, ctl_len, &w, seg_fd, g.data_off, seg, maplen, &g, epoch_ms, 0,
+                                   &tmpl, &codec, NULL, &len, 1, data, sizeof data, scratch, sizeof scratch,
+                                   &head, &end, 0);
+        if (rc == 1 || rc < 0) {
+            if (registered) ringq_fetch_add32(ctl, ctl_len, LOCK_WAITERS_OFF, (uint32_t)-1, NULL);
+            if (rc < 0) FAIL("append_fast of job %u: rc %d", job, rc);
+            if (rc < 0) return;
+            break;
+        }
+        if (!registered) { /* the lock is taken: register, then retry before sleeping */
+            ringq_fetch_add32(ctl, ctl_len, LOCK_WAITERS_OFF, 1, NULL);
+            registered = 1;
+            atomic_fetch_add(&lock_waits, 1);
+            continue;
+        }
+        ringq_futex_wait(ctl, ctl_len, LOCK_WAKE_OFF, seen, 1000000);
+    }
+    if (end != head + 1 || tmpl.seq != (uint64_t)head + 1)
+        FAIL("append_fast put a job at slot %u (end %u) with seq %llu", head, end, (unsigned long long)tmpl.seq);
+}
+
+static void *append_producer(void *arg) {
+    unsigned seed = (unsigned)(uintptr_t)arg;
+    int lock_fd = open(lock_path, O_RDWR | O_CLOEXEC);
+    if (lock_fd < 0) {
+        FAIL("open the lock file");
+        return NULL;
+    }
+    for (;;) {
+        uint32_t job = atomic_fetch_add(&next_job, 1);
+        if (job >= jobs) break;
+        append_job(lock_fd, job);
+        seed = seed * 1103515245u + 12345u;
+        if ((seed >> 16) % 8 != 0) usleep(50 + (seed >> 8) % 200);
+    }
+    close(lock_fd);
+    return NULL;
 }
 
 static void *producer(void *arg) {
     unsigned seed = (unsigned)(uintptr_t)arg;
     uint8_t rec[RINGQ_REC_HEADER + 8];
     for (uint32_t slot = 0; slot < jobs; slot++) {
-        if (append_mode) {
-            append_job(slot);
-            seed = seed * 1103515245u + 12345u;
-            if ((seed >> 16) % 8 != 0) usleep(50 + (seed >> 8) % 200);
-            continue;
-        }
         memset(rec, 0, sizeof rec);
         uint32_t magic = RINGQ_REC_MAGIC, len = sizeof rec, span = 1, plen = 8;
         int64_t enq_us = 1000000, avail_ms = 0;
@@ -283,9 +322,13 @@ static void *consumer(void *arg) {
                 cursor = co.index;
                 continue;
             }
-            /* READY but leased before (the reaper returned it): the policy path's plain CAS */
-            uint64_t w = co.word, next = (w & ~((uint64_t)RINGQ_W_LC_MASK << RINGQ_W_LC_SHIFT) & ~7ull) |
-                                         RINGQ_ST_LEASED | ((uint64_t)(lc_of(w) + 1) << RINGQ_W_LC_SHIFT);
+            /* READY but not for the one-call lease (leased before and returned by the reaper, or
+             * not due yet by the consumers' clock): the policy path's plain CAS, with a deadline of
+             * its own, as transitions.leased gives one */
+            uint64_t w = co.word,
+                     next = (w & ((1ull << RINGQ_W_LC_SHIFT) - 1) & ~7ull) | RINGQ_ST_LEASED |
+                            ((uint64_t)(lc_of(w) + 1) << RINGQ_W_LC_SHIFT) |
+                            ((now_rel() + 1000000) << RINGQ_W_TIME_SHIFT);
             uint64_t seen = 0;
             int ok = lc_of(w) + 1 < MAX_LC &&
                      ringq_cas64(seg, maplen, g.state_off + (size_t)co.slot * RINGQ_STATE_ENTRY, w, next, &seen) == 1;
@@ -367,15 +410,15 @@ int main(int argc, char **argv) {
     ctl = aligned_alloc(4096, ctl_len);
     memset(ctl, 0, ctl_len);
     if (append_mode) {
-        char seg_path[] = "/tmp/ringq-threads-seg.XXXXXX", lock_path[] = "/tmp/ringq-threads-lock.XXXXXX";
+        char seg_path[] = "/tmp/ringq-threads-seg.XXXXXX";
         seg_fd = mkstemp(seg_path);
-        lock_fd = mkstemp(lock_path);
+        int lock_fd = mkstemp(lock_path);
         if (seg_fd < 0 || lock_fd < 0 || ftruncate(seg_fd, (off_t)maplen) != 0) {
             perror("segment file");
             return 2;
         }
+        close(lock_fd); /* each producer opens its own, as each process does */
         unlink(seg_path);
-        unlink(lock_path);
         seg = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_SHARED, seg_fd, 0);
         if (seg == MAP_FAILED) {
             perror("mmap");
@@ -393,8 +436,19 @@ int main(int argc, char **argv) {
     pthread_t p, r, c[CONSUMERS];
     for (uintptr_t i = 0; i < CONSUMERS; i++) pthread_create(&c[i], NULL, consumer, (void *)i);
     pthread_create(&r, NULL, reaper, NULL);
-    pthread_create(&p, NULL, producer, (void *)(uintptr_t)seed);
-    pthread_join(p, NULL);
+    if (append_mode) {
+        pthread_t ap[PRODUCERS_APPEND];
+        for (uintptr_t i = 0; i < PRODUCERS_APPEND; i++)
+            pthread_create(&ap[i], NULL, append_producer, (void *)(uintptr_t)(seed + 101 * i));
+        for (int i = 0; i < PRODUCERS_APPEND; i++) pthread_join(ap[i], NULL);
+        atomic_store(&producer_done, 1);
+        ringq_fetch_add32(ctl, ctl_len, WAKE_OFF, 1, NULL);
+        ringq_futex_wake(ctl, ctl_len, WAKE_OFF, 0x7fffffff);
+        unlink(lock_path);
+    } else {
+        pthread_create(&p, NULL, producer, (void *)(uintptr_t)seed);
+        pthread_join(p, NULL);
+    }
     for (int i = 0; i < CONSUMERS; i++) pthread_join(c[i], NULL);
     pthread_join(r, NULL);
     for (uint32_t slot = 0; slot < jobs; slot++) {
@@ -414,7 +468,10 @@ int main(int argc, char **argv) {
     if (append_mode) {
         munmap(seg, maplen);
         close(seg_fd);
-        close(lock_fd);
+        uint32_t waiters = 1;
+        ringq_load32(ctl, ctl_len, LOCK_WAITERS_OFF, &waiters);
+        if (waiters) FAIL("%u writers still registered as waiting for the lock", waiters);
+        printf("append: %u lock waits\n", atomic_load(&lock_waits));
     } else {
         free(seg);
     }

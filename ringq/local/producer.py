@@ -88,12 +88,17 @@ class Producer:
             if ticket is None:
                 return job
             self.outside.enter_held()  # the sync below runs outside the lock: a close waits
-        # Sync outside our lock, so that other threads append meanwhile (and share the sync).
+        self._finish_outside(ticket)
+        return job
+
+    def _finish_outside(self, ticket: tuple[dict[int, list[int]], int]) -> None:
+        """The strategy's sync of an append (Ring.finish), run outside our lock so that other
+        threads append meanwhile (and share the sync); then count out the use of the mappings
+        that the caller counted in under the lock (``outside.enter_held``)."""
         try:
             self.ring.finish(ticket)
         finally:
             self.outside.leave()
-        return job
 
     def enqueue_one(
         self,
@@ -154,11 +159,7 @@ class Producer:
             ring.identity,
         )
         if not settled:
-            # Sync outside our lock, so that other threads append meanwhile (and share the sync).
-            try:
-                ring.finish(ticket)
-            finally:
-                self.outside.leave()
+            self._finish_outside(ticket)
         return job
 
     def enqueue(
@@ -226,11 +227,7 @@ class Producer:
                     rkind,
                 )
                 self.outside.enter_held()  # the sync below runs outside the lock: a close waits
-            # Sync outside our lock, so that other threads append meanwhile (and share the sync).
-            try:
-                ring.finish(ticket)
-            finally:
-                self.outside.leave()
+            self._finish_outside(ticket)
             # The snapshots of the jobs just appended, built in one call (no read back).
             return runs.fresh(
                 placed,

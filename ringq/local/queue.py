@@ -721,7 +721,7 @@ class Queue:
             if leased is not None:
                 assert direct is not None  # only wait_claim, given ``direct``, leases while asleep
                 with ctx.live_lock:
-                    if not quiet.policy_quiet(time.monotonic()) and (
+                    if not quiet.quiet(time.monotonic(), True) and (
                         ctx.gate.active() or any(pause.paused())
                     ):
                         # A limit or a pause appeared while we slept: the C call knew nothing of it.

@@ -40,27 +40,17 @@ class QuietLook:
         self._until = 0.0  # monotonic time until which a look that found all clear holds
         self._policy_from = 0  # the watch's first word that is not the control file's stamp
 
-    def quiet(self, t: float) -> bool:
+    def quiet(self, t: float, policy_only: bool = False) -> bool:
         """True if the last look found nothing paused and no limit, and nothing it read moved
-        (``t``: the monotonic time now)."""
+        (``t``: the monotonic time now).  ``policy_only``: only the pause and limits words count,
+        whatever was appended meanwhile (for a lease taken while asleep, which knew nothing of
+        either)."""
         watch = self._watch
         return (
             watch is not None
             and t < self._until
             and self._file.map is self._limits  # a limits file mapped since: not watched
-            and watch.same()
-        )
-
-    def policy_quiet(self, t: float) -> bool:
-        """:meth:`quiet` for the pause and limits words only: True if the last look found nothing
-        paused and no limit, and neither has moved since, whatever was appended meanwhile (for a
-        lease taken while asleep, which knew nothing of either)."""
-        watch = self._watch
-        return (
-            watch is not None
-            and t < self._until
-            and self._file.map is self._limits
-            and watch.same(self._policy_from)
+            and watch.same(self._policy_from if policy_only else 0)
         )
 
     def begin(self) -> None:

@@ -66,6 +66,14 @@ def discard_fresh(fresh: list[Segment]) -> None:
                 pass
 
 
+def _one_call_ticket(
+    segseq: int, head: int, end: int, woke: bool
+) -> tuple[dict[int, list[int]], int]:
+    """The ticket (for :meth:`Appender.finish`) of a one-call append of slots ``head`` to
+    ``end`` of segment ``segseq``: with a third item when the call woke consumers itself."""
+    return ({segseq: [head, end]}, position(segseq, end), *((True,) if woke else ()))
+
+
 class Appender:
     """Appending records to the segments of ``ring``."""
 
@@ -126,9 +134,7 @@ class Appender:
         dur = self.ring.dur
         if dur.done_at_publish:
             return got, None
-        # As _append_fast's: a third item when the call woke consumers itself.
-        woke = (True,) if dur.wake_at_publish else ()
-        return got, ({seg.seq: [got.record_position[1], end]}, position(seg.seq, end), *woke)
+        return got, _one_call_ticket(seg.seq, got.record_position[1], end, dur.wake_at_publish)
 
     def _aim(self, seg: Segment) -> None:
         """Point the express plan at ``seg``, the segment appended to last, with a scratch of at
@@ -574,11 +580,7 @@ class Appender:
             tmpl.seq,
             tmpl.enqueued_us,
             tmpl.available_ms,
-            (
-                {seg.seq: [tail, end]},
-                position(seg.seq, end),
-                *((True,) if words is CTL_WORDS_WAKE else ()),
-            ),
+            _one_call_ticket(seg.seq, tail, end, words is CTL_WORDS_WAKE),
         )
 
     def _grow_scratch(self, need: int) -> tuple[bytearray, CData]:

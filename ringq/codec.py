@@ -133,16 +133,6 @@ _json_once = (
 )
 
 
-def plain_encoder() -> tuple[Any, int] | None:
-    """``(encode, max_depth)`` for a caller that encodes plain JSON payloads itself -- dicts with
-    str keys, lists, str, int, float, bool and None, exact types (the express enqueue of
-    csrc/ext/jobs.c) --: ``encode(payload, 0)`` gives the chunks of the text :func:`encode`
-    writes (raising as the json module does), and a payload whose containers nest at most
-    ``max_depth`` (MAX_DEPTH) deep is one :func:`encode` stores.  None where the json module has
-    no C encoder."""
-    return None if _json_once is None else (_json_once, MAX_DEPTH)
-
-
 _orjson: ModuleType | None
 try:  # optional: a faster parser for decoding only (~0.2 us instead of ~1.7 us per small payload)
     import orjson as _orjson

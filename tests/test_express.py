@@ -13,14 +13,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from procs import spawn
 
 import ringq.engine.runs as runs
 from ringq import JobState, Queue
-from ringq.codec import MAX_DEPTH
+from ringq.codec import JSON, MAX_DEPTH, encode
+from ringq.engine.records import read_record, scan
+from ringq.engine.ring import Ring
 from ringq.errors import QueueClosedError, RecordTooLargeError, SerializationError
-
-pytestmark = pytest.mark.skipif(runs.express is None, reason="no C JSON encoder: no express path")
 
 # Fields that differ between two enqueues of the same payload.
 _OWN = ("id", "seq", "enqueued_at", "available_at", "record_position")
@@ -127,6 +129,8 @@ def test_what_express_does_not_take_goes_the_general_way_unchanged(tmp_path, pay
         ({"x": "y" * 70_000}, RecordTooLargeError),
         (_circular(), SerializationError),
         ({"n": _nested(MAX_DEPTH)}, SerializationError),  # one level deeper than the codec stores
+        ({"x": 10**5000}, SerializationError),  # more digits than int's str() allows
+        ({"\udfff": 1}, SerializationError),  # a lone surrogate in a key
     ],
 )
 def test_a_payload_express_cannot_store_raises_as_before_and_writes_nothing(tmp_path, payload, error):
@@ -138,6 +142,60 @@ def test_a_payload_express_cannot_store_raises_as_before_and_writes_nothing(tmp_
         st = q.stats()
         assert (st.total, st.enqueued_total) == (1, 1)
         assert q.enqueue({"after": 1}).seq == 2  # no seq was taken
+
+
+# Every kind of value express writes itself, and the ones it hands on: control characters and
+# lone surrogates, ints beyond 64 bits, NaN, the infinities and -0.0, nesting.
+_TEXT = st.text(st.characters(exclude_categories=()), max_size=12)
+_SCALAR = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(min_value=-(2**200), max_value=2**200),
+    st.floats(),
+    _TEXT,
+)
+_VALUE = st.recursive(
+    _SCALAR, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TEXT, inner, max_size=4), max_leaves=16
+)
+
+
+def _stored_bytes(path: Any) -> dict[int, bytes]:
+    """seq -> payload bytes of every record of the queue at ``path`` (closed), read from its
+    segments."""
+    ring = Ring(str(path), "default")
+    try:
+        out = {}
+        for seg in ring.segs.ordered():
+            infos, _next = scan(seg, 0)
+            for row in infos:
+                out[int(row["seq"])] = bytes(read_record(seg, int(row["slot"]))[2])
+        return out
+    finally:
+        ring.close()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(payloads=st.lists(st.dictionaries(_TEXT, _VALUE, max_size=6), min_size=1, max_size=8))
+def test_express_writes_the_bytes_the_codec_writes(tmp_path_factory, payloads):
+    path = tmp_path_factory.mktemp("express-bytes")
+    taken = {}
+    with Queue(path, durability="none") as q:
+        q.enqueue({"first": "append"})
+        for payload in payloads:
+            with counted() as answers:
+                try:
+                    job = q.enqueue(payload)
+                except SerializationError:
+                    assert answers == [0]  # refused by the general way, handed on by express
+                    continue
+            if answers == [job]:
+                taken[job.seq] = payload
+            else:
+                assert answers == [0]
+    stored = _stored_bytes(path)
+    for seq, payload in taken.items():
+        assert encode(payload) == (JSON, stored[seq])
 
 
 def test_express_fills_segments_and_rotates_through_the_general_way(tmp_path):

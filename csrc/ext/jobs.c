@@ -17,6 +17,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -105,8 +106,10 @@ static PyObject *setup(PyObject *self, PyObject *args) {
 
 /* The automatic id of a job without one: 16 lowercase hex digits of its seq (ringq/ids.py). */
 static PyObject *auto_id(uint64_t seq) {
-    char text[17];
-    snprintf(text, sizeof text, "%016llx", (unsigned long long)seq);
+    static const char hex[] = "0123456789abcdef";
+    char text[16];
+    for (int i = 15; i >= 0; i--, seq >>= 4)
+        text[i] = hex[seq & 15];
     return PyUnicode_FromStringAndSize(text, 16);
 }
 
@@ -443,46 +446,228 @@ done:
 /* ---- express(): one plain job appended and returned in one call ---------------------------- */
 
 static __typeof__(ringq_append_fast) *append_fn; /* the cffi helper's ringq_append_fast */
-static PyObject *json_encode;  /* encode(payload, 0) -> chunks of JSON text (ringq/codec.py) */
-static PyObject *empty_text;   /* "": what the chunks are joined with */
 static PyObject *no_shown;     /* (None,) * 5: nothing of a job's metadata shown */
 static int max_depth;         /* containers nested deeper go the general way (which refuses them) */
 
-/* 1 if `o` is built of dicts with str keys, lists, str, int, float, bool and None only, exact
- * types, with containers nested at most max_depth deep (`depth` counts the containers around
- * `o`): JSON gives it back equal and of the same types, and no check of its depth is left (no
- * Python code runs here, so nothing can change it meanwhile); else 0. */
-static int plain(PyObject *o, int depth) {
-    if (PyUnicode_CheckExact(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o) || PyBool_Check(o) ||
-        o == Py_None)
+/* The JSON text of a payload as it is built: on the stack while it fits. */
+typedef struct {
+    char *p;
+    size_t len, cap, limit; /* limit: the most bytes worth building (the largest record) */
+    int heap;
+    char local[1024];
+} text_buf;
+
+/* Room for `more` bytes; 0 when the text would pass its limit or memory ran out. */
+static int text_room(text_buf *b, size_t more) {
+    if (b->cap - b->len >= more)
         return 1;
+    if (b->len > b->limit || more > b->limit - b->len)
+        return 0;
+    size_t want = b->cap * 2 > b->len + more ? b->cap * 2 : b->len + more;
+    char *n = b->heap ? PyMem_Realloc(b->p, want) : PyMem_Malloc(want);
+    if (n == NULL)
+        return 0;
+    if (!b->heap)
+        memcpy(n, b->p, b->len);
+    b->p = n;
+    b->cap = want;
+    b->heap = 1;
+    return 1;
+}
+
+static int text_put(text_buf *b, const char *s, size_t n) {
+    if (!text_room(b, n))
+        return 0;
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    return 1;
+}
+
+/* The escape of a character below 0x20, the quote or the backslash, written to e[0..6): its
+ * length. */
+static size_t escaped(unsigned char c, char *e) {
+    static const char hex[] = "0123456789abcdef";
+    static const char brief[] = "\"\"\\\\\bb\ff\nn\rr\tt"; /* each character, then its letter */
+    e[0] = '\\';
+    for (const char *s = brief; *s; s += 2)
+        if ((unsigned char)s[0] == c) {
+            e[1] = s[1];
+            return 2;
+        }
+    e[1] = 'u';
+    e[2] = e[3] = '0';
+    e[4] = hex[c >> 4];
+    e[5] = hex[c & 15];
+    return 6;
+}
+
+/* A str as a JSON string in UTF-8, escaped as the json module escapes it with
+ * ensure_ascii=False: the quote, the backslash, \b \f \n \r \t by their short forms, every other
+ * code point below 0x20 as \u00XX (lowercase hex), everything else as it is.  0 for a lone
+ * surrogate (no UTF-8 for it: the general way raises). */
+static int put_str(text_buf *b, PyObject *s) {
+#if PY_VERSION_HEX < 0x030C0000
+    if (PyUnicode_READY(s) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+#endif
+    Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+    int kind = PyUnicode_KIND(s);
+    const void *d = PyUnicode_DATA(s);
+    if (!text_put(b, "\"", 1))
+        return 0;
+    if (PyUnicode_IS_ASCII(s)) { /* copied in runs between the characters to escape */
+        const char *a = (const char *)d;
+        Py_ssize_t from = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            unsigned char c = (unsigned char)a[i];
+            if (c >= 0x20 && c != '"' && c != '\\')
+                continue;
+            if (!text_put(b, a + from, (size_t)(i - from)))
+                return 0;
+            from = i + 1;
+            char e[6];
+            if (!text_put(b, e, escaped(c, e)))
+                return 0;
+        }
+        return text_put(b, a + from, (size_t)(n - from)) && text_put(b, "\"", 1);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, d, i);
+        if (!text_room(b, 6))
+            return 0;
+        char *o = b->p + b->len;
+        if (c < 0x80) {
+            if (c >= 0x20 && c != '"' && c != '\\') {
+                o[0] = (char)c;
+                b->len += 1;
+                continue;
+            }
+            b->len += escaped((unsigned char)c, o);
+        } else if (c < 0x800) {
+            o[0] = (char)(0xC0 | (c >> 6));
+            o[1] = (char)(0x80 | (c & 0x3F));
+            b->len += 2;
+        } else if (c >= 0xD800 && c <= 0xDFFF) {
+            return 0;
+        } else if (c < 0x10000) {
+            o[0] = (char)(0xE0 | (c >> 12));
+            o[1] = (char)(0x80 | ((c >> 6) & 0x3F));
+            o[2] = (char)(0x80 | (c & 0x3F));
+            b->len += 3;
+        } else {
+            o[0] = (char)(0xF0 | (c >> 18));
+            o[1] = (char)(0x80 | ((c >> 12) & 0x3F));
+            o[2] = (char)(0x80 | ((c >> 6) & 0x3F));
+            o[3] = (char)(0x80 | (c & 0x3F));
+            b->len += 4;
+        }
+    }
+    return text_put(b, "\"", 1);
+}
+
+/* An exact int as repr() writes it. */
+static int put_int(text_buf *b, PyObject *o) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (!overflow) {
+        if (v == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+        char t[21];
+        int i = (int)sizeof t;
+        unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+        do {
+            t[--i] = (char)('0' + u % 10);
+            u /= 10;
+        } while (u);
+        if (v < 0)
+            t[--i] = '-';
+        return text_put(b, t + i, sizeof t - (size_t)i);
+    }
+    PyObject *r = PyLong_Type.tp_repr(o); /* beyond 64 bits (and within the digits limit) */
+    if (r == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_ssize_t n = 0;
+    const char *t = PyUnicode_AsUTF8AndSize(r, &n);
+    int ok = t != NULL && text_put(b, t, (size_t)n);
+    Py_DECREF(r);
+    if (t == NULL)
+        PyErr_Clear();
+    return ok;
+}
+
+/* A finite exact float as repr() writes it; 0 for NaN and the infinities (the general way
+ * refuses them). */
+static int put_float(text_buf *b, PyObject *o) {
+    double x = PyFloat_AS_DOUBLE(o);
+    if (!isfinite(x))
+        return 0;
+    char *r = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (r == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int ok = text_put(b, r, strlen(r));
+    PyMem_Free(r);
+    return ok;
+}
+
+/* Append to `b` the JSON text ringq/codec.py's encode writes for `o` (the json module, compact
+ * separators, ensure_ascii=False, allow_nan=False), if `o` is built of dicts with str keys,
+ * lists, str, int, float, bool and None only, exact types, with containers nested at most
+ * max_depth deep (`depth` counts the containers around `o`): JSON gives such a value back equal
+ * and of the same types, and no check of its depth is left.  No Python code runs here, so
+ * nothing can change `o` meanwhile.  0 for anything else, or a text longer than b's limit (the
+ * general way then stores it, or says what is wrong); no exception is left set. */
+static int put_plain(text_buf *b, PyObject *o, int depth) {
+    if (PyUnicode_CheckExact(o))
+        return put_str(b, o);
+    if (PyLong_CheckExact(o))
+        return put_int(b, o);
+    if (PyFloat_CheckExact(o))
+        return put_float(b, o);
+    if (o == Py_True)
+        return text_put(b, "true", 4);
+    if (o == Py_False)
+        return text_put(b, "false", 5);
+    if (o == Py_None)
+        return text_put(b, "null", 4);
     if (depth >= max_depth)
         return 0;
     if (PyDict_CheckExact(o)) {
         Py_ssize_t pos = 0;
         PyObject *k, *v;
-        while (PyDict_Next(o, &pos, &k, &v))
-            if (!PyUnicode_CheckExact(k) || !plain(v, depth + 1))
+        if (!text_put(b, "{", 1))
+            return 0;
+        for (int first = 1; PyDict_Next(o, &pos, &k, &v); first = 0)
+            if ((!first && !text_put(b, ",", 1)) || !PyUnicode_CheckExact(k) || !put_str(b, k) ||
+                !text_put(b, ":", 1) || !put_plain(b, v, depth + 1))
                 return 0;
-        return 1;
+        return text_put(b, "}", 1);
     }
     if (PyList_CheckExact(o)) {
+        if (!text_put(b, "[", 1))
+            return 0;
         for (Py_ssize_t i = 0; i < PyList_GET_SIZE(o); i++)
-            if (!plain(PyList_GET_ITEM(o, i), depth + 1))
+            if ((i && !text_put(b, ",", 1)) || !put_plain(b, PyList_GET_ITEM(o, i), depth + 1))
                 return 0;
-        return 1;
+        return text_put(b, "]", 1);
     }
     return 0;
 }
 
-/* set_express(append_address, encode, max_depth): the address of the cffi helper's
- * ringq_append_fast, the JSON encoder of ringq/codec.py (encode(payload, 0) -> chunks), and the
- * deepest nesting of containers the codec stores (ringq.codec.MAX_DEPTH). */
+/* set_express(append_address, max_depth): the address of the cffi helper's ringq_append_fast and
+ * the deepest nesting of containers the codec stores (ringq.codec.MAX_DEPTH). */
 static PyObject *set_express(PyObject *self, PyObject *args) {
-    PyObject *addr_o, *encode;
+    PyObject *addr_o;
     int deepest;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOi", &addr_o, &encode, &deepest))
+    if (!PyArg_ParseTuple(args, "Oi", &addr_o, &deepest))
         return NULL;
     void *addr = PyLong_AsVoidPtr(addr_o);
     if (addr == NULL) {
@@ -490,17 +675,13 @@ static PyObject *set_express(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_ValueError, "set_express(): a null address");
         return NULL;
     }
-    if (!PyCallable_Check(encode) || deepest < 1 || deepest > 1000) {
-        PyErr_SetString(PyExc_TypeError, "set_express(): a callable encoder and a depth of 1 to 1000");
+    if (deepest < 1 || deepest > 1000) {
+        PyErr_SetString(PyExc_ValueError, "set_express(): a depth of 1 to 1000");
         return NULL;
     }
-    if (empty_text == NULL && (empty_text = PyUnicode_FromString("")) == NULL)
-        return NULL;
     if (no_shown == NULL &&
         (no_shown = PyTuple_Pack(5, Py_None, Py_None, Py_None, Py_None, Py_None)) == NULL)
         return NULL;
-    Py_INCREF(encode);
-    Py_XSETREF(json_encode, encode);
     max_depth = deepest;
     append_fn = (__typeof__(ringq_append_fast) *)addr;
     Py_RETURN_NONE;
@@ -534,23 +715,23 @@ static PyObject *express(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         PyErr_SetString(PyExc_ValueError, "express(): a plan and a lock descriptor");
         return NULL;
     }
-    if (attempts < 1 || attempts > UINT16_MAX || !PyDict_CheckExact(payload) || !plain(payload, 0))
+    if (attempts < 1 || attempts > UINT16_MAX || !PyDict_CheckExact(payload))
         return PyLong_FromLong(0);
-    PyObject *chunks = PyObject_CallFunctionObjArgs(json_encode, payload, zero, NULL);
-    PyObject *text = chunks ? PyUnicode_Join(empty_text, chunks) : NULL;
-    Py_XDECREF(chunks);
-    Py_ssize_t len = 0;
-    const char *utf8 = text ? PyUnicode_AsUTF8AndSize(text, &len) : NULL;
-    if (utf8 == NULL) { /* a NaN, a lone surrogate, ...: the general way says what */
-        Py_XDECREF(text);
-        PyErr_Clear();
-        return PyLong_FromLong(0);
+    /* The record (header and text) must fit the queue's largest and, with a slot to spare, the
+     * scratch; else the general way takes the payload. */
+    uint64_t room = p->scratch_len > p->g->slot_size ? p->scratch_len - p->g->slot_size : 0;
+    if (p->max_record < room)
+        room = p->max_record;
+    text_buf text = {.cap = sizeof text.local,
+                     .limit = room > RINGQ_REC_HEADER ? (size_t)(room - RINGQ_REC_HEADER) : 0};
+    text.p = text.local;
+    if (!put_plain(&text, payload, 0) || text.len > text.limit) {
+        if (text.heap)
+            PyMem_Free(text.p);
+        return PyLong_FromLong(0); /* a NaN, a lone surrogate, a tuple...: the general way says what */
     }
-    if ((uint64_t)len + RINGQ_REC_HEADER > p->max_record ||
-        (uint64_t)len + RINGQ_REC_HEADER + p->g->slot_size > p->scratch_len) {
-        Py_DECREF(text);
-        return PyLong_FromLong(0);
-    }
+    const char *utf8 = text.p;
+    Py_ssize_t len = (Py_ssize_t)text.len;
     p->tmpl->priority = 0;
     p->tmpl->max_attempts = (uint16_t)attempts;
     p->tmpl->kind = p->kind;
@@ -562,7 +743,8 @@ static PyObject *express(PyObject *self, PyObject *const *args, Py_ssize_t nargs
                    (const uint8_t *)utf8, (size_t)len, p->scratch, p->scratch_len, &head, &end,
                    p->writeback);
     Py_END_ALLOW_THREADS
-    Py_DECREF(text);
+    if (text.heap)
+        PyMem_Free(text.p);
     if (rc <= 0)
         return PyLong_FromLong(rc);
     p->end = end;
@@ -706,7 +888,7 @@ static PyMethodDef methods[] = {
      "setup(job_type, names, slots, undecoded, leased, ready, token_one, serialization_error)"},
     {"set_ack", set_ack, METH_O, "set_ack(address of ringq_ack)"},
     {"set_express", set_express, METH_VARARGS,
-     "set_express(address of ringq_append_fast, encode, text_max)"},
+     "set_express(address of ringq_append_fast, max_depth)"},
     {"express", (PyCFunction)(void (*)(void))express, METH_FASTCALL,
      "express(plan_address, payload, max_attempts, lock_fd, segseq, origin) -> Job | int"},
     {"first_ack", (PyCFunction)(void (*)(void))first_ack, METH_FASTCALL,

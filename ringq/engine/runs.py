@@ -41,7 +41,9 @@ the general path's).
 
 from __future__ import annotations
 
-from ringq.codec import key_at, plain_encoder
+from collections.abc import Callable
+
+from ringq.codec import MAX_DEPTH, key_at
 from ringq.errors import SerializationError
 from ringq.job import UNDECODED, Job, JobState, slots
 
@@ -61,9 +63,7 @@ if hasattr(Job, "__post_init__"):  # pragma: no cover - build() runs no __init__
     raise ImportError("ringq.engine.runs builds Job without __init__: Job has a __post_init__")
 _jobs.setup(Job, *slots(), UNDECODED, JobState.LEASED, JobState.READY, "1", SerializationError)
 _jobs.set_ack(int(ffi.cast("uintptr_t", ffi.addressof(lib, "ringq_ack"))))
-_plain = plain_encoder()
-if _plain is not None:
-    _jobs.set_express(int(ffi.cast("uintptr_t", ffi.addressof(lib, "ringq_append_fast"))), *_plain)
-# express(plan_address, payload, max_attempts, lock_fd, segseq, origin) -> Job | int, or None
-# where the json module has no C encoder (csrc/ext/jobs.c; Appender.express).
-express = None if _plain is None else _jobs.express
+_jobs.set_express(int(ffi.cast("uintptr_t", ffi.addressof(lib, "ringq_append_fast"))), MAX_DEPTH)
+# express(plan_address, payload, max_attempts, lock_fd, segseq, origin) -> Job | int
+# (csrc/ext/jobs.c; Appender.express, for which None turns the express path off).
+express: Callable[..., Job | int] | None = _jobs.express

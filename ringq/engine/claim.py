@@ -130,7 +130,8 @@ def wait_claim(
     )
     if co.status != lib.RINGQ_CLAIMED:
         return None
-    return WaitClaimed(co.slot, co.word, co.prev, bufs.rec_buf[:])
+    # Built as NamedTuple._make builds one, without the generated __new__'s Python frame.
+    return tuple.__new__(WaitClaimed, (co.slot, co.word, co.prev, bufs.rec_buf[:]))
 
 
 def ack_out() -> tuple[CData, array[int], int]:

@@ -326,7 +326,7 @@ class Leases:
                 direct.owner_base,
             )
             if got is not None:
-                return Waited(view, got.slot, got.word, got.prev, got.record)
+                return tuple.__new__(Waited, (view, *got))  # as Waited._make, with no Python frame
         except BaseException:
             self._settled(key)
             raise
@@ -361,17 +361,16 @@ class Leases:
         try:
             if seg.mm is None:
                 return None  # retired: every job in it finished, this one too
-            if seg.load_state(slot) != word:
-                return None  # it expired while this thread waited for the lock, and was reclaimed
             # The visibility timeout counts from when the caller gets the lease, not from the C
             # claim: a lease that waited for the lock is extended by one CAS (nobody else holds it).
             # The C call lowered the deadline floor to the first deadline, which stays a lower
-            # bound after an extension.
+            # bound after an extension.  A lease that needs none has its deadline ahead, so no
+            # other process can have reclaimed it (this one is alive and its owner word is ours).
             due = now_ms() + direct.vt_ms - seg.epoch_ms
             if rel_time(word) < due - direct.vt_ms // 10:
                 new = transitions.extended(word, due)
                 if not seg.cas_state(slot, word, new)[0]:
-                    return None  # reclaimed meanwhile
+                    return None  # it ran out while this thread waited for the lock: reclaimed
                 word = new
             run = got.record
             if word != got.word:  # the record reports the word the C call wrote

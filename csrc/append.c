@@ -97,8 +97,8 @@ int ringq_append_publish(uint8_t *base, size_t maplen, const ringq_geom *g, cons
     return (int)n;
 }
 
-/* Control.wake: bump the consumers' wake word, then wake every sleeper if any is registered.  The
- * caller checked both words. */
+/* An append's wake-up: add 1 to the consumers' wake word (Control.wake's other news adds 2), then
+ * wake every sleeper if any is registered.  The caller checked both words. */
 static void wake_consumers(uint8_t *ctl, size_t ctl_len, const ringq_ctl_words *w) {
     atomic_fetch_add_explicit(A32(ctl, w->wake), 1u, memory_order_seq_cst);
     if (atomic_load_explicit(A32(ctl, w->waiters), memory_order_acquire))

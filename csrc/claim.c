@@ -164,6 +164,12 @@ int ringq_claim_run(uint8_t *base, size_t maplen, const ringq_geom *g, const uin
     return (int)got;
 }
 
+static int64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
 static int64_t realtime_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -266,59 +272,90 @@ int ringq_wait_claim(uint8_t *ctl, size_t ctl_len, uint8_t *base, size_t maplen,
         if ((rc = word_check(ctl, ctl_len, a->floor_off, 8))) return rc;
     }
     memset(out, 0, sizeof *out);
-    out->status = RINGQ_CLAIM_NONE;
-    int64_t left = a->timeout_ns;
-    if (a->spin_ns > 0) {
-        int64_t spin = a->spin_ns < left ? a->spin_ns : left;
-        rc = ringq_spin_wait(ctl, ctl_len, a->wake_off, a->wake_seen, spin);
-        if (rc < 0) return rc;
-        left -= spin;
-    } else {
-        rc = 1;
-    }
-    if (rc == 1) { /* the spin ran out (or there was none): sleep on the futex, as a registered waiter */
-        if (left <= 0) return 0;
-        atomic_fetch_add(A32(ctl, a->waiters_off), 1);
-        rc = ringq_futex_wait(ctl, ctl_len, a->wake_off, a->wake_seen, left);
-        atomic_fetch_sub(A32(ctl, a->waiters_off), 1);
-        if (rc == 1) return 0;                 /* timed out */
-        if (rc == -EINTR) {
-            out->status = RINGQ_CLAIM_ASK;     /* a signal: let the caller look (and run handlers) */
-            return 0;
-        }
-        if (rc < 0) return rc;
-        if (atomic_load_explicit(A32(ctl, a->wake_off), memory_order_acquire) == a->wake_seen) {
-            out->status = RINGQ_CLAIM_ASK;     /* a spurious wake-up */
-            return 0;
-        }
-    }
-    out->status = RINGQ_CLAIM_ASK;
-    if (atomic_load_explicit(A64(ctl, a->change_off), memory_order_acquire) != a->change_seen) return 0;
-    uint32_t tail = atomic_load_explicit(A32(base, RINGQ_SEG_OFF_TAIL), memory_order_acquire);
-    if (tail > g->slot_count) tail = g->slot_count;
-    if (a->from_slot >= tail) return 0;
+    uint32_t seen = a->wake_seen, from = a->from_slot;
+    out->index = from;
+    int64_t left = a->timeout_ns, spin = a->spin_ns > 0 ? a->spin_ns : 0;
     ringq_rec_info first, info;
-    uint32_t s = a->from_slot, n = 0;
-    while (s < tail) {
-        if (++n > RINGQ_WAIT_FEW) return 0;
-        if (check_record(base, g, s, n == 1 ? &first : &info) != 0) return 0;
-        const ringq_rec_info *r = n == 1 ? &first : &info;
-        if (r->span > tail - s) return 0;
-        if (n > 1 && info.priority > first.priority) return 0;
-        s += r->span;
+    uint64_t deadline = 0, w = 0, leased = 0;
+    _Atomic uint64_t *sw = NULL;
+    for (;;) {
+        out->status = RINGQ_CLAIM_NONE;
+        if (spin > 0) {
+            int64_t t = spin < left ? spin : left;
+            rc = ringq_spin_wait(ctl, ctl_len, a->wake_off, seen, t);
+            if (rc < 0) return rc;
+            left -= t;
+            spin = 0;
+        } else {
+            rc = 1;
+        }
+        if (rc == 1) { /* the spin ran out (or there was none): sleep on the futex, as a registered waiter */
+            if (left <= 0) return 0;
+            int64_t t0 = mono_ns();
+            atomic_fetch_add(A32(ctl, a->waiters_off), 1);
+            rc = ringq_futex_wait(ctl, ctl_len, a->wake_off, seen, left);
+            atomic_fetch_sub(A32(ctl, a->waiters_off), 1);
+            left -= mono_ns() - t0;
+            if (rc == 1) return 0;                 /* timed out */
+            if (rc == -EINTR) {
+                out->status = RINGQ_CLAIM_ASK;     /* a signal: let the caller look (and run handlers) */
+                return 0;
+            }
+            if (rc < 0) return rc;
+            if (atomic_load_explicit(A32(ctl, a->wake_off), memory_order_acquire) == seen) {
+                out->status = RINGQ_CLAIM_ASK;     /* a spurious wake-up */
+                return 0;
+            }
+        }
+        out->status = RINGQ_CLAIM_ASK;
+        if (atomic_load_explicit(A64(ctl, a->change_off), memory_order_acquire) != a->change_seen) return 0;
+        uint32_t tail = atomic_load_explicit(A32(base, RINGQ_SEG_OFF_TAIL), memory_order_acquire);
+        if (tail > g->slot_count) tail = g->slot_count;
+        if (from >= tail) return 0;
+        /* The new records from `from`: the first READY one is the candidate (those before it
+         * were taken by other consumers since this process read the segment); no later one may
+         * have a higher priority. */
+        uint32_t s = from, n = 0;
+        int found = 0;
+        while (s < tail) {
+            if (++n > RINGQ_WAIT_FEW) return 0;
+            if (check_record(base, g, s, found ? &info : &first) != 0) return 0;
+            const ringq_rec_info *r = found ? &info : &first;
+            if (r->span > tail - s) return 0;
+            if (found && info.priority > first.priority) return 0;
+            if (!found) {
+                w = atomic_load_explicit(A64(base, g->state_off + (size_t)s * RINGQ_STATE_ENTRY),
+                                         memory_order_acquire);
+                found = STATE_OF(w) == RINGQ_ST_READY;
+                if (!found) out->index = from = s + r->span; /* taken: the wait's look starts after it */
+            }
+            s += r->span;
+        }
+        if (found) {
+            if (first.kind != 1 || first.attempts_before != 0 || first.supersedes != 0 ||
+                first.available_ms > first.enqueued_us / 1000)
+                return 0;
+            int64_t now_rel = realtime_ms() - a->epoch_ms;
+            if (now_rel < 0) now_rel = 0;
+            deadline = (uint64_t)now_rel + a->vt_ms;
+            sw = A64(base, g->state_off + (size_t)first.slot * RINGQ_STATE_ENTRY);
+            w = atomic_load_explicit(sw, memory_order_acquire);
+            if (STATE_OF(w) == RINGQ_ST_READY) {
+                if (LC_OF(w) != 0 || TIME_OF(w) > (uint64_t)now_rel || (w & RINGQ_W_CANCEL)) return 0;
+                leased = word_of(RINGQ_ST_LEASED, WHY_BITS(w), 1, deadline);
+                if (atomic_compare_exchange_strong(sw, &w, leased)) break;
+            }
+            return 0; /* changed meanwhile: the caller looks */
+        }
+        /* Every new record taken, and one wake-up since `seen`: an append's (other news wakes
+         * with a step of 2, Control.wake), whose job another consumer leased first -- a wake-up
+         * goes to every sleeper, and all but one find the job gone.  Nothing else happened: sleep
+         * again, past those records, without the caller's look. */
+        if (atomic_load_explicit(A32(ctl, a->wake_off), memory_order_acquire) != seen + 1u || left <= 0)
+            return 0;
+        seen += 1u;
+        from = s;
     }
-    if (first.kind != 1 || first.attempts_before != 0 || first.supersedes != 0 ||
-        first.available_ms > first.enqueued_us / 1000)
-        return 0;
-    int64_t now = realtime_ms(), now_rel = now - a->epoch_ms;
-    if (now_rel < 0) now_rel = 0;
-    uint64_t deadline = (uint64_t)now_rel + a->vt_ms;
-    _Atomic uint64_t *sw = A64(base, g->state_off + (size_t)first.slot * RINGQ_STATE_ENTRY);
-    uint64_t w = atomic_load_explicit(sw, memory_order_acquire);
-    if (STATE_OF(w) != RINGQ_ST_READY || LC_OF(w) != 0 || TIME_OF(w) > (uint64_t)now_rel || (w & RINGQ_W_CANCEL))
-        return 0;
-    uint64_t leased = word_of(RINGQ_ST_LEASED, WHY_BITS(w), 1, deadline);
-    if (!atomic_compare_exchange_strong(sw, &w, leased)) return 0; /* another consumer got it */
     atomic_store_explicit(A64(base, g->state_off + (size_t)first.slot * RINGQ_STATE_ENTRY + 8),
                           a->owner_base | ((uint64_t)1 << RINGQ_OW_LC_SHIFT), memory_order_release);
     if (a->floor_off) {

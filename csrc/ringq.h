@@ -251,7 +251,9 @@ typedef struct {
 #define RINGQ_CLAIM_NONE 2 /* no READY slot from `start` to n */
 typedef struct {
     int32_t  status;  /* RINGQ_CLAIMED, RINGQ_CLAIM_ASK or RINGQ_CLAIM_NONE */
-    uint32_t index;   /* index into order[] of the slot claimed or seen (n for NONE) */
+    uint32_t index;   /* index into order[] of the slot claimed or seen (n for NONE); of
+                       * ringq_wait_claim: the slot its look got to (the records before it, from
+                       * a->from_slot on, were taken by other consumers) */
     uint32_t slot;    /* that slot */
     uint32_t _pad;
     uint64_t word;    /* CLAIMED: the new LEASED word; ASK: the READY word seen */
@@ -348,10 +350,13 @@ typedef struct {
  * at the end of the tail segment (`base`: the caller's mapping of it), lease the first of them
  * in the same call, before returning to the interpreter: a consumer woken for one new job holds
  * its lease a few microseconds after the wake.  It leases only when the records published from
- * a->from on are at most RINGQ_WAIT_FEW, all valid, the first is plain (kind 1, no carried
- * attempts, no supersede, not delayed: available_ms <= enqueued_us / 1000), READY, never leased
- * and due, no later one has a higher priority, and no job returned to READY meanwhile (the change
- * word is as seen): exactly the job the caller's index would rank first.  A lease taken lowers
+ * a->from on are at most RINGQ_WAIT_FEW, all valid, the first of them still READY (the ones
+ * before it taken by other consumers) is plain (kind 1, no carried attempts, no supersede, not
+ * delayed: available_ms <= enqueued_us / 1000), never leased and due, no later one has a higher
+ * priority, and no job returned to READY meanwhile (the change word is as seen): exactly the job
+ * the caller's index would rank first.  When every new record was taken and the wake word moved
+ * by exactly 1 (one append's wake-up: other news moves it by 2), it sleeps again from there, in
+ * the same call, for what is left of the timeout.  A lease taken lowers
  * the floor word at a->floor_off (if set) to its deadline, so that no reaper's scan waits past
  * it.  Returns 0 with out->status RINGQ_CLAIMED (out->slot, out->word; and, if rec is not NULL, the record's fields
  * in *rec, as ringq_claim_run reports a job), RINGQ_CLAIM_ASK (something happened: look with the
@@ -479,8 +484,8 @@ int ringq_append(int fd, uint64_t data_file_off, uint8_t *base, size_t maplen, c
  * the batch as ringq_append does (READY words whose time is available_ms - epoch_ms, clamped to
  * [0, RINGQ_TIME_MAX]), adding n to the enqueued word; then releases the lock and, if the
  * lock_waiters word is non-zero, bumps lock_wake and wakes one waiter on it (the protocol of
- * ringq/engine/lock.py).  If w->wake is non-zero it wakes consumers as Control.wake does, as soon
- * as the batch is published and before the lock is released: bumps the wake word and, if the
+ * ringq/engine/lock.py).  If w->wake is non-zero it wakes consumers, as soon
+ * as the batch is published and before the lock is released: adds 1 to the wake word and, if the
  * waiters word is non-zero, wakes every sleeper on it (for a strategy with no sync between
  * publishing and returning, so sleepers hear of the jobs at once).  With
  * writeback non-zero it starts writing the batch's slots back to the disk once the lock is
@@ -536,7 +541,7 @@ int ringq_append_writeback(int fd, uint64_t data_file_off, const ringq_geom *g, 
  * segment's record file to disk -- fdatasync(fd) when fd >= 0, else msync(MS_SYNC) of that range
  * of the mapping (the pages covering it) -- then, unless ctl is NULL (a sync alone), add one to
  * the u64 at sync_count_off of the control page and, if w->wake is non-zero, wake consumers as
- * ringq_append_fast does (bump the wake word; wake every sleeper if the waiters word is
+ * ringq_append_fast does (add 1 to the wake word; wake every sleeper if the waiters word is
  * non-zero).  Nothing is counted nor woken when the sync fails.  hi == lo syncs nothing and still
  * counts and wakes.  Returns 0, RINGQ_EINVAL (lo > hi, hi > slot_count, ctl without w),
  * RINGQ_EBOUNDS for a bad geometry or words outside the mappings, or -errno of the failed sync. */

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from typing import Any
 
 import pytest
 from procs import spawn
@@ -232,3 +233,58 @@ def test_a_job_leased_in_the_wait_whose_lease_ran_out_stays_leasable_after_a_sta
     finally:
         q.close()
         other.close()
+
+
+@pytest.mark.parametrize("news", ["append", "other"])
+def test_a_waiter_whose_new_job_another_consumer_took_sleeps_on_in_c_unless_more_happened(
+    tmp_path, news
+):
+    """Every sleeper wakes for an append, and all but one find its job taken.  With one step of
+    the wake word (an append's) since it slept and every new record taken, a loser sleeps again
+    inside the C call, past those records, and leases the next job appended, rather than
+    returning for a look of its own.  Other news (Control.wake: a step of 2, as a close or a
+    pause makes) sends it back to its caller."""
+    import threading
+
+    from ringq.codec import JSON
+    from ringq.engine import claim
+    from ringq.engine.control import OFF_WAKE
+    from ringq.engine.records import NewRecord
+    from ringq.engine.ring import Ring
+
+    Queue(tmp_path, durability="none").close()
+    ring = Ring(str(tmp_path), "default", durability="none")
+    other = Queue(tmp_path, durability="none")
+    try:
+        seg = ring.tail_segment()
+        ctl = ring.ctl
+        seen, tail = ctl.wake_word(), seg.tail()
+        got: list[Any] = []
+        waiter = threading.Thread(
+            target=lambda: got.append(
+                claim.wait_claim(ctl, seg, seen, ctl.change_counter(), tail, 10.0, 0.0, 30_000, 0)
+            )
+        )
+        waiter.start()
+        time.sleep(0.2)  # asleep in the wait
+        ring.append_nowait([NewRecord(b'"taken"', JSON)])  # published; nobody woken yet
+        taken = other.lease(1)
+        assert [j.payload for j in taken] == ["taken"]
+        if news == "other":
+            ctl.wake()
+            waiter.join(10)
+            assert got == [None]  # back to the caller, for a look
+            return
+        ctl.add32(OFF_WAKE, 1)  # the append's wake-up (csrc/append.c): its one job is gone
+        ctl.futex_wake(OFF_WAKE)
+        time.sleep(0.2)
+        assert waiter.is_alive() and got == []  # asleep again, in the same call
+        (placed,) = ring.append([NewRecord(b'"next"', JSON)])
+        waiter.join(10)
+        (lease,) = got
+        assert lease is not None and lease.slot == placed[1]
+        assert lease.slot > tail  # past the record another consumer took
+        other.ack(taken[0])
+    finally:
+        other.close()
+        ring.close()

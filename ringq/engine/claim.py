@@ -21,6 +21,7 @@ from .segment import Segment
 __all__ = [
     "WaitClaimed",
     "wait_claim",
+    "wait_reached",
     "claim_run",
     "RUN_END",
     "RUN_ASK",
@@ -132,6 +133,12 @@ def wait_claim(
         return None
     # Built as NamedTuple._make builds one, without the generated __new__'s Python frame.
     return tuple.__new__(WaitClaimed, (co.slot, co.word, co.prev, bufs.rec_buf[:]))
+
+
+def wait_reached() -> int:
+    """The slot the last :func:`wait_claim` of this thread looked up to: the new records before
+    it, from its ``from_slot`` on, were all taken by other consumers (ringq_claim_out.index)."""
+    return int(_buffers.out.index)
 
 
 def ack_out() -> tuple[CData, array[int], int]:

@@ -153,8 +153,12 @@ class Control(Mapped):
     # -- wake-ups ----------------------------------------------------------------------------------
 
     def wake(self) -> None:
-        """Bump the wake word and wake sleeping consumers (a syscall only if someone sleeps)."""
-        self.add32(OFF_WAKE)
+        """Bump the wake word and wake sleeping consumers (a syscall only if someone sleeps).
+
+        It moves the word by 2, an append's wake-up (csrc/append.c) by 1: a consumer in
+        ringq_wait_claim that finds one step and every new job taken knows that nothing else
+        happened, and sleeps on."""
+        self.add32(OFF_WAKE, 2)
         if self.load32(OFF_WAITERS):
             self.futex_wake(OFF_WAKE)
 

@@ -128,7 +128,6 @@ class Reaper:
         earliest = Control.FLOOR_NEVER
         mine = self.owners.mine()
         held = self.owners.held
-        claiming = self.owners.claiming
         reclaimed = 0
         unowned: dict[tuple[int, int, int], float] = {}
         suspects: dict[int, list[tuple[View, int, int]]] = {}
@@ -160,10 +159,8 @@ class Reaper:
                 if not idx:
                     continue  # a detached lease: only its visibility timeout ends it
                 if idx == mine:
-                    key2 = (seg.seq, slot)
-                    if (
-                        key2 not in held and key2 not in claiming
-                    ):  # a dead predecessor's (our index)
+                    # Ours, yet neither held nor being claimed: a dead predecessor's (our index).
+                    if (seg.seq, slot) not in held and not self.owners.is_claiming(seg.seq, slot):
                         reclaimed += self.reclaim(view, slot, word, WHY_DIED, now)
                 else:
                     suspects.setdefault(idx, []).append((view, slot, word))

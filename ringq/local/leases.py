@@ -106,6 +106,9 @@ class Leases:
         self._ack_out, self._ack_words, self._ack_out_addr = claim.ack_out()
         # (visibility timeout, detach, pid, Direct) of the last call of direct().
         self._last_direct: tuple[float, bool, int, Direct] | None = None
+        # (segment seq, slot): the new records of that segment before the slot were all taken
+        # by other consumers when a wait of this queue last looked (claim.wait_reached).
+        self._taken_to = (0, 0)
 
     def locate(self, job: Job | str, queue: str, fenced: str = "") -> tuple[View, int, str]:
         """``(view, slot, id)`` of a job given as a snapshot or an id.  Raises JobNotFoundError
@@ -299,10 +302,12 @@ class Leases:
         out).  Only for a caller whose index holds nothing leasable and to whom no limit or paused
         key applies; called without the queue lock, by any number of threads at once.
 
-        The one slot the C call may lease is the first this process has not read in; it counts
-        as claiming (``owners.claiming``) from before the call until :meth:`waited` or
-        :meth:`unclaim` settles it, so this process's reaper never takes such a lease, tagged
-        with our owner index but not yet among ``owners.held``, for a dead predecessor's."""
+        The C call leases the first record this process has not read in, or, when other
+        consumers leased those first, a later one; every slot from the first this process has
+        not read in counts as claiming (``owners.claiming``) from before the call until
+        :meth:`waited` or :meth:`unclaim` settles it, so this process's reaper never takes such a
+        lease, tagged with our owner index but not yet among ``owners.held``, for a dead
+        predecessor's."""
         ctl = self.ring.ctl
         view = self.index.views.get(ctl.tail_seq())
         if view is None or view.sealed or view.seg.mm is None:
@@ -310,6 +315,9 @@ class Leases:
             return None
         seg = view.seg
         candidate = view.scanned
+        taken = self._taken_to  # records a wait of ours saw taken: no need to look at them again
+        if taken[0] == seg.seq and taken[1] > candidate:
+            candidate = taken[1]
         key = (seg.seq, candidate)
         claiming = self.owners.claiming
         claiming[key] = claiming.get(key, 0) + 1
@@ -325,8 +333,12 @@ class Leases:
                 direct.vt_ms,
                 direct.owner_base,
             )
+            reached = claim.wait_reached()
+            if reached > candidate:
+                self._taken_to = (seg.seq, reached)
             if got is not None:
-                return tuple.__new__(Waited, (view, *got))  # as Waited._make, with no Python frame
+                # As Waited._make builds one, with no Python frame.
+                return tuple.__new__(Waited, (view, *got, candidate))
         except BaseException:
             self._settled(key)
             raise
@@ -348,7 +360,7 @@ class Leases:
             if seg.mm is not None and seg.cas_state(got.slot, got.word, got.prev)[0]:
                 self.ring.note_returned(seg)
         finally:
-            self._settled((seg.seq, got.slot))
+            self._settled((seg.seq, got.since))
 
     def waited(self, got: Waited, direct: Direct) -> Job | None:
         """Under the queue lock: the job :meth:`wait_claim` leased, built from the fields the C
@@ -356,7 +368,7 @@ class Leases:
         extend of the job does first), or None if the lease ran out and was reclaimed before
         this thread got the lock, or the job was finished meanwhile (a purge) and its segment
         retired and unmapped."""
-        view, slot, word = got.view, got.slot, got.word
+        view, slot, word, since = got.view, got.slot, got.word, got.since
         seg = view.seg
         try:
             if seg.mm is None:
@@ -378,7 +390,7 @@ class Leases:
             jobs: list[Job] = direct.made_run(view, run)
             return jobs[0] if jobs else None
         finally:
-            self._settled((seg.seq, slot))
+            self._settled((seg.seq, since))
 
     def still_held(self) -> dict[tuple[int, int], int]:
         """As this queue object closes: drop from ``owners.held`` the leases that ended meanwhile
@@ -655,14 +667,16 @@ class Leases:
 
 class Waited(NamedTuple):
     """A lease :meth:`Leases.wait_claim` took in C, not yet handed out: its job's view and slot,
-    the LEASED word it wrote, the READY word it replaced and its ringq_claimed record (bytes:
-    records.CLAIMED_FIELDS)."""
+    the LEASED word it wrote, the READY word it replaced, its ringq_claimed record (bytes:
+    records.CLAIMED_FIELDS) and the slot the wait registered as claiming from
+    (``owners.claiming``), at or before ``slot``."""
 
     view: View
     slot: int
     word: int
     prev: int
     record: bytes
+    since: int
 
 
 def token_number(token: object) -> int | None:

@@ -282,7 +282,12 @@ static void wait_claim_answers(void) {
     ringq_load64(m, maplen, g.state_off + 1 * RINGQ_STATE_ENTRY + 8, &ow);
     CHECK(w == co.word && (w & 7) == RINGQ_ST_LEASED && ((w >> RINGQ_W_LC_SHIFT) & RINGQ_W_LC_MASK) == 1);
     CHECK(ow == (7 | (1ULL << RINGQ_OW_LC_SHIFT)));
-    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co, NULL) == 0 && co.status == RINGQ_CLAIM_ASK); /* leased */
+    /* Leased already (as by another consumer): one wake-up since the wait's and that one new
+     * record, so it sleeps on, past the record, until it times out ... */
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co, NULL) == 0 && co.status == RINGQ_CLAIM_NONE);
+    ctl[88] = 2; /* ... but with two wake-ups, something else happened too: the caller looks */
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co, NULL) == 0 && co.status == RINGQ_CLAIM_ASK);
+    ctl[88] = 1;
     put_job(m, maplen, &g, 2, 2, 0, 1000, 1000000); /* kind 2: an expiry applies */
     put_job(m, maplen, &g, 3, 1, 0, 5000, 1000000); /* delayed */
     tail = 4;

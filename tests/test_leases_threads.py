@@ -204,3 +204,38 @@ def test_threads_reading_one_jobs_payload_at_once_all_get_it(tmp_path):
     finally:
         sys.setswitchinterval(before)
     assert not errors, dict(errors)
+
+
+def test_every_waiting_thread_is_registered_as_claiming_however_the_threads_interleave(tmp_path):
+    """Threads that wait in the C call register as claiming (so that their own reaper leaves a
+    lease it took alone until it is recorded) and settle without the queue lock.  With a thread
+    switch after nearly every bytecode, every waiting thread is registered while it waits, and
+    none is left registered once they all returned."""
+    import sys
+    import threading
+
+    n = 8
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with Queue(tmp_path, durability="none") as q:
+            assert q.lease(1) == []
+            for _ in range(30):
+                start = threading.Barrier(n)
+
+                def wait(start: threading.Barrier = start) -> None:
+                    start.wait()  # all at once: their registrations contend
+                    q.lease_one(wait=0.3)
+
+                threads = [threading.Thread(target=wait) for _ in range(n)]
+                for t in threads:
+                    t.start()
+                deadline = time.monotonic() + 5
+                while q.introspect()["claiming"] < n and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                assert q.introspect()["claiming"] == n  # all of them, while they wait
+                for t in threads:
+                    t.join(10)
+                assert q.introspect()["claiming"] == 0
+    finally:
+        sys.setswitchinterval(old)

@@ -117,6 +117,47 @@ def test_closing_a_queue_while_a_thread_waits_in_lease_raises_closed(tmp_path):
     assert not t.is_alive() and isinstance(out[0], QueueClosedError)
 
 
+def test_a_job_leased_in_the_wait_as_its_queue_closes_goes_back_unleased(tmp_path):
+    """The C call leases a job just appended while the waiting queue object is being closed:
+    the lease is given back (READY, never leased: no attempt used), not left to be reclaimed
+    as a dead holder's -- which, with max_attempts=1, would dead-letter a job that never ran."""
+    import threading
+
+    from ringq import QueueClosedError
+
+    producer = Queue(tmp_path, durability="none", max_attempts=1)
+    try:
+        for _ in range(20):
+            q = Queue(tmp_path, durability="none", max_attempts=1)
+            out: list[Any] = []
+
+            def wait(q: Queue = q, out: list[Any] = out) -> None:
+                try:
+                    out.append(q.lease_one(wait=5))
+                except QueueClosedError as exc:
+                    out.append(exc)
+
+            t = threading.Thread(target=wait)
+            t.start()
+            time.sleep(0.05)  # asleep in the wait
+            job = producer.enqueue({"x": 1})
+            q.close()  # often while the woken thread holds the lease the C call took
+            t.join(10)
+            assert not t.is_alive()
+            if isinstance(out[0], QueueClosedError):
+                back = producer.get(job.id)
+                assert back.state is JobState.READY and back.attempts == 0, back
+                again = producer.lease_one()
+                assert again.id == job.id and again.lease_token == "1"
+                producer.ack(again)
+            else:  # the thread got the job before the close: its first lease
+                assert out[0].id == job.id and out[0].lease_token == "1"
+        st = producer.stats()
+        assert st.dead == 0 and st.dead_lettered_total == 0
+    finally:
+        producer.close()
+
+
 @pytest.mark.parametrize("pause_key", [False, True])
 def test_a_pause_set_while_a_consumer_waits_holds_the_job_back(tmp_path, pause_key):
     child = start(tmp_path, 1)

@@ -689,7 +689,7 @@ static PyObject *set_express(PyObject *self, PyObject *args) {
 
 /* express(plan_address, payload, max_attempts, lock_fd, segseq, origin) -> Job | int
  *
- * One job without an id, key or any other argument, whose payload is a dict that `plain` takes:
+ * One job without an id, key or any other argument, whose payload is a dict that `put_plain` takes:
  * encoded, appended by ringq_append_fast with the plan's arguments (csrc/ringq.h
  * ringq_express_plan; the caller holds the writer thread lock, lock_fd its lock file), and
  * returned as its snapshot, the payload itself as the stored value (the plan's end set to the slot

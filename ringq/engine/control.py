@@ -152,13 +152,14 @@ class Control(Mapped):
 
     # -- wake-ups ----------------------------------------------------------------------------------
 
-    def wake(self) -> None:
+    def wake(self, appended: bool = False) -> None:
         """Bump the wake word and wake sleeping consumers (a syscall only if someone sleeps).
 
-        It moves the word by 2, an append's wake-up (csrc/append.c) by 1: a consumer in
+        ``appended``: the news is records appended, and nothing else.  Such a wake-up moves the
+        word by 1 (as the appends of csrc/append.c do), any other by 2: a consumer in
         ringq_wait_claim that finds one step and every new job taken knows that nothing else
         happened, and sleeps on."""
-        self.add32(OFF_WAKE, 2)
+        self.add32(OFF_WAKE, 1 if appended else 2)
         if self.load32(OFF_WAITERS):
             self.futex_wake(OFF_WAKE)
 

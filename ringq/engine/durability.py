@@ -185,7 +185,7 @@ class Strategy:
         """
         self.make_durable(touched, end)
         if wake:
-            self.ring.ctl.wake()
+            self.ring.ctl.wake(appended=True)
 
     def make_durable(self, touched: dict[int, list[int]], end: int) -> None:
         """The strategy's part of :meth:`after_append`: here, sync every range of ``touched``."""

@@ -54,9 +54,9 @@ class OwnerRegistry:
         # that is not here was left by a dead process that had the index before us.
         self.held: dict[tuple[int, int], int] = {}
         # Where threads of this process may be leasing in C outside the queue lock (the waiting
-        # lease), (segment seq, first slot) -> how many threads: such a lease, of that slot or
+        # lease), one entry per wait -> (segment seq, first slot): such a lease, of that slot or
         # a later one of the segment, is tagged with our index before it is held (is_claiming).
-        self.claiming: dict[tuple[int, int], int] = {}
+        self.claiming: dict[object, tuple[int, int]] = {}
         forksafe.register(self)
 
     def drop_inherited_locks(self) -> None:
@@ -72,7 +72,7 @@ class OwnerRegistry:
     def is_claiming(self, seq: int, slot: int) -> bool:
         """Whether a thread of this process may be leasing ``slot`` of segment ``seq`` in C right
         now: a wait registered in ``claiming`` from that slot or an earlier one of the segment."""
-        return any(q == seq and s <= slot for q, s in tuple(self.claiming))  # threads change it
+        return any(q == seq and s <= slot for q, s in tuple(self.claiming.values()))
 
     def mine(self) -> int:
         """This process's owner index, or 0 if it has none (yet, or since a fork)."""

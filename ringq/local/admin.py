@@ -267,7 +267,11 @@ class Admin:
         self.ctx.live()
         with self.ctx.live_lock:
             self.ctx.refresh(relocate=False)
-            return {**introspect(self.ctx.ring), "known_ids": len(self.ctx.index.ids)}
+            return {
+                **introspect(self.ctx.ring),
+                "known_ids": len(self.ctx.index.ids),
+                "claiming": len(self.ctx.owners.claiming),
+            }
 
     def import_jobs(self, jobs: Sequence[Job], *, source: str | None = None) -> int:
         """As :meth:`ringq.Queue.import_jobs`."""

@@ -318,9 +318,12 @@ class Leases:
         taken = self._taken_to  # records a wait of ours saw taken: no need to look at them again
         if taken[0] == seg.seq and taken[1] > candidate:
             candidate = taken[1]
-        key = (seg.seq, candidate)
+        # One entry per wait, added and removed by single dict operations: threads register
+        # and settle at once without the queue lock, and a count kept by read-modify-write
+        # could lose one of them.
+        token = object()
         claiming = self.owners.claiming
-        claiming[key] = claiming.get(key, 0) + 1
+        claiming[token] = (seg.seq, candidate)
         try:
             got = claim.wait_claim(
                 ctl,
@@ -338,18 +341,12 @@ class Leases:
                 self._taken_to = (seg.seq, reached)
             if got is not None:
                 # As Waited._make builds one, with no Python frame.
-                return tuple.__new__(Waited, (view, *got, candidate))
+                return tuple.__new__(Waited, (view, *got, token))
         except BaseException:
-            self._settled(key)
+            claiming.pop(token, None)
             raise
-        self._settled(key)
+        claiming.pop(token, None)
         return None
-
-    def _settled(self, key: tuple[int, int]) -> None:
-        claiming = self.owners.claiming
-        left = claiming.pop(key, 1) - 1
-        if left:
-            claiming[key] = left
 
     def unclaim(self, got: Waited) -> None:
         """Give back a lease :meth:`wait_claim` took that policy now forbids: the job's word goes
@@ -360,7 +357,7 @@ class Leases:
             if seg.mm is not None and seg.cas_state(got.slot, got.word, got.prev)[0]:
                 self.ring.note_returned(seg)
         finally:
-            self._settled((seg.seq, got.since))
+            self.owners.claiming.pop(got.claim, None)
 
     def waited(self, got: Waited, direct: Direct) -> Job | None:
         """Under the queue lock: the job :meth:`wait_claim` leased, built from the fields the C
@@ -368,7 +365,7 @@ class Leases:
         extend of the job does first), or None if the lease ran out and was reclaimed before
         this thread got the lock, or the job was finished meanwhile (a purge) and its segment
         retired and unmapped."""
-        view, slot, word, since = got.view, got.slot, got.word, got.since
+        view, slot, word = got.view, got.slot, got.word
         seg = view.seg
         try:
             if seg.mm is None:
@@ -390,7 +387,7 @@ class Leases:
             jobs: list[Job] = direct.made_run(view, run)
             return jobs[0] if jobs else None
         finally:
-            self._settled((seg.seq, since))
+            self.owners.claiming.pop(got.claim, None)
 
     def still_held(self) -> dict[tuple[int, int], int]:
         """As this queue object closes: drop from ``owners.held`` the leases that ended meanwhile
@@ -668,15 +665,15 @@ class Leases:
 class Waited(NamedTuple):
     """A lease :meth:`Leases.wait_claim` took in C, not yet handed out: its job's view and slot,
     the LEASED word it wrote, the READY word it replaced, its ringq_claimed record (bytes:
-    records.CLAIMED_FIELDS) and the slot the wait registered as claiming from
-    (``owners.claiming``), at or before ``slot``."""
+    records.CLAIMED_FIELDS) and the wait's entry in ``owners.claiming``, removed once the lease
+    is settled."""
 
     view: View
     slot: int
     word: int
     prev: int
     record: bytes
-    since: int
+    claim: object
 
 
 def token_number(token: object) -> int | None:

@@ -712,27 +712,30 @@ class Queue:
             held_back = ctx.gate.nap()  # until a limit that holds a job back may let it go
             if held_back is not None:
                 nap = min(nap, held_back)
+            job = None
             with ctx.outside:
                 if direct is None or ctx.index.heap:
                     ctl.sleep(seen, nap, self.spin)
-                    leased = None
                 else:  # nothing leasable known: wait, and lease a job appended meanwhile in C
                     leased = ctx.leases.wait_claim(seen, nap, self.spin, direct)
-            if leased is not None:
-                assert direct is not None  # only wait_claim, given ``direct``, leases while asleep
-                with ctx.live_lock:
-                    if not quiet.quiet(time.monotonic(), True) and (
-                        ctx.gate.active() or any(pause.paused())
-                    ):
-                        # A limit or a pause appeared while we slept: the C call knew nothing of it.
-                        ctx.leases.unclaim(leased)
-                        continue
-                    job = ctx.leases.waited(leased, direct)
-                if job is not None:
-                    got.append(job)
-                    if len(got) >= count:
-                        return got
-                    # The next pass adds what else is due, without waiting.
+                    if leased is not None:
+                        # Still counted outside: a close that came meanwhile waits for this
+                        # thread to leave, so the mappings are there to give the lease back.
+                        with ctx.lock:
+                            if ctx.closed or (
+                                not quiet.quiet(time.monotonic(), True)
+                                and (ctx.gate.active() or any(pause.paused()))
+                            ):
+                                # Closed (the next pass raises), or a limit or a pause appeared
+                                # while we slept: the C call knew nothing of it.
+                                ctx.leases.unclaim(leased)
+                            else:
+                                job = ctx.leases.waited(leased, direct)
+            if job is not None:
+                got.append(job)
+                if len(got) >= count:
+                    return got
+                # The next pass adds what else is due, without waiting.
 
     def _claimer(self, vt: float, detach: bool) -> Callable[[Any, int, int, int], Job | None]:
         """Index.take's ``claim`` for the general path: a lease of ``vt`` seconds (``detach``)."""
@@ -1053,7 +1056,9 @@ class Queue:
     def introspect(self) -> dict[str, Any]:
         """Read-only engine words (for tests and tools): ``tail_segment``, ``next_seq``,
         ``slot_size``, ``slot_count``, ``lock_waiters``, ``synced_position``, ``segments`` (seq ->
-        tail, records, sealed, retired) and ``known_ids`` (ids this process's index remembers)."""
+        tail, records, sealed, retired), ``known_ids`` (ids this process's index remembers) and
+        ``claiming`` (threads of this queue object waiting in the C call that may lease a job
+        before the queue records it)."""
         return self._admin.introspect()
 
     def import_jobs(self, jobs: Sequence[Job], *, source: str | None = None) -> int:

@@ -267,6 +267,7 @@ int ringq_wait_claim(uint8_t *ctl, size_t ctl_len, uint8_t *base, size_t maplen,
     if ((rc = word_check(ctl, ctl_len, a->wake_off, 4)) || (rc = word_check(ctl, ctl_len, a->waiters_off, 4)) ||
         (rc = word_check(ctl, ctl_len, a->change_off, 8)) || (rc = word_check(base, maplen, RINGQ_SEG_OFF_TAIL, 4)))
         return rc;
+    if (a->tail_seg_off && (rc = word_check(ctl, ctl_len, a->tail_seg_off, 8))) return rc;
     if (a->floor_off) { /* checked first: nothing is leased when the floor could not be lowered */
         if (a->floor_gen_bits < 1 || a->floor_gen_bits > 63) return RINGQ_EINVAL;
         if ((rc = word_check(ctl, ctl_len, a->floor_off, 8))) return rc;
@@ -351,8 +352,10 @@ int ringq_wait_claim(uint8_t *ctl, size_t ctl_len, uint8_t *base, size_t maplen,
          * with a step of 2, Control.wake), whose job another consumer leased first -- a wake-up
          * goes to every sleeper, and all but one find the job gone.  Nothing else happened: sleep
          * again, past those records, without the caller's look. */
-        if (atomic_load_explicit(A32(ctl, a->wake_off), memory_order_acquire) != seen + 1u || left <= 0)
-            return 0;
+        if (atomic_load_explicit(A32(ctl, a->wake_off), memory_order_acquire) != seen + 1u || left <= 0 ||
+            !a->tail_seg_off ||
+            atomic_load_explicit(A64(ctl, a->tail_seg_off), memory_order_acquire) != g->seg_seq)
+            return 0; /* more news, no time left, or the append went to a newer segment */
         seen += 1u;
         from = s;
     }

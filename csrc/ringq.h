@@ -344,6 +344,8 @@ typedef struct {
     size_t floor_off;     /* u64 lease-deadline floor (control page) a lease taken here lowers
                              (ringq_lower_packed64); 0: none */
     uint32_t floor_gen_bits; /* its generation bits, 1..63 when floor_off is set */
+    size_t tail_seg_off;  /* u64 seq of the segment appends go to (control page): the wait sleeps
+                             on only while it is this segment's (g->seg_seq); 0: never sleeps on */
 } ringq_wait_args;
 
 /* Wait for work (spin, then futex as Control.sleep does), then, if the only news is new records
@@ -354,9 +356,10 @@ typedef struct {
  * before it taken by other consumers) is plain (kind 1, no carried attempts, no supersede, not
  * delayed: available_ms <= enqueued_us / 1000), never leased and due, no later one has a higher
  * priority, and no job returned to READY meanwhile (the change word is as seen): exactly the job
- * the caller's index would rank first.  When every new record was taken and the wake word moved
- * by exactly 1 (one append's wake-up: other news moves it by 2), it sleeps again from there, in
- * the same call, for what is left of the timeout.  A lease taken lowers
+ * the caller's index would rank first.  When every new record was taken, the wake word moved by
+ * exactly 1 (one append's wake-up: other news moves it by 2) and appends still go to this segment
+ * (the word at a->tail_seg_off), it sleeps again from there, in the same call, for what is left of
+ * the timeout.  A lease taken lowers
  * the floor word at a->floor_off (if set) to its deadline, so that no reaper's scan waits past
  * it.  Returns 0 with out->status RINGQ_CLAIMED (out->slot, out->word; and, if rec is not NULL, the record's fields
  * in *rec, as ringq_claim_run reports a job), RINGQ_CLAIM_ASK (something happened: look with the

@@ -124,6 +124,7 @@ def test_a_job_leased_in_the_wait_as_its_queue_closes_goes_back_unleased(tmp_pat
     import threading
 
     from ringq import QueueClosedError
+    from ringq.engine.ring import Ring
 
     producer = Queue(tmp_path, durability="none", max_attempts=1)
     try:
@@ -147,6 +148,14 @@ def test_a_job_leased_in_the_wait_as_its_queue_closes_goes_back_unleased(tmp_pat
             if isinstance(out[0], QueueClosedError):
                 back = producer.get(job.id)
                 assert back.state is JobState.READY and back.attempts == 0, back
+                # Its owner word untagged too: the next lease is count 1 again, and a tag of
+                # count 1 left there would name the closed object as its holder.
+                segseq, slot, _origin = job.record_position
+                ring = Ring(str(tmp_path), "default")
+                try:
+                    assert ring.segs.get(segseq).load_owner(slot) == 0
+                finally:
+                    ring.close()
                 again = producer.lease_one()
                 assert again.id == job.id and again.lease_token == "1"
                 producer.ack(again)
@@ -329,3 +338,34 @@ def test_a_waiter_whose_new_job_another_consumer_took_sleeps_on_in_c_unless_more
     finally:
         other.close()
         ring.close()
+
+
+SPILL_CONSUMER = """
+import sys, time
+from ringq import Queue
+q = Queue(sys.argv[1], durability="none", slot_size=256, slot_count=4)
+assert q.lease_one() is None
+print("ready", flush=True)
+job = q.lease_one(wait=5)
+print(job.payload, time.time(), flush=True)
+q.ack(job)
+"""
+
+
+def test_a_batch_that_spills_into_a_new_segment_is_leased_at_once_by_waiting_consumers(tmp_path):
+    """One append's wake-up, its first job (the last slot of the segment the waits sleep on)
+    taken by one waiting consumer, its second in a new segment: the other consumer must not
+    sleep on past the first (it would wait out its sleep, up to 0.25 s), but look."""
+    with Queue(tmp_path, durability="none", slot_size=256, slot_count=4) as producer:
+        for _ in producer.enqueue_many(["x", "x", "x"]):  # slots 0-2 of the first segment
+            producer.ack(producer.lease_one())
+        children = [spawn(SPILL_CONSUMER, str(tmp_path), stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        for child in children:
+            assert child.stdout.readline().strip() == "ready"
+        time.sleep(0.3)  # both asleep in the wait
+        t0 = time.time()
+        placed = producer.enqueue_many(["a", "b"])
+        assert placed[0].record_position[0] != placed[1].record_position[0]  # two segments
+        rows = [child.communicate(timeout=30)[0].split() for child in children]
+        assert sorted(r[0] for r in rows) == ["a", "b"]
+        assert max(float(r[1]) for r in rows) - t0 < 0.12

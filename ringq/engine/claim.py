@@ -13,7 +13,7 @@ from array import array
 from typing import NamedTuple
 
 from . import native
-from .control import OFF_CTL_CHANGE, OFF_MIN_DEADLINE, OFF_WAITERS, OFF_WAKE, Control
+from .control import OFF_CTL_CHANGE, OFF_MIN_DEADLINE, OFF_TAIL_SEG, OFF_WAITERS, OFF_WAKE, Control
 from .native import CData, ffi, lib
 from .records import CLAIMED
 from .segment import Segment
@@ -71,6 +71,7 @@ class _Buffers(threading.local):
                 "change_off": OFF_CTL_CHANGE,
                 "floor_off": OFF_MIN_DEADLINE,
                 "floor_gen_bits": Control.FLOOR_GEN_BITS,
+                "tail_seg_off": OFF_TAIL_SEG,
             },
         )
         self.out = ffi.new("ringq_claim_out *")

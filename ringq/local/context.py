@@ -80,11 +80,16 @@ class Outside:
         self.ctx.users += 1
 
     def leave(self) -> None:
+        with self.ctx.lock:
+            self.leave_held()
+
+    def leave_held(self) -> None:
+        """:meth:`leave` for a caller that holds the queue lock.  A close waiting for this user
+        goes on only once the caller releases the lock, so the mappings stay until then."""
         ctx = self.ctx
-        with ctx.lock:
-            ctx.users -= 1
-            if not ctx.users and ctx.closed:  # only a close waits for it (closed is set first)
-                ctx.idle.notify_all()
+        ctx.users -= 1
+        if not ctx.users and ctx.closed:  # only a close waits for it (closed is set first)
+            ctx.idle.notify_all()
 
 
 def reader_types() -> tuple[type[Deps], type[Index], type[Reaper], type[Relocator], type[Leases]]:

@@ -25,6 +25,7 @@ from ringq.engine.runs import envelope_key
 from ringq.engine.segment import Segment
 from ringq.engine.words import (
     FLAG_CANCEL,
+    OWNER_LC_SHIFT,
     ST_DONE,
     ST_LEASED,
     ST_READY,
@@ -348,14 +349,18 @@ class Leases:
         claiming.pop(token, None)
         return None
 
-    def unclaim(self, got: Waited) -> None:
+    def unclaim(self, got: Waited, direct: Direct) -> None:
         """Give back a lease :meth:`wait_claim` took that policy now forbids: the job's word goes
         back to what it was (READY, never leased; the token was never handed out), and readers
-        are told to look again."""
+        are told to look again.  The owner word the C call tagged with lease count 1 is cleared
+        first: the job's next lease is count 1 again, and between its two CAS that tag would
+        name this process as its holder."""
         seg = got.view.seg
         try:
-            if seg.mm is not None and seg.cas_state(got.slot, got.word, got.prev)[0]:
-                self.ring.note_returned(seg)
+            if seg.mm is not None:
+                seg.cas_owner(got.slot, direct.owner_base | 1 << OWNER_LC_SHIFT, 0)
+                if seg.cas_state(got.slot, got.word, got.prev)[0]:
+                    self.ring.note_returned(seg)
         finally:
             self.owners.claiming.pop(got.claim, None)
 

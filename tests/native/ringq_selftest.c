@@ -284,10 +284,18 @@ static void wait_claim_answers(void) {
     CHECK(ow == (7 | (1ULL << RINGQ_OW_LC_SHIFT)));
     /* Leased already (as by another consumer): one wake-up since the wait's and that one new
      * record, so it sleeps on, past the record, until it times out ... */
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co, NULL) == 0 && co.status == RINGQ_CLAIM_ASK);
+    a.tail_seg_off = 72; /* (only where it is told which segment appends go to) */
+    ctlbuf[72 / 8] = g.seg_seq;
     CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co, NULL) == 0 && co.status == RINGQ_CLAIM_NONE);
     ctl[88] = 2; /* ... but with two wake-ups, something else happened too: the caller looks */
     CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co, NULL) == 0 && co.status == RINGQ_CLAIM_ASK);
     ctl[88] = 1;
+    ctlbuf[72 / 8] = g.seg_seq + 1; /* ... and so it does when appends went on to a newer segment */
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co, NULL) == 0 && co.status == RINGQ_CLAIM_ASK);
+    a.tail_seg_off = 4096; /* outside the control page */
+    CHECK(ringq_wait_claim(ctl, sizeof ctlbuf, m, maplen, &g, &a, &co, NULL) == RINGQ_EBOUNDS);
+    a.tail_seg_off = 0;
     put_job(m, maplen, &g, 2, 2, 0, 1000, 1000000); /* kind 2: an expiry applies */
     put_job(m, maplen, &g, 3, 1, 0, 5000, 1000000); /* delayed */
     tail = 4;

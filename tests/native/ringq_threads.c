@@ -250,7 +250,7 @@ static void *consumer(void *arg) {
     memset(plain, 1, g.slot_count);
     ringq_wait_args a = {.wake_off = WAKE_OFF, .waiters_off = WAITERS_OFF, .change_off = CHANGE_OFF,
                          .timeout_ns = 20000000, .vt_ms = 1000000, .owner_base = me + 1,
-                         .floor_off = FLOOR_OFF, .floor_gen_bits = 20};
+                         .floor_off = FLOOR_OFF, .floor_gen_bits = 20, .tail_seg_off = TAIL_SEG_OFF};
     ringq_claim_out co;
     ringq_claimed rec; /* what the wait reports of a job it leased: this thread's own */
     uint32_t cursor = 0;
@@ -424,12 +424,12 @@ int main(int argc, char **argv) {
             perror("mmap");
             return 2;
         }
-        uint64_t tail_seg = g.seg_seq;
-        memcpy(ctl + TAIL_SEG_OFF, &tail_seg, 8); /* appends go to this segment */
     } else {
         seg = aligned_alloc(4096, (maplen + 4095) / 4096 * 4096);
         memset(seg, 0, maplen);
     }
+    uint64_t tail_seg = g.seg_seq;
+    memcpy(ctl + TAIL_SEG_OFF, &tail_seg, 8); /* appends go to this segment: waits may sleep on */
     set_epoch();
     claims = calloc((size_t)jobs * MAX_LC, sizeof *claims);
     acks = calloc(jobs, sizeof *acks);

@@ -369,3 +369,103 @@ def test_a_batch_that_spills_into_a_new_segment_is_leased_at_once_by_waiting_con
         rows = [child.communicate(timeout=30)[0].split() for child in children]
         assert sorted(r[0] for r in rows) == ["a", "b"]
         assert max(float(r[1]) for r in rows) - t0 < 0.12
+
+
+CANCEL_AND_PAUSE = """
+import sys
+from ringq import Queue
+q = Queue(sys.argv[1], durability="none")
+q.cancel(sys.argv[2])
+q.pause()
+q.close()
+"""
+
+
+def test_a_lease_given_back_after_a_cancel_request_is_not_left_leased_by_nobody(
+    tmp_path, monkeypatch
+):
+    """The C wait leases a job; before the thread hands it out, another process requests its
+    cancel and pauses the queue, so the lease is given back -- but its word now carries the
+    cancel flag and does not go back to READY.  It must stay this holder's (reclaimed at once,
+    and then cancelled), not be left unowned until its visibility timeout runs out."""
+    import threading
+
+    from ringq.local import leases
+
+    q = Queue(tmp_path, durability="none", visibility_timeout=30)
+    other = Queue(tmp_path, durability="none")
+    try:
+        assert q.lease_one() is None
+        real = leases.Leases.wait_claim
+
+        def wait_claim(self: Any, *a: Any) -> Any:
+            got = real(self, *a)
+            if got is not None:
+                job_id = other.list_jobs()[0].id
+                child = spawn(CANCEL_AND_PAUSE, str(tmp_path), job_id)
+                assert child.wait(30) == 0
+            return got
+
+        monkeypatch.setattr(leases.Leases, "wait_claim", wait_claim)
+        threading.Timer(0.2, lambda: other.enqueue({"x": 1})).start()
+        assert q.lease_one(wait=0.6) is None  # given back: the queue was paused meanwhile
+        monkeypatch.setattr(leases.Leases, "wait_claim", real)
+        other.resume()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            with Queue(tmp_path, durability="none") as r:
+                r.lease_one()  # a look, with a reaper pass
+            if other.list_jobs()[0].state is not JobState.LEASED:
+                break
+            time.sleep(0.2)
+        assert other.list_jobs()[0].state is JobState.CANCELLED
+    finally:
+        q.close()
+        other.close()
+
+
+INTERRUPTED_WAIT = """
+import sys, threading, time
+from ringq import Queue
+from ringq.local.context import Outside
+
+q = Queue(sys.argv[1], durability="none")
+other = Queue(sys.argv[1], durability="none")
+assert q.lease_one() is None
+real = Outside.leave_held
+
+
+class Interrupted(Exception):
+    pass
+
+
+def interrupted(self):
+    if threading.current_thread() is not threading.main_thread():
+        return real(self)  # the producer's thread counts itself out too
+    Outside.leave_held = real
+    raise Interrupted
+
+
+Outside.leave_held = interrupted
+threading.Timer(0.2, lambda: other.enqueue({"x": 1})).start()
+try:
+    q.lease_one(wait=5)
+    print("not interrupted")
+except Interrupted:
+    t = time.monotonic()
+    q.close()
+    print("closed in", round(time.monotonic() - t, 3))
+other.close()
+"""
+
+
+def test_an_exception_before_a_waited_lease_is_handed_out_does_not_leave_close_waiting(tmp_path):
+    """An exception (a signal handler's, say) between the C wait's return with a lease and the
+    thread's counting itself out of the users of the mappings: it is still counted out, so a
+    close of the queue object does not wait for it (it used to wait out its 10 s).  In a child
+    process: the fault is injected by replacing a method of the class."""
+    child = spawn(INTERRUPTED_WAIT, str(tmp_path), stdout=subprocess.PIPE, text=True)
+    out, _ = child.communicate(timeout=60)
+    assert child.returncode == 0
+    words = out.split()
+    assert words[:2] == ["closed", "in"] and float(words[2]) < 2, out

@@ -358,9 +358,14 @@ class Leases:
         seg = got.view.seg
         try:
             if seg.mm is not None:
-                seg.cas_owner(got.slot, direct.owner_base | 1 << OWNER_LC_SHIFT, 0)
+                tag = direct.owner_base | 1 << OWNER_LC_SHIFT
+                untagged = seg.cas_owner(got.slot, tag, 0)[0]
                 if seg.cas_state(got.slot, got.word, got.prev)[0]:
                     self.ring.note_returned(seg)
+                elif untagged:
+                    # The word moved meanwhile (a cancel request): still ours, so tagged again,
+                    # and reclaimed as this holder's, not left unowned until it runs out.
+                    seg.cas_owner(got.slot, 0, tag)
         finally:
             self.owners.claiming.pop(got.claim, None)
 

@@ -714,32 +714,33 @@ class Queue:
                 nap = min(nap, held_back)
             outside = ctx.outside
             outside.__enter__()
-            leased = None
+            counted = True  # in ctx.users, until left once whatever happens
+            job = None
             try:
                 if direct is None or ctx.index.heap:
                     ctl.sleep(seen, nap, self.spin)
                 else:  # nothing leasable known: wait, and lease a job appended meanwhile in C
                     leased = ctx.leases.wait_claim(seen, nap, self.spin, direct)
+                    if leased is not None:
+                        # Counted out under the hold of the lock that hands the lease out or
+                        # gives it back: a close that came meanwhile waits for that, so the
+                        # mappings are there; and nothing runs between the lease's extension
+                        # and its return.
+                        with ctx.lock:
+                            outside.leave_held()
+                            counted = False
+                            if ctx.closed or (
+                                not quiet.quiet(time.monotonic(), True)
+                                and (ctx.gate.active() or any(pause.paused()))
+                            ):
+                                # Closed (the next pass raises), or a limit or a pause appeared
+                                # while we slept: the C call knew nothing of it.
+                                ctx.leases.unclaim(leased, direct)
+                            else:
+                                job = ctx.leases.waited(leased, direct)
             finally:
-                if leased is None:
+                if counted:
                     outside.leave()
-            job = None
-            if leased is not None:
-                assert direct is not None  # only wait_claim, given ``direct``, leases while asleep
-                # Counted out under the hold of the lock that hands the lease out or gives it
-                # back: a close that came meanwhile waits for that, so the mappings are there;
-                # and nothing runs between the lease's extension and its return.
-                with ctx.lock:
-                    outside.leave_held()
-                    if ctx.closed or (
-                        not quiet.quiet(time.monotonic(), True)
-                        and (ctx.gate.active() or any(pause.paused()))
-                    ):
-                        # Closed (the next pass raises), or a limit or a pause appeared while
-                        # we slept: the C call knew nothing of it.
-                        ctx.leases.unclaim(leased, direct)
-                    else:
-                        job = ctx.leases.waited(leased, direct)
             if job is not None:
                 got.append(job)
                 if len(got) >= count:

@@ -164,12 +164,6 @@ int ringq_claim_run(uint8_t *base, size_t maplen, const ringq_geom *g, const uin
     return (int)got;
 }
 
-static int64_t mono_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 static int64_t realtime_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);

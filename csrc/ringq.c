@@ -255,12 +255,6 @@ int ringq_futex_wait(uint8_t *base, size_t maplen, size_t off, uint32_t expected
 #endif
 }
 
-static inline int64_t mono_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 static inline void cpu_relax(void) {
 #if RINGQ_X86
     _mm_pause();

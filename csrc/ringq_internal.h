@@ -1,14 +1,23 @@
 /* ringq_internal.h - what the C files of the helper share and the Python side never sees:
  * bounds and alignment checks, atomic access to words of a mapping, little-endian reads, the
- * geometry check and the record CRC.  See ringq.h for the public contract. */
+ * geometry check, the record CRC and the monotonic clock.  See ringq.h for the public contract. */
 #ifndef RINGQ_INTERNAL_H
 #define RINGQ_INTERNAL_H
 
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "ringq.h"
+
+/* ---- time ---------------------------------------------------------------------------------------- */
+/* CLOCK_MONOTONIC in ns: for waits and spins that count down. */
+static inline int64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
 
 /* ---- bounds ------------------------------------------------------------------------------------ */
 static inline int in_bounds(size_t maplen, size_t off, size_t len) {

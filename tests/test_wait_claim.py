@@ -6,13 +6,14 @@ or returns jobs while it waits."""
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 from typing import Any
 
 import pytest
 from procs import spawn
 
-from ringq import Job, JobState, Queue
+from ringq import Job, JobState, Queue, QueueClosedError
 
 CONSUMER = """
 import sys, time
@@ -95,15 +96,12 @@ def test_an_expiring_job_appended_while_waiting_is_leased_by_the_general_path(tm
         assert q.get(job.id).state is JobState.DONE
 
 
-def test_closing_a_queue_while_a_thread_waits_in_lease_raises_closed(tmp_path):
-    import threading
+def waiting(q: Queue) -> tuple[threading.Thread, list[Any]]:
+    """A started thread blocked in ``q.lease_one(wait=5)``, and the list it puts what that gave
+    into: the job (or None), or the QueueClosedError it raised."""
+    out: list[Any] = []
 
-    from ringq import QueueClosedError
-
-    q = Queue(tmp_path, durability="none")
-    out = []
-
-    def wait():
+    def wait() -> None:
         try:
             out.append(q.lease_one(wait=5))
         except QueueClosedError as exc:
@@ -111,6 +109,13 @@ def test_closing_a_queue_while_a_thread_waits_in_lease_raises_closed(tmp_path):
 
     t = threading.Thread(target=wait)
     t.start()
+    return t, out
+
+
+def test_closing_a_queue_while_a_thread_waits_in_lease_raises_closed(tmp_path):
+
+    q = Queue(tmp_path, durability="none")
+    t, out = waiting(q)
     time.sleep(0.2)  # asleep inside the C call that waits on the shared mappings
     q.close()  # wakes it and lets it leave before unmapping: never a crash
     t.join(10)
@@ -121,25 +126,13 @@ def test_a_job_leased_in_the_wait_as_its_queue_closes_goes_back_unleased(tmp_pat
     """The C call leases a job just appended while the waiting queue object is being closed:
     the lease is given back (READY, never leased: no attempt used), not left to be reclaimed
     as a dead holder's -- which, with max_attempts=1, would dead-letter a job that never ran."""
-    import threading
-
-    from ringq import QueueClosedError
     from ringq.engine.ring import Ring
 
     producer = Queue(tmp_path, durability="none", max_attempts=1)
     try:
         for _ in range(20):
             q = Queue(tmp_path, durability="none", max_attempts=1)
-            out: list[Any] = []
-
-            def wait(q: Queue = q, out: list[Any] = out) -> None:
-                try:
-                    out.append(q.lease_one(wait=5))
-                except QueueClosedError as exc:
-                    out.append(exc)
-
-            t = threading.Thread(target=wait)
-            t.start()
+            t, out = waiting(q)
             time.sleep(0.05)  # asleep in the wait
             job = producer.enqueue({"x": 1})
             q.close()  # often while the woken thread holds the lease the C call took
@@ -255,8 +248,6 @@ def test_a_job_leased_in_the_wait_whose_lease_ran_out_stays_leasable_after_a_sta
     # only at the ack.  Its lease runs out first; the stale ack is refused, and the job -- READY
     # again, reclaimed by another process's queue before the ack or by the ack itself -- is the
     # consumer's next lease.
-    import threading
-
     from ringq import NotLeasedError
 
     q = Queue(tmp_path, durability="none", visibility_timeout=0.2)
@@ -294,8 +285,6 @@ def test_a_waiter_whose_new_job_another_consumer_took_sleeps_on_in_c_unless_more
     inside the C call, past those records, and leases the next job appended, rather than
     returning for a look of its own.  Other news (Control.wake: a step of 2, as a close or a
     pause makes) sends it back to its caller."""
-    import threading
-
     from ringq.codec import JSON
     from ringq.engine import claim
     from ringq.engine.control import OFF_WAKE
@@ -388,8 +377,6 @@ def test_a_lease_given_back_after_a_cancel_request_is_not_left_leased_by_nobody(
     cancel and pauses the queue, so the lease is given back -- but its word now carries the
     cancel flag and does not go back to READY.  It must stay this holder's (reclaimed at once,
     and then cancelled), not be left unowned until its visibility timeout runs out."""
-    import threading
-
     from ringq.local import leases
 
     q = Queue(tmp_path, durability="none", visibility_timeout=30)

@@ -64,10 +64,15 @@ class Outside:
     def __init__(self, ctx: QueueContext) -> None:
         self.ctx = ctx
 
-    def __enter__(self) -> None:
+    def enter(self) -> None:
+        """Count a user in (QueueClosedError if the queue is closed); pair with :meth:`leave`
+        or :meth:`leave_held`."""
         ctx = self.ctx
         with ctx.live_lock:
             ctx.users += 1
+
+    def __enter__(self) -> None:
+        self.enter()
 
     def __exit__(self, *exc: object) -> None:
         self.leave()

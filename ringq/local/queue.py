@@ -713,7 +713,7 @@ class Queue:
             if held_back is not None:
                 nap = min(nap, held_back)
             outside = ctx.outside
-            outside.__enter__()
+            outside.enter()
             counted = True  # in ctx.users, until left once whatever happens
             job = None
             try:

@@ -146,3 +146,65 @@ def test_segments_linked_in_a_replaced_control_file_are_kept(tmp_path):
             got.add(job.payload["w"])
             q.ack(job)
     assert got == set(range(-1, 40))
+
+
+TAKER = """
+import os, signal, sys
+from ringq import Queue
+q = Queue(sys.argv[1], slot_size=256, slot_count=64)
+q.enqueue({"t": -1})
+print("open", flush=True)
+sys.stdin.readline()  # a killed batch has left unlinked segments past the tail meanwhile
+when = int(sys.argv[2])
+calls = 0
+real = {"rename": os.rename, "unlink": os.unlink}
+
+def killing(name):
+    def call(*a, **kw):
+        global calls
+        if str(a[0]).endswith((".seg", ".state", ".tmp")):
+            calls += 1
+            if calls == when:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return real[name](*a, **kw)
+    return call
+
+os.rename, os.unlink = killing("rename"), killing("unlink")
+for i in range(10):
+    q.enqueue({"t": i, "pad": "z" * 3000})  # the first rotation takes over the debris's seq
+    print("enqueued", i, flush=True)
+print("not killed", flush=True)
+"""
+
+
+@pytest.mark.parametrize("when", range(1, 7))
+def test_a_writer_killed_while_taking_over_a_dead_writers_segment_leaves_no_damage(tmp_path, when):
+    # A killed batch leaves segments it created but never linked; the next rotation of a process
+    # that was already open creates the same seq over them (six file-system steps: two unlinks of
+    # the old pair, then for each file a leftover temporary's unlink and the rename into place).
+    # Killed at any of them, the queue opens clean: no state file of one creation beside the
+    # record file of the other, nothing quarantined, every returned enqueue there.
+    import subprocess
+
+    from procs import spawn
+
+    from ringq.engine.verify import examine
+
+    Queue(tmp_path, **GEOMETRY).close()
+    w = spawn(TAKER, str(tmp_path), str(when), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert w.stdout.readline().strip() == "open"
+    out = run_py(KILLED, str(tmp_path), "1", "plain")
+    assert out.returncode == -signal.SIGKILL, out.stdout + out.stderr
+    w.stdin.write("go\n")
+    w.stdin.flush()
+    returned = {int(line.split()[1]) for line in w.stdout if line.startswith("enqueued")}
+    assert w.wait() == -signal.SIGKILL
+    assert examine(str(tmp_path), "default").damaged == []
+    with Queue(tmp_path, **GEOMETRY) as q:
+        assert q.recovery.clean, q.recovery
+        got = set()
+        while (job := q.lease_one()) is not None:
+            if "t" in job.payload:
+                got.add(job.payload["t"])
+            q.ack(job)
+    assert got >= returned | {-1}

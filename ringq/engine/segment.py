@@ -290,6 +290,8 @@ class Segment(Mapped):
     ) -> str:
         """Create segment ``seq`` complete and durable: the state file, then the record file.
 
+        Replaces an earlier segment of that number (the callers hold the writer lock and create
+        only past the linked tail, so one there is a dead writer's unlinked, unpublished debris).
         Returns the record file's path.  Raises QueueFullError (with the bytes needed and the path)
         when the space cannot be allocated; OSError for other OS failures.  Leaves no partial file.
         """
@@ -298,6 +300,14 @@ class Segment(Mapped):
         _state_off, data_off, _size = seg_layout(slot_size, slot_count)
         final = os.path.join(dirpath, segment_name(name, seq))
         state_path = os.path.join(dirpath, state_name(name, seq))
+        # The earlier pair goes before the new one is written, its record file first: a process
+        # killed at any step leaves no pair (a state file alone is debris recovery removes) or a
+        # whole new one, never the old record file beside the new state file.
+        for path in (final, state_path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
         write_file(
             state_path,
             data_off,

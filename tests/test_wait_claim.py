@@ -456,3 +456,98 @@ def test_an_exception_before_a_waited_lease_is_handed_out_does_not_leave_close_w
     assert child.returncode == 0
     words = out.split()
     assert words[:2] == ["closed", "in"] and float(words[2]) < 2, out
+
+
+INTERRUPTED = """
+import os, signal, sys, threading, time
+from ringq import Queue
+from ringq.engine import claim as claim_mod
+
+real = claim_mod.lib
+
+
+class Interrupt(BaseException):  # as KeyboardInterrupt: not an Exception
+    pass
+
+
+def on_signal(signum, frame):
+    raise Interrupt
+
+
+signal.signal(signal.SIGUSR1, on_signal)
+at = {"n": None, "events": 0, "armed": False}
+
+
+def profiler(frame, event, arg):
+    # The points where the interpreter runs a signal's handler: entering a function, and
+    # returning from a call into C.
+    if event in ("call", "c_return"):
+        at["events"] += 1
+        if at["events"] == at["n"]:
+            sys.setprofile(None)
+            raise Interrupt
+
+
+class Proxy:
+    def __getattr__(self, name):
+        return getattr(real, name)
+
+    def ringq_wait_claim(self, *a):
+        rc = real.ringq_wait_claim(*a)
+        if at["n"] is not None and a[6].status == real.RINGQ_CLAIMED:
+            at["armed"] = True
+            if at["n"] == 0:  # a signal that came during the call: its handler runs next
+                os.kill(os.getpid(), signal.SIGUSR1)
+            else:  # an exception at each later point the interpreter could raise one
+                at["events"] = 0
+                sys.setprofile(profiler)
+        return rc
+
+
+claim_mod.lib = Proxy()
+q = Queue(sys.argv[1], visibility_timeout=30)
+n = 0
+while True:
+    producer = threading.Thread(target=lambda: (time.sleep(0.02), q.enqueue({"n": n})))
+    at["n"], at["armed"] = n, False
+    producer.start()
+    job = None
+    try:
+        job = q.lease_one(wait=5)
+    except Interrupt:
+        pass
+    finally:
+        sys.setprofile(None)
+        at["n"] = None
+    producer.join()
+    if job is not None:
+        assert job.attempts == 1, job
+        q.ack(job)
+        if at["armed"]:
+            break  # leased without an exception: every point before the return was tried
+        continue  # leased outside the C call's wait: the same point again
+    st = q.stats()
+    assert st.leased == 0 and st.ready == 1, (n, st)
+    again = q.lease_one()
+    # Given back unleased: the first lease of the job is still to come.
+    assert again is not None and again.attempts == 1 and again.payload == {"n": n}, (n, again)
+    q.ack(again)
+    n += 1
+assert q.introspect()["claiming"] == 0, q.introspect()
+print("points", n, flush=True)
+"""
+
+
+def test_an_exception_as_the_wait_leases_gives_the_job_back_unleased(tmp_path):
+    # KeyboardInterrupt (any signal handler's exception) raised as lease_one's wait returns with
+    # a job it leased in C, or at any later point before lease_one returns it: nobody sees the
+    # job, so it goes back READY with no attempt counted, and is leased at once by the next call
+    # (not charged an attempt as a dead holder's lease, not held until its visibility timeout).
+    out = subprocess.run(
+        [__import__("sys").executable, "-c", INTERRUPTED, str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+        env=__import__("procs").child_env(),
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    points = int(out.stdout.split()[-1])
+    assert points > 20, out.stdout  # the signal right after the call, then every later point

@@ -125,6 +125,7 @@ def wait_claim(
     a.vt_ms = vt_ms
     a.owner_base = owner_base
     a.from_slot = from_slot
+    co.status = lib.RINGQ_CLAIM_NONE  # nothing pending (pending_claim) until the call claims
     # ``mapping`` keeps the segment mapped through the call, whoever closes it meanwhile.
     native.check(
         lib.ringq_wait_claim(ctl.ptr, ctl.size, mapping, size, seg.geom, a, co, bufs.rec),
@@ -132,8 +133,24 @@ def wait_claim(
     )
     if co.status != lib.RINGQ_CLAIMED:
         return None
-    # Built as NamedTuple._make builds one, without the generated __new__'s Python frame.
-    return tuple.__new__(WaitClaimed, (co.slot, co.word, co.prev, bufs.rec_buf[:]))
+    # Built as NamedTuple._make builds one, without the generated __new__'s Python frame.  An
+    # exception (a signal's handler) raised before the status is cleared leaves the lease to
+    # pending_claim; from the clearing to the caller's assignment nothing can raise one (the
+    # interpreter runs handlers after calls and on entering functions, and none is made).
+    got = tuple.__new__(WaitClaimed, (co.slot, co.word, co.prev, bufs.rec_buf[:]))
+    co.status = lib.RINGQ_CLAIM_NONE
+    return got
+
+
+def pending_claim() -> WaitClaimed | None:
+    """The lease the last :func:`wait_claim` of this thread took in C if an exception (a signal
+    handler's, raised as the call returned) kept it from reaching the caller; None otherwise.
+    Each such lease is returned once: the caller gives it back."""
+    co = _buffers.out
+    if co.status != lib.RINGQ_CLAIMED:
+        return None
+    co.status = lib.RINGQ_CLAIM_NONE
+    return tuple.__new__(WaitClaimed, (co.slot, co.word, co.prev, _buffers.rec_buf[:]))
 
 
 def wait_reached() -> int:

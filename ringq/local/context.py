@@ -92,9 +92,11 @@ class Outside:
         """:meth:`leave` for a caller that holds the queue lock.  A close waiting for this user
         goes on only once the caller releases the lock, so the mappings stay until then."""
         ctx = self.ctx
+        if ctx.users == 1 and ctx.closed:  # only a close waits for it (closed is set first)
+            ctx.idle.notify_all()  # it wakes once the caller releases the lock
+        # Last, and with no call after it: an exception (a signal's handler) raised in this
+        # method leaves the user counted, and the caller's clean-up counts it out once.
         ctx.users -= 1
-        if not ctx.users and ctx.closed:  # only a close waits for it (closed is set first)
-            ctx.idle.notify_all()
 
 
 def reader_types() -> tuple[type[Deps], type[Index], type[Reaper], type[Relocator], type[Leases]]:

@@ -325,6 +325,7 @@ class Leases:
         token = object()
         claiming = self.owners.claiming
         claiming[token] = (seg.seq, candidate)
+        got = None
         try:
             got = claim.wait_claim(
                 ctl,
@@ -344,28 +345,43 @@ class Leases:
                 # As Waited._make builds one, with no Python frame.
                 return tuple.__new__(Waited, (view, *got, token))
         except BaseException:
+            # A signal's handler that raised as the C call returned: the lease it took was never
+            # handed out, so it goes back as unclaim gives one back (no attempt counted).  The
+            # caller still counts this thread among the mappings' users: the segment is mapped.
+            if got is None:
+                got = claim.pending_claim()
+            if got is not None:
+                self.unclaim(tuple.__new__(Waited, (view, *got, token)), direct)
             claiming.pop(token, None)
             raise
         claiming.pop(token, None)
         return None
 
     def unclaim(self, got: Waited, direct: Direct) -> None:
-        """Give back a lease :meth:`wait_claim` took that policy now forbids: the job's word goes
+        """Give back a lease :meth:`wait_claim` took and never handed to the caller (policy now
+        forbids it, its queue object closed, or an exception came first): the job's word goes
         back to what it was (READY, never leased; the token was never handed out), and readers
-        are told to look again.  The owner word the C call tagged with lease count 1 is cleared
-        first: the job's next lease is count 1 again, and between its two CAS that tag would
-        name this process as its holder."""
+        are told to look again.  The lease may have been extended and held by :meth:`waited`
+        meanwhile.  The owner word the C call tagged with lease count 1 is cleared first: the
+        job's next lease is count 1 again, and between its two CAS that tag would name this
+        process as its holder."""
         seg = got.view.seg
         try:
             if seg.mm is not None:
+                word = seg.load_state(got.slot)
+                if word != got.word and word != transitions.extended(got.word, rel_time(word)):
+                    word = got.word  # not this lease any more (reclaimed, or asked to cancel)
                 tag = direct.owner_base | 1 << OWNER_LC_SHIFT
-                untagged = seg.cas_owner(got.slot, tag, 0)[0]
-                if seg.cas_state(got.slot, got.word, got.prev)[0]:
+                if not seg.cas_owner(got.slot, tag, 0)[0]:
+                    return  # not our lease (given back already, and maybe leased again since)
+                if seg.cas_state(got.slot, word, got.prev)[0]:
+                    self.owners.held.pop((seg.seq, got.slot), None)
                     self.ring.note_returned(seg)
-                elif untagged:
+                else:
                     # The word moved meanwhile (a cancel request): still ours, so tagged again,
                     # and reclaimed as this holder's, not left unowned until it runs out.
                     seg.cas_owner(got.slot, 0, tag)
+                    self.owners.held.pop((seg.seq, got.slot), None)
         finally:
             self.owners.claiming.pop(got.claim, None)
 

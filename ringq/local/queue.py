@@ -715,7 +715,7 @@ class Queue:
             outside = ctx.outside
             outside.enter()
             counted = True  # in ctx.users, until left once whatever happens
-            job = None
+            job = leased = None
             try:
                 if direct is None or ctx.index.heap:
                     ctl.sleep(seen, nap, self.spin)
@@ -738,14 +738,44 @@ class Queue:
                                 ctx.leases.unclaim(leased, direct)
                             else:
                                 job = ctx.leases.waited(leased, direct)
+                            leased = None
+                if counted:
+                    with ctx.lock:
+                        outside.leave_held()
+                        counted = False
+                if job is not None:
+                    got.append(job)
+                    job = None
+                if len(got) >= count:  # else the next pass adds what else is due, not waiting
+                    return got
+            except BaseException:
+                # A signal's handler (KeyboardInterrupt) raised after the wait leased a job:
+                # nobody will see it, so it goes back unleased, no attempt counted.  No
+                # ``finally``: an exception raised in one would lose a lease being returned.
+                self._unreturned(leased, job, got, counted, direct)
+                raise
+
+    def _unreturned(
+        self, leased: Any, job: Job | None, got: list[Job], counted: bool, direct: Any
+    ) -> None:
+        """As an exception leaves :meth:`lease`: give back what it leased and will not return --
+        the lease its wait took in C (``leased``, not yet a ``job``), ``job`` made of it, and the
+        jobs of ``got`` -- unless the queue object closed and its mappings went (the leases then
+        end with this process).  ``counted``: the thread is still among the mappings' users
+        (counted out here)."""
+        ctx = self._ctx
+        with ctx.lock:
+            try:
+                if ctx.closed and not counted:
+                    return  # unmapped
+                if leased is not None and job is None:
+                    ctx.leases.unclaim(leased, direct)
+                back = got if job is None else [*got, job]
+                if back and not ctx.closed:
+                    ctx.leases.give_back(back)
             finally:
                 if counted:
-                    outside.leave()
-            if job is not None:
-                got.append(job)
-                if len(got) >= count:
-                    return got
-                # The next pass adds what else is due, without waiting.
+                    ctx.outside.leave_held()
 
     def _claimer(self, vt: float, detach: bool) -> Callable[[Any, int, int, int], Job | None]:
         """Index.take's ``claim`` for the general path: a lease of ``vt`` seconds (``detach``)."""

@@ -513,7 +513,8 @@ while True:
     producer.start()
     job = None
     try:
-        job = q.lease_one(wait=5)
+        jobs = q.lease(int(sys.argv[2]), wait=5)
+        job = jobs[0] if jobs else None
     except Interrupt:
         pass
     finally:
@@ -544,7 +545,7 @@ def test_an_exception_as_the_wait_leases_gives_the_job_back_unleased(tmp_path):
     # job, so it goes back READY with no attempt counted, and is leased at once by the next call
     # (not charged an attempt as a dead holder's lease, not held until its visibility timeout).
     out = subprocess.run(
-        [__import__("sys").executable, "-c", INTERRUPTED, str(tmp_path)],
+        [__import__("sys").executable, "-c", INTERRUPTED, str(tmp_path), "1"],
         capture_output=True, text=True, timeout=120,
         env=__import__("procs").child_env(),
     )

@@ -659,64 +659,69 @@ class Queue:
         quiet = ctx.quiet
         direct = None
         seen = 0
-        while True:
-            with ctx.lock:  # ctx.live_lock, spelt out on the hot path
-                if ctx.closed:
-                    ctx.live()
-                if deadline is not None:
-                    # Read before looking for work: nothing appended after it is slept through.
-                    seen = ctl.wake_word()
-                # Nothing appended, returned, rotated, paused or limited since a look that found
-                # nothing paused and no limit: that look's answers stand (ringq/local/quiet.py).
-                t = time.monotonic()
-                clear = quiet.quiet(t)
-                if not clear:
-                    quiet.begin()
-                    ctx.refresh(quick=True)
-                if t >= reaper.quiet_until and reaper.due() and ctx.reap():
-                    ctx.refresh()  # the reclaimed jobs moved their segments' change counters
-                direct = None
-                queue_paused = keys_paused = False
-                if not clear:
-                    queue_paused, keys_paused = pause.paused()
-                    if not queue_paused and not keys_paused and not ctx.gate.active():
-                        quiet.clear()
-                        clear = True
-                if clear:  # no limit and no paused key: plain jobs are leased in one C call each
-                    direct = ctx.leases.direct(vt, detach)
-                    if count == 1 and not ctx.gate.holding():
-                        top = ctx.index.take_top(direct)
-                        if top:
-                            return top
-                    got += ctx.index.take(count - len(got), direct.claim, ctx.gate, None, direct)
-                elif not queue_paused:  # a paused queue leases nothing; resume wakes sleepers
-                    got += ctx.index.take(
-                        count - len(got),
-                        self._claimer(vt, detach),
-                        ctx.gate,
-                        (lambda v, s: pause.blocks(v.seg, s)) if keys_paused else None,
-                    )
-                if got or deadline is None:  # blocks only while nothing at all is leasable
+        counted = False
+        job = leased = None  # a lease the wait took in C, and the job made of it, not yet in got
+        try:
+            while True:
+                with ctx.lock:  # ctx.live_lock, spelt out on the hot path
+                    if ctx.closed:
+                        ctx.live()
+                    if deadline is not None:
+                        # Read before looking for work: nothing appended after it is slept through.
+                        seen = ctl.wake_word()
+                    # Nothing appended, returned, rotated, paused or limited since a look that found
+                    # nothing paused and no limit: that look's answers stand (ringq/local/quiet.py).
+                    t = time.monotonic()
+                    clear = quiet.quiet(t)
+                    if not clear:
+                        quiet.begin()
+                        ctx.refresh(quick=True)
+                    if t >= reaper.quiet_until and reaper.due() and ctx.reap():
+                        ctx.refresh()  # the reclaimed jobs moved their segments' change counters
+                    direct = None
+                    queue_paused = keys_paused = False
+                    if not clear:
+                        queue_paused, keys_paused = pause.paused()
+                        if not queue_paused and not keys_paused and not ctx.gate.active():
+                            quiet.clear()
+                            clear = True
+                    if (
+                        clear
+                    ):  # no limit and no paused key: plain jobs are leased in one C call each
+                        direct = ctx.leases.direct(vt, detach)
+                        if count == 1 and not ctx.gate.holding():
+                            top = ctx.index.take_top(direct)
+                            if top:
+                                return top
+                        got += ctx.index.take(
+                            count - len(got), direct.claim, ctx.gate, None, direct
+                        )
+                    elif not queue_paused:  # a paused queue leases nothing; resume wakes sleepers
+                        got += ctx.index.take(
+                            count - len(got),
+                            self._claimer(vt, detach),
+                            ctx.gate,
+                            (lambda v, s: pause.blocks(v.seg, s)) if keys_paused else None,
+                        )
+                    if got or deadline is None:  # blocks only while nothing at all is leasable
+                        return got
+                    next_due = ctx.index.next_due_ms()
+                    # Under the lock: the control page it reads is unmapped by a close.
+                    floor_nap = reaper.until_floor()
+                left = deadline - time.monotonic()
+                if left <= 0:
                     return got
-                next_due = ctx.index.next_due_ms()
-                # Under the lock: the control page it reads is unmapped by a close.
-                floor_nap = reaper.until_floor()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return got
-            nap = min(
-                left, reaper.interval, floor_nap
-            )  # dead holders: seen within the reaper's interval
-            if next_due is not None:
-                nap = min(nap, max(0.0, next_due / 1000 - time.time()) + 0.001)
-            held_back = ctx.gate.nap()  # until a limit that holds a job back may let it go
-            if held_back is not None:
-                nap = min(nap, held_back)
-            outside = ctx.outside
-            outside.enter()
-            counted = True  # in ctx.users, until left once whatever happens
-            job = leased = None
-            try:
+                nap = min(
+                    left, reaper.interval, floor_nap
+                )  # dead holders: seen within the reaper's interval
+                if next_due is not None:
+                    nap = min(nap, max(0.0, next_due / 1000 - time.time()) + 0.001)
+                held_back = ctx.gate.nap()  # until a limit that holds a job back may let it go
+                if held_back is not None:
+                    nap = min(nap, held_back)
+                outside = ctx.outside
+                outside.enter()
+                counted = True  # in ctx.users, until counted out once whatever happens
                 if direct is None or ctx.index.heap:
                     ctl.sleep(seen, nap, self.spin)
                 else:  # nothing leasable known: wait, and lease a job appended meanwhile in C
@@ -748,12 +753,12 @@ class Queue:
                     job = None
                 if len(got) >= count:  # else the next pass adds what else is due, not waiting
                     return got
-            except BaseException:
-                # A signal's handler (KeyboardInterrupt) raised after the wait leased a job:
-                # nobody will see it, so it goes back unleased, no attempt counted.  No
-                # ``finally``: an exception raised in one would lose a lease being returned.
-                self._unreturned(leased, job, got, counted, direct)
-                raise
+        except BaseException:
+            # A signal's handler (KeyboardInterrupt) raised after jobs were leased: nobody will
+            # see them, so they go back unleased, no attempt counted.  No ``finally`` in the
+            # loop: an exception raised in one would lose the jobs being returned.
+            self._unreturned(leased, job, got, counted, direct)
+            raise
 
     def _unreturned(
         self, leased: Any, job: Job | None, got: list[Job], counted: bool, direct: Any

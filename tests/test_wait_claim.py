@@ -539,13 +539,16 @@ print("points", n, flush=True)
 """
 
 
-def test_an_exception_as_the_wait_leases_gives_the_job_back_unleased(tmp_path):
-    # KeyboardInterrupt (any signal handler's exception) raised as lease_one's wait returns with
-    # a job it leased in C, or at any later point before lease_one returns it: nobody sees the
-    # job, so it goes back READY with no attempt counted, and is leased at once by the next call
-    # (not charged an attempt as a dead holder's lease, not held until its visibility timeout).
+@pytest.mark.parametrize("count", [1, 3])
+def test_an_exception_as_the_wait_leases_gives_the_job_back_unleased(tmp_path, count):
+    # KeyboardInterrupt (any signal handler's exception) raised as lease's wait returns with a
+    # job it leased in C, or at any later point before lease returns it (with a count of 3, also
+    # in the pass that looks for more, and in its catch-up): nobody sees the job, so it goes
+    # back READY with no attempt counted, and is leased at once by the next call (not charged an
+    # attempt as a dead holder's lease, not held until its visibility timeout, not passed over
+    # by an index whose catch-up was cut short).
     out = subprocess.run(
-        [__import__("sys").executable, "-c", INTERRUPTED, str(tmp_path), "1"],
+        [__import__("sys").executable, "-c", INTERRUPTED, str(tmp_path), str(count)],
         capture_output=True, text=True, timeout=120,
         env=__import__("procs").child_env(),
     )

@@ -80,54 +80,60 @@ class CatchUp:
         least every ``FULL_CATCH_UP`` seconds.  Never quick under the writer lock: a writer that
         released the lock bumps the wake word a moment later, and a caller holding the lock must
         see what it published (idempotent enqueue)."""
-        ring = self.ring
-        ctl = ring.ctl
-        stamp = ctl.stamp()
-        t = time.monotonic()
-        last = self._stamp
-        if quick and t < self._stamp_until and last is not None and stamp[1] == last[1]:
-            if stamp[0] == last[0]:
+        try:
+            ring = self.ring
+            ctl = ring.ctl
+            stamp = ctl.stamp()
+            t = time.monotonic()
+            last = self._stamp
+            if quick and t < self._stamp_until and last is not None and stamp[1] == last[1]:
+                if stamp[0] == last[0]:
+                    return []
+                # Only appends or returns since the last catch-up: no segment was created, sealed or
+                # retired (each of those bumps the ring generation), so only the unsealed views can
+                # have new records, and no view is newly sealed.
+                self._stamp = stamp
+                for view in self.index.views.values():
+                    if not view.sealed and view.seg.tail() > view.scanned:
+                        self._ingest(view)
+                self._look_for_returned()
                 return []
-            # Only appends or returns since the last catch-up: no segment was created, sealed or
-            # retired (each of those bumps the ring generation), so only the unsealed views can
-            # have new records, and no view is newly sealed.
-            self._stamp = stamp
+            self._stamp, self._stamp_until = stamp, t + FULL_CATCH_UP
+            dropped = False
+            for seq in ring.refresh():
+                dropped |= self.index.views.pop(seq, None) is not None
+            segs = ring.segs
+            if len(segs) != len(self.index.views):
+                for seq in [s for s in self.index.views if s not in segs]:
+                    del self.index.views[seq]
+                    dropped = True
+                for seg in segs:
+                    if seg.seq not in self.index.views:
+                        self.index.views[seg.seq] = View(seg)
+            if (
+                dropped
+            ):  # forget the ids of retired segments, or a long-lived process grows without bound
+                self.index.ids = {
+                    jid: loc for jid, loc in self.index.ids.items() if loc[0] in self.index.views
+                }
+            newly_sealed: list[View] = []
             for view in self.index.views.values():
-                if not view.sealed and view.seg.tail() > view.scanned:
+                if view.sealed:
+                    continue
+                seg = view.seg
+                sealed = seg.sealed()  # acquire: the final tail is visible after this
+                if seg.tail() > view.scanned:
                     self._ingest(view)
+                view.sealed = sealed
+                if sealed:
+                    newly_sealed.append(view)
             self._look_for_returned()
-            return []
-        self._stamp, self._stamp_until = stamp, t + FULL_CATCH_UP
-        dropped = False
-        for seq in ring.refresh():
-            dropped |= self.index.views.pop(seq, None) is not None
-        segs = ring.segs
-        if len(segs) != len(self.index.views):
-            for seq in [s for s in self.index.views if s not in segs]:
-                del self.index.views[seq]
-                dropped = True
-            for seg in segs:
-                if seg.seq not in self.index.views:
-                    self.index.views[seg.seq] = View(seg)
-        if (
-            dropped
-        ):  # forget the ids of retired segments, or a long-lived process grows without bound
-            self.index.ids = {
-                jid: loc for jid, loc in self.index.ids.items() if loc[0] in self.index.views
-            }
-        newly_sealed: list[View] = []
-        for view in self.index.views.values():
-            if view.sealed:
-                continue
-            seg = view.seg
-            sealed = seg.sealed()  # acquire: the final tail is visible after this
-            if seg.tail() > view.scanned:
-                self._ingest(view)
-            view.sealed = sealed
-            if sealed:
-                newly_sealed.append(view)
-        self._look_for_returned()
-        return newly_sealed
+            return newly_sealed
+        except BaseException:
+            # Cut short (a signal handler's exception, between two records): records may be
+            # half read in, or passed over by the scan position.  Read everything again.
+            self.index.reset()
+            raise
 
     def _look_for_returned(self) -> None:
         change = self.ring.ctl.change_counter()
@@ -147,7 +153,11 @@ class CatchUp:
         lane for a job that is not READY (one that comes back to READY later gets its own entry,
         as any job behind a cursor)."""
         if view.scanned <= slot:
-            self._ingest(view, slot if held else -1)
+            try:
+                self._ingest(view, slot if held else -1)
+            except BaseException:
+                self.index.reset()  # as in catch_up
+                raise
 
     def _ingest(self, view: View, held: int = -1) -> None:
         seg = view.seg

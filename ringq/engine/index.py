@@ -116,6 +116,18 @@ class Index:
         self.views.clear()
         self.catchup.forget()
 
+    def reset(self) -> None:
+        """Forget everything read in: the next catch-up reads every segment again from its first
+        record, as a new queue object's first one does.  For a catch-up cut short by an
+        exception, which may have read records in half or moved a scan position past them."""
+        self.views.clear()
+        self.heap.clear()
+        self.sched.clear()
+        self.parked.clear()
+        self.ids.clear()
+        self.seen_change = -1
+        self.catchup.forget()
+
     def leases(self) -> Iterator[tuple[View, np.ndarray, np.ndarray, np.ndarray]]:
         """``(view, slots, words, owners)`` for each view with a LEASED word in its live state
         table: those slots, a copy of their state words and then of their owner words.  The
@@ -345,36 +357,40 @@ class Index:
         due, the heap's top a lane).  Returns what ``direct.made_run`` made of it, or None when
         nothing was leased here and :meth:`take` must decide.  The caller makes sure no limit
         and no paused key applies and that the limits gate holds nothing back."""
-        heap = self.heap
-        if not heap or self.fair:
-            return None
-        sched = self.sched
-        if sched and sched[0][0] <= now_ms():
-            return None
-        entry = heap[0]
-        view = self.views.get(entry[4])
-        if entry[3] != 0 or view is None:
-            return None
-        lane = view.lanes[entry[5]]
-        # The best candidate of any other lane: the smaller of the top's children.
-        bound = None
-        n = len(heap)
-        if n > 1:
-            top = heap[1] if n == 2 or heap[1] <= heap[2] else heap[2]
-            if top[0] == entry[0]:
-                bound = (top[1], top[2] >> 32, top[2])
-        got, run, nxt, why = lease_run(view, lane, direct, bound, 1)
-        if not got:
-            return None  # take() calls again from the same cursor, and decides
-        lane.cursor = nxt
-        # One job leased: the call stopped at the lane's next READY job (RUN_FULL) or found none
-        # (RUN_END).  A full lane stays under the key it was taken with, which ranks it too early,
-        # never too late: the bound checks its next job when it comes first again.  An ended
-        # lane leaves the heap, as in take().
-        if why == RUN_END:
-            heapq.heappop(heap)
-            lane.queued = False
-        return direct.made_run(view, run)
+        try:
+            heap = self.heap
+            if not heap or self.fair:
+                return None
+            sched = self.sched
+            if sched and sched[0][0] <= now_ms():
+                return None
+            entry = heap[0]
+            view = self.views.get(entry[4])
+            if entry[3] != 0 or view is None:
+                return None
+            lane = view.lanes[entry[5]]
+            # The best candidate of any other lane: the smaller of the top's children.
+            bound = None
+            n = len(heap)
+            if n > 1:
+                top = heap[1] if n == 2 or heap[1] <= heap[2] else heap[2]
+                if top[0] == entry[0]:
+                    bound = (top[1], top[2] >> 32, top[2])
+            got, run, nxt, why = lease_run(view, lane, direct, bound, 1)
+            if not got:
+                return None  # take() calls again from the same cursor, and decides
+            lane.cursor = nxt
+            # One job leased: the call stopped at the lane's next READY job (RUN_FULL) or found none
+            # (RUN_END).  A full lane stays under the key it was taken with, which ranks it too early,
+            # never too late: the bound checks its next job when it comes first again.  An ended
+            # lane leaves the heap, as in take().
+            if why == RUN_END:
+                heapq.heappop(heap)
+                lane.queued = False
+            return direct.made_run(view, run)
+        except BaseException:
+            self.reset()  # as in take
+            raise
 
     def take(
         self,
@@ -402,12 +418,17 @@ class Index:
         # too (one key per lane), so they wait as one until the next take, not job by job.
         aside: list[tuple[View, Lane]] = []
         try:
-            return self._take(want, claim, held_back, skip, direct, now, passed, aside)
-        finally:
+            out = self._take(want, claim, held_back, skip, direct, now, passed, aside)
             for view, lane in aside:
                 self.queue_lane(view, lane, now)
             for view, slot in passed:
                 self.park(view, slot, now)
+            return out
+        except BaseException:
+            # Cut short (a signal handler's exception): lanes may be off the heap with their
+            # ``queued`` flag still set, jobs neither passed nor parked.  Read everything again.
+            self.reset()
+            raise
 
     def _take(
         self,

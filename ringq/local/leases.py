@@ -460,14 +460,14 @@ class Leases:
         now = now_ms()
         for job in jobs:
             segseq, slot, _origin = job.record_position
-            view = self.index.views.get(segseq)
+            seg = self.ring.segs.get(segseq)  # not the index's view: it may have been reset
             token = token_number(job.lease_token)
-            if view is None or not token or token < 1:
+            if seg is None or seg.mm is None or not token or token < 1:
                 continue
-            w = view.seg.load_state(slot)
+            w = seg.load_state(slot)
             if state(w) != ST_LEASED or lease_count(w) != token or w & FLAG_CANCEL:
                 continue
-            back += self._unused(view.seg, slot, w, round(job.available_at * 1000), now, touched)
+            back += self._unused(seg, slot, w, round(job.available_at * 1000), now, touched)
         for seg in touched.values():
             self.ring.note_returned(seg)  # readers (this one too) find them again
         return back

@@ -773,6 +773,9 @@ class Queue:
             try:
                 if ctx.closed and not counted:
                     return  # unmapped
+                # A catch-up the exception cut short made the index read everything again
+                # (Index.reset): the next lease must look, not trust the last look's answers.
+                ctx.quiet.forget()
                 if leased is not None and job is None:
                     ctx.leases.unclaim(leased, direct)
                 back = got if job is None else [*got, job]

@@ -76,5 +76,9 @@ class QuietLook:
             return  # the look mapped a limits file: the next look watches it
         self._until = min(self._quick_until(), self._gate.next_look())
 
+    def forget(self) -> None:
+        """The next lease looks in full (the index may have forgotten what it read)."""
+        self._until = 0.0
+
     def close(self) -> None:
         self._watch, self._limits, self._until = None, None, 0.0

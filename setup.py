@@ -1,4 +1,4 @@
-# The cffi hook and the one CPython extension live here; everything else is declared in
+# The cffi hook and the CPython extensions live here; everything else is declared in
 # pyproject.toml.
 import importlib.util
 import pathlib
@@ -22,6 +22,14 @@ setup(
             include_dirs=["csrc"],
             extra_compile_args=native.COMPILE_ARGS,
             extra_link_args=native.LINK_ARGS,
-        )
+        ),
+        # The queue lock's context manager, with no bytecode in its entry or exit
+        # (csrc/ext/guard.c): a signal handler's exception cannot leave the lock held.
+        Extension(
+            "ringq.engine._guard",
+            sources=["csrc/ext/guard.c"],
+            extra_compile_args=native.COMPILE_ARGS,
+            extra_link_args=native.LINK_ARGS,
+        ),
     ],
 )

@@ -555,3 +555,71 @@ def test_an_exception_as_the_wait_leases_gives_the_job_back_unleased(tmp_path, c
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     points = int(out.stdout.split()[-1])
     assert points > 20, out.stdout  # the signal right after the call, then every later point
+
+
+LOCK_LEFT = """
+import sys, threading, time
+from ringq import Queue
+
+
+class Interrupt(BaseException):
+    pass
+
+
+at = {"n": 0, "events": 0}
+
+
+def profiler(frame, event, arg):
+    if event in ("call", "c_return"):  # where the interpreter runs a signal's handler
+        at["events"] += 1
+        if at["events"] == at["n"]:
+            sys.setprofile(None)
+            raise Interrupt
+
+
+q = Queue(sys.argv[1])
+q.lease_one()  # the reader is built
+calls = {
+    "lease_one": lambda: q.lease_one(wait=0.001),
+    "stats": q.stats,
+    "enqueue_many": lambda: q.enqueue_many([{"k": 1}, {"k": 2}]),
+}
+for name, call in calls.items():
+    n = 0
+    while True:
+        n += 1
+        at["n"], at["events"] = n, 0
+        sys.setprofile(profiler)
+        try:
+            call()
+            done = True
+        except Interrupt:
+            done = False
+        finally:
+            sys.setprofile(None)
+        other = threading.Thread(target=q.stats)  # the queue lock is free again
+        other.start()
+        other.join(10)
+        assert not other.is_alive(), (name, n, "the queue lock was left held")
+        if done:
+            break
+    print(name, n, flush=True)
+t0 = time.monotonic()
+q.close()  # nothing left counted among the mappings' users: no wait for one
+assert time.monotonic() - t0 < 5, time.monotonic() - t0
+print("closed", flush=True)
+"""
+
+
+def test_an_exception_at_any_point_of_a_call_leaves_the_queue_lock_free(tmp_path):
+    # A signal handler's exception (KeyboardInterrupt, a timeout) raised at each point of a call
+    # where the interpreter runs handlers: the queue's lock is never left held by the thread
+    # that got the exception (another thread's call would block for ever), and close does not
+    # wait for a user of the mappings that left.
+    out = subprocess.run(
+        [__import__("sys").executable, "-c", LOCK_LEFT, str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+        env=__import__("procs").child_env(),
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    assert "closed" in out.stdout

@@ -12,6 +12,7 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
+from ringq.engine._guard import LiveLock
 from ringq.engine.lifecycle import PauseFile
 from ringq.engine.owner import OwnerRegistry
 from ringq.engine.ring import Ring
@@ -33,27 +34,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["QueueContext"]
 
 
-class LiveLock:
-    """The queue lock, taken only while the queue is open: ``with ctx.live_lock:`` raises
-    QueueClosedError (and holds nothing) once :meth:`QueueContext.close` ran, so a call that
-    waited for the lock behind a close never touches the unmapped files."""
-
-    __slots__ = ("ctx",)
-
-    def __init__(self, ctx: QueueContext) -> None:
-        self.ctx = ctx
-
-    def __enter__(self) -> None:
-        ctx = self.ctx
-        ctx.lock.acquire()
-        if ctx.closed:
-            ctx.lock.release()
-            ctx.live()
-
-    def __exit__(self, *exc: object) -> None:
-        self.ctx.lock.release()
-
-
 class Outside:
     """Around a use of the mappings outside the queue lock (a sleep on the futex, a sync after
     an append): counted, so that a close wakes such users and waits for them to leave before it
@@ -64,15 +44,11 @@ class Outside:
     def __init__(self, ctx: QueueContext) -> None:
         self.ctx = ctx
 
-    def enter(self) -> None:
-        """Count a user in (QueueClosedError if the queue is closed); pair with :meth:`leave`
-        or :meth:`leave_held`."""
+    def __enter__(self) -> None:
+        """Count a user in (QueueClosedError if the queue is closed)."""
         ctx = self.ctx
         with ctx.live_lock:
             ctx.users += 1
-
-    def __enter__(self) -> None:
-        self.enter()
 
     def __exit__(self, *exc: object) -> None:
         self.leave()
@@ -81,7 +57,9 @@ class Outside:
         """Count a user in from under the queue lock, which the caller holds while the queue is
         live (it has just appended): a close that comes before the caller's use of the mappings
         outside the lock waits for it (its :meth:`leave`), rather than refusing a use whose
-        records are already written."""
+        records are already written.  Makes no call after the count: an exception (a signal's
+        handler) raised in it comes before the count, so a caller that notes the count right
+        after the return never leaves a user counted that it does not know of."""
         self.ctx.users += 1
 
     def leave(self) -> None:
@@ -133,7 +111,11 @@ class QueueContext:
         self.name = name
         self.path = path
         self.lock = threading.RLock()
-        self.live_lock = LiveLock(self)  # the lock, while the queue is open
+        # The lock, while the queue is open: ``with ctx.live_lock:`` raises QueueClosedError
+        # (and holds nothing) once close ran, so a call that waited for the lock behind a close
+        # never touches the unmapped files.  Its entry and exit run no bytecode, so a signal
+        # handler's exception never leaves the lock held (csrc/ext/guard.c).
+        self.live_lock = LiveLock(self)
         self.outside = Outside(self)  # a use of the mappings outside the lock (see Outside)
         self.users = 0  # threads inside ``outside``
         self.idle = threading.Condition(self.lock)  # notified when the last of them left

@@ -720,8 +720,13 @@ class Queue:
                 if held_back is not None:
                     nap = min(nap, held_back)
                 outside = ctx.outside
-                outside.enter()
-                counted = True  # in ctx.users, until counted out once whatever happens
+                with ctx.lock:
+                    if ctx.closed:
+                        ctx.live()
+                    # No call between the count and its note: an exception (a signal's
+                    # handler) comes before both or after both, and the handler counts out.
+                    outside.enter_held()
+                    counted = True  # in ctx.users, until counted out once whatever happens
                 if direct is None or ctx.index.heap:
                     ctl.sleep(seen, nap, self.spin)
                 else:  # nothing leasable known: wait, and lease a job appended meanwhile in C
@@ -814,8 +819,19 @@ class Queue:
             next_due = self._ctx.index.next_due_ms()
             if next_due is not None and next_due / 1000 > time.time():
                 nap = min(nap, next_due / 1000 - time.time() + 0.001)
-        with self._ctx.outside:
-            self._ctx.ring.ctl.sleep(token, nap, self.spin)
+        ctx = self._ctx
+        counted = False
+        try:
+            with ctx.lock:
+                if ctx.closed:
+                    ctx.live()
+                ctx.outside.enter_held()
+                counted = True  # no call since the count: see lease
+            ctx.ring.ctl.sleep(token, nap, self.spin)
+        finally:
+            if counted:
+                with ctx.lock:
+                    ctx.outside.leave_held()
 
     def wake(self) -> None:
         """Wake every thread and process sleeping in :meth:`lease` or :meth:`wait_for_wake` on this queue."""

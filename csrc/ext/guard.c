@@ -56,14 +56,19 @@ static int call0(PyObject *obj, PyObject *name) {
     return 0;
 }
 
-static PyObject *live_enter(PyObject *op, PyObject *unused) {
-    (void)unused;
-    PyObject *ctx = ((LiveLock *)op)->ctx;
+/* ``ctx.lock`` (a new reference), or NULL with an exception set. */
+static PyObject *ctx_lock(PyObject *ctx) {
     if (ctx == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "LiveLock has no queue context");
         return NULL;
     }
-    PyObject *lock = PyObject_GetAttr(ctx, s_lock);
+    return PyObject_GetAttr(ctx, s_lock);
+}
+
+static PyObject *live_enter(PyObject *op, PyObject *unused) {
+    (void)unused;
+    PyObject *ctx = ((LiveLock *)op)->ctx;
+    PyObject *lock = ctx_lock(ctx);
     if (lock == NULL) return NULL;
     if (call0(lock, s_acquire) < 0) {  /* interrupted: nothing is held */
         Py_DECREF(lock);
@@ -95,12 +100,7 @@ static PyObject *live_enter(PyObject *op, PyObject *unused) {
 static PyObject *live_exit(PyObject *op, PyObject *const *args, Py_ssize_t nargs) {
     (void)args;
     (void)nargs;
-    PyObject *ctx = ((LiveLock *)op)->ctx;
-    if (ctx == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "LiveLock has no queue context");
-        return NULL;
-    }
-    PyObject *lock = PyObject_GetAttr(ctx, s_lock);
+    PyObject *lock = ctx_lock(((LiveLock *)op)->ctx);
     if (lock == NULL) return NULL;
     int rc = call0(lock, s_release);
     Py_DECREF(lock);

@@ -1,4 +1,5 @@
-"""The writer lock of a queue: this process's threads first, then ``flock`` on ``<name>.lock``.
+"""The writer lock of a queue: this process's threads first, then ``flock`` on ``<name>.lock``;
+and the queue lock's context manager (:class:`LiveLock`, compiled from csrc/ext/guard.c).
 
 Only appenders (and the few operations that must see every published record: idempotent enqueue,
 requeue, relocation, recovery) take it; readers never do.  ``flock`` has no timeout, so a waiter
@@ -21,10 +22,11 @@ import time
 from ringq.errors import LockTimeoutError
 
 from . import forksafe
+from ._guard import LiveLock
 from .control import OFF_LOCK_WAITERS, OFF_LOCK_WAKE, Control
 from .mapped import open_nofollow
 
-__all__ = ["WriterLock"]
+__all__ = ["LiveLock", "WriterLock"]
 
 _EX_NB = fcntl.LOCK_EX | fcntl.LOCK_NB
 

@@ -12,8 +12,8 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
-from ringq.engine._guard import LiveLock
 from ringq.engine.lifecycle import PauseFile
+from ringq.engine.lock import LiveLock
 from ringq.engine.owner import OwnerRegistry
 from ringq.engine.ring import Ring
 from ringq.errors import QueueClosedError

@@ -65,9 +65,19 @@ static PyObject *ctx_lock(PyObject *ctx) {
     return PyObject_GetAttr(ctx, s_lock);
 }
 
+static PyObject *enter_ctx(PyObject *ctx);
+
 static PyObject *live_enter(PyObject *op, PyObject *unused) {
     (void)unused;
+    /* Our own reference for the call: the acquire lets other threads run. */
     PyObject *ctx = ((LiveLock *)op)->ctx;
+    Py_XINCREF(ctx);
+    PyObject *r = enter_ctx(ctx);
+    Py_XDECREF(ctx);
+    return r;
+}
+
+static PyObject *enter_ctx(PyObject *ctx) {
     PyObject *lock = ctx_lock(ctx);
     if (lock == NULL) return NULL;
     if (call0(lock, s_acquire) < 0) {  /* interrupted: nothing is held */
@@ -100,7 +110,10 @@ static PyObject *live_enter(PyObject *op, PyObject *unused) {
 static PyObject *live_exit(PyObject *op, PyObject *const *args, Py_ssize_t nargs) {
     (void)args;
     (void)nargs;
-    PyObject *lock = ctx_lock(((LiveLock *)op)->ctx);
+    PyObject *ctx = ((LiveLock *)op)->ctx;
+    Py_XINCREF(ctx);
+    PyObject *lock = ctx_lock(ctx);
+    Py_XDECREF(ctx);
     if (lock == NULL) return NULL;
     int rc = call0(lock, s_release);
     Py_DECREF(lock);

@@ -108,6 +108,8 @@ class Index:
         self.kid_keys: dict[int, str] = {}
         self.shared_kids: set[int] = set()
         # Learning of other processes' work is the CatchUp's; its two entry points are the index's.
+        # Told when reset() forgot everything (the queue's quiet look: its answers go too).
+        self.on_reset: Callable[[], None] | None = None
         self.catchup = CatchUp(self)
         self.catch_up = self.catchup.catch_up
         self.read_through = self.catchup.read_through
@@ -125,8 +127,9 @@ class Index:
         self.sched.clear()
         self.parked.clear()
         self.ids.clear()
-        self.seen_change = -1
         self.catchup.forget()
+        if self.on_reset is not None:
+            self.on_reset()
 
     def leases(self) -> Iterator[tuple[View, np.ndarray, np.ndarray, np.ndarray]]:
         """``(view, slots, words, owners)`` for each view with a LEASED word in its live state

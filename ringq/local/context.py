@@ -145,11 +145,13 @@ class QueueContext:
         and check the dependents it knows at once, as every reader's first look does (a process
         killed after a parent finished leaves its dependents to this).  Raises QueueClosedError
         on a closed queue."""
+        # Imported before the lock is taken: an import cut short by a signal's handler can leave
+        # the import system's own lock behind, and it must not be taken under the queue lock.
+        Deps, Index, Reaper, Relocator, Leases = reader_types()  # noqa: N806 (classes)
         with self.live_lock:
             parts = self.__dict__.get("_reader")
             if parts is not None:
                 return parts
-            Deps, Index, Reaper, Relocator, Leases = reader_types()  # noqa: N806 (classes)
             ring = self.ring
             index = Index(ring)
             deps = Deps(ring, index, lambda: index.catch_up())
@@ -164,6 +166,7 @@ class QueueContext:
             d = self.__dict__
             d["index"], d["reaper"], d["relocator"], d["leases"], d["deps"] = parts
             d["quiet"] = QuietLook(ring.ctl, self.pause, self.gate, index.catchup.quick_until)
+            index.on_reset = d["quiet"].forget  # a lease must not trust a look the index forgot
             # A class with __getattr__ makes every attribute read take the interpreter's slow
             # path; the parts are attributes now, so this context no longer needs it.
             self.__class__ = QueueContext

@@ -361,27 +361,26 @@ class Leases:
         """Give back a lease :meth:`wait_claim` took and never handed to the caller (policy now
         forbids it, its queue object closed, or an exception came first): the job's word goes
         back to what it was (READY, never leased; the token was never handed out), and readers
-        are told to look again.  The lease may have been extended and held by :meth:`waited`
-        meanwhile.  The owner word the C call tagged with lease count 1 is cleared first: the
+        are told to look again.  The owner word the C call tagged with lease count 1 is cleared first: the
         job's next lease is count 1 again, and between its two CAS that tag would name this
         process as its holder."""
         seg = got.view.seg
         try:
             if seg.mm is not None:
-                word = seg.load_state(got.slot)
-                if word != got.word and word != transitions.extended(got.word, rel_time(word)):
-                    word = got.word  # not this lease any more (reclaimed, or asked to cancel)
                 tag = direct.owner_base | 1 << OWNER_LC_SHIFT
                 if not seg.cas_owner(got.slot, tag, 0)[0]:
                     return  # not our lease (given back already, and maybe leased again since)
-                if seg.cas_state(got.slot, word, got.prev)[0]:
-                    self.owners.held.pop((seg.seq, got.slot), None)
+                # Only from the very word the C call wrote: every thread of this process tags
+                # its leases alike, so a later lease of the job by another of them (after this
+                # one went back) must not match.
+                if seg.cas_state(got.slot, got.word, got.prev)[0]:
+                    self.owners.held.pop((seg.seq, got.slot), None)  # if waited() had made it
                     self.ring.note_returned(seg)
                 else:
-                    # The word moved meanwhile (a cancel request): still ours, so tagged again,
-                    # and reclaimed as this holder's, not left unowned until it runs out.
+                    # The word moved meanwhile (a cancel request, or waited() extended it):
+                    # still ours, so tagged again, and reclaimed as this holder's (or held until
+                    # it runs out), not left unowned.
                     seg.cas_owner(got.slot, 0, tag)
-                    self.owners.held.pop((seg.seq, got.slot), None)
         finally:
             self.owners.claiming.pop(got.claim, None)
 

@@ -744,11 +744,15 @@ class Queue:
                                 and (ctx.gate.active() or any(pause.paused()))
                             ):
                                 # Closed (the next pass raises), or a limit or a pause appeared
-                                # while we slept: the C call knew nothing of it.
-                                ctx.leases.unclaim(leased, direct)
+                                # while we slept: the C call knew nothing of it.  Forgotten
+                                # first: an exception after this unclaim must not run another,
+                                # which could take back the job from a thread that leased it
+                                # since (every thread of the process tags a lease alike).
+                                given, leased = leased, None
+                                ctx.leases.unclaim(given, direct)
                             else:
                                 job = ctx.leases.waited(leased, direct)
-                            leased = None
+                                leased = None
                 if counted:
                     with ctx.lock:
                         outside.leave_held()
@@ -778,9 +782,6 @@ class Queue:
             try:
                 if ctx.closed and not counted:
                     return  # unmapped
-                # A catch-up the exception cut short made the index read everything again
-                # (Index.reset): the next lease must look, not trust the last look's answers.
-                ctx.quiet.forget()
                 if leased is not None and job is None:
                     ctx.leases.unclaim(leased, direct)
                 back = got if job is None else [*got, job]

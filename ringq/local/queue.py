@@ -685,9 +685,8 @@ class Queue:
                         if not queue_paused and not keys_paused and not ctx.gate.active():
                             quiet.clear()
                             clear = True
-                    if (
-                        clear
-                    ):  # no limit and no paused key: plain jobs are leased in one C call each
+                    # No limit and no paused key: plain jobs are leased in one C call each.
+                    if clear:
                         direct = ctx.leases.direct(vt, detach)
                         if count == 1 and not ctx.gate.holding():
                             top = ctx.index.take_top(direct)
@@ -711,9 +710,8 @@ class Queue:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return got
-                nap = min(
-                    left, reaper.interval, floor_nap
-                )  # dead holders: seen within the reaper's interval
+                # Dead holders: seen within the reaper's interval.
+                nap = min(left, reaper.interval, floor_nap)
                 if next_due is not None:
                     nap = min(nap, max(0.0, next_due / 1000 - time.time()) + 0.001)
                 held_back = ctx.gate.nap()  # until a limit that holds a job back may let it go

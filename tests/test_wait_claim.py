@@ -623,3 +623,62 @@ def test_an_exception_at_any_point_of_a_call_leaves_the_queue_lock_free(tmp_path
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     assert "closed" in out.stdout
+
+
+RESET_LOOK = """
+import sys
+from ringq import Queue
+
+
+class Interrupt(BaseException):
+    pass
+
+
+at = {"n": 0, "events": 0}
+
+
+def profiler(frame, event, arg):
+    if event in ("call", "c_return"):
+        at["events"] += 1
+        if at["events"] == at["n"]:
+            sys.setprofile(None)
+            raise Interrupt
+
+
+q = Queue(sys.argv[1])
+q.enqueue_many([{"i": i} for i in range(1000)])
+q.stats()  # the reader built and what stats imports imported
+n = 0
+while True:
+    n += 1
+    q.ack(q.lease_one())  # a look that found all clear: later leases may trust it
+    at["n"], at["events"] = n, 0
+    sys.setprofile(profiler)
+    try:
+        q.stats()
+        done = True
+    except Interrupt:
+        done = False
+    finally:
+        sys.setprofile(None)
+    job = q.lease_one()  # at once, whatever the cut-short catch-up left of the index
+    assert job is not None, (n, q.stats())
+    q.ack(job)
+    if done:
+        break
+print("points", n, flush=True)
+"""
+
+
+def test_a_catch_up_cut_short_outside_lease_leaves_every_job_leasable_at_once(tmp_path):
+    # An exception (a signal handler's) at any point of stats(), whose catch-up may be cut
+    # short: the index then reads everything again, and the next lease_one() looks in full
+    # rather than trusting its last look (nothing it watches moved), so it leases a ready job at
+    # once, not after the quiet look's second.
+    out = subprocess.run(
+        [__import__("sys").executable, "-c", RESET_LOOK, str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+        env=__import__("procs").child_env(),
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    assert int(out.stdout.split()[-1]) > 10, out.stdout

@@ -458,6 +458,19 @@ def test_an_exception_before_a_waited_lease_is_handed_out_does_not_leave_close_w
     assert words[:2] == ["closed", "in"] and float(words[2]) < 2, out
 
 
+def run_injected(code: str, *args: str) -> str:
+    """Run ``code`` (one of the scripts below) in a real child process; its stdout, once it
+    exited 0."""
+    import sys
+
+    from procs import child_env
+
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                         timeout=300, env=child_env())
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    return out.stdout
+
+
 INTERRUPTED = """
 import os, signal, sys, threading, time
 from ringq import Queue
@@ -547,14 +560,8 @@ def test_an_exception_as_the_wait_leases_gives_the_job_back_unleased(tmp_path, c
     # back READY with no attempt counted, and is leased at once by the next call (not charged an
     # attempt as a dead holder's lease, not held until its visibility timeout, not passed over
     # by an index whose catch-up was cut short).
-    out = subprocess.run(
-        [__import__("sys").executable, "-c", INTERRUPTED, str(tmp_path), str(count)],
-        capture_output=True, text=True, timeout=120,
-        env=__import__("procs").child_env(),
-    )
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
-    points = int(out.stdout.split()[-1])
-    assert points > 20, out.stdout  # the signal right after the call, then every later point
+    out = run_injected(INTERRUPTED, str(tmp_path), str(count))
+    assert int(out.split()[-1]) > 20, out  # the signal right after the call, then every later point  # the signal right after the call, then every later point
 
 
 LOCK_LEFT = """
@@ -616,13 +623,7 @@ def test_an_exception_at_any_point_of_a_call_leaves_the_queue_lock_free(tmp_path
     # where the interpreter runs handlers: the queue's lock is never left held by the thread
     # that got the exception (another thread's call would block for ever), and close does not
     # wait for a user of the mappings that left.
-    out = subprocess.run(
-        [__import__("sys").executable, "-c", LOCK_LEFT, str(tmp_path)],
-        capture_output=True, text=True, timeout=300,
-        env=__import__("procs").child_env(),
-    )
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
-    assert "closed" in out.stdout
+    assert "closed" in run_injected(LOCK_LEFT, str(tmp_path))
 
 
 RESET_LOOK = """
@@ -675,10 +676,5 @@ def test_a_catch_up_cut_short_outside_lease_leaves_every_job_leasable_at_once(tm
     # short: the index then reads everything again, and the next lease_one() looks in full
     # rather than trusting its last look (nothing it watches moved), so it leases a ready job at
     # once, not after the quiet look's second.
-    out = subprocess.run(
-        [__import__("sys").executable, "-c", RESET_LOOK, str(tmp_path)],
-        capture_output=True, text=True, timeout=300,
-        env=__import__("procs").child_env(),
-    )
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
-    assert int(out.stdout.split()[-1]) > 10, out.stdout
+    out = run_injected(RESET_LOOK, str(tmp_path))
+    assert int(out.split()[-1]) > 10, out

@@ -458,15 +458,37 @@ def test_an_exception_before_a_waited_lease_is_handed_out_does_not_leave_close_w
     assert words[:2] == ["closed", "in"] and float(words[2]) < 2, out
 
 
+INJECT = """
+import sys
+
+
+class Interrupt(BaseException):  # as KeyboardInterrupt: not an Exception
+    pass
+
+
+at = {"n": None, "events": 0, "armed": False}  # raise at the n-th point counted from 1
+
+
+def profiler(frame, event, arg):
+    # The points where the interpreter runs a signal's handler: entering a function, and
+    # returning from a call into C.
+    if event in ("call", "c_return"):
+        at["events"] += 1
+        if at["events"] == at["n"]:
+            sys.setprofile(None)
+            raise Interrupt
+"""
+
+
 def run_injected(code: str, *args: str) -> str:
-    """Run ``code`` (one of the scripts below) in a real child process; its stdout, once it
-    exited 0."""
+    """Run ``code`` (one of the scripts below, after :data:`INJECT`'s ``Interrupt``, ``at`` and
+    ``profiler``) in a real child process; its stdout, once it exited 0."""
     import sys
 
     from procs import child_env
 
-    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                         timeout=300, env=child_env())
+    out = subprocess.run([sys.executable, "-c", INJECT + code, *args], capture_output=True,
+                         text=True, timeout=300, env=child_env())
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     return out.stdout
 
@@ -479,26 +501,11 @@ from ringq.engine import claim as claim_mod
 real = claim_mod.lib
 
 
-class Interrupt(BaseException):  # as KeyboardInterrupt: not an Exception
-    pass
-
-
 def on_signal(signum, frame):
     raise Interrupt
 
 
 signal.signal(signal.SIGUSR1, on_signal)
-at = {"n": None, "events": 0, "armed": False}
-
-
-def profiler(frame, event, arg):
-    # The points where the interpreter runs a signal's handler: entering a function, and
-    # returning from a call into C.
-    if event in ("call", "c_return"):
-        at["events"] += 1
-        if at["events"] == at["n"]:
-            sys.setprofile(None)
-            raise Interrupt
 
 
 class Proxy:
@@ -569,21 +576,6 @@ import sys, threading, time
 from ringq import Queue
 
 
-class Interrupt(BaseException):
-    pass
-
-
-at = {"n": 0, "events": 0}
-
-
-def profiler(frame, event, arg):
-    if event in ("call", "c_return"):  # where the interpreter runs a signal's handler
-        at["events"] += 1
-        if at["events"] == at["n"]:
-            sys.setprofile(None)
-            raise Interrupt
-
-
 q = Queue(sys.argv[1])
 q.lease_one()  # the reader is built
 calls = {
@@ -629,21 +621,6 @@ def test_an_exception_at_any_point_of_a_call_leaves_the_queue_lock_free(tmp_path
 RESET_LOOK = """
 import sys
 from ringq import Queue
-
-
-class Interrupt(BaseException):
-    pass
-
-
-at = {"n": 0, "events": 0}
-
-
-def profiler(frame, event, arg):
-    if event in ("call", "c_return"):
-        at["events"] += 1
-        if at["events"] == at["n"]:
-            sys.setprofile(None)
-            raise Interrupt
 
 
 q = Queue(sys.argv[1])

@@ -156,7 +156,7 @@ def _leases(where: str) -> Iterator[Leases]:
             Deps(ring, index, index.catch_up),
         )
     finally:
-        index.clear()
+        index.reset()
         gate.close()
         owners.close()
         ring.close()

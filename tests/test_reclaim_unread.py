@@ -47,7 +47,7 @@ def test_a_dead_holders_lease_of_an_unread_record_goes_back_to_ready(tmp_path):
         assert reaper.reap(force=True) == 1  # no catch-up in between: the record is unread here
         job = q.get("late")
         assert job.state is JobState.READY and job.attempts == 1, (job.state, job.attempts)
-        index.clear()
+        index.reset()
         owners.close()
         ring.close()
 
@@ -71,6 +71,6 @@ def test_a_reclaim_of_a_word_that_is_no_longer_a_lease_changes_nothing(tmp_path)
         word = view.seg.load_state(slot)
         assert reaper.reclaim(view, slot, word, WHY_EXPIRED, now_ms()) == 0
         assert q.get(job.id).state is JobState.DEAD
-        index.clear()
+        index.reset()
         owners.close()
         ring.close()

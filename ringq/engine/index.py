@@ -107,21 +107,18 @@ class Index:
         # a hash): a lane whose id is known to stand for one key holds jobs of that key only.
         self.kid_keys: dict[int, str] = {}
         self.shared_kids: set[int] = set()
-        # Learning of other processes' work is the CatchUp's; its two entry points are the index's.
         # Told when reset() forgot everything (the queue's quiet look: its answers go too).
         self.on_reset: Callable[[], None] | None = None
+        # Learning of other processes' work is the CatchUp's; its two entry points are the index's.
         self.catchup = CatchUp(self)
         self.catch_up = self.catchup.catch_up
         self.read_through = self.catchup.read_through
 
-    def clear(self) -> None:
-        self.views.clear()
-        self.catchup.forget()
-
     def reset(self) -> None:
         """Forget everything read in: the next catch-up reads every segment again from its first
-        record, as a new queue object's first one does.  For a catch-up cut short by an
-        exception, which may have read records in half or moved a scan position past them."""
+        record, as a new queue object's first one does.  For a catch-up or take cut short by an
+        exception, which may have read records in half or moved a scan position past them; and
+        as the queue object closes."""
         self.views.clear()
         self.heap.clear()
         self.sched.clear()

@@ -255,7 +255,7 @@ class QueueContext:
             # and the keeping, finding nothing kept yet: look again now they are kept.
             self.leases.settle_kept(kept)
         if reader:
-            self.index.clear()
+            self.index.reset()
         self.ring.close()
         self.pause.close()
 

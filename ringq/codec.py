@@ -30,7 +30,7 @@ import json
 import re
 import struct
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import chain
 from operator import itemgetter
 from types import ModuleType
@@ -61,6 +61,8 @@ __all__ = [
     "wrap_key",
     "split_key",
     "key_at",
+    "json_decoders",
+    "LONG_DIGITS",
 ]
 
 JSON = 1
@@ -140,7 +142,8 @@ except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
 
 
-_LONG_NUMBER = re.compile(rb"[0-9]{19}")
+LONG_DIGITS = 19  # a run of this many digits or more is parsed by json, never by orjson
+_LONG_NUMBER = re.compile(rb"[0-9]{%d}" % LONG_DIGITS)
 
 
 def _loads(data: bytes | bytearray) -> Any:
@@ -154,6 +157,16 @@ def _loads(data: bytes | bytearray) -> Any:
         except _orjson.JSONDecodeError:
             pass
     return json.loads(data)
+
+
+def json_decoders() -> tuple[Callable[[bytes], Any] | None, Callable[[str, int], tuple[Any, int]]]:
+    """What :func:`decode` parses a JSON payload with, for a compiled decoder that must agree with
+    it: orjson's ``loads`` (None without orjson), for a text with no run of :data:`LONG_DIGITS`
+    digits, and json's scanner with json's defaults, ``scan(text, index) -> (value, end)``, for
+    the rest and whatever orjson refuses."""
+    # json's own parser of a text at an index (the C scanner json.loads runs), with its defaults
+    scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+    return (None if _orjson is None else _orjson.loads), scan
 
 
 _U32 = struct.Struct("<I")

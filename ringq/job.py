@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -241,6 +242,15 @@ def _get_payload(job: Job) -> Any:
 
 # (setattr: the class attribute is replaced after the dataclass machinery ran, on purpose)
 setattr(Job, "payload", property(_get_payload, _PAYLOAD_SLOT.__set__, doc="the decoded payload"))  # noqa: B010
+
+
+def use_payload_descriptor(make: Callable[[Callable[[Job], Any]], Any]) -> None:
+    """Give ``Job.payload`` the descriptor ``make(getter)`` returns: a compiled one that reads and
+    writes the payload slot itself and decodes the common payloads on first access, calling
+    ``getter`` (this module's, which decodes any payload) for the rest.  It must give what the
+    property gives, values and errors alike (ringq/engine/runs.py installs one; tests/test_runs.py
+    compares them)."""
+    setattr(Job, "payload", make(_get_payload))  # noqa: B010
 
 
 def slots() -> tuple[tuple[str, ...], tuple[Any, ...]]:

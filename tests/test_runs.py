@@ -14,6 +14,8 @@ import threading
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ringq import Queue
 from ringq.engine.records import CLAIMED
@@ -197,3 +199,91 @@ def test_an_acks_first_try_in_one_call_and_what_it_leaves_to_the_general_path(tm
     assert q.stats().done == 5 and q.stats().ready == 1
     q.close()
     other.close()
+
+
+# Texts where orjson, json's scanner and json.loads could part ways: whitespace around the value,
+# NaN and infinities (json only), integers beyond 64 bits, lone surrogates (json's surrogatepass
+# only), a byte-order mark, text that is not UTF-8, two values, nothing at all.
+RAW_TEXTS = [
+    b'{"t": 1, "x": [1.5, "\\u00e9", null, true]}',
+    b" 1",
+    b"1 ",
+    b"\n[1]\n",
+    b"NaN",
+    b"[Infinity, -Infinity]",
+    b"12345678901234567890123",
+    b"-1234567890123456789",
+    b"123456789012345678",
+    b'"\\ud800"',
+    b'"\xed\xa0\x80"',
+    b'\xef\xbb\xbf{"a": 1}',
+    b"\xff\xfe1\x00",
+    b"1 2",
+    b"",
+    b"{",
+    b'"\x01"',
+    b"1\x00",
+    b"1.0e400",
+    b'{"a": 1, "a": 2}',
+]
+
+
+def _undecoded(codec_id: int, data: bytes):
+    from ringq.job import UNDECODED, Job
+
+    return Job(id="j", payload=UNDECODED, _raw=(codec_id, data))
+
+
+def _decoded_or_error(call):
+    try:
+        return "value", call()
+    except SerializationError as exc:
+        return "error", str(exc)
+
+
+@pytest.mark.parametrize("data", RAW_TEXTS)
+def test_the_compiled_payload_getter_decodes_a_json_text_as_the_codec_does(data):
+    from ringq.codec import JSON, decode
+
+    job = _undecoded(JSON, data)
+    kind, got = _decoded_or_error(lambda: job.payload)
+    want_kind, want = _decoded_or_error(lambda: decode(JSON, data))
+    assert (kind, repr(got)) == (want_kind, repr(want))
+    if kind == "value":
+        assert job._raw is None and job.payload is got  # decoded once, kept
+    else:
+        assert job._raw == (JSON, data)  # left undecoded: raised again on the next access
+        assert _decoded_or_error(lambda: job.payload) == (kind, got)
+
+
+def test_the_compiled_payload_getter_leaves_other_codecs_and_set_payloads_to_the_job():
+    from ringq.codec import BYTES, KEYED, encode, wrap_key
+
+    job = _undecoded(BYTES, b"\x00raw")
+    assert job.payload == b"\x00raw"
+    kid, kdata = wrap_key("tenant", *encode({"k": 1}))
+    assert _undecoded(kid, kdata).payload == {"k": 1} and kid == KEYED
+    job.payload = [1]
+    assert job.payload == [1] and dataclasses.replace(job, priority=2).payload == [1]
+    with pytest.raises(AttributeError):
+        del job.payload
+        job.payload  # noqa: B018 - the slot is empty after a delete
+
+
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(JSON_VALUES)
+@settings(max_examples=300, deadline=None)
+def test_the_compiled_payload_getter_gives_any_json_payload_back_as_the_codec_does(value):
+    from ringq.codec import JSON, decode, encode
+
+    codec_id, data = encode(value)
+    assert codec_id == JSON
+    assert repr(_undecoded(JSON, data).payload) == repr(decode(JSON, data))

@@ -883,10 +883,189 @@ static PyObject *first_ack(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return hit;
 }
 
+/* ---- Job.payload, decoded on first access ----------------------------------------------------
+ *
+ * A Job handed out by a lease holds its payload undecoded: the payload slot holds UNDECODED and
+ * `_raw` the (codec id, bytes) stored.  ringq.job gives `payload` a Python property that decodes
+ * on first access; this descriptor is the same in C for the common payload, a JSON text, decoded
+ * as ringq.codec._loads decodes one (orjson when it is installed and the text has no run of 19 or
+ * more digits, else json's scanner), with no Python frame.  Anything else -- another codec, a
+ * text either decoder refuses, leading or trailing whitespace -- goes to the Python getter, which
+ * decodes it or raises SerializationError, so the result and the errors are the property's. */
+
+static int json_codec = -1;           /* ringq.codec.JSON */
+static PyObject *orjson_loads;        /* orjson.loads, or NULL without orjson */
+static PyObject *json_scan;           /* json's scanner: scan(text, index) -> (value, end) */
+static PyObject *slow_payload;        /* ringq.job's getter: slow_payload(job) */
+static int long_digits = 19;          /* a run of this many digits goes to json (codec.LONG_DIGITS) */
+
+/* A run of `n` or more ASCII digits in p[0..len): such a number goes to json (orjson would make a
+ * float of an integer beyond 64 bits). */
+static int digit_run(const char *p, Py_ssize_t len, int n) {
+    int run = 0;
+    for (Py_ssize_t i = 0; i < len; i++) {
+        if (p[i] >= '0' && p[i] <= '9') {
+            if (++run >= n)
+                return 1;
+        } else {
+            run = 0;
+        }
+    }
+    return 0;
+}
+
+/* Drop the error of a call that failed on its input (an Exception): 0.  A BaseException that is
+ * not one (KeyboardInterrupt, MemoryError is an Exception) is kept: -1. */
+static int input_refused(void) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception))
+        return -1;
+    PyErr_Clear();
+    return 0;
+}
+
+/* The value of JSON text `raw` (a bytes object), a new reference; NULL with no exception set when
+ * it is for the Python getter; NULL with an exception set for one that must propagate. */
+static PyObject *json_value(PyObject *raw) {
+    const char *p = PyBytes_AS_STRING(raw);
+    Py_ssize_t len = PyBytes_GET_SIZE(raw);
+    if (orjson_loads != NULL && !digit_run(p, len, long_digits)) {
+        PyObject *v = PyObject_CallOneArg(orjson_loads, raw);
+        if (v != NULL || input_refused() < 0)
+            return v;
+    }
+    PyObject *text = PyUnicode_DecodeUTF8(p, len, NULL);
+    if (text == NULL) {
+        input_refused();
+        return NULL;
+    }
+    PyObject *got = PyObject_CallFunction(json_scan, "On", text, (Py_ssize_t)0);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    Py_DECREF(text);
+    if (got == NULL) {
+        input_refused(); /* StopIteration or JSONDecodeError: the getter raises the error */
+        return NULL;
+    }
+    PyObject *v = NULL;
+    if (PyTuple_CheckExact(got) && PyTuple_GET_SIZE(got) == 2 &&
+        PyLong_CheckExact(PyTuple_GET_ITEM(got, 1)) &&
+        PyLong_AsSsize_t(PyTuple_GET_ITEM(got, 1)) == n)
+        v = Py_NewRef(PyTuple_GET_ITEM(got, 0));
+    else if (PyErr_Occurred())
+        input_refused();
+    Py_DECREF(got); /* more than one value, or whitespace around it: the getter's */
+    return v;
+}
+
+static PyObject *payload_get(PyObject *self, PyObject *job, PyObject *type) {
+    (void)type;
+    if (job == NULL)
+        return Py_NewRef(self);
+    if (job_type == NULL || !PyObject_TypeCheck(job, job_type)) {
+        PyErr_SetString(PyExc_TypeError, "Job.payload: not a Job");
+        return NULL;
+    }
+    PyObject **slot = (PyObject **)((char *)job + offsets[F_PAYLOAD]);
+    PyObject *v = *slot;
+    if (v == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "'Job' object has no attribute 'payload'");
+        return NULL;
+    }
+    if (v != undecoded)
+        return Py_NewRef(v);
+    PyObject **rawslot = (PyObject **)((char *)job + offsets[F_RAW]);
+    PyObject *raw = *rawslot;
+    if (raw != NULL && PyTuple_CheckExact(raw) && PyTuple_GET_SIZE(raw) == 2 &&
+        PyLong_CheckExact(PyTuple_GET_ITEM(raw, 0)) &&
+        PyLong_AsLong(PyTuple_GET_ITEM(raw, 0)) == json_codec &&
+        PyBytes_CheckExact(PyTuple_GET_ITEM(raw, 1))) {
+        Py_INCREF(raw); /* ours through the decoding */
+        v = json_value(PyTuple_GET_ITEM(raw, 1));
+        Py_DECREF(raw);
+        if (v != NULL) {
+            PyObject *old = *slot;
+            *slot = Py_NewRef(v);
+            Py_XDECREF(old);
+            old = *rawslot;
+            *rawslot = Py_NewRef(Py_None);
+            Py_XDECREF(old);
+            return v;
+        }
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    return PyObject_CallOneArg(slow_payload, job);
+}
+
+static int payload_set(PyObject *self, PyObject *job, PyObject *value) {
+    (void)self;
+    if (job_type == NULL || !PyObject_TypeCheck(job, job_type)) {
+        PyErr_SetString(PyExc_TypeError, "Job.payload: not a Job");
+        return -1;
+    }
+    PyObject **slot = (PyObject **)((char *)job + offsets[F_PAYLOAD]);
+    PyObject *old = *slot;
+    if (value == NULL && old == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "'Job' object has no attribute 'payload'");
+        return -1;
+    }
+    *slot = value == NULL ? NULL : Py_NewRef(value);
+    Py_XDECREF(old);
+    return 0;
+}
+
+static PyType_Slot payload_slots[] = {
+    {Py_tp_doc, "the decoded payload"},
+    {Py_tp_descr_get, payload_get},
+    {Py_tp_descr_set, payload_set},
+    {0, NULL},
+};
+
+static PyType_Spec payload_spec = {
+    "ringq.engine._jobs.Payload", sizeof(PyObject), 0, Py_TPFLAGS_DEFAULT, payload_slots,
+};
+
+/* payload(json_codec, long_digits, orjson_loads, json_scan, slow_payload) -> the descriptor for
+ * Job.payload (after setup()); orjson_loads None without orjson (ringq.codec.json_decoders). */
+static PyObject *payload(PyObject *self, PyObject *args) {
+    PyObject *oj, *scan, *slow;
+    int codec, digits;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "iiOOO", &codec, &digits, &oj, &scan, &slow))
+        return NULL;
+    if (digits < 1) {
+        PyErr_SetString(PyExc_ValueError, "payload(): long_digits must be >= 1");
+        return NULL;
+    }
+    if (job_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "ringq.engine._jobs: setup() first");
+        return NULL;
+    }
+    if ((oj != Py_None && !PyCallable_Check(oj)) || !PyCallable_Check(scan) ||
+        !PyCallable_Check(slow)) {
+        PyErr_SetString(PyExc_TypeError, "payload(): the decoders must be callables");
+        return NULL;
+    }
+    PyObject *type = PyType_FromSpec(&payload_spec);
+    if (type == NULL)
+        return NULL;
+    PyObject *d = PyObject_CallNoArgs(type);
+    Py_DECREF(type);
+    if (d == NULL)
+        return NULL;
+    json_codec = codec;
+    long_digits = digits;
+    Py_XSETREF(orjson_loads, oj == Py_None ? NULL : Py_NewRef(oj));
+    Py_XSETREF(json_scan, Py_NewRef(scan));
+    Py_XSETREF(slow_payload, Py_NewRef(slow));
+    return d;
+}
+
 static PyMethodDef methods[] = {
     {"setup", setup, METH_VARARGS,
      "setup(job_type, names, slots, undecoded, leased, ready, token_one, serialization_error)"},
     {"set_ack", set_ack, METH_O, "set_ack(address of ringq_ack)"},
+    {"payload", payload, METH_VARARGS,
+     "payload(json_codec, long_digits, orjson_loads, json_scan, slow_payload) -> a descriptor"},
     {"set_express", set_express, METH_VARARGS,
      "set_express(address of ringq_append_fast, max_depth)"},
     {"express", (PyCFunction)(void (*)(void))express, METH_FASTCALL,

@@ -55,3 +55,10 @@ def express(
     segseq: int,
     origin: int,
 ) -> Job | int: ...
+def payload(
+    json_codec: int,
+    long_digits: int,
+    orjson_loads: Callable[[bytes], Any] | None,
+    json_scan: Callable[[str, int], tuple[Any, int]],
+    slow_payload: Callable[[Job], Any],
+) -> Any: ...

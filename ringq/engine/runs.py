@@ -43,9 +43,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ringq.codec import MAX_DEPTH, key_at
+from ringq.codec import JSON, LONG_DIGITS, MAX_DEPTH, json_decoders, key_at
 from ringq.errors import SerializationError
-from ringq.job import UNDECODED, Job, JobState, slots
+from ringq.job import UNDECODED, Job, JobState, slots, use_payload_descriptor
 
 from . import _jobs
 from ._jobs import build, first_ack, fresh
@@ -62,6 +62,8 @@ def envelope_key(raw: bytes) -> str:
 if hasattr(Job, "__post_init__"):  # pragma: no cover - build() runs no __init__
     raise ImportError("ringq.engine.runs builds Job without __init__: Job has a __post_init__")
 _jobs.setup(Job, *slots(), UNDECODED, JobState.LEASED, JobState.READY, "1", SerializationError)
+# Job.payload decodes a JSON payload in C on first access (csrc/ext/jobs.c, "Job.payload").
+use_payload_descriptor(lambda getter: _jobs.payload(JSON, LONG_DIGITS, *json_decoders(), getter))
 _jobs.set_ack(int(ffi.cast("uintptr_t", ffi.addressof(lib, "ringq_ack"))))
 _jobs.set_express(int(ffi.cast("uintptr_t", ffi.addressof(lib, "ringq_append_fast"))), MAX_DEPTH)
 # express(plan_address, payload, max_attempts, lock_fd, segseq, origin) -> Job | int

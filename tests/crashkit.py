@@ -319,6 +319,20 @@ class Recorder:
         if real_express is not None:
             patches.append((runs_mod, "express", real_express))
             runs_mod.express = express  # type: ignore[assignment]
+        # A lease taken in the wait and built in the same call (runs.wait_job) calls
+        # ringq_wait_claim from the extension, past the proxy: one step, as ringq_wait_claim.
+        real_wait_job = runs_mod.wait_job
+
+        def wait_job(seg_ref: int, *a: Any) -> Any:
+            made = real_wait_job(seg_ref, *a)
+            if made is not None and made.__class__ is not int:
+                seq = seg_mod.ffi.cast("ringq_seg_ref *", seg_ref).g.seg_seq
+                recorder.mark(f"cas64 state of segment {seq:016x} slot {made[1]} (ringq_wait_claim)")
+            return made
+
+        if real_wait_job is not None:
+            patches.append((runs_mod, "wait_job", real_wait_job))
+            runs_mod.wait_job = wait_job  # type: ignore[assignment]
         self.active = True
         try:
             self.mark("start")

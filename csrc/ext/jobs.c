@@ -140,17 +140,6 @@ static int called_right(const char *name, Py_ssize_t nargs, Py_ssize_t want, int
     return 0;
 }
 
-/* Append a new Job with every slot set from `v` (references stolen, also on failure) to `out`:
- * 0, or -1 with the exception set. */
-static int append_job(PyObject *out, PyObject *v[NFIELDS]) {
-    PyObject *job = new_job(v);
-    if (job == NULL)
-        return -1;
-    int rc = PyList_Append(out, job);
-    Py_DECREF(job);
-    return rc;
-}
-
 /* The key of a keyed record: key_of(raw).  Returns a new reference; NULL with no exception set
  * when key_of raised SerializationError (the record is then passed to mark_bad(seg, slot,
  * message)); NULL with an exception for any other failure. */
@@ -174,6 +163,58 @@ static PyObject *key_or_bad(PyObject *key_of, PyObject *raw, PyObject *mark_bad,
         return NULL;
     Py_DECREF(r);
     return NULL;
+}
+
+/* The Job of a first lease just taken in C, as build() reports it: `c` its ringq_claimed record,
+ * `p` its id's first byte in the mapping (the payload follows), `raw` its payload's bytes,
+ * `deadline` its lease deadline (a float), `key` its key (a reference stolen, also on failure);
+ * with `held` a dict, held[(segseq, slot)] = 1.  A new Job, or NULL with the exception set. */
+static PyObject *leased_job(const ringq_claimed *c, const char *p, PyObject *key, PyObject *raw,
+                            PyObject *deadline, PyObject *segseq, PyObject *origin,
+                            PyObject *held) {
+    PyObject *v[NFIELDS];
+    v[F_ID] = c->id_len ? PyUnicode_DecodeUTF8(p, c->id_len, "replace") : auto_id(c->seq);
+    v[F_PRIORITY] = PyLong_FromLong(c->priority);
+    v[F_MAX_ATTEMPTS] = PyLong_FromLong(c->max_attempts);
+    v[F_AVAILABLE_AT] = PyFloat_FromDouble((double)c->available_ms / 1000.0);
+    v[F_ENQUEUED_AT] = PyFloat_FromDouble((double)c->enqueued_us / 1e6);
+    v[F_SEQ] = PyLong_FromUnsignedLongLong(c->seq);
+    PyObject *slot = PyLong_FromUnsignedLong(c->slot);
+    v[F_RECORD_POSITION] = slot ? PyTuple_Pack(3, segseq, slot, origin) : NULL;
+    PyObject *cid = PyLong_FromLong(c->codec);
+    v[F_RAW] = cid ? PyTuple_Pack(2, cid, raw) : NULL;
+    Py_XDECREF(cid);
+    int failed = 0;
+    if (held != Py_None && slot != NULL) {
+        PyObject *loc = PyTuple_Pack(2, segseq, slot);
+        failed = loc == NULL || PyDict_SetItem(held, loc, one) < 0;
+        Py_XDECREF(loc);
+    }
+    Py_XDECREF(slot);
+    static const int made[] = {F_ID, F_PRIORITY, F_MAX_ATTEMPTS, F_AVAILABLE_AT,
+                               F_ENQUEUED_AT, F_SEQ, F_RECORD_POSITION, F_RAW};
+    for (size_t k = 0; k < sizeof made / sizeof made[0]; k++)
+        failed |= v[made[k]] == NULL;
+    if (failed) {
+        for (size_t k = 0; k < sizeof made / sizeof made[0]; k++)
+            Py_XDECREF(v[made[k]]);
+        Py_DECREF(key);
+        return NULL;
+    }
+    v[F_KEY] = key;
+    v[F_PAYLOAD] = Py_NewRef(undecoded);
+    v[F_STATE] = Py_NewRef(leased);
+    v[F_ATTEMPTS] = Py_NewRef(one);
+    v[F_VERSION] = Py_NewRef(one);
+    v[F_LEASE_DEADLINE] = Py_NewRef(deadline);
+    v[F_LEASE_TOKEN] = Py_NewRef(token_one);
+    v[F_CANCEL_REQUESTED] = Py_NewRef(Py_False);
+    v[F_ACK_ACCEPTED] = Py_NewRef(Py_False);
+    static const int none[] = {F_LAST_ERROR, F_EXPIRES_AT, F_PROGRESS, F_PROGRESS_MESSAGE,
+                               F_TIMEOUT, F_TRACE_CONTEXT, F_CANCELLED, F_DEPENDS_ON};
+    for (size_t k = 0; k < sizeof none / sizeof none[0]; k++)
+        v[none[k]] = Py_NewRef(Py_None);
+    return new_job(v);
 }
 
 /* build(run, mm, base, size, epoch_ms, segseq, origin, keyed, key_of, held, mark_bad, seg)
@@ -258,50 +299,13 @@ static PyObject *build(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
                 continue; /* marked BAD */
             }
         }
-        PyObject *v[NFIELDS];
-        v[F_ID] = c.id_len ? PyUnicode_DecodeUTF8(p, c.id_len, "replace") : auto_id(c.seq);
-        v[F_PRIORITY] = PyLong_FromLong(c.priority);
-        v[F_MAX_ATTEMPTS] = PyLong_FromLong(c.max_attempts);
-        v[F_AVAILABLE_AT] = PyFloat_FromDouble((double)c.available_ms / 1000.0);
-        v[F_ENQUEUED_AT] = PyFloat_FromDouble((double)c.enqueued_us / 1e6);
-        v[F_SEQ] = PyLong_FromUnsignedLongLong(c.seq);
-        PyObject *slot = PyLong_FromUnsignedLong(c.slot);
-        v[F_RECORD_POSITION] = slot ? PyTuple_Pack(3, segseq, slot, origin) : NULL;
-        PyObject *cid = PyLong_FromLong(c.codec);
-        v[F_RAW] = cid ? PyTuple_Pack(2, cid, raw) : NULL;
-        Py_XDECREF(cid);
+        PyObject *job = leased_job(&c, p, key, raw, deadline, segseq, origin, held);
         Py_DECREF(raw);
-        int failed = 0;
-        if (held != Py_None && slot != NULL) {
-            PyObject *loc = PyTuple_Pack(2, segseq, slot);
-            failed = loc == NULL || PyDict_SetItem(held, loc, one) < 0;
-            Py_XDECREF(loc);
-        }
-        Py_XDECREF(slot);
-        static const int made[] = {F_ID, F_PRIORITY, F_MAX_ATTEMPTS, F_AVAILABLE_AT,
-                                   F_ENQUEUED_AT, F_SEQ, F_RECORD_POSITION, F_RAW};
-        for (size_t k = 0; k < sizeof made / sizeof made[0]; k++)
-            failed |= v[made[k]] == NULL;
-        if (failed) {
-            for (size_t k = 0; k < sizeof made / sizeof made[0]; k++)
-                Py_XDECREF(v[made[k]]);
-            Py_DECREF(key);
+        if (job == NULL)
             goto fail;
-        }
-        v[F_KEY] = key;
-        v[F_PAYLOAD] = Py_NewRef(undecoded);
-        v[F_STATE] = Py_NewRef(leased);
-        v[F_ATTEMPTS] = Py_NewRef(one);
-        v[F_VERSION] = Py_NewRef(one);
-        v[F_LEASE_DEADLINE] = Py_NewRef(deadline);
-        v[F_LEASE_TOKEN] = Py_NewRef(token_one);
-        v[F_CANCEL_REQUESTED] = Py_NewRef(Py_False);
-        v[F_ACK_ACCEPTED] = Py_NewRef(Py_False);
-        static const int none[] = {F_LAST_ERROR, F_EXPIRES_AT, F_PROGRESS, F_PROGRESS_MESSAGE,
-                                   F_TIMEOUT, F_TRACE_CONTEXT, F_CANCELLED, F_DEPENDS_ON};
-        for (size_t k = 0; k < sizeof none / sizeof none[0]; k++)
-            v[none[k]] = Py_NewRef(Py_None);
-        if (append_job(out, v) < 0)
+        int rc = PyList_Append(out, job);
+        Py_DECREF(job);
+        if (rc < 0)
             goto fail;
     }
     Py_XDECREF(deadline);
@@ -883,6 +887,114 @@ static PyObject *first_ack(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return hit;
 }
 
+/* ---- a lease taken in the wait, handed out as its Job ------------------------------------------
+ *
+ * A consumer asleep in lease(wait=...) for a job appended to the tail segment: ringq_wait_claim
+ * (the cffi helper's) sleeps and leases the new job in one call; this builds its Job in the same
+ * call, so that a woken consumer runs no Python between the wake-up and its Job. */
+
+static __typeof__(ringq_wait_claim) *wait_fn; /* the cffi helper's ringq_wait_claim (set_wait) */
+
+/* set_wait(address of ringq_wait_claim) */
+static PyObject *set_wait(PyObject *self, PyObject *arg) {
+    (void)self;
+    void *addr = PyLong_AsVoidPtr(arg);
+    if (addr == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "set_wait(): a null address");
+        return NULL;
+    }
+    wait_fn = (__typeof__(ringq_wait_claim) *)addr;
+    Py_RETURN_NONE;
+}
+
+/* wait_job(seg_ref, keep, ctl_ref, args, out, rec, segseq, origin, keyed)
+ *   -> None | int | (slot, word, prev, record | None, Job | None)
+ *
+ * ringq_wait_claim(ctl, seg, args, out, rec) with the GIL released: seg_ref and ctl_ref are the
+ * addresses of the segment's ringq_seg_ref and the control page's ringq_ctl_ref, `keep` the
+ * segment's mapping object (the caller's reference keeps it mapped through the sleep, whoever
+ * closes the segment meanwhile), args, out and rec the addresses of the calling thread's
+ * ringq_wait_args, ringq_claim_out and ringq_claimed.  None when nothing was leased (out->status
+ * says why); a negative helper error code; or, for a lease taken, the slot, the LEASED word
+ * written, the READY word replaced, and its Job (built as build() builds one, `segseq` and
+ * `origin` the segment's seq and queue identity; record None) -- or, for a keyed record (codec
+ * `keyed`), whose key the caller reads, its ringq_claimed record as bytes (Job None): the fields
+ * of ringq.engine.claim.WaitClaimed, in its order.  out->status stays RINGQ_CLAIMED: the caller clears it
+ * once the lease is its own (claim.pending_claim gives back one an exception kept from it). */
+static PyObject *wait_job(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (called_right("wait_job", nargs, 9, 0) < 0)
+        return NULL;
+    if (wait_fn == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "ringq.engine._jobs: set_wait() first");
+        return NULL;
+    }
+    const ringq_seg_ref *sref = PyLong_AsVoidPtr(args[0]);
+    const ringq_ctl_ref *cref = PyLong_AsVoidPtr(args[2]);
+    const ringq_wait_args *wa = PyLong_AsVoidPtr(args[3]);
+    ringq_claim_out *co = PyLong_AsVoidPtr(args[4]);
+    ringq_claimed *rec = PyLong_AsVoidPtr(args[5]);
+    long keyed = PyLong_AsLong(args[8]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!sref || !cref || !wa || !co || !rec) {
+        PyErr_SetString(PyExc_ValueError, "wait_job(): a null handle");
+        return NULL;
+    }
+    /* Read once, before the sleep: a close meanwhile zeroes maplen, and `keep` keeps the pages. */
+    uint8_t *base = sref->base;
+    size_t maplen = sref->maplen;
+    const ringq_geom *g = sref->g;
+    int64_t epoch = sref->epoch_ms;
+    if (base == NULL || maplen == 0 || g == NULL)
+        Py_RETURN_NONE; /* closed: the caller looks again */
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = wait_fn(cref->base, cref->len, base, maplen, g, wa, co, rec);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return PyLong_FromLong(rc);
+    if (co->status != RINGQ_CLAIMED)
+        Py_RETURN_NONE;
+    PyObject *job;
+    if (rec->codec == keyed) {
+        job = Py_NewRef(Py_None);
+    } else {
+        uint64_t start = g->data_off + RINGQ_REC_HEADER + (uint64_t)rec->slot * g->slot_size;
+        if (rec->slot >= g->slot_count ||
+            start + rec->id_len + rec->payload_len > (uint64_t)maplen) {
+            PyErr_Format(PyExc_ValueError, "wait_job(): the record at slot %u runs past the mapping",
+                         (unsigned int)rec->slot);
+            return NULL;
+        }
+        const char *p = (const char *)base + start;
+        PyObject *raw = PyBytes_FromStringAndSize(p + rec->id_len, rec->payload_len);
+        PyObject *deadline = PyFloat_FromDouble(
+            (double)(epoch + (long long)(rec->word >> RINGQ_W_TIME_SHIFT)) / 1000.0);
+        job = raw && deadline ? leased_job(rec, p, Py_NewRef(Py_None), raw, deadline, args[6],
+                                           args[7], Py_None)
+                              : NULL;
+        Py_XDECREF(raw);
+        Py_XDECREF(deadline);
+        if (job == NULL)
+            return NULL;
+    }
+    PyObject *slot = PyLong_FromUnsignedLong(co->slot);
+    PyObject *word = PyLong_FromUnsignedLongLong(co->word);
+    PyObject *prev = PyLong_FromUnsignedLongLong(co->prev);
+    PyObject *record = job == Py_None ? PyBytes_FromStringAndSize((const char *)rec, sizeof *rec)
+                                      : Py_NewRef(Py_None);
+    PyObject *out = slot && word && prev && record ? PyTuple_Pack(5, slot, word, prev, record, job)
+                                                   : NULL;
+    Py_DECREF(job);
+    Py_XDECREF(slot);
+    Py_XDECREF(word);
+    Py_XDECREF(prev);
+    Py_XDECREF(record);
+    return out;
+}
+
 /* ---- Job.payload, decoded on first access ----------------------------------------------------
  *
  * A Job handed out by a lease holds its payload undecoded: the payload slot holds UNDECODED and
@@ -1064,6 +1176,10 @@ static PyMethodDef methods[] = {
     {"setup", setup, METH_VARARGS,
      "setup(job_type, names, slots, undecoded, leased, ready, token_one, serialization_error)"},
     {"set_ack", set_ack, METH_O, "set_ack(address of ringq_ack)"},
+    {"set_wait", set_wait, METH_O, "set_wait(address of ringq_wait_claim)"},
+    {"wait_job", (PyCFunction)(void (*)(void))wait_job, METH_FASTCALL,
+     "wait_job(seg_ref, keep, ctl_ref, args, out, rec, segseq, origin, keyed) -> "
+     "None | int | (slot, word, prev, record | None, Job | None)"},
     {"payload", payload, METH_VARARGS,
      "payload(json_codec, long_digits, orjson_loads, json_scan, slow_payload) -> a descriptor"},
     {"set_express", set_express, METH_VARARGS,

@@ -62,3 +62,15 @@ def payload(
     json_scan: Callable[[str, int], tuple[Any, int]],
     slow_payload: Callable[[Job], Any],
 ) -> Any: ...
+def set_wait(address: int) -> None: ...
+def wait_job(
+    seg_ref: int,
+    keep: Any,
+    ctl_ref: int,
+    args: int,
+    out: int,
+    rec: int,
+    segseq: int,
+    origin: int,
+    keyed: int,
+) -> None | int | tuple[int, int, int, bytes | None, Job | None]: ...

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import threading
 from array import array
-from typing import NamedTuple
 
-from . import native
+from ringq.codec import KEYED
+from ringq.job import Job
+
+from . import native, runs
 from .control import OFF_CTL_CHANGE, OFF_MIN_DEADLINE, OFF_TAIL_SEG, OFF_WAITERS, OFF_WAKE, Control
 from .native import CData, ffi, lib
 from .records import CLAIMED
@@ -48,17 +50,16 @@ RUN_END, RUN_ASK, RUN_BOUND, RUN_FULL = (
     lib.RINGQ_RUN_FULL,
 )
 RUN_CAP = 256  # most jobs one ringq_claim_run call leases
+# ringq_claim_out.status: what the wait's look found (read per wake-up: module constants, not
+# attributes of the helper's lib)
+_NONE, _CLAIMED = lib.RINGQ_CLAIM_NONE, lib.RINGQ_CLAIMED
 
 
-class WaitClaimed(NamedTuple):
-    """A lease ringq_wait_claim took: the slot, the LEASED word it wrote, the READY word it
-    replaced, and its ringq_claimed record as :func:`claim_run` reports a job (bytes:
-    records.CLAIMED_FIELDS)."""
-
-    slot: int
-    word: int
-    prev: int
-    record: bytes
+# A lease ringq_wait_claim took: (slot, the LEASED word it wrote, the READY word it replaced,
+# record, job) -- either its Job, built in the same call (record None), or its ringq_claimed
+# record as claim_run reports a job (bytes: records.CLAIMED_FIELDS; job None).  A plain tuple:
+# the extension builds it, and the caller unpacks it.
+WaitClaimed = tuple[int, int, int, "bytes | None", "Job | None"]
 
 
 class _Buffers(threading.local):
@@ -77,6 +78,8 @@ class _Buffers(threading.local):
         self.out = ffi.new("ringq_claim_out *")
         self.rec = ffi.new("ringq_claimed *")
         self.rec_buf = ffi.buffer(self.rec)
+        # The same three, as runs.wait_job takes them.
+        self.addrs = tuple(int(ffi.cast("uintptr_t", p)) for p in (self.args, self.out, self.rec))
         # claim_run's run keys, next index and reason, results, and the run_fields ``keys``
         # points at (a view's, fixed for the view's life): one attribute, because each read of a
         # thread-local attribute costs.
@@ -109,9 +112,11 @@ def wait_claim(
     most ``timeout`` seconds; then, if the only news is new plain records of ``seg`` (the tail
     segment) from ``from_slot`` on and no job returned to READY since ``change_seen``, lease the
     first of them for ``vt_ms`` ms with owner word ``owner_base``, lowering ``ctl``'s
-    lease-deadline floor to its deadline (csrc/ringq.h has the exact rule).  None: timed out, or
-    woken by something the caller must look at itself -- also at once when ``seg`` was closed
-    (retired by another thread: the caller waits without the queue lock)."""
+    lease-deadline floor to its deadline (csrc/ringq.h has the exact rule); returns the lease as
+    :data:`WaitClaimed` describes, with its Job built in the same call (runs.wait_job) unless the
+    job is keyed or that call is off.  None: timed out, or woken by something the caller must
+    look at itself -- also at once when ``seg`` was closed (retired by another thread: the caller
+    waits without the queue lock)."""
     mapping, size = seg.ptr, seg.size  # in this order: a close zeroes the size, then drops ptr
     if mapping is None or not size:
         return None
@@ -125,20 +130,39 @@ def wait_claim(
     a.vt_ms = vt_ms
     a.owner_base = owner_base
     a.from_slot = from_slot
-    co.status = lib.RINGQ_CLAIM_NONE  # nothing pending (pending_claim) until the call claims
+    co.status = _NONE  # nothing pending (pending_claim) until the call claims
     # ``mapping`` keeps the segment mapped through the call, whoever closes it meanwhile.
-    native.check(
-        lib.ringq_wait_claim(ctl.ptr, ctl.size, mapping, size, seg.geom, a, co, bufs.rec),
-        seg.path,
-    )
-    if co.status != lib.RINGQ_CLAIMED:
+    wait_job = runs.wait_job
+    if wait_job is not None:  # the lease's Job built in the same call
+        args_addr, out_addr, rec_addr = bufs.addrs
+        made = wait_job(
+            seg.ref_addr,
+            mapping,
+            ctl.ref_addr,
+            args_addr,
+            out_addr,
+            rec_addr,
+            seg.seq,
+            seg.origin,
+            KEYED,
+        )
+        if made is None:
+            return None
+        if made.__class__ is int:
+            native.check(made, seg.path)
+        # WaitClaimed's fields, in a plain tuple.  An exception (a signal's handler) raised before
+        # the status is cleared leaves the lease to pending_claim; from the clearing to the
+        # caller's assignment nothing can raise one (the interpreter runs handlers after calls
+        # and on entering functions, and none is made).
+        co.status = _NONE
+        return made
+    rc = lib.ringq_wait_claim(ctl.ptr, ctl.size, mapping, size, seg.geom, a, co, bufs.rec)
+    if rc < 0:
+        native.check(rc, seg.path)
+    if co.status != _CLAIMED:
         return None
-    # Built as NamedTuple._make builds one, without the generated __new__'s Python frame.  An
-    # exception (a signal's handler) raised before the status is cleared leaves the lease to
-    # pending_claim; from the clearing to the caller's assignment nothing can raise one (the
-    # interpreter runs handlers after calls and on entering functions, and none is made).
-    got = tuple.__new__(WaitClaimed, (co.slot, co.word, co.prev, bufs.rec_buf[:]))
-    co.status = lib.RINGQ_CLAIM_NONE
+    got = (co.slot, co.word, co.prev, bufs.rec_buf[:], None)
+    co.status = _NONE
     return got
 
 
@@ -147,10 +171,10 @@ def pending_claim() -> WaitClaimed | None:
     handler's, raised as the call returned) kept it from reaching the caller; None otherwise.
     Each such lease is returned once: the caller gives it back."""
     co = _buffers.out
-    if co.status != lib.RINGQ_CLAIMED:
+    if co.status != _CLAIMED:
         return None
-    co.status = lib.RINGQ_CLAIM_NONE
-    return tuple.__new__(WaitClaimed, (co.slot, co.word, co.prev, _buffers.rec_buf[:]))
+    co.status = _NONE
+    return (co.slot, co.word, co.prev, _buffers.rec_buf[:], None)
 
 
 def wait_reached() -> int:

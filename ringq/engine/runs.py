@@ -42,6 +42,7 @@ the general path's).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from ringq.codec import JSON, LONG_DIGITS, MAX_DEPTH, json_decoders, key_at
 from ringq.errors import SerializationError
@@ -69,3 +70,9 @@ _jobs.set_express(int(ffi.cast("uintptr_t", ffi.addressof(lib, "ringq_append_fas
 # express(plan_address, payload, max_attempts, lock_fd, segseq, origin) -> Job | int
 # (csrc/ext/jobs.c; Appender.express, for which None turns the express path off).
 express: Callable[..., Job | int] | None = _jobs.express
+_jobs.set_wait(int(ffi.cast("uintptr_t", ffi.addressof(lib, "ringq_wait_claim"))))
+# wait_job(seg_ref, keep, ctl_ref, args, out, rec, segseq, origin, keyed)
+#   -> None | int | (slot, word, prev, record | None, Job | None): claim.WaitClaimed's fields
+# (csrc/ext/jobs.c; claim.wait_claim, for which None turns it off: the wait then reports the
+# record and the caller builds its Job).
+wait_job: Callable[..., Any] | None = _jobs.wait_job

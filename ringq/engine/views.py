@@ -37,23 +37,26 @@ class Direct:
     owner word ``owner_base`` (ringq/engine/words.py owner_pack with lease count 0);
     ``made_run(view, run)`` returns the caller's results for jobs just leased in C (by one
     ringq_claim_run, or the one ringq_wait_claim took), ``run`` the bytes of their ringq_claimed
-    records (records.CLAIMED_FIELDS), dropping any it cannot hand out; ``ctl`` the control page whose
+    records (records.CLAIMED_FIELDS), dropping any it cannot hand out; ``adopt(view, slot, job)``
+    the same for one job the C call built itself (ringq_wait_claim's); ``ctl`` the control page whose
     lease-deadline floor each run lowers; ``claim(view, slot, word, now)`` the same lease's
     general path, for a candidate the C call hands back (Index.take's ``claim``)."""
 
-    __slots__ = ("vt_ms", "owner_base", "made_run", "ctl", "claim")
+    __slots__ = ("vt_ms", "owner_base", "made_run", "adopt", "ctl", "claim")
 
     def __init__(
         self,
         vt_ms: int,
         owner_base: int,
         made_run: Callable[[View, bytes], list[Any]],
+        adopt: Callable[[View, int, Any], Any],
         ctl: Control,
         claim: Callable[[View, int, int, int], Any],
     ) -> None:
         self.vt_ms = vt_ms
         self.owner_base = owner_base
         self.made_run = made_run
+        self.adopt = adopt
         self.ctl = ctl
         self.claim = claim
 

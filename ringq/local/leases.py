@@ -10,6 +10,7 @@ The words written are computed by ringq/engine/transitions.py; durability of ack
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -29,6 +30,7 @@ from ringq.engine.words import (
     ST_DONE,
     ST_LEASED,
     ST_READY,
+    TIME_SHIFT,
     lease_count,
     np_cancel_flag,
     np_lease_count,
@@ -283,12 +285,22 @@ class Leases:
                 dur.note_state(seg, 0)
             return out
 
+        def adopt(view: View, slot: int, job: Job) -> Job:
+            # A job the wait leased and built in C: held as made_run holds one.
+            seg = view.seg
+            if held_here is not None:
+                held_here[(seg.seq, slot)] = 1
+            if dur.state_flush_interval is not None and seg.seq not in dur.dirty_state:
+                dur.note_state(seg, 0)
+            return job
+
         if len(self._direct) > 64:
             self._direct.clear()
         d = self._direct[key] = Direct(
             key[0],
             owner_pack(owner, 0, key[2]),
             made_run,
+            adopt,
             ring.ctl,
             lambda v, s, w, now: self.claim(v, s, w, now, vt, detach),
         )
@@ -390,7 +402,7 @@ class Leases:
         extend of the job does first), or None if the lease ran out and was reclaimed before
         this thread got the lock, or the job was finished meanwhile (a purge) and its segment
         retired and unmapped."""
-        view, slot, word = got.view, got.slot, got.word
+        view, slot, word, _prev, run, job, token = got
         seg = view.seg
         try:
             if seg.mm is None:
@@ -400,19 +412,24 @@ class Leases:
             # The C call lowered the deadline floor to the first deadline, which stays a lower
             # bound after an extension.  A lease that needs none has its deadline ahead, so no
             # other process can have reclaimed it (this one is alive and its owner word is ours).
-            due = now_ms() + direct.vt_ms - seg.epoch_ms
-            if rel_time(word) < due - direct.vt_ms // 10:
+            # now_ms() and rel_time() spelt out: this runs for every job a wait hands out.
+            due = time.time_ns() // 1_000_000 + direct.vt_ms - seg.epoch_ms
+            if word >> TIME_SHIFT < due - direct.vt_ms // 10:
                 new = transitions.extended(word, due)
                 if not seg.cas_state(slot, word, new)[0]:
                     return None  # it ran out while this thread waited for the lock: reclaimed
                 word = new
-            run = got.record
-            if word != got.word:  # the record reports the word the C call wrote
+            if job is not None:  # built by the C call, with the deadline it wrote
+                if word != got[2]:
+                    job.lease_deadline = (seg.epoch_ms + (word >> TIME_SHIFT)) / 1000
+                return direct.adopt(view, slot, job)
+            assert run is not None  # one of the two is reported
+            if word != got[2]:  # the record reports the word the C call wrote
                 run = records.CLAIMED.pack(word, *records.CLAIMED.unpack(run)[1:])
             jobs: list[Job] = direct.made_run(view, run)
             return jobs[0] if jobs else None
         finally:
-            self.owners.claiming.pop(got.claim, None)
+            self.owners.claiming.pop(token, None)
 
     def still_held(self) -> dict[tuple[int, int], int]:
         """As this queue object closes: drop from ``owners.held`` the leases that ended meanwhile
@@ -690,14 +707,15 @@ class Leases:
 class Waited(NamedTuple):
     """A lease :meth:`Leases.wait_claim` took in C, not yet handed out: its job's view and slot,
     the LEASED word it wrote, the READY word it replaced, its ringq_claimed record (bytes:
-    records.CLAIMED_FIELDS) and the wait's entry in ``owners.claiming``, removed once the lease
-    is settled."""
+    records.CLAIMED_FIELDS) or its Job built by the same call (claim.WaitClaimed), and the wait's
+    entry in ``owners.claiming``, removed once the lease is settled."""
 
     view: View
     slot: int
     word: int
     prev: int
-    record: bytes
+    record: bytes | None
+    job: Job | None
     claim: object
 
 

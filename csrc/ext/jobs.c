@@ -665,6 +665,15 @@ static int put_plain(text_buf *b, PyObject *o, int depth) {
     return 0;
 }
 
+/* The address of one of the cffi helper's functions, given as an int to a set_*() call: NULL with
+ * the exception set for a bad or null one. */
+static void *helper_address(PyObject *arg, const char *who) {
+    void *addr = PyLong_AsVoidPtr(arg);
+    if (addr == NULL && !PyErr_Occurred())
+        PyErr_Format(PyExc_ValueError, "%s(): a null address", who);
+    return addr;
+}
+
 /* set_express(append_address, max_depth): the address of the cffi helper's ringq_append_fast and
  * the deepest nesting of containers the codec stores (ringq.codec.MAX_DEPTH). */
 static PyObject *set_express(PyObject *self, PyObject *args) {
@@ -673,12 +682,9 @@ static PyObject *set_express(PyObject *self, PyObject *args) {
     (void)self;
     if (!PyArg_ParseTuple(args, "Oi", &addr_o, &deepest))
         return NULL;
-    void *addr = PyLong_AsVoidPtr(addr_o);
-    if (addr == NULL) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "set_express(): a null address");
+    void *addr = helper_address(addr_o, "set_express");
+    if (addr == NULL)
         return NULL;
-    }
     if (deepest < 1 || deepest > 1000) {
         PyErr_SetString(PyExc_ValueError, "set_express(): a depth of 1 to 1000");
         return NULL;
@@ -769,12 +775,9 @@ static PyObject *express(PyObject *self, PyObject *const *args, Py_ssize_t nargs
  * calls: one copy of the ack's code, in the helper. */
 static PyObject *set_ack(PyObject *self, PyObject *arg) {
     (void)self;
-    void *addr = PyLong_AsVoidPtr(arg);
-    if (addr == NULL) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "set_ack(): a null address");
+    void *addr = helper_address(arg, "set_ack");
+    if (addr == NULL)
         return NULL;
-    }
     if (name_seg == NULL && (name_seg = PyUnicode_InternFromString("seg")) == NULL)
         return NULL;
     if (name_ref_addr == NULL && (name_ref_addr = PyUnicode_InternFromString("ref_addr")) == NULL)
@@ -898,12 +901,9 @@ static __typeof__(ringq_wait_claim) *wait_fn; /* the cffi helper's ringq_wait_cl
 /* set_wait(address of ringq_wait_claim) */
 static PyObject *set_wait(PyObject *self, PyObject *arg) {
     (void)self;
-    void *addr = PyLong_AsVoidPtr(arg);
-    if (addr == NULL) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "set_wait(): a null address");
+    void *addr = helper_address(arg, "set_wait");
+    if (addr == NULL)
         return NULL;
-    }
     wait_fn = (__typeof__(ringq_wait_claim) *)addr;
     Py_RETURN_NONE;
 }

@@ -211,6 +211,7 @@ int ringq_take_run(const ringq_seg_ref *s, const ringq_ctl_ref *c, const uint32_
                    uint64_t vt_ms, uint64_t owner_base, ringq_claimed *out, uint32_t cap,
                    uint32_t *next_why) {
     if (!s || !c || !next_why) return RINGQ_EINVAL;
+    next_why[2] = 0;
     if (c->floor && (c->floor_gen_bits < 1 || c->floor_gen_bits > 63)) return RINGQ_EINVAL;
     int rc = c->floor ? word_check(c->base, c->len, c->floor, 8) : 0;
     if (rc) return rc; /* checked first: nothing is leased when the floor could not be lowered */
@@ -223,6 +224,7 @@ int ringq_take_run(const ringq_seg_ref *s, const ringq_ctl_ref *c, const uint32_
         (void)ringq_lower_packed64(c->base, c->len, c->floor, c->floor_gen_bits,
                                    until > 0 ? (uint64_t)until : 0); /* its arguments checked above */
     }
+    if (got > 0) next_why[2] = (uint32_t)got;
     return got;
 }
 

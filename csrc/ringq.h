@@ -413,9 +413,12 @@ int ringq_ack(const ringq_seg_ref *s, const ringq_ctl_ref *c, uint32_t slot, uin
               uint64_t seq, uint64_t *out);
 
 /* ringq_claim_run through the segment's handle, due by the time CLOCK_REALTIME reads now and
- * leased for vt_ms from then; next_why[0] and next_why[1] receive *next and *why.  When it leased
- * any, it lowers the control page's lease-deadline floor (c->floor) to their deadline, which no
- * lease of the run expires before.  The floor word is checked before anything is leased. */
+ * leased for vt_ms from then; next_why[0] and next_why[1] receive *next and *why, and next_why[2]
+ * how many it leased (the records of out; 0 for none or an error), which stays there for a
+ * caller that must find them again when the return value never reached it (the interpreter's
+ * caller, interrupted as the call returned).  When it leased any, it lowers the control page's
+ * lease-deadline floor (c->floor) to their deadline, which no lease of the run expires before.
+ * The floor word is checked before anything is leased. */
 int ringq_take_run(const ringq_seg_ref *s, const ringq_ctl_ref *c, const uint32_t *order,
                    uint32_t n, uint32_t start, const uint8_t *plain, const ringq_run_keys *keys,
                    uint64_t vt_ms, uint64_t owner_base, ringq_claimed *out, uint32_t cap,

@@ -703,3 +703,69 @@ def test_a_job_a_waiting_thread_leases_equals_the_queues_own_snapshot(tmp_path, 
         assert job.key == kw.get("key")
         q.ack(job)
         assert q.stats().done == 2
+
+
+TAKE_CUT_SHORT = """
+import sys
+from ringq import Queue
+from ringq.engine import index as index_mod
+
+real_claim_run = index_mod.claim_run
+
+
+def claim_run(*a):  # a run of jobs leased in one C call: raise at every later point
+    got = real_claim_run(*a)
+    if at["n"] is not None and got[0] > 0:
+        at["armed"] = True
+        if at["n"] == 0:
+            raise Interrupt  # as the call returns: its jobs not made yet
+        at["events"] = 0
+        sys.setprofile(profiler)
+    return got
+
+
+index_mod.claim_run = claim_run
+q = Queue(sys.argv[1], visibility_timeout=30)
+q.enqueue_many([{"i": i} for i in range(400)])
+q.stats()  # the reader built and what it imports imported
+calls = {"lease_one": lambda: [q.lease_one()], "lease(5)": lambda: q.lease(5)}
+leased = 0
+for name, call in calls.items():
+    n = 0
+    while True:
+        at["n"], at["armed"] = n, False
+        try:
+            jobs = call()
+        except Interrupt:
+            jobs = None
+        finally:
+            sys.setprofile(None)
+            at["n"] = None
+        st = q.stats()
+        if jobs is not None:
+            assert jobs and all(j.attempts == 1 for j in jobs), (name, n, jobs)
+            for j in jobs:
+                q.ack(j)
+            leased += len(jobs)
+            if at["armed"]:
+                break  # returned after its run was leased: every point before the return was tried
+            continue  # leased without a run in C: the same point again
+        # Cut short: nothing it leased is left leased, and none of it used an attempt.
+        assert st.leased == 0, (name, n, st)
+        n += 1
+    print(name, n, flush=True)
+rest = q.lease(1000)
+assert len(rest) == 400 - leased and all(j.attempts == 1 for j in rest), len(rest)
+print("all given back", flush=True)
+"""
+
+
+def test_a_lease_cut_short_by_an_exception_gives_back_every_job_it_took(tmp_path):
+    # A signal handler's exception at each point of lease_one() and lease(5) where the interpreter
+    # runs handlers, jobs being due (no wait): the jobs a C call leased whose Job objects were not
+    # made yet, and those made but not returned, go back READY at once with no attempt used,
+    # rather than staying leased by a live process until their visibility timeout.
+    out = run_injected(TAKE_CUT_SHORT, str(tmp_path))
+    assert "all given back" in out, out
+    counts = dict(line.rsplit(" ", 1) for line in out.splitlines() if line[0] == "l")
+    assert int(counts["lease_one"]) > 3 and int(counts["lease(5)"]) > 3, out

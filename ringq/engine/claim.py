@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from array import array
+from typing import Any
 
 from ringq.codec import KEYED
 from ringq.job import Job
@@ -25,6 +26,8 @@ __all__ = [
     "wait_claim",
     "wait_reached",
     "claim_run",
+    "run_marker",
+    "pending_run",
     "RUN_END",
     "RUN_ASK",
     "RUN_BOUND",
@@ -80,14 +83,15 @@ class _Buffers(threading.local):
         self.rec_buf = ffi.buffer(self.rec)
         # The same three, as runs.wait_job takes them.
         self.addrs = tuple(int(ffi.cast("uintptr_t", p)) for p in (self.args, self.out, self.rec))
-        # claim_run's run keys, next index and reason, results, and the run_fields ``keys``
-        # points at (a view's, fixed for the view's life): one attribute, because each read of a
-        # thread-local attribute costs.
+        # claim_run's run keys, next index, reason and count of jobs leased (the count stays
+        # until the caller holds their jobs: pending_run), results, the run_fields ``keys``
+        # points at (a view's, fixed for the view's life) and the segment of the last run: one
+        # attribute, because each read of a thread-local attribute costs.
         run = ffi.new("ringq_claimed[]", RUN_CAP)
-        fields: list[object] = [None]
+        fields: list[Any] = [None, None]
         self.take = (
             ffi.new("ringq_run_keys *"),
-            ffi.new("uint32_t[2]"),
+            ffi.new("uint32_t[3]"),
             run,
             ffi.buffer(run),
             fields,
@@ -229,8 +233,13 @@ def claim_run(
     ``fields`` its per-slot available-at (ms), enqueue time (µs) and seq vectors, ``bound`` the
     ``(available ms, enqueue µs, seq)`` of the best candidate outside the lane (None: none ranks
     near).  Returns ``(jobs leased, their ringq_claimed records (bytes), next index, why it
-    stopped)`` (records.CLAIMED_FIELDS).  Raises for a bounds error."""
+    stopped)`` (records.CLAIMED_FIELDS).  Raises for a bounds error.
+
+    The jobs leased stay this thread's pending run until the caller sets ``run_marker()[2]`` to
+    0, with no call between its holding their jobs and that store (:func:`pending_run` finds
+    them again if an exception, a signal handler's, kept them from the caller)."""
     k, nxt, run, run_buf, pointed = _buffers.take
+    pointed[1] = seg  # the run's segment, for pending_run
     if fields is not pointed[0]:
         k.avail_ms, k.enq_us, k.seq = fields
         pointed[0] = fields
@@ -258,3 +267,23 @@ def claim_run(
     if got < 0:
         native.check(got, seg.path)
     return got, run_buf[: got * CLAIMED.size], nxt[0], nxt[1]
+
+
+def run_marker() -> CData:
+    """This thread's claim_run result words: ``[2]`` holds how many jobs of the last run are not
+    yet the caller's; the caller zeroes it once it holds their jobs (:func:`claim_run`)."""
+    return _buffers.take[1]
+
+
+def pending_run() -> tuple[Segment, bytes] | None:
+    """The last :func:`claim_run` of this thread whose jobs the caller never came to hold (an
+    exception, a signal handler's, cut it short between the C call and the store of
+    ``run_marker()[2]``): its segment and its ringq_claimed records, once; None otherwise.  The
+    caller gives the leases back."""
+    _k, nxt, _run, run_buf, pointed = _buffers.take
+    n = nxt[2]
+    seg = pointed[1]
+    if not n or seg is None:
+        return None
+    nxt[2] = 0
+    return seg, run_buf[: n * CLAIMED.size]

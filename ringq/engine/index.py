@@ -36,7 +36,7 @@ import numpy as np
 
 from ._native import ffi, lib
 from .catchup import CatchUp
-from .claim import RUN_ASK, RUN_END, RUN_FULL, claim_run
+from .claim import RUN_ASK, RUN_END, RUN_FULL, claim_run, pending_run, run_marker
 from .views import Direct, Lane, View, due, lane_kid, lane_prio, now_ms, order
 from .words import (
     FLAG_CANCEL,
@@ -53,6 +53,7 @@ from .words import (
 
 if TYPE_CHECKING:  # pragma: no cover
     from .ring import Ring
+    from .segment import Segment
 
 __all__ = ["Index", "View", "Direct", "now_ms", "order", "due"]
 
@@ -109,6 +110,9 @@ class Index:
         self.shared_kids: set[int] = set()
         # Told when reset() forgot everything (the queue's quiet look: its answers go too).
         self.on_reset: Callable[[], None] | None = None
+        # Given the leases a take cut short by an exception took and will not return: the jobs
+        # made of them, and a run leased in C whose jobs were not made (claim.pending_run).
+        self.give_back: Callable[[list[Any], tuple[Segment, bytes] | None], Any] | None = None
         # Learning of other processes' work is the CatchUp's; its two entry points are the index's.
         self.catchup = CatchUp(self)
         self.catch_up = self.catchup.catch_up
@@ -376,6 +380,7 @@ class Index:
                 top = heap[1] if n == 2 or heap[1] <= heap[2] else heap[2]
                 if top[0] == entry[0]:
                     bound = (top[1], top[2] >> 32, top[2])
+            pending = run_marker()
             got, run, nxt, why = lease_run(view, lane, direct, bound, 1)
             if not got:
                 return None  # take() calls again from the same cursor, and decides
@@ -387,9 +392,11 @@ class Index:
             if why == RUN_END:
                 heapq.heappop(heap)
                 lane.queued = False
-            return direct.made_run(view, run)
+            jobs = direct.made_run(view, run)
+            pending[2] = 0  # the caller's from here: no call until the return
+            return jobs
         except BaseException:
-            self.reset()  # as in take
+            self._cut_short([])
             raise
 
     def take(
@@ -417,18 +424,28 @@ class Index:
         # Lanes whose candidate a limit held back: the limit holds back every job behind it
         # too (one key per lane), so they wait as one until the next take, not job by job.
         aside: list[tuple[View, Lane]] = []
+        out: list[Any] = []
         try:
-            out = self._take(want, claim, held_back, skip, direct, now, passed, aside)
+            self._take(want, claim, held_back, skip, direct, now, passed, aside, out)
             for view, lane in aside:
                 self.queue_lane(view, lane, now)
             for view, slot in passed:
                 self.park(view, slot, now)
             return out
         except BaseException:
-            # Cut short (a signal handler's exception): lanes may be off the heap with their
-            # ``queued`` flag still set, jobs neither passed nor parked.  Read everything again.
-            self.reset()
+            self._cut_short(out)
             raise
+
+    def _cut_short(self, out: list[Any]) -> None:
+        """As an exception (a signal handler's) leaves :meth:`take` or :meth:`take_top`: lanes
+        may be off the heap with their ``queued`` flag still set, jobs neither passed nor parked,
+        so everything read in is forgotten (:meth:`reset`); and the leases taken that will not
+        reach the caller -- the jobs of ``out`` and a run leased in C whose jobs were not made --
+        go back unleased (:attr:`give_back`)."""
+        pend = pending_run()
+        self.reset()
+        if self.give_back is not None and (out or pend is not None):
+            self.give_back(out, pend)
 
     def _take(
         self,
@@ -440,7 +457,8 @@ class Index:
         now: int,
         passed: list[tuple[View, int]],
         aside: list[tuple[View, Lane]],
-    ) -> list[Any]:
+        out: list[Any],
+    ) -> None:
         sched, heap = self.sched, self.heap
         while sched and sched[0][0] <= now:
             at, nprio, seq, segseq, slot = heapq.heappop(sched)
@@ -458,7 +476,7 @@ class Index:
                     continue
                 held = self.entry(v, held[6], held[1])
             heapq.heappush(heap, held)
-        out: list[Any] = []
+        pending = run_marker()
         while len(out) < want and heap:
             entry = heapq.heappop(heap)
             kind, segseq, prio, slot = entry[3], entry[4], entry[5], entry[6]
@@ -491,9 +509,13 @@ class Index:
                     got, run, nxt, why = lease_run(view, lane, direct, bound, cap)
                     lane.cursor = nxt
                     if got:
+                        jobs = direct.made_run(view, run)
+                        out += jobs
+                        pending[2] = (
+                            0  # in ``out``: an exception from here gives them back from there
+                        )
                         if self.fair:
                             self.served(lane.key, lane.prio, got)
-                        out += direct.made_run(view, run)
                     if why == RUN_END:
                         continue
                     if why == RUN_FULL and not self.fair and lane.cursor < arr.n:
@@ -556,7 +578,6 @@ class Index:
                 if got is not None:
                     self.served(lk, prio_s, 1)
                     out.append(got)
-        return out
 
     # -- finding jobs ---------------------------------------------------------------------------
 

@@ -167,6 +167,7 @@ class QueueContext:
             d["index"], d["reaper"], d["relocator"], d["leases"], d["deps"] = parts
             d["quiet"] = QuietLook(ring.ctl, self.pause, self.gate, index.catchup.quick_until)
             index.on_reset = d["quiet"].forget  # a lease must not trust a look the index forgot
+            index.give_back = leases.give_back_taken  # what a take cut short took goes back
             # A class with __getattr__ makes every attribute read take the interpreter's slow
             # path; the parts are attributes now, so this context no longer needs it.
             self.__class__ = QueueContext

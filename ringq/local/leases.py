@@ -488,6 +488,27 @@ class Leases:
             self.ring.note_returned(seg)  # readers (this one too) find them again
         return back
 
+    def give_back_taken(self, jobs: list[Job], run: tuple[Segment, bytes] | None) -> int:
+        """The leases a take cut short by an exception took and will not hand out (Index's
+        ``give_back``): ``jobs`` as :meth:`give_back` returns them, and ``run``, a segment and
+        the ringq_claimed records of jobs leased in C whose jobs were never made, each given back
+        only from the very word its call wrote (every thread of the process tags its leases
+        alike: a later lease of the job by another thread must not match).  Returns how many
+        went back."""
+        back = self.give_back(jobs) if jobs else 0
+        if run is None:
+            return back
+        seg, claimed = run
+        if seg.mm is None:
+            return back  # retired: every job in it finished
+        touched: dict[int, Segment] = {}
+        now = now_ms()
+        for word, _seq, _enq, avail_ms, slot, *_rest in records.CLAIMED.iter_unpack(claimed):
+            back += self._unused(seg, slot, word, avail_ms, now, touched)
+        for s in touched.values():
+            self.ring.note_returned(s)
+        return back
+
     def give_back_leases_of(self, pid: int) -> int:
         """Return to READY unused, as :meth:`give_back` does, every lease that process ``pid``
         holds: each LEASED word whose owner word is tagged with its lease count, ``pid`` and an

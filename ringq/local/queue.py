@@ -691,7 +691,10 @@ class Queue:
                         if count == 1 and not ctx.gate.holding():
                             top = ctx.index.take_top(direct)
                             if top:
-                                return top
+                                # In ``got`` before the lock's exit, a call: an exception raised
+                                # there gives the job back.
+                                got += top
+                                return got
                         got += ctx.index.take(
                             count - len(got), direct.claim, ctx.gate, None, direct
                         )

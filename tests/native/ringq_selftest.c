@@ -443,7 +443,7 @@ static void take_run_known_answers(void) {
     uint64_t seq[4] = {1, 2, 3, 0};
     ringq_run_keys k = {.avail_ms = avail, .enq_us = enq, .seq = seq, .bounded = 0};
     ringq_claimed out[4];
-    uint32_t nw[2] = {99, 99};
+    uint32_t nw[3] = {99, 99, 99};
     uint64_t cbuf[32] = {0};
     const uint32_t gen_bits = 20;
     cbuf[248 / 8] = (((1ULL << 44) - 1) << gen_bits) | 7; /* no lease known, generation 7 */
@@ -453,16 +453,17 @@ static void take_run_known_answers(void) {
     ringq_seg_ref s = {.base = m, .maplen = maplen, .g = &g, .epoch_ms = now + 60000};
     /* an epoch ahead of the clock: due at time 1, nothing is due yet, and the floor stays */
     CHECK(ringq_take_run(&s, &c, order, 3, 0, plain, &k, 500, 7, out, 4, nw) == 0);
-    CHECK(nw[0] == 0 && nw[1] == RINGQ_RUN_ASK && cbuf[248 / 8] == ((((1ULL << 44) - 1) << gen_bits) | 7));
+    CHECK(nw[0] == 0 && nw[1] == RINGQ_RUN_ASK && nw[2] == 0 && cbuf[248 / 8] == ((((1ULL << 44) - 1) << gen_bits) | 7));
     s.epoch_ms = now - 10000; /* due since 10 s */
     CHECK(ringq_take_run(&s, &c, order, 3, 0, plain, &k, 500, 7, out, 2, nw) == 2);
-    CHECK(nw[0] == 2 && nw[1] == RINGQ_RUN_FULL && out[0].slot == 0 && out[1].slot == 1);
+    CHECK(nw[0] == 2 && nw[1] == RINGQ_RUN_FULL && nw[2] == 2 && out[0].slot == 0 && out[1].slot == 1);
     uint64_t until = out[0].word >> RINGQ_W_TIME_SHIFT; /* the clock's time past the epoch + 500 ms */
     CHECK(until >= 10500 && until < 70500);
     /* the floor: the run's deadline (ms since the Unix epoch), its generation bumped */
     CHECK((cbuf[248 / 8] >> gen_bits) == (uint64_t)s.epoch_ms + until && (cbuf[248 / 8] & 0xFFFFF) == 8);
     s.maplen = 0; /* a handle whose segment was unmapped */
     CHECK(ringq_take_run(&s, &c, order, 3, 2, plain, &k, 500, 7, out, 4, nw) == RINGQ_EBOUNDS);
+    CHECK(nw[2] == 0); /* nothing leased: nothing to find again */
     s.maplen = maplen;
     c.floor = sizeof cbuf; /* a floor past the page: refused before anything is leased */
     CHECK(ringq_take_run(&s, &c, order, 3, 2, plain, &k, 500, 7, out, 4, nw) == RINGQ_EBOUNDS);
@@ -477,7 +478,7 @@ static void take_run_known_answers(void) {
     CHECK(ringq_take_run(&s, &c, order, 3, 2, plain, &k, 500, 7, out, 4, NULL) == RINGQ_EINVAL);
     c.floor = 0; /* no floor to lower */
     CHECK(ringq_take_run(&s, &c, order, 3, 2, plain, &k, 500, 7, out, 4, nw) == 1);
-    CHECK(nw[0] == 3 && nw[1] == RINGQ_RUN_END && out[0].slot == 2 && (cbuf[248 / 8] & 0xFFFFF) == 8);
+    CHECK(nw[0] == 3 && nw[1] == RINGQ_RUN_END && nw[2] == 1 && out[0].slot == 2 && (cbuf[248 / 8] & 0xFFFFF) == 8);
     free(m);
 }
 

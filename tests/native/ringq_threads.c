@@ -267,7 +267,7 @@ static void *consumer(void *arg) {
         while (cursor < tail) {
             /* (not in the shared-results mode: that check needs the threads waiting together) */
             if (!shared_out && (seed >> 4) % 2 == 0) {
-                uint32_t next = 0, why = 0, nw[2] = {0, 0};
+                uint32_t next = 0, why = 0, nw[3] = {0, 0, 0};
                 uint32_t cap = 1 + (seed >> 6) % 8;
                 int got, through_handle = (seed >> 9) % 2;
                 if (!through_handle) {
@@ -282,6 +282,7 @@ static void *consumer(void *arg) {
                                          cap, nw);
                     next = nw[0];
                     why = nw[1];
+                    if (nw[2] != (uint32_t)(got > 0 ? got : 0)) FAIL("take_run's count of jobs leased is not its answer");
                 }
                 if (got < 0) {
                     FAIL("claim_run failed");

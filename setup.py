@@ -23,8 +23,9 @@ setup(
             extra_compile_args=native.COMPILE_ARGS,
             extra_link_args=native.LINK_ARGS,
         ),
-        # The queue lock's context manager, with no bytecode in its entry or exit
-        # (csrc/ext/guard.c): a signal handler's exception cannot leave the lock held.
+        # The queue lock's context manager and the writer lock's entry and exit, with no bytecode
+        # between taking a lock and returning (csrc/ext/guard.c): a signal handler's exception
+        # cannot leave either held.
         Extension(
             "ringq.engine._guard",
             sources=["csrc/ext/guard.c"],

@@ -4,7 +4,7 @@
 * no import cycle among ringq's modules (imports inside functions count; imports only for type
   checkers, under ``if TYPE_CHECKING:``, do not);
 * only ``ringq/engine/`` imports the compiled modules (``_native``, the cffi helper; ``_jobs``,
-  the job builder; ``_guard``, the queue lock's context manager);
+  the job builder; ``_guard``, the queue and writer locks' entry and exit);
 * the layers depend one way: the top-level modules (the public types, errors, codec, the backend
   interface) import no subpackage except where the public API names a class that lives in one
   (``ringq/__init__.py``, ``connect.py``, ``__main__.py``), and neither backend imports the other;

@@ -113,9 +113,9 @@ class Appender:
         express = runs.express  # the module's: a test's recorder may stand in for it
         if express is None:
             return None
-        lock = self.ring.lock
-        lock_fd = lock.enter_thread()
-        try:
+        # The thread lock (its with-statement's entry and exit are C: no point between taking
+        # and the block that releases it where a signal handler's exception could fall).
+        with self.ring.lock.thread_part as lock_fd:
             seg = self._last
             if lock_fd < 0 or seg is None or seg.mm is None:
                 return None
@@ -125,8 +125,6 @@ class Appender:
                 self._plan_addr, payload, max_attempts, lock_fd, seg.seq, self.ring.identity
             )
             end = self._plan.end
-        finally:
-            lock.exit_thread()
         if isinstance(got, int):
             if got:
                 native.check(got, f"write records to {seg.path}")
@@ -529,9 +527,7 @@ class Appender:
         if seg is None or seg.mm is None:
             return None
         ctl = self.ring.ctl
-        lock = self.ring.lock
-        lock_fd = lock.enter_thread()
-        try:
+        with self.ring.lock.thread_part as lock_fd:  # as in express: entry and exit are C
             if lock_fd < 0:
                 return None
             tmpl = self._tmpl
@@ -568,8 +564,6 @@ class Appender:
                 # The disk writes the records while the rest of the enqueue runs, up to its sync.
                 dur.early_writeback,
             )
-        finally:
-            lock.exit_thread()
         if rc <= 0:
             native.check(rc, f"write records to {seg.path}")
             return None

@@ -1,5 +1,5 @@
 """The writer lock of a queue: this process's threads first, then ``flock`` on ``<name>.lock``;
-and the queue lock's context manager (:class:`LiveLock`, compiled from csrc/ext/guard.c).
+and the queue lock's context manager (:class:`LiveLock`).
 
 Only appenders (and the few operations that must see every published record: idempotent enqueue,
 requeue, relocation, recovery) take it; readers never do.  ``flock`` has no timeout, so a waiter
@@ -8,8 +8,11 @@ with LockTimeoutError after ``timeout`` seconds.  Reentrant within a thread.  Fo
 closes its copy of the descriptor at once (ringq/engine/forksafe.py) and opens its own on first use.
 
 An uncontended append takes and releases the flock inside one C call (``ringq_append_fast``,
-holding only the thread lock here: :meth:`WriterLock.enter_thread`) and follows the same waiter
-protocol on release.
+holding only the thread lock here: ``with lock.thread_part as fd:``, or
+:meth:`WriterLock.enter_thread`) and follows the same waiter protocol on release.
+
+The entry and exit of both locks are C (csrc/ext/guard.c): a signal handler's exception never
+leaves either held.
 """
 
 from __future__ import annotations
@@ -22,18 +25,22 @@ import time
 from ringq.errors import LockTimeoutError
 
 from . import forksafe
-from ._guard import LiveLock
+from ._guard import LiveLock, WriterGate
 from .control import OFF_LOCK_WAITERS, OFF_LOCK_WAKE, Control
 from .mapped import open_nofollow
 
 __all__ = ["LiveLock", "WriterLock"]
 
-_EX_NB = fcntl.LOCK_EX | fcntl.LOCK_NB
 
-
-class WriterLock:
+class WriterLock(WriterGate):
     """Context manager for the writer lock.  ``ctl`` (set once the control file is open) carries
     the futex words waiters sleep on; before that a waiter polls.
+
+    Entry and exit are C (:class:`WriterGate`: ``__enter__``, ``__exit__``, :meth:`enter_thread`,
+    :meth:`exit_thread`, and ``thread_part``, the last two as a context manager): an exception a
+    signal's handler raises never falls between taking the thread lock or the flock and the code
+    that releases them.  What may run Python code in between is here -- :meth:`_after_fork`,
+    :meth:`_flock`, :meth:`_wake` -- and whatever it raises is raised holding nothing.
 
     Raises (on entry): LockTimeoutError; OSError (with the path) if the lock file cannot be opened.
     """
@@ -53,59 +60,6 @@ class WriterLock:
         except OSError as exc:
             raise type(exc)(exc.errno, f"cannot open {path}: {exc.strerror}") from None
 
-    def __enter__(self) -> None:
-        self._tlock.acquire()
-        if self._fd < 0 and not self._closed:
-            # In a forked child, drop_inherited_locks closed the parent's descriptor: open our own.
-            # (A descriptor test, not a pid test: getpid is a system call on every enqueue.)
-            self._after_fork()
-        if self._depth == 0:
-            try:
-                fcntl.flock(self._fd, _EX_NB)
-            except BlockingIOError:
-                try:
-                    self._flock()
-                except BaseException:
-                    self._tlock.release()
-                    raise
-            except BaseException:
-                self._tlock.release()
-                raise
-        self._depth += 1
-
-    def enter_thread(self) -> int:
-        """Take only this process's part of the lock (its thread lock), for a caller that takes the
-        flock itself inside one C call and releases it before that call returns (an uncontended
-        append: ``ringq_append_fast``, which follows this module's waiter protocol on release).
-        Returns the lock file's descriptor, or -1 if this thread holds the writer lock already
-        (then the caller must not flock it).  Always pair with :meth:`exit_thread`."""
-        self._tlock.acquire()
-        if self._depth:
-            return -1
-        if self._fd < 0 and not self._closed:
-            try:
-                self._after_fork()
-            except BaseException:
-                self._tlock.release()
-                raise
-        return self._fd
-
-    def exit_thread(self) -> None:
-        """Release what :meth:`enter_thread` took."""
-        self._tlock.release()
-
-    def __exit__(self, *exc: object) -> None:
-        self._depth -= 1
-        try:
-            if self._depth == 0:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
-                ctl = self.ctl
-                if ctl is not None and ctl.mm is not None and ctl.load32(OFF_LOCK_WAITERS):
-                    ctl.add32(OFF_LOCK_WAKE)  # after the unlock: a woken writer's retry succeeds
-                    ctl.futex_wake(OFF_LOCK_WAKE, 1)
-        finally:
-            self._tlock.release()
-
     def drop_inherited_locks(self) -> None:
         """In a forked child: close the copy of the lock's descriptor at once -- flock belongs to
         the open file description, so a child keeping it would keep a parent's lock held after the
@@ -116,6 +70,9 @@ class WriterLock:
         self._depth = 0
 
     def _after_fork(self) -> None:
+        """In a forked child, whose copy of the parent's descriptor drop_inherited_locks closed:
+        open our own (a descriptor test on entry, not a pid test: getpid is a system call on
+        every enqueue).  Called by the C entry holding the thread lock."""
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
             forksafe.close(fd)
@@ -125,6 +82,9 @@ class WriterLock:
         self._depth = 0
 
     def _flock(self) -> None:
+        """Wait for the flock that the C entry found taken, and take it; LockTimeoutError after
+        ``timeout`` seconds.  Called holding the thread lock at depth 0: if this raises, the entry
+        unlocks the flock (taken, perhaps, just before) and releases the thread lock."""
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
@@ -159,6 +119,15 @@ class WriterLock:
             finally:
                 if ctl is not None:
                     ctl.add32(OFF_LOCK_WAITERS, -1)
+
+    def _wake(self) -> None:
+        """Wake a writer waiting for the flock, if any: called by the outermost exit after the
+        unlock (so a woken writer's retry succeeds), still holding the thread lock, which the exit
+        releases whatever this raises."""
+        ctl = self.ctl
+        if ctl is not None and ctl.mm is not None and ctl.load32(OFF_LOCK_WAITERS):
+            ctl.add32(OFF_LOCK_WAKE)
+            ctl.futex_wake(OFF_LOCK_WAKE, 1)
 
     def close(self) -> None:
         self._closed = True

@@ -171,23 +171,29 @@ def test_threads_harness_catches_a_result_struct_shared_between_threads(threads_
     assert "handed to two threads" in out.stderr or "ThreadSanitizer: data race" in out.stderr
 
 
-# The CPython extension (csrc/ext/jobs.c) under ASan + UBSan: built as a shared object, loaded in
-# place of ringq.engine._jobs by an interpreter with the ASan runtime preloaded, and run through
-# the tests that drive it (its own, and the queue's lease paths).
+# The CPython extensions (csrc/ext/jobs.c, csrc/ext/guard.c) under ASan + UBSan: each built as a
+# shared object, loaded in place of its module by an interpreter with the ASan runtime preloaded,
+# and run through the tests that drive it in that interpreter.
 _LOAD_SANITIZED = """
 import importlib.util, sys
-spec = importlib.util.spec_from_file_location("ringq.engine._jobs", sys.argv[1])
+name, so = sys.argv[1:3]
+spec = importlib.util.spec_from_file_location(name, so)
 mod = importlib.util.module_from_spec(spec)
-sys.modules["ringq.engine._jobs"] = mod
+sys.modules[name] = mod
 spec.loader.exec_module(mod)
 import pytest
+import ringq.engine.lock as lock
 import ringq.engine.runs as runs
-assert runs.build is mod.build, "the sanitized build is not the one in use"
-sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", *sys.argv[2:]]))
+in_use = {
+    "ringq.engine._jobs": lambda: runs.build is mod.build,
+    "ringq.engine._guard": lambda: lock.LiveLock is mod.LiveLock and issubclass(lock.WriterLock, mod.WriterGate),
+}
+assert in_use[name](), "the sanitized build is not the one in use"
+sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", *sys.argv[3:]]))
 """
 
 
-def test_the_job_builder_extension_under_sanitizers(tmp_path):
+def _extension_under_sanitizers(tmp_path, name: str, source: str, tests: list[str]) -> None:
     import sys
     import sysconfig
 
@@ -196,11 +202,11 @@ def test_the_job_builder_extension_under_sanitizers(tmp_path):
     asan = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True)
     if not os.path.isabs(asan.stdout.strip()):
         pytest.skip("no ASan runtime with this gcc")
-    so = str(tmp_path / "_jobs_sanitized.so")
+    so = str(tmp_path / f"{name.rsplit('.', 1)[1]}_sanitized.so")
     _build(
         tmp_path,
         ["-fsanitize=address,undefined", "-shared", "-fPIC"],
-        [os.path.join(ROOT, "csrc", "ext", "jobs.c")],
+        [os.path.join(ROOT, "csrc", "ext", source)],
         so,
         ["-I", sysconfig.get_paths()["include"]],
     )
@@ -212,12 +218,8 @@ def test_the_job_builder_extension_under_sanitizers(tmp_path):
         ASAN_OPTIONS="detect_leaks=0:abort_on_error=0",  # the interpreter itself is not built for it
         UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1",
     )
-    tests = [
-        os.path.join(ROOT, "tests", t)
-        for t in ("test_runs.py", "test_queue.py", "test_leases_threads.py", "test_express.py")
-    ]
     out = subprocess.run(
-        [sys.executable, str(script), so, *tests],
+        [sys.executable, str(script), name, so, *(os.path.join(ROOT, "tests", t) for t in tests)],
         capture_output=True,
         text=True,
         env=env,
@@ -226,3 +228,16 @@ def test_the_job_builder_extension_under_sanitizers(tmp_path):
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-4000:]
     assert "passed" in out.stdout and "ERROR: AddressSanitizer" not in out.stderr
+
+
+def test_the_job_builder_extension_under_sanitizers(tmp_path):
+    # Its own tests, and the queue's lease paths.
+    tests = ["test_runs.py", "test_queue.py", "test_leases_threads.py", "test_express.py"]
+    _extension_under_sanitizers(tmp_path, "ringq.engine._jobs", "jobs.c", tests)
+
+
+def test_the_lock_guard_extension_under_sanitizers(tmp_path):
+    # The queue lock and the writer lock: threads, a lock file held by another descriptor (the
+    # entry waits), timeouts, forks, and the queue's own tests.
+    tests = ["test_lock_wait.py", "test_append_batch.py", "test_fork_busy.py", "test_queue.py"]
+    _extension_under_sanitizers(tmp_path, "ringq.engine._guard", "guard.c", tests)

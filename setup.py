@@ -29,6 +29,7 @@ setup(
         Extension(
             "ringq.engine._guard",
             sources=["csrc/ext/guard.c"],
+            include_dirs=["csrc"],
             extra_compile_args=native.COMPILE_ARGS,
             extra_link_args=native.LINK_ARGS,
         ),

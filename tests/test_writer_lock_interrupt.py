@@ -2,8 +2,10 @@
 of an enqueue where the interpreter runs a handler -- entering a Python function, returning from a
 call into C -- never leaves the writer lock held: neither this process's part of it (its thread
 lock: every other thread's enqueue would block for ever) nor the ``flock`` (every other process's
-would time out), and never leaves a batch half-written.  Real processes: the calls run in a child
-(test_wait_claim.py's injection harness), a grandchild takes the writer lock after each point."""
+would time out) nor a count among the writers waiting for it (every release would make a futex
+wake for nobody, for good), and never leaves a batch half-written.  Real processes: the calls run
+in a child (test_wait_claim.py's injection harness), a grandchild takes the writer lock after each
+point."""
 
 from __future__ import annotations
 
@@ -120,6 +122,7 @@ for name, (k, call, before) in calls.items():
             release()
         assert other_process_enqueues(), (name, n, "another process could not take the writer lock")
         assert other_thread_enqueues(), (name, n, "another thread could not enqueue")
+        assert waiters() == 0, (name, n, "a writer was left counted among the lock's waiters")
         added = q.stats().total - total - 2  # the other process's job and the other thread's
         # Done: its whole batch.  Interrupted: nothing, or its whole batch (cut short after it).
         assert added == k if done else added in (0, k), (name, n, done, added)
@@ -137,8 +140,8 @@ def test_an_exception_at_any_point_of_an_enqueue_leaves_the_writer_lock_free(tmp
     # (the general path, its flock taken in C), enqueue_many, enqueue with a job_id (under the
     # writer lock's with-statement) and enqueue finding the flock taken (it waits), with an
     # exception raised at its 1st point, then its 2nd, ... until one call completes: after each,
-    # another process and another thread of this one enqueue at once, and the call left no job
-    # or its whole batch.
+    # another process and another thread of this one enqueue at once, no writer is counted as
+    # waiting for the lock, and the call left no job or its whole batch.
     out = run_injected(WRITER_LEFT, str(tmp_path))
     assert out.splitlines()[-1] == "done", out
     points = {name: int(n) for name, n in (line.split() for line in out.splitlines()[:-1])}

@@ -23,6 +23,9 @@
 #include <errno.h>
 #include <sys/file.h>
 
+#include "ringq.h"
+#include "ringq_internal.h"
+
 typedef struct {
     PyObject_HEAD
     PyObject *ctx;
@@ -163,7 +166,9 @@ static PyType_Spec live_spec = {
  *                  (a forked child's copy was closed: ringq/engine/forksafe.py);
  *   _flock()       waits for a contended flock, returning with it taken: if it raises, the flock
  *                  is unlocked here (it may have been taken just before; at depth 0 no other
- *                  thread of this process holds it, as this one holds ``_tlock``);
+ *                  thread of this process holds it, as this one holds ``_tlock``).  It counts
+ *                  itself among the writers waiting for the lock with _register(ctl), and is
+ *                  counted out here as it returns or raises, exactly once;
  *   _wake()        after the outermost exit's unlock, wakes a writer waiting in another process:
  *                  if it raises, ``_tlock`` is released all the same (a lost wake costs a waiter
  *                  only the rest of its sleep's short slice).
@@ -180,6 +185,8 @@ typedef struct {
     int fd;           /* the lock file's descriptor, or -1 */
     int depth;        /* nesting of the writer lock in the thread holding tlock */
     char closed;      /* closed: never opened again after a fork */
+    PyObject *waiting;            /* the Control whose lock_waiters word counts us, or NULL */
+    const ringq_ctl_ref *wref;    /* its handle (Control.ref_addr), while ``waiting`` is set */
 } WriterGate;
 
 typedef struct {
@@ -187,7 +194,7 @@ typedef struct {
     PyObject *gate;
 } ThreadPart;
 
-static PyObject *s_after_fork, *s_flock, *s_wake;
+static PyObject *s_after_fork, *s_flock, *s_wake, *s_ref_addr;
 static PyObject *part_type;
 
 static PyObject *gate_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
@@ -202,12 +209,14 @@ static int gate_traverse(PyObject *op, visitproc visit, void *arg) {
     Py_VISIT(Py_TYPE(op));
     Py_VISIT(((WriterGate *)op)->tlock);
     Py_VISIT(((WriterGate *)op)->part);
+    Py_VISIT(((WriterGate *)op)->waiting);
     return 0;
 }
 
 static int gate_clear(PyObject *op) {
     Py_CLEAR(((WriterGate *)op)->tlock);
     Py_CLEAR(((WriterGate *)op)->part);
+    Py_CLEAR(((WriterGate *)op)->waiting);
     return 0;
 }
 
@@ -254,6 +263,54 @@ static PyObject *fail_holding(WriterGate *g, PyObject *lock, int unlock) {
     return NULL;
 }
 
+/* _register(ctl): count this thread among the writers waiting for the lock, in the lock_waiters
+ * word of ``ctl``'s page (through its handle, Control.ref_addr), unless it is counted already or
+ * the page is closed (its handle's length is 0: then a waiter polls).  In one C call with the
+ * note of it, so that the count is always undone once: by the entry, as _flock returns or
+ * raises. */
+static PyObject *gate_register(PyObject *op, PyObject *ctl) {
+    WriterGate *g = (WriterGate *)op;
+    if (g->waiting != NULL) Py_RETURN_NONE;
+    PyObject *addr = PyObject_GetAttr(ctl, s_ref_addr);
+    if (addr == NULL) return NULL;
+    const ringq_ctl_ref *ref = PyLong_AsVoidPtr(addr);
+    Py_DECREF(addr);
+    if (ref == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "no control page handle");
+        return NULL;
+    }
+    if (ref->words == NULL || word_check(ref->base, ref->len, ref->words->lock_waiters, 4))
+        Py_RETURN_NONE;
+    atomic_fetch_add(A32(ref->base, ref->words->lock_waiters), 1u);
+    Py_INCREF(ctl);  /* it keeps the handle and the mapping */
+    g->waiting = ctl;
+    g->wref = ref;
+    Py_RETURN_NONE;
+}
+
+/* Count out what _register counted.  Runs no Python code: called with an exception set too.  A
+ * page closed since (its handle's length 0) is not touched. */
+static void unregister(WriterGate *g) {
+    PyObject *ctl = g->waiting;
+    if (ctl == NULL) return;
+    const ringq_ctl_ref *ref = g->wref;
+    g->waiting = NULL;
+    g->wref = NULL;
+    if (!word_check(ref->base, ref->len, ref->words->lock_waiters, 4))
+        atomic_fetch_sub(A32(ref->base, ref->words->lock_waiters), 1u);
+    Py_DECREF(ctl);
+}
+
+/* _forget_waiting(): in a forked child, forget the count a parent's thread (waiting in _flock
+ * at the fork) made: it is the parent's to undo. */
+static PyObject *gate_forget_waiting(PyObject *op, PyObject *unused) {
+    (void)unused;
+    WriterGate *g = (WriterGate *)op;
+    g->wref = NULL;
+    Py_CLEAR(g->waiting);
+    Py_RETURN_NONE;
+}
+
 /* Open this process's descriptor if a fork closed ours: 0, or -1 with the exception set. */
 static int reopen(PyObject *op) {
     WriterGate *g = (WriterGate *)op;
@@ -275,7 +332,11 @@ static PyObject *gate_enter(PyObject *op, PyObject *unused) {
             PyErr_SetFromErrno(PyExc_OSError);
             return fail_holding(g, lock, 0);
         }
-        if (rc < 0 && call0(op, s_flock) < 0) return fail_holding(g, lock, 1);
+        if (rc < 0) {
+            int waited = call0(op, s_flock);
+            unregister(g);  /* once, however _flock ended */
+            if (waited < 0) return fail_holding(g, lock, 1);
+        }
     }
     g->depth++;
     Py_DECREF(lock);
@@ -427,6 +488,12 @@ static PyMethodDef gate_methods[] = {
      "Take only this process's part of the lock: the lock file's descriptor, or -1 if this thread "
      "holds the writer lock already.  Always pair with exit_thread()."},
     {"exit_thread", gate_exit_thread, METH_NOARGS, "Release what enter_thread() took."},
+    {"_register", gate_register, METH_O,
+     "Count this thread among the writers waiting for the lock (for _flock; counted out as it "
+     "returns or raises)."},
+    {"_forget_waiting", gate_forget_waiting, METH_NOARGS,
+     "In a forked child: forget a parent thread's count among the waiters (the parent counts "
+     "it out)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -477,7 +544,8 @@ PyMODINIT_FUNC PyInit__guard(void) {
         (s_release = PyUnicode_InternFromString("release")) == NULL ||
         (s_after_fork = PyUnicode_InternFromString("_after_fork")) == NULL ||
         (s_flock = PyUnicode_InternFromString("_flock")) == NULL ||
-        (s_wake = PyUnicode_InternFromString("_wake")) == NULL)
+        (s_wake = PyUnicode_InternFromString("_wake")) == NULL ||
+        (s_ref_addr = PyUnicode_InternFromString("ref_addr")) == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;

@@ -39,8 +39,9 @@ class WriterLock(WriterGate):
     Entry and exit are C (:class:`WriterGate`: ``__enter__``, ``__exit__``, :meth:`enter_thread`,
     :meth:`exit_thread`, and ``thread_part``, the last two as a context manager): an exception a
     signal's handler raises never falls between taking the thread lock or the flock and the code
-    that releases them.  What may run Python code in between is here -- :meth:`_after_fork`,
-    :meth:`_flock`, :meth:`_wake` -- and whatever it raises is raised holding nothing.
+    that releases them, nor leaves this thread counted among the writers waiting for the flock.
+    What may run Python code in between is here -- :meth:`_after_fork`, :meth:`_flock`,
+    :meth:`_wake` -- and whatever it raises is raised holding nothing.
 
     Raises (on entry): LockTimeoutError; OSError (with the path) if the lock file cannot be opened.
     """
@@ -68,6 +69,7 @@ class WriterLock(WriterGate):
         self._fd = -1
         self._tlock = threading.RLock()
         self._depth = 0
+        self._forget_waiting()  # a parent thread's count among the waiters: the parent's to undo
 
     def _after_fork(self) -> None:
         """In a forked child, whose copy of the parent's descriptor drop_inherited_locks closed:
@@ -85,40 +87,33 @@ class WriterLock(WriterGate):
         """Wait for the flock that the C entry found taken, and take it; LockTimeoutError after
         ``timeout`` seconds.  Called holding the thread lock at depth 0: if this raises, the entry
         unlocks the flock (taken, perhaps, just before) and releases the thread lock."""
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            pass
-        # Register as a waiter *before* retrying, so a release between the retry and the sleep is
-        # never missed.  Sleep in short slices: a holder killed by a signal releases the flock but
-        # wakes nobody.
+        # Count ourselves among the waiters *before* retrying, so a release between the retry
+        # and the sleep is never missed.  The C base counts us out as this returns or raises,
+        # once, whatever is raised where: a waiter never stays counted (every release would then
+        # make a futex wake for nobody, for good).  Sleep in short slices: a holder killed by a
+        # signal releases the flock but wakes nobody.
         deadline = time.monotonic() + self.timeout
         ctl = self.ctl  # None only while the queue is being created (under this very lock)
+        if ctl is not None:
+            self._register(ctl)
         pause = 0.0001
         while True:
             seen = ctl.load32(OFF_LOCK_WAKE) if ctl is not None else 0
-            if ctl is not None:
-                ctl.add32(OFF_LOCK_WAITERS, 1)
             try:
-                try:
-                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    return
-                except BlockingIOError:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise LockTimeoutError(
-                            f"writer lock {self.path} not acquired within {self.timeout} s; "
-                            "another process holds it (suspended or stuck?)"
-                        ) from None
-                if ctl is None:
-                    time.sleep(min(pause, left))
-                    pause = min(pause * 2, 0.005)
-                else:
-                    ctl.futex_wait(OFF_LOCK_WAKE, seen, min(left, 0.005))
-            finally:
-                if ctl is not None:
-                    ctl.add32(OFF_LOCK_WAITERS, -1)
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise LockTimeoutError(
+                        f"writer lock {self.path} not acquired within {self.timeout} s; "
+                        "another process holds it (suspended or stuck?)"
+                    ) from None
+            if ctl is None:
+                time.sleep(min(pause, left))
+                pause = min(pause * 2, 0.005)
+            else:
+                ctl.futex_wait(OFF_LOCK_WAKE, seen, min(left, 0.005))
 
     def _wake(self) -> None:
         """Wake a writer waiting for the flock, if any: called by the outermost exit after the

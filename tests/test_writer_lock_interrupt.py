@@ -3,7 +3,8 @@ of an enqueue where the interpreter runs a handler -- entering a Python function
 call into C -- never leaves the writer lock held: neither this process's part of it (its thread
 lock: every other thread's enqueue would block for ever) nor the ``flock`` (every other process's
 would time out) nor a count among the writers waiting for it (every release would make a futex
-wake for nobody, for good), and never leaves a batch half-written.  Real processes: the calls run
+wake for nobody, for good), never leaves a batch half-written, and never leaves the enqueue
+counted among the users of the mappings (close would wait for it).  Real processes: the calls run
 in a child (test_wait_claim.py's injection harness), a grandchild takes the writer lock after each
 point."""
 
@@ -131,6 +132,9 @@ for name, (k, call, before) in calls.items():
     print(name.replace(" ", "_"), n, flush=True)
 other.stdin.close()
 assert other.wait(10) == 0
+t0 = time.monotonic()
+q.close()  # no enqueue left itself counted among the mappings' users: no wait for one
+assert time.monotonic() - t0 < 5, time.monotonic() - t0
 print("done", flush=True)
 """
 

@@ -80,24 +80,34 @@ class Producer:
         (nothing written).  Raises QueueClosedError."""
         if not self.expressable:
             return None
-        with self.lock:
-            got = self.ring.express(payload, attempts)
-            if got is None:
-                return None
-            job, ticket = got
-            if ticket is None:
-                return job
-            self.outside.enter_held()  # the sync below runs outside the lock: a close waits
-        self._finish_outside(ticket)
+        counted = False
+        try:
+            with self.lock:
+                got = self.ring.express(payload, attempts)
+                if got is None:
+                    return None
+                job, ticket = got
+                if ticket is None:
+                    return job
+                self.outside.enter_held()  # the sync below runs outside the lock: a close waits
+                counted = True  # no call since the count: see _left_outside
+            self.ring.finish(ticket)
+            with self.outside.ctx.lock:
+                self.outside.leave_held()
+                counted = False  # no call since the count-out
+        except BaseException:
+            self._left_outside(counted)
+            raise
         return job
 
-    def _finish_outside(self, ticket: tuple[dict[int, list[int]], int]) -> None:
-        """The strategy's sync of an append (Ring.finish), run outside our lock so that other
-        threads append meanwhile (and share the sync); then count out the use of the mappings
-        that the caller counted in under the lock (``outside.enter_held``)."""
-        try:
-            self.ring.finish(ticket)
-        finally:
+    def _left_outside(self, counted: bool) -> None:
+        """As an exception leaves an append whose strategy's sync runs outside our lock (so that
+        other threads append meanwhile and share it): count it out of the mappings' users if it
+        is still counted in.  The caller notes its count in (``outside.enter_held``) and out
+        (``outside.leave_held``, under the lock) in a ``counted`` flag with no call between the
+        count and the note, so an exception (a signal's handler) anywhere leaves it counted
+        exactly when the flag says so: counted out once, never twice."""
+        if counted:
             self.outside.leave()
 
     def enqueue_one(
@@ -136,30 +146,39 @@ class Producer:
         length = REC_HEADER_SIZE + len(data)
         if length > self.max_bytes:
             records.check_sizes([NewRecord(data, kind)], self.max_bytes, ring.name)
-        with self.lock:
-            segseq, slot, seq, enq_us, avail_ms, ticket = self.retry_full(
-                ring.append_one, kind, data, priority, delay_ms, attempts, rkind
+        counted = False
+        try:
+            with self.lock:
+                segseq, slot, seq, enq_us, avail_ms, ticket = self.retry_full(
+                    ring.append_one, kind, data, priority, delay_ms, attempts, rkind
+                )
+                settled = ring.settled(ticket)
+                if not settled:  # the sync below runs outside the lock: a close waits for it
+                    self.outside.enter_held()
+                    counted = True  # no call since the count: see _left_outside
+            # Built before the sync: what runs after the disk answers runs on cold caches.
+            (job,) = runs.fresh(
+                [(segseq, 0, 1)],
+                [slot],
+                seq,
+                enq_us,
+                avail_ms,
+                [payload],
+                None,
+                priority,
+                attempts,
+                key,
+                shown(m),
+                ring.identity,
             )
-            settled = ring.settled(ticket)
-            if not settled:  # the sync below runs outside the lock: a close waits for it
-                self.outside.enter_held()
-        # Built before the sync: what runs after the disk answers runs on cold caches.
-        (job,) = runs.fresh(
-            [(segseq, 0, 1)],
-            [slot],
-            seq,
-            enq_us,
-            avail_ms,
-            [payload],
-            None,
-            priority,
-            attempts,
-            key,
-            shown(m),
-            ring.identity,
-        )
-        if not settled:
-            self._finish_outside(ticket)
+            if not settled:
+                ring.finish(ticket)
+                with self.outside.ctx.lock:
+                    self.outside.leave_held()
+                    counted = False  # no call since the count-out
+        except BaseException:
+            self._left_outside(counted)
+            raise
         return job
 
     def enqueue(
@@ -212,22 +231,31 @@ class Producer:
             )
         ring = self.ring
         if job_ids is None:
-            with self.lock:
-                placed, heads, seq0, enq_us, avail_ms, ticket = self.retry_full(
-                    ring.append_packed,
-                    n,
-                    bytes(kinds),
-                    None,
-                    array("I", lens),
-                    b"".join(datas),
-                    REC_HEADER_SIZE + longest,
-                    priority,
-                    delay_ms,
-                    attempts,
-                    rkind,
-                )
-                self.outside.enter_held()  # the sync below runs outside the lock: a close waits
-            self._finish_outside(ticket)
+            counted = False
+            try:
+                with self.lock:
+                    placed, heads, seq0, enq_us, avail_ms, ticket = self.retry_full(
+                        ring.append_packed,
+                        n,
+                        bytes(kinds),
+                        None,
+                        array("I", lens),
+                        b"".join(datas),
+                        REC_HEADER_SIZE + longest,
+                        priority,
+                        delay_ms,
+                        attempts,
+                        rkind,
+                    )
+                    self.outside.enter_held()  # the sync below runs outside the lock
+                    counted = True  # no call since the count: see _left_outside
+                ring.finish(ticket)
+                with self.outside.ctx.lock:
+                    self.outside.leave_held()
+                    counted = False  # no call since the count-out
+            except BaseException:
+                self._left_outside(counted)
+                raise
             # The snapshots of the jobs just appended, built in one call (no read back).
             return runs.fresh(
                 placed,
@@ -273,8 +301,18 @@ class Producer:
                     attempts,
                     rkind,
                 )
-                with self.outside:
+                # Counted as a user of the mappings (as the syncs outside the lock are) with its
+                # note, as in enqueue_one: see _left_outside.
+                counted = False
+                try:
+                    self.outside.enter_held()
+                    counted = True
                     ring.finish(ticket)
+                    self.outside.leave_held()
+                    counted = False
+                except BaseException:
+                    self._left_outside(counted)
+                    raise
                 jobs = runs.fresh(
                     placed,
                     heads,

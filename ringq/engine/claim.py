@@ -26,7 +26,6 @@ __all__ = [
     "wait_claim",
     "wait_reached",
     "claim_run",
-    "run_marker",
     "pending_run",
     "RUN_END",
     "RUN_ASK",
@@ -226,18 +225,18 @@ def claim_run(
     vt_ms: int,
     owner_base: int,
     cap: int,
-) -> tuple[int, bytes, int, int]:
+) -> tuple[int, bytes, int, int, CData]:
     """Lease up to ``cap`` (at most RUN_CAP) of a lane's plain jobs due now, each for ``vt_ms``
     milliseconds, in one call (ringq_take_run, which also lowers ``ctl``'s lease-deadline floor to
     their deadline): ``order[start:n]`` its head slots, ``plain`` the index's per-slot flags,
     ``fields`` its per-slot available-at (ms), enqueue time (µs) and seq vectors, ``bound`` the
     ``(available ms, enqueue µs, seq)`` of the best candidate outside the lane (None: none ranks
     near).  Returns ``(jobs leased, their ringq_claimed records (bytes), next index, why it
-    stopped)`` (records.CLAIMED_FIELDS).  Raises for a bounds error.
+    stopped, marker)`` (records.CLAIMED_FIELDS).  Raises for a bounds error.
 
-    The jobs leased stay this thread's pending run until the caller sets ``run_marker()[2]`` to
-    0, with no call between its holding their jobs and that store (:func:`pending_run` finds
-    them again if an exception, a signal handler's, kept them from the caller)."""
+    The jobs leased stay this thread's pending run until the caller sets ``marker[2]`` to 0,
+    with no call between its holding their jobs and that store (:func:`pending_run` finds them
+    again if an exception, a signal handler's, kept them from the caller)."""
     k, nxt, run, run_buf, pointed = _buffers.take
     pointed[1] = seg  # the run's segment, for pending_run
     if fields is not pointed[0]:
@@ -266,19 +265,13 @@ def claim_run(
     del mapping
     if got < 0:
         native.check(got, seg.path)
-    return got, run_buf[: got * CLAIMED.size], nxt[0], nxt[1]
-
-
-def run_marker() -> CData:
-    """This thread's claim_run result words: ``[2]`` holds how many jobs of the last run are not
-    yet the caller's; the caller zeroes it once it holds their jobs (:func:`claim_run`)."""
-    return _buffers.take[1]
+    return got, run_buf[: got * CLAIMED.size], nxt[0], nxt[1], nxt
 
 
 def pending_run() -> tuple[Segment, bytes] | None:
     """The last :func:`claim_run` of this thread whose jobs the caller never came to hold (an
-    exception, a signal handler's, cut it short between the C call and the store of
-    ``run_marker()[2]``): its segment and its ringq_claimed records, once; None otherwise.  The
+    exception, a signal handler's, cut it short between the C call and the store of its
+    marker's ``[2]``): its segment and its ringq_claimed records, once; None otherwise.  The
     caller gives the leases back."""
     _k, nxt, _run, run_buf, pointed = _buffers.take
     n = nxt[2]

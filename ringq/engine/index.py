@@ -36,7 +36,7 @@ import numpy as np
 
 from ._native import ffi, lib
 from .catchup import CatchUp
-from .claim import RUN_ASK, RUN_END, RUN_FULL, claim_run, pending_run, run_marker
+from .claim import RUN_ASK, RUN_END, RUN_FULL, claim_run, pending_run
 from .views import Direct, Lane, View, due, lane_kid, lane_prio, now_ms, order
 from .words import (
     FLAG_CANCEL,
@@ -67,7 +67,7 @@ TURN_SPAN = 1 << 40
 
 def lease_run(
     view: View, lane: Lane, direct: Direct, bound: tuple[int, int, int] | None, cap: int
-) -> tuple[int, bytes, int, int]:
+) -> tuple[int, bytes, int, int, Any]:
     """Lease up to ``cap`` of ``lane``'s plain jobs from its cursor on, while they rank before
     ``bound`` (a key equal to it is the same job, and is leased), in one C call (claim.claim_run,
     whose answer this is), for ``direct``'s lease."""
@@ -380,8 +380,7 @@ class Index:
                 top = heap[1] if n == 2 or heap[1] <= heap[2] else heap[2]
                 if top[0] == entry[0]:
                     bound = (top[1], top[2] >> 32, top[2])
-            pending = run_marker()
-            got, run, nxt, why = lease_run(view, lane, direct, bound, 1)
+            got, run, nxt, why, pending = lease_run(view, lane, direct, bound, 1)
             if not got:
                 return None  # take() calls again from the same cursor, and decides
             lane.cursor = nxt
@@ -476,7 +475,6 @@ class Index:
                     continue
                 held = self.entry(v, held[6], held[1])
             heapq.heappush(heap, held)
-        pending = run_marker()
         while len(out) < want and heap:
             entry = heapq.heappop(heap)
             kind, segseq, prio, slot = entry[3], entry[4], entry[5], entry[6]
@@ -506,7 +504,7 @@ class Index:
                             gap = self.turns_before_another_key(entry[0], lane.key)
                             if gap is not None:  # another key's turn comes after this many
                                 cap = min(cap, gap)
-                    got, run, nxt, why = lease_run(view, lane, direct, bound, cap)
+                    got, run, nxt, why, pending = lease_run(view, lane, direct, bound, cap)
                     lane.cursor = nxt
                     if got:
                         jobs = direct.made_run(view, run)

@@ -16,12 +16,14 @@ The consumer's wake-up happens inside the producer's call, at its end (the C app
 then wakes).  Last, how long after the producer's ``enqueue`` returned the consumer's
 ``lease_one`` returned (p1, p10, p50, p90), and how many returned before it: on the project
 machine the woken consumer runs only once the producer's call is over, so the whole ``cold`` call
-is on the row's critical path.
+is on the row's critical path.  And on how many wake-ups the consumer ran on the vCPU the
+producer's ``enqueue`` returned on (``sched_getcpu``).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import multiprocessing as mp
 import shutil
 import statistics
@@ -32,15 +34,17 @@ from typing import Any
 from ringq import Queue
 
 PAYLOAD_PAD = "x" * 40
+_getcpu = ctypes.CDLL(None).sched_getcpu  # the vCPU the calling thread runs on
 
 
 def _consumer(path: str, ready: Any, out: Any) -> None:
     q = Queue(path, durability="none")
-    got: list[tuple[int, int, int]] = []
+    got: list[tuple[int, int, int, int]] = []
     ready.set()
     while True:
         job = q.lease_one(wait=5.0)
         leased = time.monotonic_ns()
+        cpu = _getcpu()
         if job is None:
             break
         t = job.payload["t"]
@@ -48,7 +52,7 @@ def _consumer(path: str, ready: Any, out: Any) -> None:
         q.ack(job)
         if t is None:  # the stop message
             break
-        got.append((t, leased, decoded))
+        got.append((t, leased, decoded, cpu))
     out.send(got)
     q.close()
 
@@ -84,11 +88,13 @@ def main() -> None:
         time.sleep(0.05)
         cold = []
         returned = {}
+        cpus = {}
         for _ in range(args.jobs):
             time.sleep(0.0008 + (time.monotonic_ns() % 400) / 1e6)
             t = time.monotonic_ns()
             q.enqueue({"t": t, "pad": PAYLOAD_PAD})
             returned[t] = time.monotonic_ns()
+            cpus[t] = _getcpu()
             cold.append(returned[t] - t)
         q.enqueue({"t": None})
         got = r.recv()
@@ -98,16 +104,18 @@ def main() -> None:
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"producer enqueue call: cold p50 {_p50_us(cold):.1f} µs, hot p50 {_p50_us(hot):.1f} µs")
     print(
-        f"consumer: stamp -> lease_one returns p50 {_p50_us([b - a for a, b, _ in got]):.1f} µs, "
-        f"-> payload decoded {_p50_us([c - b for _, b, c in got]):.1f} µs, "
-        f"whole row p50 {_p50_us([c - a for a, _, c in got]):.1f} µs ({len(got)} jobs)"
+        f"consumer: stamp -> lease_one returns p50 {_p50_us([b - a for a, b, _, _ in got]):.1f} µs, "
+        f"-> payload decoded {_p50_us([c - b for _, b, c, _ in got]):.1f} µs, "
+        f"whole row p50 {_p50_us([c - a for a, _, c, _ in got]):.1f} µs ({len(got)} jobs)"
     )
-    after = sorted(b - returned[a] for a, b, _ in got if a in returned)
+    after = sorted(b - returned[a] for a, b, _, _ in got if a in returned)
     print(
         "lease_one returns after the producer's enqueue returned: "
         + ", ".join(f"p{p} {after[len(after) * p // 100] / 1000:.1f} µs" for p in (1, 10, 50, 90))
         + f" ({sum(x < 0 for x in after)} of {len(after)} before it)"
     )
+    same = sum(1 for a, _, _, cpu in got if cpus.get(a) == cpu)
+    print(f"consumer woken on the vCPU the producer's enqueue returned on: {same} of {len(got)}")
 
 
 if __name__ == "__main__":

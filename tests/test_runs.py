@@ -287,3 +287,27 @@ def test_the_compiled_payload_getter_gives_any_json_payload_back_as_the_codec_do
     codec_id, data = encode(value)
     assert codec_id == JSON
     assert repr(_undecoded(JSON, data).payload) == repr(decode(JSON, data))
+
+
+def test_the_compiled_payload_getter_without_orjson_decodes_as_the_codec_does():
+    # Without orjson installed, the descriptor parses every JSON text with json's scanner: the
+    # payload tests above again, in a process where orjson cannot be imported.
+    import os
+    import subprocess
+    import sys
+
+    from procs import child_env
+
+    code = (
+        "import sys; sys.modules['orjson'] = None\n"
+        "import pytest, ringq.codec\n"
+        "assert ringq.codec.json_decoders()[0] is None\n"
+        "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-k', 'payload_getter and not orjson', sys.argv[1]]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, os.path.abspath(__file__)],
+        capture_output=True, text=True, timeout=300, env=child_env(),
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert " passed" in out.stdout and "failed" not in out.stdout, out.stdout[-2000:]

@@ -79,7 +79,11 @@ class Outside:
 
 def reader_types() -> tuple[type[Deps], type[Index], type[Reaper], type[Relocator], type[Leases]]:
     """The classes a reader is built of, imported on first use (they bring numpy): a queue used
-    only to enqueue never loads them."""
+    only to enqueue never loads them.  numpy.ma too, which numpy imports on the first
+    ``np.unique`` (the reaper's scan, a catch-up of keyed jobs): here, before the queue lock is
+    taken, rather than inside a later call that holds it."""
+    import numpy.ma  # noqa: F401
+
     from ringq.engine.deps import Deps
     from ringq.engine.index import Index
     from ringq.engine.reaper import Reaper

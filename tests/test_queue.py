@@ -194,3 +194,39 @@ def test_an_int_too_large_for_a_float_waits_as_long_as_it_takes_not_overflows(tm
     assert q.lease_one(wait=10**400).payload == 1
     q.enqueue(2)
     assert [j.payload for j in q.lease(5, wait=10**400)] == [2]
+
+
+def test_after_the_first_lease_the_calls_a_program_repeats_import_nothing(tmp_path):
+    # An exception a signal's handler raises inside an import can leave the interpreter's import
+    # lock held for good: the calls a program makes over and over import no module once the queue
+    # is open and its reader built (OpenTelemetry, if installed, is looked for by Queue()).
+    import subprocess
+    import sys
+
+    from procs import child_env
+
+    code = """
+import sys
+from ringq import Queue
+q = Queue(sys.argv[1])
+before = set(sys.modules)
+q.enqueue({"a": 1})
+q.enqueue("x", priority=2, delay=0.5, max_attempts=3, key="k", expires_in=60, timeout=5)
+q.enqueue_many([{"b": 2}, b"raw"])
+new = sorted(set(sys.modules) - before)
+assert new == [], ("enqueue imported", new)
+q.ack(q.lease_one())  # the reader is built (numpy and its classes imported)
+before = set(sys.modules)
+q.nack(q.lease_one(), error="again")
+for job in q.lease(10, wait=0.05):
+    q.ack(job)
+assert q.lease_one(wait=0.05) is None
+q.enqueue({"c": 3}, job_id="one")
+q.ack(q.lease_one(wait=1))
+new = sorted(set(sys.modules) - before)
+assert new == [], ("lease, ack or nack imported", new)
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                         text=True, timeout=120, env=child_env())
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr[-3000:]

@@ -244,6 +244,10 @@ class Queue:
         self._results = Results(name, self._companion, self.get)
         self._rng = random.Random()
         forksafe.register(self)
+        # OpenTelemetry, if installed, is looked for now rather than by the first enqueue: an
+        # exception a signal's handler raises inside an import can leave the interpreter's import
+        # lock held, so the calls a program makes over and over import nothing.
+        tracing.warm()
 
     # The parts behind the reads, the lifecycle calls, the limits and the periodic jobs are made
     # (and their modules imported) on first use: a queue used only to enqueue loads none of them.

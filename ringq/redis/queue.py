@@ -207,6 +207,7 @@ class RedisQueue:
         self._admin = RedisAdmin(self._scripts, name, self.cluster, self.retain_done)
         self._lifecycle = RedisLifecycle(self._scripts, self._results, name, self.get)
         self._workflows = RedisWorkflows(self._scripts, name)
+        tracing.warm()  # now, not in the first enqueue (ringq/local/queue.py says why)
 
     # -- opening and closing ------------------------------------------------------------------------
 

@@ -769,3 +769,69 @@ def test_a_lease_cut_short_by_an_exception_gives_back_every_job_it_took(tmp_path
     assert "all given back" in out, out
     counts = dict(line.rsplit(" ", 1) for line in out.splitlines() if line[0] == "l")
     assert int(counts["lease_one"]) > 3 and int(counts["lease(5)"]) > 3, out
+
+
+GENERAL_CUT_SHORT = """
+import sys
+from ringq import Queue
+from ringq.engine import segment as seg_mod
+from ringq.engine.words import ST_LEASED, state
+
+real_cas = seg_mod.Segment.cas_state
+
+
+def cas_state(self, slot, expected, desired):  # a lease's CAS in Python: raise at every later point
+    got = real_cas(self, slot, expected, desired)
+    if at["n"] is not None and not at["armed"] and got[0] and state(desired) == ST_LEASED:
+        at["armed"] = True
+        if at["n"] == 0:
+            raise Interrupt  # as the CAS returns
+        at["events"] = 0
+        sys.setprofile(profiler)
+    return got
+
+
+seg_mod.Segment.cas_state = cas_state
+q = Queue(sys.argv[1], visibility_timeout=300)
+q.enqueue_many([{"i": i} for i in range(120)])
+for job in q.lease(120):
+    q.nack(job, error="again", delay=0)  # leased once: their next lease is the Python path's
+calls = {"lease_one": lambda: [q.lease_one()], "lease(3)": lambda: q.lease(3)}
+leased = 0
+for name, call in calls.items():
+    n = 0
+    while True:
+        at["n"], at["armed"] = n, False
+        try:
+            jobs = call()
+        except Interrupt:
+            jobs = None
+        finally:
+            sys.setprofile(None)
+            at["n"] = None
+        st = q.stats()
+        if jobs is not None:
+            assert jobs and all(j.attempts == 2 for j in jobs), (name, n, jobs)
+            for j in jobs:
+                q.ack(j)
+            leased += len(jobs)
+            if at["armed"]:
+                break
+            continue
+        assert st.leased == 0, (name, n, st)
+        n += 1
+    print(name, n, flush=True)
+rest = q.lease(1000)
+assert len(rest) == 120 - leased and all(j.attempts == 2 for j in rest), len(rest)
+print("all given back", flush=True)
+"""
+
+
+def test_a_lease_cut_short_in_its_python_claim_gives_the_job_back(tmp_path):
+    # The same for jobs leased one at a time in Python (given back or nacked before, so not
+    # plain): an exception as the lease's CAS returns, or at any later point before the lease
+    # returns the job, leaves it READY, its attempt not used.
+    out = run_injected(GENERAL_CUT_SHORT, str(tmp_path))
+    assert "all given back" in out, out
+    counts = dict(line.rsplit(" ", 1) for line in out.splitlines() if line[0] == "l")
+    assert int(counts["lease_one"]) > 3 and int(counts["lease(3)"]) > 3, out

@@ -543,9 +543,9 @@ class Index:
                     continue
                 got = claim(view, slot, w, now)
                 if got is not None:
+                    out.append(got)  # first: an exception from here gives it back from ``out``
                     lane.cursor += 1
                     self.served(lane.key, lane.prio, 1)
-                    out.append(got)
                 elif held_back.blocked(segseq, slot):
                     if self.one_key(lane.key):
                         # The limit holds back every job of the lane (one key): the lane waits
@@ -574,8 +574,8 @@ class Index:
                     continue
                 got = claim(view, slot, w, now)
                 if got is not None:
-                    self.served(lk, prio_s, 1)
                     out.append(got)
+                    self.served(lk, prio_s, 1)
 
     # -- finding jobs ---------------------------------------------------------------------------
 

@@ -220,26 +220,42 @@ class Leases:
         # lease whose claimer died between the two CAS (left untagged until CLAIM_GRACE passes:
         # see the reaper), which is why the tag follows the state CAS before anything else.
         tag = owner_pack(owner, lc, forksafe.pid())
-        if not seg.cas_state(slot, w, new)[0]:
-            self.gate.undo(ticket)
-            held.pop(key, None)
-            return None
-        seg.cas_owner(slot, seg.load_owner(slot), tag)
-        self.gate.bind(ticket, seg, slot, lc)
-        self.ring.ctl.lower_deadline_floor(seg.epoch_ms + rel_time(new))
-        self.ring.note_state(seg, slot, final=False)
-        if seg.load_state(slot) != new:
-            # Stalled past CLAIM_GRACE between the two CAS: the lease was reclaimed as orphaned.
-            held.pop(key, None)
-            self.gate.release(key)
-            return None
+        gated = False  # the limits gate settled: nothing of it for the clean-up below to undo
         try:
-            return snapshot.job_at(self.ring, seg, slot, new, just_leased=True)
-        except (CorruptionError, SerializationError) as exc:
-            held.pop(key, None)
-            self.gate.release(key)
-            self.ring.mark_bad(seg, slot, str(exc))
-            return None
+            if not seg.cas_state(slot, w, new)[0]:
+                gated = True
+                self.gate.undo(ticket)
+                held.pop(key, None)
+                return None
+            seg.cas_owner(slot, seg.load_owner(slot), tag)
+            self.gate.bind(ticket, seg, slot, lc)
+            gated = True
+            self.ring.ctl.lower_deadline_floor(seg.epoch_ms + rel_time(new))
+            self.ring.note_state(seg, slot, final=False)
+            if seg.load_state(slot) != new:
+                # Stalled past CLAIM_GRACE between the two CAS: reclaimed as orphaned.
+                held.pop(key, None)
+                self.gate.release(key)
+                return None
+            try:
+                return snapshot.job_at(self.ring, seg, slot, new, just_leased=True)
+            except (CorruptionError, SerializationError) as exc:
+                held.pop(key, None)
+                self.gate.release(key)
+                self.ring.mark_bad(seg, slot, str(exc))
+                return None
+        except BaseException:
+            # A signal's handler raised before the job reached the caller: nobody will see this
+            # lease, so it goes back READY, no attempt counted (only from the word written here),
+            # and what a limit admitted for it goes back too.
+            if not gated:
+                self.gate.undo(ticket)
+            touched: dict[int, Segment] = {}
+            if self._unused(seg, slot, new, int(view.avail[slot]), now_ms(), touched):
+                self.ring.note_returned(seg)
+            else:
+                held.pop(key, None)  # the CAS itself never happened (or the lease moved on)
+            raise
 
     def direct(self, vt: float, detach: bool) -> Direct:
         """What Index.take needs to lease plain jobs in one C call per run (ringq_take_run), for

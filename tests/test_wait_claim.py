@@ -479,12 +479,45 @@ def profiler(frame, event, arg):
         if at["events"] == at["n"]:
             sys.setprofile(None)
             raise Interrupt
+
+
+def cut_short(q, calls, total, attempts):
+    # Each call again and again, cut short at its n-th point from the one its script arms at
+    # (n from 0), until it returns having armed: every point before its return was tried.
+    # Cut short, it leaves nothing leased; every job it or the rest leases has ``attempts``.
+    leased = 0
+    for name, call in calls.items():
+        n = 0
+        while True:
+            at["n"], at["armed"] = n, False
+            try:
+                jobs = call()
+            except Interrupt:
+                jobs = None
+            finally:
+                sys.setprofile(None)
+                at["n"] = None
+            st = q.stats()
+            if jobs is not None:
+                assert jobs and all(j.attempts == attempts for j in jobs), (name, n, jobs)
+                for j in jobs:
+                    q.ack(j)
+                leased += len(jobs)
+                if at["armed"]:
+                    break
+                continue  # returned before the point that arms: the same n again
+            assert st.leased == 0, (name, n, st)
+            n += 1
+        print(name, n, flush=True)
+    rest = q.lease(1000)
+    assert len(rest) == total - leased and all(j.attempts == attempts for j in rest), len(rest)
+    print("all given back", flush=True)
 """
 
 
 def run_injected(code: str, *args: str) -> str:
-    """Run ``code`` (one of the scripts below, after :data:`INJECT`'s ``Interrupt``, ``at`` and
-    ``profiler``) in a real child process; its stdout, once it exited 0."""
+    """Run ``code`` (one of the scripts below, after :data:`INJECT`'s ``Interrupt``, ``at``,
+    ``profiler`` and ``cut_short``) in a real child process; its stdout, once it exited 0."""
     import sys
 
     from procs import child_env
@@ -728,35 +761,7 @@ index_mod.claim_run = claim_run
 q = Queue(sys.argv[1], visibility_timeout=30)
 q.enqueue_many([{"i": i} for i in range(400)])
 q.stats()  # the reader built and what it imports imported
-calls = {"lease_one": lambda: [q.lease_one()], "lease(5)": lambda: q.lease(5)}
-leased = 0
-for name, call in calls.items():
-    n = 0
-    while True:
-        at["n"], at["armed"] = n, False
-        try:
-            jobs = call()
-        except Interrupt:
-            jobs = None
-        finally:
-            sys.setprofile(None)
-            at["n"] = None
-        st = q.stats()
-        if jobs is not None:
-            assert jobs and all(j.attempts == 1 for j in jobs), (name, n, jobs)
-            for j in jobs:
-                q.ack(j)
-            leased += len(jobs)
-            if at["armed"]:
-                break  # returned after its run was leased: every point before the return was tried
-            continue  # leased without a run in C: the same point again
-        # Cut short: nothing it leased is left leased, and none of it used an attempt.
-        assert st.leased == 0, (name, n, st)
-        n += 1
-    print(name, n, flush=True)
-rest = q.lease(1000)
-assert len(rest) == 400 - leased and all(j.attempts == 1 for j in rest), len(rest)
-print("all given back", flush=True)
+cut_short(q, {"lease_one": lambda: [q.lease_one()], "lease(5)": lambda: q.lease(5)}, 400, 1)
 """
 
 
@@ -796,34 +801,7 @@ q = Queue(sys.argv[1], visibility_timeout=300)
 q.enqueue_many([{"i": i} for i in range(120)])
 for job in q.lease(120):
     q.nack(job, error="again", delay=0)  # leased once: their next lease is the Python path's
-calls = {"lease_one": lambda: [q.lease_one()], "lease(3)": lambda: q.lease(3)}
-leased = 0
-for name, call in calls.items():
-    n = 0
-    while True:
-        at["n"], at["armed"] = n, False
-        try:
-            jobs = call()
-        except Interrupt:
-            jobs = None
-        finally:
-            sys.setprofile(None)
-            at["n"] = None
-        st = q.stats()
-        if jobs is not None:
-            assert jobs and all(j.attempts == 2 for j in jobs), (name, n, jobs)
-            for j in jobs:
-                q.ack(j)
-            leased += len(jobs)
-            if at["armed"]:
-                break
-            continue
-        assert st.leased == 0, (name, n, st)
-        n += 1
-    print(name, n, flush=True)
-rest = q.lease(1000)
-assert len(rest) == 120 - leased and all(j.attempts == 2 for j in rest), len(rest)
-print("all given back", flush=True)
+cut_short(q, {"lease_one": lambda: [q.lease_one()], "lease(3)": lambda: q.lease(3)}, 120, 2)
 """
 
 

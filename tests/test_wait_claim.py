@@ -738,6 +738,14 @@ def test_a_job_a_waiting_thread_leases_equals_the_queues_own_snapshot(tmp_path, 
         assert q.stats().done == 2
 
 
+def assert_cut_short(out: str, *calls: str) -> None:
+    """What a script ending in ``cut_short`` printed: every call was cut short at more than three
+    points, and every job was given back."""
+    assert "all given back" in out, out
+    counts = dict(line.rsplit(" ", 1) for line in out.splitlines() if line.startswith(calls))
+    assert all(int(counts[c]) > 3 for c in calls), out
+
+
 TAKE_CUT_SHORT = """
 import sys
 from ringq import Queue
@@ -770,10 +778,7 @@ def test_a_lease_cut_short_by_an_exception_gives_back_every_job_it_took(tmp_path
     # runs handlers, jobs being due (no wait): the jobs a C call leased whose Job objects were not
     # made yet, and those made but not returned, go back READY at once with no attempt used,
     # rather than staying leased by a live process until their visibility timeout.
-    out = run_injected(TAKE_CUT_SHORT, str(tmp_path))
-    assert "all given back" in out, out
-    counts = dict(line.rsplit(" ", 1) for line in out.splitlines() if line[0] == "l")
-    assert int(counts["lease_one"]) > 3 and int(counts["lease(5)"]) > 3, out
+    assert_cut_short(run_injected(TAKE_CUT_SHORT, str(tmp_path)), "lease_one", "lease(5)")
 
 
 GENERAL_CUT_SHORT = """
@@ -809,7 +814,4 @@ def test_a_lease_cut_short_in_its_python_claim_gives_the_job_back(tmp_path):
     # The same for jobs leased one at a time in Python (given back or nacked before, so not
     # plain): an exception as the lease's CAS returns, or at any later point before the lease
     # returns the job, leaves it READY, its attempt not used.
-    out = run_injected(GENERAL_CUT_SHORT, str(tmp_path))
-    assert "all given back" in out, out
-    counts = dict(line.rsplit(" ", 1) for line in out.splitlines() if line[0] == "l")
-    assert int(counts["lease_one"]) > 3 and int(counts["lease(3)"]) > 3, out
+    assert_cut_short(run_injected(GENERAL_CUT_SHORT, str(tmp_path)), "lease_one", "lease(3)")

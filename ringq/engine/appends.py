@@ -113,26 +113,25 @@ class Appender:
         express = runs.express  # the module's: a test's recorder may stand in for it
         if express is None:
             return None
+        ring = self.ring
+        done = ring.dur.done_at_publish  # nothing left to do after the call: no ticket
         # The thread lock (its with-statement's entry and exit are C: no point between taking
         # and the block that releases it where a signal handler's exception could fall).
-        with self.ring.lock.thread_part as lock_fd:
+        with ring.lock.thread_part as lock_fd:
             seg = self._last
             if lock_fd < 0 or seg is None or seg.mm is None:
                 return None
             if seg is not self._planned:
                 self._aim(seg)
-            got = express(
-                self._plan_addr, payload, max_attempts, lock_fd, seg.seq, self.ring.identity
-            )
-            end = self._plan.end
+            got = express(self._plan_addr, payload, max_attempts, lock_fd, seg.seq, ring.identity)
+            end = 0 if done else self._plan.end  # the plan is the next caller's once unlocked
         if isinstance(got, int):
             if got:
                 native.check(got, f"write records to {seg.path}")
             return None
-        dur = self.ring.dur
-        if dur.done_at_publish:
+        if done:
             return got, None
-        return got, _one_call_ticket(seg.seq, got.record_position[1], end, dur.wake_at_publish)
+        return got, _one_call_ticket(seg.seq, got.record_position[1], end, ring.dur.wake_at_publish)
 
     def _aim(self, seg: Segment) -> None:
         """Point the express plan at ``seg``, the segment appended to last, with a scratch of at

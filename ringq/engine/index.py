@@ -382,7 +382,13 @@ class Index:
                     bound = (top[1], top[2] >> 32, top[2])
             got, run, nxt, why, pending = lease_run(view, lane, direct, bound, 1)
             if not got:
-                return None  # take() calls again from the same cursor, and decides
+                if why == RUN_END:
+                    # No READY job left in the lane: it leaves the heap as take() would drop it
+                    # after the same call, which need not be made twice.
+                    heapq.heappop(heap)
+                    lane.queued = False
+                    lane.cursor = nxt
+                return None  # take() decides (from the same cursor unless the lane ended)
             lane.cursor = nxt
             # One job leased: the call stopped at the lane's next READY job (RUN_FULL) or found none
             # (RUN_END).  A full lane stays under the key it was taken with, which ranks it too early,

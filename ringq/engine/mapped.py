@@ -206,7 +206,7 @@ class Watch:
     checked against its new size): a queue's watch is used and dropped under the queue's lock,
     under which its mappings are closed.  Not thread-safe on its own (the lock serialises it)."""
 
-    __slots__ = ("maps", "_w", "_n")
+    __slots__ = ("maps", "_w", "_n", "_from")
 
     def __init__(self, words: list[tuple[Mapped, int, int]]) -> None:
         self.maps = [m for m, _, _ in words]  # referenced for as long as the watch lives
@@ -215,12 +215,14 @@ class Watch:
         for i, (m, off, width) in enumerate(words):
             e = self._w[i]
             e.base, e.maplen, e.off, e.width = m.ptr, m.size, off, width
+        # A pointer to each word's entry: :meth:`same` makes none per call.
+        self._from = [self._w + i for i in range(self._n + 1)]
         self.reset()
 
     def same(self, first: int = 0) -> bool:
         """True if every word from the ``first``-th on reads as at the last reset (an acquire load
         each)."""
-        rc = lib.ringq_watch(self._w + first, self._n - first, 0)
+        rc = lib.ringq_watch(self._from[first], self._n - first, 0)
         if rc < 0:
             native.check(rc, self.maps[0].path)
         return rc == 1

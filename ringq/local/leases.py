@@ -366,12 +366,14 @@ class Leases:
                 direct.vt_ms,
                 direct.owner_base,
             )
+            if got is not None:
+                # As Waited._make builds one, with no Python frame.  The records the wait passed
+                # over need no note: the append of this job moved the tail, so the next look
+                # reads them in.
+                return tuple.__new__(Waited, (view, *got, token))
             reached = claim.wait_reached()
             if reached > candidate:
                 self._taken_to = (seg.seq, reached)
-            if got is not None:
-                # As Waited._make builds one, with no Python frame.
-                return tuple.__new__(Waited, (view, *got, token))
         except BaseException:
             # A signal's handler that raised as the C call returned: the lease it took was never
             # handed out, so it goes back as unclaim gives one back (no attempt counted).  The

@@ -94,9 +94,18 @@ def test_the_fan_out_parts_script_runs_and_prints_each_part(tmp_path):
     # The figures docs/benchmarks.md cites for the fan-out's critical path come from it as it is.
     script = os.path.join(ROOT, "benchmarks", "fanout_parts.py")
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    res = subprocess.run([sys.executable, script, "--jobs", "20", "--dir", str(tmp_path)],
+    res = subprocess.run([sys.executable, script, "--jobs", "20", "--consumers", "2",
+                          "--dir", str(tmp_path)],
                          capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "cold p50" in res.stdout and "hot p50" in res.stdout
-    assert "(20 jobs)" in res.stdout
+    assert "ringq: producer enqueue call: cold p50" in res.stdout and "hot p50" in res.stdout
+    assert "ringq: consumer: stamp -> job in hand" in res.stdout
+    assert "(20 jobs)" in res.stdout  # every job, whichever of the two consumers leased it
+    assert "ringq: CPU time of the consumer processes per job" in res.stdout
+    try:
+        import faster_fifo  # noqa: F401
+    except ImportError:
+        assert "faster-fifo: not installed" in res.stdout
+    else:
+        assert "faster-fifo: producer put call: cold p50" in res.stdout
     assert os.listdir(tmp_path) == []  # its scratch queues are removed

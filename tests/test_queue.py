@@ -3,6 +3,7 @@
 import math
 import os
 import random
+import threading
 
 import numpy as np
 import pytest
@@ -230,3 +231,30 @@ print("ok")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
                          text=True, timeout=120, env=child_env())
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr[-3000:]
+
+
+@pytest.mark.parametrize("wait", [None, 5.0])
+def test_a_lane_another_consumer_emptied_leases_the_jobs_appended_after(qdir, wait):
+    # This queue object's index holds a lane whose every job another consumer leased: its next
+    # lease finds the lane empty (and drops it), and jobs appended to the lane after that --
+    # before the lease, or while it waits -- are leased, in order, by the next ones.
+    a = Queue(qdir, name="q")
+    b = Queue(qdir, name="q")
+    try:
+        a.enqueue_many([{"i": i} for i in range(4)])
+        a.ack(a.lease_one())
+        assert [j.payload["i"] for j in b.lease(10)] == [1, 2, 3]
+        assert a.lease_one() is None
+        if wait is None:
+            b.enqueue_many([{"i": 4}, {"i": 5}])
+        else:
+            later = threading.Timer(0.2, lambda: b.enqueue_many([{"i": 4}, {"i": 5}]))
+            later.start()
+        first = a.lease_one(wait=wait)
+        second = a.lease_one(wait=wait)
+        assert first is not None and second is not None
+        assert (first.payload["i"], second.payload["i"]) == (4, 5)
+        assert a.lease_one() is None
+    finally:
+        a.close()
+        b.close()

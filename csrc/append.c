@@ -97,12 +97,25 @@ int ringq_append_publish(uint8_t *base, size_t maplen, const ringq_geom *g, cons
     return (int)n;
 }
 
-/* An append's wake-up: add 1 to the consumers' wake word (Control.wake's other news adds 2), then
- * wake every sleeper if any is registered.  The caller checked both words. */
-static void wake_consumers(uint8_t *ctl, size_t ctl_len, const ringq_ctl_words *w) {
+/* An append's wake-up for `n` new records: add 1 to the consumers' wake word (Control.wake's
+ * other news adds 2), then, if any consumer is registered asleep, wake one sleeper per record when
+ * every sleeper waits in ringq_wait_claim, which leases a new job itself or hands the look to its
+ * caller, and every sleeper otherwise (one waiting for the word alone may not lease at all, and
+ * the job must not wait for another sleeper's timeout).  A claim waiter registers in `waiters`
+ * before `claim_waiters` and leaves in the reverse order, and `waiters` is read first: the two
+ * counts agree only when every sleeper registered then waits to claim, or when claim waiters
+ * that registered after the bump above make up the difference -- and those read the word before
+ * their look, so they find it moved and look for the new records themselves.  The caller checked
+ * the words. */
+static void wake_consumers(uint8_t *ctl, size_t ctl_len, const ringq_ctl_words *w, uint32_t n) {
     atomic_fetch_add_explicit(A32(ctl, w->wake), 1u, memory_order_seq_cst);
-    if (atomic_load_explicit(A32(ctl, w->waiters), memory_order_acquire))
-        ringq_futex_wake(ctl, ctl_len, w->wake, INT_MAX);
+    uint32_t all = atomic_load_explicit(A32(ctl, w->waiters), memory_order_seq_cst);
+    if (!all) return;
+    int k = INT_MAX;
+    if (w->claim_waiters && n < (uint32_t)INT_MAX &&
+        atomic_load_explicit(A32(ctl, w->claim_waiters), memory_order_seq_cst) >= all)
+        k = n ? (int)n : 1;
+    ringq_futex_wake(ctl, ctl_len, w->wake, k);
 }
 
 static int pwrite_all(int fd, const uint8_t *buf, size_t len, uint64_t off, size_t *done) {
@@ -218,6 +231,7 @@ int ringq_append_fast(int lock_fd, uint8_t *ctl, size_t ctl_len, const ringq_ctl
     if (!rc) rc = word_check(ctl, ctl_len, w->lock_wake, 4);
     if (!rc && w->wake) rc = word_check(ctl, ctl_len, w->wake, 4);
     if (!rc && w->wake) rc = word_check(ctl, ctl_len, w->waiters, 4);
+    if (!rc && w->wake && w->claim_waiters) rc = word_check(ctl, ctl_len, w->claim_waiters, 4);
     if (rc) return rc;
     /* The slots the batch takes: it must fit the scratch whole (else the general way). */
     uint64_t need = 0;
@@ -248,7 +262,7 @@ int ringq_append_fast(int lock_fd, uint8_t *ctl, size_t ctl_len, const ringq_ctl
         /* The reserve checked the batch fits and the scratch holds it: all of it is written. */
         if (rc >= 0 && (uint32_t)rc != n) rc = RINGQ_EINVAL;
         /* Published: sleepers hear of it now, not after the unlock (they need no writer lock). */
-        if (rc > 0 && w->wake) wake_consumers(ctl, ctl_len, w);
+        if (rc > 0 && w->wake) wake_consumers(ctl, ctl_len, w, (uint32_t)rc);
     } else if (rc == 1) {
         rc = 0;
     }
@@ -286,6 +300,7 @@ int ringq_append_sync(uint8_t *base, size_t maplen, const ringq_geom *g, int fd,
         rc = word_check(ctl, ctl_len, sync_count_off, 8);
         if (!rc && w->wake) rc = word_check(ctl, ctl_len, w->wake, 4);
         if (!rc && w->wake) rc = word_check(ctl, ctl_len, w->waiters, 4);
+        if (!rc && w->wake && w->claim_waiters) rc = word_check(ctl, ctl_len, w->claim_waiters, 4);
         if (rc) return rc;
     }
     if (hi > lo) {
@@ -300,6 +315,6 @@ int ringq_append_sync(uint8_t *base, size_t maplen, const ringq_geom *g, int fd,
     }
     if (!ctl) return 0;
     atomic_fetch_add_explicit(A64(ctl, sync_count_off), 1u, memory_order_relaxed);
-    if (w->wake) wake_consumers(ctl, ctl_len, w);
+    if (w->wake) wake_consumers(ctl, ctl_len, w, hi - lo); /* at least one per record */
     return 0;
 }

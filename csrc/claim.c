@@ -264,6 +264,7 @@ int ringq_wait_claim(uint8_t *ctl, size_t ctl_len, uint8_t *base, size_t maplen,
         (rc = word_check(ctl, ctl_len, a->change_off, 8)) || (rc = word_check(base, maplen, RINGQ_SEG_OFF_TAIL, 4)))
         return rc;
     if (a->tail_seg_off && (rc = word_check(ctl, ctl_len, a->tail_seg_off, 8))) return rc;
+    if (a->claim_waiters_off && (rc = word_check(ctl, ctl_len, a->claim_waiters_off, 4))) return rc;
     if (a->floor_off) { /* checked first: nothing is leased when the floor could not be lowered */
         if (a->floor_gen_bits < 1 || a->floor_gen_bits > 63) return RINGQ_EINVAL;
         if ((rc = word_check(ctl, ctl_len, a->floor_off, 8))) return rc;
@@ -289,8 +290,12 @@ int ringq_wait_claim(uint8_t *ctl, size_t ctl_len, uint8_t *base, size_t maplen,
         if (rc == 1) { /* the spin ran out (or there was none): sleep on the futex, as a registered waiter */
             if (left <= 0) return 0;
             int64_t t0 = mono_ns();
+            /* In waiters first and out of it last: an append never counts more sleepers that
+             * wait here than are asleep in all (wake_consumers, csrc/append.c). */
             atomic_fetch_add(A32(ctl, a->waiters_off), 1);
+            if (a->claim_waiters_off) atomic_fetch_add(A32(ctl, a->claim_waiters_off), 1);
             rc = ringq_futex_wait(ctl, ctl_len, a->wake_off, seen, left);
+            if (a->claim_waiters_off) atomic_fetch_sub(A32(ctl, a->claim_waiters_off), 1);
             atomic_fetch_sub(A32(ctl, a->waiters_off), 1);
             left -= mono_ns() - t0;
             if (rc == 1) return 0;                 /* timed out */

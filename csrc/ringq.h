@@ -241,6 +241,8 @@ typedef struct {
     size_t lock_wake;    /* u32: futex word those writers sleep on */
     size_t wake;         /* u32: consumers' futex word (0: the caller wakes them itself) */
     size_t waiters;      /* u32: consumers asleep on it */
+    size_t claim_waiters; /* u32: those of them asleep in ringq_wait_claim (0: not counted, and
+                           * an append wakes every sleeper) */
 } ringq_ctl_words;
 
 /* ---- leases and acks in one call each (csrc/claim.c) --------------------------------------------- */
@@ -346,6 +348,8 @@ typedef struct {
     uint32_t floor_gen_bits; /* its generation bits, 1..63 when floor_off is set */
     size_t tail_seg_off;  /* u64 seq of the segment appends go to (control page): the wait sleeps
                              on only while it is this segment's (g->seg_seq); 0: never sleeps on */
+    size_t claim_waiters_off; /* u32 count of the sleepers that wait here (control page), counted
+                                 besides waiters_off; 0: not counted */
 } ringq_wait_args;
 
 /* Wait for work (spin, then futex as Control.sleep does), then, if the only news is new records

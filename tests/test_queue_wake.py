@@ -3,7 +3,10 @@
 import threading
 import time
 
+import pytest
+
 from ringq import Queue
+from ringq.engine import reaper
 
 
 def test_token_moves_on_enqueue_and_on_return_to_ready(qdir):
@@ -67,3 +70,82 @@ def test_a_due_job_the_caller_did_not_lease_does_not_make_the_wait_spin(qdir):
         t = time.monotonic()
         q.wait_for_wake(q.wake_token(), 0.2)
         assert time.monotonic() - t >= 0.15
+
+
+def _long_naps(monkeypatch):
+    """A lease asleep in ``wait=`` looks again only when woken or at its own timeout (the reaper's
+    rounds pinned long): a job whose wake-up reached no sleeper would wait seconds for one."""
+    monkeypatch.setattr(reaper, "REAP_INTERVAL", 60.0)
+    monkeypatch.setattr(reaper.Reaper, "interval", 60.0)
+
+
+def _tail_read_in(q: Queue, producer: Queue) -> None:
+    """A job enqueued and done, so that ``q`` has read in the segment appends go to: its leases
+    then sleep in the call that leases a new job itself (a queue with no segment yet, or whose
+    reader has not read the tail's, sleeps on the wake word alone)."""
+    producer.enqueue({"i": -1})
+    q.ack(q.lease_one())
+
+
+@pytest.mark.parametrize("durability", ["none", "msync"])
+def test_every_job_appended_reaches_one_of_the_leases_asleep_for_it(qdir, monkeypatch, durability):
+    # All the sleepers wait in the lease's own call, so an append wakes one of them per job: one
+    # at a time, then a batch of three, each job leased as it comes, none left for a timeout.
+    _long_naps(monkeypatch)
+    with Queue(qdir, durability=durability) as q, Queue(qdir, durability=durability) as producer:
+        _tail_read_in(q, producer)
+        got: list[tuple[int, float]] = []
+
+        def consume() -> None:
+            job = q.lease_one(wait=30)
+            if job is not None:
+                got.append((job.payload["i"], time.monotonic()))
+                q.ack(job)
+
+        threads = [threading.Thread(target=consume) for _ in range(5)]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)  # all five asleep
+        sent = {}
+        for i in range(2):
+            sent[i] = time.monotonic()
+            producer.enqueue({"i": i})
+            time.sleep(0.1)
+        sent.update(dict.fromkeys((2, 3, 4), time.monotonic()))
+        producer.enqueue_many([{"i": 2}, {"i": 3}, {"i": 4}])
+        for t in threads:
+            t.join(40)
+        assert sorted(i for i, _ in got) == [0, 1, 2, 3, 4]
+        late = [(i, round(at - sent[i], 2)) for i, at in got if at - sent[i] > 10]
+        assert late == []  # leased at once (a missed wake-up: after the 30 s wait)
+
+
+def test_an_append_wakes_a_wait_for_wake_asleep_behind_sleeping_leases(qdir, monkeypatch):
+    # A thread that waits for the wake word alone (as ringq.aio does) may not lease what it was
+    # woken for, so while one sleeps, every append wakes every sleeper -- also when it went to
+    # sleep after the leases did and one wake-up per job would have gone to one of them.
+    _long_naps(monkeypatch)
+    with Queue(qdir, durability="none") as q, Queue(qdir, durability="none") as producer:
+        _tail_read_in(q, producer)
+        leased: list[object] = []
+        leases = [
+            threading.Thread(target=lambda: leased.append(q.lease_one(wait=30))) for _ in range(2)
+        ]
+        for t in leases:
+            t.start()
+        time.sleep(0.3)
+        token = q.wake_token()
+        woke: list[float] = []
+        waiter = threading.Thread(
+            target=lambda: (q.wait_for_wake(token, 30), woke.append(time.monotonic()))
+        )
+        waiter.start()
+        time.sleep(0.3)
+        at = time.monotonic()
+        producer.enqueue({"i": 0})
+        waiter.join(40)
+        assert woke and woke[0] - at < 10  # woken by the append, not by its 30 s timeout
+        producer.enqueue({"i": 1})  # for the other lease
+        for t in leases:
+            t.join(40)
+        assert sorted(j.payload["i"] for j in leased if j is not None) == [0, 1]

@@ -16,7 +16,15 @@ from ringq.codec import KEYED
 from ringq.job import Job
 
 from . import native, runs
-from .control import OFF_CTL_CHANGE, OFF_MIN_DEADLINE, OFF_TAIL_SEG, OFF_WAITERS, OFF_WAKE, Control
+from .control import (
+    OFF_CLAIM_WAITERS,
+    OFF_CTL_CHANGE,
+    OFF_MIN_DEADLINE,
+    OFF_TAIL_SEG,
+    OFF_WAITERS,
+    OFF_WAKE,
+    Control,
+)
 from .native import CData, ffi, lib
 from .records import CLAIMED
 from .segment import Segment
@@ -75,6 +83,7 @@ class _Buffers(threading.local):
                 "floor_off": OFF_MIN_DEADLINE,
                 "floor_gen_bits": Control.FLOOR_GEN_BITS,
                 "tail_seg_off": OFF_TAIL_SEG,
+                "claim_waiters_off": OFF_CLAIM_WAITERS,
             },
         )
         self.out = ffi.new("ringq_claim_out *")

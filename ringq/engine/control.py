@@ -46,6 +46,9 @@ OFF_SYNC_COUNT = (
 OFF_SYNC_GEN = 208  # u32: futex word; a group-commit leader bumps it after raising OFF_SYNCED
 OFF_LOCK_WAKE = 212  # u32: futex word; a writer releasing the lock bumps it if writers wait
 OFF_LOCK_WAITERS = 216  # u32: writers waiting for the writer lock (registered before they retry)
+# u32: those of OFF_WAITERS asleep in ringq_wait_claim: while they are all of them, an append
+# wakes one sleeper per record, not every one (csrc/append.c, wake_consumers).
+OFF_CLAIM_WAITERS = 220
 # Cumulative counters since the queue was created (statistics only; never used for a decision).
 OFF_ENQUEUED_TOTAL = 224  # u64: jobs enqueued (requeues and relocation copies are not counted)
 OFF_ACKED_TOTAL = 232  # u64: leases acked (LEASED -> DONE)
@@ -67,7 +70,10 @@ _WORDS = {
     "lock_wake": OFF_LOCK_WAKE,
 }
 CTL_WORDS = ffi.new("ringq_ctl_words *", _WORDS)
-CTL_WORDS_WAKE = ffi.new("ringq_ctl_words *", {**_WORDS, "wake": OFF_WAKE, "waiters": OFF_WAITERS})
+CTL_WORDS_WAKE = ffi.new(
+    "ringq_ctl_words *",
+    {**_WORDS, "wake": OFF_WAKE, "waiters": OFF_WAITERS, "claim_waiters": OFF_CLAIM_WAITERS},
+)
 
 
 class Control(Mapped):

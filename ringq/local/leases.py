@@ -382,6 +382,10 @@ class Leases:
                 got = claim.pending_claim()
             if got is not None:
                 self.unclaim(tuple.__new__(Waited, (view, *got, token)), direct)
+            else:
+                # The wake-up this wait took may have been an append's, which wakes one sleeper
+                # per job when all of them wait here: the others look instead of this one.
+                ctl.wake()
             claiming.pop(token, None)
             raise
         claiming.pop(token, None)

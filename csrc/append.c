@@ -105,15 +105,17 @@ int ringq_append_publish(uint8_t *base, size_t maplen, const ringq_geom *g, cons
  * before `claim_waiters` and leaves in the reverse order, and `waiters` is read first: the two
  * counts agree only when every sleeper registered then waits to claim, or when claim waiters
  * that registered after the bump above make up the difference -- and those read the word before
- * their look, so they find it moved and look for the new records themselves.  The caller checked
- * the words. */
+ * their look, so they find it moved and look for the new records themselves.  Equal, not at
+ * least: counts left wrong by a sleeper killed while registered, or by a control page rebuilt
+ * under sleepers, never make an append wake fewer than it should, at worst everyone.  The
+ * caller checked the words. */
 static void wake_consumers(uint8_t *ctl, size_t ctl_len, const ringq_ctl_words *w, uint32_t n) {
     atomic_fetch_add_explicit(A32(ctl, w->wake), 1u, memory_order_seq_cst);
     uint32_t all = atomic_load_explicit(A32(ctl, w->waiters), memory_order_seq_cst);
     if (!all) return;
     int k = INT_MAX;
     if (w->claim_waiters && n < (uint32_t)INT_MAX &&
-        atomic_load_explicit(A32(ctl, w->claim_waiters), memory_order_seq_cst) >= all)
+        atomic_load_explicit(A32(ctl, w->claim_waiters), memory_order_seq_cst) == all)
         k = n ? (int)n : 1;
     ringq_futex_wake(ctl, ctl_len, w->wake, k);
 }

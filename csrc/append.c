@@ -100,22 +100,17 @@ int ringq_append_publish(uint8_t *base, size_t maplen, const ringq_geom *g, cons
 /* An append's wake-up for `n` new records: add 1 to the consumers' wake word (Control.wake's
  * other news adds 2), then, if any consumer is registered asleep, wake one sleeper per record when
  * every sleeper waits in ringq_wait_claim, which leases a new job itself or hands the look to its
- * caller, and every sleeper otherwise (one waiting for the word alone may not lease at all, and
- * the job must not wait for another sleeper's timeout).  A claim waiter registers in `waiters`
- * before `claim_waiters` and leaves in the reverse order, and `waiters` is read first: the two
- * counts agree only when every sleeper registered then waits to claim, or when claim waiters
- * that registered after the bump above make up the difference -- and those read the word before
- * their look, so they find it moved and look for the new records themselves.  Equal, not at
- * least: counts left wrong by a sleeper killed while registered, or by a control page rebuilt
- * under sleepers, never make an append wake fewer than it should, at worst everyone.  The
- * caller checked the words. */
+ * caller (and then wakes every sleeper, if what it found needs them all), and every sleeper
+ * otherwise: one waiting for the word alone may lease nothing, and the job must not wait for
+ * another sleeper's timeout.  One load of the waiters word tells both counts (RINGQ_CLAIM_WAITER);
+ * counts left wrong -- by a sleeper killed while registered, or a control page rebuilt under
+ * sleepers -- never make them agree where they should not.  The caller checked the words. */
 static void wake_consumers(uint8_t *ctl, size_t ctl_len, const ringq_ctl_words *w, uint32_t n) {
     atomic_fetch_add_explicit(A32(ctl, w->wake), 1u, memory_order_seq_cst);
-    uint32_t all = atomic_load_explicit(A32(ctl, w->waiters), memory_order_seq_cst);
-    if (!all) return;
+    uint32_t v = atomic_load_explicit(A32(ctl, w->waiters), memory_order_seq_cst);
+    if (!v) return;
     int k = INT_MAX;
-    if (w->claim_waiters && n < (uint32_t)INT_MAX &&
-        atomic_load_explicit(A32(ctl, w->claim_waiters), memory_order_seq_cst) == all)
+    if ((v & (RINGQ_CLAIM_WAITER - 1u)) == v / RINGQ_CLAIM_WAITER && n < (uint32_t)INT_MAX)
         k = n ? (int)n : 1;
     ringq_futex_wake(ctl, ctl_len, w->wake, k);
 }
@@ -233,7 +228,6 @@ int ringq_append_fast(int lock_fd, uint8_t *ctl, size_t ctl_len, const ringq_ctl
     if (!rc) rc = word_check(ctl, ctl_len, w->lock_wake, 4);
     if (!rc && w->wake) rc = word_check(ctl, ctl_len, w->wake, 4);
     if (!rc && w->wake) rc = word_check(ctl, ctl_len, w->waiters, 4);
-    if (!rc && w->wake && w->claim_waiters) rc = word_check(ctl, ctl_len, w->claim_waiters, 4);
     if (rc) return rc;
     /* The slots the batch takes: it must fit the scratch whole (else the general way). */
     uint64_t need = 0;
@@ -302,8 +296,7 @@ int ringq_append_sync(uint8_t *base, size_t maplen, const ringq_geom *g, int fd,
         rc = word_check(ctl, ctl_len, sync_count_off, 8);
         if (!rc && w->wake) rc = word_check(ctl, ctl_len, w->wake, 4);
         if (!rc && w->wake) rc = word_check(ctl, ctl_len, w->waiters, 4);
-        if (!rc && w->wake && w->claim_waiters) rc = word_check(ctl, ctl_len, w->claim_waiters, 4);
-        if (rc) return rc;
+            if (rc) return rc;
     }
     if (hi > lo) {
         if (fd >= 0) {

@@ -10,6 +10,7 @@
 #include "ringq_internal.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <time.h>
 
 #define STATE_OF(w) ((uint32_t)((w) & 7u))
@@ -264,7 +265,6 @@ int ringq_wait_claim(uint8_t *ctl, size_t ctl_len, uint8_t *base, size_t maplen,
         (rc = word_check(ctl, ctl_len, a->change_off, 8)) || (rc = word_check(base, maplen, RINGQ_SEG_OFF_TAIL, 4)))
         return rc;
     if (a->tail_seg_off && (rc = word_check(ctl, ctl_len, a->tail_seg_off, 8))) return rc;
-    if (a->claim_waiters_off && (rc = word_check(ctl, ctl_len, a->claim_waiters_off, 4))) return rc;
     if (a->floor_off) { /* checked first: nothing is leased when the floor could not be lowered */
         if (a->floor_gen_bits < 1 || a->floor_gen_bits > 63) return RINGQ_EINVAL;
         if ((rc = word_check(ctl, ctl_len, a->floor_off, 8))) return rc;
@@ -290,13 +290,10 @@ int ringq_wait_claim(uint8_t *ctl, size_t ctl_len, uint8_t *base, size_t maplen,
         if (rc == 1) { /* the spin ran out (or there was none): sleep on the futex, as a registered waiter */
             if (left <= 0) return 0;
             int64_t t0 = mono_ns();
-            /* In waiters first and out of it last: an append never counts more sleepers that
-             * wait here than are asleep in all (wake_consumers, csrc/append.c). */
-            atomic_fetch_add(A32(ctl, a->waiters_off), 1);
-            if (a->claim_waiters_off) atomic_fetch_add(A32(ctl, a->claim_waiters_off), 1);
+            /* Counted as a sleeper and as one that waits to claim, in one word (ringq.h). */
+            atomic_fetch_add(A32(ctl, a->waiters_off), 1u + RINGQ_CLAIM_WAITER);
             rc = ringq_futex_wait(ctl, ctl_len, a->wake_off, seen, left);
-            if (a->claim_waiters_off) atomic_fetch_sub(A32(ctl, a->claim_waiters_off), 1);
-            atomic_fetch_sub(A32(ctl, a->waiters_off), 1);
+            atomic_fetch_sub(A32(ctl, a->waiters_off), 1u + RINGQ_CLAIM_WAITER);
             left -= mono_ns() - t0;
             if (rc == 1) return 0;                 /* timed out */
             if (rc == -EINTR) {
@@ -320,11 +317,11 @@ int ringq_wait_claim(uint8_t *ctl, size_t ctl_len, uint8_t *base, size_t maplen,
         uint32_t s = from, n = 0;
         int found = 0;
         while (s < tail) {
-            if (++n > RINGQ_WAIT_FEW) return 0;
-            if (check_record(base, g, s, found ? &info : &first) != 0) return 0;
+            if (++n > RINGQ_WAIT_FEW) goto pass_on;
+            if (check_record(base, g, s, found ? &info : &first) != 0) goto pass_on;
             const ringq_rec_info *r = found ? &info : &first;
-            if (r->span > tail - s) return 0;
-            if (found && info.priority > first.priority) return 0;
+            if (r->span > tail - s) goto pass_on;
+            if (found && info.priority > first.priority) goto pass_on;
             if (!found) {
                 w = atomic_load_explicit(A64(base, g->state_off + (size_t)s * RINGQ_STATE_ENTRY),
                                          memory_order_acquire);
@@ -336,14 +333,14 @@ int ringq_wait_claim(uint8_t *ctl, size_t ctl_len, uint8_t *base, size_t maplen,
         if (found) {
             if (first.kind != 1 || first.attempts_before != 0 || first.supersedes != 0 ||
                 first.available_ms > first.enqueued_us / 1000)
-                return 0;
+                goto pass_on;
             int64_t now_rel = realtime_ms() - a->epoch_ms;
             if (now_rel < 0) now_rel = 0;
             deadline = (uint64_t)now_rel + a->vt_ms;
             sw = A64(base, g->state_off + (size_t)first.slot * RINGQ_STATE_ENTRY);
             w = atomic_load_explicit(sw, memory_order_acquire);
             if (STATE_OF(w) == RINGQ_ST_READY) {
-                if (LC_OF(w) != 0 || TIME_OF(w) > (uint64_t)now_rel || (w & RINGQ_W_CANCEL)) return 0;
+                if (LC_OF(w) != 0 || TIME_OF(w) > (uint64_t)now_rel || (w & RINGQ_W_CANCEL)) goto pass_on;
                 leased = word_of(RINGQ_ST_LEASED, WHY_BITS(w), 1, deadline);
                 if (atomic_compare_exchange_strong(sw, &w, leased)) break;
             }
@@ -372,5 +369,15 @@ int ringq_wait_claim(uint8_t *ctl, size_t ctl_len, uint8_t *base, size_t maplen,
     out->word = leased;
     out->prev = w;
     if (rec) report_claimed(rec, &first, first.slot, leased);
+    return 0;
+pass_on:
+    /* New records this wait does not lease itself (a delayed or retried job, a batch, a record
+     * that needs the caller's judgement): its caller looks, and so does every other sleeper.  An
+     * append wakes one sleeper per record while all of them wait here (wake_consumers,
+     * csrc/append.c), and what this one learns here -- a job due later, say -- the others must
+     * learn too: this caller may stop waiting before it is due.  The word is not moved: a sleeper
+     * woken by this alone and finding nothing new looks once and sleeps again. */
+    if (atomic_load_explicit(A32(ctl, a->waiters_off), memory_order_acquire))
+        ringq_futex_wake(ctl, ctl_len, a->wake_off, INT_MAX);
     return 0;
 }

@@ -240,10 +240,12 @@ typedef struct {
     size_t lock_waiters; /* u32: writers waiting for the writer lock */
     size_t lock_wake;    /* u32: futex word those writers sleep on */
     size_t wake;         /* u32: consumers' futex word (0: the caller wakes them itself) */
-    size_t waiters;      /* u32: consumers asleep on it */
-    size_t claim_waiters; /* u32: those of them asleep in ringq_wait_claim (0: not counted, and
-                           * an append wakes every sleeper) */
+    size_t waiters;      /* u32: consumers asleep on it (RINGQ_CLAIM_WAITER) */
 } ringq_ctl_words;
+/* The waiters word counts every sleeper in its low 16 bits (each adds 1) and, in its high 16,
+ * those asleep in ringq_wait_claim (each adds 1 + RINGQ_CLAIM_WAITER): one load tells an append
+ * whether every sleeper waits to claim, and it then wakes one per record (csrc/append.c). */
+#define RINGQ_CLAIM_WAITER (1u << 16)
 
 /* ---- leases and acks in one call each (csrc/claim.c) --------------------------------------------- */
 /* What ringq_claim_next did (out->status) and what it saw. */
@@ -333,7 +335,7 @@ int ringq_claim_run(uint8_t *base, size_t maplen, const ringq_geom *g, const uin
  * tail segment's position as the caller last saw them. */
 typedef struct {
     size_t wake_off;      /* u32 futex word producers bump (control page) */
-    size_t waiters_off;   /* u32 count of sleepers on it */
+    size_t waiters_off;   /* u32 count of sleepers on it (RINGQ_CLAIM_WAITER) */
     size_t change_off;    /* u64 bumped whenever a job returns to READY */
     uint32_t wake_seen;   /* the wake word read before the caller looked for work */
     uint32_t from_slot;   /* slots of the tail segment the caller has read: new records start here */
@@ -348,8 +350,6 @@ typedef struct {
     uint32_t floor_gen_bits; /* its generation bits, 1..63 when floor_off is set */
     size_t tail_seg_off;  /* u64 seq of the segment appends go to (control page): the wait sleeps
                              on only while it is this segment's (g->seg_seq); 0: never sleeps on */
-    size_t claim_waiters_off; /* u32 count of the sleepers that wait here (control page), counted
-                                 besides waiters_off; 0: not counted */
 } ringq_wait_args;
 
 /* Wait for work (spin, then futex as Control.sleep does), then, if the only news is new records

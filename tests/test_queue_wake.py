@@ -149,3 +149,39 @@ def test_an_append_wakes_a_wait_for_wake_asleep_behind_sleeping_leases(qdir, mon
         for t in leases:
             t.join(40)
         assert sorted(j.payload["i"] for j in leased if j is not None) == [0, 1]
+
+
+def test_a_delayed_job_is_leased_when_due_after_the_sleeper_woken_for_it_stopped_waiting(
+    qdir, monkeypatch
+):
+    # The sleeper woken by the append of a delayed job is the one asleep longest, A; its wait
+    # ends before the job is due.  The others, asleep for long, must have learnt of the job too,
+    # and one of them leases it when it is due, not at its own timeout.
+    _long_naps(monkeypatch)
+    with Queue(qdir, durability="none") as q, Queue(qdir, durability="none") as producer:
+        _tail_read_in(q, producer)
+        got: dict[str, tuple[object, float]] = {}
+
+        def consume(name: str, wait: float) -> None:
+            job = q.lease_one(wait=wait)
+            got[name] = (None if job is None else job.payload, time.monotonic())
+
+        threads = []
+        for name, wait in (("A", 1.0), ("B", 30.0), ("C", 30.0)):
+            threads.append(threading.Thread(target=consume, args=(name, wait)))
+            threads[-1].start()
+            time.sleep(0.2)  # A asleep first: the first a wake-up of one sleeper reaches
+        at = time.monotonic()
+        producer.enqueue("later", delay=1.0)
+        threads[0].join(10)
+        assert got["A"][0] is None  # A's wait ended before the job was due
+        deadline = time.monotonic() + 10
+        while not any(v[0] == "later" for v in got.values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        leased = [v for v in got.values() if v[0] == "later"]
+        assert leased and 0.9 < leased[0][1] - at < 5  # when due (a slept-through one: at 30 s)
+        assert got["A"][1] - at < 0.9  # A had stopped waiting before the job was due
+        q.wake()
+        producer.enqueue("other")  # for the sleeper still waiting
+        for t in threads:
+            t.join(40)

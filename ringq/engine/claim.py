@@ -17,7 +17,6 @@ from ringq.job import Job
 
 from . import native, runs
 from .control import (
-    OFF_CLAIM_WAITERS,
     OFF_CTL_CHANGE,
     OFF_MIN_DEADLINE,
     OFF_TAIL_SEG,
@@ -83,7 +82,6 @@ class _Buffers(threading.local):
                 "floor_off": OFF_MIN_DEADLINE,
                 "floor_gen_bits": Control.FLOOR_GEN_BITS,
                 "tail_seg_off": OFF_TAIL_SEG,
-                "claim_waiters_off": OFF_CLAIM_WAITERS,
             },
         )
         self.out = ffi.new("ringq_claim_out *")

@@ -33,7 +33,10 @@ OFF_NEXT_SEQ = 64  # u64: next job seq to assign (reserved before records are wr
 OFF_TAIL_SEG = 72  # u64: seq of the segment appends go to
 OFF_RING_GEN = 80  # u64: bumped on every rotation and retirement
 OFF_WAKE = 88  # u32: futex word; producers bump it and wake sleepers
-OFF_WAITERS = 92  # u32: number of consumers asleep on OFF_WAKE
+# u32: consumers asleep on OFF_WAKE: each adds 1, and one asleep in ringq_wait_claim adds
+# WAITER_CLAIMS more (the high 16 bits count those: csrc/ringq.h, RINGQ_CLAIM_WAITER).
+OFF_WAITERS = 92
+WAITER_CLAIMS = 1 << 16
 OFF_CTL_CHANGE = 96  # u64: bumped whenever any job returns to READY (hint to rescan)
 OFF_BOOT = (
     104  # 16 bytes: the kernel boot id of the boot in which recovery last ran (zero: unknown)
@@ -46,9 +49,6 @@ OFF_SYNC_COUNT = (
 OFF_SYNC_GEN = 208  # u32: futex word; a group-commit leader bumps it after raising OFF_SYNCED
 OFF_LOCK_WAKE = 212  # u32: futex word; a writer releasing the lock bumps it if writers wait
 OFF_LOCK_WAITERS = 216  # u32: writers waiting for the writer lock (registered before they retry)
-# u32: those of OFF_WAITERS asleep in ringq_wait_claim: while they are all of them, an append
-# wakes one sleeper per record, not every one (csrc/append.c, wake_consumers).
-OFF_CLAIM_WAITERS = 220
 # Cumulative counters since the queue was created (statistics only; never used for a decision).
 OFF_ENQUEUED_TOTAL = 224  # u64: jobs enqueued (requeues and relocation copies are not counted)
 OFF_ACKED_TOTAL = 232  # u64: leases acked (LEASED -> DONE)
@@ -70,10 +70,7 @@ _WORDS = {
     "lock_wake": OFF_LOCK_WAKE,
 }
 CTL_WORDS = ffi.new("ringq_ctl_words *", _WORDS)
-CTL_WORDS_WAKE = ffi.new(
-    "ringq_ctl_words *",
-    {**_WORDS, "wake": OFF_WAKE, "waiters": OFF_WAITERS, "claim_waiters": OFF_CLAIM_WAITERS},
-)
+CTL_WORDS_WAKE = ffi.new("ringq_ctl_words *", {**_WORDS, "wake": OFF_WAKE, "waiters": OFF_WAITERS})
 
 
 class Control(Mapped):
@@ -168,6 +165,10 @@ class Control(Mapped):
         self.add32(OFF_WAKE, 1 if appended else 2)
         if self.load32(OFF_WAITERS):
             self.futex_wake(OFF_WAKE)
+
+    def sleepers(self) -> int:
+        """How many consumers are asleep on the wake word now (in every process)."""
+        return self.load32(OFF_WAITERS) % WAITER_CLAIMS
 
     def wake_word(self) -> int:
         return self.load32(OFF_WAKE)

@@ -32,7 +32,6 @@ from .control import (
     OFF_RING_GEN,
     OFF_SYNC_COUNT,
     OFF_TAIL_SEG,
-    OFF_WAITERS,
     OFF_WAKE,
     Control,
 )
@@ -214,7 +213,7 @@ def _control(path: str, report: QueueFiles) -> None:
             "tail_segment": ctl.load64(OFF_TAIL_SEG),
             "ring_gen": ctl.load64(OFF_RING_GEN),
             "wake": ctl.load32(OFF_WAKE),
-            "waiters": ctl.load32(OFF_WAITERS),
+            "waiters": ctl.sleepers(),
             "change": ctl.load64(OFF_CTL_CHANGE),
             "sync_count": ctl.load64(OFF_SYNC_COUNT),
         }

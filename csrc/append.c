@@ -296,7 +296,7 @@ int ringq_append_sync(uint8_t *base, size_t maplen, const ringq_geom *g, int fd,
         rc = word_check(ctl, ctl_len, sync_count_off, 8);
         if (!rc && w->wake) rc = word_check(ctl, ctl_len, w->wake, 4);
         if (!rc && w->wake) rc = word_check(ctl, ctl_len, w->waiters, 4);
-            if (rc) return rc;
+        if (rc) return rc;
     }
     if (hi > lo) {
         if (fd >= 0) {

@@ -344,7 +344,7 @@ int ringq_wait_claim(uint8_t *ctl, size_t ctl_len, uint8_t *base, size_t maplen,
                 leased = word_of(RINGQ_ST_LEASED, WHY_BITS(w), 1, deadline);
                 if (atomic_compare_exchange_strong(sw, &w, leased)) break;
             }
-            return 0; /* changed meanwhile: the caller looks */
+            goto pass_on; /* changed meanwhile: the caller looks, and so do the others */
         }
         /* Every new record taken, and one wake-up since `seen`: an append's (other news wakes
          * with a step of 2, Control.wake), whose job another consumer leased first -- a wake-up
@@ -372,7 +372,8 @@ int ringq_wait_claim(uint8_t *ctl, size_t ctl_len, uint8_t *base, size_t maplen,
     return 0;
 pass_on:
     /* New records this wait does not lease itself (a delayed or retried job, a batch, a record
-     * that needs the caller's judgement): its caller looks, and so does every other sleeper.  An
+     * that needs the caller's judgement, a job another consumer leased first while a later
+     * record may wait): its caller looks, and so does every other sleeper.  An
      * append wakes one sleeper per record while all of them wait here (wake_consumers,
      * csrc/append.c), and what this one learns here -- a job due later, say -- the others must
      * learn too: this caller may stop waiting before it is due.  The word is not moved: a sleeper

@@ -43,51 +43,52 @@ _getcpu = ctypes.CDLL(None).sched_getcpu  # the vCPU the calling thread runs on
 WARM = 3  # each consumer's first jobs, not counted: its first wake-ups run on cold caches
 
 
-def _ringq_consumer(path: str, ready: Any, out: Any) -> None:
-    q = Queue(path, durability="none")
-    q.lease_one()  # nothing there yet: the reader's first build (and its imports) done here
+def _count(receive: Callable[[], tuple[Any, int, int, int] | None], ready: Any, out: Any) -> None:
+    """A consumer's loop: ``receive()`` returns ``(stamp, in hand ns, decoded ns, vCPU)`` of the
+    next message (the stamp None for the stop message), or None when none came.  Sends back the
+    messages after the first WARM, and the process's CPU time from the WARM-th on."""
     got: list[tuple[int, int, int, int]] = []
     seen = 0
     first = time.process_time()
     ready.set()
     while True:
+        msg = receive()
+        if msg is None or msg[0] is None:
+            break
+        seen += 1
+        if seen > WARM:
+            got.append(msg)
+        elif seen == WARM:
+            first = time.process_time()  # the CPU time of the messages counted, from here
+    out.send((got, time.process_time() - first if got else 0.0))
+
+
+def _ringq_consumer(path: str, ready: Any, out: Any) -> None:
+    q = Queue(path, durability="none")
+    q.lease_one()  # nothing there yet: the reader's first build (and its imports) done here
+
+    def receive() -> tuple[Any, int, int, int] | None:
         job = q.lease_one(wait=5.0)
         leased = time.monotonic_ns()
         cpu = _getcpu()
         if job is None:
-            break
+            return None
         t = job.payload["t"]
         decoded = time.monotonic_ns()
         q.ack(job)
-        if t is None:  # the stop message
-            break
-        seen += 1
-        if seen > WARM:
-            got.append((t, leased, decoded, cpu))
-        elif seen == WARM:
-            first = time.process_time()  # the CPU time of the jobs counted, from here
-    out.send((got, time.process_time() - first if got else 0.0))
+        return t, leased, decoded, cpu
+
+    _count(receive, ready, out)
     q.close()
 
 
 def _fifo_consumer(fifo: Any, ready: Any, out: Any) -> None:
-    got: list[tuple[int, int, int, int]] = []
-    seen = 0
-    first = time.process_time()
-    ready.set()
-    while True:
+    def receive() -> tuple[Any, int, int, int]:
         msg = fifo.get(timeout=5.0)
-        leased = time.monotonic_ns()
-        cpu = _getcpu()
-        t = msg["t"]
-        if t is None:  # the stop message
-            break
-        seen += 1
-        if seen > WARM:
-            got.append((t, leased, leased, cpu))  # the message arrives decoded
-        elif seen == WARM:
-            first = time.process_time()
-    out.send((got, time.process_time() - first if got else 0.0))
+        got = time.monotonic_ns()
+        return msg["t"], got, got, _getcpu()  # the message arrives decoded
+
+    _count(receive, ready, out)
 
 
 def _p50_us(xs: list[int]) -> float:

@@ -347,9 +347,9 @@ int ringq_wait_claim(uint8_t *ctl, size_t ctl_len, uint8_t *base, size_t maplen,
             goto pass_on; /* changed meanwhile: the caller looks, and so do the others */
         }
         /* Every new record taken, and one wake-up since `seen`: an append's (other news wakes
-         * with a step of 2, Control.wake), whose job another consumer leased first -- a wake-up
-         * goes to every sleeper, and all but one find the job gone.  Nothing else happened: sleep
-         * again, past those records, without the caller's look. */
+         * with a step of 2, Control.wake), whose job another consumer leased first (one that
+         * looked without sleeping, or another sleeper when the append woke every one).  Nothing
+         * else happened: sleep again, past those records, without the caller's look. */
         if (atomic_load_explicit(A32(ctl, a->wake_off), memory_order_acquire) != seen + 1u || left <= 0 ||
             !a->tail_seg_off ||
             atomic_load_explicit(A64(ctl, a->tail_seg_off), memory_order_acquire) != g->seg_seq)
@@ -373,11 +373,11 @@ int ringq_wait_claim(uint8_t *ctl, size_t ctl_len, uint8_t *base, size_t maplen,
 pass_on:
     /* New records this wait does not lease itself (a delayed or retried job, a batch, a record
      * that needs the caller's judgement, a job another consumer leased first while a later
-     * record may wait): its caller looks, and so does every other sleeper.  An
-     * append wakes one sleeper per record while all of them wait here (wake_consumers,
-     * csrc/append.c), and what this one learns here -- a job due later, say -- the others must
-     * learn too: this caller may stop waiting before it is due.  The word is not moved: a sleeper
-     * woken by this alone and finding nothing new looks once and sleeps again. */
+     * record may wait): its caller looks, and so does every other sleeper.  An append wakes one
+     * sleeper per record while all of them wait here (wake_consumers, csrc/append.c), and what
+     * this one learns here -- a job due later, say -- the others must learn too: this caller may
+     * stop waiting before it is due.  The word is not moved: a sleeper woken by this alone and
+     * finding nothing new looks once and sleeps again. */
     if (atomic_load_explicit(A32(ctl, a->waiters_off), memory_order_acquire))
         ringq_futex_wake(ctl, ctl_len, a->wake_off, INT_MAX);
     return 0;

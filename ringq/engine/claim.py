@@ -16,14 +16,7 @@ from ringq.codec import KEYED
 from ringq.job import Job
 
 from . import native, runs
-from .control import (
-    OFF_CTL_CHANGE,
-    OFF_MIN_DEADLINE,
-    OFF_TAIL_SEG,
-    OFF_WAITERS,
-    OFF_WAKE,
-    Control,
-)
+from .control import OFF_CTL_CHANGE, OFF_MIN_DEADLINE, OFF_TAIL_SEG, OFF_WAITERS, OFF_WAKE, Control
 from .native import CData, ffi, lib
 from .records import CLAIMED
 from .segment import Segment
